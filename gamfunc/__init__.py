@@ -1,0 +1,32 @@
+"""gamfunc: Gradient norm Aware Minimization, SAM and GNP as pure, composable torch.func functions.
+
+Estimators say what to descend along, optimisers how to move; :func:`make_step` joins them into one
+pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
+"""
+
+from gamfunc import hvp, metrics, nn, tree
+from gamfunc.estimators import Estimator, gam, gam_accelerated, gnp, gradient, sam
+from gamfunc.optim import Optimizer, adamw, schedules, sgd
+from gamfunc.step import Step, gam_step, make_step
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Estimator",
+    "Optimizer",
+    "Step",
+    "adamw",
+    "gam",
+    "gam_accelerated",
+    "gam_step",
+    "gnp",
+    "gradient",
+    "hvp",
+    "make_step",
+    "metrics",
+    "nn",
+    "sam",
+    "schedules",
+    "sgd",
+    "tree",
+]

@@ -1,0 +1,10 @@
+"""Gradient estimators: what direction to descend along. See :class:`Estimator`."""
+
+from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.gam import gam
+from gamfunc.estimators.gam_accelerated import gam_accelerated
+from gamfunc.estimators.gnp import gnp
+from gamfunc.estimators.gradient import gradient
+from gamfunc.estimators.sam import sam
+
+__all__ = ["Estimate", "Estimator", "gam", "gam_accelerated", "gnp", "gradient", "sam"]

@@ -1,0 +1,33 @@
+"""The plain gradient ∇L(θ): the estimator of SGD, AdamW and every oracle's default."""
+
+from __future__ import annotations
+
+from gamfunc import tree
+from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.loss import Pass, gradient_pass
+
+__all__ = ["clean_info", "gradient"]
+
+
+def clean_info(clean: Pass) -> dict:
+    """The info every estimator reports: L(θ) as ``loss`` and ‖∇L(θ)‖ as ``grad_norm``."""
+    return {"loss": clean.loss, "grad_norm": tree.norm(clean.grad)}
+
+
+def gradient() -> Estimator:
+    """The gradient of the loss, direction = ∇L(θ).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> loss_fn = lambda p, x: (p["w"] * x).pow(2).sum()
+        >>> d, info = gamfunc.gradient()({"w": torch.ones(2)}, torch.tensor([1.0, 2.0]), loss_fn)
+        >>> d["w"]
+        tensor([2., 8.])
+    """
+
+    def run(params, batch, loss_fn, clean, step):
+        if clean is None:
+            clean = gradient_pass(loss_fn, params, batch)
+        return Estimate(clean.grad, clean_info(clean), clean)
+
+    return Estimator("gradient", run)

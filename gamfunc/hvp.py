@@ -1,0 +1,118 @@
+"""Hessian-vector products behind one signature, and ∇‖∇L‖ = H·g/‖g‖ built on any of them.
+
+Every backend is a function::
+
+    hvp(loss_fn, params, batch, v, *, clean=None) -> (Hv, clean)
+
+where ``v`` is a dict shaped like ``params``, or a callable ``v(g)`` of the gradient g = ∇L(θ) (so that
+g and H·v(g) come from one pass where the backend allows it), and ``clean`` is the
+:class:`~gamfunc.loss.Pass` at θ (gradient, loss, aux). A ``clean`` handed in is reused, never
+recomputed, where the backend can; the one returned is always the pass at θ.
+
+Backends (``hvp=`` everywhere in gamfunc):
+
+* ``"exact"``: forward-over-reverse, H·v = ∂/∂ε ∇L(θ + εv)|₀ by ``torch.func.jvp`` of ``torch.func.grad``.
+  Costs about one gradient plus one forward-mode pass.
+* ``"reverse"``: reverse-over-reverse, H·v = ∇⟨∇L(θ), v⟩ by ``torch.func.vjp`` of ``torch.func.grad``
+  (the Hessian is symmetric). For operations without forward-mode AD.
+* ``"fd"``: the finite difference of paper Appendix D, H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``fd_radius``.
+  Costs one gradient beyond ∇L(θ).
+
+Warning:
+    On ReLU or max-pool networks the finite difference does not converge to the autodiff product as
+    r → 0: autodiff's Hessian ignores the kinks that θ + r·v crosses. There ``"fd"`` and ``"exact"``
+    are different estimators, not one estimator at two precisions. On smooth networks (tanh, GELU) the
+    error is O(r).
+
+Fused and flash scaled-dot-product-attention kernels have neither double backward nor forward-mode AD,
+so ``"exact"`` and ``"reverse"`` run under ``sdpa_kernel(SDPBackend.MATH)``; ``"fd"`` keeps the fast kernels.
+
+References:
+    Pearlmutter, "Fast exact multiplication by the Hessian", Neural Computation, 1994.
+    Zhang et al., "Gradient Norm Aware Minimization Seeks First-Order Flatness and Improves
+    Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108 (Eq. 5 and Appendix D).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from gamfunc import tree
+from gamfunc.loss import Pass, grad_fn, gradient_pass
+from gamfunc.tree import Tree
+
+__all__ = ["BACKENDS", "exact", "fd", "get", "grad_norm_grad", "reverse"]
+
+Vector = Tree | Callable[[Tree], Tree]
+
+
+def _math_attention():
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:  # pragma: no cover - torch < 2.3
+        return contextlib.nullcontext()
+    return sdpa_kernel([SDPBackend.MATH])
+
+
+def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
+    """H·v by forward-over-reverse: ``torch.func.jvp(torch.func.grad(L), (θ,), (v,))``."""
+    if callable(v):
+        if clean is None:
+            clean = gradient_pass(loss_fn, params, batch)
+        v = v(clean.grad)
+    with _math_attention():
+        g, hv, (loss, aux) = torch.func.jvp(grad_fn(loss_fn, batch), (params,), (v,), has_aux=True)
+    return hv, Pass(g, loss, aux)
+
+
+def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
+    """H·v by reverse-over-reverse: ``torch.func.vjp(torch.func.grad(L), θ)`` applied to v."""
+    del clean  # the vjp's forward pass yields ∇L(θ) anyway
+    with _math_attention():
+        g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
+        if callable(v):
+            v = v(g)
+        (hv,) = vjp_fn(v)
+    return hv, Pass(g, loss, aux)
+
+
+def fd(radius: float):
+    """The finite-difference backend of radius r: H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r."""
+    if not radius > 0:
+        raise ValueError(f"fd_radius must be > 0; got {radius}")
+
+    def fd_hvp(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
+        if clean is None:
+            clean = gradient_pass(loss_fn, params, batch)
+        if callable(v):
+            v = v(clean.grad)
+        g_r = gradient_pass(loss_fn, tree.axpy(radius, v, params), batch).grad
+        return tree.scale(tree.sub(g_r, clean.grad), 1.0 / radius), clean
+
+    fd_hvp.__name__ = f"fd(radius={radius})"
+    return fd_hvp
+
+
+BACKENDS = ("exact", "reverse", "fd")
+
+
+def get(hvp: str, fd_radius: float = 1e-3):
+    """The backend named ``hvp`` ("exact", "reverse" or "fd"); raises ValueError naming ``hvp``."""
+    if hvp == "exact":
+        return exact
+    if hvp == "reverse":
+        return reverse
+    if hvp == "fd":
+        return fd(fd_radius)
+    raise ValueError(f"hvp must be one of {BACKENDS}; got {hvp!r}")
+
+
+def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-12, clean=None):
+    """f = ∇‖∇L‖(θ) ≈ H(θ)·g/(‖g‖ + ξ), g = ∇L(θ) (paper Eq. 6; ξ is ``eps``).
+
+    Returns ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g).
+    """
+    return hvp(loss_fn, params, batch, lambda g: tree.normalize(g, eps)[0], clean=clean)

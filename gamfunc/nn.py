@@ -1,0 +1,77 @@
+"""From an ``nn.Module`` to the functional contract: ``(loss_fn, params, buffers)``."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+
+__all__ = ["functional", "load"]
+
+
+@contextlib.contextmanager
+def _mode(model: nn.Module, train: bool):
+    if model.training == train:
+        yield
+        return
+    modes = {m: m.training for m in model.modules()}
+    model.train(train)
+    try:
+        yield
+    finally:
+        for m, t in modes.items():
+            m.training = t
+
+
+def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = True):
+    """Split a module into ``(loss_fn, params, buffers)`` for gamfunc's pure functions.
+
+    ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` with ``batch = (inputs, targets)`` and
+    ``loss = criterion(model(inputs), targets)``, evaluated through ``torch.func.functional_call``.
+    The buffers are cloned inside, so BatchNorm's in-place update of its running statistics touches
+    only the clones (this is what lets ``torch.func.grad``, ``jvp`` and ``vmap`` run through BatchNorm
+    in train mode) and ``new_buffers`` returns them; the caller's tensors are never modified.
+
+    Args:
+        model: the module; only its structure is used, its tensors are copied out (detached).
+        criterion: ``criterion(outputs, targets) -> scalar``; cross-entropy by default.
+        train: evaluate in train mode (batch statistics; running statistics updated in the returned
+            buffers) or eval mode (running statistics; buffers returned unchanged).
+
+    Returns:
+        ``(loss_fn, params, buffers)``, the last two flat dicts of detached tensors.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+        >>> loss_fn, params, buffers = gamfunc.nn.functional(model)
+        >>> step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1), loss_fn)
+        >>> state = step.init(params, buffers)
+        >>> batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
+        >>> params, state, metrics = step(params, state, batch)
+    """
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+
+    def loss_fn(params, batch, buffers):
+        inputs, targets = batch
+        new_buffers = {k: v.clone() for k, v in buffers.items()}
+        with _mode(model, train):
+            out = functional_call(model, (params, new_buffers), (inputs,))
+        return criterion(out, targets), new_buffers
+
+    return loss_fn, params, buffers
+
+
+def load(model: nn.Module, params, buffers=None) -> nn.Module:
+    """Copy ``params`` (and ``buffers``) back into ``model`` in place, e.g. to save or evaluate it."""
+    with torch.no_grad():
+        for k, v in model.named_parameters():
+            v.copy_(params[k])
+        for k, v in model.named_buffers():
+            if buffers is not None and k in buffers:
+                v.copy_(buffers[k])
+    return model

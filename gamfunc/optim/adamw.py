@@ -1,0 +1,82 @@
+"""AdamW (decoupled weight decay), as ``torch.optim.AdamW``."""
+
+from __future__ import annotations
+
+import torch
+
+from gamfunc import tree
+from gamfunc.optim.base import Optimizer, check_lr, hyper_state, learning_rate
+
+__all__ = ["adamw"]
+
+
+def adamw(
+    lr=1e-3,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 1e-2,
+) -> Optimizer:
+    """Adam with decoupled weight decay, the update of ``torch.optim.AdamW`` as a pure function.
+
+    With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, ε = ``eps``, λ = ``weight_decay``, t the
+    step counted from 1::
+
+        θ ← θ·(1 − η·λ)
+        m ← β₁·m + (1 − β₁)·d
+        v ← β₂·v + (1 − β₂)·d²
+        θ ← θ − η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)
+
+    Args:
+        lr: η, float >= 0 or a schedule.
+        betas: (β₁, β₂), each in [0, 1).
+        eps: ε >= 0.
+        weight_decay: λ >= 0.
+
+    Returns:
+        An Optimizer; its state holds ``step``, ``lr``, ``exp_avg`` and ``exp_avg_sq``.
+
+    References:
+        Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019,
+        https://arxiv.org/abs/1711.05101.
+    """
+    check_lr(lr)
+    if not (isinstance(betas, tuple | list) and len(betas) == 2):
+        raise ValueError(f"betas must be a pair (beta1, beta2); got {betas!r}")
+    for i, b in enumerate(betas):
+        if not (isinstance(b, int | float) and 0 <= b < 1):
+            raise ValueError(f"betas[{i}] must be in [0, 1); got {b!r}")
+    for name, v in (("eps", eps), ("weight_decay", weight_decay)):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+    beta1, beta2 = float(betas[0]), float(betas[1])
+
+    def init(params):
+        return hyper_state(params, lr) | {
+            "exp_avg": tree.zeros_like(params),
+            "exp_avg_sq": tree.zeros_like(params),
+        }
+
+    def update(direction, state, params):
+        eta = learning_rate(lr, state)
+        step = state["step"] + 1
+        t = step.to(torch.float64)
+        keys = list(params)
+        d = [direction[k] for k in keys]
+        p = torch._foreach_mul([params[k] for k in keys], 1 - eta * weight_decay)
+        m = torch._foreach_lerp([state["exp_avg"][k] for k in keys], d, 1 - beta1)
+        v = torch._foreach_mul([state["exp_avg_sq"][k] for k in keys], beta2)
+        v = torch._foreach_addcmul(v, d, d, value=1 - beta2)
+        step_size = eta / (1 - beta1**t)
+        denom = torch._foreach_add(
+            torch._foreach_div(torch._foreach_sqrt(v), torch.sqrt(1 - beta2**t)), eps
+        )
+        p = torch._foreach_sub(p, torch._foreach_mul(torch._foreach_div(m, denom), step_size))
+        new_state = dict(state) | {
+            "step": step,
+            "lr": eta,
+            "exp_avg": dict(zip(keys, m, strict=True)),
+            "exp_avg_sq": dict(zip(keys, v, strict=True)),
+        }
+        return dict(zip(keys, p, strict=True)), new_state
+
+    return Optimizer(init, update)

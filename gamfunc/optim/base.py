@@ -1,0 +1,51 @@
+"""What a base optimiser is: a pair of pure functions, ``init`` and ``update``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from gamfunc.optim.schedules import Schedule
+from gamfunc.tree import Tree
+
+__all__ = ["Optimizer", "check_lr", "hyper_state", "learning_rate"]
+
+
+class Optimizer(NamedTuple):
+    """``init(params) -> state``; ``update(direction, state, params) -> (new_params, new_state)``.
+
+    ``state`` is a dict holding ``step`` (0-d int64, updates done so far), ``lr`` (0-d float64, the
+    learning rate of the last update, or of the next one for a constant lr) and the optimiser's own
+    buffers. For a constant lr, writing a new 0-d tensor into ``state["lr"]`` changes the learning rate
+    without recompiling a compiled step (this is how ``torch.optim.lr_scheduler`` drives the facade).
+    """
+
+    init: Callable[[Tree], dict[str, Any]]
+    update: Callable[[Tree, dict[str, Any], Tree], tuple[Tree, dict[str, Any]]]
+
+
+def check_lr(lr) -> None:
+    if callable(lr):
+        return
+    if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 <= lr < float("inf"):
+        raise ValueError(f"lr must be a finite number >= 0 or a schedule; got {lr!r}")
+
+
+def _device(params: Tree) -> torch.device:
+    return next(iter(params.values())).device if params else torch.device("cpu")
+
+
+def hyper_state(params: Tree, lr: float | Schedule) -> dict[str, Tensor]:
+    """The ``step`` counter and ``lr`` entries every optimiser state starts with."""
+    dev = _device(params)
+    step = torch.zeros((), dtype=torch.int64, device=dev)
+    lr0 = lr(step) if callable(lr) else torch.tensor(float(lr), dtype=torch.float64, device=dev)
+    return {"step": step, "lr": lr0.to(device=dev, dtype=torch.float64)}
+
+
+def learning_rate(lr: float | Schedule, state: dict[str, Any]) -> Tensor:
+    """The lr of this update: the schedule at ``state["step"]``, else ``state["lr"]``."""
+    return lr(state["step"]) if callable(lr) else state["lr"]

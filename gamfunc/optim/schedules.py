@@ -1,0 +1,88 @@
+"""Schedules: pure functions of the step count t (a 0-d integer tensor) returning a 0-d tensor.
+
+Values are computed with tensor operations, so a compiled step that reads a schedule never recompiles
+as t advances. Any hyperparameter documented as "float or schedule" (``lr`` of the optimisers, ``rho``
+of the estimators) accepts one.
+
+Example:
+    >>> import torch
+    >>> from gamfunc.optim import schedules
+    >>> lr = schedules.cosine(0.1, total_steps=100, warmup_steps=10)
+    >>> float(lr(torch.tensor(5)))
+    0.05
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+Schedule = Callable[[Tensor], Tensor]
+
+__all__ = ["Schedule", "constant", "cosine", "inverse_sqrt", "proportional", "value"]
+
+
+def _f64(t: Tensor) -> Tensor:
+    return t.to(torch.float64)
+
+
+def constant(v: float) -> Schedule:
+    """v at every step."""
+
+    def schedule(t: Tensor) -> Tensor:
+        return torch.full((), v, dtype=torch.float64, device=t.device)
+
+    return schedule
+
+
+def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 0.0) -> Schedule:
+    """Linear warm-up from 0 to ``peak`` over ``warmup_steps``, then cosine decay to ``final`` at ``total_steps``.
+
+    v(t) = peak·(t+1)/w for t < w; else final + (peak − final)·(1 + cos(π·min(1, (t−w)/(T−w))))/2.
+    """
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be > 0; got {total_steps}")
+    if not 0 <= warmup_steps <= total_steps:
+        raise ValueError(f"warmup_steps must be in [0, total_steps]; got {warmup_steps}")
+    decay = max(total_steps - warmup_steps, 1)
+
+    def schedule(t: Tensor) -> Tensor:
+        t = _f64(t)
+        warm = peak * (t + 1) / max(warmup_steps, 1)
+        progress = torch.clamp((t - warmup_steps) / decay, 0.0, 1.0)
+        cos = final + (peak - final) * 0.5 * (1 + torch.cos(math.pi * progress))
+        return torch.where(t < warmup_steps, warm, cos)
+
+    return schedule
+
+
+def inverse_sqrt(initial: float) -> Schedule:
+    """v(t) = v₀/√(t+1): ρ_t = ρ₀/√t and η_t = η₀/√t of paper Theorem 4.3 (t counted from 1)."""
+
+    def schedule(t: Tensor) -> Tensor:
+        return initial / torch.sqrt(_f64(t) + 1)
+
+    return schedule
+
+
+def proportional(initial: float, lr: Schedule, lr_initial: float) -> Schedule:
+    """ρ proportional to the learning rate: ρ(t) = ρ₀ · lr(t) / lr₀ (the authors' ProportionScheduler)."""
+    if lr_initial == 0:
+        raise ValueError("lr_initial must be non-zero")
+
+    def schedule(t: Tensor) -> Tensor:
+        return initial * lr(t) / lr_initial
+
+    return schedule
+
+
+def value(h: float | Schedule, step: Tensor | None) -> float | Tensor:
+    """A hyperparameter's value at ``step``: the number itself, or the schedule evaluated at step."""
+    if not callable(h):
+        return h
+    if step is None:
+        step = torch.zeros((), dtype=torch.int64)
+    return h(step)

@@ -1,0 +1,82 @@
+"""SGD with momentum, dampening, Nesterov and L2 weight decay, as ``torch.optim.SGD``."""
+
+from __future__ import annotations
+
+import torch
+
+from gamfunc import tree
+from gamfunc.optim.base import Optimizer, check_lr, hyper_state, learning_rate
+
+__all__ = ["sgd"]
+
+
+def sgd(
+    lr=1e-3,
+    momentum: float = 0.0,
+    dampening: float = 0.0,
+    nesterov: bool = False,
+    weight_decay: float = 0.0,
+) -> Optimizer:
+    """Stochastic gradient descent, the update of ``torch.optim.SGD`` as a pure function.
+
+    With d the direction from an estimator, λ = ``weight_decay``, μ = ``momentum``, τ = ``dampening``,
+    η = ``lr``::
+
+        d ← d + λ·θ
+        b ← d at the first step, else μ·b + (1 − τ)·d      (if μ ≠ 0)
+        d ← d + μ·b if nesterov else b                      (if μ ≠ 0)
+        θ ← θ − η·d
+
+    Args:
+        lr: η, a float >= 0 or a schedule (:mod:`gamfunc.optim.schedules`).
+        momentum: μ >= 0.
+        dampening: τ >= 0.
+        nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
+        weight_decay: λ >= 0, coupled (L2) weight decay.
+
+    Returns:
+        An :class:`~gamfunc.optim.base.Optimizer`; its state holds ``step``, ``lr`` and
+        ``momentum_buffer``.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> opt = gamfunc.sgd(lr=0.1, momentum=0.9)
+        >>> p = {"w": torch.ones(2)}
+        >>> p, s = opt.update({"w": torch.ones(2)}, opt.init(p), p)
+        >>> p["w"]
+        tensor([0.9000, 0.9000])
+    """
+    check_lr(lr)
+    for name, v in (
+        ("momentum", momentum),
+        ("dampening", dampening),
+        ("weight_decay", weight_decay),
+    ):
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError("nesterov requires momentum > 0 and dampening = 0")
+
+    def init(params):
+        state = hyper_state(params, lr)
+        if momentum != 0:
+            state["momentum_buffer"] = tree.zeros_like(params)
+        return state
+
+    def update(direction, state, params):
+        eta = learning_rate(lr, state)
+        d = direction if weight_decay == 0 else tree.axpy(weight_decay, params, direction)
+        new_state = dict(state)
+        if momentum != 0:
+            first = state["step"] == 0
+            keep = torch.where(first, 0.0, momentum).to(torch.float64)
+            take = torch.where(first, 1.0, 1.0 - dampening).to(torch.float64)
+            buf = tree.add(tree.scale(state["momentum_buffer"], keep), tree.scale(d, take))
+            d = tree.axpy(momentum, buf, d) if nesterov else buf
+            new_state["momentum_buffer"] = buf
+        new_params = tree.sub(params, tree.scale(d, eta))
+        new_state["step"] = state["step"] + 1
+        new_state["lr"] = eta
+        return new_params, new_state
+
+    return Optimizer(init, update)

@@ -1,0 +1,219 @@
+"""The training step: an estimator and a base optimiser joined into one pure function.
+
+``step(params, state, batch) -> (new_params, new_state, metrics)`` is the only thing a user wraps in
+``torch.compile``. ``state`` is a dict::
+
+    {"step": 0-d int64,            # steps taken (skipped ones included)
+     "opt": optimiser state,       # see gamfunc.optim
+     "skipped": 0-d int64,         # steps skipped because the loss or direction was not finite
+     "buffers": dict (optional)}   # BatchNorm running statistics, for a buffered loss_fn
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gamfunc import tree
+from gamfunc.estimators import Estimator, gam, gradient
+from gamfunc.loss import check_params
+from gamfunc.optim import Optimizer, sgd
+from gamfunc.optim.schedules import value
+
+__all__ = ["NONFINITE", "Step", "gam_step", "make_step"]
+
+NONFINITE = ("skip", "raise", "ignore")
+
+
+class Step:
+    """A training step made by :func:`make_step`. Call it; ``init`` makes its first state."""
+
+    def __init__(self, estimator, optimizer, loss_fn, every, base, on_nonfinite, branches=None):
+        self.estimator, self.optimizer, self.loss_fn = estimator, optimizer, loss_fn
+        self.every, self.base, self.on_nonfinite = every, base, on_nonfinite
+        self.full, self.plain = branches or (
+            functools.partial(_step, estimator, optimizer, loss_fn, on_nonfinite),
+            functools.partial(_step, base, optimizer, loss_fn, on_nonfinite),
+        )
+
+    def init(self, params, buffers=None) -> dict[str, Any]:
+        """The state before the first step; ``buffers`` for a loss_fn of the buffered form."""
+        check_params(params)
+        state = {
+            "step": torch.zeros((), dtype=torch.int64),
+            "opt": self.optimizer.init(params),
+            "skipped": torch.zeros((), dtype=torch.int64),
+        }
+        if buffers is not None:
+            state["buffers"] = dict(buffers)
+        return state
+
+    def __call__(self, params, state, batch):
+        if self.every == 1:
+            return self.full(params, state, batch)
+        # The step counter lives on the CPU, so this choice costs no device synchronisation.
+        use_full = int(state["step"]) % self.every == 0
+        return (self.full if use_full else self.plain)(params, state, batch)
+
+    def compile(self, **options) -> Step:
+        """This step with each branch under ``torch.compile(**options)``: two graphs at most, however
+        often ``every`` switches between them, and no recompilation as lr, ρ or the step change."""
+        compiled = tuple(torch.compile(fn, **options) for fn in (self.full, self.plain))
+        args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
+        return Step(*args, self.on_nonfinite, branches=compiled)
+
+
+def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
+    with torch.no_grad():  # gradients come from torch.func transforms only
+        return _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch)
+
+
+def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
+    buffers = state.get("buffers")
+    loss = loss_fn if buffers is None else functools.partial(_bound, loss_fn, buffers)
+    step = state["step"]
+    est = estimator.run(params, batch, loss, step=step)
+    new_params, new_opt = optimizer.update(est.direction, state["opt"], params)
+    metrics = dict(est.info)
+    metrics["lr"] = new_opt["lr"]
+    if "rho" in estimator.hparams:
+        metrics["rho"] = torch.as_tensor(value(estimator.hparams["rho"], step), dtype=torch.float64)
+    new_state = {"step": step + 1, "opt": new_opt, "skipped": state["skipped"]}
+    if buffers is not None:
+        new_state["buffers"] = est.clean.aux
+    if on_nonfinite == "ignore":
+        return new_params, new_state, metrics
+    finite = torch.isfinite(est.info["loss"]) & torch.isfinite(tree.norm(est.direction))
+    if on_nonfinite == "raise":
+        if not bool(finite):
+            raise FloatingPointError(
+                f"non-finite loss or direction at step {int(step)}: loss={float(est.info['loss'])}"
+            )
+        return new_params, new_state, metrics
+    skipped = (~finite).to(torch.int64).cpu()
+    new_params = tree.where(finite, new_params, params)
+    new_state["opt"] = _select(finite, new_opt, state["opt"])
+    if buffers is not None:
+        new_state["buffers"] = _select(finite, new_state["buffers"], buffers)
+    new_state["skipped"] = state["skipped"] + skipped
+    metrics["skipped"] = skipped
+    return new_params, new_state, metrics
+
+
+def _bound(loss_fn, buffers, params, batch):
+    return loss_fn(params, batch, buffers)
+
+
+def _select(cond: Tensor, new, old):
+    """``torch.where(cond, new, old)`` over matching nested dicts of tensors."""
+    if isinstance(new, dict):
+        return {k: _select(cond, v, old[k]) for k, v in new.items()}
+    return torch.where(cond.to(new.device), new, old)
+
+
+def make_step(
+    estimator: Estimator,
+    optimizer: Optimizer,
+    loss_fn: Callable,
+    *,
+    every: int = 1,
+    base: Estimator | None = None,
+    on_nonfinite: str = "skip",
+) -> Step:
+    """Join an estimator and a base optimiser into ``step(params, state, batch)``.
+
+    ``step`` computes ``direction, info = estimator(params, batch, loss_fn)`` and moves with
+    ``optimizer.update(direction, ...)``. ``metrics`` holds the estimator's info (``loss``,
+    ``grad_norm``, ``f_norm``...), ``lr``, ``rho`` where the estimator has one, and ``skipped``.
+
+    Args:
+        estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
+        optimizer: e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
+        loss_fn: ``loss_fn(params, batch)`` returning the loss; or, for models with BatchNorm,
+            ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see :func:`gamfunc.nn.functional`)
+            with the buffers given to ``step.init(params, buffers)``. Running statistics are then
+            updated once per step, from the pass at θ; passes at perturbed points use batch statistics
+            and their statistics are dropped.
+        every: use ``estimator`` on every ``every``-th step (the first included) and ``base`` on the
+            others (paper Appendix C.3). Compile such a step with ``step.compile()``.
+        base: the estimator of the other steps, ``gradient()`` by default.
+        on_nonfinite: "skip" (default) leaves params, optimiser state and buffers unchanged when the
+            loss or the direction is not finite and counts it in ``metrics["skipped"]`` and
+            ``state["skipped"]``, with no Python branch; "raise" raises FloatingPointError (eager
+            only); "ignore" applies the step regardless.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
+        >>> step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1), loss_fn)
+        >>> params = {"w": torch.zeros(3)}
+        >>> state = step.init(params)
+        >>> batch = (torch.randn(8, 3), torch.randn(8))
+        >>> params, state, metrics = step(params, state, batch)
+    """
+    if not isinstance(estimator, Estimator):
+        raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be an integer >= 1; got {every!r}")
+    if on_nonfinite not in NONFINITE:
+        raise ValueError(f"on_nonfinite must be one of {NONFINITE}; got {on_nonfinite!r}")
+    return Step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
+
+
+_GAM_KEYS = {"fd_radius", "oracle", "eps"}
+_SGD_KEYS = {"lr", "momentum", "dampening", "nesterov", "weight_decay"}
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw):
+    opt = optimizer if optimizer is not None else sgd(**dict(sgd_kw))
+    return make_step(gam(rho, alpha, hvp=hvp, **dict(gam_kw)), opt, loss_fn)
+
+
+def gam_step(
+    params,
+    batch,
+    loss_fn,
+    state=None,
+    *,
+    rho,
+    alpha,
+    hvp: str = "exact",
+    optimizer: Optimizer | None = None,
+    buffers=None,
+    **kw,
+):
+    """One GAM step in one call: ``make_step(gam(rho, alpha, hvp, ...), optimizer or sgd(...), loss_fn)``.
+
+    Keyword arguments ``fd_radius``, ``oracle`` and ``eps`` go to :func:`gamfunc.gam`; ``lr`` (default
+    0.1), ``momentum``, ``dampening``, ``nesterov`` and ``weight_decay`` build the default
+    :func:`gamfunc.sgd`. With ``state=None`` the state is initialised (with ``buffers`` for a buffered
+    loss_fn). The step built for the same arguments is reused, so a compiled caller does not recompile.
+
+    Returns:
+        ``(new_params, new_state, metrics)``.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
+        >>> params, batch = {"w": torch.zeros(3)}, (torch.randn(8, 3), torch.randn(8))
+        >>> params, state, metrics = gamfunc.gam_step(params, batch, loss_fn, rho=0.05, alpha=0.1)
+        >>> params, state, metrics = gamfunc.gam_step(params, batch, loss_fn, state, rho=0.05, alpha=0.1)
+    """
+    unknown = set(kw) - _GAM_KEYS - _SGD_KEYS
+    if unknown:
+        raise TypeError(f"gam_step got unexpected keyword arguments {sorted(unknown)}")
+    if optimizer is not None and set(kw) & _SGD_KEYS:
+        raise TypeError("pass either optimizer or the sgd arguments (lr, momentum, ...), not both")
+    gam_kw = tuple(sorted((k, v) for k, v in kw.items() if k in _GAM_KEYS))
+    sgd_kw = tuple(sorted({"lr": 0.1, **{k: v for k, v in kw.items() if k in _SGD_KEYS}}.items()))
+    step = _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw)
+    if state is None:
+        state = step.init(params, buffers)
+    return step(params, state, batch)

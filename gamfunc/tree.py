@@ -1,0 +1,133 @@
+"""Math on flat parameter dicts, ``dict[str, Tensor]``, so that algorithms read like their formulas.
+
+Every function is pure: it returns new tensors and never writes into its arguments. The work is done
+by ``torch._foreach_*`` kernels (one launch for many tensors on CUDA) behind readable names.
+
+Example:
+    >>> import torch
+    >>> from gamfunc import tree
+    >>> a = {"w": torch.ones(2), "b": torch.zeros(1)}
+    >>> tree.norm(tree.scale(a, 2.0))
+    tensor(2.8284)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+Tree = dict[str, Tensor]
+Scalar = float | Tensor
+
+__all__ = [
+    "Tree",
+    "add",
+    "axpy",
+    "clone",
+    "lincomb",
+    "map",
+    "norm",
+    "normalize",
+    "scale",
+    "sub",
+    "vdot",
+    "where",
+    "zeros_like",
+]
+
+
+def _pack(keys, values) -> Tree:
+    return dict(zip(keys, values, strict=True))
+
+
+def _check_keys(a: Tree, b: Tree) -> None:
+    if a.keys() != b.keys():
+        raise ValueError(
+            f"parameter dicts have different keys: {sorted(a.keys() ^ b.keys())} "
+            "are in one but not the other"
+        )
+
+
+def map(fn, *trees: Tree) -> Tree:
+    """Apply ``fn`` leaf-wise: ``{k: fn(a[k], b[k], ...)}``."""
+    first = trees[0]
+    for other in trees[1:]:
+        _check_keys(first, other)
+    return {k: fn(*(t[k] for t in trees)) for k in first}
+
+
+def clone(a: Tree) -> Tree:
+    """A copy of ``a`` that shares no storage with it."""
+    return {k: v.clone() for k, v in a.items()}
+
+
+def zeros_like(a: Tree) -> Tree:
+    """0 with the shapes, dtypes and devices of ``a``."""
+    return {k: torch.zeros_like(v) for k, v in a.items()}
+
+
+def add(a: Tree, b: Tree) -> Tree:
+    """a + b."""
+    _check_keys(a, b)
+    return _pack(a.keys(), torch._foreach_add(list(a.values()), [b[k] for k in a]))
+
+
+def sub(a: Tree, b: Tree) -> Tree:
+    """a − b."""
+    _check_keys(a, b)
+    return _pack(a.keys(), torch._foreach_sub(list(a.values()), [b[k] for k in a]))
+
+
+def scale(a: Tree, s: Scalar) -> Tree:
+    """s · a, with ``s`` a Python number or a 0-d tensor."""
+    return _pack(a.keys(), torch._foreach_mul(list(a.values()), s))
+
+
+def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
+    """s · x + y (BLAS's axpy)."""
+    _check_keys(x, y)
+    ys = [y[k] for k in x]
+    if isinstance(s, Tensor):
+        return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(list(x.values()), s)))
+    return _pack(x.keys(), torch._foreach_add(ys, list(x.values()), alpha=s))
+
+
+def lincomb(*terms: tuple[Scalar, Tree]) -> Tree:
+    """Σ_i c_i · t_i for pairs ``(c_i, t_i)``."""
+    (c0, t0), *rest = terms
+    out = scale(t0, c0)
+    for c, t in rest:
+        out = axpy(c, t, out)
+    return out
+
+
+def vdot(a: Tree, b: Tree) -> Tensor:
+    """⟨a, b⟩ = Σ_k Σ_i a[k]_i · b[k]_i, a 0-d tensor."""
+    _check_keys(a, b)
+    parts = [torch.sum(x * b[k]) for k, x in a.items()]
+    return torch.stack(_common_dtype(parts)).sum()
+
+
+def norm(a: Tree) -> Tensor:
+    """‖a‖₂ over all entries of all tensors, a 0-d tensor."""
+    norms = torch._foreach_norm(list(a.values()))
+    return torch.linalg.vector_norm(torch.stack(_common_dtype(norms)))
+
+
+def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:
+    """(a / (‖a‖ + ξ), ‖a‖), with ξ = ``eps``: the paper's safe normalisation, finite at a = 0."""
+    n = norm(a)
+    return scale(a, 1.0 / (n + eps)), n
+
+
+def where(cond: Tensor, a: Tree, b: Tree) -> Tree:
+    """Leaf-wise ``torch.where(cond, a, b)`` for a 0-d boolean ``cond``, without a Python branch."""
+    _check_keys(a, b)
+    return {k: torch.where(cond, x, b[k]) for k, x in a.items()}
+
+
+def _common_dtype(parts: list[Tensor]) -> list[Tensor]:
+    dtype = parts[0].dtype
+    for p in parts[1:]:
+        dtype = torch.promote_types(dtype, p.dtype)
+    return [p.to(dtype) for p in parts]
