@@ -41,7 +41,7 @@ from collections.abc import Callable
 import torch
 
 from gamfunc import tree
-from gamfunc.loss import Pass, grad_fn, gradient_pass
+from gamfunc.loss import Objective, Pass, grad_fn, gradient_pass
 from gamfunc.tree import Tree
 
 __all__ = ["BACKENDS", "exact", "fd", "get", "grad_norm_grad", "reverse"]
@@ -59,6 +59,8 @@ def _math_attention():
 
 def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
     """H·v by forward-over-reverse: ``torch.func.jvp(torch.func.grad(L), (θ,), (v,))``."""
+    if isinstance(loss_fn, Objective):
+        return loss_fn.hvp(exact, params, batch, v, clean)
     if callable(v):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
@@ -70,6 +72,8 @@ def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None)
 
 def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
     """H·v by reverse-over-reverse: ``torch.func.vjp(torch.func.grad(L), θ)`` applied to v."""
+    if isinstance(loss_fn, Objective):
+        return loss_fn.hvp(reverse, params, batch, v, clean)
     del clean  # the vjp's forward pass yields ∇L(θ) anyway
     with _math_attention():
         g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
@@ -85,6 +89,7 @@ def fd(radius: float):
         raise ValueError(f"fd_radius must be > 0; got {radius}")
 
     def fd_hvp(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
+        # An Objective needs no special case: the two gradients below go through gradient_pass.
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
         if callable(v):

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from gamfunc.tree import Tree
 
-__all__ = ["Pass", "check_params", "gradient_pass", "loss_and_aux"]
+__all__ = ["Objective", "Pass", "check_params", "gradient_pass", "loss_and_aux"]
 
 
 class Pass(NamedTuple):
@@ -53,8 +53,32 @@ def grad_fn(loss_fn, batch):
     return torch.func.grad(_with_aux(loss_fn, batch), has_aux=True)
 
 
+class Objective:
+    """A loss whose gradients are formed in a custom way: the hook for gradient accumulation and
+    data-parallel reductions.
+
+    Every estimator, HVP backend and metric reaches ∇L only through :func:`gradient_pass` and the
+    backends of :mod:`gamfunc.hvp`. When the ``loss_fn`` they are given is an ``Objective``, those
+    delegate to its :meth:`gradient_pass` and :meth:`hvp`, so a subclass that, say, averages over
+    micro-batches or all-reduces across ranks changes every gradient of every estimator at once.
+    Calling it as ``objective(params, batch)`` gives the loss.
+    """
+
+    def __call__(self, params: Tree, batch):
+        raise NotImplementedError
+
+    def gradient_pass(self, params: Tree, batch) -> Pass:
+        raise NotImplementedError
+
+    def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
+        """H·v with ``backend`` (an :mod:`gamfunc.hvp` function); returns ``(Hv, clean)``."""
+        raise NotImplementedError
+
+
 def gradient_pass(loss_fn, params: Tree, batch) -> Pass:
     """∇L(θ), L(θ) and aux from one forward and one backward pass."""
+    if isinstance(loss_fn, Objective):
+        return loss_fn.gradient_pass(params, batch)
     g, (loss, aux) = grad_fn(loss_fn, batch)(params)
     return Pass(g, loss, aux)
 

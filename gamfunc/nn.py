@@ -39,7 +39,8 @@ def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = Tru
         model: the module; only its structure is used, its tensors are copied out (detached).
         criterion: ``criterion(outputs, targets) -> scalar``; cross-entropy by default.
         train: evaluate in train mode (batch statistics; running statistics updated in the returned
-            buffers) or eval mode (running statistics; buffers returned unchanged).
+            buffers) or eval mode (running statistics; buffers returned unchanged). ``loss_fn`` takes
+            the same keyword to override it per call (the metrics' ``mode=`` uses it).
 
     Returns:
         ``(loss_fn, params, buffers)``, the last two flat dicts of detached tensors.
@@ -56,7 +57,7 @@ def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = Tru
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
 
-    def loss_fn(params, batch, buffers):
+    def loss_fn(params, batch, buffers, *, train: bool = train):
         inputs, targets = batch
         new_buffers = {k: v.clone() for k, v in buffers.items()}
         with _mode(model, train):
