@@ -13,7 +13,7 @@ __all__ = ["gam"]
 
 def gam(
     rho,
-    alpha: float,
+    alpha,
     hvp: str = "exact",
     fd_radius: float = 1e-3,
     oracle: Estimator | None = None,
@@ -36,7 +36,8 @@ def gam(
 
     Args:
         rho: ρ, radius of the ascent to θ_adv (float >= 0 or a schedule).
-        alpha: α, weight of the first-order flatness (>= 0). α = 0 gives the oracle's direction.
+        alpha: α, weight of the first-order flatness (float >= 0 or a schedule). α = 0 gives the
+            oracle's direction.
         hvp: "exact" (forward-over-reverse), "reverse" (reverse-over-reverse) or "fd".
         fd_radius: r of the finite difference H·v ≈ (∇L(θ + r·v) − ∇L(θ))/r, for ``hvp="fd"``.
         oracle: the estimator of ∇L_oracle; ``gradient()`` by default, ``sam(rho)`` gives SAM + GAM.
@@ -72,7 +73,7 @@ def gam(
         theta_adv = tree.axpy(rho_t, f_hat, params)
         f_adv, adv = hvps.grad_norm_grad(loss_fn, theta_adv, batch, backend, eps=eps)
         base = oracle.run(params, batch, loss_fn, clean=clean, step=step)
-        direction = tree.axpy(alpha * rho_t, f_adv, base.direction)
+        direction = tree.axpy(value(alpha, step) * rho_t, f_adv, base.direction)
         info = base.info | {
             "f_norm": f_norm,
             "adv_grad_norm": tree.norm(adv.grad),

@@ -6,11 +6,12 @@ from gamfunc import hvp as hvps
 from gamfunc import tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import clean_info
+from gamfunc.optim.schedules import value
 
 __all__ = ["gnp"]
 
 
-def gnp(alpha: float, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-12) -> Estimator:
+def gnp(alpha, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-12) -> Estimator:
     """Gradient norm penalty (Zhao et al. 2022): direction = ∇L(θ) + α·H(θ)·g/(‖g‖ + ξ), g = ∇L(θ).
 
     This is ∇(L + α‖∇L‖)(θ) (paper Eq. 6), GAM of Algorithm 1 without the ascent to θ_adv. With
@@ -21,7 +22,7 @@ def gnp(alpha: float, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-
     two gradients per step.
 
     Args:
-        alpha: α, the weight of the gradient-norm penalty (>= 0).
+        alpha: α, the weight of the gradient-norm penalty (float >= 0 or a schedule).
         hvp: "fd" (default, as Zhao et al.), "exact" or "reverse"; see :mod:`gamfunc.hvp`.
         fd_radius: r of the finite difference.
         eps: ξ.
@@ -43,7 +44,7 @@ def gnp(alpha: float, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-
 
     def run(params, batch, loss_fn, clean, step):
         f, clean = hvps.grad_norm_grad(loss_fn, params, batch, backend, eps=eps, clean=clean)
-        direction = tree.axpy(alpha, f, clean.grad)
+        direction = tree.axpy(value(alpha, step), f, clean.grad)
         return Estimate(direction, clean_info(clean) | {"f_norm": tree.norm(f)}, clean)
 
     return Estimator("gnp", run, {"alpha": alpha, "hvp": hvp, "fd_radius": fd_radius, "eps": eps})

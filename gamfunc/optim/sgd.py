@@ -68,9 +68,10 @@ def sgd(
         d = direction if weight_decay == 0 else tree.axpy(weight_decay, params, direction)
         new_state = dict(state)
         if momentum != 0:
+            # b ← d on the first step, without a Python branch on the step count.
             first = state["step"] == 0
-            keep = torch.where(first, 0.0, momentum).to(torch.float64)
-            take = torch.where(first, 1.0, 1.0 - dampening).to(torch.float64)
+            keep = torch.where(first, _f64(0.0, first), _f64(momentum, first))
+            take = torch.where(first, _f64(1.0, first), _f64(1.0 - dampening, first))
             buf = tree.add(tree.scale(state["momentum_buffer"], keep), tree.scale(d, take))
             d = tree.axpy(momentum, buf, d) if nesterov else buf
             new_state["momentum_buffer"] = buf
@@ -80,3 +81,7 @@ def sgd(
         return new_params, new_state
 
     return Optimizer(init, update)
+
+
+def _f64(v: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(v, dtype=torch.float64, device=like.device)

@@ -1,0 +1,80 @@
+"""Every estimator and optimiser, built with valid hyperparameters, for the contract tests."""
+
+import gamfunc
+
+ESTIMATORS = {
+    "gradient": lambda: gamfunc.gradient(),
+    "sam": lambda: gamfunc.sam(0.05),
+    "gnp_fd": lambda: gamfunc.gnp(0.1),
+    "gnp_exact": lambda: gamfunc.gnp(0.1, hvp="exact"),
+    "gam_exact": lambda: gamfunc.gam(0.05, 0.1),
+    "gam_reverse": lambda: gamfunc.gam(0.05, 0.1, hvp="reverse"),
+    "gam_fd": lambda: gamfunc.gam(0.05, 0.1, hvp="fd"),
+    "sam+gam": lambda: gamfunc.gam(0.05, 0.1, oracle=gamfunc.sam(0.05)),
+    "gam_accelerated_paper": lambda: gamfunc.gam_accelerated(0.05, 0.01, 0.5, 0.5, 0.1),
+    "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
+        0.05, 0.01, 0.5, 0.5, 0.1, convention="official"
+    ),
+}
+
+OPTIMIZERS = {
+    "sgd": lambda: gamfunc.sgd(lr=0.1),
+    "sgd_momentum": lambda: gamfunc.sgd(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    "adamw": lambda: gamfunc.adamw(lr=1e-3),
+}
+
+# (factory, kwargs, the argument the error must name)
+INVALID = [
+    (gamfunc.sam, {"rho": -0.1}, "rho"),
+    (gamfunc.sam, {"rho": float("nan")}, "rho"),
+    (gamfunc.sam, {"rho": 0.1, "eps": -1.0}, "eps"),
+    (gamfunc.gnp, {"alpha": -0.1}, "alpha"),
+    (gamfunc.gnp, {"alpha": 0.1, "hvp": "dense"}, "hvp"),
+    (gamfunc.gnp, {"alpha": 0.1, "fd_radius": 0.0}, "fd_radius"),
+    (gamfunc.gam, {"rho": -0.05, "alpha": 0.1}, "rho"),
+    (gamfunc.gam, {"rho": 0.05, "alpha": -0.1}, "alpha"),
+    (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "hvp": "jvp"}, "hvp"),
+    (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "hvp": "fd", "fd_radius": -1e-3}, "fd_radius"),
+    (
+        gamfunc.gam_accelerated,
+        {"rho": -1, "rho_prime": 0.01, "alpha": 0.5, "beta": 0.5, "gamma": 0.1},
+        "rho",
+    ),
+    (
+        gamfunc.gam_accelerated,
+        {"rho": 0.1, "rho_prime": -0.01, "alpha": 0.5, "beta": 0.5, "gamma": 0.1},
+        "rho_prime",
+    ),
+    (
+        gamfunc.gam_accelerated,
+        {"rho": 0.1, "rho_prime": 0.01, "alpha": 1.5, "beta": 0.5, "gamma": 0.1},
+        "alpha",
+    ),
+    (
+        gamfunc.gam_accelerated,
+        {"rho": 0.1, "rho_prime": 0.01, "alpha": 0.5, "beta": -0.1, "gamma": 0.1},
+        "beta",
+    ),
+    (
+        gamfunc.gam_accelerated,
+        {"rho": 0.1, "rho_prime": 0.01, "alpha": 0.5, "beta": 1.1, "gamma": 0.1},
+        "beta",
+    ),
+    (
+        gamfunc.gam_accelerated,
+        {"rho": 0.1, "rho_prime": 0.01, "alpha": 0.5, "beta": 0.5, "gamma": -0.1},
+        "gamma",
+    ),
+    (
+        gamfunc.gam_accelerated,
+        {
+            "rho": 0.1,
+            "rho_prime": 0.01,
+            "alpha": 0.5,
+            "beta": 0.5,
+            "gamma": 0.1,
+            "convention": "code",
+        },
+        "convention",
+    ),
+]

@@ -1,0 +1,180 @@
+"""Contracts that hold for every estimator and optimiser: purity, dtype and device, determinism,
+torch.compile(fullgraph=True), no recompilation as hyperparameters change, and argument checks."""
+
+import warnings
+
+import pytest
+import torch
+from helpers import mlp_batch, mlp_loss, mlp_params, quadratic, split
+from models import tiny_bn_mlp, vector_batch
+from registry import ESTIMATORS, INVALID, OPTIMIZERS
+
+import gamfunc
+from gamfunc import schedules
+
+
+def snapshot(tensors):
+    return {k: v.clone() for k, v in tensors.items()}
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_estimator_is_pure_deterministic_and_keeps_dtype(name):
+    est = ESTIMATORS[name]()
+    for dtype in (torch.float32, torch.float64):
+        params, batch = mlp_params(dtype), mlp_batch(dtype=dtype)
+        before, x_before = snapshot(params), batch[0].clone()
+        d1, info1 = est(params, batch, mlp_loss)
+        d2, info2 = est(params, batch, mlp_loss)
+        assert same(params, before) and torch.equal(batch[0], x_before)
+        assert same(d1, d2) and all(torch.equal(info1[k], info2[k]) for k in info1)
+        assert d1.keys() == params.keys()
+        for k in params:
+            assert d1[k].dtype == dtype and d1[k].shape == params[k].shape
+            assert d1[k].device == params[k].device
+            assert torch.isfinite(d1[k]).all()
+        assert "loss" in info1 and all(v.ndim == 0 for v in info1.values())
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_estimator_at_a_zero_gradient_gives_a_finite_direction(name):
+    """At θ = θ* of a quadratic, ∇L = 0 exactly: ξ keeps every normalisation finite."""
+    loss_fn, _, theta_star = quadratic()
+    d, info = ESTIMATORS[name]()(split(theta_star.clone()), None, loss_fn)
+    assert all(torch.isfinite(v).all() and (v == 0).all() for v in d.values())
+    assert all(torch.isfinite(v) for v in info.values())
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_optimizer_is_pure_and_keeps_dtype(name):
+    opt = OPTIMIZERS[name]()
+    for dtype in (torch.float32, torch.float64):
+        params = mlp_params(dtype)
+        direction = mlp_params(dtype, seed=5)
+        state = opt.init(params)
+        before, d_before = snapshot(params), snapshot(direction)
+        new, new_state = opt.update(direction, state, params)
+        assert same(params, before) and same(direction, d_before)
+        assert int(state["step"]) == 0 and int(new_state["step"]) == 1
+        assert all(new[k].dtype == dtype and new[k].shape == params[k].shape for k in params)
+        new2, _ = opt.update(direction, state, params)
+        assert same(new, new2)
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_direction_with_other_keys_is_a_clear_error(name):
+    opt = OPTIMIZERS[name]()
+    params = mlp_params()
+    direction = {k: v for k, v in mlp_params(seed=3).items() if k != "b2"}
+    with pytest.raises((ValueError, KeyError), match="b2"):
+        opt.update(direction, opt.init(params), params)
+
+
+@pytest.mark.parametrize(("factory", "kwargs", "arg"), INVALID, ids=lambda x: str(x)[:40])
+def test_invalid_hyperparameters_raise_value_error_naming_the_argument(factory, kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        factory(**kwargs)
+
+
+def test_bad_loss_and_params_give_clear_errors():
+    params, batch = mlp_params(), mlp_batch()
+    est = gamfunc.gam(0.05, 0.1)
+    with pytest.raises(ValueError, match="scalar"):
+        est(params, batch, lambda p, b: mlp_loss(p, b).expand(3))
+    with pytest.raises(TypeError, match="floating"):
+        est(params, batch, lambda p, b: mlp_loss(p, b).long())
+    with pytest.raises(TypeError, match="params"):
+        est([params["w1"]], batch, mlp_loss)
+    with pytest.raises(TypeError, match="floating"):
+        est({**params, "n": torch.ones(2, dtype=torch.int64)}, batch, mlp_loss)
+    step = gamfunc.make_step(est, gamfunc.sgd(lr=0.1), mlp_loss)
+    with pytest.raises(TypeError, match="params"):
+        step.init([params["w1"]])
+
+
+# ---- torch.compile -------------------------------------------------------------------------------
+
+# Inductor on three estimators that cover every kind of pass (jvp, vjp, finite differences);
+# the graph capture of the others is checked with the cheaper aot_eager backend.
+INDUCTOR = {"gam_exact", "gam_fd", "gam_accelerated_paper"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_compiled_step_with_batchnorm_equals_eager(name):
+    torch._dynamo.reset()
+    model = tiny_bn_mlp()
+    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    step = gamfunc.make_step(ESTIMATORS[name](), gamfunc.sgd(lr=0.1, momentum=0.9), loss_fn)
+    backend = "inductor" if name in INDUCTOR else "aot_eager"
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    eager_p, eager_s = params, step.init(params, buffers)
+    comp_p, comp_s = params, step.init(params, buffers)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # inductor's CPU toolchain notices
+        for i in range(2):
+            batch = vector_batch(seed=i)
+            eager_p, eager_s, eager_m = step(eager_p, eager_s, batch)
+            comp_p, comp_s, comp_m = compiled(comp_p, comp_s, batch)
+    for k in params:
+        torch.testing.assert_close(comp_p[k], eager_p[k], rtol=1e-5, atol=1e-6)
+    for k in buffers:
+        torch.testing.assert_close(
+            comp_s["buffers"][k], eager_s["buffers"][k], rtol=1e-5, atol=1e-6
+        )
+    torch.testing.assert_close(comp_m["loss"], eager_m["loss"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_changing_lr_and_rho_every_step_does_not_recompile():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    lr = schedules.cosine(0.1, total_steps=20)
+    rho = schedules.proportional(0.05, lr, 0.1)
+    step = gamfunc.make_step(
+        gamfunc.gam(rho, 0.1, hvp="fd"), gamfunc.sgd(lr=lr, momentum=0.9), mlp_loss
+    )
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    params, state = mlp_params(torch.float32), step.init(mlp_params(torch.float32))
+    rhos = []
+    for i in range(6):
+        params, state, metrics = compiled(params, state, mlp_batch(dtype=torch.float32, seed=i))
+        rhos.append(float(metrics["rho"]))
+    assert counter.frame_count == 1
+    assert len(set(rhos)) == 6  # the values did change
+
+    # a constant lr overwritten in the state between steps: no recompilation either
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    state = step.init(params)
+    for i in range(4):
+        state["opt"]["lr"] = torch.tensor(0.1 / (i + 1), dtype=torch.float64)
+        params, state, metrics = compiled(params, state, mlp_batch(dtype=torch.float32, seed=i))
+        assert float(metrics["lr"]) == pytest.approx(0.1 / (i + 1))
+    assert counter.frame_count == 1
+
+
+@pytest.mark.slow
+def test_gam_every_k_compiles_two_graphs_and_no_more():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    step = gamfunc.make_step(
+        gamfunc.gam(0.05, 0.1, hvp="fd"), gamfunc.sgd(lr=0.1), mlp_loss, every=3
+    )
+    compiled = step.compile(fullgraph=True, backend=counter)
+    params, state = mlp_params(), step.init(mlp_params())
+    eager_p, eager_s = params, state
+    for i in range(7):
+        params, state, _ = compiled(params, state, mlp_batch(seed=i))
+        eager_p, eager_s, _ = step(eager_p, eager_s, mlp_batch(seed=i))
+    assert counter.frame_count == 2
+    assert same(params, eager_p)

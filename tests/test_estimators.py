@@ -1,0 +1,221 @@
+"""Every estimator against a naive torch.autograd implementation of its formula, and closed forms."""
+
+import pytest
+import torch
+from helpers import (
+    Naive,
+    as_flat,
+    flatten,
+    mlp_batch,
+    mlp_loss,
+    mlp_params,
+    quadratic,
+    rel_err,
+    split,
+)
+
+import gamfunc
+from gamfunc import tree
+
+RHO, ALPHA = 0.07, 0.3
+
+
+@pytest.fixture
+def setup():
+    params, batch = mlp_params(), mlp_batch()
+    return params, batch, Naive(mlp_loss, params, batch), flatten(params)
+
+
+def direction(est, params, batch, loss_fn=mlp_loss):
+    d, info = est(params, batch, loss_fn)
+    return flatten(d) if "w1" in d else as_flat(d), info
+
+
+def test_gradient(setup):
+    params, batch, naive, theta = setup
+    d, info = direction(gamfunc.gradient(), params, batch)
+    assert rel_err(d, naive.grad(theta)) < 1e-12
+    assert torch.allclose(info["loss"], naive.L(theta))
+    assert torch.allclose(info["grad_norm"], naive.grad(theta).norm())
+
+
+def test_sam(setup):
+    params, batch, naive, theta = setup
+    d, _ = direction(gamfunc.sam(RHO), params, batch)
+    assert rel_err(d, naive.sam(theta, RHO)) < 1e-10
+
+
+@pytest.mark.parametrize("hvp", ["exact", "reverse"])
+def test_gnp_exact_and_reverse(setup, hvp):
+    params, batch, naive, theta = setup
+    d, _ = direction(gamfunc.gnp(ALPHA, hvp=hvp), params, batch)
+    assert rel_err(d, naive.gnp_exact(theta, ALPHA)) < 1e-10
+
+
+def test_gnp_fd_is_zhao_et_al_form(setup):
+    params, batch, naive, theta = setup
+    d, _ = direction(gamfunc.gnp(ALPHA, hvp="fd", fd_radius=1e-2), params, batch)
+    assert rel_err(d, naive.gnp_zhao(theta, ALPHA, 1e-2)) < 1e-10
+
+
+@pytest.mark.parametrize("hvp", ["exact", "reverse"])
+def test_gam_algorithm_1(setup, hvp):
+    params, batch, naive, theta = setup
+    d, info = direction(gamfunc.gam(RHO, ALPHA, hvp=hvp), params, batch)
+    assert rel_err(d, naive.gam(theta, RHO, ALPHA)) < 1e-10
+    assert torch.allclose(info["f_norm"], naive.grad_norm_grad(theta).norm(), rtol=1e-10)
+
+
+def test_gam_finite_difference(setup):
+    params, batch, naive, theta = setup
+    d, _ = direction(gamfunc.gam(RHO, ALPHA, hvp="fd", fd_radius=1e-3), params, batch)
+    assert rel_err(d, naive.gam_fd(theta, RHO, ALPHA, 1e-3)) < 1e-10
+
+
+def test_gam_fd_converges_to_exact_as_radius_shrinks(setup):
+    params, batch, naive, theta = setup
+    exact, _ = direction(gamfunc.gam(RHO, ALPHA), params, batch)
+    err = [
+        rel_err(direction(gamfunc.gam(RHO, ALPHA, hvp="fd", fd_radius=r), params, batch)[0], exact)
+        for r in (1e-2, 1e-3, 1e-4)
+    ]
+    assert err[0] > err[1] > err[2]
+    assert err[2] < 1e-5
+
+
+@pytest.mark.parametrize("hvp", ["exact", "fd"])
+def test_sam_plus_gam(setup, hvp):
+    params, batch, naive, theta = setup
+    est = gamfunc.gam(RHO, ALPHA, hvp=hvp, fd_radius=1e-3, oracle=gamfunc.sam(0.05))
+    d, info = direction(est, params, batch)
+    if hvp == "exact":
+        ref = naive.gam(theta, RHO, ALPHA, oracle="sam", oracle_rho=0.05)
+    else:
+        ref = naive.gam_fd(theta, RHO, ALPHA, 1e-3) - naive.grad(theta) + naive.sam(theta, 0.05)
+    assert rel_err(d, ref) < 1e-10
+    assert "perturbed_loss" in info and "adv_grad_norm" in info
+
+
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_gam_accelerated_algorithm_2(setup, convention):
+    params, batch, naive, theta = setup
+    hp = {"rho": 0.1, "rho_prime": 0.02, "alpha": 0.6, "beta": 0.3, "gamma": 0.4}
+    d, _ = direction(gamfunc.gam_accelerated(**hp, convention=convention), params, batch)
+    ref = naive.gam_accelerated(theta, 0.1, 0.02, 0.6, 0.3, 0.4, convention)
+    assert rel_err(d, ref) < 1e-10
+
+
+def test_conventions_differ_only_in_h_minus(setup):
+    params, batch, naive, theta = setup
+    hp = {"rho": 0.1, "rho_prime": 0.02, "alpha": 0.6, "beta": 0.3}
+    paper = direction(gamfunc.gam_accelerated(**hp, gamma=0.4), params, batch)[0]
+    official = direction(
+        gamfunc.gam_accelerated(**hp, gamma=0.4, convention="official"), params, batch
+    )[0]
+    assert rel_err(paper, official) > 1e-6
+    no_gamma = [
+        direction(gamfunc.gam_accelerated(**hp, gamma=0.0, convention=c), params, batch)[0]
+        for c in ("paper", "official")
+    ]
+    assert torch.equal(no_gamma[0], no_gamma[1])
+
+
+def test_exact_gam_does_not_recompute_the_clean_gradient(setup):
+    """Exact GAM with the plain oracle: ∇L(θ) once (the jvp recomputes it as its primal, unavoidably),
+    ∇L(θ_adv) once, and two jvps: the oracle reuses the first gradient."""
+    params, batch, _, _ = setup
+    calls = []
+
+    def counted(p, b):
+        calls.append(1)
+        return mlp_loss(p, b)
+
+    gamfunc.gam(RHO, ALPHA)(params, batch, counted)
+    assert len(calls) == 4
+    calls.clear()
+    gamfunc.gam(RHO, ALPHA, hvp="reverse")(params, batch, counted)
+    assert len(calls) == 2  # one fused double-backward at θ and one at θ_adv
+    calls.clear()
+    gamfunc.gam(RHO, ALPHA, hvp="fd")(params, batch, counted)
+    assert len(calls) == 4  # paper Appendix D: four gradients
+    calls.clear()
+    gamfunc.gam_accelerated(0.1, 0.02, 0.5, 0.5, 0.1)(params, batch, counted)
+    assert len(calls) == 4
+
+
+# ---- closed forms on L = ½(θ−θ*)ᵀA(θ−θ*) ------------------------------------------------------
+
+
+@pytest.fixture
+def quad():
+    loss_fn, A, theta_star = quadratic()
+    theta = theta_star + torch.randn(
+        6, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
+    return loss_fn, A, theta_star, theta
+
+
+def unit(v):
+    return v / v.norm()
+
+
+@pytest.mark.parametrize("hvp", ["exact", "reverse", "fd"])
+def test_quadratic_closed_forms(quad, hvp):
+    loss_fn, A, theta_star, theta = quad
+    e = theta - theta_star
+    params = split(theta)
+    g = A @ e
+
+    d, _ = direction(gamfunc.gradient(), params, None, loss_fn)
+    assert rel_err(d, g) < 1e-12
+
+    d, _ = direction(gamfunc.sam(RHO), params, None, loss_fn)
+    assert rel_err(d, A @ (e + RHO * unit(g))) < 1e-12
+
+    d, _ = direction(gamfunc.gnp(ALPHA, hvp=hvp, fd_radius=1e-3), params, None, loss_fn)
+    assert rel_err(d, g + ALPHA * A @ A @ e / g.norm()) < 1e-9
+
+    d, info = direction(gamfunc.gam(RHO, ALPHA, hvp=hvp, fd_radius=1e-3), params, None, loss_fn)
+    f = A @ A @ e / g.norm()
+    e_adv = e + RHO * unit(f)
+    assert torch.allclose(info["f_norm"], f.norm(), rtol=1e-9)
+    assert rel_err(d, g + ALPHA * RHO * A @ A @ e_adv / (A @ e_adv).norm()) < 1e-9
+
+
+def test_quadratic_accelerated_closed_form(quad):
+    loss_fn, A, theta_star, theta = quad
+    e = theta - theta_star
+    rho, rho_p, a, b, c = 0.1, 0.02, 0.6, 0.3, 0.4
+    g0 = A @ e
+    g1 = A @ (e + rho_p * unit(g0))
+    e2 = e + rho * unit(A @ unit(g0))  # h0 = g1 − g0 = ρ'·A·ĝ0
+    g2 = A @ e2
+    g3 = A @ (e2 + rho_p * unit(g2))
+    hp, hm = a * g1 + (1 - a) * g3, b * g0 + (1 - b) * g2
+    ref = hp - c * (hm - (hm @ unit(hp)) * unit(hp))
+    d, _ = direction(gamfunc.gam_accelerated(rho, rho_p, a, b, c), split(theta), None, loss_fn)
+    assert rel_err(d, ref) < 1e-10
+
+
+def test_gam_with_zero_alpha_is_its_oracle(setup):
+    params, batch, _, _ = setup
+    for oracle in (gamfunc.gradient(), gamfunc.sam(0.05)):
+        d, _ = gamfunc.gam(RHO, 0.0, oracle=oracle)(params, batch, mlp_loss)
+        ref, _ = oracle(params, batch, mlp_loss)
+        assert all(torch.equal(d[k], ref[k]) for k in d)
+
+
+def test_scheduled_rho_is_read_at_the_step(setup):
+    params, batch, naive, theta = setup
+    sched = gamfunc.schedules.inverse_sqrt(0.2)
+    est = gamfunc.sam(sched)
+    d, _ = est(params, batch, mlp_loss, step=torch.tensor(3))
+    assert rel_err(flatten(d), naive.sam(theta, 0.2 / 2.0)) < 1e-10
+
+
+def test_info_values_are_scalars(setup):
+    params, batch, _, _ = setup
+    for est in (gamfunc.gam(RHO, ALPHA), gamfunc.gam_accelerated(0.1, 0.01, 0.5, 0.5, 0.1)):
+        _, info = est(params, batch, mlp_loss)
+        assert all(v.ndim == 0 for v in info.values())
+        assert tree.norm(params) > 0

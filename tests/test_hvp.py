@@ -1,0 +1,107 @@
+"""HVP backends against the dense torch.func.hessian, and finite differences against exact."""
+
+import pytest
+import torch
+from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err, relu_mlp_loss, unflatten
+
+from gamfunc import hvp, tree
+from gamfunc.loss import gradient_pass
+
+
+def dense_hessian(loss_fn, params, batch):
+    flat = flatten(params)
+    return torch.func.hessian(lambda t: loss_fn(unflatten(t, params), batch))(flat)
+
+
+@pytest.mark.parametrize("backend", [hvp.exact, hvp.reverse])
+def test_hvp_equals_dense_hessian_product(backend):
+    params, batch = mlp_params(), mlp_batch()
+    v = {k: torch.randn_like(t) for k, t in params.items()}
+    H = dense_hessian(mlp_loss, params, batch)
+    hv, clean = backend(mlp_loss, params, batch, v)
+    assert rel_err(flatten(hv), H @ flatten(v)) < 1e-12
+    ref = gradient_pass(mlp_loss, params, batch)
+    assert rel_err(clean.grad, ref.grad) < 1e-14
+    assert torch.equal(clean.loss, ref.loss)
+
+
+@pytest.mark.parametrize("name", ["exact", "reverse", "fd"])
+def test_callable_vector_receives_the_gradient(name):
+    params, batch = mlp_params(), mlp_batch()
+    H = dense_hessian(mlp_loss, params, batch)
+    g = flatten(gradient_pass(mlp_loss, params, batch).grad)
+    hv, _ = hvp.get(name, fd_radius=1e-6)(mlp_loss, params, batch, lambda grad: grad)
+    tol = 1e-5 if name == "fd" else 1e-12
+    assert rel_err(flatten(hv), H @ g) < tol
+
+
+@pytest.mark.parametrize("name", ["exact", "reverse", "fd"])
+def test_grad_norm_grad_is_gradient_of_gradient_norm(name):
+    params, batch = mlp_params(), mlp_batch()
+
+    def grad_norm(p):
+        return tree.norm(torch.func.grad(mlp_loss)(p, batch))
+
+    ref = torch.func.grad(grad_norm)(params)
+    f, clean = hvp.grad_norm_grad(mlp_loss, params, batch, hvp.get(name, 1e-6), eps=0.0)
+    assert rel_err(f, ref) < (1e-5 if name == "fd" else 1e-12)
+
+
+def test_finite_difference_error_is_linear_in_radius_on_a_smooth_model():
+    params, batch = mlp_params(), mlp_batch()
+    v = tree.normalize({k: torch.randn_like(t) for k, t in params.items()})[0]
+    exact, _ = hvp.exact(mlp_loss, params, batch, v)
+    errors = [rel_err(hvp.fd(r)(mlp_loss, params, batch, v)[0], exact) for r in (1e-2, 1e-3, 1e-4)]
+    # O(r): each tenfold smaller radius gives a roughly tenfold smaller error.
+    for big, small in zip(errors, errors[1:]):
+        assert 5 < big / small < 20
+    assert errors[-1] < 1e-4
+
+
+def test_finite_difference_differs_from_exact_across_relu_kinks():
+    """On ReLU nets autodiff's Hessian ignores kinks, so fd need not converge to exact (documented)."""
+    params, batch = mlp_params(), mlp_batch(n=64)
+    v = tree.normalize({k: torch.randn_like(t) for k, t in params.items()})[0]
+    exact, _ = hvp.exact(relu_mlp_loss, params, batch, v)
+    reverse, _ = hvp.reverse(relu_mlp_loss, params, batch, v)
+    assert rel_err(reverse, exact) < 1e-12
+    fd = hvp.fd(0.5)(relu_mlp_loss, params, batch, v)[0]
+    assert rel_err(fd, exact) > 1e-3
+
+
+def test_fd_reuses_the_clean_pass_it_is_given():
+    params, batch = mlp_params(), mlp_batch()
+    calls = []
+
+    def counted(p, b):
+        calls.append(1)
+        return mlp_loss(p, b)
+
+    clean = gradient_pass(mlp_loss, params, batch)
+    hvp.fd(1e-3)(counted, params, batch, lambda g: g, clean=clean)
+    assert len(calls) == 1
+
+
+def test_unknown_backend_names_the_argument():
+    with pytest.raises(ValueError, match="hvp"):
+        hvp.get("dense")
+    with pytest.raises(ValueError, match="fd_radius"):
+        hvp.get("fd", fd_radius=0.0)
+
+
+def test_math_attention_backend_makes_second_order_work_through_sdpa():
+    torch.manual_seed(0)
+    q = torch.randn(2, 2, 5, 4, dtype=torch.float64)
+    params = {
+        "wq": torch.randn(4, 4, dtype=torch.float64),
+        "wk": torch.randn(4, 4, dtype=torch.float64),
+    }
+
+    def loss_fn(p, x):
+        a = torch.nn.functional.scaled_dot_product_attention(x @ p["wq"], x @ p["wk"], x)
+        return a.pow(2).sum()
+
+    v = {k: torch.randn_like(t) for k, t in params.items()}
+    e, _ = hvp.exact(loss_fn, params, q, v)
+    r, _ = hvp.reverse(loss_fn, params, q, v)
+    assert rel_err(e, r) < 1e-12

@@ -1,0 +1,152 @@
+"""Base optimisers against torch.optim trajectories in float64, and the schedules."""
+
+import math
+
+import pytest
+import torch
+from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
+
+import gamfunc
+from gamfunc.optim import schedules
+
+STEPS = 50
+
+
+def torch_trajectory(opt_cls, kwargs, params, batches, scheduler=None):
+    tensors = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    opt = opt_cls(list(tensors.values()), **kwargs)
+    sched = scheduler(opt) if scheduler else None
+    for batch in batches:
+        opt.zero_grad()
+        mlp_loss(tensors, batch).backward()
+        opt.step()
+        if sched:
+            sched.step()
+    return {k: v.detach() for k, v in tensors.items()}
+
+
+def gamfunc_trajectory(opt, params, batches):
+    state = opt.init(params)
+    for batch in batches:
+        g = torch.func.grad(mlp_loss)(params, batch)
+        params, state = opt.update(g, state, params)
+    return params, state
+
+
+def batches(n=STEPS):
+    return [mlp_batch(seed=i) for i in range(n)]
+
+
+SGD_CASES = [
+    {"lr": 0.1},
+    {"lr": 0.1, "momentum": 0.9},
+    {"lr": 0.05, "momentum": 0.9, "dampening": 0.1},
+    {"lr": 0.05, "momentum": 0.9, "nesterov": True},
+    {"lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 1e-2},
+    {"lr": 0.1, "momentum": 0.9, "dampening": 0.5, "weight_decay": 5e-4},
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs", SGD_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items())
+)
+def test_sgd_equals_torch_optim(kwargs):
+    params, data = mlp_params(), batches()
+    ref = torch_trajectory(torch.optim.SGD, kwargs, params, data)
+    ours, state = gamfunc_trajectory(gamfunc.sgd(**kwargs), params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-12
+    assert int(state["step"]) == STEPS
+
+
+ADAMW_CASES = [
+    {"lr": 1e-2},
+    {"lr": 3e-3, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.3},
+    {"lr": 1e-2, "weight_decay": 0.0},
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs", ADAMW_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items())
+)
+def test_adamw_equals_torch_optim(kwargs):
+    params, data = mlp_params(), batches()
+    ref = torch_trajectory(torch.optim.AdamW, kwargs, params, data)
+    ours, _ = gamfunc_trajectory(gamfunc.adamw(**kwargs), params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-10
+
+
+def test_scheduled_lr_equals_torch_lambda_lr():
+    params, data = mlp_params(), batches()
+    sched = schedules.cosine(0.1, total_steps=STEPS, warmup_steps=5)
+
+    def factor(t):
+        return float(sched(torch.tensor(t))) / 0.1
+
+    ref = torch_trajectory(
+        torch.optim.SGD,
+        {"lr": 0.1, "momentum": 0.9},
+        params,
+        data,
+        scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, factor),
+    )
+    ours, state = gamfunc_trajectory(gamfunc.sgd(lr=sched, momentum=0.9), params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-12
+    assert torch.allclose(state["lr"], sched(torch.tensor(STEPS - 1)))
+
+
+def test_lr_written_into_state_takes_effect():
+    params, data = mlp_params(), batches(2)
+    opt = gamfunc.sgd(lr=0.1)
+    state = opt.init(params)
+    state["lr"] = torch.tensor(0.0, dtype=torch.float64)
+    new, _ = opt.update(torch.func.grad(mlp_loss)(params, data[0]), state, params)
+    assert all(torch.equal(new[k], params[k]) for k in params)
+
+
+def test_optimisers_keep_float32():
+    params = mlp_params(dtype=torch.float32)
+    for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):
+        new, state = opt.update(params, opt.init(params), params)
+        assert all(v.dtype == torch.float32 for v in new.values())
+
+
+def test_cosine_schedule_values():
+    s = schedules.cosine(1.0, total_steps=110, warmup_steps=10, final=0.1)
+    assert math.isclose(float(s(torch.tensor(0))), 0.1)
+    assert math.isclose(float(s(torch.tensor(9))), 1.0)
+    assert math.isclose(float(s(torch.tensor(10))), 1.0)
+    assert math.isclose(float(s(torch.tensor(60))), 0.55)
+    assert math.isclose(float(s(torch.tensor(110))), 0.1)
+    assert math.isclose(float(s(torch.tensor(500))), 0.1)
+
+
+def test_inverse_sqrt_and_proportional_schedules():
+    inv = schedules.inverse_sqrt(0.5)
+    assert math.isclose(float(inv(torch.tensor(0))), 0.5)
+    assert math.isclose(float(inv(torch.tensor(3))), 0.25)
+    lr = schedules.cosine(0.1, total_steps=100)
+    rho = schedules.proportional(0.05, lr, 0.1)
+    for t in (0, 30, 99):
+        assert math.isclose(float(rho(torch.tensor(t))), 0.5 * float(lr(torch.tensor(t))))
+    assert float(schedules.constant(0.3)(torch.tensor(7))) == 0.3
+
+
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "name"),
+    [
+        (gamfunc.sgd, {"lr": -0.1}, "lr"),
+        (gamfunc.sgd, {"lr": 0.1, "momentum": -0.9}, "momentum"),
+        (gamfunc.sgd, {"lr": 0.1, "dampening": float("nan")}, "dampening"),
+        (gamfunc.sgd, {"lr": 0.1, "weight_decay": -1.0}, "weight_decay"),
+        (gamfunc.sgd, {"lr": 0.1, "nesterov": True}, "nesterov"),
+        (gamfunc.adamw, {"lr": float("inf")}, "lr"),
+        (gamfunc.adamw, {"betas": (0.9, 1.0)}, "betas"),
+        (gamfunc.adamw, {"eps": -1e-8}, "eps"),
+        (gamfunc.adamw, {"weight_decay": -0.1}, "weight_decay"),
+        (schedules.cosine, {"peak": 0.1, "total_steps": 0}, "total_steps"),
+        (schedules.cosine, {"peak": 0.1, "total_steps": 5, "warmup_steps": 9}, "warmup_steps"),
+    ],
+)
+def test_invalid_hyperparameters_name_the_argument(factory, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        factory(**kwargs)

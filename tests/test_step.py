@@ -1,0 +1,142 @@
+"""make_step and gam_step: composition, GAM on a fraction of steps, BatchNorm, convergence, non-finite."""
+
+import pytest
+import torch
+from helpers import as_flat, flatten, mlp_batch, mlp_loss, mlp_params, quadratic, rel_err, split
+from models import TinyResNet, image_batch
+
+import gamfunc
+from gamfunc import schedules, tree
+
+
+def run(step, params, batches, state=None):
+    state = step.init(params) if state is None else state
+    for b in batches:
+        params, state, metrics = step(params, state, b)
+    return params, state, metrics
+
+
+def test_step_is_estimator_then_optimizer():
+    params, batch = mlp_params(), mlp_batch()
+    est, opt = gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1, momentum=0.9)
+    new, state, metrics = gamfunc.make_step(est, opt, mlp_loss)(
+        params, gamfunc.make_step(est, opt, mlp_loss).init(params), batch
+    )
+    d, _info = est(params, batch, mlp_loss)
+    ref, _ = opt.update(d, opt.init(params), params)
+    assert all(torch.equal(new[k], ref[k]) for k in params)
+    for key in ("loss", "grad_norm", "f_norm", "adv_grad_norm", "lr", "rho", "skipped"):
+        assert key in metrics and metrics[key].ndim == 0
+    assert int(state["step"]) == 1 and int(metrics["skipped"]) == 0
+
+
+def test_gam_step_one_call_form_equals_make_step():
+    params, data = mlp_params(), [mlp_batch(seed=i) for i in range(3)]
+    p1, s1 = params, None
+    for b in data:
+        p1, s1, _m1 = gamfunc.gam_step(
+            p1, b, mlp_loss, s1, rho=0.05, alpha=0.1, lr=0.05, momentum=0.9
+        )
+    step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.05, momentum=0.9), mlp_loss)
+    p2, _, _ = run(step, params, data)
+    assert all(torch.equal(p1[k], p2[k]) for k in params)
+    with pytest.raises(TypeError, match="unexpected"):
+        gamfunc.gam_step(params, data[0], mlp_loss, rho=0.05, alpha=0.1, betas=(0.9, 0.9))
+
+
+def test_every_k_uses_gam_on_every_kth_step_only():
+    params, data = mlp_params(), [mlp_batch(seed=i) for i in range(7)]
+    gam, grad, opt = gamfunc.gam(0.1, 0.5), gamfunc.gradient(), gamfunc.sgd(lr=0.1, momentum=0.9)
+    p, _, _ = run(gamfunc.make_step(gam, opt, mlp_loss, every=3), params, data)
+    ref, state = params, opt.init(params)
+    for i, b in enumerate(data):
+        d, _ = (gam if i % 3 == 0 else grad)(ref, b, mlp_loss)
+        ref, state = opt.update(d, state, ref)
+    assert all(torch.equal(p[k], ref[k]) for k in params)
+
+
+def test_batchnorm_running_stats_come_from_the_clean_pass_only():
+    torch.manual_seed(0)
+    model = TinyResNet()
+    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    batch = image_batch()
+    before = tree.clone(buffers)
+    for est in (gamfunc.gam(0.1, 0.5), gamfunc.gam(0.1, 0.5, hvp="fd"), gamfunc.sam(0.1)):
+        step = gamfunc.make_step(est, gamfunc.sgd(lr=0.1), loss_fn)
+        _, state, _ = step(params, step.init(params, buffers), batch)
+        reference = TinyResNet()
+        reference.load_state_dict(model.state_dict())
+        reference.train()
+        reference(batch[0])
+        for k, v in reference.named_buffers():
+            assert torch.equal(state["buffers"][k], v), (est.name, k)
+        assert all(torch.equal(before[k], buffers[k]) for k in buffers)  # inputs untouched
+
+
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        gamfunc.gradient(),
+        gamfunc.sam(schedules.inverse_sqrt(0.05)),
+        gamfunc.gnp(schedules.inverse_sqrt(0.01), hvp="exact"),
+        gamfunc.gam(schedules.inverse_sqrt(0.05), 0.1),
+        gamfunc.gam(schedules.inverse_sqrt(0.05), 0.1, hvp="fd"),
+        gamfunc.gam(
+            schedules.inverse_sqrt(0.05), 0.1, oracle=gamfunc.sam(schedules.inverse_sqrt(0.05))
+        ),
+        gamfunc.gam_accelerated(
+            schedules.inverse_sqrt(0.05), schedules.inverse_sqrt(0.01), 0.5, 0.5, 0.1
+        ),
+    ],
+    ids=lambda e: e.name,
+)
+def test_every_estimator_reaches_the_minimum_of_a_convex_quadratic(estimator):
+    loss_fn, _A, theta_star = quadratic(cond=5.0)
+    params = split(theta_star + 1.0)
+    step = gamfunc.make_step(estimator, gamfunc.sgd(lr=0.1), loss_fn)
+    params, _, _ = run(step, params, [None] * 1000)
+    assert (as_flat(params) - theta_star).norm() < 2e-3
+
+
+def test_nonfinite_loss_skips_the_step_and_keeps_everything():
+    params, batch = mlp_params(), mlp_batch()
+    step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
+    params, state, _ = run(step, params, [batch])
+    bad = (batch[0] * float("nan"), batch[1])
+    new, new_state, metrics = step(params, state, bad)
+    assert int(metrics["skipped"]) == 1 and int(new_state["skipped"]) == 1
+    assert all(torch.equal(new[k], params[k]) for k in params)
+    assert torch.equal(new_state["opt"]["step"], state["opt"]["step"])
+    buf, new_buf = state["opt"]["momentum_buffer"], new_state["opt"]["momentum_buffer"]
+    assert all(torch.equal(buf[k], new_buf[k]) for k in buf)
+    new, new_state, metrics = step(new, new_state, batch)
+    assert int(metrics["skipped"]) == 0 and int(new_state["skipped"]) == 1
+
+
+def test_nonfinite_raise_mode():
+    params, batch = mlp_params(), mlp_batch()
+    step = gamfunc.make_step(
+        gamfunc.gradient(), gamfunc.sgd(lr=0.1), mlp_loss, on_nonfinite="raise"
+    )
+    with pytest.raises(FloatingPointError):
+        step(params, step.init(params), (batch[0] * float("inf"), batch[1]))
+
+
+def test_make_step_validates_its_arguments():
+    est, opt = gamfunc.gradient(), gamfunc.sgd(lr=0.1)
+    with pytest.raises(ValueError, match="every"):
+        gamfunc.make_step(est, opt, mlp_loss, every=0)
+    with pytest.raises(ValueError, match="on_nonfinite"):
+        gamfunc.make_step(est, opt, mlp_loss, on_nonfinite="warn")
+    with pytest.raises(TypeError, match="estimator"):
+        gamfunc.make_step(lambda *a: None, opt, mlp_loss)
+    with pytest.raises(TypeError, match="optimizer"):
+        gamfunc.make_step(est, torch.optim.SGD, mlp_loss)
+
+
+def test_gam_with_zero_alpha_reproduces_sgd_trajectory():
+    params, data = mlp_params(), [mlp_batch(seed=i) for i in range(5)]
+    opt = gamfunc.sgd(lr=0.1, momentum=0.9)
+    p_gam, _, _ = run(gamfunc.make_step(gamfunc.gam(0.05, 0.0), opt, mlp_loss), params, data)
+    p_sgd, _, _ = run(gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss), params, data)
+    assert rel_err(flatten(p_gam), flatten(p_sgd)) == 0.0
