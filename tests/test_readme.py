@@ -1,0 +1,18 @@
+"""Every ```python block of README.md runs (a block whose first line is `# not run in tests` is skipped)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_example_runs(index, tmp_path, monkeypatch):
+    code = BLOCKS[index]
+    if code.startswith("# not run in tests"):
+        pytest.skip("marked as not run in tests")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, f"README.md block {index}", "exec"), {"__name__": "__readme__"})
