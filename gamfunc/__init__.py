@@ -4,7 +4,7 @@ Estimators say what to descend along, optimisers how to move; :func:`make_step` 
 pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 """
 
-from gamfunc import hvp, metrics, nn, tree
+from gamfunc import hvp, metrics, nn, torch_optim, tree
 from gamfunc.estimators import Estimator, gam, gam_accelerated, gnp, gradient, sam
 from gamfunc.optim import Optimizer, adamw, schedules, sgd
 from gamfunc.step import Step, gam_step, make_step
@@ -28,5 +28,6 @@ __all__ = [
     "sam",
     "schedules",
     "sgd",
+    "torch_optim",
     "tree",
 ]

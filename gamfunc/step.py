@@ -6,7 +6,16 @@
     {"step": 0-d int64,            # steps taken (skipped ones included)
      "opt": optimiser state,       # see gamfunc.optim
      "skipped": 0-d int64,         # steps skipped because the loss or direction was not finite
-     "buffers": dict (optional)}   # BatchNorm running statistics, for a buffered loss_fn
+     "buffers": dict (optional),   # BatchNorm running statistics, for a buffered loss_fn
+     "cycle": 0-d int64 on the CPU # (every > 1 only) host copy of the step count, picks the branch
+     ...}                          # entries of a stateful Objective, e.g. "loss_scale" (fp16)
+
+A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through three
+optional methods: ``init_state(params) -> dict`` (entries added to the state by ``step.init``),
+``bind(state) -> loss_fn`` (the two-argument loss of one step; it takes what it needs from the state,
+BatchNorm buffers included, and stays an Objective) and ``next_state(state, finite) -> (entries,
+metrics)`` (the entries after the step, given whether it was taken). :func:`gamfunc.precision.fp16`'s
+dynamic loss scale is such state; :mod:`gamfunc.accumulate` and :mod:`gamfunc.distributed` forward it.
 """
 
 from __future__ import annotations
@@ -20,11 +29,11 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, gradient
-from gamfunc.loss import check_params
+from gamfunc.loss import Objective, check_params
 from gamfunc.optim import Optimizer, sgd
 from gamfunc.optim.schedules import value
 
-__all__ = ["NONFINITE", "Step", "gam_step", "make_step"]
+__all__ = ["NONFINITE", "Step", "bind", "gam_step", "make_step"]
 
 NONFINITE = ("skip", "raise", "ignore")
 
@@ -43,21 +52,36 @@ class Step:
     def init(self, params, buffers=None) -> dict[str, Any]:
         """The state before the first step; ``buffers`` for a loss_fn of the buffered form."""
         check_params(params)
+        device = next(iter(params.values())).device if params else torch.device("cpu")
         state = {
-            "step": torch.zeros((), dtype=torch.int64),
+            "step": torch.zeros((), dtype=torch.int64, device=device),
             "opt": self.optimizer.init(params),
-            "skipped": torch.zeros((), dtype=torch.int64),
+            "skipped": torch.zeros((), dtype=torch.int64, device=device),
         }
+        if self.every > 1:
+            state["cycle"] = torch.zeros((), dtype=torch.int64)  # host copy of the step count
         if buffers is not None:
             state["buffers"] = dict(buffers)
+        init_state = getattr(self.loss_fn, "init_state", None)
+        entries = init_state(params) if init_state is not None else {}
+        if entries and self.on_nonfinite != "skip":
+            raise ValueError(
+                f"on_nonfinite must be 'skip' for a loss_fn with step state {sorted(entries)} "
+                f"(a dynamic loss scale changes when a step is skipped); got {self.on_nonfinite!r}"
+            )
+        state.update(entries)
         return state
 
     def __call__(self, params, state, batch):
         if self.every == 1:
             return self.full(params, state, batch)
-        # The step counter lives on the CPU, so this choice costs no device synchronisation.
-        use_full = int(state["step"]) % self.every == 0
-        return (self.full if use_full else self.plain)(params, state, batch)
+        # The choice reads a host-side copy of the step count, so it costs no device
+        # synchronisation, and the compiled branches see only device tensors (CUDA graphs work).
+        state = dict(state)
+        cycle = state.pop("cycle")
+        branch = self.full if int(cycle) % self.every == 0 else self.plain
+        new_params, new_state, metrics = branch(params, state, batch)
+        return new_params, {**new_state, "cycle": cycle + 1}, metrics
 
     def compile(self, **options) -> Step:
         """This step with each branch under ``torch.compile(**options)``: two graphs at most, however
@@ -74,14 +98,15 @@ def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
 
 def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
     buffers = state.get("buffers")
-    loss = loss_fn if buffers is None else functools.partial(_bound, loss_fn, buffers)
+    loss = bind(loss_fn, state)
     step = state["step"]
     est = estimator.run(params, batch, loss, step=step)
     new_params, new_opt = optimizer.update(est.direction, state["opt"], params)
     metrics = dict(est.info)
     metrics["lr"] = new_opt["lr"]
     if "rho" in estimator.hparams:
-        metrics["rho"] = torch.as_tensor(value(estimator.hparams["rho"], step), dtype=torch.float64)
+        rho = value(estimator.hparams["rho"], step)
+        metrics["rho"] = torch.as_tensor(rho, dtype=torch.float64, device=step.device)
     new_state = {"step": step + 1, "opt": new_opt, "skipped": state["skipped"]}
     if buffers is not None:
         new_state["buffers"] = est.clean.aux
@@ -94,14 +119,28 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
                 f"non-finite loss or direction at step {int(step)}: loss={float(est.info['loss'])}"
             )
         return new_params, new_state, metrics
-    skipped = (~finite).to(torch.int64).cpu()
+    skipped = (~finite).to(torch.int64)
     new_params = tree.where(finite, new_params, params)
     new_state["opt"] = _select(finite, new_opt, state["opt"])
     if buffers is not None:
         new_state["buffers"] = _select(finite, new_state["buffers"], buffers)
     new_state["skipped"] = state["skipped"] + skipped
     metrics["skipped"] = skipped
+    if hasattr(loss_fn, "next_state"):
+        entries, extra = loss_fn.next_state(state, finite)
+        new_state.update(entries)
+        metrics.update(extra)
     return new_params, new_state, metrics
+
+
+def bind(loss_fn, state):
+    """The two-argument loss of one step: an Objective with a ``bind`` method binds what it needs from
+    ``state`` itself (and so keeps forming its own gradients); any other ``loss_fn`` gets the state's
+    BatchNorm buffers, if any, as its third argument."""
+    if isinstance(loss_fn, Objective) and hasattr(loss_fn, "bind"):
+        return loss_fn.bind(state)
+    buffers = state.get("buffers")
+    return loss_fn if buffers is None else functools.partial(_bound, loss_fn, buffers)
 
 
 def _bound(loss_fn, buffers, params, batch):

@@ -1,0 +1,408 @@
+"""Train an ``nn.Module`` with GAM, SAM or any estimator from ``torch.optim``-style code.
+
+:class:`FlatnessOptimizer` is a ``torch.optim.Optimizer`` whose ``step`` runs the pure step of
+:func:`gamfunc.make_step` on the module's tensors and writes the result back into the module. It is a
+shell, not a second implementation: every gradient, Hessian-vector product and update comes from
+the estimator and base optimiser it is given. :class:`GAM` and :class:`SAM` only choose the estimator.
+
+Switching a ``torch.optim`` loop::
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # before
+    optimizer = GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)   # after
+
+    for inputs, targets in loader:
+        loss = optimizer.step((inputs, targets))   # replaces zero_grad / forward / backward / step
+        scheduler.step()                            # any torch.optim.lr_scheduler drives the lr
+
+How the loss reaches the pure step:
+
+* ``step(batch)`` with ``batch = (inputs, targets)``: the loss is ``criterion(model(inputs), targets)``,
+  evaluated through ``torch.func.functional_call`` (:func:`gamfunc.nn.functional`). This form can be
+  compiled (``compile=True``).
+* ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
+  model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
+  needs (θ, θ + ε, ...) with the module's tensors swapped by ``torch.func.functional_call``, like the
+  closure of davda54/sam, but it must not call ``backward()``: gamfunc differentiates it. This form
+  always runs eagerly.
+* ``step(closure, batch=batch)``: what trainers such as Lightning pass (their closure runs hooks). The
+  closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is ignored,
+  and the step is computed from ``batch``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from gamfunc.estimators import Estimator, gam, sam
+from gamfunc.nn import functional
+from gamfunc.optim import Optimizer
+from gamfunc.step import make_step
+
+__all__ = ["GAM", "SAM", "FlatnessOptimizer"]
+
+_BACKWARD_INSIDE = "backward() called inside a functorch transform"
+
+
+class FlatnessOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` that moves a module by ``make_step(estimator, optimizer, loss_fn)``.
+
+    One step, with θ the module's trainable parameters and B its buffers::
+
+        direction, info = estimator(θ, batch, loss_fn)        # e.g. GAM, paper Algorithm 1
+        θ, opt_state   = optimizer.update(direction, opt_state, θ)
+        B              = the buffers of the pass at θ           # BatchNorm: once per step
+
+    and θ and B are copied back into the module in place, so the model stays usable as it is (eval,
+    ``model.state_dict()``, EMA, checkpoints).
+
+    Args:
+        model: the module to train. Its parameters with ``requires_grad=False`` are left alone; its
+            buffers (BatchNorm running statistics) are updated once per step from the pass at θ; passes
+            at perturbed points use batch statistics and leave them alone. The module is evaluated
+            in whatever mode it is in (``model.train()`` / ``model.eval()``), as in a ``torch.optim`` loop.
+        estimator: a gamfunc estimator, e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
+        optimizer: a gamfunc base optimiser, e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
+        criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
+            ``F.cross_entropy`` by default.
+        every: run ``estimator`` on every ``every``-th step and ``base`` on the others (see
+            :func:`gamfunc.make_step`).
+        base: the estimator of the other steps, ``gradient()`` by default.
+        on_nonfinite: "skip" (default), "raise" or "ignore" (see :func:`gamfunc.make_step`).
+        compile: compile ``step(batch)`` with ``torch.compile`` (one graph per branch; lr changes and
+            schedulers never recompile).
+        compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
+
+    Attributes:
+        param_groups: one group holding the trainable parameters and ``lr``. Before every step its
+            ``lr`` is written into the base optimiser's state as a 0-d tensor, so
+            ``torch.optim.lr_scheduler`` drives the learning rate (compiled or not).
+        metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``...).
+
+    ``step`` returns the loss at θ before the update (a 0-d tensor). ``state_dict()`` holds the step
+    counters, the optimiser state (momentum or Adam moments, keyed by parameter name) and the param
+    group; the parameters and buffers live in the module, so a checkpoint is ``model.state_dict()``
+    plus ``optimizer.state_dict()``, as with ``torch.optim``.
+
+    Warning:
+        With a base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the learning rate;
+        ``param_groups[0]["lr"]`` then reports the last lr used (one device synchronisation per step),
+        and changing it (e.g. with a ``torch.optim.lr_scheduler``) raises ``RuntimeError``.
+        Only ``lr`` is read from the param group: weight decay, momentum and betas are those of the
+        gamfunc optimiser. ``add_param_group`` is not supported (one group: the model).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> from gamfunc.torch_optim import FlatnessOptimizer
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+        >>> opt = FlatnessOptimizer(model, gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1, momentum=0.9))
+        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+        >>> x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+        >>> loss = opt.step((x, y))
+        >>> sched.step()
+
+    References:
+        Zhang et al., "Gradient Norm Aware Minimization Seeks First-Order Flatness and Improves
+        Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        estimator: Estimator,
+        optimizer: Optimizer,
+        criterion: Callable = F.cross_entropy,
+        *,
+        every: int = 1,
+        base: Estimator | None = None,
+        on_nonfinite: str = "skip",
+        compile: bool = False,
+        compile_options: dict[str, Any] | None = None,
+    ):
+        _check_arguments(model, optimizer, criterion, compile, compile_options)
+        trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        if not trainable:
+            raise ValueError("model has no parameter with requires_grad=True to optimise")
+        lr0, self._own_schedule = _probe_lr(optimizer)
+        module_loss, _, _ = functional(model, criterion)
+        options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
+        batch_step = make_step(
+            estimator, optimizer, functools.partial(_as_is, module_loss, model), **options
+        )
+        self._closure_step = make_step(
+            estimator, optimizer, functools.partial(_closure_loss, _Holder(model)), **options
+        )
+        self._batch_step = batch_step.compile(**(compile_options or {})) if compile else batch_step
+        self._model, self._trainable = model, trainable
+        self._state: dict[str, Any] | None = None
+        self.metrics: dict[str, Tensor] = {}
+        super().__init__(list(trainable.values()), {"lr": lr0})
+        self._lr_set = lr0
+        self._groups_fixed = True
+
+    # ---- torch.optim.Optimizer interface ----------------------------------------------------------
+
+    def step(self, closure=None, *, batch=None) -> Tensor:
+        """One step; returns the loss at θ before the update (a 0-d tensor).
+
+        Args:
+            closure: a callable ``closure() -> loss`` that calls the model (it must not call
+                ``backward()``), or the batch itself, ``step((inputs, targets))``.
+            batch: ``(inputs, targets)`` for ``criterion(model(inputs), targets)``. Given together with
+                a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
+                and the batch drives the step.
+        """
+        if batch is None and closure is not None and not callable(closure):
+            closure, batch = None, closure
+        if batch is None and closure is None:
+            raise TypeError(
+                "step() needs a batch, step((inputs, targets)), or a closure returning the loss"
+            )
+        if batch is not None:
+            _check_batch(batch)
+            if closure is not None:
+                with torch.enable_grad():
+                    closure()
+            return self._advance(self._batch_step, batch)
+        try:
+            return self._advance(self._closure_step, closure)
+        except RuntimeError as e:
+            if _BACKWARD_INSIDE not in str(e):
+                raise
+            raise RuntimeError(
+                "the closure given to step() must return the loss without calling backward(): "
+                "gamfunc differentiates it with torch.func"
+            ) from e
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"state": {step, skipped, opt}, "param_groups": [group]}``; tensors keyed by parameter name."""
+        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        state = {} if self._state is None else dict(self._state)
+        return {"state": state, "param_groups": [group | {"params": list(self._trainable)}]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned; tensors move to the parameters' device."""
+        if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
+            raise ValueError("state_dict must be a dict with keys 'state' and 'param_groups'")
+        groups = state_dict["param_groups"]
+        if len(groups) != 1 or list(groups[0].get("params", ())) != list(self._trainable):
+            raise ValueError(
+                "state_dict was saved for other parameters; expected one group with "
+                f"params {list(self._trainable)}"
+            )
+        state = state_dict["state"]
+        if state:
+            reference = self._batch_step.init(self._params(), None)
+            self._state = _restore(state, reference, "state")
+        else:
+            self._state = None
+        self.param_groups[0].update({k: v for k, v in groups[0].items() if k != "params"})
+        self._lr_set = self.param_groups[0]["lr"]
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if getattr(self, "_groups_fixed", False):
+            raise TypeError(
+                f"{type(self).__name__} optimises one group, the model's trainable parameters; "
+                "add_param_group is not supported"
+            )
+        super().add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        est = self._batch_step.estimator
+        hp = ", ".join(f"{k}={v!r}" for k, v in est.hparams.items())
+        return f"{type(self).__name__}(estimator={est.name}({hp}), lr={self.param_groups[0]['lr']})"
+
+    # ---- the step ---------------------------------------------------------------------------------
+
+    def _params(self) -> dict[str, Tensor]:
+        return {k: p.detach() for k, p in self._trainable.items()}
+
+    def _advance(self, run, data) -> Tensor:
+        params = self._params()
+        buffers = {k: b.detach() for k, b in self._model.named_buffers()}
+        if self._state is None:
+            self._state = run.init(params, None)
+        state = dict(self._state, buffers=buffers)
+        state["opt"] = dict(state["opt"], lr=self._lr_tensor(state["opt"]["lr"]))
+        new_params, new_state, metrics = run(params, state, data)
+        with torch.no_grad():
+            for k, p in self._trainable.items():
+                p.copy_(new_params[k])
+            for k, b in self._model.named_buffers():
+                b.copy_(new_state["buffers"][k])
+        self._state = {k: v for k, v in new_state.items() if k != "buffers"}
+        self.metrics = metrics
+        if self._own_schedule:
+            self.param_groups[0]["lr"] = self._lr_set = float(new_state["opt"]["lr"])
+        return metrics["loss"]
+
+    def _lr_tensor(self, current: Tensor) -> Tensor:
+        lr = self.param_groups[0]["lr"]
+        if self._own_schedule:
+            if lr != self._lr_set:
+                raise RuntimeError(
+                    "param_groups[0]['lr'] was changed, but the base optimiser's lr is a gamfunc "
+                    "schedule, which sets it; give the optimiser a constant lr to drive it with "
+                    "torch.optim.lr_scheduler"
+                )
+            return current
+        # A new 0-d tensor, never an in-place write: earlier metrics and states may share the old one.
+        return torch.full((), float(lr), dtype=torch.float64, device=current.device)
+
+
+class GAM(FlatnessOptimizer):
+    """:class:`FlatnessOptimizer` with ``gamfunc.gam(rho, alpha, hvp, ...)``: paper Algorithm 1.
+
+    ρ is ``rho``, α is ``alpha``; ``hvp``, ``fd_radius``, ``oracle`` and ``eps`` go to
+    :func:`gamfunc.gam`, the other keywords to :class:`FlatnessOptimizer`.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> from gamfunc.torch_optim import GAM
+        >>> model = torch.nn.Linear(4, 3)
+        >>> opt = GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)
+        >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        *,
+        rho,
+        alpha: float,
+        criterion: Callable = F.cross_entropy,
+        hvp: str = "exact",
+        fd_radius: float = 1e-3,
+        oracle: Estimator | None = None,
+        eps: float = 1e-12,
+        **options,
+    ):
+        estimator = gam(rho, alpha, hvp=hvp, fd_radius=fd_radius, oracle=oracle, eps=eps)
+        super().__init__(model, estimator, optimizer, criterion, **options)
+
+
+class SAM(FlatnessOptimizer):
+    """:class:`FlatnessOptimizer` with ``gamfunc.sam(rho)``: direction ∇L(θ + ρ·g/‖g‖), g = ∇L(θ).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> from gamfunc.torch_optim import SAM
+        >>> model = torch.nn.Linear(4, 3)
+        >>> opt = SAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05)
+        >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        *,
+        rho,
+        criterion: Callable = F.cross_entropy,
+        eps: float = 1e-12,
+        **options,
+    ):
+        super().__init__(model, sam(rho, eps=eps), optimizer, criterion, **options)
+
+
+# ---- pure loss functions over the module ------------------------------------------------------------
+
+
+def _as_is(module_loss, model: nn.Module, params, batch, buffers):
+    """The module's loss in the mode the module is in (no train/eval switch)."""
+    return module_loss(params, batch, buffers, train=model.training)
+
+
+class _Holder(nn.Module):
+    """Holds the model as a submodule, so that functional_call swaps its tensors around ``closure()``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, closure):
+        return closure()
+
+
+def _closure_loss(holder: _Holder, params, closure, buffers):
+    """``closure()`` evaluated at (params, buffers): the loss and the new buffers, for make_step."""
+    new_buffers = {k: v.clone() for k, v in buffers.items()}
+    tensors = (
+        {f"model.{k}": v for k, v in params.items()},
+        {f"model.{k}": v for k, v in new_buffers.items()},
+    )
+    loss = functional_call(holder, tensors, (closure,))
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"the closure must return the loss tensor; it returned {type(loss)}")
+    return loss, new_buffers
+
+
+# ---- checks -----------------------------------------------------------------------------------------
+
+
+def _check_arguments(model, optimizer, criterion, compile, compile_options) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    if not isinstance(optimizer, Optimizer):
+        hint = ""
+        if isinstance(optimizer, torch.optim.Optimizer) or (
+            isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)
+        ):
+            hint = " (not a torch.optim one: e.g. gamfunc.sgd(lr=0.1, momentum=0.9), gamfunc.adamw(lr=1e-3))"
+        raise TypeError(
+            f"optimizer must be a gamfunc optimizer{hint}; got {getattr(optimizer, '__name__', type(optimizer).__name__)}"
+        )
+    if not callable(criterion):
+        raise TypeError(
+            f"criterion must be callable(outputs, targets); got {type(criterion).__name__}"
+        )
+    if not isinstance(compile, bool):
+        raise TypeError(f"compile must be True or False; got {compile!r}")
+    if compile_options is not None and not isinstance(compile_options, dict):
+        raise TypeError(f"compile_options must be a dict; got {type(compile_options).__name__}")
+    if compile_options and not compile:
+        raise ValueError("compile_options were given but compile=False")
+
+
+def _check_batch(batch) -> None:
+    if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        raise ValueError(
+            "batch must be a pair (inputs, targets) for criterion(model(inputs), targets); "
+            f"got {type(batch).__name__}. For other batches pass a closure returning the loss."
+        )
+
+
+def _probe_lr(optimizer: Optimizer) -> tuple[float, bool]:
+    """The optimiser's first lr, and whether a schedule (not ``state["lr"]``) sets it.
+
+    An update on a one-element probe with ``state["lr"]`` moved away from its initial value: a
+    constant-lr optimiser uses (and returns) the moved value, a scheduled one returns its own.
+    """
+    probe = {"p": torch.zeros(1, dtype=torch.float64)}
+    state = optimizer.init(probe)
+    lr0 = state["lr"]
+    moved = lr0 + 1.0
+    _, after = optimizer.update(
+        {"p": torch.zeros(1, dtype=torch.float64)}, dict(state, lr=moved), probe
+    )
+    return float(lr0), not torch.equal(after["lr"], moved)
+
+
+def _restore(saved, reference, path: str):
+    """``saved`` with the structure, shapes, dtypes and devices of ``reference``; ValueError otherwise."""
+    if isinstance(reference, dict):
+        if not isinstance(saved, dict) or set(saved) != set(reference):
+            got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+            raise ValueError(f"state_dict {path} has keys {got}; expected {sorted(reference)}")
+        return {k: _restore(saved[k], reference[k], f"{path}[{k!r}]") for k in reference}
+    if not isinstance(saved, Tensor) or saved.shape != reference.shape:
+        got = tuple(saved.shape) if isinstance(saved, Tensor) else type(saved).__name__
+        raise ValueError(f"state_dict {path} is {got}; expected shape {tuple(reference.shape)}")
+    return saved.to(device=reference.device, dtype=reference.dtype, copy=True)

@@ -1,0 +1,65 @@
+"""The worked examples under examples/ run and train. Each is loaded with runpy (no process start-up
+or second torch import) and its ``main(argv)`` is called on tiny data."""
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CHANCE = 1 / 3  # three classes
+
+
+def run(capsys, script, *argv):
+    main = runpy.run_path(str(EXAMPLES / script), run_name="example")["main"]
+    main(list(argv))
+    return capsys.readouterr().out
+
+
+def final(stdout):
+    """The numbers of the ``final: key=value ...`` line every example ends with."""
+    line = stdout.strip().splitlines()[-1]
+    assert line.startswith("final:"), stdout[-2000:]
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([-\d.e]+)", line)}
+
+
+def first_loss(stdout):
+    return float(re.search(r"loss=([-\d.e]+)", stdout).group(1))
+
+
+@pytest.mark.parametrize("optimizer", ["gam", "sgd"])
+def test_module_loop_trains_with_either_optimizer(capsys, optimizer):
+    out = run(capsys, "module_loop.py", "--optimizer", optimizer, "--epochs", "2")
+    result = final(out)
+    assert result["test_acc"] > CHANCE + 0.3
+    assert result["train_loss"] < first_loss(out)
+
+
+def test_functional_loop_trains_eagerly(capsys):
+    out = run(capsys, "functional_compile.py", "--no-compile", "--steps", "30")
+    result = final(out)
+    assert "eager:" in out
+    assert result["test_acc"] > CHANCE + 0.3
+    assert result["train_loss"] < first_loss(out)
+
+
+@pytest.mark.slow
+def test_functional_loop_compiles(capsys):
+    out = run(capsys, "functional_compile.py", "--estimator", "gradient", "--steps", "20")
+    assert "compiled:" in out
+    assert final(out)["train_loss"] < first_loss(out)
+
+
+def test_lightning_manual_optimisation_snippet(capsys):
+    pytest.importorskip("lightning")
+    assert final(run(capsys, "lightning_manual.py"))["train_loss"] < 1.0
+
+
+def test_lightning_snippet_says_so_without_lightning(capsys):
+    try:
+        import lightning  # noqa: F401
+    except ImportError:
+        assert "lightning is not installed" in run(capsys, "lightning_manual.py")
+    else:
+        pytest.skip("lightning is installed; the snippet itself is tested above")
