@@ -44,12 +44,14 @@ from gamfunc import tree
 from gamfunc.loss import Objective, Pass, grad_fn, gradient_pass
 from gamfunc.tree import Tree
 
-__all__ = ["BACKENDS", "exact", "fd", "get", "grad_norm_grad", "reverse"]
+__all__ = ["BACKENDS", "exact", "fd", "get", "grad_norm_grad", "math_attention", "reverse"]
 
 Vector = Tree | Callable[[Tree], Tree]
 
 
-def _math_attention():
+def math_attention():
+    """A context that routes scaled-dot-product attention to the math kernel, the one with double
+    backward and forward-mode AD (a no-op where torch has no ``sdpa_kernel``)."""
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:  # pragma: no cover - torch < 2.3
@@ -65,7 +67,7 @@ def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None)
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
         v = v(clean.grad)
-    with _math_attention():
+    with math_attention():
         g, hv, (loss, aux) = torch.func.jvp(grad_fn(loss_fn, batch), (params,), (v,), has_aux=True)
     # The jvp's primal is ∇L(θ) again; a clean pass we already hold is kept, so that what is built
     # on it (the oracle of GAM) sees the very same gradient as the plain estimator would.
@@ -77,7 +79,7 @@ def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = Non
     if isinstance(loss_fn, Objective):
         return loss_fn.hvp(reverse, params, batch, v, clean)
     del clean  # the vjp's forward pass yields ∇L(θ) anyway
-    with _math_attention():
+    with math_attention():
         g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
         if callable(v):
             v = v(g)

@@ -21,6 +21,7 @@ dynamic loss scale is such state; :mod:`gamfunc.accumulate` and :mod:`gamfunc.di
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -45,8 +46,8 @@ class Step:
         self.estimator, self.optimizer, self.loss_fn = estimator, optimizer, loss_fn
         self.every, self.base, self.on_nonfinite = every, base, on_nonfinite
         self.full, self.plain = branches or (
-            functools.partial(_step, estimator, optimizer, loss_fn, on_nonfinite),
-            functools.partial(_step, base, optimizer, loss_fn, on_nonfinite),
+            _branch(estimator, optimizer, loss_fn, on_nonfinite),
+            _branch(base, optimizer, loss_fn, on_nonfinite),
         )
 
     def init(self, params, buffers=None) -> dict[str, Any]:
@@ -83,12 +84,12 @@ class Step:
         new_params, new_state, metrics = branch(params, state, batch)
         return new_params, {**new_state, "cycle": cycle + 1}, metrics
 
-    def compile(self, **options) -> Step:
+    def compile(self, **options):
         """This step with each branch under ``torch.compile(**options)``: two graphs at most, however
         often ``every`` switches between them, and no recompilation as lr, ρ or the step change."""
         compiled = tuple(torch.compile(fn, **options) for fn in (self.full, self.plain))
         args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
-        return Step(*args, self.on_nonfinite, branches=compiled)
+        return _new_step(*args, self.on_nonfinite, branches=compiled)
 
 
 def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
@@ -202,7 +203,48 @@ def make_step(
         raise ValueError(f"every must be an integer >= 1; got {every!r}")
     if on_nonfinite not in NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE}; got {on_nonfinite!r}")
-    return Step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
+    return _new_step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
+
+
+def _fresh(fn):
+    """A copy of ``fn`` with a code object of its own.
+
+    torch.compile keeps its cache, and its recompile limit (8 by default), per code object. Without
+    this every step made in a process would share ``_step``'s and ``Step.__call__``'s, and the ninth
+    step compiled with ``fullgraph=True`` would fail with "recompile limit exceeded".
+    """
+    code = fn.__code__.replace()
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _branch(estimator, optimizer, loss_fn, on_nonfinite):
+    """``_step`` for one estimator, as a function with its own code object (a partial would not do:
+    torch.compile traces a partial from a wrapper shared by every callable object)."""
+
+    def branch(params, state, batch):
+        return _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch)
+
+    return _fresh(branch)
+
+
+def _new_step(*args, **kwargs):
+    """A Step as a plain function with its own code object (see :func:`_fresh`), carrying the
+    Step's ``init``, ``compile`` and configuration as attributes.
+
+    ``torch.compile`` of a callable object starts tracing in a wrapper shared by every such object;
+    a function is traced from its own code, so each step keeps a cache of its own.
+    """
+    impl = Step(*args, **kwargs)
+
+    def step(params, state, batch):
+        return impl(params, state, batch)
+
+    step = _fresh(step)
+    for name in ("init", "compile", "estimator", "optimizer", "loss_fn", "every", "base"):
+        setattr(step, name, getattr(impl, name))
+    step.on_nonfinite, step.impl = impl.on_nonfinite, impl
+    step.__doc__ = Step.__doc__
+    return step
 
 
 _GAM_KEYS = {"fd_radius", "oracle", "eps"}

@@ -178,3 +178,22 @@ def test_gam_every_k_compiles_two_graphs_and_no_more():
         eager_p, eager_s, _ = step(eager_p, eager_s, mlp_batch(seed=i))
     assert counter.frame_count == 2
     assert same(params, eager_p)
+
+
+@pytest.mark.slow
+def test_many_steps_compile_in_one_process_without_hitting_the_recompile_limit():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    params, batch = mlp_params(), mlp_batch()
+    limit = (
+        getattr(torch._dynamo.config, "recompile_limit", None)
+        or torch._dynamo.config.cache_size_limit
+    )
+    for i in range(limit + 2):
+        step = gamfunc.make_step(gamfunc.sam(0.01 * (i + 1)), gamfunc.sgd(lr=0.1), mlp_loss)
+        torch.compile(step, fullgraph=True, backend=counter)(params, step.init(params), batch)
+        every = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss, every=2)
+        every.compile(fullgraph=True, backend=counter)(params, every.init(params), batch)
+    assert counter.frame_count == 2 * (limit + 2)

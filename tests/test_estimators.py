@@ -73,7 +73,7 @@ def test_gam_finite_difference(setup):
 
 
 def test_gam_fd_converges_to_exact_as_radius_shrinks(setup):
-    params, batch, naive, theta = setup
+    params, batch, _naive, _theta = setup
     exact, _ = direction(gamfunc.gam(RHO, ALPHA), params, batch)
     err = [
         rel_err(direction(gamfunc.gam(RHO, ALPHA, hvp="fd", fd_radius=r), params, batch)[0], exact)
@@ -106,7 +106,7 @@ def test_gam_accelerated_algorithm_2(setup, convention):
 
 
 def test_conventions_differ_only_in_h_minus(setup):
-    params, batch, naive, theta = setup
+    params, batch, _naive, _theta = setup
     hp = {"rho": 0.1, "rho_prime": 0.02, "alpha": 0.6, "beta": 0.3}
     paper = direction(gamfunc.gam_accelerated(**hp, gamma=0.4), params, batch)[0]
     official = direction(

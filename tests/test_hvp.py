@@ -1,5 +1,7 @@
 """HVP backends against the dense torch.func.hessian, and finite differences against exact."""
 
+import itertools
+
 import pytest
 import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err, relu_mlp_loss, unflatten
@@ -43,7 +45,7 @@ def test_grad_norm_grad_is_gradient_of_gradient_norm(name):
         return tree.norm(torch.func.grad(mlp_loss)(p, batch))
 
     ref = torch.func.grad(grad_norm)(params)
-    f, clean = hvp.grad_norm_grad(mlp_loss, params, batch, hvp.get(name, 1e-6), eps=0.0)
+    f, _clean = hvp.grad_norm_grad(mlp_loss, params, batch, hvp.get(name, 1e-6), eps=0.0)
     assert rel_err(f, ref) < (1e-5 if name == "fd" else 1e-12)
 
 
@@ -53,7 +55,7 @@ def test_finite_difference_error_is_linear_in_radius_on_a_smooth_model():
     exact, _ = hvp.exact(mlp_loss, params, batch, v)
     errors = [rel_err(hvp.fd(r)(mlp_loss, params, batch, v)[0], exact) for r in (1e-2, 1e-3, 1e-4)]
     # O(r): each tenfold smaller radius gives a roughly tenfold smaller error.
-    for big, small in zip(errors, errors[1:]):
+    for big, small in itertools.pairwise(errors):
         assert 5 < big / small < 20
     assert errors[-1] < 1e-4
 

@@ -106,7 +106,7 @@ def test_lr_written_into_state_takes_effect():
 def test_optimisers_keep_float32():
     params = mlp_params(dtype=torch.float32)
     for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):
-        new, state = opt.update(params, opt.init(params), params)
+        new, _state = opt.update(params, opt.init(params), params)
         assert all(v.dtype == torch.float32 for v in new.values())
 
 

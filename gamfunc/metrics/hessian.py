@@ -1,0 +1,427 @@
+"""The Hessian spectrum and trace: the k largest eigenvalues (Lanczos or power iteration) and
+Hutchinson's trace estimate, both from Hessian-vector products only.
+
+Every metric of :mod:`gamfunc.metrics` evaluates the loss the same way, through :func:`bound_loss`:
+
+* a plain ``loss_fn(params, batch)`` (a scalar, or ``(loss, aux)`` whose aux is ignored) is used as is;
+* with ``buffers=`` given, ``loss_fn`` is the buffered form of :func:`gamfunc.nn.functional`,
+  ``loss_fn(params, batch, buffers, train=bool) -> (loss, new_buffers)``, and ``mode`` picks
+  BatchNorm's statistics: ``"eval"`` normalises with the running statistics in ``buffers``,
+  ``"train"`` with the statistics of the batch. The new buffers are thrown away; the ones given are
+  never modified.
+
+The helpers below (:func:`bound_loss`, :func:`hessian_operator`, :func:`flat`, :func:`unflat`,
+:func:`make_generator`) are shared by the other metric modules and are not part of the public API.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from gamfunc import hvp as hvps
+from gamfunc.loss import Objective, check_params, grad_fn, gradient_pass
+from gamfunc.tree import Tree
+
+__all__ = ["hessian_trace", "top_eigenvalues"]
+
+MODES = ("train", "eval")
+METHODS = ("lanczos", "power")
+
+
+# ---- shared helpers ------------------------------------------------------------------------------
+
+
+def bound_loss(loss_fn, buffers=None, mode: str = "eval"):
+    """A two-argument ``loss(params, batch)`` from either form of the loss contract (see module doc)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
+    if buffers is None:
+        return loss_fn
+    train = mode == "train"
+
+    def loss(params, batch):
+        value, _new_buffers = loss_fn(params, batch, buffers, train=train)
+        return value
+
+    return loss
+
+
+def flat(t: Tree) -> Tensor:
+    """All entries of a parameter dict as one vector (in the dict's order)."""
+    return torch.cat([v.reshape(-1) for v in t.values()])
+
+
+def unflat(x: Tensor, like: Tree) -> Tree:
+    """The inverse of :func:`flat`: a vector cut into tensors shaped like ``like``."""
+    out, i = {}, 0
+    for k, v in like.items():
+        n = v.numel()
+        out[k] = x[i : i + n].reshape(v.shape).to(v.dtype)
+        i += n
+    return out
+
+
+def make_generator(generator: torch.Generator | None, params: Tree) -> torch.Generator:
+    """``generator``, or a fresh one seeded with 0 on the params' device (so calls repeat exactly)."""
+    if generator is not None:
+        return generator
+    device = next(iter(params.values())).device
+    return torch.Generator(device=device).manual_seed(0)
+
+
+def gaussian(n: int, generator: torch.Generator, like: Tensor) -> Tensor:
+    """n standard normal numbers from ``generator``, on the device and in the dtype of ``like``."""
+    z = torch.randn(n, generator=generator, device=generator.device, dtype=like.dtype)
+    return z.to(like.device)
+
+
+def rademacher(n: int, generator: torch.Generator, like: Tensor) -> Tensor:
+    """n independent ±1 (probability ½ each) from ``generator``, on the device/dtype of ``like``."""
+    bits = torch.randint(0, 2, (n,), generator=generator, device=generator.device)
+    return (2 * bits - 1).to(device=like.device, dtype=like.dtype)
+
+
+def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float = 1e-3):
+    """``v -> H(θ)·v`` at the fixed point θ = ``params``, for dict-shaped v (vmap-able).
+
+    ``hvp`` is a backend name of :func:`gamfunc.hvp.get` or a backend function. For ``"reverse"`` the
+    gradient is linearised once (``torch.func.vjp`` of ``torch.func.grad``) and its pullback reused
+    for every product: each H·v then costs one backward pass through the gradient's graph instead of
+    a forward, a backward and that pass (the graph is kept in memory meanwhile). ``"fd"`` computes
+    ∇L(θ) once and rescales v to unit norm, so that the radius r is a distance in parameter space.
+    """
+    if hvp == "reverse" and not isinstance(loss, Objective):
+        with hvps.math_attention():
+            _g, pullback, _aux = torch.func.vjp(grad_fn(loss, batch), params, has_aux=True)
+
+        def reverse_matvec(v: Tree) -> Tree:
+            return pullback(v, create_graph=False)[0]
+
+        return reverse_matvec
+
+    backend = hvp if callable(hvp) else hvps.get(hvp, fd_radius)
+    if hvp != "fd":
+
+        def matvec(v: Tree) -> Tree:
+            return backend(loss, params, batch, v)[0]
+
+        return matvec
+
+    clean = gradient_pass(loss, params, batch)
+
+    def fd_matvec(v: Tree) -> Tree:
+        n = torch.sqrt(sum(torch.sum(t * t) for t in v.values()))
+        hv, _ = backend(loss, params, batch, {k: t / n for k, t in v.items()}, clean=clean)
+        return {k: t * n for k, t in hv.items()}
+
+    return fd_matvec
+
+
+def _check_positive_int(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
+
+
+def _check_positive(name: str, v) -> None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
+
+
+# ---- top eigenvalues -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def top_eigenvalues(
+    params: Tree,
+    batch,
+    loss_fn,
+    k: int = 1,
+    iters: int = 100,
+    tol: float = 1e-4,
+    generator: torch.Generator | None = None,
+    *,
+    method: str = "lanczos",
+    hvp="reverse",
+    fd_radius: float = 1e-3,
+    return_eigenvectors: bool = False,
+    buffers=None,
+    mode: str = "eval",
+):
+    """The k largest eigenvalues λ_1 ≥ … ≥ λ_k of the Hessian H = ∇²L(θ), from H·v products only.
+
+    ``method="lanczos"`` (default) runs the Lanczos iteration with full reorthogonalisation: after j
+    products, the Rayleigh–Ritz values of H on the Krylov space span{q, Hq, …, H^{j−1}q} (the
+    eigenvalues of the tridiagonal T_j = Q_jᵀ H Q_j) approximate the extreme eigenvalues. It stops
+    once each of the k largest Ritz pairs (θ_i, x_i) has residual ‖H x_i − θ_i x_i‖ ≤ tol·|θ_i|
+    (with a floor of eps^(2/3)·‖T_j‖, as ARPACK), which puts a true eigenvalue within tol·|θ_i| of
+    θ_i (and within about (tol·θ_i)²/gap), or after ``iters`` products. k = 50, as in the paper's
+    histogram of the top-50 eigenvalues, costs one Krylov space, not 50 separate runs.
+
+    ``method="power"`` is PyHessian's power iteration with deflation (Yao et al. 2020), used by the
+    paper (Section 5.4): for i = 1..k, v ← H v/‖H v‖ with v kept orthogonal to the eigenvectors
+    found so far, λ_i = vᵀHv, until |Δλ_i| ≤ tol·(|λ_i| + 1e-6) or ``iters`` products per eigenvalue.
+
+    Args:
+        params: θ, a flat dict of tensors.
+        batch: the batch ``loss_fn`` takes.
+        loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
+            when ``buffers`` is given (see :mod:`gamfunc.metrics.hessian`).
+        k: how many eigenvalues.
+        iters: the most Hessian-vector products (Lanczos), or per eigenvalue (power).
+        tol: the relative tolerance above.
+        generator: draws the start vector(s); None uses a generator seeded with 0, so that a call
+            always gives the same result.
+        method: "lanczos" or "power".
+        hvp: the Hessian-vector product: "reverse" (default: the gradient is linearised once, then
+            each product is one backward pass, as PyHessian's retained graph; the fastest measured),
+            "exact" (forward-over-reverse, no graph kept between products), "fd" (finite
+            difference of radius ``fd_radius``; Lanczos may then stop at ``iters`` rather than
+            ``tol``), or a backend function of :mod:`gamfunc.hvp`.
+        fd_radius: r for ``hvp="fd"``.
+        return_eigenvectors: also return the unit eigenvectors, as a list of k dicts.
+        buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
+        mode: "eval" (running statistics; PyHessian and the paper's Section 5.4 measure in eval
+            mode) or "train" (batch statistics). Used only with ``buffers``.
+
+    Returns:
+        A tensor of shape [k], descending, on the params' device and in their dtype; with
+        ``return_eigenvectors`` the pair ``(values, vectors)``.
+
+    Warning:
+        Lanczos from one start vector sees one copy of an eigenvalue of multiplicity > 1 (exactly
+        repeated eigenvalues are returned once). Power iteration converges to the eigenvalues of
+        largest magnitude, which are the largest ones only when no negative eigenvalue is larger in
+        magnitude; it also needs many more products for the same accuracy.
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.metrics import top_eigenvalues
+        >>> loss_fn = lambda p, x: torch.tanh(x @ p["w"]).pow(2).sum()
+        >>> params, x = {"w": torch.randn(4, 3)}, torch.randn(16, 4)
+        >>> top_eigenvalues(params, x, loss_fn, k=3).shape
+        torch.Size([3])
+
+    References:
+        Lanczos, "An iteration method for the solution of the eigenvalue problem of linear
+        differential and integral operators", J. Res. Nat. Bur. Standards, 1950.
+        Yao, Gholami, Keutzer, Mahoney, "PyHessian: Neural Networks Through the Lens of the
+        Hessian", 2020, https://arxiv.org/abs/1912.07145.
+        Zhang et al., "Gradient Norm Aware Minimization Seeks First-Order Flatness and Improves
+        Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108 (Section 5.4).
+    """
+    check_params(params)
+    _check_positive_int("k", k)
+    _check_positive_int("iters", iters)
+    _check_positive("tol", tol)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}; got {method!r}")
+    n = sum(v.numel() for v in params.values())
+    if k > n:
+        raise ValueError(f"k must be at most the number of parameters ({n}); got {k}")
+    if method == "lanczos" and iters < k:
+        raise ValueError(f"iters must be >= k for Lanczos; got iters={iters}, k={k}")
+    loss = bound_loss(loss_fn, buffers, mode)
+    matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
+    gen = make_generator(generator, params)
+    x0 = flat(params)
+
+    def flat_matvec(x: Tensor) -> Tensor:
+        return flat(matvec(unflat(x, params))).to(x.dtype)
+
+    def draw() -> Tensor:
+        return gaussian(n, gen, x0)
+
+    run = _lanczos if method == "lanczos" else _power
+    values, vectors = run(flat_matvec, draw, n, k, iters, tol)
+    values = values.to(device=x0.device, dtype=x0.dtype)
+    if not return_eigenvectors:
+        return values
+    return values, [unflat(vectors[:, i], params) for i in range(k)]
+
+
+def _orthogonalise(w: Tensor, basis: Tensor) -> Tensor:
+    """w minus its projection on the rows of ``basis`` (orthonormal), twice ("twice is enough")."""
+    for _ in range(2):
+        w = w - basis.T @ (basis @ w)
+    return w
+
+
+def _lanczos(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int, tol: float):
+    m = min(iters, n)
+    q = draw()
+    basis = q.new_empty((m, q.numel()))
+    basis[0] = q / torch.linalg.vector_norm(q)
+    alphas: list[float] = []
+    betas: list[float] = []  # betas[j] couples q_j and q_{j+1}; 0 after a restart
+    block = 0  # where the current Krylov block starts (> 0 after a restart)
+    floor = torch.finfo(q.dtype).eps ** (2 / 3)
+    for j in range(m):
+        w = matvec(basis[j])
+        alphas.append(float(basis[j] @ w))
+        w = _orthogonalise(w, basis[: j + 1])
+        beta = float(torch.linalg.vector_norm(w))
+        ritz, s = torch.linalg.eigh(_tridiagonal(alphas, betas))
+        top = torch.arange(j, max(j - k, -1), -1)  # the k largest, descending
+        scale = float(ritz.abs().max())
+        bound = torch.clamp(tol * ritz[top].abs(), min=floor * scale)
+        done = j + 1 >= k and bool((beta * s[j, top].abs() <= bound).all())
+        # A restarted block must show its own largest eigenvalue before the run may stop: the
+        # complement it explores could hold eigenvalues above the k-th found so far.
+        block_top, block_residual = ritz[-1], 0.0
+        if block:
+            block_ritz, block_s = torch.linalg.eigh(_tridiagonal(alphas[block:], betas[block:]))
+            block_top, block_residual = block_ritz[-1], beta * float(block_s[-1, -1].abs())
+        block_done = block_residual <= max(tol * float(block_top.abs()), floor * scale)
+        breakdown = beta <= floor * max(scale, 1e-300)
+        if j + 1 == m:
+            break
+        if not breakdown and done and block_done:
+            break
+        if breakdown and done and block and bool(block_top < ritz[top[-1]]):
+            break
+        if breakdown:
+            # The Krylov space is invariant. Exactly repeated eigenvalues keep further copies in
+            # its complement: go on from a fresh direction orthogonal to it.
+            w = _orthogonalise(draw(), basis[: j + 1])
+            betas.append(0.0)
+            block = j + 1
+            basis[j + 1] = w / torch.linalg.vector_norm(w)
+        else:
+            betas.append(beta)
+            basis[j + 1] = w / beta
+    vectors = basis[: j + 1].T @ s[:, top].to(device=basis.device, dtype=basis.dtype)
+    return ritz[top], vectors
+
+
+def _tridiagonal(alphas: list[float], betas: list[float]) -> Tensor:
+    t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    if betas:
+        off = torch.tensor(betas, dtype=torch.float64)
+        t = t + torch.diag(off, 1) + torch.diag(off, -1)
+    return t
+
+
+def _power(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int, tol: float):
+    found: list[Tensor] = []
+    values: list[float] = []
+    for _ in range(k):
+        basis = torch.stack(found) if found else None
+        v = draw()
+        lam = None
+        for _ in range(iters):
+            if basis is not None:
+                v = _orthogonalise(v, basis)
+            v = v / torch.linalg.vector_norm(v)
+            hv = matvec(v)
+            new = float(v @ hv)
+            v = hv
+            converged = lam is not None and abs(new - lam) <= tol * (abs(lam) + 1e-6)
+            lam = new
+            if converged:
+                break
+        if basis is not None:
+            v = _orthogonalise(v, basis)
+        found.append(v / torch.linalg.vector_norm(v))
+        values.append(lam)
+    order = sorted(range(k), key=lambda i: -values[i])
+    ordered = torch.tensor([values[i] for i in order], dtype=torch.float64)
+    return ordered, torch.stack([found[i] for i in order], dim=1)
+
+
+# ---- trace ---------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def hessian_trace(
+    params: Tree,
+    batch,
+    loss_fn,
+    samples: int = 100,
+    generator: torch.Generator | None = None,
+    *,
+    hvp="reverse",
+    fd_radius: float = 1e-3,
+    chunk_size: int | None = 10,
+    return_stderr: bool = False,
+    buffers=None,
+    mode: str = "eval",
+):
+    """Hutchinson's estimate of tr(H), H = ∇²L(θ): the mean of zᵀHz over Rademacher probes z.
+
+    tr(H) = E[zᵀHz] for z with independent ±1 entries, so with S = ``samples`` probes
+    t̂ = (1/S)·Σ_s z_sᵀHz_s, and its standard error is std(z_sᵀHz_s)/√S (the sample standard
+    deviation). The probes are drawn from ``generator`` one after the other, so the estimate does not
+    depend on ``chunk_size``; they are pushed through the Hessian-vector product together under
+    ``torch.func.vmap``, ``chunk_size`` at a time (memory grows with it; chunk_size=None takes all S
+    at once). With ``hvp="fd"``, a backend function, or a ``loss_fn`` that is a
+    :class:`gamfunc.loss.Objective`, the probes are looped over instead.
+
+    Args:
+        params, batch, loss_fn: as :func:`top_eigenvalues` (the buffered form with ``buffers``).
+        samples: S, the number of probes.
+        generator: draws the probes; None uses a generator seeded with 0.
+        hvp: "reverse" (default; one linearisation shared by all probes), "exact" or "fd", or a
+            backend function (see :func:`top_eigenvalues`).
+        fd_radius: r for ``hvp="fd"``.
+        chunk_size: probes per vmap call.
+        return_stderr: also return the standard error.
+        buffers, mode: BatchNorm handling, as :func:`top_eigenvalues`; the paper (Section 5.4,
+            following PyHessian) measures in ``"eval"`` mode, the default.
+
+    Returns:
+        t̂, a 0-d tensor in the params' dtype; with ``return_stderr`` the pair ``(t̂, stderr)``
+        (stderr is nan for S = 1).
+
+    Warning:
+        Randomness inside ``loss_fn`` (dropout) is the same for every probe of a vmap chunk
+        (``randomness="same"``); measure with dropout off.
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.metrics import hessian_trace
+        >>> loss_fn = lambda p, x: 0.5 * (x @ p["w"]).pow(2).sum()  # H = 2·xᵀx ⊗ I for w (4, 2)
+        >>> x = torch.randn(8, 4)
+        >>> t, se = hessian_trace({"w": torch.zeros(4, 2)}, x, loss_fn, samples=50, return_stderr=True)
+
+    References:
+        Hutchinson, "A stochastic estimator of the trace of the influence matrix for Laplacian
+        smoothing splines", 1989. Avron, Toledo, "Randomized algorithms for estimating the trace of
+        an implicit symmetric positive semi-definite matrix", J. ACM, 2011.
+        Yao et al., "PyHessian", 2020, https://arxiv.org/abs/1912.07145.
+    """
+    check_params(params)
+    _check_positive_int("samples", samples)
+    if chunk_size is not None:
+        _check_positive_int("chunk_size", chunk_size)
+    loss = bound_loss(loss_fn, buffers, mode)
+    matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
+    gen = make_generator(generator, params)
+    x0 = flat(params)
+    n = x0.numel()
+
+    def quadratic_form(z: Tensor) -> Tensor:
+        v = unflat(z, params)
+        hv = matvec(v)
+        return sum(torch.sum(hv[key] * v[key]) for key in v)
+
+    # The finite difference and Objective hooks (tree math, collectives) are looped over probes.
+    batched = hvp in ("exact", "reverse") and not isinstance(loss, Objective)
+    step = 1 if not batched else samples if chunk_size is None else chunk_size
+    forms = []
+    for start in range(0, samples, step):
+        probes = torch.stack([rademacher(n, gen, x0) for _ in range(min(step, samples - start))])
+        if batched:
+            forms.append(torch.func.vmap(quadratic_form, randomness="same")(probes))
+        else:
+            forms.append(quadratic_form(probes[0]).reshape(1))
+    values = torch.cat(forms).to(x0.dtype)
+    estimate = values.mean()
+    if not return_stderr:
+        return estimate
+    if samples == 1:
+        return estimate, torch.full_like(estimate, math.nan)
+    return estimate, values.std() / math.sqrt(samples)

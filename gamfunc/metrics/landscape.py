@@ -1,0 +1,224 @@
+"""Loss landscapes: L along one or two directions through θ (Li et al. 2018), filter-normalised
+random directions or the top Hessian eigenvectors."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from gamfunc import tree
+from gamfunc.loss import check_params, loss_and_aux
+from gamfunc.metrics.hessian import bound_loss, make_generator, top_eigenvalues
+from gamfunc.tree import Tree
+
+__all__ = ["Landscape1D", "Landscape2D", "landscape_1d", "landscape_2d", "random_direction"]
+
+BIASBN = ("ignore", "include")
+
+
+class Landscape1D(NamedTuple):
+    """L(θ + α·d) on a line of α values."""
+
+    alphas: Tensor  # [P]
+    losses: Tensor  # [P]
+    direction: Tree  # d
+
+
+class Landscape2D(NamedTuple):
+    """L(θ + α·d1 + β·d2) on a grid; ``losses[i, j]`` is at (alphas[i], betas[j])."""
+
+    alphas: Tensor  # [P]
+    betas: Tensor  # [Q]
+    losses: Tensor  # [P, Q]
+    directions: tuple[Tree, Tree]  # (d1, d2)
+
+
+def random_direction(
+    params: Tree, generator: torch.Generator | None = None, *, biasbn: str = "ignore"
+) -> Tree:
+    """A filter-normalised random direction (Li et al. 2018, Section 4).
+
+    d is standard normal with the shape of every tensor of θ; then each filter (slice along the first
+    dimension, e.g. an output row of a linear weight or an output channel of a conv kernel) of every
+    tensor with two or more dimensions is rescaled to the norm of the same filter of θ:
+    d_{i,j} ← d_{i,j}/‖d_{i,j}‖·‖θ_{i,j}‖. Tensors of one dimension or fewer (biases and BatchNorm
+    weights) are set to 0 with ``biasbn="ignore"`` or to θ itself with ``biasbn="include"``, as the
+    authors' code does (its ``--xignore biasbn`` option).
+
+    Args:
+        params: θ, a flat dict of tensors.
+        generator: draws d; None uses a generator seeded with 0.
+        biasbn: "ignore" or "include", for tensors of dimension <= 1.
+
+    Returns:
+        d, a dict shaped like ``params``.
+
+    References:
+        Li, Xu, Taylor, Studer, Goldstein, "Visualizing the Loss Landscape of Neural Nets",
+        NeurIPS 2018, https://arxiv.org/abs/1712.09913.
+    """
+    check_params(params)
+    if biasbn not in BIASBN:
+        raise ValueError(f"biasbn must be one of {BIASBN}; got {biasbn!r}")
+    gen = make_generator(generator, params)
+    out = {}
+    for k, w in params.items():
+        d = torch.randn(w.shape, generator=gen, device=gen.device, dtype=w.dtype).to(w.device)
+        if w.dim() <= 1:
+            out[k] = torch.zeros_like(w) if biasbn == "ignore" else w.detach().clone()
+            continue
+        w_norm = torch.linalg.vector_norm(w.reshape(w.shape[0], -1), dim=1)
+        d_norm = torch.linalg.vector_norm(d.reshape(d.shape[0], -1), dim=1)
+        factor = w_norm / (d_norm + 1e-10)  # the authors' 1e-10
+        out[k] = d * factor.reshape((-1,) + (1,) * (w.dim() - 1))
+    return out
+
+
+@torch.no_grad()
+def landscape_1d(
+    params: Tree,
+    batch,
+    loss_fn,
+    *,
+    direction="random",
+    span: tuple[float, float] = (-1.0, 1.0),
+    points: int = 51,
+    biasbn: str = "ignore",
+    generator: torch.Generator | None = None,
+    hvp="reverse",
+    buffers=None,
+    mode: str = "eval",
+) -> Landscape1D:
+    """L(θ + α·d) for ``points`` values of α evenly spaced over ``span`` (Li et al. 2018).
+
+    Args:
+        params: θ, a flat dict of tensors.
+        batch: the batch ``loss_fn`` takes.
+        loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
+            when ``buffers`` is given (see :mod:`gamfunc.metrics.hessian`).
+        direction: "random" (:func:`random_direction`), "hessian" (the unit eigenvector of the
+            largest Hessian eigenvalue, by Lanczos), or a dict shaped like ``params``.
+        span: (α_min, α_max).
+        points: P >= 2.
+        biasbn: for "random": "ignore" or "include" the tensors of dimension <= 1.
+        generator: randomness of "random" and of the Lanczos start; None seeds with 0.
+        hvp: the Hessian-vector product for "hessian" (see :func:`top_eigenvalues`).
+        buffers, mode: BatchNorm handling; Li et al.'s code evaluates in ``"eval"`` mode, the
+            default.
+
+    Returns:
+        A :class:`Landscape1D`.
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.metrics import landscape_1d
+        >>> loss_fn = lambda p, _: (p["w"] ** 2).sum()
+        >>> line = landscape_1d({"w": torch.ones(2, 2)}, None, loss_fn, points=5)
+        >>> line.losses.shape
+        torch.Size([5])
+
+    References:
+        Li et al., "Visualizing the Loss Landscape of Neural Nets", NeurIPS 2018,
+        https://arxiv.org/abs/1712.09913.
+    """
+    check_params(params)
+    _check_points(points)
+    loss = bound_loss(loss_fn, buffers, mode)
+    (d,) = _directions(params, batch, loss, direction, 1, biasbn, generator, hvp)
+    alphas = _grid(span, points, params)
+    losses = torch.stack([_loss_at(loss, batch, tree.axpy(float(a), d, params)) for a in alphas])
+    return Landscape1D(alphas, losses, d)
+
+
+@torch.no_grad()
+def landscape_2d(
+    params: Tree,
+    batch,
+    loss_fn,
+    *,
+    directions="random",
+    span=(-1.0, 1.0),
+    points=21,
+    biasbn: str = "ignore",
+    generator: torch.Generator | None = None,
+    hvp="reverse",
+    buffers=None,
+    mode: str = "eval",
+) -> Landscape2D:
+    """L(θ + α·d1 + β·d2) on a grid of (α, β) (Li et al. 2018, the contour plots of Figure 1).
+
+    Args:
+        params, batch, loss_fn, biasbn, generator, hvp, buffers, mode: as :func:`landscape_1d`.
+        directions: "random" (two independent :func:`random_direction`), "hessian" (the unit
+            eigenvectors of the two largest Hessian eigenvalues), or a pair of dicts.
+        span: (min, max) for both axes, or ((α_min, α_max), (β_min, β_max)).
+        points: P for both axes, or (P, Q).
+
+    Returns:
+        A :class:`Landscape2D`; ``losses[i, j]`` is the loss at (alphas[i], betas[j]).
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.metrics import landscape_2d
+        >>> loss_fn = lambda p, _: (p["w"] ** 2).sum()
+        >>> grid = landscape_2d({"w": torch.ones(2, 2)}, None, loss_fn, points=(3, 4))
+        >>> grid.losses.shape
+        torch.Size([3, 4])
+
+    References:
+        Li et al., "Visualizing the Loss Landscape of Neural Nets", NeurIPS 2018,
+        https://arxiv.org/abs/1712.09913.
+    """
+    check_params(params)
+    spans = span if isinstance(span[0], tuple | list) else (span, span)
+    counts = points if isinstance(points, tuple | list) else (points, points)
+    for p in counts:
+        _check_points(p)
+    loss = bound_loss(loss_fn, buffers, mode)
+    d1, d2 = _directions(params, batch, loss, directions, 2, biasbn, generator, hvp)
+    alphas, betas = _grid(spans[0], counts[0], params), _grid(spans[1], counts[1], params)
+    rows = []
+    for a in alphas:
+        row_origin = tree.axpy(float(a), d1, params)
+        rows.append(
+            torch.stack([_loss_at(loss, batch, tree.axpy(float(b), d2, row_origin)) for b in betas])
+        )
+    return Landscape2D(alphas, betas, torch.stack(rows), (d1, d2))
+
+
+def _directions(params, batch, loss, spec, count, biasbn, generator, hvp) -> list[Tree]:
+    if isinstance(spec, dict):
+        spec = (spec,)
+    if isinstance(spec, tuple | list):
+        if len(spec) != count:
+            raise ValueError(f"expected {count} direction(s); got {len(spec)}")
+        for d in spec:
+            if d.keys() != params.keys():
+                raise ValueError("a direction must have the keys of params")
+        return list(spec)
+    if spec == "random":
+        gen = make_generator(generator, params)
+        return [random_direction(params, gen, biasbn=biasbn) for _ in range(count)]
+    if spec == "hessian":
+        _, vectors = top_eigenvalues(
+            params, batch, loss, k=count, generator=generator, hvp=hvp, return_eigenvectors=True
+        )
+        return vectors
+    raise ValueError(f"direction(s) must be 'random', 'hessian' or dicts; got {spec!r}")
+
+
+def _grid(span, points: int, params: Tree) -> Tensor:
+    x0 = next(iter(params.values()))
+    lo, hi = span
+    return torch.linspace(float(lo), float(hi), points, dtype=x0.dtype, device=x0.device)
+
+
+def _loss_at(loss, batch, point: Tree) -> Tensor:
+    return loss_and_aux(loss, point, batch)[0]
+
+
+def _check_points(p) -> None:
+    if isinstance(p, bool) or not isinstance(p, int) or p < 2:
+        raise ValueError(f"points must be an integer >= 2; got {p!r}")
