@@ -4,7 +4,17 @@ Estimators say what to descend along, optimisers how to move; :func:`make_step` 
 pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 """
 
-from gamfunc import hvp, metrics, nn, torch_optim, tree
+from gamfunc import (
+    accumulate,
+    distributed,
+    hvp,
+    m_sharpness,
+    metrics,
+    nn,
+    precision,
+    torch_optim,
+    tree,
+)
 from gamfunc.estimators import Estimator, gam, gam_accelerated, gnp, gradient, sam
 from gamfunc.optim import Optimizer, adamw, schedules, sgd
 from gamfunc.step import Step, gam_step, make_step
@@ -15,16 +25,20 @@ __all__ = [
     "Estimator",
     "Optimizer",
     "Step",
+    "accumulate",
     "adamw",
+    "distributed",
     "gam",
     "gam_accelerated",
     "gam_step",
     "gnp",
     "gradient",
     "hvp",
+    "m_sharpness",
     "make_step",
     "metrics",
     "nn",
+    "precision",
     "sam",
     "schedules",
     "sgd",

@@ -80,6 +80,8 @@ def sub(a: Tree, b: Tree) -> Tree:
 
 def scale(a: Tree, s: Scalar) -> Tree:
     """s · a, with ``s`` a Python number or a 0-d tensor."""
+    if _vmapped(a, s):
+        return {k: v * s for k, v in a.items()}
     return _pack(a.keys(), torch._foreach_mul(list(a.values()), s))
 
 
@@ -87,6 +89,8 @@ def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
     """s · x + y (BLAS's axpy)."""
     _check_keys(x, y)
     ys = [y[k] for k in x]
+    if _vmapped(x, s) or _vmapped(y):
+        return {k: s * v + y[k] for k, v in x.items()}
     if isinstance(s, Tensor):
         return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(list(x.values()), s)))
     return _pack(x.keys(), torch._foreach_add(ys, list(x.values()), alpha=s))
@@ -110,7 +114,10 @@ def vdot(a: Tree, b: Tree) -> Tensor:
 
 def norm(a: Tree) -> Tensor:
     """‖a‖₂ over all entries of all tensors, a 0-d tensor."""
-    norms = torch._foreach_norm(list(a.values()))
+    if _vmapped(a):
+        norms = [torch.linalg.vector_norm(v) for v in a.values()]
+    else:
+        norms = torch._foreach_norm(list(a.values()))
     return torch.linalg.vector_norm(torch.stack(_common_dtype(norms)))
 
 
@@ -124,6 +131,13 @@ def where(cond: Tensor, a: Tree, b: Tree) -> Tree:
     """Leaf-wise ``torch.where(cond, a, b)`` for a 0-d boolean ``cond``, without a Python branch."""
     _check_keys(a, b)
     return {k: torch.where(cond, x, b[k]) for k, x in a.items()}
+
+
+def _vmapped(a: Tree, s=None) -> bool:
+    """Whether any leaf (or the scalar ``s``) is batched by ``torch.func.vmap``: the foreach kernels
+    have no batching rule, so the per-tensor forms are used there."""
+    leaves = [*a.values(), s] if isinstance(s, Tensor) else a.values()
+    return any(torch._C._functorch.is_batchedtensor(t) for t in leaves)
 
 
 def _common_dtype(parts: list[Tensor]) -> list[Tensor]:

@@ -51,6 +51,7 @@ def test_functional_loop_compiles(capsys):
     assert final(out)["train_loss"] < first_loss(out)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice (idle GPU, few workers)
 def test_lightning_manual_optimisation_snippet(capsys):
     pytest.importorskip("lightning")
     assert final(run(capsys, "lightning_manual.py"))["train_loss"] < 1.0

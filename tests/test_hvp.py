@@ -51,13 +51,13 @@ def test_grad_norm_grad_is_gradient_of_gradient_norm(name):
 
 def test_finite_difference_error_is_linear_in_radius_on_a_smooth_model():
     params, batch = mlp_params(), mlp_batch()
-    v = tree.normalize({k: torch.randn_like(t) for k, t in params.items()})[0]
+    v = tree.normalize(mlp_params(seed=7))[0]
     exact, _ = hvp.exact(mlp_loss, params, batch, v)
     errors = [rel_err(hvp.fd(r)(mlp_loss, params, batch, v)[0], exact) for r in (1e-2, 1e-3, 1e-4)]
     # O(r): each tenfold smaller radius gives a roughly tenfold smaller error.
     for big, small in itertools.pairwise(errors):
         assert 5 < big / small < 20
-    assert errors[-1] < 1e-4
+    assert errors[-1] < 1e-3  # and the constant of O(r) is of order one
 
 
 def test_finite_difference_differs_from_exact_across_relu_kinks():

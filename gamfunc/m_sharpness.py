@@ -1,0 +1,151 @@
+"""m-sharpness on one device: perturbations per sub-batch of m, directions averaged (local data parallel).
+
+The SAM paper's m-sharpness (Foret et al., Section 4.1) splits the batch into m sub-batches
+S_1..S_m of equal size and forms the estimator's perturbations from one sub-batch's gradients only::
+
+    direction = (1/m)·Σ_j d(θ, S_j),     d = the estimator's direction on S_j alone
+
+For SAM, d(θ, S_j) = ∇L_{S_j}(θ + ρ·g_j/‖g_j‖) with g_j = ∇L_{S_j}(θ). This is exactly the step of
+``gamfunc.distributed.local`` over m ranks holding S_1..S_m, so one device reproduces the semantics
+of multi-device SAM/GAM (whose perturbations are per device), and m is a hyperparameter of its own:
+smaller sub-batches give stronger regularisation in the SAM paper's experiments.
+
+The m estimator runs go through ``torch.func.vmap`` (one batched run instead of m small ones) where
+the estimator can run under vmap, and through a Python loop over the sub-batches otherwise; both give
+the same direction up to rounding. Whether vmap works is probed once, at construction, by running the
+estimator under vmap on a two-parameter quadratic (``vectorize=None``), or set with ``vectorize=``.
+
+Warning:
+    Two things keep vmap from running today, and the loop is used in their place:
+
+    * ``gamfunc.tree`` uses ``torch._foreach_*`` kernels, and ``aten::_foreach_norm.Scalar`` and
+      ``aten::_foreach_mul.Tensor`` (a per-sub-batch 0-d scale) have no vmap batching rule in torch
+      2.14 ("Batching rule not implemented ... We could not generate a fallback"). Every estimator
+      calls ``tree.norm``, so the probe fails for all of them. With per-tensor ops in ``tree``
+      (``torch.linalg.vector_norm``, ``*``, ``+``) every estimator and every HVP backend (exact,
+      reverse, fd) runs under vmap and the probe switches to it by itself.
+    * BatchNorm in train mode updates its running statistics in place; under vmap the sub-batch
+      statistics are batched while the buffers bound by the step are not, and torch refuses ("Batch
+      norm got a batched tensor as input while the running_mean or running_var ... were not
+      batched"). The quadratic probe cannot see the model: pass ``vectorize=False`` for BatchNorm
+      models in train mode (the error says so).
+
+References:
+    Foret, Kleiner, Mobahi, Neyshabur, "Sharpness-Aware Minimization for Efficiently Improving
+    Generalization", ICLR 2021, https://arxiv.org/abs/2010.01412 (Section 4.1).
+    Andriushchenko, Flammarion, "Towards Understanding Sharpness-Aware Minimization", ICML 2022,
+    https://arxiv.org/abs/2206.06232 (m-sharpness).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from gamfunc.accumulate import weighted_sum
+from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.loss import Pass
+
+__all__ = ["RANDOMNESS", "m_sharpness", "vmap_failure"]
+
+RANDOMNESS = ("error", "different", "same")
+
+
+def vmap_failure(estimator: Estimator) -> str | None:
+    """Why ``estimator`` cannot run under ``torch.func.vmap`` (the error message), or None if it can.
+
+    Runs it on a two-parameter quadratic with two sub-batches of one example; milliseconds.
+    """
+    params = {"w": torch.tensor([0.5, -1.0], dtype=torch.float64)}
+
+    def loss_fn(p, b):
+        return ((p["w"] - b) ** 2).mean() + 0.25 * (p["w"] ** 4).sum()
+
+    sub_batches = torch.tensor([[[1.0, 2.0]], [[-1.0, 0.5]]], dtype=torch.float64)
+    try:
+        with torch.no_grad():
+            torch.func.vmap(lambda b: tuple(estimator.run(params, b, loss_fn)[:2]))(sub_batches)
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def m_sharpness(
+    estimator: Estimator, m: int, *, randomness: str = "error", vectorize: bool | None = None
+) -> Estimator:
+    """``estimator`` run on each of m equal sub-batches, its m directions averaged (m-sharpness).
+
+    direction = (1/m)·Σ_j d(θ, S_j); ``info`` and the clean pass (loss, gradient, BatchNorm
+    statistics) are the means over sub-batches too, so ``info["loss"]`` is the loss on the whole
+    batch (``info["grad_norm"]`` is the mean of the sub-batches' ‖g_j‖). Equals
+    ``gamfunc.distributed.local(estimator)`` over m ranks holding S_1..S_m.
+
+    Args:
+        estimator: any gamfunc estimator (SAM, GAM, ...).
+        m: the number of sub-batches (integer >= 1); the batch size must be a multiple of m.
+        randomness: ``torch.func.vmap``'s ``randomness`` for a ``loss_fn`` that draws random numbers
+            (dropout): "error" (default: refuse), "different" (independent draws per sub-batch, as on
+            m devices) or "same". The loop draws independently per sub-batch.
+        vectorize: True: vmap; False: loop over sub-batches; None (default): vmap if the estimator
+            passes :func:`vmap_failure`'s probe, else the loop (see Warning of the module).
+
+    Returns:
+        An Estimator with the hyperparameters of ``estimator`` plus ``m``, ``vectorized`` (bool) and,
+        when the loop is used because the probe failed, ``vmap_failure`` (the reason).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> from gamfunc.m_sharpness import m_sharpness
+        >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
+        >>> est = m_sharpness(gamfunc.sam(0.05), m=4)
+        >>> d, info = est({"w": torch.ones(3)}, (torch.randn(8, 3), torch.randn(8)), loss_fn)
+    """
+    if not isinstance(estimator, Estimator):
+        raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"m must be an integer >= 1; got {m!r}")
+    if randomness not in RANDOMNESS:
+        raise ValueError(f"randomness must be one of {RANDOMNESS}; got {randomness!r}")
+    failure = vmap_failure(estimator) if vectorize is None else None
+    vectorized = failure is None if vectorize is None else bool(vectorize)
+
+    def run(params, batch, loss_fn, clean, step):
+        del clean  # the pass at θ over the whole batch is no sub-batch's
+        leaves, spec = pytree.tree_flatten(batch)
+        where = [i for i, x in enumerate(leaves) if isinstance(x, Tensor) and x.ndim > 0]
+        sizes = {leaves[i].shape[0] for i in where}
+        if len(sizes) != 1 or next(iter(sizes)) % m:
+            raise ValueError(
+                f"m={m} needs batch tensors whose common dim 0 is a multiple of m; got {sizes}"
+            )
+        stacked = [leaves[i].reshape(m, -1, *leaves[i].shape[1:]) for i in where]
+
+        def one(*tensors):
+            sub = list(leaves)
+            for i, t in zip(where, tensors, strict=True):
+                sub[i] = t
+            return tuple(
+                estimator.run(params, pytree.tree_unflatten(sub, spec), loss_fn, step=step)
+            )
+
+        if vectorized:
+            try:
+                out = torch.func.vmap(one, randomness=randomness)(*stacked)
+            except RuntimeError as e:
+                raise RuntimeError(
+                    f"m_sharpness: {estimator.name} failed under torch.func.vmap ({e}); "
+                    "pass vectorize=False to loop over the sub-batches"
+                ) from e
+            mean = pytree.tree_map(lambda x: x.mean(0) if x.is_floating_point() else x[0], out)
+        else:
+            mean = None
+            for j in range(m):
+                mean = weighted_sum(mean, 1.0 / m, one(*(t[j] for t in stacked)))
+        direction, info, clean_mean = mean
+        return Estimate(direction, info, Pass(*clean_mean))
+
+    hparams = estimator.hparams | {"m": m, "vectorized": vectorized}
+    if failure is not None:
+        hparams["vmap_failure"] = failure
+    return Estimator(f"{estimator.name}[m={m}]", run, hparams)

@@ -1,0 +1,276 @@
+"""Mixed precision for multi-pass steps: bf16/fp16 autocast inside every loss evaluation, fp32 outside.
+
+Parameters, gradients, directions, optimiser state and all tree math stay in the parameters' dtype
+(fp32); only the operations inside ``loss_fn`` run in low precision, under ``torch.autocast``. Because
+every pass of a SAM/GAM step (clean, perturbed, H·v) is a ``loss_fn`` evaluation, each of them is
+autocast, and each perturbation θ + ρ·v is formed in fp32.
+
+* ``bf16``: :func:`bf16` (= :func:`autocast` with ``torch.bfloat16``). bf16 has fp32's exponent
+  range, so no loss scale is needed.
+* ``fp16``: :func:`fp16`, autocast with ``torch.float16`` and a dynamic loss scale S, as
+  ``torch.amp.GradScaler``: every gradient (and every H·v) is formed as ∇(S·L) and unscaled once,
+  g = ∇(S·L)/S, so that small backward activations do not underflow in fp16. An overflow (an inf or
+  nan anywhere in the step) makes the direction non-finite, and :func:`gamfunc.make_step`'s
+  ``on_nonfinite="skip"`` then leaves parameters, optimiser state and BatchNorm buffers unchanged
+  (``metrics["skipped"] = 1``), with no Python branch. S lives in the step state as tensors,
+  ``state["loss_scale"] = {"scale": fp32, "growth_tracker": int32}``, and is updated as GradScaler's
+  ``update()``: halved (``backoff_factor``) after a skipped step, doubled (``growth_factor``) after
+  ``growth_interval`` taken steps in a row; ``metrics["loss_scale"]`` reports it.
+
+Wrap the plain loss first, then accumulate or distribute the result (the loss scale must sit
+innermost, where the loss is differentiated)::
+
+    from gamfunc.accumulate import accumulate
+    from gamfunc.precision import mixed
+
+    loss_fn = mixed(loss_fn, "fp16")                             # or "bf16", "fp32"
+    loss_fn = accumulate(loss_fn, 4)                             # optional
+    step = gamfunc.make_step(estimator, optimizer, loss_fn)
+    state = step.init(params, buffers)                           # holds state["loss_scale"] for fp16
+
+Warning:
+    On torch 2.14, ``hvp="exact"`` (forward-over-reverse) fails through BatchNorm under autocast
+    ("expected m1 and m2 to have the same dtype": the forward-mode derivative of the mixed-dtype
+    batch-norm backward); use ``hvp="reverse"`` or ``"fd"`` with BatchNorm models in bf16/fp16.
+    Models without BatchNorm run all three backends. Likewise, ``torch.compile`` on CPU (inductor's
+    C++ backend) fails to build reverse-over-reverse through BatchNorm in bf16/fp16 ("conflicting
+    declaration 'auto at_BFloat16_tmp_acc2_vec'"); such steps run eagerly on CPU.
+
+References:
+    Micikevicius et al., "Mixed Precision Training", ICLR 2018, https://arxiv.org/abs/1710.03740.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+from gamfunc import tree
+from gamfunc.loss import Objective, Pass, gradient_pass, loss_and_aux
+from gamfunc.step import bind
+from gamfunc.tree import Tree
+
+__all__ = ["PRECISIONS", "LossScaled", "autocast", "bf16", "fp16", "mixed", "update_scale"]
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def autocast(loss_fn: Callable, dtype: torch.dtype) -> Callable:
+    """``loss_fn`` evaluated under ``torch.autocast(device, dtype)``, its loss cast to the params' dtype.
+
+    The device type is that of the parameters. Everything outside the call (gradients, tree math,
+    optimiser) keeps the parameters' dtype; BatchNorm running statistics stay fp32.
+
+    Args:
+        loss_fn: ``loss_fn(params, batch, *rest) -> loss`` or ``(loss, aux)``.
+        dtype: ``torch.bfloat16`` or ``torch.float16``.
+
+    Example:
+        >>> import torch
+        >>> loss_fn = lambda p, x: (x @ p["w"]).pow(2).mean()
+        >>> autocast(loss_fn, torch.bfloat16)({"w": torch.ones(3)}, torch.ones(2, 3)).dtype
+        torch.float32
+    """
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16; got {dtype}")
+    _check_plain(loss_fn)
+
+    @functools.wraps(loss_fn)
+    def autocast_loss(params, batch, *args, **kwargs):
+        first = next(iter(params.values()))
+        with torch.autocast(first.device.type, dtype=dtype):
+            out = loss_fn(params, batch, *args, **kwargs)
+        if isinstance(out, tuple):
+            return out[0].to(first.dtype), out[1]
+        return out.to(first.dtype)
+
+    return autocast_loss
+
+
+def _check_plain(loss_fn) -> None:
+    if isinstance(loss_fn, Objective):
+        raise TypeError(
+            "precision wrappers must wrap the plain loss_fn (autocast and the loss scale act where "
+            "the loss is differentiated); wrap accumulation or data parallel around them instead"
+        )
+
+
+def bf16(loss_fn: Callable) -> Callable:
+    """``loss_fn`` under bf16 autocast (:func:`autocast` with ``torch.bfloat16``); no loss scale."""
+    return autocast(loss_fn, torch.bfloat16)
+
+
+def update_scale(
+    loss_scale: dict[str, Tensor],
+    finite: Tensor,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+) -> dict[str, Tensor]:
+    """The dynamic loss scale after one step, as ``torch.amp.GradScaler.update``, without a branch.
+
+    With S = ``scale`` and t = ``growth_tracker``::
+
+        finite:      t ← t + 1;  if t = growth_interval: S ← S·growth_factor (if finite), t ← 0
+        not finite:  S ← S·backoff_factor,  t ← 0
+
+    Example:
+        >>> s = {"scale": torch.tensor(8.0), "growth_tracker": torch.tensor(0, dtype=torch.int32)}
+        >>> float(update_scale(s, torch.tensor(False))["scale"])
+        4.0
+    """
+    scale, tracker = loss_scale["scale"], loss_scale["growth_tracker"]
+    finite = finite.to(scale.device)
+    successful = tracker + 1
+    grow = successful >= growth_interval
+    grown = scale * growth_factor
+    grown = torch.where(torch.isfinite(grown), grown, scale)
+    new_scale = torch.where(finite, torch.where(grow, grown, scale), scale * backoff_factor)
+    new_tracker = torch.where(finite & ~grow, successful, torch.zeros_like(tracker))
+    return {"scale": new_scale, "growth_tracker": new_tracker}
+
+
+@dataclass(frozen=True, eq=False)
+class LossScaled(Objective):
+    """An fp16 loss whose gradients and H·v are formed from S·L and unscaled once: g = ∇(S·L)/S.
+
+    Built by :func:`fp16`. S is ``scale`` once bound to a step state (:meth:`bind`), else
+    ``init_scale``. Calling it gives the unscaled loss.
+    """
+
+    loss_fn: Callable
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    scale: Tensor | None = None
+
+    def __post_init__(self):
+        _check_plain(self.loss_fn)
+
+    def _s(self):
+        return self.scale if self.scale is not None else self.init_scale
+
+    def _scaled(self, params: Tree, batch):
+        loss, aux = loss_and_aux(self.loss_fn, params, batch)
+        return loss * self._s(), (loss.detach(), aux)
+
+    def _unscale(self, t: Tree) -> Tree:
+        s = self._s()
+        if isinstance(s, Tensor):
+            return tree.scale(t, (1.0 / s).to(next(iter(t.values())).dtype))
+        return tree.scale(t, 1.0 / s)
+
+    def _unscale_pass(self, p: Pass) -> Pass:
+        loss, aux = p.aux
+        return Pass(self._unscale(p.grad), loss, aux)
+
+    def __call__(self, params: Tree, batch, *args, **kwargs):
+        return self.loss_fn(params, batch, *args, **kwargs)
+
+    def gradient_pass(self, params: Tree, batch) -> Pass:
+        return self._unscale_pass(gradient_pass(self._scaled, params, batch))
+
+    def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
+        if callable(v) and clean is not None:
+            v = v(clean.grad)
+        v_scaled = (lambda sg: v(self._unscale(sg))) if callable(v) else v
+        shv, sclean = backend(self._scaled, params, batch, v_scaled)
+        return self._unscale(shv), clean if clean is not None else self._unscale_pass(sclean)
+
+    # Step state (gamfunc.step): S is read from and written to state["loss_scale"].
+    def bind(self, state) -> LossScaled:
+        scale = state["loss_scale"]["scale"] if "loss_scale" in state else self.scale
+        return replace(self, loss_fn=bind(self.loss_fn, state), scale=scale)
+
+    def init_state(self, params: Tree) -> dict:
+        device = next(iter(params.values())).device
+        return {
+            "loss_scale": {
+                "scale": torch.full((), self.init_scale, dtype=torch.float32, device=device),
+                "growth_tracker": torch.zeros((), dtype=torch.int32, device=device),
+            }
+        }
+
+    def next_state(self, state, finite: Tensor) -> tuple[dict, dict]:
+        new = update_scale(
+            state["loss_scale"],
+            finite,
+            self.growth_factor,
+            self.backoff_factor,
+            self.growth_interval,
+        )
+        return {"loss_scale": new}, {"loss_scale": new["scale"]}
+
+
+def fp16(
+    loss_fn: Callable,
+    init_scale: float = 2.0**16,
+    growth_factor: float = 2.0,
+    backoff_factor: float = 0.5,
+    growth_interval: int = 2000,
+) -> LossScaled:
+    """``loss_fn`` under fp16 autocast with a dynamic loss scale in the step state (GradScaler's rules).
+
+    Every gradient g_j of the step (g0..g3 of accelerated GAM, both of SAM, the H·v of GAM) is
+    ∇(S·L)(θ_j)/S with the same S; a step in which any of them overflows is skipped by
+    :func:`gamfunc.make_step` (``on_nonfinite="skip"``, required) and S is halved; S doubles after
+    ``growth_interval`` taken steps in a row. The arguments and defaults are those of
+    ``torch.amp.GradScaler``.
+
+    Args:
+        loss_fn: the plain loss (two-argument or buffered form), not an Objective.
+        init_scale: S at the first step (> 0).
+        growth_factor: factor S grows by (> 1).
+        backoff_factor: factor S shrinks by after an overflow (in (0, 1)).
+        growth_interval: taken steps in a row before S grows (integer >= 1).
+
+    Returns:
+        A :class:`LossScaled` Objective.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> from gamfunc.precision import fp16
+        >>> loss_fn = fp16(lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean())
+        >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
+        >>> params = {"w": torch.zeros(3)}
+        >>> state = step.init(params)
+        >>> params, state, metrics = step(params, state, (torch.randn(8, 3), torch.randn(8)))
+        >>> float(metrics["loss_scale"]), int(metrics["skipped"])
+        (65536.0, 0)
+    """
+    if not (isinstance(init_scale, int | float) and 0 < init_scale < float("inf")):
+        raise ValueError(f"init_scale must be a finite number > 0; got {init_scale!r}")
+    if not (isinstance(growth_factor, int | float) and 1 < growth_factor < float("inf")):
+        raise ValueError(f"growth_factor must be a finite number > 1; got {growth_factor!r}")
+    if not (isinstance(backoff_factor, int | float) and 0 < backoff_factor < 1):
+        raise ValueError(f"backoff_factor must be a number in (0, 1); got {backoff_factor!r}")
+    if (
+        isinstance(growth_interval, bool)
+        or not isinstance(growth_interval, int)
+        or growth_interval < 1
+    ):
+        raise ValueError(f"growth_interval must be an integer >= 1; got {growth_interval!r}")
+    return LossScaled(
+        autocast(loss_fn, torch.float16),
+        float(init_scale),
+        float(growth_factor),
+        float(backoff_factor),
+        growth_interval,
+    )
+
+
+def mixed(loss_fn: Callable, precision: str) -> Callable:
+    """``loss_fn`` in ``precision``: "fp32" (unchanged), "bf16" (:func:`bf16`) or "fp16" (:func:`fp16`
+    with GradScaler's defaults). The one call behind a ``--precision`` flag."""
+    if precision == "fp32":
+        return loss_fn
+    if precision == "bf16":
+        return bf16(loss_fn)
+    if precision == "fp16":
+        return fp16(loss_fn)
+    raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
