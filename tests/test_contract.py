@@ -73,7 +73,11 @@ def test_direction_with_other_keys_is_a_clear_error(name):
         opt.update(direction, opt.init(params), params)
 
 
-@pytest.mark.parametrize(("factory", "kwargs", "arg"), INVALID, ids=lambda x: str(x)[:40])
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "arg"),
+    INVALID,
+    ids=[f"{i}-{f.__name__}-{arg}" for i, (f, _, arg) in enumerate(INVALID)],
+)
 def test_invalid_hyperparameters_raise_value_error_naming_the_argument(factory, kwargs, arg):
     with pytest.raises(ValueError, match=arg):
         factory(**kwargs)
