@@ -84,12 +84,44 @@ class Step:
         new_params, new_state, metrics = branch(params, state, batch)
         return new_params, {**new_state, "cycle": cycle + 1}, metrics
 
-    def compile(self, **options):
-        """This step with each branch under ``torch.compile(**options)``: two graphs at most, however
-        often ``every`` switches between them, and no recompilation as lr, ρ or the step change."""
-        compiled = tuple(torch.compile(fn, **options) for fn in (self.full, self.plain))
+    def compile(self, *, fullgraph: bool = True, mode: str | None = None, **kwargs):
+        """This step with each branch under ``torch.compile``: two graphs at most, however often
+        ``every`` switches between them, and no recompilation as lr, ρ or the step count change.
+
+        ``mode`` ("reduce-overhead" for CUDA graphs, "max-autotune", ...) and ``kwargs``
+        (``backend``, ``options``, ``dynamic``) are ``torch.compile``'s.
+
+        Warning:
+            On torch < 2.14, inductor's loop reordering fails with ``AssertionError`` in
+            ``Scheduler.reorder_loops_by_dep_pair`` on graphs that put ``_foreach`` kernels beside
+            per-tensor reductions of other shapes (the inner product of accelerated GAM;
+            pytorch/pytorch#176591, fixed by #176849). There this method turns that pass off through
+            ``options={"loop_ordering_after_fusion": False}``, which applies to these graphs only.
+            ``torch.compile(step)`` called directly gets no such option.
+        """
+        kwargs.setdefault("backend", "inductor")
+        if kwargs["backend"] == "inductor":
+            options = dict(kwargs.pop("options", None) or {})
+            if mode is not None:
+                options = {**torch._inductor.list_mode_options(mode), **options}
+            options.update(INDUCTOR_WORKAROUNDS)
+            kwargs["options"] = options
+        elif mode is not None:
+            kwargs["mode"] = mode
+        compiled = tuple(
+            torch.compile(fn, fullgraph=fullgraph, **kwargs) for fn in (self.full, self.plain)
+        )
         args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
         return _new_step(*args, self.on_nonfinite, branches=compiled)
+
+
+def _loop_reordering_asserts() -> bool:
+    """Whether this torch has inductor's loop-reordering assertion (fixed in 2.14)."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) < (2, 14)
+
+
+INDUCTOR_WORKAROUNDS = {"loop_ordering_after_fusion": False} if _loop_reordering_asserts() else {}
 
 
 def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
@@ -121,10 +153,15 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
             )
         return new_params, new_state, metrics
     skipped = (~finite).to(torch.int64)
-    new_params = tree.where(finite, new_params, params)
-    new_state["opt"] = _select(finite, new_opt, state["opt"])
-    if buffers is not None:
-        new_state["buffers"] = _select(finite, new_state["buffers"], buffers)
+    if torch.compiler.is_compiling():  # no Python branch on a tensor value in a graph
+        new_params = tree.where(finite, new_params, params)
+        new_state["opt"] = _select(finite, new_opt, state["opt"])
+        if buffers is not None:
+            new_state["buffers"] = _select(finite, new_state["buffers"], buffers)
+    elif not bool(finite):  # eager: one host sync is cheaper than a select per tensor
+        new_params, new_state["opt"] = params, state["opt"]
+        if buffers is not None:
+            new_state["buffers"] = buffers
     new_state["skipped"] = state["skipped"] + skipped
     metrics["skipped"] = skipped
     if hasattr(loss_fn, "next_state"):

@@ -51,7 +51,7 @@ def estimator(name):
     return gamfunc.gam_accelerated(0.05, 0.02, alpha=0.5, beta=0.5, gamma=0.2)
 
 
-def compiled_equals_eager(device: torch.device, name: str) -> None:
+def compiled_equals_eager(device: torch.device, name: str, direct: bool = False) -> None:
     torch.manual_seed(0)
     loss_fn, params, buffers = gamfunc.nn.functional(tiny_conv_bn().to(device))
     gen = torch.Generator().manual_seed(1)
@@ -72,7 +72,9 @@ def compiled_equals_eager(device: torch.device, name: str) -> None:
         # True fp32 convolutions: the finite difference divides TF32 rounding by r = 1e-3.
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False),
     ):
-        compiled = step.compile(fullgraph=True)
+        # step.compile() carries gamfunc's scoped workaround on torch < 2.14; a direct torch.compile
+        # runs inductor exactly as configured.
+        compiled = torch.compile(step, fullgraph=True) if direct else step.compile(fullgraph=True)
         p_c, s_c = params, step.init(params, buffers)
         p_e, s_e = params, step.init(params, buffers)
         for batch in batches:
@@ -109,6 +111,23 @@ def test_fd_gam_step_compiles_fullgraph_and_matches_eager_cpu():
 @pytest.mark.parametrize("name", ["gam_fd", "gam_accelerated"])
 def test_gam_step_compiles_fullgraph_and_matches_eager_cuda(name):
     compiled_equals_eager(torch.device("cuda"), name)
+
+
+OLD_TORCH = gamfunc.step._loop_reordering_asserts()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.xfail(
+    OLD_TORCH,
+    reason="inductor's loop-reordering assertion (pytorch/pytorch#176591) on torch < 2.14",
+    raises=torch._inductor.exc.InductorError,
+    strict=True,
+)
+def test_accelerated_gam_compiles_with_inductor_defaults_cuda():
+    """Without gamfunc's workaround: fails on torch < 2.14 (strict xfail: when it passes there, the
+    workaround can go), must pass on 2.14 and later (if it fails there, the bug came back)."""
+    compiled_equals_eager(torch.device("cuda"), "gam_accelerated", direct=True)
 
 
 @pytest.mark.gpu

@@ -1,0 +1,454 @@
+"""The configuration of a training run: one frozen dataclass, presets named after the paper's tables,
+and ``--key=value`` overrides.
+
+``resolve(argv)`` starts from :class:`Config`'s defaults (the built-in MNIST-1D comparison), applies
+``--preset=NAME`` if given, then every other ``--key=value`` in order. Keys may use ``-`` or ``_``
+(``--val-fraction=0.1`` is ``--val_fraction=0.1``); a bare ``--flag`` sets a boolean to true.
+
+Presets (``PRESETS``), named after the paper's tables (Zhang et al., CVPR 2023, arXiv:2303.03108):
+
+* ``hp1.<cifar10|cifar100>.<model>``: Appendix Table app:tab:hp1 (SGD, momentum 0.9, cosine, 200
+  epochs, batch 128; lr 0.1, PyramidNet 0.05; weight decay 5e-4, DenseNet 1e-3) with ρ and α from
+  Appendix C.5's text: ρ = 0.04 on CIFAR-10, 0.1 on CIFAR-100; α = 0.3 for ResNet-18, 0.1 otherwise.
+* ``hp2.imagenet.<resnet50|resnet101|vit_s32|vit_b32>``: Table app:tab:hp2 (ResNets: SGD, ρ 0.2,
+  α 0.1, lr 0.1, wd 1e-4, 90 epochs, batch 256; ViTs: AdamW (0.9, 0.999), ρ 0.3, α 0.5, lr 3e-4,
+  wd 0.3, 300 epochs), cosine.
+* ``noise.cifar10.resnet32.p<0|20|40|60|80>``: Table app:tab:noise (Appendix C.2), ResNet-32 on
+  CIFAR-10 with that percentage of training labels flipped, otherwise the CIFAR recipe.
+* ``time.<cifar10|cifar100>.resnet18.gam<5|10|50|100>pct``: Table app:tab:time (Appendix C.3), GAM on
+  that share of the iterations (``every`` = 20, 10, 2, 1) and the base estimator on the others.
+* ``mnist1d`` (the default) and ``digits``: small built-in benchmarks that need no download.
+
+Example:
+    >>> from reproduce.config import resolve
+    >>> cfg = resolve(["--preset=hp1.cifar100.resnet18", "--estimator=sam+gam", "--seed=1"])
+    >>> cfg.model, cfg.rho, cfg.alpha, cfg.estimator
+    ('resnet18', 0.1, 0.3, 'sam+gam')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import re
+import typing
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+__all__ = [
+    "BASES",
+    "DATASETS",
+    "ESTIMATORS",
+    "PRESETS",
+    "RESUME_FREE",
+    "Config",
+    "apply",
+    "as_dict",
+    "differences",
+    "estimators_of",
+    "field_help",
+    "parse_overrides",
+    "resolve",
+    "run_name",
+    "validate",
+]
+
+ESTIMATORS = (
+    "sgd",
+    "sam",
+    "gnp",
+    "gam",
+    "gam_fd",
+    "gam_reverse",
+    "gam_accelerated",
+    "gam_accelerated_official",
+    "sam+gam",
+)
+BASES = ("sgd", "adamw")
+DATASETS = ("mnist1d", "digits", "cifar10", "cifar100", "imagenet")
+AUGMENTS = ("none", "basic", "cutout", "randaugment", "autoaugment")
+SCHEDULES = ("cosine", "constant")
+RHO_SCHEDULES = ("constant", "proportional")
+HVPS = ("exact", "reverse", "fd")
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- what to train
+    preset: str = "mnist1d"  # the preset these values started from (see PRESETS)
+    dataset: str = "mnist1d"  # mnist1d | digits | cifar10 | cifar100 | imagenet
+    data: str = ""  # root folder of cifar10/cifar100/imagenet (layouts: reproduce/data.py)
+    download: bool = False  # let torchvision download CIFAR into --data (else nothing downloads)
+    synthetic: bool = False  # random inputs of the data's shape (smoke tests only)
+    synthetic_size: int = 256  # training examples of --synthetic data (test set: a quarter of it)
+    model: str = "mlp"  # a name of reproduce.models.MODELS
+    num_classes: int = 0  # classifier outputs; 0: the data set's number of classes
+    image_size: int = 0  # input side (vector length for mnist1d/digits); 0: the data set's own
+    weights: str = ""  # local state dict (or checkpoint) to start from instead of a fresh init
+    augment: str = "basic"  # none | basic | cutout | randaugment | autoaugment (image data sets)
+    cutout_size: int = 16  # side of the Cutout square in pixels (DeVries and Taylor 2017)
+    label_noise: float = 0.0  # fraction of training labels replaced by another class (App. C.2)
+    val_fraction: float = 0.0  # share of the training set held out for validation (model selection)
+    workers: int = 0  # DataLoader worker processes for image data sets
+    # --- the gradient estimator
+    estimator: str = "sgd,gam"  # one of ESTIMATORS, or a comma list trained one after the other
+    rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
+    alpha: float = 0.1  # α: weight of the first-order flatness term (GAM, GNP)
+    sam_rho: float = 0.0  # ρ of the SAM oracle in sam+gam; 0: the same as rho
+    rho_schedule: str = "constant"  # constant | proportional (ρ_t = ρ·lr_t/lr_0)
+    gnp_hvp: str = "fd"  # H·v of gnp: fd (Zhao et al.) | exact | reverse
+    fd_radius: float = 1e-3  # r of the finite-difference H·v of gam_fd
+    gnp_radius: float = 1e-2  # r of gnp's finite difference (Zhao et al.'s form)
+    rho_prime: float = 0.05  # ρ' of gam_accelerated (the SAM-like finite differences)
+    beta: float = 0.5  # β of gam_accelerated
+    gamma: float = 0.1  # γ of gam_accelerated
+    every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3)
+    # --- the base optimiser and schedule
+    base: str = "sgd"  # sgd | adamw
+    lr: float = 0.05  # peak learning rate
+    momentum: float = 0.9  # SGD momentum
+    nesterov: bool = False  # SGD Nesterov momentum
+    weight_decay: float = 5e-4  # L2 weight decay (SGD) or decoupled weight decay (AdamW)
+    beta1: float = 0.9  # AdamW β₁
+    beta2: float = 0.999  # AdamW β₂
+    schedule: str = "cosine"  # cosine | constant learning rate
+    warmup_epochs: float = 0.0  # linear warm-up before the cosine decay
+    epochs: int = 100  # training epochs
+    batch_size: int = 100  # training batch size (per process)
+    eval_batch_size: int = 500  # evaluation batch size
+    max_steps: int = 0  # stop after this many steps in all (smoke runs; 0: no limit); resumable
+    # --- how it runs
+    seed: int = 0  # seeds the initialisation, data order, augmentation and metric probes
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    threads: int = 0  # torch CPU threads; 0: torch's default
+    bf16: bool = False  # bfloat16 autocast inside the loss
+    compile: bool = False  # torch.compile the training step
+    # --- logging and evaluation
+    logdir: str = "runs"  # TensorBoard logs, checkpoints and summaries go to logdir/name/estimator
+    name: str = ""  # run name; empty: the preset's name
+    log_every: int = 10  # steps between TensorBoard scalar writes
+    eval_every: int = 1  # epochs between test (and validation) evaluations
+    eval_train: bool = False  # also evaluate on the whole training set at every evaluation
+    flatness_every: int = 0  # epochs between λ_max/trace/R1/landscape logs (0: only at the end)
+    flatness_samples: int = 4000  # training examples (fixed, un-augmented) the flatness metrics use
+    flatness_rho: float = 0.0  # radius of R1 and of the landscape plots; 0: rho
+    eig_iters: int = 100  # Lanczos iterations for λ_max (0: skip λ_max)
+    trace_samples: int = 100  # Hutchinson probes for the Hessian trace (0: skip the trace)
+    r1_steps: int = 10  # projected ascent steps for R1, started at GAM's θ_adv (0: skip R1)
+    landscape: bool = True  # log a loss-landscape figure with the flatness metrics (if available)
+    histogram_every: int = 0  # epochs between parameter histograms (0: never)
+    progress: bool = True  # tqdm progress bars (shown only on a terminal)
+    # --- checkpoints
+    checkpoint_every: int = 0  # steps between checkpoints within an epoch (0: at epoch ends only)
+    resume: bool = False  # continue from the run's checkpoint
+    overwrite: bool = False  # start afresh even if an unfinished run's checkpoint exists
+
+
+# Fields that may differ between a checkpoint and the run resuming it: they change where output goes,
+# how much is logged or how fast it runs, never the trajectory (device and compile change rounding only).
+RESUME_FREE = frozenset(
+    {
+        "data",
+        "download",
+        "workers",
+        "threads",
+        "max_steps",
+        "device",
+        "compile",
+        "logdir",
+        "name",
+        "log_every",
+        "eval_every",
+        "eval_train",
+        "flatness_every",
+        "flatness_samples",
+        "flatness_rho",
+        "eig_iters",
+        "trace_samples",
+        "r1_steps",
+        "landscape",
+        "histogram_every",
+        "progress",
+        "checkpoint_every",
+        "resume",
+        "overwrite",
+        "eval_batch_size",
+        "preset",
+    }
+)
+
+
+def _cifar(dataset: str, model: str) -> dict[str, Any]:
+    lr = 0.05 if model == "pyramidnet110" else 0.1
+    wd = 1e-3 if model == "densenet121" else 5e-4
+    return dict(
+        dataset=dataset,
+        model=model if model != "resnet101" else "resnet101_cifar",
+        estimator="gam",
+        base="sgd",
+        lr=lr,
+        momentum=0.9,
+        weight_decay=wd,
+        schedule="cosine",
+        epochs=200,
+        batch_size=128,
+        eval_batch_size=500,
+        augment="basic",
+        rho=0.04 if dataset == "cifar10" else 0.1,
+        alpha=0.3 if model == "resnet18" else 0.1,
+        flatness_every=0,
+        flatness_samples=1000,
+        log_every=50,
+    )
+
+
+def _imagenet(model: str) -> dict[str, Any]:
+    vit = model.startswith("vit")
+    return dict(
+        dataset="imagenet",
+        model=model,
+        image_size=224,
+        estimator="gam",
+        base="adamw" if vit else "sgd",
+        lr=3e-4 if vit else 0.1,
+        momentum=0.9,
+        weight_decay=0.3 if vit else 1e-4,
+        beta1=0.9,
+        beta2=0.999,
+        schedule="cosine",
+        epochs=300 if vit else 90,
+        batch_size=256,
+        eval_batch_size=250,
+        augment="basic",
+        rho=0.3 if vit else 0.2,
+        alpha=0.5 if vit else 0.1,
+        workers=8,
+        flatness_samples=128,
+        eig_iters=20,
+        trace_samples=10,
+        log_every=100,
+        checkpoint_every=1000,
+    )
+
+
+def _presets() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {
+        # MNIST-1D (Greydanus 2020): the standard 4,000/1,000 split, MLP 40-100-100-10, SGD and SGD+GAM
+        # side by side (SGD: lr 0.05, momentum 0.9, wd 5e-4, cosine, batch 100, 100 epochs). GAM's
+        # (ρ, α) = (0.5, 1.0) is the best final validation accuracy of a sweep over ρ in {0.05, ..., 1}
+        # and α in {0.1, ..., 3} on 800 held-out training examples, 3 seeds; the test set played no part.
+        "mnist1d": dict(threads=1, rho=0.5, alpha=1.0),
+        # scikit-learn's 8×8 digits, a stratified 80/20 split, the same MLP on 64 inputs.
+        "digits": dict(dataset="digits", epochs=60, threads=1),
+    }
+    models = (
+        "resnet18",
+        "resnet101",
+        "wrn28_2",
+        "wrn28_10",
+        "pyramidnet110",
+        "densenet121",
+        "resnext29",
+    )
+    for dataset in ("cifar10", "cifar100"):
+        for model in models:
+            out[f"hp1.{dataset}.{model}"] = _cifar(dataset, model)
+    for model in ("resnet50", "resnet101", "vit_s32", "vit_b32"):
+        out[f"hp2.imagenet.{model}"] = _imagenet(model)
+    for pct in (0, 20, 40, 60, 80):
+        out[f"noise.cifar10.resnet32.p{pct}"] = _cifar("cifar10", "resnet32") | dict(
+            label_noise=pct / 100, alpha=0.1
+        )
+    for dataset in ("cifar10", "cifar100"):
+        for pct, every in ((5, 20), (10, 10), (50, 2), (100, 1)):
+            out[f"time.{dataset}.resnet18.gam{pct}pct"] = _cifar(dataset, "resnet18") | dict(
+                every=every
+            )
+    return out
+
+
+PRESETS: dict[str, dict[str, Any]] = _presets()
+
+
+def field_help() -> dict[str, str]:
+    """Each field's comment in the source of :class:`Config`: the ``--help`` text."""
+    pattern = re.compile(r"^\s+(\w+): [^=]+ = .*?  # (.*)$")
+    out = {}
+    for line in inspect.getsource(Config).splitlines():
+        m = pattern.match(line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
+
+
+def _field_types() -> dict[str, type]:
+    hints = typing.get_type_hints(Config)
+    return {f.name: hints[f.name] for f in fields(Config)}
+
+
+def _convert(key: str, text: str, kind: type) -> Any:
+    if kind is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"--{key} takes true or false; got {text!r}")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"--{key} takes a {kind.__name__}; got {text!r}") from None
+
+
+def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
+    """``["--lr=0.1", "--bf16", "--val-fraction", "0.1"]`` → ``[("lr", 0.1), ("bf16", True), ...]``.
+
+    Raises ValueError naming an unknown key (with the closest known ones) or a value of the wrong type.
+    """
+    types = _field_types()
+    out, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if not arg.startswith("--"):
+            raise ValueError(f"arguments are --key=value; got {arg!r}")
+        key, eq, text = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if key not in types:
+            near = difflib.get_close_matches(key, list(types), n=3)
+            hint = f"; did you mean {', '.join('--' + n for n in near)}?" if near else ""
+            raise ValueError(f"unknown option --{key}{hint}")
+        if not eq:
+            if types[key] is bool:
+                text = "true"
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                i += 1
+                text = argv[i]
+            else:
+                raise ValueError(f"--{key} needs a value")
+        out.append((key, _convert(key, text, types[key])))
+        i += 1
+    return out
+
+
+def apply(cfg: Config, overrides: list[tuple[str, Any]] | dict[str, Any]) -> Config:
+    """``cfg`` with the overrides applied in order; ``preset`` first sets the preset's values."""
+    items = list(overrides.items()) if isinstance(overrides, dict) else list(overrides)
+    for key, value in items:
+        if key == "preset":
+            if value not in PRESETS:
+                near = difflib.get_close_matches(value, list(PRESETS), n=3)
+                raise ValueError(
+                    f"unknown preset {value!r}; closest: {near or sorted(PRESETS)[:5]}"
+                )
+            cfg = replace(cfg, **PRESETS[value], preset=value)
+        else:
+            cfg = replace(cfg, **{key: value})
+    return cfg
+
+
+def resolve(argv: list[str]) -> Config:
+    """The validated configuration of a command line: defaults, then ``--preset`` (``mnist1d`` if
+    none is given), then the other overrides in order."""
+    overrides = parse_overrides(argv)
+    presets = [kv for kv in overrides if kv[0] == "preset"]
+    rest = [kv for kv in overrides if kv[0] != "preset"]
+    cfg = apply(Config(), (presets[-1:] or [("preset", Config.preset)]) + rest)
+    validate(cfg)
+    return cfg
+
+
+def _check(ok: bool, name: str, msg: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {msg}; got {value!r}")
+
+
+def estimators_of(cfg: Config) -> list[str]:
+    """The estimators a run trains: ``cfg.estimator`` split at commas."""
+    return [e.strip() for e in cfg.estimator.split(",") if e.strip()]
+
+
+def validate(cfg: Config) -> None:
+    """Raise ValueError naming the first field whose value is out of range."""
+    from reproduce.models import MODELS
+
+    _check(cfg.dataset in DATASETS, "dataset", f"one of {DATASETS}", cfg.dataset)
+    _check(cfg.model in MODELS, "model", f"one of {sorted(MODELS)}", cfg.model)
+    _check(cfg.augment in AUGMENTS, "augment", f"one of {AUGMENTS}", cfg.augment)
+    _check(cfg.base in BASES, "base", f"one of {BASES}", cfg.base)
+    _check(cfg.schedule in SCHEDULES, "schedule", f"one of {SCHEDULES}", cfg.schedule)
+    _check(
+        cfg.rho_schedule in RHO_SCHEDULES,
+        "rho_schedule",
+        f"one of {RHO_SCHEDULES}",
+        cfg.rho_schedule,
+    )
+    _check(cfg.gnp_hvp in HVPS, "gnp_hvp", f"one of {HVPS}", cfg.gnp_hvp)
+    names = estimators_of(cfg)
+    _check(bool(names), "estimator", f"one or more of {ESTIMATORS}", cfg.estimator)
+    for e in names:
+        _check(e in ESTIMATORS, "estimator", f"one of {ESTIMATORS} (or a comma list)", e)
+    _check(len(set(names)) == len(names), "estimator", "a list without repeats", cfg.estimator)
+    for name in ("rho", "alpha", "sam_rho", "rho_prime", "gamma", "lr", "momentum", "weight_decay"):
+        v = getattr(cfg, name)
+        _check(v >= 0 and v != float("inf"), name, "a finite number >= 0", v)
+    if any(e.startswith("gam_accelerated") for e in names):
+        _check(0 <= cfg.alpha <= 1, "alpha", "in [0, 1] for gam_accelerated", cfg.alpha)
+    _check(0 <= cfg.beta <= 1, "beta", "in [0, 1]", cfg.beta)
+    _check(cfg.fd_radius > 0, "fd_radius", "> 0", cfg.fd_radius)
+    _check(cfg.gnp_radius > 0, "gnp_radius", "> 0", cfg.gnp_radius)
+    for name in ("beta1", "beta2"):
+        _check(0 <= getattr(cfg, name) < 1, name, "in [0, 1)", getattr(cfg, name))
+    _check(0 <= cfg.label_noise <= 1, "label_noise", "in [0, 1]", cfg.label_noise)
+    _check(0 <= cfg.val_fraction < 1, "val_fraction", "in [0, 1)", cfg.val_fraction)
+    _check(cfg.warmup_epochs >= 0, "warmup_epochs", ">= 0", cfg.warmup_epochs)
+    _check(cfg.warmup_epochs <= cfg.epochs, "warmup_epochs", "<= epochs", cfg.warmup_epochs)
+    for name in ("every", "epochs", "batch_size", "eval_batch_size", "log_every", "eval_every"):
+        _check(getattr(cfg, name) >= 1, name, "an integer >= 1", getattr(cfg, name))
+    for name in (
+        "num_classes",
+        "image_size",
+        "max_steps",
+        "workers",
+        "threads",
+        "flatness_every",
+        "histogram_every",
+        "checkpoint_every",
+        "eig_iters",
+        "trace_samples",
+        "r1_steps",
+        "cutout_size",
+    ):
+        _check(getattr(cfg, name) >= 0, name, "an integer >= 0", getattr(cfg, name))
+    _check(cfg.flatness_samples >= 1, "flatness_samples", "an integer >= 1", cfg.flatness_samples)
+    _check(cfg.synthetic_size >= 4, "synthetic_size", "an integer >= 4", cfg.synthetic_size)
+    _check(cfg.flatness_rho >= 0, "flatness_rho", ">= 0", cfg.flatness_rho)
+    _check(cfg.seed >= 0, "seed", "an integer >= 0", cfg.seed)
+    dev = cfg.device
+    _check(
+        dev in ("auto", "cpu", "cuda") or bool(re.fullmatch(r"cuda:\d+", dev)),
+        "device",
+        "auto, cpu, cuda or cuda:N",
+        dev,
+    )
+
+
+def run_name(cfg: Config) -> str:
+    """The folder of a run under ``logdir``: ``name``, else the preset (with the data set appended
+    when ``--dataset`` overrides the preset's)."""
+    if cfg.name:
+        return cfg.name
+    own = PRESETS.get(cfg.preset, {}).get("dataset", Config.dataset)
+    return cfg.preset if cfg.dataset == own else f"{cfg.preset}.{cfg.dataset}"
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    """The configuration as a plain dict (what checkpoints and summaries store)."""
+    return dataclasses.asdict(cfg)
+
+
+def differences(saved: dict[str, Any], cfg: Config, ignore=RESUME_FREE) -> dict[str, tuple]:
+    """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ."""
+    now = as_dict(cfg)
+    keys = (set(saved) | set(now)) - set(ignore)
+    return {k: (saved.get(k), now.get(k)) for k in sorted(keys) if saved.get(k) != now.get(k)}

@@ -1,0 +1,477 @@
+"""Data sets, augmentations and a resumable batch order for ``reproduce/train.py``.
+
+``load(cfg) -> Data`` gives the training, validation (held out from the training set when
+``val_fraction > 0``), test and probe (training examples with the evaluation transform, for the
+flatness metrics and train-set evaluation) sets. Nothing is downloaded unless ``download=True``.
+
+Layouts expected under ``--data``:
+
+* ``cifar10`` / ``cifar100``: torchvision's extracted archive ``<data>/cifar-10-batches-py/`` (or
+  ``cifar-100-python/``), or an ImageFolder tree ``<data>/train/<class>/*.png`` and
+  ``<data>/test/<class>/*.png``.
+* ``imagenet``: ``<data>/train/<wnid>/*.JPEG`` and ``<data>/val/<wnid>/*.JPEG`` (validation images
+  sorted into class folders); any ImageFolder tree of that shape works (the number of classes is read
+  from the folders).
+* ``mnist1d`` (Greydanus 2020, generated offline by the ``mnist1d`` package: 4,000 training and 1,000
+  test vectors of length 40) and ``digits`` (scikit-learn's 8×8 digits, a stratified 80/20 split) need
+  no ``--data``.
+
+Augmentations (``augment``): ``basic`` is random crop with 4-pixel padding and horizontal flip for CIFAR,
+random-resized crop and flip for ImageNet; ``cutout`` adds a ``cutout_size`` square of zeros (DeVries
+and Taylor 2017); ``randaugment`` (Cubuk et al. 2020) and ``autoaugment`` (Cubuk et al. 2019, the
+CIFAR-10 or ImageNet policy) are torchvision's, added to ``basic``.
+
+Determinism: the order of epoch e is ``randperm`` under a generator seeded by (seed, e), and example k
+of that epoch is augmented under its own seed (seed, e, k), whatever the worker that loads it. A run
+resumed at any batch therefore sees exactly the batches an uninterrupted run sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+__all__ = [
+    "Cutout",
+    "Data",
+    "DataError",
+    "DataNotFound",
+    "Examples",
+    "TensorData",
+    "epoch_order",
+    "eval_batches",
+    "flip_labels",
+    "load",
+    "sample_seed",
+    "split_indices",
+    "stack",
+    "to_device",
+    "train_batches",
+]
+
+MEAN_STD = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+}
+NATIVE = {  # (input side or length, classes) of each data set
+    "mnist1d": (40, 10),
+    "digits": (64, 10),
+    "cifar10": (32, 10),
+    "cifar100": (32, 100),
+    "imagenet": (224, 1000),
+}
+
+
+class DataError(ValueError):
+    """The data cannot be used as configured; the message says why."""
+
+
+class DataNotFound(DataError, FileNotFoundError):
+    """The data set is not where ``--data`` points; the message names the path and the expected layout."""
+
+
+class TensorData(Dataset):
+    """An in-memory data set of inputs ``x`` and integer labels ``y``."""
+
+    def __init__(self, x: Tensor, y: Tensor):
+        if len(x) != len(y):
+            raise ValueError(f"x and y must have the same length; got {len(x)} and {len(y)}")
+        self.x, self.y = x, y
+        self.targets = y.tolist()
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        return self.x[i], self.y[i]
+
+
+class Examples(Dataset):
+    """``base[indices[j]]`` with label ``labels[j]``, passed through ``transform``.
+
+    An index may be ``(j, seed)``: the transform then draws its randomness from ``torch.manual_seed(seed)``
+    inside a forked RNG, so the augmentation of an example depends only on that seed.
+    """
+
+    def __init__(self, base: Dataset, indices: Tensor, labels: Tensor, transform=None):
+        self.base, self.indices, self.labels, self.transform = base, indices, labels, transform
+        # all of the base in order: tensors() can hand out the base's own tensors, no copy
+        self._whole = len(indices) == len(base) and bool(
+            torch.equal(indices.cpu(), torch.arange(len(base)))
+        )
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, key):
+        j, seed = key if isinstance(key, tuple) else (key, None)
+        x, _ = self.base[int(self.indices[j])]
+        if self.transform is not None:
+            if seed is None:
+                x = self.transform(x)
+            else:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed)
+                    x = self.transform(x)
+        return x, self.labels[j]
+
+    def tensors(self) -> tuple[Tensor, Tensor] | None:
+        """``(inputs, labels)`` as two tensors when the base is in memory and nothing is transformed."""
+        if isinstance(self.base, TensorData) and self.transform is None:
+            return (self.base.x if self._whole else self.base.x[self.indices]), self.labels
+        return None
+
+
+@dataclass(frozen=True)
+class Data:
+    """What a run trains and evaluates on."""
+
+    name: str  # data set name
+    train: Examples  # training examples (noisy labels if label_noise > 0), augmented
+    val: Examples | None  # held-out part of the training set, evaluation transform
+    test: Examples  # the test set, evaluation transform
+    probe: Examples  # the training examples with the evaluation transform
+    num_classes: int
+    image_size: int
+
+
+class Cutout:
+    """Zero a ``size``×``size`` square at a uniformly random centre (clipped at the border) of a CHW tensor.
+
+    References:
+        DeVries and Taylor, "Improved Regularization of Convolutional Neural Networks with Cutout",
+        2017, https://arxiv.org/abs/1708.04552.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __call__(self, img: Tensor) -> Tensor:
+        h, w = img.shape[-2:]
+        cy, cx = int(torch.randint(h, ())), int(torch.randint(w, ()))
+        y0, y1 = max(cy - self.size // 2, 0), min(cy + self.size - self.size // 2, h)
+        x0, x1 = max(cx - self.size // 2, 0), min(cx + self.size - self.size // 2, w)
+        out = img.clone()
+        out[..., y0:y1, x0:x1] = 0
+        return out
+
+    def __repr__(self) -> str:
+        return f"Cutout(size={self.size})"
+
+
+def to_device(data: Data, device: torch.device | str) -> Data:
+    """``data`` with its in-memory parts (MNIST-1D, digits, synthetic) moved to ``device`` once, so
+    that batches are gathered there; folder data sets are left to the DataLoader."""
+    if torch.device(device).type == "cpu":
+        return data
+
+    moved: dict[int, TensorData] = {}  # one copy of a base shared by train, val and probe
+
+    def move(ds: Examples | None) -> Examples | None:
+        if ds is None or ds.tensors() is None:
+            return ds
+        if id(ds.base) not in moved:
+            moved[id(ds.base)] = TensorData(ds.base.x.to(device), ds.base.y.to(device))
+        return Examples(moved[id(ds.base)], ds.indices.to(device), ds.labels.to(device))
+
+    return dataclasses.replace(
+        data,
+        train=move(data.train),
+        val=move(data.val),
+        test=move(data.test),
+        probe=move(data.probe),
+    )
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def _mix(*parts: int) -> int:
+    """A 63-bit seed from several integers (splitmix-style), so nearby inputs give unrelated seeds."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) + 0x9E3779B97F4A7C15 + (h << 6) + (h >> 2))) & 0xFFFFFFFFFFFFFFFF
+        h = (h * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def generator(*parts: int) -> torch.Generator:
+    """A CPU generator seeded by the given integers."""
+    return torch.Generator().manual_seed(_mix(*parts))
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
+    """The order of the n training examples in ``epoch``: a permutation that depends on (seed, epoch) only."""
+    return torch.randperm(n, generator=generator(seed, epoch, 1))
+
+
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """The augmentation seed of the example at ``position`` of ``epoch``."""
+    return _mix(seed, epoch, position, 2)
+
+
+def flip_labels(labels: Tensor, fraction: float, num_classes: int, gen: torch.Generator) -> Tensor:
+    """Symmetric label noise: round(fraction·n) labels, chosen at random, each replaced by a uniformly
+    drawn *other* class (Appendix C.2; Jiang et al. 2020). Returns a new tensor."""
+    n = len(labels)
+    m = round(fraction * n)
+    which = torch.randperm(n, generator=gen)[:m]
+    shift = torch.randint(1, num_classes, (m,), generator=gen)
+    out = labels.clone()
+    out[which] = (labels[which] + shift) % num_classes
+    return out
+
+
+def split_indices(n: int, fraction: float, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """A random split of range(n) into (train, held-out) with round(fraction·n) held out; both sorted."""
+    perm = torch.randperm(n, generator=gen)
+    k = round(fraction * n)
+    return perm[k:].sort().values, perm[:k].sort().values
+
+
+def stack(ds: Examples, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """The examples ``ds[j]``, j in ``indices``, as one batch ``(inputs, labels)``."""
+    fast = ds.tensors()
+    if fast is not None:
+        return fast[0][indices], fast[1][indices]
+    xs, ys = zip(*(ds[int(j)] for j in indices), strict=True)
+    return torch.stack(xs), torch.as_tensor(ys)
+
+
+def train_batches(
+    ds: Examples,
+    order: Tensor,
+    start: int,
+    batch_size: int,
+    *,
+    seed: int,
+    epoch: int,
+    workers: int = 0,
+    pin_memory: bool = False,
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Batches ``start, start+1, ...`` of an epoch visiting ``ds`` in ``order`` (the last partial batch is dropped)."""
+    steps = len(order) // batch_size
+    fast = ds.tensors()
+    if fast is not None:
+        x, y = fast
+        for b in range(start, steps):
+            idx = order[b * batch_size : (b + 1) * batch_size]
+            yield x[idx], y[idx]
+        return
+    keys = [
+        (int(order[k]), sample_seed(seed, epoch, k))
+        for k in range(start * batch_size, steps * batch_size)
+    ]
+    yield from DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=keys,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        drop_last=True,
+        generator=generator(seed, epoch, 8),  # worker seeds; keeps the global RNG untouched
+    )
+
+
+def eval_batches(
+    ds: Examples, batch_size: int, workers: int = 0, pin_memory: bool = False
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """All of ``ds`` in order, in batches of ``batch_size``."""
+    fast = ds.tensors()
+    if fast is not None:
+        x, y = fast
+        for i in range(0, len(y), batch_size):
+            yield x[i : i + batch_size], y[i : i + batch_size]
+        return
+    yield from DataLoader(ds, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory)
+
+
+# ---------------------------------------------------------------- data sets
+
+
+@functools.lru_cache(maxsize=1)
+def _mnist1d() -> tuple[TensorData, TensorData]:
+    # make_dataset seeds Python's and NumPy's global RNGs; leave them as they were.
+    import numpy as np
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    try:
+        d = make_dataset(get_dataset_args())
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+    f32 = lambda a: torch.as_tensor(a, dtype=torch.float32)  # noqa: E731
+    i64 = lambda a: torch.as_tensor(a, dtype=torch.int64)  # noqa: E731
+    return TensorData(f32(d["x"]), i64(d["y"])), TensorData(f32(d["x_test"]), i64(d["y_test"]))
+
+
+@functools.lru_cache(maxsize=1)
+def _digits() -> tuple[TensorData, TensorData]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    xtr, xte, ytr, yte = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    mean, std = xtr.mean(), xtr.std()
+    f32 = lambda a: torch.as_tensor((a - mean) / std, dtype=torch.float32)  # noqa: E731
+    i64 = lambda a: torch.as_tensor(a, dtype=torch.int64)  # noqa: E731
+    return TensorData(f32(xtr), i64(ytr)), TensorData(f32(xte), i64(yte))
+
+
+def _is_image_folder(path: Path) -> bool:
+    return path.is_dir() and any(p.is_dir() for p in path.iterdir())
+
+
+def _cifar(root: str, name: str, download: bool):
+    import torchvision
+
+    label = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}[name]
+    archive = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[name]
+    cls = {"cifar10": torchvision.datasets.CIFAR10, "cifar100": torchvision.datasets.CIFAR100}[name]
+    layout = (
+        f"Expected one of these layouts:\n"
+        f"  {root or '<data>'}/{archive}/   (the extracted 'python version' archive)\n"
+        f"  {root or '<data>'}/train/<class>/<image>.png and {root or '<data>'}/test/<class>/<image>.png   (ImageFolder)\n"
+        f"or pass --download to let torchvision fetch {label} into --data."
+    )
+    if not root:
+        raise DataNotFound(f"{label} needs --data=FOLDER. {layout}")
+    path = Path(root).expanduser()
+    if download or (path / archive).is_dir():
+        try:
+            return cls(str(path), train=True, download=download), cls(str(path), train=False)
+        except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+            raise DataNotFound(
+                f"{label} at {path / archive} is incomplete ({e}). {layout}"
+            ) from None
+    if _is_image_folder(path / "train") and _is_image_folder(path / "test"):
+        from torchvision.datasets import ImageFolder
+
+        return ImageFolder(str(path / "train")), ImageFolder(str(path / "test"))
+    raise DataNotFound(f"{label} not found at {str(path.resolve())!r}. {layout}")
+
+
+def _imagenet(root: str):
+    from torchvision.datasets import ImageFolder
+
+    layout = (
+        "Expected the ImageFolder layout\n"
+        "  <data>/train/<wnid>/<image>.JPEG   (one folder per class)\n"
+        "  <data>/val/<wnid>/<image>.JPEG     (validation images sorted into the same class folders)\n"
+        "ImageNet is never downloaded: get it from https://image-net.org and point --data at it."
+    )
+    if not root:
+        raise DataNotFound(f"imagenet needs --data=FOLDER. {layout}")
+    path = Path(root).expanduser()
+    for split in ("train", "val"):
+        if not _is_image_folder(path / split):
+            raise DataNotFound(
+                f"ImageNet not found: {str((path / split).resolve())!r} is missing or has no class folders. {layout}"
+            )
+    return ImageFolder(str(path / "train")), ImageFolder(str(path / "val"))
+
+
+def _synthetic(name: str, size: int, image_size: int, num_classes: int, seed: int):
+    gen = generator(seed, 3)
+    shape = (image_size,) if name in ("mnist1d", "digits") else (3, image_size, image_size)
+
+    def make(n: int) -> TensorData:
+        return TensorData(
+            torch.randn(n, *shape, generator=gen), torch.randint(num_classes, (n,), generator=gen)
+        )
+
+    return make(size), make(max(size // 4, 1))
+
+
+def _transforms(name: str, augment: str, size: int, cutout: int):
+    import torchvision.transforms as T
+
+    mean, std = MEAN_STD[name]
+    tail = [T.ToTensor(), T.Normalize(mean, std)]
+    if name == "imagenet":
+        evaluate = T.Compose([T.Resize(round(size / 0.875)), T.CenterCrop(size), *tail])
+        crop = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+        policy = T.AutoAugmentPolicy.IMAGENET
+    else:
+        resize = [T.Resize(size)] if size != 32 else []
+        evaluate = T.Compose([*resize, *tail])
+        crop = [*resize, T.RandomCrop(size, padding=4), T.RandomHorizontalFlip()]
+        policy = T.AutoAugmentPolicy.CIFAR10
+    extra = {"randaugment": [T.RandAugment()], "autoaugment": [T.AutoAugment(policy)]}
+    if augment == "none":
+        return evaluate, evaluate
+    train = [*crop, *extra.get(augment, []), *tail]
+    if augment == "cutout":
+        train.append(Cutout(cutout))
+    return T.Compose(train), evaluate
+
+
+def _targets(ds: Dataset) -> Tensor:
+    return torch.as_tensor(ds.targets, dtype=torch.int64)
+
+
+def load(cfg: Any) -> Data:
+    """The data of a run: ``cfg`` is a :class:`reproduce.config.Config` (fields dataset, data, download,
+    synthetic, synthetic_size, num_classes, image_size, augment, cutout_size, label_noise,
+    val_fraction, seed).
+
+    Raises:
+        DataNotFound: the data set is not at ``cfg.data``; the message gives the expected layout.
+        DataError: ``num_classes`` or ``image_size`` contradict the data set.
+    """
+    name = cfg.dataset
+    native_size, native_classes = NATIVE[name]
+    size = cfg.image_size or native_size
+    vector = name in ("mnist1d", "digits")
+    if vector and size != native_size and not cfg.synthetic:
+        raise DataError(f"image_size of {name} is its input length {native_size}; got {size}")
+    train_tf = eval_tf = None
+    if cfg.synthetic:
+        classes = cfg.num_classes or native_classes
+        train_base, test_base = _synthetic(name, cfg.synthetic_size, size, classes, cfg.seed)
+    elif name == "mnist1d":
+        train_base, test_base = _mnist1d()
+    elif name == "digits":
+        train_base, test_base = _digits()
+    else:
+        if name == "imagenet":
+            train_base, test_base = _imagenet(cfg.data)
+        else:
+            train_base, test_base = _cifar(cfg.data, name, cfg.download)
+        train_tf, eval_tf = _transforms(name, cfg.augment, size, cfg.cutout_size)
+    if not cfg.synthetic:
+        classes = len(train_base.classes) if hasattr(train_base, "classes") else native_classes
+        if cfg.num_classes and cfg.num_classes != classes:
+            raise DataError(
+                f"num_classes is {cfg.num_classes} but {name} at {cfg.data!r} has {classes} classes"
+            )
+    labels = _targets(train_base)
+    if cfg.label_noise > 0:
+        labels = flip_labels(labels, cfg.label_noise, classes, generator(cfg.seed, 4))
+    train_idx, val_idx = split_indices(len(labels), cfg.val_fraction, generator(cfg.seed, 5))
+    test_idx = torch.arange(len(test_base))
+
+    def part(base, idx, lab, tf) -> Examples:
+        return Examples(base, idx, lab[idx], tf)
+
+    return Data(
+        name=name,
+        train=part(train_base, train_idx, labels, train_tf),
+        val=part(train_base, val_idx, labels, eval_tf) if len(val_idx) else None,
+        test=part(test_base, test_idx, _targets(test_base), eval_tf),
+        probe=part(train_base, train_idx, labels, eval_tf),
+        num_classes=classes,
+        image_size=size,
+    )

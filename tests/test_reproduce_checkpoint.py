@@ -1,0 +1,119 @@
+"""reproduce/checkpoint.py: atomic writes, digests that catch corruption, config refusal, RNG state."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # reproduce/ lives at the repository root
+from reproduce import checkpoint as ckpt
+from reproduce.config import as_dict, resolve
+
+
+def body(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "params": {
+            "w": torch.randn(64, 64, generator=g),
+            "b": torch.zeros(3, dtype=torch.bfloat16),
+        },
+        "state": {"step": torch.tensor(7), "lr": torch.tensor(0.1, dtype=torch.float64)},
+        "history": [{"epoch": 1, "test_acc": 50.0}],
+        "finished": False,
+    }
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_same(a[k], b[k])
+        elif isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
+        else:
+            assert a[k] == b[k]
+
+
+def test_round_trip_is_exact_and_loadable_with_torch_load(tmp_path):
+    path = tmp_path / "c.pt"
+    ckpt.save(path, body())
+    assert_same(ckpt.load(path), body())
+    raw = torch.load(path, weights_only=True)
+    assert raw["format"] == ckpt.FORMAT and torch.equal(
+        raw["body"]["params"]["w"], body()["params"]["w"]
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left
+
+
+def test_digest_detects_a_flipped_byte_in_tensor_data(tmp_path):
+    path = tmp_path / "c.pt"
+    ckpt.save(path, body())
+    raw = bytearray(path.read_bytes())
+    w = body()["params"]["w"].numpy().tobytes()
+    at = raw.find(w[:64]) + 1000  # inside the stored weights
+    raw[at] ^= 0xFF
+    path.write_bytes(raw)
+    with pytest.raises(ckpt.CheckpointError, match=r"corrupt.*digest"):
+        ckpt.load(path)
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.01])
+def test_truncated_file_gives_a_clear_error(tmp_path, keep):
+    path = tmp_path / "c.pt"
+    ckpt.save(path, body())
+    raw = path.read_bytes()
+    path.write_bytes(raw[: int(len(raw) * keep)])
+    with pytest.raises(ckpt.CheckpointError, match="corrupt or truncated"):
+        ckpt.load(path)
+
+
+def test_foreign_and_missing_files(tmp_path):
+    torch.save({"model": 1}, tmp_path / "other.pt")
+    with pytest.raises(ckpt.CheckpointError, match=r"not a reproduce/train\.py checkpoint"):
+        ckpt.load(tmp_path / "other.pt")
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint"):
+        ckpt.load(tmp_path / "absent.pt")
+
+
+def test_stale_temporary_files_are_removed_by_the_next_save(tmp_path):
+    stale = tmp_path / ".c.pt.tmp-12345"
+    stale.write_bytes(b"half a checkpoint")
+    ckpt.save(tmp_path / "c.pt", body())
+    assert not stale.exists()
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "c.pt"
+    ckpt.save(path, body(0))
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.os, "fsync", fail)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save(path, body(1))
+    monkeypatch.undo()
+    assert_same(ckpt.load(path), body(0))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_config_mismatch_names_every_differing_field():
+    saved = as_dict(resolve([]))
+    now = resolve(["--lr=0.2", "--rho=0.3", "--max-steps=5"])
+    with pytest.raises(ckpt.ConfigMismatch) as err:
+        ckpt.check_config(saved, now)
+    msg = str(err.value)
+    assert "differing fields: lr, rho" in msg and "max_steps" not in msg
+    assert "checkpoint 0.05, now 0.2" in msg
+    ckpt.check_config(saved, resolve(["--max-steps=5", "--logdir=/x"]))  # allowed differences
+
+
+def test_rng_state_round_trip():
+    state = ckpt.rng_state()
+    a = torch.rand(3)
+    torch.rand(5)
+    ckpt.set_rng_state(state)
+    assert torch.equal(torch.rand(3), a)

@@ -1,0 +1,51 @@
+"""gamfunc/logging.py: TensorBoard helpers write what a reader gets back."""
+
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.utils.tensorboard import SummaryWriter
+
+import gamfunc.logging as tblog
+
+
+def read(path) -> EventAccumulator:
+    events = EventAccumulator(str(path), size_guidance={"images": 0, "scalars": 0, "histograms": 0})
+    events.Reload()
+    return events
+
+
+def test_scalars_histograms_figures_and_config_round_trip(tmp_path):
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [1, 0])
+    with SummaryWriter(str(tmp_path)) as w:
+        logged = tblog.scalars(
+            w,
+            {"loss": torch.tensor(0.25, dtype=torch.float64), "lr": 0.1, "nan": float("nan")},
+            7,
+            "train/",
+        )
+        tblog.histograms(w, {"w": torch.arange(6.0).reshape(2, 3), "empty": torch.zeros(0)}, 7)
+        tblog.figure(w, "fig", fig, 7)
+        table = tblog.config(w, {"lr": 0.1, "model": "mlp"})
+    assert (
+        logged["train/loss"] == 0.25
+        and logged["train/lr"] == 0.1
+        and math.isnan(logged["train/nan"])
+    )
+    assert "| lr | `0.1` |" in table
+    events = read(tmp_path)
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(7, 0.25)]
+    assert math.isnan(events.Scalars("train/nan")[0].value)
+    assert events.Tags()["histograms"] == ["params/w"]  # empty tensors are skipped
+    hist = events.Histograms("params/w")[0].histogram_value
+    assert (hist.min, hist.max, hist.num) == (0.0, 5.0, 6.0)
+    assert events.Tags()["images"] == ["fig"]
+
+
+def test_scalars_reject_tensors_with_several_elements(tmp_path):
+    with SummaryWriter(str(tmp_path)) as w, pytest.raises(ValueError, match="one element"):
+        tblog.scalars(w, {"v": torch.ones(2)}, 0)

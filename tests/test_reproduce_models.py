@@ -1,0 +1,147 @@
+"""reproduce/models.py: every network builds, has the published size, and runs under torch.func."""
+
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torchvision
+
+import gamfunc
+
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # reproduce/ lives at the repository root
+from reproduce.models import ViT, build_model, count_parameters
+
+VECTOR = {"mlp": 40, "cnn1d": 40}
+
+
+# Parameter counts against references: torchvision's own models, the Wide-ResNet paper (36.5M, 1.5M),
+# He et al. (0.46M) and MNIST-1D's models. Built on the meta device: no memory, no initialisation time.
+def _tv(name: str) -> int:
+    with torch.device("meta"):
+        return count_parameters(getattr(torchvision.models, name)(weights=None))
+
+
+REFERENCE_SIZES = {
+    ("resnet18", 10, 32): lambda: 11_173_962,
+    ("resnet32", 10, 32): lambda: 464_154,
+    ("wrn28_2", 10, 32): lambda: 1_467_610,
+    ("wrn28_10", 10, 32): lambda: 36_479_194,
+    ("resnet50", 1000, 224): lambda: _tv("resnet50"),
+    ("resnet101", 1000, 224): lambda: _tv("resnet101"),
+    ("vit_b32", 1000, 224): lambda: _tv("vit_b_32"),
+    ("mlp", 10, 40): lambda: 40 * 100 + 100 + 100 * 100 + 100 + 100 * 10 + 10,
+    ("cnn1d", 10, 40): lambda: (25 * 5 + 25) + 2 * (25 * 25 * 3 + 25) + (125 * 10 + 10),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VECTOR))
+def test_mnist1d_models_classify(name):
+    net = build_model(name, 7, 40, seed=0)
+    assert net(torch.randn(2, 40)).shape == (2, 7)
+
+
+@pytest.mark.parametrize("key", sorted(REFERENCE_SIZES), ids=lambda k: k[0])
+def test_parameter_counts_match_references(key):
+    with torch.device("meta"):
+        net = build_model(*key)
+    assert count_parameters(net) == REFERENCE_SIZES[key]()
+
+
+def test_seed_makes_init_reproducible_and_leaves_global_rng_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    a, b = build_model("resnet32", 10, 32, seed=5), build_model("resnet32", 10, 32, seed=5)
+    assert torch.equal(torch.get_rng_state(), before)
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(va, vb)
+
+
+@pytest.mark.parametrize(
+    ("args", "word"), [(("nope", 10, 32), "model"), (("mlp", 0, 40), "num_classes")]
+)
+def test_bad_arguments_name_themselves(args, word):
+    with pytest.raises(ValueError, match=word):
+        build_model(*args)
+
+
+def test_vit_equals_torchvision_vit_with_the_same_weights():
+    """Our einops ViT is torchvision's VisionTransformer, written with matmul + softmax attention."""
+    cfg = dict(image_size=64, patch=32, dim=16, depth=2, heads=2, mlp_dim=32, num_classes=5)
+    ours = ViT(**cfg).double().eval()
+    ref = torchvision.models.VisionTransformer(
+        image_size=64,
+        patch_size=32,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        mlp_dim=32,
+        num_classes=5,
+    )
+    ref = ref.double().eval()
+    sd = {
+        "embed.weight": ref.conv_proj.weight.permute(0, 2, 3, 1).reshape(16, -1),
+        "embed.bias": ref.conv_proj.bias,
+        "cls": ref.class_token,
+        "pos": ref.encoder.pos_embedding,
+        "norm.weight": ref.encoder.ln.weight,
+        "norm.bias": ref.encoder.ln.bias,
+        "head.weight": ref.heads.head.weight,
+        "head.bias": ref.heads.head.bias,
+    }
+    for i in range(2):
+        layer = getattr(ref.encoder.layers, f"encoder_layer_{i}")
+        sd |= {
+            f"blocks.{i}.norm1.weight": layer.ln_1.weight,
+            f"blocks.{i}.norm1.bias": layer.ln_1.bias,
+            f"blocks.{i}.attn.qkv.weight": layer.self_attention.in_proj_weight,
+            f"blocks.{i}.attn.qkv.bias": layer.self_attention.in_proj_bias,
+            f"blocks.{i}.attn.proj.weight": layer.self_attention.out_proj.weight,
+            f"blocks.{i}.attn.proj.bias": layer.self_attention.out_proj.bias,
+            f"blocks.{i}.norm2.weight": layer.ln_2.weight,
+            f"blocks.{i}.norm2.bias": layer.ln_2.bias,
+            f"blocks.{i}.mlp.0.weight": layer.mlp[0].weight,
+            f"blocks.{i}.mlp.0.bias": layer.mlp[0].bias,
+            f"blocks.{i}.mlp.2.weight": layer.mlp[3].weight,
+            f"blocks.{i}.mlp.2.bias": layer.mlp[3].bias,
+        }
+    ours.load_state_dict({k: v.detach().clone() for k, v in sd.items()})
+    x = torch.randn(3, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), ref(x), rtol=1e-10, atol=1e-10)
+
+
+def test_vit_attention_supports_forward_mode_and_double_backward():
+    """Exact GAM needs jvp(grad) and grad(grad): both H·v products agree with each other."""
+    net = ViT(32, 32, 8, 1, 2, 16, 3).double()
+    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    batch = (torch.randn(4, 3, 32, 32, dtype=torch.float64), torch.tensor([0, 1, 2, 0]))
+
+    def loss(p, b):
+        return loss_fn(p, b, buffers)[0]
+
+    v = {k: torch.randn_like(t) for k, t in params.items()}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
+        hv_fwd, _ = gamfunc.hvp.exact(loss, params, batch, v)
+    hv_rev, _ = gamfunc.hvp.reverse(loss, params, batch, v)
+    for k in params:
+        torch.testing.assert_close(hv_fwd[k], hv_rev[k], rtol=1e-9, atol=1e-11)
+    assert gamfunc.tree.norm(hv_fwd) > 0
+
+
+def test_resnet32_shortcut_is_zero_padded_identity():
+    """He et al.'s option A: the shortcut of a widening block is x subsampled, with zero channels added."""
+    block = build_model("resnet32", 10, 32).blocks[5]  # first block of stage 2: 16 -> 32, stride 2
+    x = torch.randn(1, 16, 8, 8)
+    for m in (block.conv1, block.conv2):
+        torch.nn.init.zeros_(m.weight)
+    block.eval()
+    with torch.no_grad():
+        out = block(x)
+    expected = F.relu(F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, 8, 8)))
+    torch.testing.assert_close(out, expected)

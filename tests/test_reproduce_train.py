@@ -1,0 +1,367 @@
+"""reproduce/train.py end to end: the default benchmark, TensorBoard output, exact resume, signals,
+atomic checkpoints, and the refusals that keep a run from being lost or mixed up."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+# reproduce/ lives at the repository root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from test_reproduce_data import make_image_folder
+
+from reproduce import checkpoint as ckpt
+from reproduce import train
+
+ROOT = Path(__file__).resolve().parents[1]
+
+QUIET = ["--progress=false", "--landscape=false"]
+NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
+
+
+def run_dir(logdir: Path, name: str, estimator: str) -> Path:
+    return logdir / name / estimator
+
+
+def summary(logdir: Path, name: str, estimator: str) -> dict:
+    return json.loads((run_dir(logdir, name, estimator) / "summary.json").read_text())
+
+
+def main(logdir: Path, *args: str) -> int:
+    return train.main([f"--logdir={logdir}", *QUIET, *args])
+
+
+def test_shortened_default_reaches_its_accuracy_and_prints_the_table(tmp_path, capsys):
+    """The main job cut to 20 of its 100 epochs. The full run (README) ends at SGD 100% train / 66.0%
+    test, λ_max 3.5; SGD+GAM 90.3% / 71.7%, λ_max 0.9."""
+    args = ["--epochs=20", "--eig_iters=20", "--trace_samples=10", "--r1_steps=2"]
+    assert main(tmp_path, *args) == 0
+    sgd = summary(tmp_path, "mnist1d", "sgd")["final"]
+    gam = summary(tmp_path, "mnist1d", "gam")["final"]
+    assert (
+        sgd["test_acc"] >= 55.0 and sgd["train_eval_acc"] >= 70.0
+    )  # 60.9 and 74.7 on torch 2.14 CPU
+    assert gam["test_acc"] >= 40.0  # 44.9: GAM converges later (cosine over 20 epochs)
+    assert gam["lambda_max"] < 0.5 * sgd["lambda_max"]  # 1.4 against 7.9
+    assert gam["trace"] < sgd["trace"] and gam["r1"] < sgd["r1"]
+    assert len(summary(tmp_path, "mnist1d", "gam")["history"]) == 20
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if line.startswith("estimator"))
+    for column in ("train acc", "test acc", "gap", "λ_max", "trace", "R1"):
+        assert column in header
+    rows = [line for line in out.splitlines() if line.startswith(("sgd ", "gam "))]
+    assert len(rows) == 2 and "ρ=0.5,α=1" in rows[1]
+    comparison = json.loads((tmp_path / "mnist1d" / "comparison.json").read_text())
+    assert [c["estimator"] for c in comparison] == ["sgd", "gam"]
+    assert all(c["status"] == "finished" for c in comparison)
+    cfg = json.loads((run_dir(tmp_path, "mnist1d", "gam") / "config.json").read_text())
+    assert (cfg["estimator"], cfg["epochs"], cfg["rho"], cfg["alpha"]) == ("gam", 20, 0.5, 1.0)
+
+
+def test_image_folder_trains_and_writes_tensorboard_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = make_image_folder(tmp_path / "imagenet", per_class=4)
+    args = [
+        "--preset=hp2.imagenet.resnet50",
+        f"--data={data}",
+        "--model=wrn28_2",
+        "--image_size=32",
+        "--batch_size=4",
+        "--eval_batch_size=8",
+        "--epochs=2",
+        "--workers=0",
+        "--augment=cutout",
+        "--log_every=1",
+        "--flatness_every=1",
+        "--flatness_samples=4",
+        "--eig_iters=3",
+        "--trace_samples=2",
+        "--r1_steps=1",
+        "--histogram_every=1",
+        "--landscape=true",
+    ]
+    assert train.main([f"--logdir={tmp_path / 'runs'}", "--progress=false", *args]) == 0
+    out = run_dir(tmp_path / "runs", "hp2.imagenet.resnet50", "gam")
+    events = EventAccumulator(str(out), size_guidance={"images": 0, "scalars": 0, "histograms": 0})
+    events.Reload()
+    tags = events.Tags()
+    expected = {
+        "step/loss",
+        "opt/lr",
+        "opt/rho",
+        "grad/grad_norm",
+        "grad/f_norm",
+        "grad/adv_grad_norm",
+        "perf/images_per_s",
+        "train/loss",
+        "train/acc",
+        "test/loss",
+        "test/acc",
+        "flatness/lambda_max",
+        "flatness/trace",
+        "flatness/r1",
+    }
+    assert expected <= set(tags["scalars"])
+    assert [e.step for e in events.Scalars("step/loss")] == [1, 2, 3, 4]
+    assert len(events.Scalars("test/acc")) == 2  # once per epoch
+    assert len(events.Scalars("flatness/lambda_max")) == 2  # epoch 1, and at the end
+    assert "flatness/landscape_1d" in tags["images"]
+    assert any(t.startswith("params/") for t in tags["histograms"])
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "finished" and s["steps"] == 4 and s["final"]["epoch"] == 2
+    assert json.loads((out / "config.json").read_text())["model"] == "wrn28_2"
+
+
+def _signal_at_step(monkeypatch, at: int, signum=signal.SIGINT):
+    """Deliver ``signum`` to this process right after step ``at`` (from inside the loop)."""
+    log_step = train._log_step
+
+    def hook(tblog, writer, metrics, state, step, rate):
+        log_step(tblog, writer, metrics, state, step, rate)
+        if step == at:
+            os.kill(os.getpid(), signum)
+
+    monkeypatch.setattr(train, "_log_step", hook)
+
+
+def _tensors(obj, prefix=""):
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{prefix}.{k}")
+
+
+def test_resume_after_sigint_and_max_steps_is_bit_exact(tmp_path, monkeypatch):
+    """Interrupted at step 5 (SIGINT), resumed to step 24 (an epoch's end), resumed to the end:
+    params, optimiser state, buffers, history and final metrics equal an uninterrupted run's bit for bit."""
+    common = [
+        "--preset=digits",
+        "--estimator=gam",
+        "--every=3",
+        "--rho=0.1",
+        "--alpha=0.5",
+        "--val-fraction=0.1",
+        "--epochs=3",
+        "--flatness_every=1",
+        "--eig_iters=5",
+        "--trace_samples=2",
+        "--r1_steps=2",
+    ]
+    assert main(tmp_path / "a", *common) == 0
+    _signal_at_step(monkeypatch, 5)
+    assert main(tmp_path / "b", *common, "--log_every=1") == 128 + signal.SIGINT
+    monkeypatch.undo()
+    b = run_dir(tmp_path / "b", "digits", "gam")
+    first = ckpt.load(b / "checkpoint.pt")
+    assert (first["status"], first["position"]["global_step"]) == ("interrupted", 5)
+    assert main(tmp_path / "b", *common, "--resume", "--max-steps=24", "--checkpoint_every=5") == 0
+    second = ckpt.load(b / "checkpoint.pt")
+    assert (second["status"], second["position"]["batch"]) == ("max_steps", 12)  # 1293 // 100
+    assert main(tmp_path / "b", *common, "--resume") == 0
+
+    end_a = ckpt.load(run_dir(tmp_path / "a", "digits", "gam") / "checkpoint.pt")
+    end_b = ckpt.load(b / "checkpoint.pt")
+    pairs = list(zip(_tensors(end_a["params"]), _tensors(end_b["params"]), strict=True))
+    pairs += list(zip(_tensors(end_a["state"]), _tensors(end_b["state"]), strict=True))
+    for (ka, ta), (kb, tb) in pairs:
+        assert ka == kb and torch.equal(ta, tb), ka
+    assert end_a["history"] == end_b["history"] and end_a["best"] == end_b["best"]
+    sa, sb = summary(tmp_path / "a", "digits", "gam"), summary(tmp_path / "b", "digits", "gam")
+    assert sa["final"] == sb["final"] and sa["steps"] == sb["steps"] == 36
+    best_a = ckpt.load(run_dir(tmp_path / "a", "digits", "gam") / "best.pt")
+    best_b = ckpt.load(b / "best.pt")
+    assert all(torch.equal(best_a["params"][k], best_b["params"][k]) for k in best_a["params"])
+
+
+def test_sigterm_writes_a_final_checkpoint_and_exits_cleanly(tmp_path):
+    logdir = tmp_path / "runs"
+    cmd = [
+        sys.executable,
+        str(ROOT / "reproduce" / "train.py"),
+        "--preset=digits",
+        "--estimator=sgd",
+    ]
+    cmd += ["--epochs=400", f"--logdir={logdir}", *QUIET, *NO_FLATNESS]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    path = run_dir(logdir, "digits", "sgd") / "checkpoint.pt"
+    deadline = time.time() + 120
+    while not path.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.1)
+    assert path.exists(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "SIGTERM" in err and "resume with --resume" in err and "Traceback" not in err
+    saved = ckpt.load(path)
+    assert saved["status"] == "interrupted" and not saved["finished"]
+    steps = saved["position"]["global_step"]
+    assert steps > 0
+    args = ["--preset=digits", "--estimator=sgd", "--epochs=400", *NO_FLATNESS]
+    assert main(logdir, *args, "--resume", f"--max-steps={steps + 3}") == 0
+    assert summary(logdir, "digits", "sgd")["steps"] == steps + 3
+
+
+def test_a_checkpoint_write_killed_midway_leaves_the_previous_one(tmp_path):
+    logdir = tmp_path / "runs"
+    args = ["--preset=digits", "--estimator=sgd", "--epochs=1", *NO_FLATNESS]
+    assert main(logdir, *args) == 0
+    path = run_dir(logdir, "digits", "sgd") / "checkpoint.pt"
+    before = ckpt.load(path)
+    cmd = [sys.executable, str(ROOT / "reproduce" / "train.py"), *args, "--seed=1", "--overwrite"]
+    cmd += [f"--logdir={logdir}", *QUIET]
+    env = {**os.environ, ckpt.TEST_PAUSE_ENV: "120"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while not list(path.parent.glob(".checkpoint.pt.tmp-*")) and time.time() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.2)
+    proc.kill()  # SIGKILL: no handler runs
+    proc.communicate()
+    (tmp,) = path.parent.glob(".checkpoint.pt.tmp-*")
+    assert 0 < tmp.stat().st_size < path.stat().st_size  # half written
+    after = ckpt.load(path)
+    assert after["config"]["seed"] == 0 and after["finished"]
+    assert all(torch.equal(before["params"][k], after["params"][k]) for k in before["params"])
+
+
+def test_resume_refuses_another_configuration(tmp_path, capsys):
+    args = ["--preset=digits", "--estimator=sgd", "--epochs=2", *NO_FLATNESS]
+    assert main(tmp_path, *args, "--max-steps=3") == 0
+    assert main(tmp_path, *args, "--resume", "--lr=0.01", "--weight_decay=0") == 2
+    err = capsys.readouterr().err
+    assert "differing fields: lr, weight_decay" in err and "Traceback" not in err
+
+
+def test_an_unfinished_run_is_not_overwritten_by_accident(tmp_path, capsys):
+    args = ["--preset=digits", "--estimator=sgd", "--epochs=2", *NO_FLATNESS]
+    assert main(tmp_path, *args, "--max-steps=3") == 0
+    assert main(tmp_path, *args) == 2
+    assert "--resume to continue it or --overwrite" in capsys.readouterr().err
+    assert main(tmp_path, *args, "--overwrite", "--max-steps=1") == 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_corrupt_checkpoint_gives_a_clear_error(tmp_path, capsys, damage):
+    args = ["--preset=digits", "--estimator=sgd", "--epochs=2", *NO_FLATNESS]
+    assert main(tmp_path, *args, "--max-steps=3") == 0
+    path = run_dir(tmp_path, "digits", "sgd") / "checkpoint.pt"
+    raw = bytearray(path.read_bytes())
+    if damage == "truncate":
+        raw = raw[: len(raw) // 3]
+    else:
+        raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(raw)
+    assert main(tmp_path, *args, "--resume") == 2
+    err = capsys.readouterr().err
+    assert "corrupt" in err and str(path) in err and "Traceback" not in err
+
+
+def test_missing_data_exits_with_the_expected_layout(tmp_path, capsys):
+    missing = tmp_path / "cifar"
+    assert main(tmp_path, "--preset=hp1.cifar10.resnet18", f"--data={missing}") == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "cifar-10-batches-py" in err and "--download" in err
+
+
+def test_bad_options_exit_2_and_help_lists_fields_and_presets(tmp_path, capsys):
+    assert main(tmp_path, "--lerning_rate=3") == 2
+    assert "did you mean --learning" not in capsys.readouterr().err
+    assert train.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "--val_fraction" in out
+        and "hp2.imagenet.vit_b32" in out
+        and "noise.cifar10.resnet32.p80" in out
+    )
+
+
+def test_several_processes_are_refused_until_data_parallel_exists(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(tmp_path, "--preset=digits", "--synthetic", "--estimator=sgd") == 2
+    assert "WORLD_SIZE=2" in capsys.readouterr().err
+
+
+def test_bf16_autocast_runs_exact_gam(tmp_path):
+    args = ["--preset=digits", "--estimator=gam", "--bf16", "--max-steps=3", *NO_FLATNESS]
+    assert main(tmp_path, *args) == 0
+    s = summary(tmp_path, "digits", "gam")
+    assert s["steps"] == 3 and s["skipped_steps"] == 0
+
+
+@pytest.mark.slow
+def test_compiled_step_matches_eager(tmp_path):
+    """--compile on the default preset (plain gradient: the cheapest graph to compile on CPU; every
+    estimator's step is compiled by the core tests)."""
+    args = ["--estimator=sgd", "--max-steps=3", *NO_FLATNESS]
+    assert main(tmp_path / "eager", *args) == 0
+    assert main(tmp_path / "compiled", *args, "--compile") == 0
+    a = ckpt.load(run_dir(tmp_path / "eager", "mnist1d", "sgd") / "checkpoint.pt")["params"]
+    b = ckpt.load(run_dir(tmp_path / "compiled", "mnist1d", "sgd") / "checkpoint.pt")["params"]
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+
+
+def test_weights_start_from_a_local_state_dict(tmp_path, capsys):
+    from reproduce.models import build_model
+
+    net = build_model("mlp", 10, 64, seed=42)
+    torch.save(net.state_dict(), tmp_path / "w.pt")
+    args = ["--preset=digits", "--estimator=sgd", "--lr=0", "--max-steps=1", *NO_FLATNESS]
+    assert main(tmp_path / "runs", *args, f"--weights={tmp_path / 'w.pt'}") == 0
+    params = ckpt.load(run_dir(tmp_path / "runs", "digits", "sgd") / "checkpoint.pt")["params"]
+    assert all(torch.equal(params[k], v) for k, v in net.state_dict().items())
+    torch.save(build_model("cnn1d", 10, 64).state_dict(), tmp_path / "other.pt")
+    assert main(tmp_path / "runs", *args, "--overwrite", f"--weights={tmp_path / 'other.pt'}") == 2
+    assert "does not fit the model" in capsys.readouterr().err
+
+
+def test_bf16_exact_gam_through_convolutions_is_refused_with_a_way_out(tmp_path, capsys):
+    args = ["--preset=noise.cifar10.resnet32.p0", "--synthetic", "--synthetic_size=4", "--bf16"]
+    assert main(tmp_path, *args, "--batch_size=2", "--max-steps=1", *NO_FLATNESS) == 2
+    assert "--estimator=gam_reverse" in capsys.readouterr().err
+    assert (
+        main(
+            tmp_path,
+            *args,
+            "--batch_size=2",
+            "--max-steps=1",
+            "--estimator=gam_reverse",
+            *NO_FLATNESS,
+        )
+        == 0
+    )
+
+
+def test_resume_is_bit_exact_with_augmented_folder_data_and_any_worker_count(tmp_path):
+    """Augmentation draws from per-example seeds, so neither the resume point nor the number of
+    DataLoader workers changes a single bit."""
+    data = make_image_folder(tmp_path / "cifar", splits=("train", "test"), per_class=8, size=32)
+    common = [
+        "--preset=hp1.cifar10.resnet18",
+        f"--data={data}",
+        "--model=resnet32",
+        "--batch_size=4",
+    ]
+    common += ["--epochs=2", "--augment=autoaugment", "--eval_batch_size=16", *NO_FLATNESS]
+    assert main(tmp_path / "a", *common) == 0
+    assert main(tmp_path / "b", *common, "--max-steps=3") == 0
+    assert main(tmp_path / "b", *common, "--resume", "--workers=2") == 0
+    a = ckpt.load(run_dir(tmp_path / "a", "hp1.cifar10.resnet18", "gam") / "checkpoint.pt")
+    b = ckpt.load(run_dir(tmp_path / "b", "hp1.cifar10.resnet18", "gam") / "checkpoint.pt")
+    assert b["position"]["global_step"] == 8
+    for (ka, ta), (kb, tb) in zip(_tensors(a["params"]), _tensors(b["params"]), strict=True):
+        assert ka == kb and torch.equal(ta, tb), ka
+    for (ka, ta), (kb, tb) in zip(_tensors(a["state"]), _tensors(b["state"]), strict=True):
+        assert ka == kb and torch.equal(ta, tb), ka
+    assert a["history"] == b["history"]
