@@ -111,8 +111,34 @@ class Step:
         compiled = tuple(
             torch.compile(fn, fullgraph=fullgraph, **kwargs) for fn in (self.full, self.plain)
         )
+        if kwargs.get("options", {}).get("triton.cudagraphs") or mode in ("reduce-overhead",):
+            compiled = tuple(_cudagraph_safe(fn) for fn in compiled)
         args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
         return _new_step(*args, self.on_nonfinite, branches=compiled)
+
+
+def _cudagraph_safe(fn):
+    """A CUDA-graph step whose results outlive the next replay.
+
+    CUDA-graph trees reuse one memory pool: the outputs of a replay are overwritten by later replays.
+    A functional loop keeps its params and state from step to step (and a second branch or another
+    step may replay in between), so each result is copied out of the pool, with one ``_foreach``
+    kernel per dtype, which costs a read and a write of the state per step.
+    """
+
+    def call(params, state, batch):
+        torch.compiler.cudagraph_mark_step_begin()
+        leaves, spec = torch.utils._pytree.tree_flatten(fn(params, state, batch))
+        tensors = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.is_cuda]
+        if not tensors:
+            return torch.utils._pytree.tree_unflatten(leaves, spec)
+        for i, copy in zip(
+            tensors, torch._foreach_mul([leaves[i] for i in tensors], 1), strict=True
+        ):
+            leaves[i] = copy
+        return torch.utils._pytree.tree_unflatten(leaves, spec)
+
+    return call
 
 
 def _loop_reordering_asserts() -> bool:
