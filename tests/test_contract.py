@@ -201,3 +201,49 @@ def test_many_steps_compile_in_one_process_without_hitting_the_recompile_limit()
         every = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss, every=2)
         every.compile(fullgraph=True, backend=counter)(params, every.init(params), batch)
     assert counter.frame_count == 2 * (limit + 2)
+
+
+@pytest.mark.slow
+def test_compiled_step_skips_a_nonfinite_step_without_a_python_branch():
+    step = gamfunc.make_step(
+        gamfunc.gam(0.05, 0.1, hvp="fd"), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss
+    )
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    params, batch = mlp_params(), mlp_batch()
+    params, state, _ = compiled(params, step.init(params), batch)
+    bad = (batch[0] * float("nan"), batch[1])
+    new, new_state, metrics = compiled(params, state, bad)
+    assert int(metrics["skipped"]) == 1 and int(new_state["skipped"]) == 1
+    assert same(new, params)
+    assert same(new_state["opt"]["momentum_buffer"], state["opt"]["momentum_buffer"])
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.slow
+def test_soak_2000_compiled_steps_no_recompilation_and_flat_memory():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    lr = schedules.cosine(0.05, total_steps=2000, warmup_steps=100)
+    rho = schedules.proportional(0.05, lr, 0.05)
+    step = gamfunc.make_step(
+        gamfunc.gam(rho, 0.1, hvp="fd"), gamfunc.sgd(lr=lr, momentum=0.9), mlp_loss
+    )
+    compiled = torch.compile(step, fullgraph=True, backend=counter)
+    params = mlp_params(torch.float32)
+    state = step.init(params)
+    batches = [mlp_batch(dtype=torch.float32, seed=i) for i in range(10)]
+    rss = {}
+    for i in range(2000):
+        params, state, metrics = compiled(params, state, batches[i % 10])
+        if i in (499, 1999):
+            rss[i] = _rss_mib()
+    assert counter.frame_count == 1
+    assert int(state["step"]) == 2000 and int(state["skipped"]) == 0
+    assert torch.isfinite(metrics["loss"])
+    assert rss[1999] - rss[499] < 20  # MiB: nothing accumulates from step to step

@@ -15,4 +15,5 @@ def test_readme_example_runs(index, tmp_path, monkeypatch):
     if code.startswith("# not run in tests"):
         pytest.skip("marked as not run in tests")
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()  # where the examples write their pictures
     exec(compile(code, f"README.md block {index}", "exec"), {"__name__": "__readme__"})
