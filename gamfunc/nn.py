@@ -9,11 +9,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["functional", "load"]
+__all__ = ["functional", "load", "mode"]
 
 
 @contextlib.contextmanager
-def _mode(model: nn.Module, train: bool):
+def mode(model: nn.Module, train: bool):
+    """Evaluate ``model`` in train (batch statistics) or eval mode inside the block, then restore
+    every submodule's own mode. Nothing changes when the model is already in that mode."""
     if model.training == train:
         yield
         return
@@ -60,7 +62,7 @@ def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = Tru
     def loss_fn(params, batch, buffers, *, train: bool = train):
         inputs, targets = batch
         new_buffers = {k: v.clone() for k, v in buffers.items()}
-        with _mode(model, train):
+        with mode(model, train):
             out = functional_call(model, (params, new_buffers), (inputs,))
         return criterion(out, targets), new_buffers
 

@@ -137,20 +137,6 @@ class StopFlag:
 # ---------------------------------------------------------------- model, loss, estimator, optimiser
 
 
-@contextlib.contextmanager
-def _mode(model: nn.Module, train: bool):
-    if model.training == train:
-        yield
-        return
-    modes = {m: m.training for m in model.modules()}
-    model.train(train)
-    try:
-        yield
-    finally:
-        for m, t in modes.items():
-            m.training = t
-
-
 def classification_loss(model: nn.Module, bf16: bool = False, device_type: str = "cpu"):
     """``loss_fn(params, batch, buffers, *, train=True) -> (loss, new_buffers)``: cross-entropy of
     ``model`` through ``torch.func.functional_call`` (the buffered form of :func:`gamfunc.nn.functional`).
@@ -164,7 +150,10 @@ def classification_loss(model: nn.Module, bf16: bool = False, device_type: str =
     def loss_fn(params, batch, buffers, *, train: bool = True):
         inputs, targets = batch
         state = {k: v.clone() for k, v in buffers.items() if k != CORRECT}
-        with _mode(model, train), torch.autocast(device_type, torch.bfloat16, enabled=bf16):
+        with (
+            gamfunc.nn.mode(model, train),
+            torch.autocast(device_type, torch.bfloat16, enabled=bf16),
+        ):
             logits = functional_call(model, (params, state), (inputs,))
         logits = logits.float()
         correct = (logits.argmax(-1) == targets).sum()
