@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-SHAPES = {"w1": (5, 4), "b1": (5,), "w2": (3, 5), "b2": (3,)}
 
-
-def mlp_params(dtype=torch.float64, seed=0, device="cpu"):
+def mlp_params(dtype=torch.float64, seed=0, device="cpu", width=5):
+    """Parameters of the tanh MLP 4-width-3 of :func:`mlp_loss`."""
     g = torch.Generator().manual_seed(seed)
-    return {k: torch.randn(s, generator=g, dtype=dtype).to(device) for k, s in SHAPES.items()}
+    shapes = {"w1": (width, 4), "b1": (width,), "w2": (3, width), "b2": (3,)}
+    return {k: torch.randn(s, generator=g, dtype=dtype).to(device) for k, s in shapes.items()}
 
 
 def mlp_batch(n=12, dtype=torch.float64, seed=1, device="cpu"):

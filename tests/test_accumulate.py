@@ -1,8 +1,9 @@
 """gamfunc.accumulate: k micro-batches give the full-batch step for every estimator (float64)."""
 
+import helpers
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import mlp_loss
 from torch import nn
 
 import gamfunc
@@ -29,15 +30,7 @@ ESTIMATORS = {
 
 
 def mlp_params():
-    g = torch.Generator().manual_seed(0)
-    shapes = {"w1": (6, 4), "b1": (6,), "w2": (3, 6), "b2": (3,)}
-    return {k: torch.randn(s, generator=g, dtype=F64) for k, s in shapes.items()}
-
-
-def mlp_loss(params, batch):
-    x, y = batch
-    h = torch.tanh(x @ params["w1"].T + params["b1"])
-    return F.cross_entropy(h @ params["w2"].T + params["b2"], y)
+    return helpers.mlp_params(width=6)
 
 
 def data(step, n=18):
