@@ -14,13 +14,17 @@ test vectors), so every number here can be re-made without a download. Each subc
     python reproduce/evidence.py landscape   # 2-D filter-normalised landscapes (Figure vis)
     python reproduce/evidence.py ablation    # ρ × α grid, ρ = 0 is GNP (Figure ablation-hyperparameter)
     python reproduce/evidence.py variants    # exact vs finite-difference vs accelerated GAM
+    python reproduce/evidence.py fd          # why finite-difference GAM collapses on a ReLU MLP
     python reproduce/evidence.py spectra --quick   # any of them in seconds (what the tests run)
 
 Methods and hyperparameters: SGD (lr 0.05, momentum 0.9, weight decay 5e-4, cosine, batch 100),
-GAM ρ = 0.5, α = 1 (the ``mnist1d`` preset of :mod:`reproduce.config`, chosen on a validation split),
-SAM ρ = 0.2, SAM+GAM (GAM's ρ, α around a SAM ρ = 0.2 oracle) and GNP (Zhao et al. 2022: gradient
-norm penalty with a finite-difference H·v, r = 0.01) with α = ``--gnp-alpha`` = 0.1, the best
-validation accuracy of ``ablation --rhos=0 --alphas=0.05,0.1,0.2,0.5,1 --epochs=30 --seeds=2``.
+GAM ρ = 0.5, α = 1 (the ``mnist1d`` preset of :mod:`reproduce.config`, chosen on a validation
+split; ``--gam=ρ,α`` replaces them), SAM ρ = 0.2, SAM+GAM (GAM's ρ, α around a SAM ρ = 0.2 oracle;
+``--sam-gam=ρ,α`` replaces GAM's 0.5, 1 there, e.g. with 0.2, 0.1, the best validation accuracy of
+``ablation --rhos=0.05,0.1,0.2 --alphas=0.1,0.3,1 --sam-rho=0.2 --epochs=30 --seeds=2``) and GNP
+(Zhao et al. 2022: gradient norm penalty with a finite-difference H·v, r = 0.01) with α =
+``--gnp-alpha`` = 0.1, the best validation accuracy of ``ablation --rhos=0 --alphas=0.05,0.1,0.2,0.5,1
+--epochs=30 --seeds=2``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 
 import torch
 
-from gamfunc import metrics
+from gamfunc import hvp as hvps
+from gamfunc import metrics, tree
 from reproduce import data as data_mod
 from reproduce.config import resolve
 from reproduce.train import evaluate, setup
@@ -61,12 +66,18 @@ FOUR = ("SGD", "SGD+GAM", "SAM", "SAM+GAM")
 # ---------------------------------------------------------------- training
 
 
-def method_config(base, method: str, seed: int, gnp_alpha: float, **extra):
-    """``(estimator name, Config)`` of ``method`` (a key of METHODS) with ``seed`` and ``extra``."""
+def method_config(base, method: str, seed: int, gnp_alpha: float, sam_gam=None, gam=None, **extra):
+    """``(estimator name, Config)`` of ``method`` (a key of METHODS) with ``seed`` and ``extra``;
+    ``gam = (ρ, α)`` replaces GAM's ρ, α in SGD+GAM, ``sam_gam = (ρ, α)`` those of SAM+GAM (whose
+    SAM oracle keeps ρ = SAM_RHO)."""
     name, fields = METHODS[method]
     fields = dict(fields)
     if method == "GNP":
         fields["alpha"] = gnp_alpha
+    if method == "SAM+GAM" and sam_gam is not None:
+        fields["rho"], fields["alpha"] = sam_gam
+    if method == "SGD+GAM" and gam is not None:
+        fields["rho"], fields["alpha"] = gam
     return name, dataclasses.replace(base, seed=seed, **fields, **extra)
 
 
@@ -188,7 +199,7 @@ def run_grid(opt, methods, *, spectra: bool, **extra) -> dict[str, list[dict[str
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     for method in methods:
         for seed in range(opt.seeds):
-            name, cfg = method_config(base, method, seed, opt.gnp_alpha)
+            name, cfg = method_config(base, method, seed, opt.gnp_alpha, opt.sam_gam, opt.gam)
             mid: dict[str, Any] = {}
             half = max(cfg.epochs // 2, 1) - 1
 
@@ -223,7 +234,7 @@ ACC_HEADER = ["method", "train acc %", "test acc %", "gap (train − test)", "ms
 
 def cmd_spectra(opt) -> None:
     """Top-k Hessian eigenvalues and trace at mid-training and the end, five methods (Section 5.4)."""
-    runs = run_grid(opt, list(METHODS), spectra=True)
+    runs = run_grid(opt, opt.methods, spectra=True)
     rows = []
     for m, rs in runs.items():
         cells = [m]
@@ -252,7 +263,7 @@ def cmd_accuracy(opt) -> None:
     if source is not None and source.is_file():
         runs = json.loads(source.read_text())["runs"]
     else:
-        runs = run_grid(opt, list(METHODS), spectra=False)
+        runs = run_grid(opt, opt.methods, spectra=False)
     write(opt.out, "accuracy", table(ACC_HEADER, accuracy_rows(runs)), {"runs": runs}, opt)
 
 
@@ -272,7 +283,7 @@ def cmd_minima(opt) -> None:
     for method in ("SGD", "SGD+GAM"):
         out[method] = []
         for seed in range(opt.seeds):
-            name, cfg = method_config(base, method, seed, opt.gnp_alpha)
+            name, cfg = method_config(base, method, seed, opt.gnp_alpha, opt.sam_gam, opt.gam)
             r = train(cfg, name)
             batch = probe_batch(r["data"].probe, opt.probe)
             d = metrics.minima_density(
@@ -308,7 +319,7 @@ def cmd_landscape(opt) -> None:
     base = base_config(opt)
     rows, rec = [], {}
     for method in FOUR:
-        name, cfg = method_config(base, method, 0, opt.gnp_alpha)
+        name, cfg = method_config(base, method, 0, opt.gnp_alpha, opt.sam_gam, opt.gam)
         r = train(cfg, name)
         batch = probe_batch(r["data"].probe, opt.probe)
         land = metrics.landscape_2d(
@@ -333,6 +344,12 @@ def cmd_ablation(opt) -> None:
     """Validation accuracy over a ρ × α grid; ρ = 0 is GNP (Figure ablation-hyperparameter)."""
     rhos = [float(x) for x in opt.rhos.split(",")]
     alphas = [float(x) for x in opt.alphas.split(",")]
+    if opt.sam_rho < 0:
+        raise ValueError(f"--sam-rho must be >= 0; got {opt.sam_rho}")
+    if opt.sam_rho > 0 and 0 in rhos:
+        raise ValueError(
+            "--rhos must not contain 0 with --sam-rho (ρ = 0 is GNP, without an oracle)"
+        )
     base = base_config(opt, val_fraction=0.1)
     grid: dict[str, dict[str, Any]] = {}
     for rho in rhos:
@@ -342,6 +359,11 @@ def cmd_ablation(opt) -> None:
                 if rho == 0:  # no ascent: the gradient norm penalty, GNP's own α scale
                     cfg = dataclasses.replace(base, seed=seed, alpha=alpha)
                     name = "gnp"
+                elif opt.sam_rho > 0:  # SAM+GAM: GAM's ρ, α around a SAM oracle of radius sam_rho
+                    cfg = dataclasses.replace(
+                        base, seed=seed, rho=rho, alpha=alpha, sam_rho=opt.sam_rho
+                    )
+                    name = "sam+gam"
                 else:
                     cfg = dataclasses.replace(base, seed=seed, rho=rho, alpha=alpha)
                     name = "gam"
@@ -356,8 +378,9 @@ def cmd_ablation(opt) -> None:
         for rho in rhos
     ]
     best = max(grid.values(), key=lambda g: mean_std(g["val"])[0])
+    oracle = f", SAM+GAM around a SAM ρ = {opt.sam_rho:g} oracle" if opt.sam_rho > 0 else ""
     md = (
-        "Validation accuracy % (10% of the training set held out):\n\n"
+        f"Validation accuracy % (10% of the training set held out{oracle}):\n\n"
         + table(header, rows)
         + f"\nBest on validation: ρ = {best['rho']:g}, α = {best['alpha']:g} "
         f"(test {pm(best['test'], 1)}%).\n"
@@ -397,6 +420,149 @@ def cmd_variants(opt) -> None:
     write(opt.out, "variants", table(header, rows), {"runs": out}, opt)
 
 
+# ---------------------------------------------------------------- finite-difference GAM on ReLU
+
+ACTIVATION_OF = {"mlp": torch.relu, "mlp_gelu": torch.nn.functional.gelu}
+
+
+def hidden_preactivations(model: str, params, x: torch.Tensor) -> list[torch.Tensor]:
+    """The pre-activations ``[z1, z2]`` (examples × 100) of the two hidden layers of an MLP."""
+    act = ACTIVATION_OF[model]
+    z1 = x @ params["net.0.weight"].T + params["net.0.bias"]
+    z2 = act(z1) @ params["net.2.weight"].T + params["net.2.bias"]
+    return [z1, z2]
+
+
+def dead_units(model: str, params, x: torch.Tensor) -> list[float]:
+    """Per hidden layer, the % of units whose pre-activation is <= 0 on every example of ``x``
+    (for ReLU: units with zero output and zero gradient on the whole batch)."""
+    return [
+        100 * float((z <= 0).all(0).float().mean()) for z in hidden_preactivations(model, params, x)
+    ]
+
+
+def hvp_error(model: str, params, batch, loss, rho: float, radii) -> dict[float, dict[str, float]]:
+    """At GAM's θ_adv = θ + ρ·f/‖f‖ (f = H·g/‖g‖ exact) and v = ∇L(θ_adv)/‖∇L(θ_adv)‖, the fd
+    H·v ≈ (∇L(θ_adv + r·v) − ∇L(θ_adv))/r (paper Appendix D) against the exact (jvp) H·v, per r:
+    cosine, norm ratio ‖fd‖/‖exact‖, the number of (example, unit) pre-activations whose sign flips
+    between θ_adv and θ_adv + r·v, and ``push``: the mean over the second layer's biases of fd − exact,
+    in units of the rms of exact's (> 0: a descent step lowers those biases, i.e. turns units off)."""
+    f, _ = hvps.grad_norm_grad(loss, params, batch, hvps.exact)
+    adv = tree.axpy(rho, tree.normalize(f)[0], params)
+    v = tree.normalize(hvps.gradient_pass(loss, adv, batch).grad)[0]
+    exact, _ = hvps.exact(loss, adv, batch, v)
+    signs = [z > 0 for z in hidden_preactivations(model, adv, batch[0])]
+    out = {}
+    for r in radii:
+        fd, _ = hvps.fd(r)(loss, adv, batch, v)
+        moved = hidden_preactivations(model, tree.axpy(r, v, adv), batch[0])
+        bias = fd["net.2.bias"] - exact["net.2.bias"]
+        rms = float(exact["net.2.bias"].pow(2).mean().sqrt())
+        out[r] = dict(
+            cos=float(tree.vdot(fd, exact) / (tree.norm(fd) * tree.norm(exact))),
+            ratio=float(tree.norm(fd) / tree.norm(exact)),
+            flips=sum(int(((z > 0) != s).sum()) for z, s in zip(moved, signs, strict=True)),
+            push=float(bias.mean()) / rms if rms > 0 else 0.0,
+        )
+    return out
+
+
+def cmd_fd(opt) -> None:
+    """Finite-difference vs exact GAM on ReLU and GELU MLPs: dead units and the error of fd H·v."""
+    radii = [float(x) for x in opt.radii.split(",")]
+    if not radii or min(radii) <= 0:
+        raise ValueError(f"--radii must be numbers > 0; got {opt.radii!r}")
+    runs: dict[str, list[dict[str, Any]]] = {}
+    errors: dict[str, dict[int, list]] = {}
+    last = opt.epochs - 1
+    checkpoints = sorted({0, max(opt.epochs // 10, 1) - 1, max(opt.epochs // 2, 1) - 1, last})
+    for model in ACTIVATION_OF:
+        base = dataclasses.replace(base_config(opt, model=model), **GAM)
+        for r in [None, *radii]:
+            if model != "mlp" and r not in (None, 1e-3, min(radii)):
+                continue  # the smooth net: exact, fd at the variants' r = 1e-3 and the smallest r
+            label = f"{model}, " + ("exact" if r is None else f"fd r = {r:g}")
+            runs[label] = []
+            for seed in range(opt.seeds):
+                cfg = dataclasses.replace(base, seed=seed, fd_radius=r or base.fd_radius)
+                x, y = probe_batch(data_mod.load(cfg).probe, opt.probe)
+                dead: list[list[float]] = []
+                probe_err = r is None and seed == 0
+
+                def on_epoch(
+                    epoch,
+                    params,
+                    buffers,
+                    loss_fn,
+                    x=x,
+                    y=y,
+                    dead=dead,
+                    probe_err=probe_err,
+                    model=model,
+                ):
+                    dead.append(dead_units(model, params, x))
+                    if probe_err and epoch in checkpoints:
+                        loss = eval_loss(loss_fn, buffers)
+                        errors.setdefault(model, {})[epoch + 1] = [
+                            hvp_error(model, params, (x[i : i + 100], y[i : i + 100]), loss,
+                                      GAM["rho"], radii)
+                            for i in range(0, len(x) - 99, 100)
+                        ]  # fmt: skip
+
+                res = train(cfg, "gam" if r is None else "gam_fd", on_epoch=on_epoch)
+                lam = metrics.top_eigenvalues(
+                    res["params"], (x, y), eval_loss(res["loss_fn"], res["buffers"]), k=1,
+                    iters=opt.iters, generator=data_mod.generator(seed, 14),
+                )  # fmt: skip
+                keys = ("train_acc", "test_acc", "step_ms")
+                runs[label].append(
+                    dict({k: res[k] for k in keys}, seed=seed, dead=dead, lambda_max=float(lam[0]))
+                )
+                print(f"{label} seed {seed}: test {res['test_acc']:.1f}%", flush=True)
+    early = min(max(opt.epochs // 10, 1), opt.epochs) - 1
+    rows = [
+        [label, pm([r["train_acc"] for r in rs], 1), pm([r["test_acc"] for r in rs], 1),
+         pm([r["dead"][early][1] for r in rs], 1), pm([r["dead"][-1][0] for r in rs], 1),
+         pm([r["dead"][-1][1] for r in rs], 1), pm([r["lambda_max"] for r in rs])]
+        for label, rs in runs.items()
+    ]  # fmt: skip
+    header = [
+        "GAM (ρ = 0.5, α = 1)", "train acc %", "test acc %", f"dead layer 2 % (epoch {early + 1})",
+        "dead layer 1 % (end)", "dead layer 2 % (end)", "λ_max",
+    ]  # fmt: skip
+    md = "Training (dead: pre-activation <= 0 on every probe example):\n\n" + table(header, rows)
+
+    def med(values) -> float:
+        return float(torch.tensor(values, dtype=torch.float64).median())
+
+    for model, by_epoch in errors.items():
+        rows = []
+        for epoch, batches in by_epoch.items():
+            cells = [f"{epoch}"]
+            for r in radii:
+                e = [b[r] for b in batches]
+                cells.append(
+                    f"{med([x['cos'] for x in e]):.2f} / {med([x['ratio'] for x in e]):.2f} / "
+                    f"{max(x['ratio'] for x in e):.1f} / {sum(x['flips'] for x in e) / len(e):.1f}"
+                )
+            rows.append(cells)
+        push = [
+            f"{sum(b[r]['push'] for bs in by_epoch.values() for b in bs) / sum(map(len, by_epoch.values())):+.2f}"
+            for r in radii
+        ]
+        rows.append(["push (mean)", *push])
+        md += (
+            f"\n{model}, along exact GAM (seed 0), at θ_adv on {opt.probe // 100} batches of 100: "
+            "median cos / median ‖fd‖/‖exact‖ / max ‖fd‖/‖exact‖ / sign flips per batch:\n\n"
+            + table(["epoch"] + [f"r = {r:g}" for r in radii], rows)
+        )
+    record = {
+        "runs": runs,
+        "hvp_error": {m: {str(k): v for k, v in e.items()} for m, e in errors.items()},
+    }
+    write(opt.out, "fd", md, record, opt)
+
+
 SUBCOMMANDS = {
     "spectra": cmd_spectra,
     "accuracy": cmd_accuracy,
@@ -405,6 +571,7 @@ SUBCOMMANDS = {
     "landscape": cmd_landscape,
     "ablation": cmd_ablation,
     "variants": cmd_variants,
+    "fd": cmd_fd,
 }
 
 REUSE = "runs/evidence/spectra/spectra.json"
@@ -423,14 +590,19 @@ DEFAULTS = dict(
     rhos=("0,0.1,0.5,1", "0,0.5"),
     alphas=("0.3,1,3", "1"),
     levels=("0.2,0.4,0.6,0.8", "0.4"),
+    radii=("0.1,0.01,0.001,0.0001", "0.01,0.001"),
 )
+# Full values that differ per subcommand: each full run stays under 30 minutes on one thread.
+FULL = {"ablation": dict(seeds=3), "noise": dict(seeds=3), "fd": dict(seeds=3)}
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, func in SUBCOMMANDS.items():
-        s = sub.add_parser(name, help=(func.__doc__ or name).split("\n")[0])
+        summary = (func.__doc__ or name).split("\n")[0]
+        # argparse %-formats help strings: a bare % (as in "20/40/60/80%") must be doubled
+        s = sub.add_parser(name, help=summary.replace("%", "%%"), description=summary)
         s.set_defaults(func=func)
         s.add_argument("--quick", action="store_true", help="seconds, not minutes (for tests)")
         s.add_argument("--out", default=None, help="output folder (runs/evidence/<subcommand>)")
@@ -439,6 +611,14 @@ def parser() -> argparse.ArgumentParser:
             "--gnp-alpha", type=float, default=0.1, help="α of GNP (0.1: best on validation)"
         )
         s.add_argument("--radius", type=float, default=0.1, help="ρ of minima density")
+        s.add_argument("--methods", default=",".join(METHODS),
+                       help="spectra, accuracy: the methods to train (a comma list)")  # fmt: skip
+        s.add_argument("--gam", default=None,
+                       help="ρ,α of GAM in SGD+GAM (default: 0.5,1)")  # fmt: skip
+        s.add_argument("--sam-gam", default=None,
+                       help="ρ,α of GAM in SAM+GAM (default: GAM's 0.5,1)")  # fmt: skip
+        s.add_argument("--sam-rho", type=float, default=0.0,
+                       help="ablation: SAM+GAM around a SAM oracle of this ρ (0: plain GAM)")  # fmt: skip
         s.add_argument("--reuse", default=REUSE,
                        help="accuracy: take the runs of this spectra JSON if it exists")  # fmt: skip
         for key, (full, _) in DEFAULTS.items():
@@ -450,8 +630,25 @@ def main(argv: list[str] | None = None) -> int:
     opt = parser().parse_args(argv)
     opt.started = time.perf_counter()
     for key, (full, quick) in DEFAULTS.items():
+        full = FULL.get(opt.command, {}).get(key, full)
         if getattr(opt, key) is None:
             setattr(opt, key, quick if opt.quick else full)
+    opt.methods = [m.strip() for m in opt.methods.split(",") if m.strip()]
+    unknown = [m for m in opt.methods if m not in METHODS]
+    if unknown or not opt.methods:
+        raise ValueError(
+            f"--methods must name some of {list(METHODS)}; got {unknown or opt.methods}"
+        )
+    for key in ("gam", "sam_gam"):
+        text = getattr(opt, key)
+        if text is not None:
+            try:
+                rho, alpha = (float(x) for x in text.split(","))
+            except ValueError:
+                raise ValueError(f"--{key.replace('_', '-')} takes ρ,α; got {text!r}") from None
+            if not (rho >= 0 and alpha >= 0):
+                raise ValueError(f"--{key.replace('_', '-')} takes ρ,α >= 0; got {text!r}")
+            setattr(opt, key, (rho, alpha))
     if opt.threads:
         torch.set_num_threads(opt.threads)
     opt.out = Path(opt.out or f"runs/evidence/{opt.command}")

@@ -12,6 +12,7 @@
 | ``resnext29`` | ResNeXt-29 (32×4d) | CIFAR, App. Table |
 | ``vit_s32``, ``vit_b32`` | ViT-S/32 and ViT-B/32 (einops; attention as matmul + softmax) | ImageNet, Table 2 |
 | ``mlp`` | MLP 40-100-100-10 of MNIST-1D (input length ``image_size``) | built-in default |
+| ``mlp_gelu``, ``mlp_tanh`` | the same MLP with GELU or tanh: smooth, so finite-difference H·v → exact | built-in |
 | ``cnn1d`` | MNIST-1D's ConvBase: three 1-D convolutions of 25 channels and a linear layer | built-in |
 
 Every network is a plain ``nn.Module`` whose forward works under ``torch.func.grad``, ``jvp``, ``vjp`` and
@@ -393,16 +394,26 @@ class ViT(nn.Module):
 # ---------------------------------------------------------------- MNIST-1D
 
 
-class MLP(nn.Module):
-    """MNIST-1D's MLP: inputs → 100 → 100 → classes with ReLU."""
+ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "tanh": nn.Tanh,
+}
 
-    def __init__(self, inputs: int, num_classes: int, hidden: int = 100):
+
+class MLP(nn.Module):
+    """MNIST-1D's MLP: inputs → 100 → 100 → classes with ReLU (or ``activation``: gelu, tanh)."""
+
+    def __init__(self, inputs: int, num_classes: int, hidden: int = 100, activation: str = "relu"):
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}; got {activation!r}")
+        act = ACTIVATIONS[activation]
         self.net = nn.Sequential(
             nn.Linear(inputs, hidden),
-            nn.ReLU(),
+            act(),
             nn.Linear(hidden, hidden),
-            nn.ReLU(),
+            act(),
             nn.Linear(hidden, num_classes),
         )
 
@@ -455,6 +466,8 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "vit_s32": lambda c, s: ViT(s, 32, 384, 12, 6, 1536, c),
     "vit_b32": lambda c, s: ViT(s, 32, 768, 12, 12, 3072, c),
     "mlp": lambda c, s: MLP(s, c),
+    "mlp_gelu": lambda c, s: MLP(s, c, activation="gelu"),
+    "mlp_tanh": lambda c, s: MLP(s, c, activation="tanh"),
     "cnn1d": lambda c, s: ConvBase(s, c),
 }
 

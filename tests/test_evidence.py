@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import re
 
 import pytest
+import torch
 
 from reproduce import evidence
+from reproduce.models import build_model
 
 # subcommand -> the PNG files it must write in --quick mode
 FIGURES = {
@@ -21,6 +24,7 @@ FIGURES = {
     "landscape": [f"landscape_{evidence.png(m)}.png" for m in evidence.FOUR],
     "ablation": [],
     "variants": [],
+    "fd": [],
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -83,3 +87,106 @@ def test_accuracy_reuses_the_runs_of_spectra(tmp_path):
 def test_unknown_subcommand_is_refused():
     with pytest.raises(SystemExit):
         evidence.main(["nonsense"])
+
+
+def test_help_prints_percent_signs(capsys):
+    with pytest.raises(SystemExit):
+        evidence.main(["--help"])
+    out = capsys.readouterr().out
+    assert "20/40/60/80% label noise" in out and "option_strings" not in out
+    for command in evidence.SUBCOMMANDS:
+        with pytest.raises(SystemExit):
+            evidence.main([command, "--help"])
+        assert "option_strings" not in capsys.readouterr().out
+
+
+def test_sam_gam_takes_its_own_rho_and_alpha():
+    base = evidence.base_config(argparse.Namespace(model="mlp", epochs=1))
+    name, cfg = evidence.method_config(base, "SAM+GAM", 3, 0.1, (0.1, 0.3))
+    assert (name, cfg.rho, cfg.alpha, cfg.sam_rho, cfg.seed) == ("sam+gam", 0.1, 0.3, 0.2, 3)
+    _, plain = evidence.method_config(base, "SGD+GAM", 0, 0.1, (0.1, 0.3))
+    assert (plain.rho, plain.alpha) == (0.5, 1.0)  # only SAM+GAM changes
+    _, gam = evidence.method_config(base, "SGD+GAM", 0, 0.1, (0.1, 0.3), (0.05, 2.0))
+    _, sam_gam = evidence.method_config(base, "SAM+GAM", 0, 0.1, None, (0.05, 2.0))
+    assert (gam.rho, gam.alpha, sam_gam.rho, sam_gam.alpha) == (0.05, 2.0, 0.5, 1.0)
+
+
+def test_ablation_with_a_sam_oracle_and_spectra_of_one_method(tmp_path):
+    args = ["--quick", "--threads=1", "--rhos=0.1", "--alphas=0.3", "--sam-rho=0.2"]
+    assert evidence.main(["ablation", *args, f"--out={tmp_path}"]) == 0
+    assert "SAM ρ = 0.2 oracle" in (tmp_path / "ablation.md").read_text()
+    out = tmp_path / "spectra"
+    evidence.main(
+        [
+            "spectra",
+            "--quick",
+            "--threads=1",
+            "--methods=SAM+GAM",
+            "--sam-gam=0.1,0.3",
+            f"--out={out}",
+        ]
+    )
+    record = json.loads((out / "spectra.json").read_text())
+    assert list(record["runs"]) == ["SAM+GAM"] and record["settings"]["sam_gam"] == [0.1, 0.3]
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["ablation", "--quick", "--rhos=0,0.5", "--sam-rho=0.2"], "rhos"),
+        (["ablation", "--quick", "--sam-rho=-1"], "sam-rho"),
+        (["spectra", "--quick", "--methods=SGD,Adam"], "methods"),
+        (["spectra", "--quick", "--sam-gam=0.1"], "sam-gam"),
+        (["spectra", "--quick", "--gam=0.1,-1"], "gam"),
+        (["fd", "--quick", "--radii=0.01,0"], "radii"),
+    ],
+)
+def test_bad_options_raise_naming_themselves(argv, word, tmp_path):
+    with pytest.raises(ValueError, match=word):
+        evidence.main([*argv, f"--out={tmp_path}"])
+
+
+@pytest.mark.parametrize("model", ["mlp", "mlp_gelu"])
+def test_hidden_preactivations_match_the_module(model):
+    net = build_model(model, 10, 40, seed=0)
+    x = torch.randn(7, 40)
+    seen = []
+    for i in (0, 2):
+        net.net[i].register_forward_hook(lambda m, a, out: seen.append(out))
+    net(x)
+    params = dict(net.named_parameters())
+    z = evidence.hidden_preactivations(model, params, x)
+    for mine, ref in zip(z, seen, strict=True):
+        torch.testing.assert_close(mine, ref)
+    dead = evidence.dead_units(model, params, x)
+    assert dead == [100 * float((r <= 0).all(0).float().mean()) for r in seen]
+
+
+def test_fd_hvp_matches_exact_on_gelu_but_not_on_relu():
+    """On a smooth net the finite difference tends to the exact H·v; on ReLU kinks break it."""
+    x, y = torch.randn(100, 40), torch.randint(0, 10, (100,))
+    for model in ("mlp_gelu", "mlp"):
+        net = build_model(model, 10, 40, seed=0)
+        params = {k: v.detach() for k, v in net.named_parameters()}
+
+        def loss(p, b, net=net):
+            return torch.nn.functional.cross_entropy(torch.func.functional_call(net, p, b[0]), b[1])
+
+        err = evidence.hvp_error(model, params, (x, y), loss, 0.5, [1e-1, 1e-3])
+        if model == "mlp_gelu":
+            assert err[1e-3]["cos"] > 0.999 and abs(err[1e-3]["ratio"] - 1) < 0.01
+            assert abs(err[1e-3]["push"]) < 0.01
+        else:  # at r = 0.1 hundreds of pre-activations change sign and fd leaves exact
+            assert err[1e-1]["flips"] > 50 and err[1e-1]["cos"] < 0.99
+
+
+@pytest.mark.parametrize(
+    ("command", "seeds"), [("spectra", 5), ("ablation", 3), ("noise", 3), ("fd", 3)]
+)
+def test_full_settings_per_subcommand(command, seeds, monkeypatch, tmp_path):
+    seen = {}
+    monkeypatch.setitem(evidence.SUBCOMMANDS, command, lambda opt: seen.update(vars(opt)))
+    evidence.main([command, f"--out={tmp_path}"])
+    assert (seen["seeds"], seen["epochs"]) == (seeds, 100)
+    evidence.main([command, "--quick", f"--out={tmp_path}"])
+    assert (seen["seeds"], seen["epochs"]) == (1, 2)
