@@ -33,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -136,34 +137,53 @@ def build_model(name: str) -> tuple[nn.Module, str]:
 # -------------------------------------------------------------------------------------- estimators
 
 
-def build_methods(a) -> dict[str, tuple]:
-    """name -> (estimator, every, gradient evaluations per step or None where HVPs are not gradients)."""
+EVERY = re.compile(r"(gam|sam_gam)_every(\d+)")  # GAM on one step in k (paper Appendix C.3)
+
+
+def method_names(only) -> list[str]:
+    """``only`` in a stable order: METHODS first, then the ``*_every<k>`` names by base and k."""
+    extra = sorted(
+        (m for m in only if m not in METHODS and EVERY.fullmatch(m)),
+        key=lambda m: (EVERY.fullmatch(m)[1], int(EVERY.fullmatch(m)[2])),
+    )
+    return [m for m in METHODS if m in only] + extra
+
+
+def build_methods(a, names=()) -> dict[str, tuple]:
+    """name -> (estimator, every, base, gradient evaluations per step or None where HVPs are not
+    gradients). ``names`` may add ``gam_every<k>`` (GAM on one step in k, plain gradient steps
+    between) and ``sam_gam_every<k>`` (SAM+GAM on one step in k, SAM steps between)."""
     rho = schedules.cosine(a.rho, total_steps=100_000)
     rho_prime = schedules.cosine(a.rho, total_steps=100_000)
     fd_grads = a.composite_hvp == "fd"
-    return {
-        "gradient": (gamfunc.gradient(), 1, 1.0),
-        "sam": (gamfunc.sam(rho), 1, 2.0),
-        "gnp": (gamfunc.gnp(a.alpha), 1, 2.0),
-        "gam_exact": (gamfunc.gam(rho, a.alpha, hvp="exact"), 1, None),
-        "gam_reverse": (gamfunc.gam(rho, a.alpha, hvp="reverse"), 1, None),
-        "gam_fd": (gamfunc.gam(rho, a.alpha, hvp="fd"), 1, 4.0),
+    gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp)
+    sam = gamfunc.sam(rho)
+    sam_gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp, oracle=sam)
+    methods = {
+        "gradient": (gamfunc.gradient(), 1, None, 1.0),
+        "sam": (sam, 1, None, 2.0),
+        "gnp": (gamfunc.gnp(a.alpha), 1, None, 2.0),
+        "gam_exact": (gamfunc.gam(rho, a.alpha, hvp="exact"), 1, None, None),
+        "gam_reverse": (gamfunc.gam(rho, a.alpha, hvp="reverse"), 1, None, None),
+        "gam_fd": (gamfunc.gam(rho, a.alpha, hvp="fd"), 1, None, 4.0),
         "gam_accelerated": (
             gamfunc.gam_accelerated(rho, rho_prime, alpha=0.5, beta=0.5, gamma=0.1),
             1,
+            None,
             4.0,
         ),
-        "sam_gam": (
-            gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp, oracle=gamfunc.sam(rho)),
-            1,
-            5.0 if fd_grads else None,
-        ),
-        "gam_every10": (
-            gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp),
-            10,
-            1.3 if fd_grads else None,
-        ),
+        "sam_gam": (sam_gam, 1, None, 5.0 if fd_grads else None),
     }
+    for name in ["gam_every10", *names]:
+        match = EVERY.fullmatch(name)
+        if match is None:
+            continue
+        k = int(match[2])
+        if match[1] == "gam":  # k - 1 gradient steps and one GAM step of 4 gradients
+            methods[name] = (gam, k, None, (k + 3) / k if fd_grads else None)
+        else:  # k - 1 SAM steps of 2 gradients and one SAM+GAM step of 5
+            methods[name] = (sam_gam, k, sam, (2 * k + 3) / k if fd_grads else None)
+    return methods
 
 
 # ----------------------------------------------------------------------------------------- runners
@@ -363,9 +383,11 @@ def prepare(model_name, dtype, a, device):
 def runner_factory(method, mode, dtype, g, methods, a, device):
     if method == BASELINE:
         return lambda: TorchSGD(g.model, g.batch, a.lr, device, dtype)
-    est, every, _ = methods[method]
+    est, every, base, _ = methods[method]
     opt = gamfunc.sgd(lr=a.lr, momentum=0.9)
-    step = gamfunc.make_step(est, opt, g.loss_fn, every=every, on_nonfinite=a.on_nonfinite)
+    step = gamfunc.make_step(
+        est, opt, g.loss_fn, every=every, base=base, on_nonfinite=a.on_nonfinite
+    )
     return lambda: Functional(step, g.params, g.buffers, g.batch, mode, every)
 
 
@@ -375,9 +397,9 @@ def run_group(model_name, dtype, a, device, meta, save=None) -> list[dict]:
     g = prepare(model_name, dtype, a, device)
     meta["model_source"][model_name] = g.source
     batch_bytes = sum(t.numel() * t.element_size() for t in g.batch)
-    methods = build_methods(a)
+    methods = build_methods(a, a.only)
     plan = [] if a.compile_only else [(BASELINE, "eager")]
-    plan += [(m, mode) for mode in a.modes for m in METHODS if m in a.only]
+    plan += [(m, mode) for mode in a.modes for m in method_names(a.only)]
     rows = {
         (method, mode): {
             "model": model_name,
@@ -385,7 +407,7 @@ def run_group(model_name, dtype, a, device, meta, save=None) -> list[dict]:
             "mode": mode,
             "method": method,
             "batch": g.batch[0].shape[0],
-            "grads": methods[method][2] if method in methods else None,
+            "grads": methods[method][3] if method in methods else None,
             "error": None,
         }
         for method, mode in plan
@@ -657,7 +679,12 @@ def parse(argv=None):
     p.add_argument("--model", type=csv, default=None, help=f"comma list of {sorted(MODELS)}")
     p.add_argument("--modes", type=csv, default=None, help="eager,compile,reduce-overhead,...")
     p.add_argument("--dtype", type=csv, default=["fp32"], help="fp32,bf16")
-    p.add_argument("--only", type=csv, default=list(METHODS), help=f"comma list of {METHODS}")
+    p.add_argument(
+        "--only",
+        type=csv,
+        default=list(METHODS),
+        help=f"comma list of {METHODS}, or gam_every<k> / sam_gam_every<k> (k >= 2)",
+    )
     p.add_argument("--repeats", type=int, default=None, help="timing rounds (median over them)")
     p.add_argument("--warmup", type=int, default=None, help="steps after the first call")
     p.add_argument("--block", type=int, default=None, help="steps per timed sample")
@@ -669,7 +696,9 @@ def parse(argv=None):
     p.add_argument("--rho", type=float, default=0.05, help="peak of ρ's cosine schedule")
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument(
-        "--composite-hvp", default="fd", help="hvp of sam_gam and gam_every10 (fd/exact/reverse)"
+        "--composite-hvp",
+        default="fd",
+        help="hvp of sam_gam and the *_every<k> methods (fd/exact/reverse)",
     )
     p.add_argument("--on-nonfinite", default="skip", help="make_step's on_nonfinite")
     p.add_argument("--channels-last", action="store_true", help="channels-last model and inputs")
@@ -700,7 +729,7 @@ def parse(argv=None):
     for name, values, allowed in (
         ("model", a.model, MODELS),
         ("dtype", a.dtype, ("fp32", "bf16")),
-        ("only", a.only, (*METHODS, BASELINE)),
+        ("only", [m for m in a.only if not _every_ok(m)], (*METHODS, BASELINE)),
         ("composite-hvp", [a.composite_hvp], gamfunc.hvp.BACKENDS),
         ("on-nonfinite", [a.on_nonfinite], ("skip", "raise", "ignore")),
     ):
@@ -711,6 +740,11 @@ def parse(argv=None):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1")
     return a
+
+
+def _every_ok(name: str) -> bool:
+    match = EVERY.fullmatch(name)
+    return match is not None and int(match[2]) >= 2
 
 
 def main(argv=None) -> dict:

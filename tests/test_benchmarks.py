@@ -102,3 +102,47 @@ def test_unknown_estimator_is_rejected(capsys):
         step_cost.parse(["--tiny", "--only", "sam,adam"])
     assert exit_info.value.code == 2
     assert "--only: unknown ['adam']" in capsys.readouterr().err
+
+
+def load_step_cost():
+    spec = importlib.util.spec_from_file_location("step_cost", SCRIPT)
+    step_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(step_cost)
+    return step_cost
+
+
+def test_every_k_methods_mix_estimators_as_stated():
+    """``gam_every<k>``: GAM on one step in k, gradient steps between; ``sam_gam_every<k>``: SAM+GAM
+    on one step in k, SAM steps between (the overhead table of paper Table app:tab:time)."""
+    step_cost = load_step_cost()
+    a = step_cost.parse(["--tiny", "--only", "sam_gam_every20,gam_every2,gradient,gam_every20"])
+    assert step_cost.method_names(a.only) == [
+        "gradient",
+        "gam_every2",
+        "gam_every20",
+        "sam_gam_every20",
+    ]
+    methods = step_cost.build_methods(a, a.only)
+    est, every, base, grads = methods["gam_every2"]
+    assert (every, base, grads) == (2, None, (4 + 1) / 2)  # one 4-gradient step, one plain
+    est, every, base, grads = methods["sam_gam_every20"]
+    assert every == 20 and grads == (5 + 19 * 2) / 20  # one SAM+GAM step, 19 SAM steps
+    assert base is methods["sam"][0]
+    assert est.name != base.name
+
+
+@pytest.mark.parametrize("bad", ["gam_every1", "gam_every0", "sam_every4", "gam_everyx"])
+def test_bad_every_k_names_are_rejected(capsys, bad):
+    step_cost = load_step_cost()
+    with pytest.raises(SystemExit):
+        step_cost.parse(["--tiny", "--only", bad])
+    assert f"--only: unknown ['{bad}']" in capsys.readouterr().err
+
+
+def test_tiny_every_k_runs(tmp_path):
+    result, _ = run(tmp_path, "--only", "sam,gam_every2,sam_gam_every3")
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"torch_sgd", "sam", "gam_every2", "sam_gam_every3"}
+    for r in rows.values():
+        assert r["error"] is None, r["error"]
+        assert r["img_s"] > 0
