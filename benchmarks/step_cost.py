@@ -58,6 +58,7 @@ warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # first jvp, 
 
 BASELINE = "torch_sgd"
 METHODS = (
+    "grad_eval",
     "gradient",
     "sam",
     "gnp",
@@ -160,6 +161,7 @@ def build_methods(a, names=()) -> dict[str, tuple]:
     sam = gamfunc.sam(rho)
     sam_gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp, oracle=sam)
     methods = {
+        "grad_eval": (None, 1, None, 1.0),
         "gradient": (gamfunc.gradient(), 1, None, 1.0),
         "sam": (sam, 1, None, 2.0),
         "gnp": (gamfunc.gnp(a.alpha), 1, None, 2.0),
@@ -241,6 +243,29 @@ class Functional:
             **self.state["opt"],
             "lr": torch.tensor(lr, dtype=old.dtype, device=old.device),
         }
+
+
+class GradEval:
+    """One plain gradient evaluation, ``torch.func.grad`` of the functional loss, without an update:
+    the unit of "× grad evals" (how much a step adds over its gradient evaluations)."""
+
+    def __init__(self, loss_fn, params, buffers, batch, mode):
+        self.batch, self.every = batch, 1
+        self.compiled = mode != "eager"
+        self.cuda_graphs = mode in CUDA_GRAPH_MODES
+        grad = torch.func.grad(loss_fn, has_aux=True)
+        options = {} if mode in ("eager", "compile") else {"mode": mode}
+        self.fn = torch.compile(grad, fullgraph=True, **options) if self.compiled else grad
+        self.params = {k: v.clone() for k, v in params.items()}
+        self.buffers = {k: v.clone() for k, v in buffers.items()}
+
+    def __call__(self):
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        self.grads, _ = self.fn(self.params, self.batch, self.buffers)
+
+    def set_lr(self, lr):
+        pass  # no optimiser
 
 
 def functional_loss(model, device, dtype):
@@ -383,6 +408,8 @@ def prepare(model_name, dtype, a, device):
 def runner_factory(method, mode, dtype, g, methods, a, device):
     if method == BASELINE:
         return lambda: TorchSGD(g.model, g.batch, a.lr, device, dtype)
+    if method == "grad_eval":
+        return lambda: GradEval(g.loss_fn, g.params, g.buffers, g.batch, mode)
     est, every, base, _ = methods[method]
     opt = gamfunc.sgd(lr=a.lr, momentum=0.9)
     step = gamfunc.make_step(
@@ -477,8 +504,9 @@ def release(device):
 
 
 def _ratios(rows):
-    """× eager torch.optim SGD (images/s), × the plain gradient step of the same mode (ms), and
-    × floor = ms over (gradient evaluations × the gradient step's ms)."""
+    """× eager torch.optim SGD (images/s), × the plain gradient step of the same mode (ms),
+    × floor = ms over (gradient evaluations × the gradient step's ms), and × grad evals = ms over
+    (gradient evaluations × one ``grad_eval``'s ms): what the step adds to its gradient evaluations."""
     by = {(r["mode"], r["method"]): r for r in rows if r.get("ms")}
     base = by.get(("eager", BASELINE))
     for r in rows:
@@ -491,6 +519,9 @@ def _ratios(rows):
             r["x_grad"] = r["ms"] / grad["ms"]
             if r["grads"]:
                 r["x_floor"] = r["ms"] / (r["grads"] * grad["ms"])
+        evals = by.get((r["mode"], "grad_eval"))
+        if evals and r["grads"] and r["method"] not in (BASELINE, "grad_eval"):
+            r["x_evals"] = r["ms"] / (r["grads"] * evals["ms"])
 
 
 def _vs_fp32(rows):
@@ -614,9 +645,9 @@ def fmt(v, spec):
 def table(rows) -> str:
     head = (
         "| model | dtype | mode | method | ms/step | img/s | × eager SGD | × grad step | × floor "
-        "| × fp32 | peak GiB | compile s | recompiles | note |"
+        "| × grad evals | × fp32 | peak GiB | compile s | recompiles | note |"
     )
-    lines = [head, "|" + "---|" * 14]
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         note = r["error"] or ""
         if r.get("cudagraph_skips"):
@@ -634,6 +665,7 @@ def table(rows) -> str:
             fmt(r.get("x_sgd"), ".3f"),
             fmt(r.get("x_grad"), ".2f"),
             fmt(r.get("x_floor"), ".2f"),
+            fmt(r.get("x_evals"), ".2f"),
             fmt(r.get("x_fp32"), ".2f"),
             fmt(r.get("peak_mem_gib"), ".2f"),
             fmt(compile_s, ".1f"),

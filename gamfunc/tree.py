@@ -82,7 +82,8 @@ def scale(a: Tree, s: Scalar) -> Tree:
     """s · a, with ``s`` a Python number or a 0-d tensor."""
     if _vmapped(a, s):
         return {k: v * s for k, v in a.items()}
-    return _pack(a.keys(), torch._foreach_mul(list(a.values()), s))
+    values = list(a.values())
+    return _pack(a.keys(), torch._foreach_mul(values, _scalar_like(s, values)))
 
 
 def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
@@ -92,7 +93,8 @@ def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
     if _vmapped(x, s) or _vmapped(y):
         return {k: s * v + y[k] for k, v in x.items()}
     if isinstance(s, Tensor):
-        return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(list(x.values()), s)))
+        xs = list(x.values())
+        return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(xs, _scalar_like(s, xs))))
     return _pack(x.keys(), torch._foreach_add(ys, list(x.values()), alpha=s))
 
 
@@ -138,6 +140,22 @@ def _vmapped(a: Tree, s=None) -> bool:
     have no batching rule, so the per-tensor forms are used there."""
     leaves = [*a.values(), s] if isinstance(s, Tensor) else a.values()
     return any(torch._C._functorch.is_batchedtensor(t) for t in leaves)
+
+
+def _scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
+    """A 0-d tensor ``s`` cast once to the leaves' dtype, where they share one: the product is the same
+    (type promotion casts a 0-d factor to the leaves' dtype anyway), without a cast per leaf."""
+    if not isinstance(s, Tensor) or not leaves:
+        return s
+    dtype = leaves[0].dtype
+    if s.dtype == dtype or any(v.dtype != dtype for v in leaves):
+        return s
+    if (
+        s.dtype.is_floating_point != dtype.is_floating_point
+        or s.dtype.is_complex != dtype.is_complex
+    ):
+        return s
+    return s.to(dtype)
 
 
 def _common_dtype(parts: list[Tensor]) -> list[Tensor]:

@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "step_cost.py"
 ESTIMATORS = [
+    "grad_eval",
     "gradient",
     "sam",
     "gnp",
@@ -63,6 +64,7 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
     # × floor exists exactly for the estimators built from gradients only.
     floors = {m for m, r in rows.items() if r.get("x_floor") is not None}
     assert floors == {
+        "grad_eval",
         "gradient",
         "sam",
         "gnp",
@@ -71,6 +73,12 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
         "sam_gam",
         "gam_every10",
     }
+    # × grad evals: the same, over one plain gradient evaluation (grad_eval) instead of a step.
+    evals = {m for m, r in rows.items() if r.get("x_evals") is not None}
+    assert evals == floors - {"grad_eval"}
+    for m in evals:
+        r = rows[m]
+        assert r["x_evals"] == pytest.approx(r["ms"] / (r["grads"] * rows["grad_eval"]["ms"]))
     meta = result["meta"]
     assert meta["torch"] == torch.__version__
     assert meta["device"] == "cpu"

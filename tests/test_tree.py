@@ -1,0 +1,46 @@
+"""gamfunc.tree against per-tensor torch arithmetic: the foreach forms give the same numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gamfunc import tree
+
+
+def leaves(dtype=torch.float32, mixed=False):
+    gen = torch.Generator().manual_seed(0)
+    out = {
+        "w": torch.randn(3, 4, generator=gen, dtype=dtype),
+        "b": torch.randn(4, generator=gen, dtype=dtype),
+    }
+    if mixed:
+        out["h"] = torch.randn(5, generator=gen, dtype=torch.float64)
+    return out
+
+
+SCALARS = [
+    0.3,
+    torch.tensor(0.3, dtype=torch.float64),
+    torch.tensor(0.3, dtype=torch.float32),
+    torch.tensor(1 / 3, dtype=torch.float64),
+]
+
+
+@pytest.mark.parametrize("s", SCALARS)
+@pytest.mark.parametrize("mixed", [False, True])
+def test_scale_and_axpy_equal_per_tensor_arithmetic_bit_for_bit(s, mixed):
+    x, y = leaves(mixed=mixed), {k: v.flip(0) for k, v in leaves(mixed=mixed).items()}
+    scaled, axpy = tree.scale(x, s), tree.axpy(s, x, y)
+    for k in x:
+        expect = x[k] * s
+        assert scaled[k].dtype == expect.dtype and torch.equal(scaled[k], expect)
+        expect = y[k] + x[k] * s if isinstance(s, torch.Tensor) else torch.add(y[k], x[k], alpha=s)
+        assert axpy[k].dtype == expect.dtype and torch.equal(axpy[k], expect)
+
+
+def test_scale_by_a_float64_factor_keeps_float64_leaves_exact():
+    x = leaves(torch.float64)
+    s = torch.tensor(1 / 3, dtype=torch.float64)
+    for k, v in tree.scale(x, s).items():
+        assert v.dtype == torch.float64 and torch.equal(v, x[k] * s)
