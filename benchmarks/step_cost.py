@@ -143,11 +143,9 @@ EVERY = re.compile(r"(gam|sam_gam)_every(\d+)")  # GAM on one step in k (paper A
 
 def method_names(only) -> list[str]:
     """``only`` in a stable order: METHODS first, then the ``*_every<k>`` names by base and k."""
-    extra = sorted(
-        (m for m in only if m not in METHODS and EVERY.fullmatch(m)),
-        key=lambda m: (EVERY.fullmatch(m)[1], int(EVERY.fullmatch(m)[2])),
-    )
-    return [m for m in METHODS if m in only] + extra
+    matches = (EVERY.fullmatch(m) for m in only if m not in METHODS)
+    extra = sorted((m[1], int(m[2]), m[0]) for m in matches if m)
+    return [m for m in METHODS if m in only] + [name for *_, name in extra]
 
 
 def build_methods(a, names=()) -> dict[str, tuple]:

@@ -148,14 +148,9 @@ def _scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
     if not isinstance(s, Tensor) or not leaves:
         return s
     dtype = leaves[0].dtype
-    if s.dtype == dtype or any(v.dtype != dtype for v in leaves):
+    if s.dtype == dtype or not (s.is_floating_point() and dtype.is_floating_point):
         return s
-    if (
-        s.dtype.is_floating_point != dtype.is_floating_point
-        or s.dtype.is_complex != dtype.is_complex
-    ):
-        return s
-    return s.to(dtype)
+    return s if any(v.dtype != dtype for v in leaves) else s.to(dtype)
 
 
 def _common_dtype(parts: list[Tensor]) -> list[Tensor]:

@@ -44,6 +44,7 @@ import torch
 
 from gamfunc import hvp as hvps
 from gamfunc import metrics, tree
+from gamfunc.loss import gradient_pass
 from reproduce import data as data_mod
 from reproduce.config import resolve
 from reproduce.train import evaluate, setup
@@ -449,7 +450,7 @@ def hvp_error(model: str, params, batch, loss, rho: float, radii) -> dict[float,
     in units of the rms of exact's (> 0: a descent step lowers those biases, i.e. turns units off)."""
     f, _ = hvps.grad_norm_grad(loss, params, batch, hvps.exact)
     adv = tree.axpy(rho, tree.normalize(f)[0], params)
-    v = tree.normalize(hvps.gradient_pass(loss, adv, batch).grad)[0]
+    v = tree.normalize(gradient_pass(loss, adv, batch).grad)[0]
     exact, _ = hvps.exact(loss, adv, batch, v)
     signs = [z > 0 for z in hidden_preactivations(model, adv, batch[0])]
     out = {}
