@@ -122,6 +122,19 @@ def get(hvp: str, fd_radius: float = 1e-3):
 def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-12, clean=None):
     """f = ∇‖∇L‖(θ) ≈ H(θ)·g/(‖g‖ + ξ), g = ∇L(θ) (paper Eq. 6; ξ is ``eps``).
 
-    Returns ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g).
+    Returns ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g), carrying ‖g‖ as its
+    ``grad_norm`` (computed once, and not at all if the ``clean`` handed in carries it).
     """
-    return hvp(loss_fn, params, batch, lambda g: tree.normalize(g, eps)[0], clean=clean)
+    # A backend asks for v(g) at g = ∇L(θ) and returns the pass at θ (the contract above), so the ‖g‖
+    # computed for v is the returned pass's; no identity test (dynamo cannot trace one on dicts).
+    norms: list[torch.Tensor] = []
+
+    def unit(g: Tree) -> Tree:
+        known = clean is not None and isinstance(clean.grad_norm, torch.Tensor)
+        norms.append(clean.grad_norm if known else tree.norm(g))
+        return tree.scale(g, 1.0 / (norms[-1] + eps))
+
+    f, out = hvp(loss_fn, params, batch, unit, clean=clean)
+    if norms:
+        out = out._replace(grad_norm=norms[-1])
+    return f, out

@@ -143,7 +143,8 @@ def m_sharpness(
             for j in range(m):
                 mean = weighted_sum(mean, 1.0 / m, one(*(t[j] for t in stacked)))
         direction, info, clean_mean = mean
-        return Estimate(direction, info, Pass(*clean_mean))
+        # The mean of the sub-batches' ‖g_j‖ is not the norm of the mean gradient: drop it.
+        return Estimate(direction, info, Pass(clean_mean.grad, clean_mean.loss, clean_mean.aux))
 
     hparams = estimator.hparams | {"m": m, "vectorized": vectorized}
     if failure is not None:

@@ -129,13 +129,14 @@ def _cudagraph_safe(fn):
     def call(params, state, batch):
         torch.compiler.cudagraph_mark_step_begin()
         leaves, spec = torch.utils._pytree.tree_flatten(fn(params, state, batch))
-        tensors = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.is_cuda]
-        if not tensors:
-            return torch.utils._pytree.tree_unflatten(leaves, spec)
-        for i, copy in zip(
-            tensors, torch._foreach_mul([leaves[i] for i in tensors], 1), strict=True
-        ):
-            leaves[i] = copy
+        groups: dict[tuple, list[int]] = {}  # a foreach kernel needs one dtype and one device
+        for i, t in enumerate(leaves):
+            if isinstance(t, Tensor) and t.is_cuda:
+                groups.setdefault((t.dtype, t.device), []).append(i)
+        for group in groups.values():
+            copies = torch._foreach_mul([leaves[i] for i in group], 1)
+            for i, copy in zip(group, copies, strict=True):
+                leaves[i] = copy
         return torch.utils._pytree.tree_unflatten(leaves, spec)
 
     return call
@@ -171,7 +172,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
         new_state["buffers"] = est.clean.aux
     if on_nonfinite == "ignore":
         return new_params, new_state, metrics
-    finite = torch.isfinite(est.info["loss"]) & torch.isfinite(tree.norm(est.direction))
+    finite = torch.isfinite(est.info["loss"]) & torch.isfinite(_norm(est))
     if on_nonfinite == "raise":
         if not bool(finite):
             raise FloatingPointError(
@@ -195,6 +196,21 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
         new_state.update(entries)
         metrics.update(extra)
     return new_params, new_state, metrics
+
+
+def _norm(est) -> Tensor:
+    """‖direction‖, for the finiteness check: eager, the clean pass's norm where the direction is its
+    gradient (the plain gradient step) and the pass carries it, else computed. (Dynamo cannot trace
+    ``is`` between dicts on every torch; compiled, the graph's common-subexpression pass can merge
+    the two norms instead.)"""
+    clean = est.clean
+    if (
+        not torch.compiler.is_compiling()
+        and est.direction is clean.grad
+        and isinstance(clean.grad_norm, Tensor)
+    ):
+        return clean.grad_norm
+    return tree.norm(est.direction)
 
 
 def bind(loss_fn, state):

@@ -47,7 +47,12 @@ from gamfunc.step import make_step
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer"]
 
-_BACKWARD_INSIDE = "backward() called inside a functorch transform"
+# What torch raises when the closure calls backward() itself: inside a torch.func transform (compiled
+# or nested steps), or before gamfunc's own backward pass of an eager step.
+_BACKWARD_INSIDE = (
+    "backward() called inside a functorch transform",
+    "backward through the graph a second time",
+)
 
 
 class FlatnessOptimizer(torch.optim.Optimizer):
@@ -173,7 +178,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         try:
             return self._advance(self._closure_step, closure)
         except RuntimeError as e:
-            if _BACKWARD_INSIDE not in str(e):
+            if not any(m in str(e) for m in _BACKWARD_INSIDE):
                 raise
             raise RuntimeError(
                 "the closure given to step() must return the loss without calling backward(): "

@@ -6,6 +6,7 @@ from gamfunc import hvp as hvps
 from gamfunc import tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import gradient
+from gamfunc.loss import with_grad_norm
 from gamfunc.optim.schedules import value
 
 __all__ = ["gam"]
@@ -76,7 +77,7 @@ def gam(
         direction = tree.axpy(value(alpha, step) * rho_t, f_adv, base.direction)
         info = base.info | {
             "f_norm": f_norm,
-            "adv_grad_norm": tree.norm(adv.grad),
+            "adv_grad_norm": with_grad_norm(adv).grad_norm,
             "adv_loss": adv.loss,
         }
         return Estimate(direction, info, clean)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gamfunc import tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative, check_unit
 from gamfunc.estimators.gradient import clean_info
-from gamfunc.loss import gradient_pass
+from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.optim.schedules import value
 
 __all__ = ["CONVENTIONS", "gam_accelerated"]
@@ -71,20 +71,18 @@ def gam_accelerated(
     def run(params, batch, loss_fn, clean, step):
         rho_t, rho_p = value(rho, step), value(rho_prime, step)
         g0 = clean if clean is not None else gradient_pass(loss_fn, params, batch)
-        g1 = gradient_pass(
-            loss_fn, tree.axpy(rho_p, tree.normalize(g0.grad, eps)[0], params), batch
-        )
+        g0_hat, g0 = unit_grad(g0, eps)
+        g1 = gradient_pass(loss_fn, tree.axpy(rho_p, g0_hat, params), batch)
         h0 = tree.sub(g1.grad, g0.grad)
         theta2 = tree.axpy(rho_t, tree.normalize(h0, eps)[0], params)
-        g2 = gradient_pass(loss_fn, theta2, batch)
-        theta3 = tree.axpy(rho_p, tree.normalize(g2.grad, eps)[0], theta2)
-        g3 = gradient_pass(loss_fn, theta3, batch)
+        g2_hat, g2 = unit_grad(gradient_pass(loss_fn, theta2, batch), eps)
+        g3 = gradient_pass(loss_fn, tree.axpy(rho_p, g2_hat, theta2), batch)
         h_plus = tree.lincomb((alpha, g1.grad), (1 - alpha, g3.grad))
         h_minus = tree.lincomb((b0, g0.grad), (b2, g2.grad))
         h_plus_hat, _ = tree.normalize(h_plus, eps)
         h_perp = tree.axpy(-tree.vdot(h_minus, h_plus_hat), h_plus_hat, h_minus)
         direction = tree.axpy(-gamma, h_perp, h_plus)
-        info = clean_info(g0) | {"adv_grad_norm": tree.norm(g2.grad), "adv_loss": g2.loss}
+        info = clean_info(g0) | {"adv_grad_norm": g2.grad_norm, "adv_loss": g2.loss}
         return Estimate(direction, info, g0)
 
     hparams = {"rho": rho, "rho_prime": rho_prime, "alpha": alpha, "beta": beta, "gamma": gamma}

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from gamfunc import tree
 from gamfunc.estimators.base import Estimate, Estimator
-from gamfunc.loss import Pass, gradient_pass
+from gamfunc.loss import Pass, gradient_pass, with_grad_norm
 
 __all__ = ["clean_info", "gradient"]
 
 
 def clean_info(clean: Pass) -> dict:
-    """The info every estimator reports: L(θ) as ``loss`` and ‖∇L(θ)‖ as ``grad_norm``."""
-    return {"loss": clean.loss, "grad_norm": tree.norm(clean.grad)}
+    """The info every estimator reports: L(θ) as ``loss`` and ‖∇L(θ)‖ as ``grad_norm`` (the pass's
+    own where it carries one)."""
+    return {"loss": clean.loss, "grad_norm": with_grad_norm(clean).grad_norm}
 
 
 def gradient() -> Estimator:
@@ -28,6 +28,7 @@ def gradient() -> Estimator:
     def run(params, batch, loss_fn, clean, step):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
+        clean = with_grad_norm(clean)  # shared with the step's finiteness check
         return Estimate(clean.grad, clean_info(clean), clean)
 
     return Estimator("gradient", run)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gamfunc import tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import clean_info
-from gamfunc.loss import gradient_pass
+from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.optim.schedules import value
 
 __all__ = ["sam"]
@@ -39,7 +39,7 @@ def sam(rho, eps: float = 1e-12) -> Estimator:
     def run(params, batch, loss_fn, clean, step):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        g_hat, _ = tree.normalize(clean.grad, eps)
+        g_hat, clean = unit_grad(clean, eps)
         adv = gradient_pass(loss_fn, tree.axpy(value(rho, step), g_hat, params), batch)
         info = clean_info(clean) | {"perturbed_loss": adv.loss}
         return Estimate(adv.grad, info, clean)
