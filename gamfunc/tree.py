@@ -137,18 +137,23 @@ def where(cond: Tensor, a: Tree, b: Tree) -> Tree:
 
 def _vmapped(a: Tree, s=None) -> bool:
     """Whether any leaf (or the scalar ``s``) is batched by ``torch.func.vmap``: the foreach kernels
-    have no batching rule, so the per-tensor forms are used there."""
+    have no batching rule, so the per-tensor forms are used there. Eager and outside every torch.func
+    transform nothing is, and one call says so without a look at each leaf."""
+    if not torch.compiler.is_compiling() and torch._C._functorch.maybe_current_level() is None:
+        return False
     leaves = [*a.values(), s] if isinstance(s, Tensor) else a.values()
     return any(torch._C._functorch.is_batchedtensor(t) for t in leaves)
 
 
 def _scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
-    """A 0-d tensor ``s`` cast once to the leaves' dtype, where they share one: the product is the same
-    (type promotion casts a 0-d factor to the leaves' dtype anyway), without a cast per leaf."""
+    """A 0-d tensor ``s`` cast once to the leaves' dtype, where they share float32 or float64: the
+    product is the same (those kernels compute in the leaves' dtype, so type promotion casts a 0-d
+    factor to it anyway), without a cast per leaf. Half-precision kernels compute in float32 with the
+    factor unrounded, so there ``s`` is left as it is."""
     if not isinstance(s, Tensor) or not leaves:
         return s
     dtype = leaves[0].dtype
-    if s.dtype == dtype or not (s.is_floating_point() and dtype.is_floating_point):
+    if s.dtype == dtype or dtype not in (torch.float32, torch.float64) or not s.is_floating_point():
         return s
     return s if any(v.dtype != dtype for v in leaves) else s.to(dtype)
 
@@ -157,4 +162,4 @@ def _common_dtype(parts: list[Tensor]) -> list[Tensor]:
     dtype = parts[0].dtype
     for p in parts[1:]:
         dtype = torch.promote_types(dtype, p.dtype)
-    return [p.to(dtype) for p in parts]
+    return [p if p.dtype == dtype else p.to(dtype) for p in parts]

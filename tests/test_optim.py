@@ -110,6 +110,18 @@ def test_optimisers_keep_float32():
         assert all(v.dtype == torch.float32 for v in new.values())
 
 
+def test_optimisers_keep_float32_for_a_0d_parameter():
+    # A 0-d float64 factor (lr, bias correction) must not promote a 0-d float32 leaf to float64.
+    params = {"w": torch.ones(3), "temperature": torch.tensor(2.0)}
+    for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):
+        p, state = params, opt.init(params)
+        for _ in range(2):
+            p, state = opt.update(params, state, p)
+        assert all(v.dtype == torch.float32 for v in p.values())
+        buffers = [v for b in state.values() if isinstance(b, dict) for v in b.values()]
+        assert buffers and all(v.dtype == torch.float32 for v in buffers)
+
+
 def test_cosine_schedule_values():
     s = schedules.cosine(1.0, total_steps=110, warmup_steps=10, final=0.1)
     assert math.isclose(float(s(torch.tensor(0))), 0.1)

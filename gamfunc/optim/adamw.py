@@ -61,16 +61,17 @@ def adamw(
         step = state["step"] + 1
         t = step.to(torch.float64)
         keys = list(params)
+        p = [params[k] for k in keys]
         d = [direction[k] for k in keys]
-        p = torch._foreach_mul([params[k] for k in keys], 1 - eta * weight_decay)
+        if weight_decay != 0:
+            p = torch._foreach_mul(p, _factor(1 - eta * weight_decay, p))
         m = torch._foreach_lerp([state["exp_avg"][k] for k in keys], d, 1 - beta1)
-        v = torch._foreach_mul([state["exp_avg_sq"][k] for k in keys], beta2)
-        v = torch._foreach_addcmul(v, d, d, value=1 - beta2)
-        step_size = eta / (1 - beta1**t)
-        denom = torch._foreach_add(
-            torch._foreach_div(torch._foreach_sqrt(v), torch.sqrt(1 - beta2**t)), eps
-        )
-        p = torch._foreach_sub(p, torch._foreach_mul(torch._foreach_div(m, denom), step_size))
+        v = [state["exp_avg_sq"][k] for k in keys]
+        v = torch._foreach_addcmul(torch._foreach_mul(v, _factor(beta2, v)), d, d, value=1 - beta2)
+        denom = torch._foreach_sqrt(v)
+        denom = torch._foreach_div(denom, _factor(torch.sqrt(1 - beta2**t), denom))
+        r = torch._foreach_div(m, torch._foreach_add(denom, eps))
+        p = torch._foreach_sub(p, torch._foreach_mul(r, _factor(eta / (1 - beta1**t), r)))
         new_state = dict(state) | {
             "step": step,
             "lr": eta,
@@ -80,3 +81,17 @@ def adamw(
         return dict(zip(keys, p, strict=True)), new_state
 
     return Optimizer(init, update)
+
+
+def _factor(s, leaves):
+    """``s``, a Python number or a 0-d tensor, as a 0-d tensor of the leaves' dtype where they all share
+    float32 or float64, else ``s`` as it is. The products are the same (the kernels cast such a factor
+    to the leaves' dtype anyway), without a cast or a wrapped scalar per leaf in the CPU kernels, and a
+    0-d float32 leaf is not promoted to float64. bfloat16 and float16 leaves keep ``s``: their CPU
+    kernels read it at float32 precision, so casting it first would change the product."""
+    dtype = leaves[0].dtype if leaves else None
+    if dtype not in (torch.float32, torch.float64) or any(x.dtype != dtype for x in leaves):
+        return s
+    if isinstance(s, torch.Tensor):
+        return s.to(dtype)
+    return torch.full((), s, dtype=dtype, device=leaves[0].device)

@@ -68,11 +68,15 @@ def sgd(
         d = direction if weight_decay == 0 else tree.axpy(weight_decay, params, direction)
         new_state = dict(state)
         if momentum != 0:
-            # b ← d on the first step, without a Python branch on the step count.
-            first = state["step"] == 0
-            keep = torch.where(first, _f64(0.0, first), _f64(momentum, first))
-            take = torch.where(first, _f64(1.0, first), _f64(1.0 - dampening, first))
-            buf = tree.add(tree.scale(state["momentum_buffer"], keep), tree.scale(d, take))
+            # b ← d on the first step, without a Python branch on the step count: the factors of b and d
+            # are (0, 1) at step 0 and (μ, 1 − τ) after, from a 0/1 tensor (exact in float64).
+            later = (state["step"] != 0).to(torch.float64)
+            keep = later * momentum
+            if dampening == 0:
+                buf = tree.add(tree.scale(state["momentum_buffer"], keep), d)
+            else:
+                take = torch.rsub(later, 1.0, alpha=dampening)  # 1 − τ·later
+                buf = tree.add(tree.scale(state["momentum_buffer"], keep), tree.scale(d, take))
             d = tree.axpy(momentum, buf, d) if nesterov else buf
             new_state["momentum_buffer"] = buf
         new_params = tree.sub(params, tree.scale(d, eta))
@@ -81,7 +85,3 @@ def sgd(
         return new_params, new_state
 
     return Optimizer(init, update)
-
-
-def _f64(v: float, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float64, device=like.device)
