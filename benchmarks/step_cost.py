@@ -7,9 +7,16 @@ eager and under ``torch.compile(fullgraph=True)``. The loss is ``gamfunc.nn.func
 BatchNorm running statistics travel in the step state; bf16 is ``torch.autocast`` inside the loss with
 fp32 parameters. ρ follows a cosine schedule, so its value changes at every step, as in training.
 
+The unit of the "× grad evals" column is the ``grad_eval`` row: one plain evaluation of ∇L(θ) of the
+functional loss, no update. Eager, that is ``torch.autograd.grad`` on leaf copies of the parameters, the
+cheaper of the two eager ways; compiled, ``torch.func.grad`` under ``torch.compile`` (``torch.autograd.grad``
+cannot be traced with ``fullgraph=True``). The ``grad_eval_func`` row is ``torch.func.grad`` in every mode.
+
 Timing: CUDA events on GPU, ``time.perf_counter`` on CPU; after a warm-up, every method is timed once per
 round, in a rotating order, and the median over rounds is reported (interleaving keeps a noisy machine's
-drift out of the ratios).
+drift out of the ratios). ``--inductor KEY=VALUE`` passes inductor options to every compile;
+``--profile N`` runs N more steps of each method under ``torch.profiler`` after the timing and stores
+kernel counts, device and host time per step and the top kernels (CPU: the top aten ops) in the JSON.
 
 Commands (one H100; benchmarks/README.md has the others and what each column means):
 
@@ -25,6 +32,7 @@ CPU smoke run (seconds, no timing claims): ``python benchmarks/step_cost.py --ti
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import copy
 import datetime
@@ -40,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 import warnings
 from pathlib import Path
 
@@ -55,10 +64,12 @@ import gamfunc  # noqa: E402
 from gamfunc.optim import schedules  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # first jvp, from torch._decomp
+warnings.filterwarnings("ignore", message=".*Profiler clears events.*")  # --profile, torch 2.11
 
 BASELINE = "torch_sgd"
 METHODS = (
     "grad_eval",
+    "grad_eval_func",
     "gradient",
     "sam",
     "gnp",
@@ -76,7 +87,6 @@ MODELS = {
     "vit_s32": (1000, 224, 128),
     "tiny": (10, 8, 4),
 }
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -160,6 +170,7 @@ def build_methods(a, names=()) -> dict[str, tuple]:
     sam_gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp, oracle=sam)
     methods = {
         "grad_eval": (None, 1, None, 1.0),
+        "grad_eval_func": (None, 1, None, 1.0),
         "gradient": (gamfunc.gradient(), 1, None, 1.0),
         "sam": (sam, 1, None, 2.0),
         "gnp": (gamfunc.gnp(a.alpha), 1, None, 2.0),
@@ -217,15 +228,27 @@ class TorchSGD:
             g["lr"] = lr
 
 
-class Functional:
-    """A ``gamfunc.make_step`` step on ``gamfunc.nn.functional(model)``'s loss, eager or compiled."""
+def compile_options(mode: str, inductor=None) -> dict:
+    """The inductor options a compile in ``mode`` runs with: the mode's own
+    (``torch._inductor.list_mode_options``), then ``inductor`` (``--inductor``) over them."""
+    base = {} if mode in ("eager", "compile") else torch._inductor.list_mode_options(mode)
+    return {**base, **(inductor or {})}
 
-    def __init__(self, step, params, buffers, batch, mode, every):
+
+class Functional:
+    """A ``gamfunc.make_step`` step on ``gamfunc.nn.functional(model)``'s loss, eager or compiled
+    (``step.compile(fullgraph=True, mode=..., options=inductor)``)."""
+
+    def __init__(self, step, params, buffers, batch, mode, every, inductor=None):
         self.step, self.batch, self.every = step, batch, every
         self.compiled = mode != "eager"
-        self.cuda_graphs = mode in CUDA_GRAPH_MODES
-        options = {} if mode in ("eager", "compile") else {"mode": mode}
-        self.fn = step.compile(fullgraph=True, **options) if self.compiled else step
+        self.cuda_graphs = self.compiled and bool(
+            compile_options(mode, inductor).get("triton.cudagraphs")
+        )
+        kwargs = {"options": dict(inductor)} if inductor else {}
+        if mode not in ("eager", "compile"):
+            kwargs["mode"] = mode
+        self.fn = step.compile(fullgraph=True, **kwargs) if self.compiled else step
         self.params = {k: v.clone() for k, v in params.items()}
         self.state = step.init(self.params, {k: v.clone() for k, v in buffers.items()})
 
@@ -243,17 +266,46 @@ class Functional:
         }
 
 
-class GradEval:
-    """One plain gradient evaluation, ``torch.func.grad`` of the functional loss, without an update:
-    the unit of "× grad evals" (how much a step adds over its gradient evaluations)."""
+def autograd_grad(loss_fn):
+    """``(params, batch, buffers) -> (∇L(θ), new_buffers)`` through ``torch.autograd.grad``: leaf
+    copies of the parameters, one forward under ``torch.enable_grad()``, one backward. The same
+    result as ``torch.func.grad(loss_fn, has_aux=True)``, without functorch's wrapping (eager only:
+    ``torch.compile(fullgraph=True)`` cannot trace ``torch.autograd.grad``)."""
 
-    def __init__(self, loss_fn, params, buffers, batch, mode):
+    def grad(params, batch, buffers):
+        with torch.enable_grad():
+            leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
+            loss, aux = loss_fn(leaves, batch, buffers)
+            grads = torch.autograd.grad(
+                loss, list(leaves.values()), allow_unused=True, materialize_grads=True
+            )
+        return dict(zip(leaves, grads, strict=True)), aux
+
+    return grad
+
+
+class GradEval:
+    """One plain evaluation of ∇L(θ) of the functional loss (BatchNorm buffers as its third
+    argument), without an update. ``impl="autograd"`` (the ``grad_eval`` row, the unit of "× grad
+    evals"): ``torch.autograd.grad`` eager, compiled ``torch.func.grad`` in compiled modes, where
+    ``torch.autograd.grad`` cannot be traced; ``impl="func"`` (``grad_eval_func``):
+    ``torch.func.grad`` in every mode."""
+
+    def __init__(self, loss_fn, params, buffers, batch, mode, impl="autograd", inductor=None):
+        if impl not in ("autograd", "func"):
+            raise ValueError(f"impl must be 'autograd' or 'func'; got {impl!r}")
         self.batch, self.every = batch, 1
         self.compiled = mode != "eager"
-        self.cuda_graphs = mode in CUDA_GRAPH_MODES
-        grad = torch.func.grad(loss_fn, has_aux=True)
-        options = {} if mode in ("eager", "compile") else {"mode": mode}
-        self.fn = torch.compile(grad, fullgraph=True, **options) if self.compiled else grad
+        options = compile_options(mode, inductor)
+        self.cuda_graphs = self.compiled and bool(options.get("triton.cudagraphs"))
+        if self.compiled:
+            grad = torch.func.grad(loss_fn, has_aux=True)
+            self.fn = torch.compile(grad, fullgraph=True, options=options)
+            self.impl = "torch.func.grad"
+        elif impl == "autograd":
+            self.fn, self.impl = autograd_grad(loss_fn), "torch.autograd.grad"
+        else:
+            self.fn, self.impl = torch.func.grad(loss_fn, has_aux=True), "torch.func.grad"
         self.params = {k: v.clone() for k, v in params.items()}
         self.buffers = {k: v.clone() for k, v in buffers.items()}
 
@@ -302,6 +354,116 @@ def time_steps(run, n: int, device) -> float:
     for _ in range(n):
         run()
     return (time.perf_counter() - t) * 1e3 / n
+
+
+TOP = 15  # kernels (CUDA) or aten ops (CPU) kept per profiled method
+NAME_CHARS = 80
+
+
+def _top(table: dict, n_steps: int, time_key: str) -> list[dict]:
+    """``table`` name -> [calls, µs] as the ``TOP`` entries with the most µs, per step."""
+    top = sorted(table.items(), key=lambda kv: -kv[1][1])[:TOP]
+    return [
+        {"name": name[:NAME_CHARS], "calls_per_step": calls / n_steps, time_key: us / n_steps}
+        for name, (calls, us) in top
+    ]
+
+
+def profile_steps(runner, n: int, device) -> dict:
+    """Run ``n`` more steps (rounded up to a multiple of ``every``) under ``torch.profiler.profile``,
+    CPU and CUDA activities on CUDA, and summarise them per step.
+
+    ``host_ms``: wall time of the loop that issues the steps, without waiting for the device, under
+    the profiler (which slows the host); ``host_ms_unprofiled``: the same loop just before, without
+    it. CUDA: ``device_kernels`` and ``device_ms`` (kernel count and summed kernel time),
+    ``device_memops`` and ``device_memops_ms`` (memcpy and memset), ``graph_launches``
+    (``cudaGraphLaunch`` calls) and ``top_kernels``. Kernels replayed from a CUDA graph appear one by
+    one only where CUPTI traces graph nodes; otherwise a replay is a graph launch with no kernels, and
+    ``note`` says so. CPU: ``aten_ops`` (every ``aten::`` call, nested ones too) and ``top_ops`` by
+    self CPU time."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    steps = n if runner.every == 1 else runner.every * math.ceil(n / runner.every)
+    cuda = device.type == "cuda"
+    out = {"steps": steps}
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(steps):
+        runner()
+    out["host_ms_unprofiled"] = (time.perf_counter() - t) * 1e3 / steps
+    sync(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            runner()
+        out["host_ms"] = (time.perf_counter() - t) * 1e3 / steps
+        sync(device)
+    events = prof.events()
+    if cuda:
+        kernels, memops, launches = {}, {}, 0
+        for e in events:
+            if e.device_type == DeviceType.CPU:
+                launches += e.name == "cudaGraphLaunch"
+                continue
+            if e.device_type != DeviceType.CUDA:
+                continue
+            # Device-side annotations span kernels: counting them would count twice.
+            # (torch 2.11 has no activity_type on its events: tell them apart by name.)
+            kind = getattr(e, "activity_type", None) or ""
+            memop = e.name.startswith(("Memcpy", "Memset")) or "memcpy" in kind or "memset" in kind
+            if memop:
+                table = memops
+            elif kind == "kernel" or not (kind or getattr(e, "is_user_annotation", False)):
+                table = kernels
+            else:
+                continue
+            entry = table.setdefault(e.name, [0, 0.0])
+            entry[0] += 1
+            entry[1] += e.time_range.elapsed_us()
+        out["device_kernels"] = sum(c for c, _ in kernels.values()) / steps
+        out["device_ms"] = sum(us for _, us in kernels.values()) / steps / 1e3
+        out["device_memops"] = sum(c for c, _ in memops.values()) / steps
+        out["device_memops_ms"] = sum(us for _, us in memops.values()) / steps / 1e3
+        out["graph_launches"] = launches / steps
+        out["top_kernels"] = _top(kernels, steps, "us_per_step")
+        if launches:
+            out["note"] = (
+                "CUDA graphs: kernels replayed from a graph are counted only where the profiler "
+                "traced them one by one"
+                + ("" if kernels else "; it traced none, so device_* hold no graph work")
+            )
+    else:
+        ops = {}
+        for e in events:
+            if e.device_type == DeviceType.CPU and e.name.startswith("aten::"):
+                entry = ops.setdefault(e.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += e.self_cpu_time_total
+        out["aten_ops"] = sum(c for c, _ in ops.values()) / steps
+        out["top_ops"] = _top(ops, steps, "self_us_per_step")
+    return out
+
+
+def profile_summary(p: dict) -> str:
+    """One line of ``profile_steps``' result."""
+    if "error" in p:
+        return f"profile failed, {p['error'][:200]}"
+    s = f"profile over {p['steps']} steps: host {p['host_ms']:.3f} ms/step"
+    s += f" ({p['host_ms_unprofiled']:.3f} unprofiled)"
+    if "device_kernels" in p:
+        s += f", {p['device_kernels']:.1f} kernels/step, device {p['device_ms']:.3f} ms/step"
+        if p["graph_launches"]:
+            s += f", {p['graph_launches']:.1f} graph launches/step"
+        top = p["top_kernels"]
+    else:
+        s += f", {p['aten_ops']:.1f} aten ops/step"
+        top = p["top_ops"]
+    if top:
+        us = top[0].get("us_per_step", top[0].get("self_us_per_step"))
+        s += f"; top: {top[0]['name'][:60]} {us:.1f} µs/step"
+    return s
 
 
 def dynamo_graphs() -> int:
@@ -406,14 +568,17 @@ def prepare(model_name, dtype, a, device):
 def runner_factory(method, mode, dtype, g, methods, a, device):
     if method == BASELINE:
         return lambda: TorchSGD(g.model, g.batch, a.lr, device, dtype)
-    if method == "grad_eval":
-        return lambda: GradEval(g.loss_fn, g.params, g.buffers, g.batch, mode)
+    if method in ("grad_eval", "grad_eval_func"):
+        impl = "func" if method == "grad_eval_func" else "autograd"
+        return lambda: GradEval(
+            g.loss_fn, g.params, g.buffers, g.batch, mode, impl, a.inductor_options
+        )
     est, every, base, _ = methods[method]
     opt = gamfunc.sgd(lr=a.lr, momentum=0.9)
     step = gamfunc.make_step(
         est, opt, g.loss_fn, every=every, base=base, on_nonfinite=a.on_nonfinite
     )
-    return lambda: Functional(step, g.params, g.buffers, g.batch, mode, every)
+    return lambda: Functional(step, g.params, g.buffers, g.batch, mode, every, a.inductor_options)
 
 
 def run_group(model_name, dtype, a, device, meta, save=None) -> list[dict]:
@@ -450,6 +615,8 @@ def run_group(model_name, dtype, a, device, meta, save=None) -> list[dict]:
         try:
             make = runner_factory(method, mode, dtype, g, methods, a, device)
             runners[(method, mode)] = setup(row, make, a, device, batch_bytes)
+            if hasattr(runners[(method, mode)], "impl"):
+                row["grad_impl"] = runners[(method, mode)].impl
             log(
                 f"{key}: ready"
                 + (f", compile {row['compile_s']:.1f} s" if "compile_s" in row else "")
@@ -490,6 +657,16 @@ def run_group(model_name, dtype, a, device, meta, save=None) -> list[dict]:
             row.update(ms=statistics.median(ms), ms_samples=ms)
             row["img_s"] = row["batch"] / row["ms"] * 1e3
         _ratios(list(rows.values()))
+        if a.profile:  # after all timing, so that the profiler never runs beside a timed step
+            for key in samples:
+                method, mode = key
+                try:
+                    rows[key]["profile"] = profile_steps(runners[key], a.profile, device)
+                except Exception as e:
+                    rows[key]["profile"] = {"error": f"{type(e).__name__}: {str(e).strip()[:300]}"}
+                log(
+                    f"{model_name} {dtype} {method}/{mode}: {profile_summary(rows[key]['profile'])}"
+                )
     return list(rows.values())
 
 
@@ -504,7 +681,10 @@ def release(device):
 def _ratios(rows):
     """× eager torch.optim SGD (images/s), × the plain gradient step of the same mode (ms),
     × floor = ms over (gradient evaluations × the gradient step's ms), and × grad evals = ms over
-    (gradient evaluations × one ``grad_eval``'s ms): what the step adds to its gradient evaluations."""
+    (gradient evaluations × the ``grad_eval`` row's ms in the same mode): what the step adds to its
+    gradient evaluations. ``grad_eval`` is the cheapest plain evaluation of the mode
+    (``torch.autograd.grad`` eager, compiled ``torch.func.grad`` compiled), so ``grad_eval_func``'s
+    × grad evals is ``torch.func.grad`` against it."""
     by = {(r["mode"], r["method"]): r for r in rows if r.get("ms")}
     base = by.get(("eager", BASELINE))
     for r in rows:
@@ -566,6 +746,8 @@ class Precompiler:
         for flag in ("tiny", "no_loop_reorder", "channels_last"):
             if getattr(a, flag):
                 self.common.append(f"--{flag.replace('_', '-')}")
+        for item in a.inductor:  # the same compile, so that the workers fill the right caches
+            self.common += ["--inductor", item]
         if jobs:
             log(
                 f"pre-compiling {len(jobs)} steps, {a.compile_jobs} at a time, {threads} threads "
@@ -691,6 +873,7 @@ def metadata(a, device) -> dict:
         "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
         "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "recompile_limit": a.recompile_limit,
+        "inductor_options": a.inductor_options,
         "model_source": {},
         "args": vars(a),
     }
@@ -698,6 +881,43 @@ def metadata(a, device) -> dict:
 
 
 # -------------------------------------------------------------------------------------------- CLI
+
+
+def inductor_options(items) -> dict:
+    """``--inductor KEY=VALUE`` items as an options dict: VALUE by ``ast.literal_eval`` (``True``,
+    ``8``, ``"x"``, ``(1, 2)``), else the string itself, also where the option is a string. A later
+    item overrides an earlier one with the same KEY. Raises ``ValueError`` naming ``--inductor`` on
+    an item without ``=``, an option inductor does not know, or a value of the wrong type."""
+    from torch._inductor import config
+
+    known = config.get_config_copy()
+    options = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--inductor: expected KEY=VALUE, got {item!r}")
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ValueError(f"--inductor: unknown inductor option {key!r}")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            value = raw
+        kind = config.get_type(name)
+        if kind is str and not isinstance(value, str):
+            value = raw  # a string option whose text also reads as a literal (e.g. "1")
+        if kind is float and type(value) is int:
+            value = float(value)
+        plain = typing.get_origin(kind) is None and isinstance(
+            kind, type
+        )  # as torch.compile checks
+        if plain and not isinstance(value, kind):
+            raise ValueError(
+                f"--inductor: {key} must be {kind.__name__}; got {value!r} ({type(value).__name__})"
+            )
+        options[key] = value
+    return options
 
 
 def parse(argv=None):
@@ -713,7 +933,9 @@ def parse(argv=None):
         "--only",
         type=csv,
         default=list(METHODS),
-        help=f"comma list of {METHODS}, or gam_every<k> / sam_gam_every<k> (k >= 2)",
+        help=f"comma list of {METHODS}, or gam_every<k> / sam_gam_every<k> (k >= 2); grad_eval: "
+        "one plain gradient (torch.autograd.grad eager, compiled torch.func.grad compiled), the unit of "
+        "× grad evals; grad_eval_func: torch.func.grad in every mode",
     )
     p.add_argument("--repeats", type=int, default=None, help="timing rounds (median over them)")
     p.add_argument("--warmup", type=int, default=None, help="steps after the first call")
@@ -742,6 +964,21 @@ def parse(argv=None):
     p.add_argument(
         "--recompile-limit", type=int, default=64, help="torch._dynamo.config.recompile_limit"
     )
+    p.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="inductor option for every compile (repeatable), e.g. combo_kernels=True; VALUE is a "
+        "Python literal, else a string",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timing, N more steps of each method under torch.profiler (JSON: profile)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny model, batch 4, CPU, seconds")
     p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # workers
     p.add_argument("--out", default=None, help="JSON output path")
@@ -769,6 +1006,12 @@ def parse(argv=None):
     for name in ("repeats", "block"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1")
+    if a.profile < 0:
+        p.error("--profile must be >= 0")
+    try:
+        a.inductor_options = inductor_options(a.inductor)
+    except ValueError as e:
+        p.error(str(e))
     return a
 
 
@@ -795,7 +1038,8 @@ def main(argv=None) -> dict:
 
     def save(partial=()):  # after every phase, so that a run cut short keeps what it measured
         if a.out:
-            Path(a.out).write_text(json.dumps({**result, "rows": rows + list(partial)}, indent=1))
+            text = json.dumps({**result, "rows": rows + list(partial)}, indent=1, default=repr)
+            Path(a.out).write_text(text)
 
     for model_name in a.model:
         for dtype in a.dtype:
@@ -804,7 +1048,10 @@ def main(argv=None) -> dict:
             _vs_fp32(rows)
             save()
     if not a.compile_only:
-        print(f"\n{meta['device_name']}, torch {meta['torch']}, {meta['date']}\n")
+        header = f"{meta['device_name']}, torch {meta['torch']}, {meta['date']}"
+        if a.inductor_options:
+            header += "; inductor " + ", ".join(f"{k}={v!r}" for k, v in a.inductor_options.items())
+        print(f"\n{header}\n")
         print(table(rows))
     return result
 

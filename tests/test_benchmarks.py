@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "step_cost.py"
 ESTIMATORS = [
     "grad_eval",
+    "grad_eval_func",
     "gradient",
     "sam",
     "gnp",
@@ -65,6 +66,7 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
     floors = {m for m, r in rows.items() if r.get("x_floor") is not None}
     assert floors == {
         "grad_eval",
+        "grad_eval_func",
         "gradient",
         "sam",
         "gnp",
@@ -73,17 +75,25 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
         "sam_gam",
         "gam_every10",
     }
-    # × grad evals: the same, over one plain gradient evaluation (grad_eval) instead of a step.
+    # × grad evals: the same, over one plain gradient evaluation (the grad_eval row, eager
+    # torch.autograd.grad) instead of a step; grad_eval_func (torch.func.grad) is measured against it.
+    assert rows["grad_eval"]["grad_impl"] == "torch.autograd.grad"
+    assert rows["grad_eval_func"]["grad_impl"] == "torch.func.grad"
     evals = {m for m, r in rows.items() if r.get("x_evals") is not None}
     assert evals == floors - {"grad_eval"}
     for m in evals:
         r = rows[m]
         assert r["x_evals"] == pytest.approx(r["ms"] / (r["grads"] * rows["grad_eval"]["ms"]))
+    assert rows["grad_eval_func"]["x_evals"] == pytest.approx(
+        rows["grad_eval_func"]["ms"] / rows["grad_eval"]["ms"]
+    )
     meta = result["meta"]
     assert meta["torch"] == torch.__version__
     assert meta["device"] == "cpu"
     assert meta["no_loop_reorder"] is False
     assert meta["model_source"] == {"tiny": "benchmarks.step_cost.TinyNet"}
+    assert meta["inductor_options"] == {}
+    assert all("profile" not in r for r in rows.values())  # only with --profile
     assert "| model | dtype | mode | method | ms/step |" in stdout
     for name in rows:
         assert f"| {name} |" in stdout
@@ -154,3 +164,137 @@ def test_tiny_every_k_runs(tmp_path):
     for r in rows.values():
         assert r["error"] is None, r["error"]
         assert r["img_s"] > 0
+
+
+def tiny_model(step_cost):
+    torch.manual_seed(0)
+    loss_fn, params, buffers = step_cost.functional_loss(
+        step_cost.TinyNet(), torch.device("cpu"), "fp32"
+    )
+    gen = torch.Generator().manual_seed(1)
+    batch = (torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 10, (4,), generator=gen))
+    return loss_fn, params, buffers, batch
+
+
+def test_grad_eval_rows_compute_the_gradient_with_the_stated_functions(monkeypatch):
+    """Eager ``grad_eval`` is ``torch.autograd.grad`` and ``grad_eval_func`` ``torch.func.grad``;
+    both give the gradient (and BatchNorm buffers) of ``torch.func.grad``, the reference."""
+    step_cost = load_step_cost()
+    loss_fn, params, buffers, batch = tiny_model(step_cost)
+    want, want_buffers = torch.func.grad(loss_fn, has_aux=True)(params, batch, buffers)
+    calls = []  # torch.func.grad's eager transform also ends in torch.autograd.grad: count both
+    autograd_grad, func_grad = torch.autograd.grad, torch.func.grad
+    monkeypatch.setattr(
+        torch.autograd, "grad", lambda *a, **k: calls.append("autograd") or autograd_grad(*a, **k)
+    )
+    monkeypatch.setattr(
+        torch.func, "grad", lambda *a, **k: calls.append("func") or func_grad(*a, **k)
+    )
+    for impl, want_calls in (("autograd", ["autograd"]), ("func", ["func", "autograd"])):
+        calls.clear()
+        runner = step_cost.GradEval(loss_fn, params, buffers, batch, "eager", impl)
+        runner()
+        assert calls == want_calls, impl
+        assert runner.impl == {"autograd": "torch.autograd.grad", "func": "torch.func.grad"}[impl]
+        got, got_buffers = runner.fn(runner.params, batch, runner.buffers)
+        assert got.keys() == want.keys()
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-7)
+        for k in want_buffers:
+            torch.testing.assert_close(got_buffers[k], want_buffers[k])
+    # Compiled, both rows are torch.func.grad under torch.compile (not called: no compile here).
+    for impl in ("autograd", "func"):
+        runner = step_cost.GradEval(loss_fn, params, buffers, batch, "compile", impl)
+        assert runner.impl == "torch.func.grad" and runner.compiled
+    with pytest.raises(ValueError, match="impl"):
+        step_cost.GradEval(loss_fn, params, buffers, batch, "eager", "vjp")
+
+
+def test_inductor_options_are_parsed_as_literals_and_merged_over_the_mode():
+    step_cost = load_step_cost()
+    a = step_cost.parse(
+        [
+            "--tiny",
+            "--inductor",
+            "combo_kernels=True",
+            "--inductor",
+            "max_autotune_gemm_backends=ATEN,TRITON",
+            "--inductor",
+            "cpp.simdlen=8",
+            "--inductor",
+            "combo_kernels=False",  # the later one wins
+        ]
+    )
+    assert a.inductor_options == {
+        "combo_kernels": False,
+        "max_autotune_gemm_backends": "ATEN,TRITON",
+        "cpp.simdlen": 8,
+    }
+    assert step_cost.parse(["--tiny"]).inductor_options == {}
+    assert step_cost.compile_options("compile", {"combo_kernels": True}) == {"combo_kernels": True}
+    assert step_cost.compile_options("reduce-overhead", {"combo_kernels": True}) == {
+        "triton.cudagraphs": True,
+        "combo_kernels": True,
+    }
+    assert step_cost.compile_options("reduce-overhead", {"triton.cudagraphs": False}) == {
+        "triton.cudagraphs": False
+    }
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("combo_kernels", "expected KEY=VALUE"),
+        ("=True", "expected KEY=VALUE"),
+        ("no_such_option=1", "unknown inductor option 'no_such_option'"),
+        ("combo_kernels=1", "combo_kernels must be bool"),
+    ],
+)
+def test_bad_inductor_options_are_rejected(capsys, item, message):
+    step_cost = load_step_cost()
+    with pytest.raises(SystemExit):
+        step_cost.parse(["--tiny", "--inductor", item])
+    err = capsys.readouterr().err
+    assert "--inductor" in err and message in err
+    with pytest.raises(ValueError, match="--inductor"):
+        step_cost.inductor_options([item])
+
+
+def test_tiny_profile_writes_the_profile_fields(tmp_path):
+    """``--profile 2`` on CPU: per method the profiled steps, host time and the top aten ops by self
+    CPU time, per step. The tiny net has two convolutions, so one gradient evaluation calls
+    ``aten::convolution_backward`` twice; ``gam_every2`` (fd) averages 4 and 1 evaluations."""
+    result, stdout = run(
+        tmp_path,
+        "--only",
+        "grad_eval,grad_eval_func,gam_every2",
+        "--profile",
+        "2",
+        "--inductor",
+        "combo_kernels=True",
+    )
+    meta = result["meta"]
+    assert meta["inductor_options"] == {"combo_kernels": True}
+    assert meta["args"]["profile"] == 2
+    assert "inductor combo_kernels=True" in stdout
+    rows = {r["method"]: r for r in result["rows"]}
+    assert set(rows) == {"torch_sgd", "grad_eval", "grad_eval_func", "gam_every2"}
+    conv_backward = {"torch_sgd": 2.0, "grad_eval": 2.0, "grad_eval_func": 2.0, "gam_every2": 5.0}
+    for name, r in rows.items():
+        assert r["error"] is None, (name, r["error"])
+        p = r["profile"]
+        assert p["steps"] == 2, name
+        for key in ("host_ms", "host_ms_unprofiled", "aten_ops"):
+            assert finite_positive(float(p[key])), (name, key, p[key])
+        assert "top_kernels" not in p and "device_ms" not in p  # CPU: no device
+        top = p["top_ops"]
+        assert 0 < len(top) <= 15
+        times = [op["self_us_per_step"] for op in top]
+        assert times == sorted(times, reverse=True)
+        for op in top:
+            assert op["name"].startswith("aten::") and len(op["name"]) <= 80
+            assert op["calls_per_step"] > 0
+        # Self times of one thread's ops never overlap: they fit in the step's wall time.
+        assert sum(times) <= p["host_ms"] * 1e3
+        calls = {op["name"]: op["calls_per_step"] for op in top}
+        assert calls["aten::convolution_backward"] == conv_backward[name], name
