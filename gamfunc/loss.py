@@ -140,8 +140,17 @@ def _autograd_pass(loss_fn, params: Tree, batch) -> Pass:
             grads = torch.autograd.grad(loss, leaves, allow_unused=True, materialize_grads=True)
         else:  # a loss that does not depend on the parameters (torch.func.grad gives 0 too)
             grads = [torch.zeros_like(v) for v in leaves]
-    aux = pytree.tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, aux)
-    return Pass(dict(zip(keys, grads, strict=True)), loss.detach(), aux)
+    return Pass(dict(zip(keys, grads, strict=True)), loss.detach(), _detached(aux))
+
+
+def _detached(aux):
+    """``aux`` with its tensors detached; a dict of tensors (BatchNorm statistics) or ``()`` without
+    the cost of a pytree walk."""
+    if isinstance(aux, dict) and all(isinstance(v, Tensor) for v in aux.values()):
+        return {k: v.detach() if v.requires_grad else v for k, v in aux.items()}
+    if isinstance(aux, tuple) and not aux:
+        return aux
+    return pytree.tree_map(lambda x: x.detach() if isinstance(x, Tensor) else x, aux)
 
 
 def check_params(params: Any) -> None:
