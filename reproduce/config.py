@@ -124,6 +124,7 @@ class Config:
     threads: int = 0  # torch CPU threads; 0: torch's default
     bf16: bool = False  # bfloat16 autocast inside the loss
     compile: bool = False  # torch.compile the training step
+    channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     # --- logging and evaluation
     logdir: str = "runs"  # TensorBoard logs, checkpoints and summaries go to logdir/name/estimator
     name: str = ""  # run name; empty: the preset's name
@@ -146,7 +147,8 @@ class Config:
 
 
 # Fields that may differ between a checkpoint and the run resuming it: they change where output goes,
-# how much is logged or how fast it runs, never the trajectory (device and compile change rounding only).
+# how much is logged or how fast it runs, never the trajectory (device, compile and
+# channels_last change rounding only).
 RESUME_FREE = frozenset(
     {
         "data",
@@ -156,6 +158,7 @@ RESUME_FREE = frozenset(
         "max_steps",
         "device",
         "compile",
+        "channels_last",
         "logdir",
         "name",
         "log_every",

@@ -19,6 +19,7 @@ A paper setting, an estimator, overrides (``--key=value``; ``--help`` lists ever
 
     python reproduce/train.py --preset=hp1.cifar100.resnet18 --data=~/data/cifar100 --estimator=sam+gam
     python reproduce/train.py --preset=hp2.imagenet.resnet50 --data=/datasets/imagenet --compile --bf16
+    python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels-last
     python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val-fraction=0.1
     python reproduce/train.py --preset=time.cifar10.resnet18.gam10pct --data=~/data/cifar10
     python reproduce/train.py --preset=hp2.imagenet.resnet50 --synthetic --max-steps=20   # smoke test
@@ -258,14 +259,36 @@ def _to(obj, device):
     return obj
 
 
+def _inputs(x: Tensor, device, channels_last: bool = False) -> Tensor:
+    """An input batch on ``device``; with ``channels_last``, a 4-d batch (N, C, H, W) is given the
+    ``torch.channels_last`` layout. Inputs of other ranks (MLP vectors, 1-D signals) are left as they are."""
+    x = x.to(device, non_blocking=True)
+    if channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+def _channels_last(model: nn.Module) -> None:
+    """Give every 4-d parameter and buffer of ``model`` (convolution kernels) the ``torch.channels_last``
+    layout, in place; tensors of other ranks keep theirs. The values are unchanged."""
+    for t in (*model.parameters(), *model.buffers()):
+        if t.dim() == 4:
+            t.data = t.data.contiguous(memory_format=torch.channels_last)
+
+
 def _like(loaded, template, where: str = "state"):
-    """``loaded`` with each tensor on the device of its counterpart in ``template`` (same structure)."""
+    """``loaded`` with each tensor on the device and in the memory layout (strides) of its counterpart
+    in ``template`` (same structure): a checkpoint resumes in the layout of the resuming run, whether
+    or not the run that wrote it used ``channels_last``. The values are copied bit for bit."""
     if isinstance(template, Tensor):
         if not isinstance(loaded, Tensor) or loaded.shape != template.shape:
             raise ckpt.CheckpointError(
                 f"checkpoint {where} does not match the model: shape differs"
             )
-        return loaded.to(template.device)
+        t = loaded.to(template.device)
+        if t.stride() != template.stride():
+            t = torch.empty_like(template, dtype=t.dtype).copy_(t)
+        return t
     if isinstance(template, dict):
         if not isinstance(loaded, dict) or loaded.keys() != template.keys():
             raise ckpt.CheckpointError(f"checkpoint {where} does not match the model: keys differ")
@@ -274,14 +297,24 @@ def _like(loaded, template, where: str = "state"):
 
 
 @torch.no_grad()
-def evaluate(loss_fn, params, buffers, batches: Iterable, device, stop: StopFlag | None = None):
-    """Mean loss and accuracy (%) of the model in eval mode over ``batches``."""
+def evaluate(
+    loss_fn,
+    params,
+    buffers,
+    batches: Iterable,
+    device,
+    stop: StopFlag | None = None,
+    *,
+    channels_last: bool = False,
+):
+    """Mean loss and accuracy (%) of the model in eval mode over ``batches`` (4-d inputs in the
+    ``torch.channels_last`` layout when ``channels_last``)."""
     total, loss_sum = 0, torch.zeros((), dtype=torch.float64, device=device)
     correct_t = torch.zeros((), dtype=torch.int64, device=device)
     for x, y in batches if stop is None else _until_stopped(batches, stop):
         if stop is not None:
             stop.check()
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        x, y = _inputs(x, device, channels_last), y.to(device, non_blocking=True)
         loss, aux = loss_fn(params, (x, y), buffers, train=False)
         loss_sum += loss.double() * len(y)
         correct_t += aux[CORRECT]
@@ -304,7 +337,8 @@ def flatness(
     """
     from gamfunc import metrics
 
-    batch = _to(probe, device)
+    x, y = _to(probe, device)
+    batch = (_inputs(x, device, cfg.channels_last), y)
 
     def loss(p, b):
         return loss_fn(p, b, buffers, train=False)[0]
@@ -380,7 +414,11 @@ class Training(NamedTuple):
 
 def setup(cfg: Config, name: str, data: data_mod.Data, device: torch.device) -> Training:
     """The model of ``cfg`` (fresh, or from ``--weights``), its loss, and ``make_step`` of the estimator
-    ``name`` with the base optimiser and schedule of ``cfg``, initialised on ``device``."""
+    ``name`` with the base optimiser and schedule of ``cfg``, initialised on ``device``.
+
+    With ``cfg.channels_last`` the model's 4-d parameters and buffers take the ``torch.channels_last``
+    layout before they are copied out into ``params`` and ``buffers``; the step keeps that layout.
+    """
     try:
         model = build_model(cfg.model, data.num_classes, data.image_size, seed=cfg.seed)
     except ValueError as e:
@@ -398,6 +436,8 @@ def setup(cfg: Config, name: str, data: data_mod.Data, device: torch.device) -> 
             "--estimator=gam_reverse (reverse-over-reverse, the same GAM) or gam_fd, or drop --bf16"
         )
     model.to(device)
+    if cfg.channels_last:
+        _channels_last(model)
     loss_fn, rank, world = distributed(classification_loss(model, cfg.bf16, device.type))
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
@@ -538,7 +578,7 @@ def run(
             clock = time.perf_counter()
             meter.mark()
             for x, y in _until_stopped(batches, stop):
-                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                x, y = _inputs(x, device, cfg.channels_last), y.to(device, non_blocking=True)
                 params, state, metrics = step(params, state, (x, y))
                 _accumulate(accum, metrics, state, len(y))
                 pos["batch"] += 1
@@ -759,7 +799,7 @@ def _end_of_epoch(
                 continue
             batches = _eval_batches(cfg, ds, split, device)
             record[f"{split}_loss"], record[f"{split}_acc"] = evaluate(
-                loss_fn, params, buffers, batches, device, stop
+                loss_fn, params, buffers, batches, device, stop, channels_last=cfg.channels_last
             )
     if cfg.flatness_every and (epoch + 1) % cfg.flatness_every == 0 and not last:
         stop.check()
@@ -805,7 +845,7 @@ def _final_metrics(cfg, loss_fn, params, state, data, probe, device, writer, ste
         if ds is not None and f"{split}_acc" not in out:
             batches = _eval_batches(cfg, ds, split, device)
             out[f"{split}_loss"], out[f"{split}_acc"] = evaluate(
-                loss_fn, params, buffers, batches, device
+                loss_fn, params, buffers, batches, device, channels_last=cfg.channels_last
             )
     metrics = flatness(cfg, loss_fn, params, buffers, probe, device, writer, step)
     out.update(metrics)

@@ -161,3 +161,15 @@ def test_run_name_follows_the_preset_and_a_dataset_override():
     assert run_name(resolve([])) == "mnist1d"
     assert run_name(resolve(["--dataset=digits"])) == "mnist1d.digits"
     assert run_name(resolve(["--preset=hp1.cifar10.resnet18", "--name=mine"])) == "mine"
+
+
+def test_channels_last_is_an_off_by_default_speed_option():
+    assert resolve([]).channels_last is False
+    assert resolve(["--preset=hp1.cifar10.resnet18"]).channels_last is False
+    assert parse_overrides(["--channels-last"]) == [("channels_last", True)]
+    assert resolve(["--channels_last=false", "--channels_last"]).channels_last is True
+    # it changes rounding, not the trajectory: a checkpoint resumes with it on or off
+    assert "channels_last" in RESUME_FREE
+    saved = dataclasses.asdict(resolve(["--channels_last"]))
+    assert differences(saved, resolve([])) == {}
+    assert "channels_last" in train._help()

@@ -3,6 +3,7 @@ atomic checkpoints, and the refusals that keep a run from being lost or mixed up
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -365,3 +366,167 @@ def test_resume_is_bit_exact_with_augmented_folder_data_and_any_worker_count(tmp
     for (ka, ta), (kb, tb) in zip(_tensors(a["state"]), _tensors(b["state"]), strict=True):
         assert ka == kb and torch.equal(ta, tb), ka
     assert a["history"] == b["history"]
+
+
+# ---------------------------------------------------------------- --channels_last
+
+CHANNELS_LAST = torch.channels_last
+# ResNet-32 on 8×8 synthetic images, 16 examples in batches of 8: 2 steps an epoch.
+SMALL_CONV = [
+    "--preset=noise.cifar10.resnet32.p0",
+    "--synthetic",
+    "--synthetic_size=16",
+    "--image_size=8",
+    "--batch_size=8",
+    "--eval_batch_size=8",
+    "--lr=0.01",
+    *NO_FLATNESS,
+]
+
+
+def _spy_inputs(monkeypatch) -> list[tuple[bool, int, bool]]:
+    """Record ``(train, input rank, channels-last)`` of every loss evaluation of the runs that follow."""
+    seen: list[tuple[bool, int, bool]] = []
+    make = train.classification_loss
+
+    def spy(model, *args, **kwargs):
+        inner = make(model, *args, **kwargs)
+
+        def loss_fn(params, batch, buffers, *, train: bool = True):
+            x = batch[0]
+            seen.append(
+                (train, x.dim(), x.dim() == 4 and x.is_contiguous(memory_format=CHANNELS_LAST))
+            )
+            return inner(params, batch, buffers, train=train)
+
+        return loss_fn
+
+    monkeypatch.setattr(train, "classification_loss", spy)
+    return seen
+
+
+def _is_channels_last(t: torch.Tensor) -> bool:
+    return t.is_contiguous(memory_format=CHANNELS_LAST)
+
+
+@pytest.fixture
+def float64():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
+@pytest.mark.parametrize("estimator", ["gam", "gam_fd"])
+def test_channels_last_trains_like_the_default_layout_and_keeps_it(
+    tmp_path, monkeypatch, float64, estimator
+):
+    """4 steps (2 epochs) of exact and finite-difference GAM with --channels_last equal those of the
+    default layout to float64 rounding, inputs of training, evaluation and the flatness metrics reach
+    the loss in the channels-last layout, and the 4-d parameters and momentum buffers stay channels-last.
+
+    Run in float64 (the default dtype while the test runs): the layout changes only the order of the
+    convolutions' sums, so the runs differ by rounding, ~1e-16 relative per operation, measured at most
+    ~5e-14 relative in the parameters after 4 steps (gam_fd divides a gradient difference by r = 1e-3);
+    rtol 1e-10 leaves room and still fails at any float32 rounding. In float32 the same comparison is
+    not tight: the ~1e5 ReLU inputs of these steps include some within float32 rounding of zero, and
+    a sum taken in another order flips them, changing a gradient by up to ~1e-2 (measured); float64
+    makes such a flip improbable.
+    """
+    flatness = ["--eig_iters=3", "--trace_samples=2", "--r1_steps=1"]  # the probe batch too
+    args = [*SMALL_CONV, f"--estimator={estimator}", "--epochs=2", *flatness]
+    seen = _spy_inputs(monkeypatch)
+    assert main(tmp_path / "nchw", *args) == 0
+    default_inputs, seen[:] = list(seen), []
+    assert main(tmp_path / "nhwc", *args, "--channels_last") == 0
+    name = "noise.cifar10.resnet32.p0"
+    a = ckpt.load(run_dir(tmp_path / "nchw", name, estimator) / "checkpoint.pt")
+    b = ckpt.load(run_dir(tmp_path / "nhwc", name, estimator) / "checkpoint.pt")
+
+    assert {t for t, *_ in seen} == {True, False}  # training steps and evaluations
+    assert all(rank == 4 and cl for _, rank, cl in seen)
+    assert not any(cl for *_, cl in default_inputs)
+    kernels = [k for k, p in b["params"].items() if p.dim() == 4]
+    assert len(kernels) == 31 and b["params"]["conv1.weight"].dtype == torch.float64
+    assert all(_is_channels_last(b["params"][k]) for k in kernels)
+    assert not any(
+        _is_channels_last(a["params"][k]) for k in kernels
+    )  # 3×3 kernels: distinguishable
+    momentum = [(k, t) for k, t in _tensors(b["state"]["opt"]) if t.dim() == 4]
+    assert len(momentum) == len(kernels) and all(_is_channels_last(t) for _, t in momentum)
+
+    assert a["position"]["global_step"] == b["position"]["global_step"] == 4
+    for (ka, ta), (kb, tb) in zip(_tensors(a["params"]), _tensors(b["params"]), strict=True):
+        assert ka == kb
+        torch.testing.assert_close(tb, ta, rtol=1e-10, atol=1e-12, msg=ka)
+    for (ka, ta), (kb, tb) in zip(_tensors(a["state"]), _tensors(b["state"]), strict=True):
+        assert ka == kb
+        torch.testing.assert_close(tb, ta, rtol=1e-10, atol=1e-12, msg=ka)
+    for ra, rb in zip(a["history"], b["history"], strict=True):
+        assert ra.keys() == rb.keys() and ra["test_acc"] == rb["test_acc"]
+        for k in ("train_loss", "test_loss"):
+            assert rb[k] == pytest.approx(ra[k], rel=1e-10), k
+    sa, sb = (
+        summary(tmp_path / "nchw", name, estimator),
+        summary(tmp_path / "nhwc", name, estimator),
+    )
+    for k in ("train_eval_loss", "lambda_max", "trace", "r1"):
+        assert sb["final"][k] == pytest.approx(sa["final"][k], rel=1e-10), k
+    assert sb["config"]["channels_last"] and not sa["config"]["channels_last"]
+
+
+def test_a_channels_last_checkpoint_resumes_in_either_layout_and_loads_as_weights(tmp_path):
+    """float32, as trained: a channels-last checkpoint holds channels-last kernels; resumed with
+    --channels_last it ends bit for bit where an uninterrupted channels-last run ends; resumed without
+    it (a speed option: allowed) it continues in the default layout; --weights loads it."""
+    name = "noise.cifar10.resnet32.p0"
+    args = [*SMALL_CONV, "--estimator=gam_fd", "--epochs=2", "--channels_last"]
+    assert main(tmp_path / "a", *args) == 0
+    assert main(tmp_path / "b", *args, "--max-steps=3") == 0
+    path = run_dir(tmp_path / "b", name, "gam_fd") / "checkpoint.pt"
+    half = ckpt.load(path)
+    kernels = [k for k, p in half["params"].items() if p.dim() == 4]
+    assert half["params"]["conv1.weight"].dtype == torch.float32
+    assert kernels and all(_is_channels_last(half["params"][k]) for k in kernels)
+    shutil.copytree(tmp_path / "b", tmp_path / "nchw")  # the same checkpoint, resumed below without
+
+    assert main(tmp_path / "b", *args, "--resume") == 0
+    end_a = ckpt.load(run_dir(tmp_path / "a", name, "gam_fd") / "checkpoint.pt")
+    end_b = ckpt.load(path)
+    assert end_b["position"]["global_step"] == 4
+    for (ka, ta), (kb, tb) in zip(
+        _tensors(end_a["params"]), _tensors(end_b["params"]), strict=True
+    ):
+        assert ka == kb and torch.equal(ta, tb), ka
+    for (ka, ta), (kb, tb) in zip(_tensors(end_a["state"]), _tensors(end_b["state"]), strict=True):
+        assert ka == kb and torch.equal(ta, tb), ka
+
+    plain = [a for a in args if a != "--channels_last"]
+    assert main(tmp_path / "nchw", *plain, "--resume") == 0
+    end_c = ckpt.load(run_dir(tmp_path / "nchw", name, "gam_fd") / "checkpoint.pt")
+    assert end_c["position"]["global_step"] == 4
+    assert not any(_is_channels_last(end_c["params"][k]) for k in kernels)
+
+    weights = [*plain, "--lr=0", "--max-steps=1", f"--weights={path}"]
+    assert main(tmp_path / "w", *weights) == 0
+    loaded = ckpt.load(run_dir(tmp_path / "w", name, "gam_fd") / "checkpoint.pt")["params"]
+    assert all(torch.equal(loaded[k], v) for k, v in end_b["params"].items())
+
+
+@pytest.mark.parametrize("model", ["mlp", "cnn1d"])
+def test_channels_last_leaves_vector_and_1d_models_alone(tmp_path, monkeypatch, model):
+    """Inputs of rank 2 (vectors) and 3-d kernels (1-D convolutions) have no channels-last layout:
+    --channels_last changes nothing, not a bit."""
+    args = ["--preset=digits", f"--model={model}", "--estimator=gam_fd", "--max-steps=2"]
+    seen = _spy_inputs(monkeypatch)
+    assert main(tmp_path / "a", *args, *NO_FLATNESS) == 0
+    assert main(tmp_path / "b", *args, *NO_FLATNESS, "--channels_last") == 0
+    assert seen and all(rank == 2 and not cl for _, rank, cl in seen)
+    a = ckpt.load(run_dir(tmp_path / "a", "digits", "gam_fd") / "checkpoint.pt")
+    b = ckpt.load(run_dir(tmp_path / "b", "digits", "gam_fd") / "checkpoint.pt")
+    for (ka, ta), (kb, tb) in zip(_tensors(a["params"]), _tensors(b["params"]), strict=True):
+        assert ka == kb and torch.equal(ta, tb) and ta.stride() == tb.stride(), ka
+    assert (
+        summary(tmp_path / "a", "digits", "gam_fd")["final"]
+        == summary(tmp_path / "b", "digits", "gam_fd")["final"]
+    )
