@@ -127,11 +127,11 @@ def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-1
     """
     # A backend asks for v(g) at g = ∇L(θ) and returns the pass at θ (the contract above), so the ‖g‖
     # computed for v is the returned pass's; no identity test (dynamo cannot trace one on dicts).
+    known = clean.grad_norm if clean is not None else ()
     norms: list[torch.Tensor] = []
 
     def unit(g: Tree) -> Tree:
-        known = clean is not None and isinstance(clean.grad_norm, torch.Tensor)
-        norms.append(clean.grad_norm if known else tree.norm(g))
+        norms.append(known if isinstance(known, torch.Tensor) else tree.norm(g))
         return tree.scale(g, 1.0 / (norms[-1] + eps))
 
     f, out = hvp(loss_fn, params, batch, unit, clean=clean)

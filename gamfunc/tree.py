@@ -28,6 +28,7 @@ __all__ = [
     "map",
     "norm",
     "normalize",
+    "scalar_like",
     "scale",
     "sub",
     "vdot",
@@ -83,7 +84,7 @@ def scale(a: Tree, s: Scalar) -> Tree:
     if _vmapped(a, s):
         return {k: v * s for k, v in a.items()}
     values = list(a.values())
-    return _pack(a.keys(), torch._foreach_mul(values, _scalar_like(s, values)))
+    return _pack(a.keys(), torch._foreach_mul(values, scalar_like(s, values)))
 
 
 def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
@@ -94,7 +95,7 @@ def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
         return {k: s * v + y[k] for k, v in x.items()}
     if isinstance(s, Tensor):
         xs = list(x.values())
-        return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(xs, _scalar_like(s, xs))))
+        return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(xs, scalar_like(s, xs))))
     return _pack(x.keys(), torch._foreach_add(ys, list(x.values()), alpha=s))
 
 
@@ -145,8 +146,8 @@ def _vmapped(a: Tree, s=None) -> bool:
     return any(torch._C._functorch.is_batchedtensor(t) for t in leaves)
 
 
-def _scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
-    """A 0-d tensor ``s`` cast once to the leaves' dtype, where they share float32 or float64: the
+def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
+    """The factor ``s`` for a ``torch._foreach_*`` product with ``leaves``: a 0-d tensor ``s`` cast once to the leaves' dtype, where they share float32 or float64: the
     product is the same (those kernels compute in the leaves' dtype, so type promotion casts a 0-d
     factor to it anyway), without a cast per leaf. Half-precision kernels compute in float32 with the
     factor unrounded, so there ``s`` is left as it is."""

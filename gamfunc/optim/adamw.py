@@ -64,14 +64,14 @@ def adamw(
         p = [params[k] for k in keys]
         d = [direction[k] for k in keys]
         if weight_decay != 0:
-            p = torch._foreach_mul(p, _factor(1 - eta * weight_decay, p))
+            p = torch._foreach_mul(p, tree.scalar_like(1 - eta * weight_decay, p))
         m = torch._foreach_lerp([state["exp_avg"][k] for k in keys], d, 1 - beta1)
         v = [state["exp_avg_sq"][k] for k in keys]
-        v = torch._foreach_addcmul(torch._foreach_mul(v, _factor(beta2, v)), d, d, value=1 - beta2)
+        v = torch._foreach_addcmul(torch._foreach_mul(v, beta2), d, d, value=1 - beta2)
         denom = torch._foreach_sqrt(v)
-        denom = torch._foreach_div(denom, _factor(torch.sqrt(1 - beta2**t), denom))
+        denom = torch._foreach_div(denom, tree.scalar_like(torch.sqrt(1 - beta2**t), denom))
         r = torch._foreach_div(m, torch._foreach_add(denom, eps))
-        p = torch._foreach_sub(p, torch._foreach_mul(r, _factor(eta / (1 - beta1**t), r)))
+        p = torch._foreach_sub(p, torch._foreach_mul(r, tree.scalar_like(eta / (1 - beta1**t), r)))
         new_state = dict(state) | {
             "step": step,
             "lr": eta,
@@ -81,17 +81,3 @@ def adamw(
         return dict(zip(keys, p, strict=True)), new_state
 
     return Optimizer(init, update)
-
-
-def _factor(s, leaves):
-    """``s``, a Python number or a 0-d tensor, as a 0-d tensor of the leaves' dtype where they all share
-    float32 or float64, else ``s`` as it is. The products are the same (the kernels cast such a factor
-    to the leaves' dtype anyway), without a cast or a wrapped scalar per leaf in the CPU kernels, and a
-    0-d float32 leaf is not promoted to float64. bfloat16 and float16 leaves keep ``s``: their CPU
-    kernels read it at float32 precision, so casting it first would change the product."""
-    dtype = leaves[0].dtype if leaves else None
-    if dtype not in (torch.float32, torch.float64) or any(x.dtype != dtype for x in leaves):
-        return s
-    if isinstance(s, torch.Tensor):
-        return s.to(dtype)
-    return torch.full((), s, dtype=dtype, device=leaves[0].device)

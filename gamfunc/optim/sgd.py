@@ -71,12 +71,8 @@ def sgd(
             # b ← d on the first step, without a Python branch on the step count: the factors of b and d
             # are (0, 1) at step 0 and (μ, 1 − τ) after, from a 0/1 tensor (exact in float64).
             later = (state["step"] != 0).to(torch.float64)
-            keep = later * momentum
-            if dampening == 0:
-                buf = tree.add(tree.scale(state["momentum_buffer"], keep), d)
-            else:
-                take = torch.rsub(later, 1.0, alpha=dampening)  # 1 − τ·later
-                buf = tree.add(tree.scale(state["momentum_buffer"], keep), tree.scale(d, take))
+            taken = d if dampening == 0 else tree.scale(d, torch.rsub(later, 1.0, alpha=dampening))
+            buf = tree.add(tree.scale(state["momentum_buffer"], later * momentum), taken)
             d = tree.axpy(momentum, buf, d) if nesterov else buf
             new_state["momentum_buffer"] = buf
         new_params = tree.sub(params, tree.scale(d, eta))
