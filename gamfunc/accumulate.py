@@ -164,9 +164,9 @@ class Accumulated(Objective):
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
         """Σ_i (n_i/N)·H_i·v with ``backend`` per micro-batch; v(g) is taken at the accumulated g."""
         parts, total = self.parts(batch)
-        if callable(v) and clean is None and len(parts) == 1:
+        if not isinstance(v, dict) and clean is None and len(parts) == 1:
             return self._hvp_whole_batch(backend, params, batch, v, total)
-        if callable(v):
+        if not isinstance(v, dict):
             if clean is None:
                 clean = self.gradient_pass(params, batch)
             v = v(clean.grad)

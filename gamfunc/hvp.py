@@ -5,7 +5,8 @@ Every backend is a function::
     hvp(loss_fn, params, batch, v, *, clean=None) -> (Hv, clean)
 
 where ``v`` is a dict shaped like ``params``, or a callable ``v(g)`` of the gradient g = ∇L(θ) (so that
-g and H·v(g) come from one pass where the backend allows it), and ``clean`` is the
+g and H·v(g) come from one pass where the backend allows it; told apart by ``isinstance(v, dict)``, as
+dynamo on torch 2.11 cannot trace ``callable`` of a dict), and ``clean`` is the
 :class:`~gamfunc.loss.Pass` at θ (gradient, loss, aux). A ``clean`` handed in is reused, never
 recomputed, where the backend can; the one returned is always the pass at θ.
 
@@ -63,7 +64,7 @@ def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None)
     """H·v by forward-over-reverse: ``torch.func.jvp(torch.func.grad(L), (θ,), (v,))``."""
     if isinstance(loss_fn, Objective):
         return loss_fn.hvp(exact, params, batch, v, clean)
-    if callable(v):
+    if not isinstance(v, dict):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
         v = v(clean.grad)
@@ -81,7 +82,7 @@ def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = Non
     del clean  # the vjp's forward pass yields ∇L(θ) anyway
     with math_attention():
         g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
-        if callable(v):
+        if not isinstance(v, dict):
             v = v(g)
         (hv,) = vjp_fn(v)
     return hv, Pass(g, loss, aux)
@@ -96,7 +97,7 @@ def fd(radius: float):
         # An Objective needs no special case: the two gradients below go through gradient_pass.
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        if callable(v):
+        if not isinstance(v, dict):
             v = v(clean.grad)
         g_r = gradient_pass(loss_fn, tree.axpy(radius, v, params), batch).grad
         return tree.scale(tree.sub(g_r, clean.grad), 1.0 / radius), clean

@@ -176,9 +176,9 @@ class LossScaled(Objective):
         return self._unscale_pass(gradient_pass(self._scaled, params, batch))
 
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
-        if callable(v) and clean is not None:
+        if not isinstance(v, dict) and clean is not None:
             v = v(clean.grad)
-        v_scaled = (lambda sg: v(self._unscale(sg))) if callable(v) else v
+        v_scaled = (lambda sg: v(self._unscale(sg))) if not isinstance(v, dict) else v
         shv, sclean = backend(self._scaled, params, batch, v_scaled)
         return self._unscale(shv), clean if clean is not None else self._unscale_pass(sclean)
 
