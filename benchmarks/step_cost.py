@@ -228,16 +228,28 @@ class TorchSGD:
             g["lr"] = lr
 
 
+def split_mode(mode: str) -> tuple[str, str]:
+    """``(scope, torch.compile mode)`` of a ``--modes`` entry: "pass" and "pass-<mode>" are
+    ``step.compile(scope="pass")`` (:mod:`gamfunc.regional`: each gradient or H·v pass compiled, the
+    step around them eager), anything else the whole step (``scope="step"``)."""
+    if mode == "pass":
+        return "pass", "compile"
+    if mode.startswith("pass-"):
+        return "pass", mode.removeprefix("pass-")
+    return "step", mode
+
+
 def compile_options(mode: str, inductor=None) -> dict:
     """The inductor options a compile in ``mode`` runs with: the mode's own
     (``torch._inductor.list_mode_options``), then ``inductor`` (``--inductor``) over them."""
+    mode = split_mode(mode)[1]
     base = {} if mode in ("eager", "compile") else torch._inductor.list_mode_options(mode)
     return {**base, **(inductor or {})}
 
 
 class Functional:
     """A ``gamfunc.make_step`` step on ``gamfunc.nn.functional(model)``'s loss, eager or compiled
-    (``step.compile(fullgraph=True, mode=..., options=inductor)``)."""
+    (``step.compile(fullgraph=True, mode=..., scope=..., options=inductor)``, see :func:`split_mode`)."""
 
     def __init__(self, step, params, buffers, batch, mode, every, inductor=None):
         self.step, self.batch, self.every = step, batch, every
@@ -246,9 +258,10 @@ class Functional:
             compile_options(mode, inductor).get("triton.cudagraphs")
         )
         kwargs = {"options": dict(inductor)} if inductor else {}
-        if mode not in ("eager", "compile"):
-            kwargs["mode"] = mode
-        self.fn = step.compile(fullgraph=True, **kwargs) if self.compiled else step
+        scope, base = split_mode(mode)
+        if base not in ("eager", "compile"):
+            kwargs["mode"] = base
+        self.fn = step.compile(fullgraph=True, scope=scope, **kwargs) if self.compiled else step
         self.params = {k: v.clone() for k, v in params.items()}
         self.state = step.init(self.params, {k: v.clone() for k, v in buffers.items()})
 
@@ -928,7 +941,12 @@ def parse(argv=None):
         return [v for v in s.split(",") if v]
 
     p.add_argument("--model", type=csv, default=None, help=f"comma list of {sorted(MODELS)}")
-    p.add_argument("--modes", type=csv, default=None, help="eager,compile,reduce-overhead,...")
+    p.add_argument(
+        "--modes",
+        type=csv,
+        default=None,
+        help='eager,compile,reduce-overhead,...; pass, pass-reduce-overhead: step.compile(scope="pass")',
+    )
     p.add_argument("--dtype", type=csv, default=["fp32"], help="fp32,bf16")
     p.add_argument(
         "--only",

@@ -12,6 +12,7 @@ from gamfunc import (
     metrics,
     nn,
     precision,
+    regional,
     torch_optim,
     tree,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "metrics",
     "nn",
     "precision",
+    "regional",
     "sam",
     "schedules",
     "sgd",

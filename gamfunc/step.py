@@ -34,7 +34,7 @@ from gamfunc.loss import Objective, check_params
 from gamfunc.optim import Optimizer, sgd
 from gamfunc.optim.schedules import value
 
-__all__ = ["NONFINITE", "Step", "bind", "gam_step", "make_step"]
+__all__ = ["NONFINITE", "SCOPES", "Step", "bind", "compile_with", "gam_step", "make_step"]
 
 NONFINITE = ("skip", "raise", "ignore")
 
@@ -84,9 +84,16 @@ class Step:
         new_params, new_state, metrics = branch(params, state, batch)
         return new_params, {**new_state, "cycle": cycle + 1}, metrics
 
-    def compile(self, *, fullgraph: bool = True, mode: str | None = None, **kwargs):
-        """This step with each branch under ``torch.compile``: two graphs at most, however often
-        ``every`` switches between them, and no recompilation as lr, ρ or the step count change.
+    def compile(
+        self, *, fullgraph: bool = True, mode: str | None = None, scope: str = "step", **kwargs
+    ):
+        """This step under ``torch.compile``: no recompilation as lr, ρ or the step count change.
+
+        ``scope="step"`` (default) compiles each branch whole: two graphs at most, however often
+        ``every`` switches between them. ``scope="pass"`` compiles each differentiation pass instead
+        and runs the step around the passes eagerly (:func:`gamfunc.regional.compile_passes`): one
+        graph for every estimator built on gradients (two for exact GAM), so a cold compile takes
+        about one gradient pass's, at some cost per step.
 
         ``mode`` ("reduce-overhead" for CUDA graphs, "max-autotune", ...) and ``kwargs``
         (``backend``, ``options``, ``dynamic``) are ``torch.compile``'s.
@@ -99,36 +106,56 @@ class Step:
             ``options={"loop_ordering_after_fusion": False}``, which applies to these graphs only.
             ``torch.compile(step)`` called directly gets no such option.
         """
-        kwargs.setdefault("backend", "inductor")
-        if kwargs["backend"] == "inductor":
-            options = dict(kwargs.pop("options", None) or {})
-            if mode is not None:
-                options = {**torch._inductor.list_mode_options(mode), **options}
-            options.update(INDUCTOR_WORKAROUNDS)
-            kwargs["options"] = options
-        elif mode is not None:
-            kwargs["mode"] = mode
-        compiled = tuple(
-            torch.compile(fn, fullgraph=fullgraph, **kwargs) for fn in (self.full, self.plain)
-        )
-        if kwargs.get("options", {}).get("triton.cudagraphs") or mode in ("reduce-overhead",):
-            compiled = tuple(_cudagraph_safe(fn) for fn in compiled)
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
         args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
+        if scope == "pass":
+            from gamfunc.regional import compile_passes
+
+            loss_fn = compile_passes(self.loss_fn, fullgraph=fullgraph, mode=mode, **kwargs)
+            return _new_step(*args[:2], loss_fn, *args[3:], self.on_nonfinite)
+        compile_fn = compile_with(fullgraph, mode, kwargs)
+        compiled = tuple(compile_fn(fn) for fn in (self.full, self.plain))
         return _new_step(*args, self.on_nonfinite, branches=compiled)
 
 
+SCOPES = ("step", "pass")
+
+
+def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[Callable], Callable]:
+    """``fn -> torch.compile(fn, fullgraph=fullgraph, mode/options..., **kwargs)``, inductor's options
+    with :data:`INDUCTOR_WORKAROUNDS`, and each CUDA-graph result copied out (:func:`_cudagraph_safe`)."""
+    kwargs = dict(kwargs)
+    kwargs.setdefault("backend", "inductor")
+    if kwargs["backend"] == "inductor":
+        options = dict(kwargs.pop("options", None) or {})
+        if mode is not None:
+            options = {**torch._inductor.list_mode_options(mode), **options}
+        options.update(INDUCTOR_WORKAROUNDS)
+        kwargs["options"] = options
+    elif mode is not None:
+        kwargs["mode"] = mode
+    graphs = bool(kwargs.get("options", {}).get("triton.cudagraphs")) or mode == "reduce-overhead"
+
+    def compile_fn(fn):
+        compiled = torch.compile(fn, fullgraph=fullgraph, **kwargs)
+        return _cudagraph_safe(compiled) if graphs else compiled
+
+    return compile_fn
+
+
 def _cudagraph_safe(fn):
-    """A CUDA-graph step whose results outlive the next replay.
+    """A CUDA-graph step (or pass) whose results outlive the next replay.
 
     CUDA-graph trees reuse one memory pool: the outputs of a replay are overwritten by later replays.
-    A functional loop keeps its params and state from step to step (and a second branch or another
-    step may replay in between), so each result is copied out of the pool, with one ``_foreach``
+    A functional loop keeps its params and state from step to step (and a second branch, another
+    step or another pass may replay in between), so each result is copied out of the pool, with one ``_foreach``
     kernel per dtype, which costs a read and a write of the state per step.
     """
 
-    def call(params, state, batch):
+    def call(*args):
         torch.compiler.cudagraph_mark_step_begin()
-        leaves, spec = torch.utils._pytree.tree_flatten(fn(params, state, batch))
+        leaves, spec = torch.utils._pytree.tree_flatten(fn(*args))
         groups: dict[tuple, list[int]] = {}  # a foreach kernel needs one dtype and one device
         for i, t in enumerate(leaves):
             if isinstance(t, Tensor) and t.is_cuda:

@@ -1,0 +1,155 @@
+"""Regional compilation: each differentiation pass under ``torch.compile``, the step around it eager.
+
+``torch.compile(step, fullgraph=True)`` traces and lowers a whole step as one graph: for
+finite-difference GAM that is four forward-backward passes of the network (paper Appendix D), for exact
+GAM two gradients and two Hessian-vector products, and the compile takes several times a gradient
+step's. Yet the passes are the same function at different points θ, θ + r·v, θ_adv, ... .
+:func:`compile_passes` compiles that function once and calls it for every pass, so a step compiles in
+about the time of one gradient pass (two kinds of pass for exact GAM: ∇L and H·v), whatever the
+estimator; the tree math between passes and the optimiser update run eagerly, as ``torch._foreach``
+kernels. :meth:`gamfunc.Step.compile` with ``scope="pass"`` builds such a step.
+
+The price: no graph spans the whole step, so inductor cannot fuse the update into the last pass's
+kernels, and with CUDA graphs each pass is a graph replay of its own (its inputs copied into the
+graph's memory, its outputs copied out of it) with eager kernels in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from gamfunc.loss import Objective, Pass, gradient_pass
+from gamfunc.step import _fresh, bind, compile_with
+from gamfunc.tree import Tree
+
+__all__ = ["CompiledPasses", "compile_passes"]
+
+
+@dataclass(frozen=True, eq=False)
+class CompiledPasses(Objective):
+    """``loss_fn`` whose gradient passes and exact Hessian-vector products run compiled.
+
+    Built by :func:`compile_passes`. Outside a step it is ``loss_fn`` itself; inside one
+    (:meth:`bind`) it carries the step state that the loss reads (BatchNorm buffers, an fp16 loss scale),
+    which enters the compiled passes as an input, so a new state never recompiles them.
+
+    Attributes:
+        loss_fn: the loss: plain, buffered (``loss_fn(params, batch, buffers)``) or an Objective.
+        compiled: the compiled passes, shared by every state this objective is bound to.
+        state: the step state without the optimiser's (``None`` outside a step).
+    """
+
+    loss_fn: Callable
+    compiled: _Passes = field(repr=False)
+    state: dict | None = None
+
+    def __call__(self, params: Tree, batch, *args, **kwargs):
+        return self._bound()(params, batch, *args, **kwargs)
+
+    def _bound(self):
+        return self.loss_fn if self.state is None else bind(self.loss_fn, self.state)
+
+    def gradient_pass(self, params: Tree, batch) -> Pass:
+        """∇L(θ), L(θ) and aux from the compiled pass (plain ``gradient_pass`` inside a transform or
+        a compiled region, where a nested compile cannot run)."""
+        if _traced():
+            return gradient_pass(self._bound(), params, batch)
+        return Pass(*self.compiled.grad(self.state, params, batch))
+
+    def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
+        """H·v from the compiled ``backend`` pass, with v(g) taken eagerly at g = ∇L(θ).
+
+        Warning:
+            For ``reverse`` and a v that depends on g this costs one gradient pass more than
+            :func:`gamfunc.hvp.reverse` uncompiled, which takes g from the very vjp that gives H·v:
+            a compiled pass cannot call back into the eager v(g).
+        """
+        if _traced():
+            return backend(self._bound(), params, batch, v, clean=clean)
+        if not isinstance(v, dict):
+            if clean is None:
+                clean = self.gradient_pass(params, batch)
+            v = v(clean.grad)
+        hv, *out = self.compiled.hvp(backend)(self.state, params, batch, v)
+        return hv, clean if clean is not None else Pass(*out)
+
+    # Step state (gamfunc.step): bound here, read inside the compiled passes.
+    def bind(self, state) -> CompiledPasses:
+        return replace(self, state={k: v for k, v in state.items() if k != "opt"})
+
+    def init_state(self, params: Tree) -> dict:
+        init_state = getattr(self.loss_fn, "init_state", None)
+        return {} if init_state is None else init_state(params)
+
+    def next_state(self, state, finite) -> tuple[dict, dict]:
+        next_state = getattr(self.loss_fn, "next_state", None)
+        return ({}, {}) if next_state is None else next_state(state, finite)
+
+
+def _traced() -> bool:
+    return torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None
+
+
+class _Passes:
+    """The compiled functions of one :class:`CompiledPasses`: the gradient pass and, made on first
+    use, one H·v pass per backend. Each has a code object of its own, hence a cache of its own."""
+
+    def __init__(self, loss_fn: Callable, compile_fn: Callable[[Callable], Callable]):
+        self.loss_fn, self.compile_fn = loss_fn, compile_fn
+        self.grad = compile_fn(_fresh_pass(loss_fn, None))
+        self._hvp: dict[Any, Callable] = {}
+
+    def hvp(self, backend) -> Callable:
+        if backend not in self._hvp:
+            self._hvp[backend] = self.compile_fn(_fresh_pass(self.loss_fn, backend))
+        return self._hvp[backend]
+
+
+def _fresh_pass(loss_fn: Callable, backend) -> Callable:
+    if backend is None:
+
+        def grad_pass(state, params, batch):
+            bound = loss_fn if state is None else bind(loss_fn, state)
+            return tuple(gradient_pass(bound, params, batch))[:3]
+
+        return _fresh(grad_pass)
+
+    def hvp_pass(state, params, batch, v):
+        bound = loss_fn if state is None else bind(loss_fn, state)
+        hv, p = backend(bound, params, batch, v)
+        return (hv, *tuple(p)[:3])
+
+    return _fresh(hvp_pass)
+
+
+def compile_passes(loss_fn: Callable, *, fullgraph: bool = True, mode=None, **kwargs):
+    """``loss_fn`` as an Objective whose passes run under ``torch.compile``: regional compilation.
+
+    Every ∇L an estimator forms goes through one compiled gradient pass (its graph: one forward and
+    one backward pass of the model), and every exact or reverse H·v through one compiled H·v pass per
+    backend; finite differences are gradient passes. So finite-difference GAM, accelerated GAM, SAM
+    and GNP compile one graph, exact GAM two, whatever the number of passes per step. Hand it to
+    :func:`gamfunc.make_step` in place of ``loss_fn``, or use ``step.compile(scope="pass")``.
+
+    Args:
+        loss_fn: any gamfunc loss: plain, buffered, or an Objective (:func:`gamfunc.accumulate`,
+            :func:`gamfunc.precision.fp16`), whose passes are then compiled whole.
+        fullgraph, mode, kwargs: ``torch.compile``'s, as :meth:`gamfunc.Step.compile` takes them
+            (``mode="reduce-overhead"``: each pass a CUDA-graph replay, its results copied out).
+
+    Returns:
+        A :class:`CompiledPasses` objective.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
+        >>> fast = gamfunc.regional.compile_passes(loss_fn, backend="eager")
+        >>> step = gamfunc.make_step(gamfunc.gam(0.05, 0.1, hvp="fd"), gamfunc.sgd(lr=0.1), fast)
+        >>> params = {"w": torch.zeros(3)}
+        >>> params, state, metrics = step(params, step.init(params), (torch.randn(8, 3), torch.randn(8)))
+    """
+    return CompiledPasses(loss_fn, _Passes(loss_fn, compile_with(fullgraph, mode, kwargs)))
