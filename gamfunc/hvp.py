@@ -133,7 +133,7 @@ def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-1
 
     def unit(g: Tree) -> Tree:
         norms.append(known if isinstance(known, torch.Tensor) else tree.norm(g))
-        return tree.scale(g, 1.0 / (norms[-1] + eps))
+        return tree.scale(g, (norms[-1] + eps).reciprocal())
 
     f, out = hvp(loss_fn, params, batch, unit, clean=clean)
     if norms:

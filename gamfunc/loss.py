@@ -51,7 +51,7 @@ def unit_grad(p: Pass, eps) -> tuple[Tree, Pass]:
     """(∇L/(‖∇L‖ + ξ), ``p`` with its ``grad_norm``), ξ = ``eps``: :func:`gamfunc.tree.normalize` of the
     pass's gradient, reusing a norm the pass already carries."""
     p = with_grad_norm(p)
-    return tree.scale(p.grad, 1.0 / (p.grad_norm + eps)), p
+    return tree.scale(p.grad, (p.grad_norm + eps).reciprocal()), p
 
 
 def loss_and_aux(loss_fn, params: Tree, batch) -> tuple[Tensor, Any]:

@@ -127,7 +127,7 @@ def norm(a: Tree) -> Tensor:
 def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:
     """(a / (‖a‖ + ξ), ‖a‖), with ξ = ``eps``: the paper's safe normalisation, finite at a = 0."""
     n = norm(a)
-    return scale(a, 1.0 / (n + eps)), n
+    return scale(a, (n + eps).reciprocal()), n  # what 1.0 / (n + eps) computes, less its "* 1.0"
 
 
 def where(cond: Tensor, a: Tree, b: Tree) -> Tree:
@@ -150,16 +150,33 @@ def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
     """The factor ``s`` for a ``torch._foreach_*`` product with ``leaves``: a 0-d tensor ``s`` cast once to the leaves' dtype, where they share float32 or float64: the
     product is the same (those kernels compute in the leaves' dtype, so type promotion casts a 0-d
     factor to it anyway), without a cast per leaf. Half-precision kernels compute in float32 with the
-    factor unrounded, so there ``s`` is left as it is."""
-    if not isinstance(s, Tensor) or not leaves:
+    factor unrounded, so there ``s`` is left as it is.
+
+    A Python number ``s`` with float32 or float64 leaves on the CPU becomes a 0-d tensor of their
+    dtype, when eager: the CPU's foreach kernels run leaf by leaf, and a number is wrapped into a new
+    tensor (and cast to the leaf's dtype) for every leaf; one tensor holds the same rounded factor."""
+    if not leaves:
         return s
     dtype = leaves[0].dtype
+    if not isinstance(s, Tensor):
+        if (
+            isinstance(s, int | float)
+            and dtype in (torch.float32, torch.float64)
+            and leaves[0].is_cpu
+            and not torch.compiler.is_compiling()
+            and all(v.dtype == dtype for v in leaves)
+        ):
+            return torch.tensor(s, dtype=dtype)
+        return s
     if s.dtype == dtype or dtype not in (torch.float32, torch.float64) or not s.is_floating_point():
         return s
     return s if any(v.dtype != dtype for v in leaves) else s.to(dtype)
 
 
 def _common_dtype(parts: list[Tensor]) -> list[Tensor]:
+    dtypes = {p.dtype for p in parts}
+    if len(dtypes) == 1:
+        return parts
     dtype = parts[0].dtype
     for p in parts[1:]:
         dtype = torch.promote_types(dtype, p.dtype)

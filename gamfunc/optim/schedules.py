@@ -47,14 +47,17 @@ def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 
         raise ValueError(f"total_steps must be > 0; got {total_steps}")
     if not 0 <= warmup_steps <= total_steps:
         raise ValueError(f"warmup_steps must be in [0, total_steps]; got {warmup_steps}")
-    decay = max(total_steps - warmup_steps, 1)
+    # Float constants: a 0-d float64 tensor and a Python float make one op, an int adds a promotion.
+    warmup, decay = float(warmup_steps), float(max(total_steps - warmup_steps, 1))
 
     def schedule(t: Tensor) -> Tensor:
         t = _f64(t)
-        warm = peak * (t + 1) / max(warmup_steps, 1)
-        progress = torch.clamp((t - warmup_steps) / decay, 0.0, 1.0)
-        cos = final + (peak - final) * 0.5 * (1 + torch.cos(math.pi * progress))
-        return torch.where(t < warmup_steps, warm, cos)
+        progress = torch.clamp((t - warmup) / decay, 0.0, 1.0)
+        cos = final + (peak - final) * 0.5 * (1.0 + torch.cos(math.pi * progress))
+        if warmup_steps == 0:  # no step count is below 0
+            return cos
+        warm = peak * (t + 1.0) / warmup
+        return torch.where(t < warmup, warm, cos)
 
     return schedule
 

@@ -72,7 +72,7 @@ def sgd(
             # are (0, 1) at step 0 and (μ, 1 − τ) after, from a 0/1 tensor (exact in float64).
             later = (state["step"] != 0).to(torch.float64)
             taken = d if dampening == 0 else tree.scale(d, torch.rsub(later, 1.0, alpha=dampening))
-            buf = tree.add(tree.scale(state["momentum_buffer"], later * momentum), taken)
+            buf = tree.axpy(later * momentum, state["momentum_buffer"], taken)
             d = tree.axpy(momentum, buf, d) if nesterov else buf
             new_state["momentum_buffer"] = buf
         new_params = tree.sub(params, tree.scale(d, eta))
