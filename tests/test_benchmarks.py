@@ -241,6 +241,17 @@ def test_inductor_options_are_parsed_as_literals_and_merged_over_the_mode():
     }
 
 
+def test_step_cost_pass_modes_compile_each_pass_with_the_named_mode():
+    step_cost = load_step_cost()
+    assert step_cost.split_mode("pass") == ("pass", "compile")
+    assert step_cost.split_mode("pass-reduce-overhead") == ("pass", "reduce-overhead")
+    assert step_cost.split_mode("reduce-overhead") == ("step", "reduce-overhead")
+    assert step_cost.compile_options("pass-reduce-overhead") == step_cost.compile_options(
+        "reduce-overhead"
+    )
+    assert step_cost.compile_options("pass") == {}
+
+
 @pytest.mark.parametrize(
     ("item", "message"),
     [
