@@ -40,3 +40,15 @@ def image_batch(n=8, dtype=torch.float32, seed=0):
 def vector_batch(n=8, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 4, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+
+
+def tiny_conv_bn() -> nn.Module:
+    """Parameters of four shapes (4-d conv, 1-d BatchNorm, 2-d and 1-d linear)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1, bias=False),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16, 5),
+    )

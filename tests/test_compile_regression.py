@@ -25,23 +25,11 @@ import pytest
 import torch
 import torch._functorch.config
 import torch._inductor.config
-from torch import nn
+from models import tiny_conv_bn
 from torch._dynamo.utils import counters
 
 import gamfunc
 from gamfunc import tree
-
-
-def tiny_conv_bn() -> nn.Module:
-    """Parameters of four shapes (4-d conv, 1-d BatchNorm, 2-d and 1-d linear)."""
-    return nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1, bias=False),
-        nn.BatchNorm2d(4),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(2),
-        nn.Flatten(),
-        nn.Linear(16, 5),
-    )
 
 
 def estimator(name):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from models import tiny_conv_bn
 from torch._dynamo.testing import CompileCounter
 
 import gamfunc
@@ -25,14 +25,7 @@ ESTIMATORS = {
 
 def conv_bn(dtype=torch.float64, device="cpu"):
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1, bias=False),
-        nn.BatchNorm2d(4),
-        nn.Tanh(),
-        nn.AdaptiveAvgPool2d(2),
-        nn.Flatten(),
-        nn.Linear(16, 5),
-    ).to(device, dtype)
+    model = tiny_conv_bn().to(device, dtype)
     gen = torch.Generator().manual_seed(1)
     batches = [
         (
