@@ -51,7 +51,7 @@ class CompiledPasses(Objective):
         return self._bound()(params, batch, *args, **kwargs)
 
     def _bound(self):
-        return self.loss_fn if self.state is None else bind(self.loss_fn, self.state)
+        return _bound(self.loss_fn, self.state)
 
     def gradient_pass(self, params: Tree, batch) -> Pass:
         """∇L(θ), L(θ) and aux from the compiled pass (plain ``gradient_pass`` inside a transform or
@@ -90,6 +90,11 @@ class CompiledPasses(Objective):
         return ({}, {}) if next_state is None else next_state(state, finite)
 
 
+def _bound(loss_fn: Callable, state: dict | None) -> Callable:
+    """The two-argument loss of a step whose state is ``state``; ``loss_fn`` outside a step."""
+    return loss_fn if state is None else bind(loss_fn, state)
+
+
 def _traced() -> bool:
     return torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None
 
@@ -113,14 +118,12 @@ def _fresh_pass(loss_fn: Callable, backend) -> Callable:
     if backend is None:
 
         def grad_pass(state, params, batch):
-            bound = loss_fn if state is None else bind(loss_fn, state)
-            return tuple(gradient_pass(bound, params, batch))[:3]
+            return tuple(gradient_pass(_bound(loss_fn, state), params, batch))[:3]
 
         return _fresh(grad_pass)
 
     def hvp_pass(state, params, batch, v):
-        bound = loss_fn if state is None else bind(loss_fn, state)
-        hv, p = backend(bound, params, batch, v)
+        hv, p = backend(_bound(loss_fn, state), params, batch, v)
         return (hv, *tuple(p)[:3])
 
     return _fresh(hvp_pass)

@@ -108,14 +108,16 @@ class Step:
         """
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
-        args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
         if scope == "pass":
             from gamfunc.regional import compile_passes
 
             loss_fn = compile_passes(self.loss_fn, fullgraph=fullgraph, mode=mode, **kwargs)
-            return _new_step(*args[:2], loss_fn, *args[3:], self.on_nonfinite)
+            return _new_step(
+                self.estimator, self.optimizer, loss_fn, self.every, self.base, self.on_nonfinite
+            )
         compile_fn = compile_with(fullgraph, mode, kwargs)
         compiled = tuple(compile_fn(fn) for fn in (self.full, self.plain))
+        args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
         return _new_step(*args, self.on_nonfinite, branches=compiled)
 
 
@@ -149,8 +151,8 @@ def _cudagraph_safe(fn):
 
     CUDA-graph trees reuse one memory pool: the outputs of a replay are overwritten by later replays.
     A functional loop keeps its params and state from step to step (and a second branch, another
-    step or another pass may replay in between), so each result is copied out of the pool, with one ``_foreach``
-    kernel per dtype, which costs a read and a write of the state per step.
+    step or another pass may replay in between), so each result is copied out of the pool, with one
+    ``_foreach`` kernel per dtype, which costs a read and a write of the state per step.
     """
 
     def call(*args):

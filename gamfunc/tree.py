@@ -147,37 +147,33 @@ def _vmapped(a: Tree, s=None) -> bool:
 
 
 def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
-    """The factor ``s`` for a ``torch._foreach_*`` product with ``leaves``: a 0-d tensor ``s`` cast once to the leaves' dtype, where they share float32 or float64: the
-    product is the same (those kernels compute in the leaves' dtype, so type promotion casts a 0-d
-    factor to it anyway), without a cast per leaf. Half-precision kernels compute in float32 with the
-    factor unrounded, so there ``s`` is left as it is.
+    """The factor ``s`` for a ``torch._foreach_*`` product with ``leaves``, cast once to their dtype
+    where they all share float32 or float64.
 
-    A Python number ``s`` with float32 or float64 leaves on the CPU becomes a 0-d tensor of their
-    dtype, when eager: the CPU's foreach kernels run leaf by leaf, and a number is wrapped into a new
-    tensor (and cast to the leaf's dtype) for every leaf; one tensor holds the same rounded factor."""
+    The product is the same: those kernels compute in the leaves' dtype, so type promotion casts a 0-d
+    factor to it anyway, once per leaf. A Python number becomes such a 0-d tensor only on the CPU when
+    eager, where the foreach kernels run leaf by leaf and would wrap the number once per leaf.
+    Half-precision kernels compute in float32 with the factor unrounded, so there ``s`` is left as it is.
+    """
     if not leaves:
         return s
     dtype = leaves[0].dtype
-    if not isinstance(s, Tensor):
-        if (
-            isinstance(s, int | float)
-            and dtype in (torch.float32, torch.float64)
-            and leaves[0].is_cpu
-            and not torch.compiler.is_compiling()
-            and all(v.dtype == dtype for v in leaves)
-        ):
-            return torch.tensor(s, dtype=dtype)
+    if isinstance(s, Tensor) and (s.dtype == dtype or not s.is_floating_point()):
         return s
-    if s.dtype == dtype or dtype not in (torch.float32, torch.float64) or not s.is_floating_point():
+    if dtype not in (torch.float32, torch.float64) or any(v.dtype != dtype for v in leaves):
         return s
-    return s if any(v.dtype != dtype for v in leaves) else s.to(dtype)
+    if isinstance(s, Tensor):
+        return s.to(dtype)
+    if isinstance(s, int | float) and leaves[0].is_cpu and not torch.compiler.is_compiling():
+        return torch.tensor(s, dtype=dtype)
+    return s
 
 
 def _common_dtype(parts: list[Tensor]) -> list[Tensor]:
-    dtypes = {p.dtype for p in parts}
-    if len(dtypes) == 1:
+    """``parts`` in the dtype they promote to (``to`` keeps a tensor already in it)."""
+    if len({p.dtype for p in parts}) == 1:
         return parts
     dtype = parts[0].dtype
     for p in parts[1:]:
         dtype = torch.promote_types(dtype, p.dtype)
-    return [p if p.dtype == dtype else p.to(dtype) for p in parts]
+    return [p.to(dtype) for p in parts]
