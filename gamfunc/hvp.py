@@ -37,6 +37,7 @@ References:
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import torch
@@ -69,10 +70,32 @@ def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None)
             clean = gradient_pass(loss_fn, params, batch)
         v = v(clean.grad)
     with math_attention():
-        g, hv, (loss, aux) = torch.func.jvp(grad_fn(loss_fn, batch), (params,), (v,), has_aux=True)
+        g, hv, (loss, aux) = _jvp_of_grad(loss_fn, params, batch, v)
     # The jvp's primal is ∇L(θ) again; a clean pass we already hold is kept, so that what is built
     # on it (the oracle of GAM) sees the very same gradient as the plain estimator would.
     return hv, clean if clean is not None else Pass(g, loss, aux)
+
+
+_DTYPE_MISMATCH = ("same dtype", "should be the same")
+
+
+def _jvp_of_grad(loss_fn, params: Tree, batch, v: Tree):
+    """``torch.func.jvp`` of ∇L at θ along v, its dtype-mismatch errors explained (eager only: under
+    ``torch.compile`` the same failure surfaces while tracing)."""
+    jvp = functools.partial(torch.func.jvp, grad_fn(loss_fn, batch), (params,), (v,), has_aux=True)
+    if torch.compiler.is_compiling():
+        return jvp()
+    try:
+        return jvp()
+    except RuntimeError as e:
+        if not any(s in str(e) for s in _DTYPE_MISMATCH):
+            raise
+        raise RuntimeError(
+            "hvp='exact' (forward-mode AD over the gradient) failed on mixed dtypes. Under "
+            "torch.autocast, torch's forward-mode derivative of BatchNorm comes out in float32 while the "
+            "next layer computes in the autocast dtype (see gamfunc.precision); use hvp='reverse' or "
+            f"hvp='fd' for such models. torch said: {e}"
+        ) from e
 
 
 def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):

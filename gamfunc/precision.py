@@ -29,10 +29,10 @@ innermost, where the loss is differentiated)::
     state = step.init(params, buffers)                           # holds state["loss_scale"] for fp16
 
 Warning:
-    On torch 2.14, ``hvp="exact"`` (forward-over-reverse) fails through BatchNorm under autocast
-    ("expected m1 and m2 to have the same dtype": the forward-mode derivative of the mixed-dtype
-    batch-norm backward); use ``hvp="reverse"`` or ``"fd"`` with BatchNorm models in bf16/fp16.
-    Models without BatchNorm run all three backends. Likewise, ``torch.compile`` on CPU (inductor's
+    On torch 2.11 and 2.14, ``hvp="exact"`` (forward-over-reverse) fails through BatchNorm under
+    autocast: BatchNorm's forward-mode derivative comes out in float32 while the next layer computes
+    in the autocast dtype, and the step raises a RuntimeError that says so. Use ``hvp="reverse"`` or
+    ``"fd"`` with BatchNorm models in bf16/fp16; models without BatchNorm run all three backends. Likewise, ``torch.compile`` on CPU (inductor's
     C++ backend) fails to build reverse-over-reverse through BatchNorm in bf16/fp16 ("conflicting
     declaration 'auto at_BFloat16_tmp_acc2_vec'"); such steps run eagerly on CPU.
 

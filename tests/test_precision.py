@@ -76,6 +76,21 @@ def test_low_precision_step_stays_within_tolerance_of_fp32(precision, name, mode
         assert torch.equal(state["buffers"]["1.num_batches_tracked"], torch.tensor(1))
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_exact_hvp_through_batchnorm_under_autocast_fails_with_the_way_out(precision):
+    # torch's forward-mode AD through BatchNorm under autocast mixes dtypes (gamfunc.precision); the
+    # error names the backends that work. The step raises before it returns: the caller's params stay.
+    loss_fn, params, buffers = gamfunc.nn.functional(bn_mlp())
+    before = {k: v.clone() for k, v in params.items()}
+    step = gamfunc.make_step(
+        ESTIMATORS["gam"]("exact"), gamfunc.sgd(lr=0.1), mixed(loss_fn, precision)
+    )
+    with pytest.raises(RuntimeError, match="hvp='reverse' or hvp='fd'") as info:
+        step(params, step.init(params, buffers), batch())
+    assert "dtype" in str(info.value.__cause__)
+    assert all(torch.equal(params[k], before[k]) for k in params)
+
+
 def test_low_precision_is_really_low():
     loss_fn, params, buffers = gamfunc.nn.functional(mlp())
     d32, _ = gamfunc.gradient()(params, batch(), lambda p, b: loss_fn(p, b, buffers))
