@@ -32,9 +32,10 @@ Warning:
     On torch 2.11 and 2.14, ``hvp="exact"`` (forward-over-reverse) fails through BatchNorm under
     autocast: BatchNorm's forward-mode derivative comes out in float32 while the next layer computes
     in the autocast dtype, and the step raises a RuntimeError that says so. Use ``hvp="reverse"`` or
-    ``"fd"`` with BatchNorm models in bf16/fp16; models without BatchNorm run all three backends. Likewise, ``torch.compile`` on CPU (inductor's
-    C++ backend) fails to build reverse-over-reverse through BatchNorm in bf16/fp16 ("conflicting
-    declaration 'auto at_BFloat16_tmp_acc2_vec'"); such steps run eagerly on CPU.
+    ``"fd"`` with BatchNorm models in bf16/fp16; models without BatchNorm run all three backends.
+    Likewise, ``torch.compile`` on CPU (inductor's C++ backend) fails to build reverse-over-reverse
+    through BatchNorm in bf16/fp16 ("conflicting declaration 'auto at_BFloat16_tmp_acc2_vec'"); such
+    steps run eagerly on CPU.
 
 References:
     Micikevicius et al., "Mixed Precision Training", ICLR 2018, https://arxiv.org/abs/1710.03740.
@@ -178,7 +179,7 @@ class LossScaled(Objective):
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
         if not isinstance(v, dict) and clean is not None:
             v = v(clean.grad)
-        v_scaled = (lambda sg: v(self._unscale(sg))) if not isinstance(v, dict) else v
+        v_scaled = v if isinstance(v, dict) else (lambda sg: v(self._unscale(sg)))
         shv, sclean = backend(self._scaled, params, batch, v_scaled)
         return self._unscale(shv), clean if clean is not None else self._unscale_pass(sclean)
 
