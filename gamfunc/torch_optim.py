@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functional
 from gamfunc.optim import Optimizer
@@ -134,7 +135,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not trainable:
             raise ValueError("model has no parameter with requires_grad=True to optimise")
-        lr0, self._own_schedule = _probe_lr(optimizer)
+        lr0, self._own_schedule = _probe_lr(optimizer, trainable)
         module_loss, _, _ = functional(model, criterion)
         options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
         batch_step = make_step(
@@ -384,19 +385,19 @@ def _check_batch(batch) -> None:
         )
 
 
-def _probe_lr(optimizer: Optimizer) -> tuple[float, bool]:
+def _probe_lr(optimizer: Optimizer, params: dict[str, Tensor]) -> tuple[float, bool]:
     """The optimiser's first lr, and whether a schedule (not ``state["lr"]``) sets it.
 
-    An update on a one-element probe with ``state["lr"]`` moved away from its initial value: a
-    constant-lr optimiser uses (and returns) the moved value, a scheduled one returns its own.
+    An update on a probe with ``state["lr"]`` moved away from its initial value: a constant-lr
+    optimiser uses (and returns) the moved value, a scheduled one returns its own. The probe has the
+    names and numbers of dimensions of ``params`` (what a ``weight_decay_mask`` reads) in one element
+    each, so it costs no memory worth counting.
     """
-    probe = {"p": torch.zeros(1, dtype=torch.float64)}
+    probe = {k: torch.zeros((1,) * p.ndim, dtype=torch.float64) for k, p in params.items()}
     state = optimizer.init(probe)
     lr0 = state["lr"]
     moved = lr0 + 1.0
-    _, after = optimizer.update(
-        {"p": torch.zeros(1, dtype=torch.float64)}, dict(state, lr=moved), probe
-    )
+    _, after = optimizer.update(tree.zeros_like(probe), dict(state, lr=moved), probe)
     return float(lr0), not torch.equal(after["lr"], moved)
 
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 
 from gamfunc import tree
-from gamfunc.optim.base import Optimizer, check_lr, hyper_state, learning_rate
+from gamfunc.optim.base import (
+    Mask,
+    Optimizer,
+    check_lr,
+    check_mask,
+    hyper_state,
+    learning_rate,
+    masked_keys,
+)
 
 __all__ = ["adamw"]
 
@@ -15,13 +23,14 @@ def adamw(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     weight_decay: float = 1e-2,
+    weight_decay_mask: Mask = None,
 ) -> Optimizer:
     """Adam with decoupled weight decay, the update of ``torch.optim.AdamW`` as a pure function.
 
     With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, ε = ``eps``, λ = ``weight_decay``, t the
     step counted from 1::
 
-        θ ← θ·(1 − η·λ)
+        θ ← θ·(1 − η·λ)                                    (where the mask is true)
         m ← β₁·m + (1 − β₁)·d
         v ← β₂·v + (1 − β₂)·d²
         θ ← θ − η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)
@@ -31,6 +40,11 @@ def adamw(
         betas: (β₁, β₂), each in [0, 1).
         eps: ε >= 0.
         weight_decay: λ >= 0.
+        weight_decay_mask: which parameters decay: None (all, as torch.optim), a dict name -> bool
+            naming every parameter, or a callable ``(name, tensor) -> bool`` that decides from the
+            name or shape. :func:`gamfunc.decay_mask` gives the usual choice (no decay on biases
+            and normalisation weights). Equal to ``torch.optim.AdamW`` with two param groups, the
+            masked-out one with ``weight_decay=0``.
 
     Returns:
         An Optimizer; its state holds ``step``, ``lr``, ``exp_avg`` and ``exp_avg_sq``.
@@ -48,13 +62,28 @@ def adamw(
     for name, v in (("eps", eps), ("weight_decay", weight_decay)):
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+    check_mask(weight_decay_mask, "weight_decay_mask")
     beta1, beta2 = float(betas[0]), float(betas[1])
 
     def init(params):
+        masked_keys(weight_decay_mask, params, "weight_decay_mask")
         return hyper_state(params, lr) | {
             "exp_avg": tree.zeros_like(params),
             "exp_avg_sq": tree.zeros_like(params),
         }
+
+    def decayed(p, params, factor):
+        """θ·(1 − η·λ) on the parameters the mask selects, θ elsewhere (``p`` lists ``params``)."""
+        chosen = masked_keys(weight_decay_mask, params, "weight_decay_mask")
+        if len(chosen) == len(p):
+            return torch._foreach_mul(p, tree.scalar_like(factor, p))
+        if not chosen:
+            return p
+        some = [params[k] for k in chosen]
+        scaled = dict(
+            zip(chosen, torch._foreach_mul(some, tree.scalar_like(factor, some)), strict=True)
+        )
+        return [scaled.get(k, v) for k, v in params.items()]
 
     def update(direction, state, params):
         eta = learning_rate(lr, state)
@@ -64,7 +93,7 @@ def adamw(
         p = [params[k] for k in keys]
         d = [direction[k] for k in keys]
         if weight_decay != 0:
-            p = torch._foreach_mul(p, tree.scalar_like(1 - eta * weight_decay, p))
+            p = decayed(p, params, 1 - eta * weight_decay)
         m = torch._foreach_lerp([state["exp_avg"][k] for k in keys], d, 1 - beta1)
         v = [state["exp_avg_sq"][k] for k in keys]
         v = torch._foreach_addcmul(torch._foreach_mul(v, beta2), d, d, value=1 - beta2)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -11,7 +11,18 @@ from torch import Tensor
 from gamfunc.optim.schedules import Schedule
 from gamfunc.tree import Tree
 
-__all__ = ["Optimizer", "check_lr", "hyper_state", "learning_rate"]
+__all__ = [
+    "Mask",
+    "Optimizer",
+    "check_lr",
+    "check_mask",
+    "hyper_state",
+    "learning_rate",
+    "masked_keys",
+]
+
+Mask = Mapping[str, bool] | Callable[[str, Tensor], bool] | None
+"""Which parameters an option applies to: None (all), a dict name -> bool, or ``(name, tensor) -> bool``."""
 
 
 class Optimizer(NamedTuple):
@@ -49,3 +60,43 @@ def hyper_state(params: Tree, lr: float | Schedule) -> dict[str, Tensor]:
 def learning_rate(lr: float | Schedule, state: dict[str, Any]) -> Tensor:
     """The lr of this update: the schedule at ``state["step"]``, else ``state["lr"]``."""
     return lr(state["step"]) if callable(lr) else state["lr"]
+
+
+def check_mask(mask: Mask, name: str) -> None:
+    """ValueError naming ``name`` unless ``mask`` is None, a callable or a dict of Python bools."""
+    if mask is None or callable(mask):
+        return
+    if not isinstance(mask, Mapping):
+        raise ValueError(
+            f"{name} must be None, a dict name -> bool or a callable (name, tensor) -> bool; "
+            f"got {type(mask).__name__}"
+        )
+    bad = sorted(str(k) for k, v in mask.items() if not isinstance(v, bool))
+    if bad:
+        raise ValueError(f"{name} must map names to True or False; {bad} are not bools")
+
+
+def masked_keys(mask: Mask, params: Tree, name: str) -> list[str]:
+    """The names of ``params`` that ``mask`` selects, in the order of ``params``.
+
+    The choice is made from names and shapes, as Python bools, so a compiled update traces it once and
+    keeps it as a constant. A dict must name every parameter; a callable must return a bool.
+    """
+    if mask is None:
+        return list(params)
+    if isinstance(mask, Mapping):
+        missing = [k for k in params if k not in mask]
+        if missing:
+            raise ValueError(f"{name} has no entry for the parameters {missing}")
+        return [k for k in params if mask[k]]
+    keys = []
+    for k, v in params.items():
+        chosen = mask(k, v)
+        if not isinstance(chosen, bool):
+            raise ValueError(
+                f"{name} must return a Python bool (from the name or the shape, not the values); "
+                f"got {type(chosen).__name__} for {k!r}"
+            )
+        if chosen:
+            keys.append(k)
+    return keys

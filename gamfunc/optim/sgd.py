@@ -5,7 +5,15 @@ from __future__ import annotations
 import torch
 
 from gamfunc import tree
-from gamfunc.optim.base import Optimizer, check_lr, hyper_state, learning_rate
+from gamfunc.optim.base import (
+    Mask,
+    Optimizer,
+    check_lr,
+    check_mask,
+    hyper_state,
+    learning_rate,
+    masked_keys,
+)
 
 __all__ = ["sgd"]
 
@@ -16,13 +24,14 @@ def sgd(
     dampening: float = 0.0,
     nesterov: bool = False,
     weight_decay: float = 0.0,
+    weight_decay_mask: Mask = None,
 ) -> Optimizer:
     """Stochastic gradient descent, the update of ``torch.optim.SGD`` as a pure function.
 
     With d the direction from an estimator, λ = ``weight_decay``, μ = ``momentum``, τ = ``dampening``,
     η = ``lr``::
 
-        d ← d + λ·θ
+        d ← d + λ·θ                                         (where the mask is true)
         b ← d at the first step, else μ·b + (1 − τ)·d      (if μ ≠ 0)
         d ← d + μ·b if nesterov else b                      (if μ ≠ 0)
         θ ← θ − η·d
@@ -33,6 +42,11 @@ def sgd(
         dampening: τ >= 0.
         nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
         weight_decay: λ >= 0, coupled (L2) weight decay.
+        weight_decay_mask: which parameters decay: None (all, as torch.optim), a dict name -> bool
+            naming every parameter, or a callable ``(name, tensor) -> bool`` that decides from the
+            name or shape. :func:`gamfunc.decay_mask` gives the usual choice (no decay on biases
+            and normalisation weights). Equal to ``torch.optim.SGD`` with two param groups, the
+            masked-out one with ``weight_decay=0``.
 
     Returns:
         An :class:`~gamfunc.optim.base.Optimizer`; its state holds ``step``, ``lr`` and
@@ -56,8 +70,22 @@ def sgd(
             raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError("nesterov requires momentum > 0 and dampening = 0")
+    check_mask(weight_decay_mask, "weight_decay_mask")
+
+    def decayed(direction, params):
+        """d + λ·θ on the parameters the mask selects, d elsewhere."""
+        keys = masked_keys(weight_decay_mask, params, "weight_decay_mask")
+        if len(keys) == len(params):
+            return tree.axpy(weight_decay, params, direction)
+        if not keys:
+            return direction
+        some = tree.axpy(
+            weight_decay, {k: params[k] for k in keys}, {k: direction[k] for k in keys}
+        )
+        return direction | some
 
     def init(params):
+        masked_keys(weight_decay_mask, params, "weight_decay_mask")
         state = hyper_state(params, lr)
         if momentum != 0:
             state["momentum_buffer"] = tree.zeros_like(params)
@@ -65,7 +93,7 @@ def sgd(
 
     def update(direction, state, params):
         eta = learning_rate(lr, state)
-        d = direction if weight_decay == 0 else tree.axpy(weight_decay, params, direction)
+        d = direction if weight_decay == 0 else decayed(direction, params)
         new_state = dict(state)
         if momentum != 0:
             # b ← d on the first step, without a Python branch on the step count: the factors of b and d
