@@ -14,11 +14,13 @@ from gamfunc import (
     precision,
     regional,
     torch_optim,
+    transforms,
     tree,
 )
 from gamfunc.estimators import Estimator, gam, gam_accelerated, gnp, gradient, sam
 from gamfunc.optim import Optimizer, adamw, schedules, sgd
 from gamfunc.step import Step, gam_step, make_step
+from gamfunc.transforms import Transform, chain, clip_by_global_norm, decay_mask
 
 __version__ = "0.1.0"
 
@@ -26,8 +28,12 @@ __all__ = [
     "Estimator",
     "Optimizer",
     "Step",
+    "Transform",
     "accumulate",
     "adamw",
+    "chain",
+    "clip_by_global_norm",
+    "decay_mask",
     "distributed",
     "gam",
     "gam_accelerated",
@@ -45,5 +51,6 @@ __all__ = [
     "schedules",
     "sgd",
     "torch_optim",
+    "transforms",
     "tree",
 ]

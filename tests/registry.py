@@ -21,10 +21,23 @@ OPTIMIZERS = {
     "sgd": lambda: gamfunc.sgd(lr=0.1),
     "sgd_momentum": lambda: gamfunc.sgd(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4),
     "adamw": lambda: gamfunc.adamw(lr=1e-3),
+    "sgd_masked": lambda: gamfunc.sgd(
+        lr=0.1, momentum=0.9, weight_decay=1e-2, weight_decay_mask=lambda k, v: v.ndim >= 2
+    ),
+    "chain_clip_adamw": lambda: gamfunc.chain(
+        gamfunc.clip_by_global_norm(1.0),
+        gamfunc.adamw(
+            lr=1e-3, weight_decay_mask={"w1": True, "b1": False, "w2": True, "b2": False}
+        ),
+    ),
 }
 
 # (factory, kwargs, the argument the error must name)
 INVALID = [
+    (gamfunc.clip_by_global_norm, {"max_norm": 0.0}, "max_norm"),
+    (gamfunc.clip_by_global_norm, {"max_norm": 1.0, "eps": float("nan")}, "eps"),
+    (gamfunc.sgd, {"lr": 0.1, "weight_decay_mask": 1}, "weight_decay_mask"),
+    (gamfunc.adamw, {"weight_decay_mask": {"w1": "yes"}}, "weight_decay_mask"),
     (gamfunc.sam, {"rho": -0.1}, "rho"),
     (gamfunc.sam, {"rho": float("nan")}, "rho"),
     (gamfunc.sam, {"rho": 0.1, "eps": -1.0}, "eps"),

@@ -1,0 +1,408 @@
+"""Transforms between estimator and optimiser: clipping against torch.nn.utils.clip_grad_norm_, chains
+and masked weight decay against torch.optim trajectories in float64, compile, argument checks."""
+
+import math
+import warnings
+
+import pytest
+import torch
+from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
+from torch import nn
+
+import gamfunc
+from gamfunc.torch_optim import FlatnessOptimizer
+
+STEPS = 30
+
+
+def batches(n=STEPS):
+    return [mlp_batch(seed=i) for i in range(n)]
+
+
+def grads_of(params, batch):
+    return torch.func.grad(mlp_loss)(params, batch)
+
+
+def torch_clip(direction, max_norm):
+    """``clip_grad_norm_`` on copies of ``direction`` put into ``.grad``: (clipped, total norm)."""
+    ps = {k: torch.zeros_like(v, requires_grad=True) for k, v in direction.items()}
+    for k, p in ps.items():
+        p.grad = direction[k].clone()
+    total = torch.nn.utils.clip_grad_norm_(list(ps.values()), max_norm)
+    return {k: p.grad for k, p in ps.items()}, total
+
+
+# ---- clip_by_global_norm ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("ratio", [0.1, 0.999, 1.5, 10.0])
+def test_clip_equals_clip_grad_norm(dtype, ratio):
+    """max_norm below the norm (clipped) and above it (the factor clamps to 1)."""
+    d = mlp_params(dtype, seed=3)
+    norm = math.sqrt(sum(float((v.double() ** 2).sum()) for v in d.values()))
+    max_norm = ratio * norm
+    clip = gamfunc.clip_by_global_norm(max_norm)
+    ours, state = clip.update(d, clip.init(d), d)
+    ref, total = torch_clip(d, max_norm)
+    assert all(torch.equal(ours[k], ref[k]) for k in d)
+    assert torch.equal(state["norm"], total)
+    assert all(ours[k].dtype == dtype for k in d)
+    got = math.sqrt(sum(float((v.double() ** 2).sum()) for v in ours.values()))
+    assert got == pytest.approx(min(norm, max_norm), rel=1e-5)
+
+
+def test_clip_is_pure_and_keeps_the_norm_dtype_from_init():
+    d = mlp_params(seed=3)
+    before = {k: v.clone() for k, v in d.items()}
+    clip = gamfunc.clip_by_global_norm(0.5)
+    state = clip.init(d)
+    assert state["norm"].dtype == torch.float64 and float(state["norm"]) == 0.0
+    _, new_state = clip.update(d, state, d)
+    assert all(torch.equal(d[k], before[k]) for k in d)
+    assert new_state["norm"].dtype == state["norm"].dtype and float(state["norm"]) == 0.0
+
+
+def test_clip_of_bfloat16_computes_the_norm_in_float32():
+    d = {k: v.to(torch.bfloat16) for k, v in mlp_params(torch.float32, seed=3).items()}
+    clip = gamfunc.clip_by_global_norm(0.5)
+    state = clip.init(d)
+    ours, new_state = clip.update(d, state, d)
+    exact = torch.linalg.vector_norm(torch.cat([v.double().reshape(-1) for v in d.values()]))
+    assert state["norm"].dtype == new_state["norm"].dtype == torch.float32
+    assert float(new_state["norm"]) == pytest.approx(float(exact), rel=1e-6)
+    coef = 0.5 / (new_state["norm"] + 1e-6)
+    for k in d:
+        assert ours[k].dtype == torch.bfloat16
+        assert torch.equal(ours[k], (d[k].float() * coef).to(torch.bfloat16))
+
+
+def test_clip_of_mixed_dtypes_uses_the_widest():
+    d = {
+        "a": torch.tensor([3.0], dtype=torch.float16),
+        "b": torch.tensor([4.0], dtype=torch.float64),
+    }
+    clip = gamfunc.clip_by_global_norm(1.0)
+    state = clip.init(d)
+    ours, new_state = clip.update(d, state, d)
+    assert state["norm"].dtype == new_state["norm"].dtype == torch.float64
+    assert float(new_state["norm"]) == 5.0
+    assert ours["a"].dtype == torch.float16 and ours["b"].dtype == torch.float64
+    assert float(ours["b"]) == pytest.approx(0.8, rel=1e-6)
+
+
+# ---- chains against torch.optim + clip_grad_norm_ -------------------------------------------------
+
+
+def torch_trajectory(opt_cls, groups, params, data, *max_norms):
+    """torch.optim over ``groups`` = [(names, options)], clip_grad_norm_ after each backward (once per
+    max norm, in order); returns the final params and the total norms the first clip saw."""
+    tensors = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    opt = opt_cls([{"params": [tensors[k] for k in names], **kw} for names, kw in groups])
+    norms = []
+    for batch in data:
+        opt.zero_grad()
+        mlp_loss(tensors, batch).backward()
+        for i, max_norm in enumerate(max_norms):
+            total = torch.nn.utils.clip_grad_norm_(list(tensors.values()), max_norm)
+            if i == 0:
+                norms.append(float(total))
+        opt.step()
+    return {k: v.detach() for k, v in tensors.items()}, norms
+
+
+def gamfunc_trajectory(opt, params, data):
+    state = opt.init(params)
+    for batch in data:
+        params, state = opt.update(grads_of(params, batch), state, params)
+    return params, state
+
+
+ALL = list(mlp_params())
+MAX_NORM = 0.8  # between the smallest and largest gradient norms of the trajectories below
+
+CHAIN_CASES = [
+    (torch.optim.SGD, gamfunc.sgd, {"lr": 0.2}),
+    (torch.optim.SGD, gamfunc.sgd, {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-2}),
+    (torch.optim.SGD, gamfunc.sgd, {"lr": 0.05, "momentum": 0.9, "nesterov": True}),
+    (torch.optim.AdamW, gamfunc.adamw, {"lr": 1e-2}),
+    (torch.optim.AdamW, gamfunc.adamw, {"lr": 3e-2, "betas": (0.8, 0.99), "weight_decay": 0.3}),
+]
+
+
+@pytest.mark.parametrize(
+    ("torch_cls", "factory", "kwargs"),
+    CHAIN_CASES,
+    ids=[f"{f.__name__}-" + ",".join(f"{a}={b}" for a, b in k.items()) for _, f, k in CHAIN_CASES],
+)
+def test_chained_clip_equals_torch_optim_with_clip_grad_norm(torch_cls, factory, kwargs):
+    params, data = mlp_params(), batches()
+    ref, norms = torch_trajectory(torch_cls, [(ALL, kwargs)], params, data, MAX_NORM)
+    assert min(norms) < MAX_NORM < max(norms)  # both branches of the clamp are exercised
+    opt = gamfunc.chain(gamfunc.clip_by_global_norm(MAX_NORM), factory(**kwargs))
+    ours, state = gamfunc_trajectory(opt, params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-12
+    assert int(state["step"]) == STEPS
+    assert float(state["transforms"]["0"]["norm"]) == pytest.approx(norms[-1], rel=1e-12)
+
+
+def test_chain_without_transforms_is_the_optimizer():
+    params, data = mlp_params(), batches(10)
+    plain, plain_state = gamfunc_trajectory(gamfunc.adamw(1e-2), params, data)
+    chained, state = gamfunc_trajectory(gamfunc.chain(gamfunc.adamw(1e-2)), params, data)
+    assert all(torch.equal(plain[k], chained[k]) for k in params)
+    assert state["transforms"] == {} and state.keys() - {"transforms"} == plain_state.keys()
+
+
+def test_two_clips_in_order_and_nested_chains_flatten():
+    params, data = mlp_params(), batches(10)
+    flat = gamfunc.chain(
+        gamfunc.clip_by_global_norm(0.9), gamfunc.clip_by_global_norm(0.3), gamfunc.sgd(lr=0.1)
+    )
+    nested = gamfunc.chain(
+        gamfunc.clip_by_global_norm(0.9),
+        gamfunc.chain(gamfunc.clip_by_global_norm(0.3), gamfunc.sgd(lr=0.1)),
+    )
+    a, _ = gamfunc_trajectory(flat, params, data)
+    b, sb = gamfunc_trajectory(nested, params, data)
+    assert all(torch.equal(a[k], b[k]) for k in params)
+    assert list(sb["transforms"]) == ["0", "1"]
+    # the second clip sees the first one's output: a norm of at most 0.9
+    assert float(sb["transforms"]["1"]["norm"]) <= 0.9 + 1e-12
+    ref, _ = torch_trajectory(torch.optim.SGD, [(ALL, {"lr": 0.1})], params, data, 0.9, 0.3)
+    assert rel_err(flatten(a), flatten(ref)) < 1e-12
+
+
+def test_chain_keeps_the_optimizer_state_keys_and_lr_written_into_state_takes_effect():
+    params, data = mlp_params(), batches(2)
+    opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
+    state = opt.init(params)
+    assert set(state) == {"step", "lr", "momentum_buffer", "transforms"}
+    state["lr"] = torch.tensor(0.0, dtype=torch.float64)
+    new, new_state = opt.update(grads_of(params, data[0]), state, params)
+    assert all(torch.equal(new[k], params[k]) for k in params)
+    assert int(new_state["step"]) == 1 and float(new_state["lr"]) == 0.0
+
+
+def test_make_step_with_chain_and_mask_equals_torch_optim():
+    """The whole step: gradient, clip, AdamW with no decay on 1-d tensors."""
+    params, data = mlp_params(), batches()
+    mask = gamfunc.decay_mask(params)
+    decay = [k for k in params if mask[k]]
+    rest = [k for k in params if not mask[k]]
+    assert decay and rest
+    kw = {"lr": 2e-2, "weight_decay": 0.1}
+    groups = [(decay, kw), (rest, {**kw, "weight_decay": 0.0})]
+    ref, norms = torch_trajectory(torch.optim.AdamW, groups, params, data, MAX_NORM)
+    assert min(norms) < MAX_NORM < max(norms)
+    opt = gamfunc.chain(
+        gamfunc.clip_by_global_norm(MAX_NORM), gamfunc.adamw(**kw, weight_decay_mask=mask)
+    )
+    step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
+    p, state = params, step.init(params)
+    for batch in data:
+        p, state, metrics = step(p, state, batch)
+    assert rel_err(flatten(p), flatten(ref)) < 1e-12
+    assert int(state["opt"]["step"]) == STEPS and float(metrics["lr"]) == kw["lr"]
+
+
+def test_a_skipped_step_keeps_the_transform_state():
+    params = mlp_params()
+    opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1))
+    step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
+    p, state, _ = step(params, step.init(params), mlp_batch())
+    x, y = mlp_batch(seed=2)
+    new_p, new_state, metrics = step(p, state, (x * float("nan"), y))
+    assert int(metrics["skipped"]) == 1
+    assert torch.equal(
+        new_state["opt"]["transforms"]["0"]["norm"], state["opt"]["transforms"]["0"]["norm"]
+    )
+    assert all(torch.equal(new_p[k], p[k]) for k in p)
+
+
+def test_torch_optim_facade_takes_a_chain_and_round_trips_its_state():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    mask = gamfunc.decay_mask(model.named_parameters())
+    inner = gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-2, weight_decay_mask=mask)
+    opt = FlatnessOptimizer(
+        model, gamfunc.sam(0.05), gamfunc.chain(gamfunc.clip_by_global_norm(0.5), inner)
+    )
+    data = [mlp_batch(seed=i) for i in range(3)]
+    for batch in data[:2]:
+        opt.step(batch)
+    saved = opt.state_dict()
+    assert set(saved["state"]["opt"]["transforms"]["0"]) == {"norm"}
+    twin = FlatnessOptimizer(
+        model, gamfunc.sam(0.05), gamfunc.chain(gamfunc.clip_by_global_norm(0.5), inner)
+    )
+    twin.load_state_dict(saved)
+    restored = twin.state_dict()["state"]["opt"]
+    assert torch.equal(
+        restored["transforms"]["0"]["norm"], saved["state"]["opt"]["transforms"]["0"]["norm"]
+    )
+    opt.param_groups[0]["lr"] = 0.05
+    opt.step(data[2])
+    assert float(opt.metrics["lr"]) == 0.05
+
+
+# ---- masked weight decay against torch.optim param groups ------------------------------------------
+
+
+def ndim_mask(name, tensor):
+    return tensor.ndim >= 2
+
+
+MASKS = {
+    "decay_mask": lambda p: gamfunc.decay_mask(p),
+    "callable": lambda p: ndim_mask,
+    "custom_dict": lambda p: {"w1": True, "b1": True, "w2": False, "b2": False},
+    "none_decays": lambda p: dict.fromkeys(p, False),
+    "all_decay": lambda p: dict.fromkeys(p, True),
+}
+
+
+def resolve(mask, params):
+    return {k: (mask[k] if isinstance(mask, dict) else mask(k, v)) for k, v in params.items()}
+
+
+def groups_of(mask, params, kw):
+    resolved = resolve(mask, params)
+    decay = [k for k in params if resolved[k]]
+    rest = [k for k in params if not resolved[k]]
+    groups = [(decay, kw)] if decay else []
+    return [*groups, (rest, {**kw, "weight_decay": 0.0})] if rest else groups
+
+
+MASKED_CASES = [
+    (torch.optim.SGD, gamfunc.sgd, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-2}),
+    (
+        torch.optim.SGD,
+        gamfunc.sgd,
+        {"lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 1e-1},
+    ),
+    (torch.optim.SGD, gamfunc.sgd, {"lr": 0.1, "weight_decay": 5e-2}),
+    (torch.optim.AdamW, gamfunc.adamw, {"lr": 1e-2, "weight_decay": 0.5}),
+    (torch.optim.AdamW, gamfunc.adamw, {"lr": 3e-3, "betas": (0.8, 0.99), "weight_decay": 0.3}),
+]
+
+
+@pytest.mark.parametrize("mask_name", MASKS)
+@pytest.mark.parametrize(
+    ("torch_cls", "factory", "kwargs"),
+    MASKED_CASES,
+    ids=[f"{f.__name__}-" + ",".join(f"{a}={b}" for a, b in k.items()) for _, f, k in MASKED_CASES],
+)
+def test_masked_weight_decay_equals_torch_param_groups(torch_cls, factory, kwargs, mask_name):
+    params, data = mlp_params(), batches(50)
+    mask = MASKS[mask_name](params)
+    ref, _ = torch_trajectory(torch_cls, groups_of(mask, params, kwargs), params, data)
+    ours, _ = gamfunc_trajectory(factory(**kwargs, weight_decay_mask=mask), params, data)
+    tol = 1e-12 if factory is gamfunc.sgd else 1e-10
+    assert rel_err(flatten(ours), flatten(ref)) < tol
+    for k in params:  # each tensor, not only the whole: a wrong mask on a small bias would hide
+        assert rel_err(ours[k], ref[k]) < tol
+    # the mask matters: decaying everything moves the no-decay tensors elsewhere
+    if mask_name in ("decay_mask", "custom_dict"):
+        everything, _ = gamfunc_trajectory(factory(**kwargs), params, data)
+        off = [k for k, decays in resolve(mask, params).items() if not decays]
+        assert off and all(rel_err(everything[k], ref[k]) > 1e-6 for k in off)
+
+
+def test_decay_mask_is_the_ndim_rule_and_takes_named_parameters():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(8, 3))
+    mask = gamfunc.decay_mask(model.named_parameters())
+    assert mask == {
+        "0.weight": True,
+        "0.bias": False,
+        "1.weight": False,
+        "1.bias": False,
+        "3.weight": True,
+        "3.bias": False,
+    }
+    assert gamfunc.decay_mask(dict(model.named_parameters())) == mask
+    assert gamfunc.transforms.decay_mask is gamfunc.decay_mask
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------
+
+
+def compiled_run(backend, steps=3):
+    torch._dynamo.reset()
+    params = mlp_params(torch.float32)
+    opt = gamfunc.chain(
+        gamfunc.clip_by_global_norm(0.5),
+        gamfunc.adamw(1e-2, weight_decay=0.1, weight_decay_mask=gamfunc.decay_mask(params)),
+    )
+    step = gamfunc.make_step(gamfunc.sam(0.05), opt, mlp_loss)
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    e_p, e_s = params, step.init(params)
+    c_p, c_s = params, step.init(params)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in range(steps):
+            batch = mlp_batch(dtype=torch.float32, seed=i)
+            e_p, e_s, _ = step(e_p, e_s, batch)
+            c_p, c_s, _ = compiled(c_p, c_s, batch)
+    for k in params:
+        torch.testing.assert_close(c_p[k], e_p[k], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        c_s["opt"]["transforms"]["0"]["norm"], e_s["opt"]["transforms"]["0"]["norm"]
+    )
+
+
+def test_chain_traces_as_one_graph():
+    compiled_run("eager")
+
+
+@pytest.mark.slow
+def test_compiled_chain_step_equals_eager_with_inductor():
+    compiled_run("inductor")
+
+
+# ---- argument checks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "name"),
+    [
+        (gamfunc.clip_by_global_norm, {"max_norm": 0.0}, "max_norm"),
+        (gamfunc.clip_by_global_norm, {"max_norm": -1.0}, "max_norm"),
+        (gamfunc.clip_by_global_norm, {"max_norm": float("nan")}, "max_norm"),
+        (gamfunc.clip_by_global_norm, {"max_norm": float("inf")}, "max_norm"),
+        (gamfunc.clip_by_global_norm, {"max_norm": True}, "max_norm"),
+        (gamfunc.clip_by_global_norm, {"max_norm": "1"}, "max_norm"),
+        (gamfunc.clip_by_global_norm, {"max_norm": 1.0, "eps": -1e-6}, "eps"),
+        (gamfunc.sgd, {"lr": 0.1, "weight_decay_mask": ["w1"]}, "weight_decay_mask"),
+        (gamfunc.sgd, {"lr": 0.1, "weight_decay_mask": {"w1": 1}}, "weight_decay_mask"),
+        (gamfunc.adamw, {"weight_decay_mask": "w1"}, "weight_decay_mask"),
+        (gamfunc.adamw, {"weight_decay_mask": {"w1": torch.tensor(True)}}, "weight_decay_mask"),
+    ],
+)
+def test_invalid_arguments_name_the_argument(factory, kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        factory(**kwargs)
+
+
+@pytest.mark.parametrize("factory", [gamfunc.sgd, gamfunc.adamw])
+def test_a_mask_that_does_not_fit_the_params_fails_at_init(factory):
+    params = mlp_params()
+    with pytest.raises(ValueError, match=r"weight_decay_mask.*b2"):
+        factory(lr=0.1, weight_decay_mask={"w1": True, "b1": False, "w2": True}).init(params)
+    by_value = factory(lr=0.1, weight_decay_mask=lambda name, t: t.sum() > 0)
+    with pytest.raises(ValueError, match="weight_decay_mask"):
+        by_value.init(params)
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        ((), "optimizer"),
+        ((gamfunc.clip_by_global_norm(1.0),), "optimizer"),
+        ((gamfunc.sgd(lr=0.1), gamfunc.sgd(lr=0.1)), r"transforms\[0\]"),
+        ((gamfunc.clip_by_global_norm(1.0), lambda d: d, gamfunc.sgd(lr=0.1)), r"transforms\[1\]"),
+    ],
+)
+def test_chain_rejects_bad_arguments(args, name):
+    with pytest.raises(ValueError, match=name):
+        gamfunc.chain(*args)
