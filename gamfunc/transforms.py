@@ -110,7 +110,7 @@ def _global_norm(direction: Tree) -> Tensor:
         groups.setdefault(v.dtype, []).append(v)
     norms = [
         n.to(_norm_dtype(values))
-        for dtype, group in groups.items()
+        for group in groups.values()
         for n in torch._foreach_norm(group, 2, dtype=_norm_dtype(group))
     ]
     return torch.linalg.vector_norm(torch.stack(norms))
