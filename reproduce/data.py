@@ -46,12 +46,16 @@ __all__ = [
     "DataError",
     "DataNotFound",
     "Examples",
+    "FolderLoader",
     "TensorData",
+    "epoch_keys",
     "epoch_order",
     "eval_batches",
     "flip_labels",
     "load",
     "sample_seed",
+    "shard",
+    "shard_positions",
     "split_indices",
     "stack",
     "to_device",
@@ -249,6 +253,80 @@ def stack(ds: Examples, indices: Tensor) -> tuple[Tensor, Tensor]:
     return torch.stack(xs), torch.as_tensor(ys)
 
 
+def shard_positions(batch: int, batch_size: int, rank: int = 0, world: int = 1) -> Tensor:
+    """The positions in the epoch's order of this rank's part of global batch ``batch``.
+
+    Global batch b is positions b·B .. (b+1)·B − 1 of the epoch's order (B = ``batch_size``); rank r of
+    W takes the r-th of its W equal consecutive parts. The ranks' parts, concatenated in rank order,
+    are the batch one process would take."""
+    per = batch_size // world
+    return torch.arange(per) + batch * batch_size + rank * per
+
+
+def shard(ds: Examples, rank: int, world: int) -> Examples:
+    """Rank ``rank``'s share of ``ds`` for evaluation: every ``world``-th example from ``rank`` on
+    (the shares of all ranks cover ``ds`` once)."""
+    if world == 1:
+        return ds
+    return Examples(ds.base, ds.indices[rank::world], ds.labels[rank::world], ds.transform)
+
+
+class _Keys(torch.utils.data.Sampler):
+    """The (index, augmentation seed) keys of one epoch's part, replaced before each epoch, so that one
+    DataLoader (and its persistent workers) serves every epoch."""
+
+    def __init__(self):
+        self.keys: list[tuple[int, int]] = []
+
+    def __iter__(self):
+        return iter(self.keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class FolderLoader:
+    """Batches of a folder data set (decoded and augmented on the CPU) through one DataLoader whose
+    worker processes persist from epoch to epoch and prefetch ``prefetch`` batches each."""
+
+    name = "folder"
+
+    def __init__(
+        self, ds: Examples, batch_size: int, workers: int = 0, pin_memory=False, prefetch=4
+    ):
+        self.ds, self.batch_size, self.sampler = ds, batch_size, _Keys()
+        extra = dict(persistent_workers=True, prefetch_factor=prefetch) if workers else {}
+        self.loader = DataLoader(
+            ds,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            num_workers=workers,
+            pin_memory=pin_memory,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(
+                0
+            ),  # worker seeds; the global RNG stays untouched
+            **extra,
+        )
+
+    def batches(self, keys: list[tuple[int, int]]) -> Iterator[tuple[Tensor, Tensor]]:
+        self.sampler.keys = keys
+        yield from self.loader
+
+
+def epoch_keys(
+    order: Tensor, start: int, batch_size: int, *, seed: int, epoch: int, rank=0, world=1
+) -> list[tuple[int, int]]:
+    """This rank's (example index, augmentation seed) keys for batches ``start, start+1, ...`` of an
+    epoch visiting the examples in ``order`` (the last partial global batch is dropped)."""
+    steps = len(order) // batch_size
+    keys = []
+    for b in range(start, steps):
+        for k in shard_positions(b, batch_size, rank, world).tolist():
+            keys.append((int(order[k]), sample_seed(seed, epoch, k)))
+    return keys
+
+
 def train_batches(
     ds: Examples,
     order: Tensor,
@@ -259,29 +337,28 @@ def train_batches(
     epoch: int,
     workers: int = 0,
     pin_memory: bool = False,
+    rank: int = 0,
+    world: int = 1,
+    loader=None,
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Batches ``start, start+1, ...`` of an epoch visiting ``ds`` in ``order`` (the last partial batch is dropped)."""
+    """This rank's batches ``start, start+1, ...`` of an epoch visiting ``ds`` in ``order`` (the last
+    partial global batch is dropped): ``batch_size // world`` examples each, the rank's part of the
+    global batch (:func:`shard_positions`), each example augmented under the seed of its position.
+
+    ``loader`` (a :class:`FolderLoader` or a GPU loader of ``ds``) serves folder data sets; without
+    one a fresh DataLoader is made."""
     steps = len(order) // batch_size
     fast = ds.tensors()
     if fast is not None:
         x, y = fast
         for b in range(start, steps):
-            idx = order[b * batch_size : (b + 1) * batch_size]
+            idx = order[shard_positions(b, batch_size, rank, world).to(order.device)]
             yield x[idx], y[idx]
         return
-    keys = [
-        (int(order[k]), sample_seed(seed, epoch, k))
-        for k in range(start * batch_size, steps * batch_size)
-    ]
-    yield from DataLoader(
-        ds,
-        batch_size=batch_size,
-        sampler=keys,
-        num_workers=workers,
-        pin_memory=pin_memory,
-        drop_last=True,
-        generator=generator(seed, epoch, 8),  # worker seeds; keeps the global RNG untouched
-    )
+    keys = epoch_keys(order, start, batch_size, seed=seed, epoch=epoch, rank=rank, world=world)
+    if loader is None:
+        loader = FolderLoader(ds, batch_size // world, workers, pin_memory)
+    yield from loader.batches(keys)
 
 
 def eval_batches(

@@ -46,8 +46,9 @@ from gamfunc import hvp as hvps
 from gamfunc import metrics, tree
 from gamfunc.loss import gradient_pass
 from reproduce import data as data_mod
+from reproduce.build import setup
 from reproduce.config import resolve
-from reproduce.train import evaluate, setup
+from reproduce.evaluation import evaluate
 
 __all__ = ["METHODS", "SUBCOMMANDS", "main", "method_config", "train"]
 
@@ -114,7 +115,7 @@ def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
         if examples is None:
             return None
         batches = data_mod.eval_batches(examples, cfg.eval_batch_size)
-        return evaluate(t.loss_fn, params, buffers, batches, device)[1]
+        return evaluate(t.loss_fn, params, buffers, batches, device)["acc"]
 
     train_acc, test_acc, val_acc = acc(data.probe), acc(data.test), acc(data.val)
     return dict(

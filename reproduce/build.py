@@ -1,0 +1,279 @@
+"""What a run trains with: the model, its loss, the estimator, the base optimiser and the step.
+
+:func:`setup` turns a :class:`~reproduce.config.Config` into a :class:`Training`: the model (fresh, or
+from ``--weights``) on the process's device, the cross-entropy loss through
+``torch.func.functional_call``, the estimator named by ``--estimator`` made data parallel
+(:func:`gamfunc.distributed.data_parallel`) when the job has several processes, the base optimiser
+with its schedule, gradient clipping and weight-decay mask, and ``make_step`` of them, compiled
+with ``--compile``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+import gamfunc
+from gamfunc.optim import schedules
+from reproduce import checkpoint as ckpt
+from reproduce.config import Config
+from reproduce.launch import Processes
+from reproduce.models import build_model
+
+__all__ = [
+    "CORRECT",
+    "TOP5",
+    "SetupError",
+    "Training",
+    "build_estimator",
+    "build_optimizer",
+    "channels_last",
+    "classification_loss",
+    "compile_scope",
+    "exact_hvp_backend",
+    "load_weights",
+    "lr_schedule",
+    "setup",
+]
+
+# The extra entry of the loss aux that counts correct predictions at θ (the running train accuracy).
+CORRECT = "__correct__"
+# The extra entry of the aux in eval mode that counts labels among the five largest logits.
+TOP5 = "__correct5__"
+
+
+class SetupError(Exception):
+    """The run cannot start as configured (model, weights, processes); the message says why."""
+
+
+def classification_loss(model: nn.Module, bf16: bool = False, device_type: str = "cpu"):
+    """``loss_fn(params, batch, buffers, *, train=True) -> (loss, new_buffers)``: cross-entropy of
+    ``model`` through ``torch.func.functional_call`` (the buffered form of :func:`gamfunc.nn.functional`).
+
+    The buffers are cloned inside (BatchNorm's running statistics update the clones), the logits are
+    computed under bfloat16 autocast when ``bf16`` and the loss in float32. ``new_buffers`` carries one
+    extra entry, ``CORRECT``: the number of correct predictions at θ, so that the running training
+    accuracy costs nothing (``make_step`` keeps the aux of the pass at θ only); in eval mode also
+    ``TOP5``, the number of labels among the five largest logits.
+    """
+
+    def loss_fn(params, batch, buffers, *, train: bool = True):
+        inputs, targets = batch
+        state = {k: v.clone() for k, v in buffers.items() if k not in (CORRECT, TOP5)}
+        with (
+            gamfunc.nn.mode(model, train),
+            torch.autocast(device_type, torch.bfloat16, enabled=bf16),
+        ):
+            logits = functional_call(model, (params, state), (inputs,))
+        logits = logits.float()
+        aux = {**state, CORRECT: (logits.argmax(-1) == targets).sum()}
+        if not train:
+            top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+            aux[TOP5] = (top == targets[:, None]).any(-1).sum()
+        return F.cross_entropy(logits, targets), aux
+
+    return loss_fn
+
+
+def lr_schedule(cfg: Config, steps_per_epoch: int):
+    """The learning rate: linear warm-up over ``warmup_epochs``, then cosine decay to 0 over the rest
+    of the run (or constant)."""
+    if cfg.schedule == "constant" and cfg.warmup_epochs == 0:
+        return cfg.lr
+    total = cfg.epochs * steps_per_epoch
+    warm = round(cfg.warmup_epochs * steps_per_epoch)
+    if cfg.schedule == "constant":
+        return lambda t: torch.clamp((t.to(torch.float64) + 1) / max(warm, 1), max=1.0) * cfg.lr
+    return schedules.cosine(cfg.lr, total, warm)
+
+
+def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
+    """The H·v backend of the estimators the paper forms with exact Hessian-vector products.
+
+    ``"exact"`` (forward-over-reverse), except for a network with BatchNorm or convolutions under
+    bfloat16 autocast, where torch's forward-mode AD meets a bfloat16 weight and a float32 tangent
+    and fails: there ``"reverse"`` (reverse-over-reverse), the same H·v by another route.
+    """
+    risky = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm)
+    if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):
+        return "reverse"
+    return "exact"
+
+
+def build_estimator(
+    cfg: Config, name: str, lr, hvp: str = "exact"
+) -> tuple[gamfunc.Estimator, gamfunc.Estimator]:
+    """``(estimator, base)``: the estimator called ``name`` and the one of the steps it skips
+    (``every``). ``hvp`` is the backend of the exact H·v (:func:`exact_hvp_backend`)."""
+    rho = cfg.rho
+    if cfg.rho_schedule == "proportional" and callable(lr):
+        rho = schedules.proportional(cfg.rho, lr, cfg.lr)
+    sam_rho = cfg.sam_rho or rho
+    gnp_hvp = hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp
+    plain = gamfunc.gradient()
+    table: dict[str, Callable[[], gamfunc.Estimator]] = {
+        "sgd": lambda: plain,
+        "sam": lambda: gamfunc.sam(rho),
+        "gnp": lambda: gamfunc.gnp(cfg.alpha, hvp=gnp_hvp, fd_radius=cfg.gnp_radius),
+        "gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp),
+        "gam_fd": lambda: gamfunc.gam(rho, cfg.alpha, hvp="fd", fd_radius=cfg.fd_radius),
+        "gam_reverse": lambda: gamfunc.gam(rho, cfg.alpha, hvp="reverse"),
+        "gam_accelerated": lambda: gamfunc.gam_accelerated(
+            rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="paper"
+        ),
+        "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
+            rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="official"
+        ),
+        "sam+gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp, oracle=gamfunc.sam(sam_rho)),
+    }
+    base = gamfunc.sam(sam_rho) if name == "sam+gam" else plain
+    return table[name](), base
+
+
+def build_optimizer(cfg: Config, lr, params: dict[str, Tensor] | None = None) -> gamfunc.Optimizer:
+    """SGD with momentum (coupled weight decay) or AdamW (decoupled), with ``lr`` a float or schedule;
+    with ``no_decay_1d``, no weight decay on 1-d tensors (biases, normalisation weights); with
+    ``clip_norm > 0``, the direction clipped to that global norm first."""
+    mask = gamfunc.decay_mask(params) if cfg.no_decay_1d and params is not None else None
+    if cfg.base == "adamw":
+        opt = gamfunc.adamw(
+            lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, weight_decay_mask=mask
+        )
+    else:
+        opt = gamfunc.sgd(
+            lr,
+            momentum=cfg.momentum,
+            nesterov=cfg.nesterov,
+            weight_decay=cfg.weight_decay,
+            weight_decay_mask=mask,
+        )
+    if cfg.clip_norm > 0:
+        opt = gamfunc.chain(gamfunc.clip_by_global_norm(cfg.clip_norm), opt)
+    return opt
+
+
+def load_weights(model: nn.Module, path: str) -> None:
+    """Load a local state dict, or the params and buffers of one of our checkpoints, into ``model``."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise SetupError(f"--weights: no file at {str(p)!r}")
+    obj = torch.load(p, map_location="cpu", weights_only=True)
+    if isinstance(obj, dict) and obj.get("format") == ckpt.FORMAT:
+        body = ckpt.load(p)
+        obj = {**body["params"], **body["state"].get("buffers", {})}
+    elif isinstance(obj, dict) and isinstance(obj.get("state_dict") or obj.get("model"), dict):
+        obj = obj.get("state_dict") or obj["model"]
+    obj = {k: v for k, v in obj.items() if k not in (CORRECT, TOP5)}
+    missing, unexpected = model.load_state_dict(obj, strict=False)
+    if missing or unexpected:
+        raise SetupError(
+            f"--weights {str(p)!r} does not fit the model: missing {missing}, unexpected {unexpected}"
+        )
+
+
+def channels_last(model: nn.Module) -> None:
+    """Give every 4-d parameter and buffer of ``model`` (convolution kernels) the ``torch.channels_last``
+    layout, in place; tensors of other ranks keep theirs. The values are unchanged."""
+    for t in (*model.parameters(), *model.buffers()):
+        if t.dim() == 4:
+            t.data = t.data.contiguous(memory_format=torch.channels_last)
+
+
+def compile_scope(cfg: Config, world: int) -> str:
+    """``step`` (the whole step, one graph) or ``pass`` (each gradient or H·v pass, the step around
+    them eager: :func:`gamfunc.regional.compile_passes`).
+
+    ``auto`` takes ``pass`` for ImageNet models, whose whole-step compile takes minutes where a pass
+    compiles in about one (benchmarks/RESULTS.md), and under several processes, so that the
+    all-reduces of :mod:`gamfunc.distributed` run between compiled passes, not inside a graph."""
+    if cfg.compile_scope != "auto":
+        return cfg.compile_scope
+    return "pass" if world > 1 or cfg.dataset == "imagenet" else "step"
+
+
+class Training(NamedTuple):
+    """What :func:`setup` builds: the model, its loss, the step and the state before the first step."""
+
+    model: nn.Module
+    loss_fn: Callable  # the loss of this process's examples (evaluation, flatness)
+    step: gamfunc.Step
+    params: dict[str, Tensor]
+    state: dict[str, Any]
+    steps_per_epoch: int
+    notes: list[str]  # what was chosen for this run that a reader should know (one line each)
+
+
+def _check_batch(cfg: Config, n_train: int, world: int) -> int:
+    if cfg.batch_size % world:
+        raise SetupError(
+            f"--batch_size={cfg.batch_size} is the global batch and must divide evenly over the "
+            f"{world} processes"
+        )
+    steps = n_train // cfg.batch_size
+    if steps < 1:
+        raise SetupError(f"batch_size {cfg.batch_size} exceeds the {n_train} training examples")
+    return steps
+
+
+def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Training:
+    """The model of ``cfg`` (fresh, or from ``--weights``), its loss, and ``make_step`` of the estimator
+    ``name`` with the base optimiser and schedule of ``cfg``, initialised on ``procs.device``.
+
+    With several processes every rank starts from rank 0's parameters and buffers, and the estimator
+    is made data parallel with ``cfg.perturbation`` (:func:`gamfunc.distributed.data_parallel`).
+    With ``cfg.channels_last`` the model's 4-d parameters and buffers take the ``torch.channels_last``
+    layout before they are copied out into ``params`` and ``buffers``; the step keeps that layout.
+    """
+    if not isinstance(procs, Processes):  # a device: one process
+        procs = Processes(0, 1, 0, torch.device(procs), "")
+    device = procs.device
+    try:
+        model = build_model(cfg.model, data.num_classes, data.image_size, seed=cfg.seed)
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+    if cfg.weights:
+        load_weights(model, cfg.weights)
+    notes = []
+    hvp = exact_hvp_backend(cfg, model)
+    exact = name in ("gam", "sam+gam") or (name == "gnp" and cfg.gnp_hvp == "exact")
+    if exact and hvp != "exact":
+        notes.append(
+            f"{name}: H·v by reverse-over-reverse AD (forward-mode AD does not pass "
+            "convolutions and BatchNorm under bfloat16 autocast); the same estimator"
+        )
+    model.to(device)
+    if cfg.channels_last:
+        channels_last(model)
+    loss_fn = classification_loss(model, cfg.bf16, device.type)
+    params = {k: v.detach().clone() for k, v in model.named_parameters()}
+    buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    if procs.world > 1:
+        params, buffers = gamfunc.distributed.broadcast((params, buffers))
+    buffers[CORRECT] = torch.zeros((), dtype=torch.int64, device=device)
+    steps_per_epoch = _check_batch(cfg, len(data.train), procs.world)
+    lr = lr_schedule(cfg, steps_per_epoch)
+    estimator, base = build_estimator(cfg, name, lr, hvp)
+    optimizer = build_optimizer(cfg, lr, params)
+    scope = compile_scope(cfg, procs.world) if cfg.compile else ""
+    step_loss = loss_fn
+    if scope == "pass":
+        step_loss = gamfunc.regional.compile_passes(loss_fn)
+    if procs.world > 1:
+        estimator, step_loss = gamfunc.distributed.data_parallel(
+            estimator, step_loss, cfg.perturbation
+        )
+        base, _ = gamfunc.distributed.data_parallel(base, loss_fn, cfg.perturbation)
+    step = gamfunc.make_step(estimator, optimizer, step_loss, every=cfg.every, base=base)
+    state = step.init(params, buffers)
+    if scope == "step":
+        step = step.compile()
+    if scope:
+        what = "each gradient and H·v pass" if scope == "pass" else "the whole step"
+        notes.append(f"compile: {what} (scope={scope}), on the first step")
+    return Training(model, loss_fn, step, params, state, steps_per_epoch, notes)

@@ -1,0 +1,126 @@
+"""Evaluation of a run: loss, top-1 and top-5 accuracy over a split, and the flatness metrics.
+
+With several processes each rank evaluates its own share of the split (:func:`reproduce.data.shard`)
+and the sums are added over ranks (:func:`reproduce.launch.sum_over_ranks`), so the numbers are those
+of the whole split, as one process would report them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from reproduce import data as data_mod
+from reproduce.build import CORRECT, TOP5
+from reproduce.config import Config
+from reproduce.launch import Processes, sum_over_ranks
+
+__all__ = ["Scores", "evaluate", "flatness", "inputs", "to"]
+
+
+def to(obj, device):
+    """Every tensor in a nested dict/list moved to ``device`` (to the CPU synchronously)."""
+    if isinstance(obj, Tensor):
+        return obj.to(device, non_blocking=torch.device(device).type != "cpu")
+    if isinstance(obj, dict):
+        return {k: to(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to(v, device) for v in obj)
+    return obj
+
+
+def inputs(x: Tensor, device, channels_last: bool = False) -> Tensor:
+    """An input batch on ``device``; with ``channels_last``, a 4-d batch (N, C, H, W) is given the
+    ``torch.channels_last`` layout. Inputs of other ranks (MLP vectors, 1-d signals) are left as they are."""
+    x = x.to(device, non_blocking=True)
+    if channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
+Scores = dict[str, float]  # {"loss", "acc" (top-1, %), "top5" (%)}
+
+
+@torch.no_grad()
+def evaluate(
+    loss_fn,
+    params,
+    buffers,
+    batches: Iterable,
+    device,
+    check=None,
+    *,
+    channels_last: bool = False,
+    procs: Processes | None = None,
+) -> Scores:
+    """Mean loss, top-1 and top-5 accuracy (%) of the model in eval mode over ``batches`` (this
+    rank's share of a split), summed over the ranks of ``procs``.
+
+    ``check()``, if given, is called before every batch (it raises to stop the evaluation)."""
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros(2, dtype=torch.int64, device=device)  # top-1, top-5
+    seen = 0
+    for x, y in batches:
+        if check is not None:
+            check()
+        x, y = inputs(x, device, channels_last), y.to(device, non_blocking=True)
+        loss, aux = loss_fn(params, (x, y), buffers, train=False)
+        loss_sum += loss.double() * len(y)
+        correct += torch.stack([aux[CORRECT], aux[TOP5]])
+        seen += len(y)
+    if check is not None:
+        check()
+    counts = torch.cat([correct, torch.tensor([seen], device=device)])
+    if procs is not None:
+        loss_sum, counts = sum_over_ranks(procs, [loss_sum, counts])
+    n = max(int(counts[2]), 1)
+    return {
+        "loss": float(loss_sum) / n,
+        "acc": 100.0 * int(counts[0]) / n,
+        "top5": 100.0 * int(counts[1]) / n,
+    }
+
+
+def flatness(
+    cfg: Config, loss_fn, params, buffers, probe, device, step: int = 0
+) -> tuple[dict[str, float], object]:
+    """λ_max, Hessian trace and R1 on the fixed probe batch, in eval mode, and a landscape figure.
+
+    λ_max: Lanczos (``eig_iters`` products at most); trace: Hutchinson with ``trace_samples`` probes;
+    R1_ρ = ρ·max‖∇L(θ')‖ over ‖θ' − θ‖ ≤ ρ (paper Definition 3.1), ρ = ``flatness_rho`` or ``rho``,
+    from ``r1_steps`` projected ascent steps started at GAM's θ_adv; the landscape is L along a
+    filter-normalised random direction (Li et al. 2018), a matplotlib figure (None when off).
+    Each draws from its own generator seeded by ``cfg.seed``, so resumed runs log the same values.
+    """
+    from gamfunc import metrics
+
+    x, y = to(probe, device)
+    batch = (inputs(x, device, cfg.channels_last), y)
+
+    def loss(p, b):
+        return loss_fn(p, b, buffers, train=False)[0]
+
+    out: dict[str, float] = {}
+    rho = cfg.flatness_rho or cfg.rho or 0.05
+    gen = lambda k: data_mod.generator(cfg.seed, 7, k)  # noqa: E731
+    if cfg.eig_iters:
+        lam = metrics.top_eigenvalues(
+            params, batch, loss, k=1, iters=cfg.eig_iters, generator=gen(1)
+        )
+        out["lambda_max"] = float(lam[0])
+    if cfg.trace_samples:
+        out["trace"] = float(
+            metrics.hessian_trace(params, batch, loss, samples=cfg.trace_samples, generator=gen(2))
+        )
+    if cfg.r1_steps:
+        r1 = metrics.first_order_flatness(
+            params, batch, loss, rho, steps=cfg.r1_steps, init="gradient", generator=gen(3)
+        )
+        out["r1"] = float(r1)
+    figure = None
+    if cfg.landscape:
+        curve = metrics.landscape_1d(params, batch, loss, generator=gen(4))
+        figure = metrics.plot.plot_landscape(curve, title=f"{cfg.estimator}, step {step}")
+    return out, figure

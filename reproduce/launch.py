@@ -1,0 +1,129 @@
+"""Processes of a run: one, or many launched by ``torchrun`` on one node or several.
+
+``torchrun`` sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` (and the rendezvous address) in every
+process it starts; :func:`start` reads them, picks the device (``cuda:LOCAL_RANK`` where CUDA is
+available and not ruled out by ``--device``, else the CPU) and joins the process group (NCCL on CUDA,
+gloo on the CPU). Without ``WORLD_SIZE`` (or with 1) nothing is initialised and the run is one
+process, exactly as before.
+
+The collectives the training loop needs beyond the step's own (:mod:`gamfunc.distributed`) are here:
+:func:`sum_over_ranks` for the epoch's counts and the evaluation, :func:`from_main` to hand a Python
+object (a checkpoint, a decision) from rank 0 to every rank, so that nodes need no shared disk.
+
+A rank that dies makes the others fail at their next collective (gloo reports the closed
+connection; NCCL's watchdog aborts the communicator after ``timeout``), and ``torchrun`` stops the
+remaining workers of the job with SIGTERM: every process exits non-zero, and a checkpoint written
+before stays whole (checkpoints are written atomically, by rank 0 only).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = ["Processes", "finish", "from_main", "start", "sum_over_ranks"]
+
+
+@dataclass(frozen=True)
+class Processes:
+    """Where this process stands in the job."""
+
+    rank: int  # 0 .. world-1, over all nodes
+    world: int  # number of processes of the job
+    local_rank: int  # index on this node (the GPU it drives)
+    device: torch.device  # where this process trains
+    backend: str  # "nccl", "gloo", or "" for a single process
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one process that writes logs, checkpoints and summaries."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, "")
+    try:
+        return int(text) if text else default
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer; got {text!r}") from None
+
+
+def _device(requested: str, local_rank: int, world: int) -> torch.device:
+    if requested == "cpu" or (requested == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError(f"--device={requested}: this machine has no CUDA device; use --device=cpu")
+    if world > 1:  # one GPU per process: the process's local rank picks it
+        if requested.startswith("cuda:"):
+            raise ValueError(
+                f"--device={requested} under torchrun: each process takes cuda:LOCAL_RANK; "
+                "use --device=cuda (or auto) and CUDA_VISIBLE_DEVICES to choose the GPUs"
+            )
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"LOCAL_RANK={local_rank} but this node has {torch.cuda.device_count()} GPUs: "
+                "start at most that many processes per node (--nproc_per_node)"
+            )
+        return torch.device("cuda", local_rank)
+    return torch.device(requested if requested != "auto" else "cuda")
+
+
+def start(requested_device: str = "auto", timeout_s: float = 1800.0) -> Processes:
+    """This process's place in the job, with the process group joined when ``WORLD_SIZE > 1``.
+
+    Args:
+        requested_device: ``--device``: auto | cpu | cuda | cuda:N (cuda:N for one process only).
+        timeout_s: how long a collective may wait for the other ranks before it fails.
+
+    Raises:
+        ValueError: the environment or the device request cannot be honoured (the message says why).
+    """
+    world = _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    device = _device(requested_device, local_rank, world)
+    if world <= 1:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return Processes(0, 1, 0, device, "")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return Processes(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def finish(procs: Processes) -> None:
+    """Leave the process group (a no-op for a single process)."""
+    if procs.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def sum_over_ranks(procs: Processes, tensors: list[Tensor]) -> list[Tensor]:
+    """The element-wise sums over ranks of ``tensors`` (new tensors; the inputs for one process).
+
+    Integer and floating-point tensors are summed in int64 and float64 respectively, so that counts
+    stay exact; the results have the inputs' dtypes back."""
+    if procs.world == 1:
+        return [t.clone() for t in tensors]
+    out = []
+    for t in tensors:
+        wide = torch.float64 if t.is_floating_point() else torch.int64
+        total = t.to(procs.device, wide, copy=True)
+        dist.all_reduce(total, op=dist.ReduceOp.SUM)
+        out.append(total.to(t.device, t.dtype))
+    return out
+
+
+def from_main(procs: Processes, obj):
+    """``obj`` as rank 0 has it, on every rank (pickled; tensors arrive on the CPU)."""
+    if procs.world == 1:
+        return obj
+    box = [obj if procs.main else None]
+    dist.broadcast_object_list(box, src=0, device=procs.device if procs.backend == "nccl" else None)
+    return box[0]

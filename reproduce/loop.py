@@ -1,0 +1,604 @@
+"""The training loop of one estimator: epochs of steps, evaluation, checkpoints, resumption, signals.
+
+:func:`run` trains one estimator of a :class:`~reproduce.config.Config` on this process's part of every
+global batch. With several processes (``torchrun``) every rank runs this same loop on its own shard;
+the step all-reduces what its perturbation mode says (:mod:`gamfunc.distributed`), the epoch's sums and
+the evaluations are added over ranks, and rank 0 alone writes TensorBoard, checkpoints and the
+summary. Checkpoints hold everything a resumed run needs to continue bit for bit: parameters, step
+state, the epoch's order and position, the epoch's sums and the RNG state. Rank 0 reads a checkpoint
+and hands it to the other ranks, so the nodes of a job need no shared disk.
+
+SIGINT and SIGTERM stop the loop at a step boundary (with several processes, at the next logging step,
+where the ranks agree to stop together) and write a checkpoint first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from reproduce import checkpoint as ckpt
+from reproduce import data as data_mod
+from reproduce import gpu_data, report
+from reproduce.build import CORRECT, SetupError, setup
+from reproduce.config import Config, as_dict, estimators_of, run_name
+from reproduce.evaluation import evaluate, flatness, inputs, to
+from reproduce.launch import Processes, from_main, sum_over_ranks
+from reproduce.models import count_parameters
+
+__all__ = ["Interrupted", "StopFlag", "like", "run"]
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived; a checkpoint has been written."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class StopFlag:
+    """Records SIGINT/SIGTERM instead of raising, so that the loop stops at a step boundary and saves."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def __call__(self, signum, frame) -> None:
+        if self.signum is None:
+            print(
+                f"\n{signal.Signals(signum).name}: finishing the step, writing a checkpoint",
+                file=sys.stderr,
+            )
+        self.signum = signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+    def agreed(self, procs: Processes) -> int | None:
+        """The signal that stops the job at this step boundary, the same on every rank: any rank's
+        (a collective: every rank calls it at the same steps)."""
+        if procs.world == 1:
+            return self.signum
+        flag = torch.tensor([self.signum or 0], dtype=torch.int64, device=procs.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        signum = int(flag)
+        if signum and self.signum is None:
+            self.signum = signum
+        return signum or None
+
+    @contextlib.contextmanager
+    def installed(self):
+        signals = (signal.SIGINT, signal.SIGTERM)
+        try:
+            old = {s: signal.signal(s, self) for s in signals}
+        except ValueError:  # not the main thread: leave signals alone
+            yield self
+            return
+        try:
+            yield self
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def like(loaded, template, where: str = "state"):
+    """``loaded`` with each tensor on the device and in the memory layout (strides) of its counterpart
+    in ``template`` (same structure): a checkpoint resumes in the layout of the resuming run, whether
+    or not the run that wrote it used ``channels_last``. The values are copied bit for bit."""
+    if isinstance(template, Tensor):
+        if not isinstance(loaded, Tensor) or loaded.shape != template.shape:
+            raise ckpt.CheckpointError(
+                f"checkpoint {where} does not match the model: shape differs"
+            )
+        t = loaded.to(template.device)
+        if t.stride() != template.stride():
+            t = torch.empty_like(template, dtype=t.dtype).copy_(t)
+        return t
+    if isinstance(template, dict):
+        if not isinstance(loaded, dict) or loaded.keys() != template.keys():
+            raise ckpt.CheckpointError(f"checkpoint {where} does not match the model: keys differ")
+        return {k: like(loaded[k], v, f"{where}.{k}") for k, v in template.items()}
+    return loaded
+
+
+def _summary_path(run_dir: Path) -> Path:
+    return run_dir / "summary.json"
+
+
+def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
+    """The checkpoint body to resume from, or None to start afresh; refuses to clobber an unfinished
+    run, and to resume with another number of processes."""
+    if path.exists() and cfg.resume:
+        saved = ckpt.load(path)
+        ckpt.check_config(saved["config"], cfg, path)
+        was = saved["position"].get("world", 1)
+        if was != world:
+            raise ckpt.CheckpointError(
+                f"{str(path)!r} was written by {was} process(es); resume it with {was} "
+                f"(torchrun --nproc_per_node and --nnodes giving WORLD_SIZE={was}), not {world}"
+            )
+        return saved
+    if cfg.resume:
+        print(f"[{name}] --resume: no checkpoint at {path} yet, starting afresh", flush=True)
+    elif path.exists() and not cfg.overwrite:
+        try:
+            unfinished = not ckpt.load(path).get("finished", False)
+        except ckpt.CheckpointError:
+            unfinished = True
+        if unfinished:
+            raise ckpt.CheckpointError(
+                f"{str(path)!r} holds an unfinished run: pass --resume to continue it or --overwrite to start over"
+            )
+    return None
+
+
+def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, Any]:
+    """Rank 0's decision, on every rank: ("resume", body), ("fresh", None), ("finished", summary)
+    or ("error", message)."""
+    decision: tuple[str, Any] = ("fresh", None)
+    if procs.main:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            saved = _prepare(cfg, name, path, procs.world)
+            summary = _summary_path(path.parent)
+            if saved is not None and saved["finished"] and summary.exists():
+                decision = ("finished", json.loads(summary.read_text()))
+            elif saved is not None:
+                decision = ("resume", saved)
+        except ckpt.CheckpointError as e:
+            decision = ("error", str(e))
+    return from_main(procs, decision)
+
+
+def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
+    """``(train loader, eval batches of a split, its name)`` for folder data sets: the GPU decoder
+    where it is asked for or (``auto``) available, else DataLoader workers. In-memory data needs none."""
+    if data.train.tensors() is not None:
+        return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
+    per_rank = cfg.batch_size // procs.world
+    gpu_ok = data.name == "imagenet" and cfg.augment == "basic" and gpu_data.available(procs.device)
+    if cfg.loader == "gpu" and not gpu_ok:
+        raise SetupError(
+            "--loader=gpu needs ImageNet folder data, --augment=basic and a CUDA device whose "
+            "torchvision decodes JPEG (nvJPEG); use --loader=folder"
+        )
+    if cfg.loader != "folder" and gpu_ok:
+        size = data.image_size
+
+        def gpu_eval(ds):
+            loader = gpu_data.GpuJpegLoader(
+                ds, cfg.eval_batch_size, procs.device, train=False, size=size
+            )
+            return loader.eval_batches()
+
+        train = gpu_data.GpuJpegLoader(data.train, per_rank, procs.device, size=size)
+        return train, gpu_eval, f"{train.name} (nvJPEG decoding and augmentation on the GPU)"
+    pin = procs.device.type == "cuda"
+    train = data_mod.FolderLoader(data.train, per_rank, cfg.workers, pin)
+
+    def folder_eval(ds):
+        return data_mod.eval_batches(ds, cfg.eval_batch_size, cfg.workers, pin)
+
+    return (
+        train,
+        folder_eval,
+        f"folder (DataLoader, {cfg.workers} persistent workers, CPU decoding)",
+    )
+
+
+def _zero_accum(device) -> dict[str, Tensor]:
+    z = lambda dt: torch.zeros((), dtype=dt, device=device)  # noqa: E731
+    return {"loss": z(torch.float64), "correct": z(torch.int64), "seen": z(torch.int64)}
+
+
+def _accumulate(accum: dict[str, Tensor], metrics: dict[str, Tensor], state: dict, n: int) -> None:
+    """Add a step's loss and correct count to the epoch's sums, unless the step was skipped (no sync)."""
+    loss = metrics["loss"]
+    ok = (
+        (metrics["skipped"] == 0).to(loss.device)
+        if "skipped" in metrics
+        else torch.ones((), dtype=torch.bool)
+    )
+    accum["loss"] += torch.where(ok, loss.double() * n, 0.0)
+    accum["correct"] += torch.where(ok, state["buffers"][CORRECT], 0)
+    accum["seen"] += ok.to(torch.int64) * n
+
+
+def _global(accum: dict[str, Tensor], procs: Processes) -> dict[str, Tensor]:
+    """The epoch's sums over all ranks (a collective)."""
+    keys = list(accum)
+    return dict(zip(keys, sum_over_ranks(procs, [accum[k] for k in keys]), strict=True))
+
+
+def _until_stopped(batches: Iterable, stop: StopFlag):
+    """``batches``, ending early without an error if loading fails after a signal arrived (the same
+    SIGINT/SIGTERM may have stopped the DataLoader's worker processes)."""
+    it = iter(batches)
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except Exception:
+            if stop.signum is None:
+                raise
+            return
+        yield item
+
+
+class _Run:
+    """The state of one estimator's training that the loop's parts share."""
+
+    def __init__(self, cfg: Config, name: str, stop: StopFlag, procs: Processes, run_dir: Path):
+        self.cfg, self.name, self.stop, self.procs, self.run_dir = cfg, name, stop, procs, run_dir
+        self.path = run_dir / "checkpoint.pt"
+
+    def say(self, text: str) -> None:
+        if self.procs.main:
+            print(text, flush=True)
+
+
+def run(
+    cfg: Config,
+    stop: StopFlag,
+    data: data_mod.Data | None = None,
+    run_dir: Path | None = None,
+    procs: Processes | None = None,
+) -> dict:
+    """Train one estimator (``cfg.estimator`` names exactly one) and return its summary.
+
+    Raises:
+        Interrupted: SIGINT/SIGTERM arrived (through ``stop``); a checkpoint was written first.
+        CheckpointError, DataError, SetupError: the run cannot start as configured.
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    import gamfunc.logging as tblog
+    from reproduce.launch import start
+
+    procs = procs or start(cfg.device)
+    (name,) = estimators_of(cfg)
+    run_dir = run_dir or Path(cfg.logdir).expanduser() / run_name(cfg) / name
+    r = _Run(cfg, name, stop, procs, run_dir)
+    kind, saved = _decide(cfg, name, r.path, procs)
+    if kind == "error":
+        raise ckpt.CheckpointError(saved)
+    if kind == "finished":
+        r.say(f"[{name}] already finished; summary from {run_dir}")
+        return saved
+    saved = saved if kind == "resume" else None
+
+    device = procs.device
+    data = data_mod.to_device(data or data_mod.load(cfg), device)
+    t = setup(cfg, name, data, procs)
+    model, loss_fn, step, params, state = t.model, t.loss_fn, t.step, t.params, t.state
+    steps_per_epoch, world, rank = t.steps_per_epoch, procs.world, procs.rank
+    train_loader, eval_batches, loader_name = _loaders(cfg, data, procs)
+    r.say(f"[{name}] data: {loader_name}; {world} process(es), global batch {cfg.batch_size}")
+    for note in t.notes:
+        r.say(f"[{name}] {note}")
+
+    probe_idx = torch.randperm(len(data.probe), generator=data_mod.generator(cfg.seed, 6))
+    probe = data_mod.stack(data.probe, probe_idx[: cfg.flatness_samples]) if procs.main else None
+    pos = {"epoch": 0, "batch": 0, "global_step": 0, "train_seconds": 0.0, "world": world}
+    pos |= {"timed_images": 0, "timed_seconds": 0.0}
+    accum = _zero_accum(device)
+    history: list[dict[str, Any]] = []
+    best: dict[str, Any] = {"val_acc": -1.0, "epoch": -1, "test_acc": None}
+    order = None
+    if saved is not None:
+        params = like(saved["params"], params, "params")
+        state = like(saved["state"], state, "state")
+        if procs.main:  # the saved sums are over all ranks: one rank carries them on
+            accum = to(saved["accum"], device)
+        pos, history, best = {**pos, **saved["position"]}, saved["history"], saved["best"]
+        order = saved["data_order"]
+        ckpt.set_rng_state(saved["rng"])
+        r.say(
+            f"[{name}] resumed from {r.path} at epoch {pos['epoch']}, batch {pos['batch']} (step {pos['global_step']})"
+        )
+    else:
+        torch.manual_seed(cfg.seed)
+        if procs.main:
+            report.write_json(run_dir / "config.json", as_dict(cfg))
+
+    def save(finished: bool = False, status: str = "running") -> None:
+        """A checkpoint (a collective: every rank calls it; rank 0 writes)."""
+        sums = _global(accum, procs)
+        if not procs.main:
+            return
+        ckpt.save(
+            r.path,
+            {
+                "config": as_dict(cfg),
+                "params": to(params, "cpu"),
+                "state": to(state, "cpu"),
+                "accum": to(sums, "cpu"),
+                "position": dict(pos),
+                "data_order": order,
+                "history": history,
+                "best": best,
+                "rng": ckpt.rng_state(),
+                "finished": finished,
+                "status": status,
+            },
+        )
+
+    if procs.main:
+        writer = SummaryWriter(str(run_dir), purge_step=pos["global_step"] if saved else None)
+    else:
+        writer = report.NullWriter()
+    if saved is None:
+        tblog.config(writer, as_dict(cfg))
+        tblog.text(
+            writer, "model", f"{cfg.model}: {count_parameters(model):,} parameters on {device}"
+        )
+    stopped = None
+    meter = report.Meter(device, pos)
+    first_step = True
+    show = cfg.progress and procs.main
+    epochs_bar = report.progress(
+        total=cfg.epochs, initial=pos["epoch"], desc=name, enabled=show, unit="ep"
+    )
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    compile_seconds = None
+    try:
+        while pos["epoch"] < cfg.epochs:
+            epoch = pos["epoch"]
+            if order is None:
+                order = data_mod.epoch_order(len(data.train), cfg.seed, epoch)
+                order = order[: steps_per_epoch * cfg.batch_size]
+            batches = data_mod.train_batches(
+                data.train,
+                order.to(data.train.indices.device),
+                pos["batch"],
+                cfg.batch_size,
+                seed=cfg.seed,
+                epoch=epoch,
+                rank=rank,
+                world=world,
+                loader=train_loader,
+            )
+            bar = report.progress(
+                total=steps_per_epoch,
+                initial=pos["batch"],
+                leave=False,
+                enabled=show and steps_per_epoch > 20,
+            )
+            clock = time.perf_counter()
+            meter.mark()
+            for x, y in _until_stopped(batches, stop):
+                x, y = inputs(x, device, cfg.channels_last), y.to(device, non_blocking=True)
+                if first_step and cfg.compile:
+                    r.say(f"[{name}] compiling the step (first call)...")
+                    began = time.perf_counter()
+                params, state, metrics = step(params, state, (x, y))
+                if first_step and cfg.compile:
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    compile_seconds = round(time.perf_counter() - began, 1)
+                    r.say(f"[{name}] compiled and ran the first step in {compile_seconds} s")
+                first_step = False
+                _accumulate(accum, metrics, state, len(y))
+                pos["batch"] += 1
+                pos["global_step"] += 1
+                meter.count(len(y) * world)
+                bar.update()
+                sync = pos["global_step"] % cfg.log_every == 0
+                if sync:
+                    rate = meter.lap()
+                    report.log_step(tblog, writer, metrics, state, pos["global_step"], rate)
+                if cfg.max_steps and pos["global_step"] >= cfg.max_steps:
+                    stopped = "max_steps"
+                signalled = stop.signum if world == 1 else (stop.agreed(procs) if sync else None)
+                if stopped or signalled is not None:
+                    break
+                if cfg.checkpoint_every and pos["global_step"] % cfg.checkpoint_every == 0:
+                    pos["train_seconds"] += time.perf_counter() - clock
+                    save()
+                    clock = time.perf_counter()
+                    meter.mark()
+            bar.close()
+            pos["train_seconds"] += time.perf_counter() - clock
+            if stop.signum is not None:
+                save(status="interrupted")
+                stop.check()
+            if stopped:
+                break
+            # The epoch's steps are done. If a signal stops what follows, the checkpoint says so
+            # (batch == steps_per_epoch) and a resumed run redoes the end-of-epoch work.
+            try:
+                record = _end_of_epoch(
+                    r, epoch, loss_fn, params, state, accum, data, probe, writer, pos, eval_batches
+                )
+            except Interrupted:
+                save(status="interrupted")
+                raise
+            history.append(record)
+            if data.val is not None and record.get("val_acc", -1) > best["val_acc"]:
+                best = {
+                    "val_acc": record["val_acc"],
+                    "epoch": epoch + 1,
+                    "test_acc": record.get("test_acc"),
+                }
+                if procs.main:
+                    ckpt.save(
+                        run_dir / "best.pt",
+                        {
+                            "config": as_dict(cfg),
+                            "params": to(params, "cpu"),
+                            "state": to(state, "cpu"),
+                            "best": best,
+                        },
+                    )
+            pos.update(epoch=epoch + 1, batch=0)
+            accum, order = _zero_accum(device), None
+            epochs_bar.update()
+            epochs_bar.set_postfix(test_acc=record.get("test_acc"), loss=record["train_loss"])
+            line = report.epoch_line(name, cfg, record)
+            if line:
+                r.say(line)
+            if pos["epoch"] < cfg.epochs:  # the last epoch's checkpoint is written below
+                save()
+                if (stop.signum if world == 1 else stop.agreed(procs)) is not None:
+                    save(status="interrupted")
+                    stop.check()
+
+        status = stopped or "finished"
+        save(finished=status == "finished", status=status)
+        last = history[-1] if history and history[-1]["step"] == pos["global_step"] else None
+        final = _final_metrics(
+            r, loss_fn, params, state, data, probe, writer, pos, last, eval_batches
+        )
+    finally:
+        epochs_bar.close()
+        writer.close()
+    overall = pos["global_step"] * cfg.batch_size / max(pos["train_seconds"], 1e-9)
+    rate = meter.rate() or overall
+    out = {
+        "estimator": name,
+        "status": status,
+        "epochs_done": pos["epoch"],
+        "steps": pos["global_step"],
+        "skipped_steps": int(state["skipped"]),
+        "train_seconds": round(pos["train_seconds"], 2),
+        # steady state: the first logging interval of every (re)start (compilation) is left out
+        "images_per_s": round(rate, 1),
+        "images_per_s_per_process": round(rate / world, 1),
+        "images_per_s_overall": round(overall, 1),
+        "processes": world,
+        "perturbation": cfg.perturbation if world > 1 else None,
+        "loader": loader_name,
+        "compile_seconds": compile_seconds,
+        "peak_memory_gib": (
+            round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+            if device.type == "cuda"
+            else None
+        ),
+        "final": final,
+        "best_val": best,
+        # Appendix C.2 reports the best test accuracy seen during training; it is never used for selection.
+        "best_test_acc_reported_only": max(
+            (h.get("test_acc", -1.0) for h in history), default=None
+        ),
+        "history": history,
+        "config": as_dict(cfg),
+    }
+    if procs.main:
+        report.write_json(_summary_path(run_dir), out)
+    return out
+
+
+def _evaluations(r: _Run, splits: dict, params, buffers, loss_fn, eval_batches) -> dict:
+    """``{split_loss, split_acc, split_top5}`` for each split given (each rank its share)."""
+    out = {}
+    procs = r.procs
+    check = r.stop.check if procs.world == 1 else None
+    for split, ds in splits.items():
+        if ds is None:
+            continue
+        part = data_mod.shard(ds, procs.rank, procs.world)
+        n = -(-len(part) // r.cfg.eval_batch_size)
+        show = r.cfg.progress and procs.main and n > 20
+        batches = report.progress(
+            eval_batches(part), total=n, desc=split, leave=False, enabled=show
+        )
+        scores = evaluate(
+            loss_fn,
+            params,
+            buffers,
+            batches,
+            procs.device,
+            check,
+            channels_last=r.cfg.channels_last,
+            procs=procs,
+        )
+        out.update({f"{split}_{k}": v for k, v in scores.items()})
+    return out
+
+
+def _flatness(r: _Run, loss_fn, params, buffers, probe, writer, step: int) -> dict:
+    """The flatness metrics on rank 0 (the others go on to the next collective and wait there)."""
+    import gamfunc.logging as tblog
+
+    if not r.procs.main:
+        return {}
+    values, figure = flatness(r.cfg, loss_fn, params, buffers, probe, r.procs.device, step)
+    if figure is not None:
+        tblog.figure(writer, "flatness/landscape_1d", figure, step)
+    return values
+
+
+def _end_of_epoch(
+    r: _Run, epoch, loss_fn, params, state, accum, data, probe, writer, pos, eval_batches
+) -> dict:
+    """The epoch's record: mean training loss and running accuracy, test/val (/train) evaluation, and
+    flatness every ``flatness_every`` epochs; all written to TensorBoard at the epoch's last step."""
+    import gamfunc.logging as tblog
+
+    cfg = r.cfg
+    step = pos["global_step"]
+    sums = _global(accum, r.procs)
+    seen = max(int(sums["seen"]), 1)
+    record: dict[str, Any] = {
+        "epoch": epoch + 1,
+        "step": step,
+        "train_loss": float(sums["loss"]) / seen,
+        "train_acc": 100.0 * int(sums["correct"]) / seen,
+    }
+    buffers = state["buffers"]
+    last = epoch + 1 == cfg.epochs
+    if (epoch + 1) % cfg.eval_every == 0 or last:
+        splits = {
+            "test": data.test,
+            "val": data.val,
+            "train_eval": data.probe if cfg.eval_train else None,
+        }
+        record.update(_evaluations(r, splits, params, buffers, loss_fn, eval_batches))
+    if cfg.flatness_every and (epoch + 1) % cfg.flatness_every == 0 and not last:
+        if r.procs.world == 1:
+            r.stop.check()
+        record.update(_flatness(r, loss_fn, params, buffers, probe, writer, step))
+    if cfg.histogram_every and (epoch + 1) % cfg.histogram_every == 0:
+        tblog.histograms(writer, params, step)
+    tblog.scalars(
+        writer, {report.tag(k): v for k, v in record.items() if k not in ("epoch", "step")}, step
+    )
+    tblog.scalars(writer, {"epoch": epoch + 1}, step, "train/")
+    return record
+
+
+def _final_metrics(
+    r: _Run, loss_fn, params, state, data, probe, writer, pos, last, eval_batches
+) -> dict:
+    """The final record: ``last`` (the epoch record at this step) or, for a run stopped mid-epoch, a
+    fresh test/validation evaluation; plus accuracy over the whole training set in eval mode
+    (in-memory data, or with ``eval_train``) and the flatness metrics."""
+    import gamfunc.logging as tblog
+
+    cfg, step = r.cfg, pos["global_step"]
+    out: dict[str, Any] = dict(last) if last is not None else {"step": step}
+    buffers = state["buffers"]
+    splits = {
+        "train_eval": data.probe if data.probe.tensors() is not None or cfg.eval_train else None
+    }
+    if last is None:
+        splits |= {"test": data.test, "val": data.val}
+    splits = {k: v for k, v in splits.items() if f"{k}_acc" not in out}
+    out.update(_evaluations(r, splits, params, buffers, loss_fn, eval_batches))
+    out.update(_flatness(r, loss_fn, params, buffers, probe, writer, step))
+    new = {k: v for k, v in out.items() if k not in (last or {}) and k not in ("epoch", "step")}
+    tblog.scalars(writer, {report.tag(k): v for k, v in new.items()}, step)
+    return out

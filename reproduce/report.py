@@ -1,0 +1,169 @@
+"""What a run tells its reader: progress bars, epoch lines, TensorBoard scalars, the images/s meter,
+summaries on disk and the comparison table. Only rank 0 of a job writes any of it."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reproduce.config import Config
+
+__all__ = [
+    "Meter",
+    "NullWriter",
+    "epoch_line",
+    "log_step",
+    "progress",
+    "table",
+    "tag",
+    "write_json",
+]
+
+
+class NullWriter:
+    """A TensorBoard writer that writes nothing: what ranks other than 0 log to."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def progress(iterable=None, **kw):
+    """A tqdm bar on a terminal (and when ``enabled``), a silent pass-through otherwise."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=not (kw.pop("enabled", True) and sys.stderr.isatty()), **kw)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON atomically (a temporary file renamed over ``path``)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+class Meter:
+    """Images per second between synchronisation points (logging steps), for TensorBoard and the summary.
+
+    The first interval after construction (compilation, warm-up) is not added to the totals
+    ``pos["timed_images"]`` and ``pos["timed_seconds"]``; ``mark`` restarts an interval after work that
+    is not training (evaluation, checkpoints).
+    """
+
+    def __init__(self, device: torch.device, pos: dict):
+        self.device, self.pos, self.warm = device, pos, False
+        self.mark()
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def mark(self) -> None:
+        self.start, self.images = self._now(), 0
+
+    def count(self, images: int) -> None:
+        self.images += images
+
+    def lap(self) -> float:
+        now = self._now()
+        rate = self.images / max(now - self.start, 1e-9)
+        if self.warm:
+            self.pos["timed_images"] += self.images
+            self.pos["timed_seconds"] += now - self.start
+        self.warm = True
+        self.start, self.images = now, 0
+        return rate
+
+    def rate(self) -> float | None:
+        return (
+            self.pos["timed_images"] / self.pos["timed_seconds"]
+            if self.pos["timed_seconds"]
+            else None
+        )
+
+
+def log_step(tblog, writer, metrics, state, step: int, images_per_s: float) -> None:
+    """The step's scalars: loss, lr and ρ, the estimator's norms, speed and skipped steps."""
+    groups = {
+        "step/": ("loss",),
+        "opt/": ("lr", "rho"),
+        "grad/": ("grad_norm", "f_norm", "adv_grad_norm", "adv_loss", "perturbed_loss"),
+    }
+    for prefix, keys in groups.items():
+        tblog.scalars(writer, {k: metrics[k] for k in keys if k in metrics}, step, prefix)
+    tblog.scalars(writer, {"images_per_s": images_per_s}, step, "perf/")
+    tblog.scalars(writer, {"skipped_total": state["skipped"]}, step, "train/")
+
+
+def tag(key: str) -> str:
+    """``test_acc`` → ``test/acc``; ``lambda_max`` → ``flatness/lambda_max``."""
+    if key in ("lambda_max", "trace", "r1"):
+        return f"flatness/{key}"
+    split, _, what = key.rpartition("_")
+    return f"{split}/{what}" if split else key
+
+
+def epoch_line(name: str, cfg: Config, record: dict) -> str | None:
+    """The line printed after an epoch (about five per run, and the last), or None."""
+    every = max(cfg.epochs // 5, 1)
+    if record["epoch"] % every and record["epoch"] != cfg.epochs:
+        return None
+    parts = [
+        f"[{name}] epoch {record['epoch']}/{cfg.epochs}",
+        f"train loss {record['train_loss']:.4f}",
+    ]
+    for split in ("val", "test"):
+        if f"{split}_acc" in record:
+            top5 = record.get(f"{split}_top5")
+            extra = (
+                f" (top-5 {top5:.2f}%)" if top5 is not None and cfg.dataset == "imagenet" else ""
+            )
+            parts.append(f"{split} acc {record[f'{split}_acc']:.2f}%{extra}")
+    return ", ".join(parts)
+
+
+def _fmt(v, spec: str) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return format("-", f">{spec.split('.')[0]}")
+    return format(v, spec)
+
+
+def table(summaries: list[dict]) -> str:
+    """The comparison table printed at the end of a run."""
+    has_val = any(s["best_val"]["epoch"] >= 0 for s in summaries)
+    head = f"{'estimator':<26}{'train acc':>10}{'test acc':>10}{'gap':>8}"
+    head += f"{'val acc':>9}" if has_val else ""
+    head += f"{'λ_max':>10}{'trace':>10}{'R1':>10}{'img/s':>9}{'time':>8}"
+    rows = [head, "-" * len(head)]
+    for s in summaries:
+        f = s["final"]
+        train = f.get("train_eval_acc", f.get("train_acc"))
+        test = f.get("test_acc")
+        gap = None if train is None or test is None else train - test
+        label = s["estimator"] + _label_hparams(s)
+        row = f"{label:<26}{_fmt(train, '10.2f')}{_fmt(test, '10.2f')}{_fmt(gap, '8.2f')}"
+        if has_val:
+            row += _fmt(f.get("val_acc"), "9.2f")
+        row += f"{_fmt(f.get('lambda_max'), '10.2f')}{_fmt(f.get('trace'), '10.1f')}{_fmt(f.get('r1'), '10.4f')}"
+        row += f"{s['images_per_s']:>9.0f}{s['train_seconds']:>7.0f}s"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def _label_hparams(s: dict) -> str:
+    c, e = s["config"], s["estimator"]
+    if e in ("sgd",):
+        return ""
+    if e == "sam":
+        return f" ρ={c['rho']:g}"
+    if e == "gnp":
+        return f" α={c['alpha']:g}"
+    extra = f", 1/{c['every']}" if c["every"] > 1 else ""
+    return f" ρ={c['rho']:g},α={c['alpha']:g}{extra}"
