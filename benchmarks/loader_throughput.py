@@ -1,0 +1,72 @@
+"""Images/s of the ImageNet input pipelines alone (no model): the GPU nvJPEG loader and the DataLoader.
+
+Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the training examples as
+``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
+of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends.
+
+    python benchmarks/loader_throughput.py --data /tmp/imagenet-synth --out benchmarks/results/loader.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reproduce import data as data_mod
+from reproduce import gpu_data
+from reproduce.config import resolve
+
+
+def rate(loader, keys, batch: int, warmup: int, device) -> float:
+    it = iter(loader.batches(keys))
+    for _ in range(warmup):
+        next(it)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start, n = time.perf_counter(), 0
+    for x, _ in it:
+        n += len(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--batches", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+    cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={args.data}"])
+    data = data_mod.load(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    order = data_mod.epoch_order(len(data.train), 0, 0)
+    need = (args.batches + args.warmup) * args.batch
+    keys = data_mod.epoch_keys(order[:need], 0, args.batch, seed=0, epoch=0)
+    out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
+    out["batch"], out["torch"] = args.batch, torch.__version__
+    if gpu_data.available(device):
+        gpu = gpu_data.GpuJpegLoader(data.train, args.batch, device, threads=args.threads)
+        out["gpu_nvjpeg_images_per_s"] = round(rate(gpu, keys, args.batch, args.warmup, device))
+    folder = data_mod.FolderLoader(data.train, args.batch, args.workers, device.type == "cuda")
+    out[f"folder_{args.workers}_workers_images_per_s"] = round(
+        rate(folder, keys, args.batch, args.warmup, device)
+    )
+    print(json.dumps(out, indent=2))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The ImageNet input pipelines: the rank shards of the DataLoader fallback (CPU), and the nvJPEG GPU
+loader against the CPU pipeline it replaces (GPU only)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reproduce import data as D
+from reproduce import gpu_data
+from reproduce.config import resolve
+
+
+def jpeg_folder(root: Path, per_class: int = 6, classes: int = 3) -> Path:
+    """A small ImageFolder of JPEGs of ImageNet-like sizes (smooth content, sides 300-500)."""
+    from PIL import Image
+
+    from benchmarks.jpeg_folder import image
+
+    gen = torch.Generator().manual_seed(0)
+    for split in ("train", "val"):
+        for c in range(classes):
+            folder = root / split / f"n{c:08d}"
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = image(gen, "cpu").permute(1, 2, 0).numpy()
+                Image.fromarray(pixels).save(folder / f"{i}.JPEG", format="JPEG", quality=90)
+    return root
+
+
+def imagenet(root: Path):
+    return D.load(resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", "--seed=3"]))
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_each_rank_gets_its_part_of_every_global_batch_with_the_global_augmentation(
+    tmp_path, world
+):
+    """The fallback DataLoader's batches on rank r are rows r·B/W .. (r+1)·B/W of the batches of one
+    process, bit for bit: the same examples, augmented under the seeds of their global positions."""
+    data = imagenet(jpeg_folder(tmp_path, per_class=4))
+    order = D.epoch_order(len(data.train), 3, 1)
+    full = list(D.train_batches(data.train, order, 1, 6, seed=3, epoch=1))
+    assert len(full) == 1  # 12 images, batch 6: batch 1 of 2 (a resumed start)
+    per = 6 // world
+    for rank in range(world):
+        (part,) = D.train_batches(data.train, order, 1, 6, seed=3, epoch=1, rank=rank, world=world)
+        x, y = part
+        torch.testing.assert_close(x, full[0][0][rank * per : (rank + 1) * per], rtol=0, atol=0)
+        assert torch.equal(y, full[0][1][rank * per : (rank + 1) * per])
+
+
+def test_evaluation_shards_cover_the_split_once(tmp_path):
+    data = imagenet(jpeg_folder(tmp_path, per_class=3))
+    parts = [D.shard(data.test, r, 4) for r in range(4)]
+    seen = torch.cat([p.indices for p in parts]).sort().values
+    assert torch.equal(seen, data.test.indices.sort().values)
+    assert sum(len(p) for p in parts) == len(data.test)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_loader_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
+    """The same examples, crops and flips as torchvision's CPU transforms (parameters drawn under the
+    same per-example seeds), to the rounding of two JPEG decoders and two resampling filters."""
+    device = torch.device("cuda")
+    assert gpu_data.available(device)
+    data = imagenet(jpeg_folder(tmp_path))
+    ds = data.train if train else data.test
+    order = torch.arange(len(ds)) if not train else D.epoch_order(len(ds), 3, 0)
+    keys = D.epoch_keys(order, 0, 6, seed=3, epoch=0) if train else [(j, None) for j in range(12)]
+    gpu = gpu_data.GpuJpegLoader(ds, 6, device, train=train)
+    got = list(gpu.batches(keys))
+    if train:
+        want = list(D.FolderLoader(ds, 6).batches(keys))
+    else:
+        want = list(D.eval_batches(torch.utils.data.Subset(ds, range(12)), 6))
+    assert len(got) == len(want) == (len(keys) // 6)
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert gx.shape == wx.shape == (6, 3, 224, 224) and gx.device.type == "cuda"
+        assert torch.equal(gy.cpu(), wy)
+        diff = (gx.cpu() - wx).abs()
+        # normalised units: one grey level is about 1/255/0.226 = 0.017
+        assert diff.mean() < 0.03, float(diff.mean())
+        assert float(torch.corrcoef(torch.stack([gx.cpu().flatten(), wx.flatten()]))[0, 1]) > 0.99
