@@ -50,7 +50,7 @@ def one(preset: str, estimator: str, gpus: int, batch: int, args, cache: str) ->
     cmd += ["--compile", "--bf16", f"--estimator={estimator}", f"--batch_size={batch}"]
     cmd += ["--channels_last"] if preset.startswith("resnet") else []
     cmd += [f"--max_steps={args.steps}", "--log_every=5", f"--logdir={logdir}", "--overwrite"]
-    cmd += [f"--workers={args.workers}", *QUIET]
+    cmd += [f"--workers={args.workers}", f"--loader={args.loader}", *QUIET]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -82,6 +82,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--batch", type=int, default=256, help="global batch of the N-GPU run")
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--loader", default="auto")
     ap.add_argument("--timeout", type=int, default=400)
     ap.add_argument("--logdir", default=tempfile.mkdtemp(prefix="imagenet-runs-"))
     ap.add_argument("--out", default="")

@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--workers", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--decode_threads", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -57,12 +58,18 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     out["batch"], out["torch"] = args.batch, torch.__version__
     if gpu_data.available(device):
-        gpu = gpu_data.GpuJpegLoader(data.train, args.batch, device, threads=args.threads)
-        out["gpu_nvjpeg_images_per_s"] = round(rate(gpu, keys, args.batch, args.warmup, device))
-    folder = data_mod.FolderLoader(data.train, args.batch, args.workers, device.type == "cuda")
-    out[f"folder_{args.workers}_workers_images_per_s"] = round(
-        rate(folder, keys, args.batch, args.warmup, device)
-    )
+        for k in args.decode_threads:
+            gpu = gpu_data.GpuJpegLoader(
+                data.train, args.batch, device, threads=args.threads, decode_threads=k
+            )
+            out[f"gpu_nvjpeg_{k}_decode_threads_images_per_s"] = round(
+                rate(gpu, keys, args.batch, args.warmup, device)
+            )
+    for w in args.workers:
+        folder = data_mod.FolderLoader(data.train, args.batch, w, device.type == "cuda")
+        out[f"folder_{w}_workers_images_per_s"] = round(
+            rate(folder, keys, args.batch, args.warmup, device)
+        )
     print(json.dumps(out, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

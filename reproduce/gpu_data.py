@@ -20,6 +20,7 @@ decoder's and the resampling filter's rounding only (PIL's and nvJPEG's IDCTs di
 from __future__ import annotations
 
 import contextlib
+import itertools
 import queue
 import threading
 from collections.abc import Iterator
@@ -88,6 +89,7 @@ class GpuJpegLoader:
         size: the side of the output images.
         threads: file-reading threads.
         read_ahead: batches prepared ahead of the one being consumed.
+        decode_threads: threads that decode parts of a batch at once.
     """
 
     name = "gpu-nvjpeg"
@@ -102,16 +104,35 @@ class GpuJpegLoader:
         size: int = 224,
         threads: int = 16,
         read_ahead: int = 3,
+        decode_threads: int = 4,
     ):
         self.ds, self.batch_size, self.device = ds, batch_size, torch.device(device)
         self.train, self.size, self.read_ahead = train, size, read_ahead
         self.paths = [p for p, _ in ds.base.samples]
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="jpeg-read")
+        self.decode_threads = decode_threads
+        self.decoders = ThreadPoolExecutor(decode_threads, thread_name_prefix="jpeg-decode")
         self.mean = torch.tensor(MEAN, device=self.device).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(STD, device=self.device).view(1, 3, 1, 1) * 255
 
     # ------------------------------------------------------------ one batch
     def _decode(self, data: list[Tensor]) -> list[Tensor]:
+        """The batch decoded by ``decode_threads`` threads, each taking a consecutive part (nvJPEG's
+        Huffman stage runs on the CPU of the calling thread)."""
+        k = min(self.decode_threads, len(data))
+        if k <= 1:
+            return self._decode_part(data)
+        cuts = [round(i * len(data) / k) for i in range(k + 1)]
+        parts = [data[a:b] for a, b in itertools.pairwise(cuts)]
+        stream = torch.cuda.current_stream(self.device)
+
+        def decode(part):
+            with torch.cuda.stream(stream):
+                return self._decode_part(part)
+
+        return [img for imgs in self.decoders.map(decode, parts) for img in imgs]
+
+    def _decode_part(self, data: list[Tensor]) -> list[Tensor]:
         from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
         try:

@@ -70,7 +70,8 @@ def _device(requested: str, local_rank: int, world: int) -> torch.device:
                 "start at most that many processes per node (--nproc_per_node)"
             )
         return torch.device("cuda", local_rank)
-    return torch.device(requested if requested != "auto" else "cuda")
+    device = torch.device(requested if requested != "auto" else "cuda")
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def start(requested_device: str = "auto", timeout_s: float = 1800.0) -> Processes:
