@@ -1,0 +1,166 @@
+"""reproduce/train.py under torchrun on the CPU (gloo): two processes train as one, resume bit for
+bit, stop together when one dies, and two "nodes" on localhost take the multi-node code path."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reproduce import checkpoint as ckpt
+from reproduce import train
+
+ROOT = Path(__file__).resolve().parents[1]
+ARGS = ["--preset=digits", "--progress=false", "--landscape=false", "--eig_iters=0"]
+ARGS += ["--trace_samples=0", "--r1_steps=0", "--threads=1"]
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args: str, launcher=(), log: Path | None = None):
+    """Run train.py under torchrun to the end, or, with ``log``, start it writing its output there."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *launcher,
+        str(ROOT / "reproduce/train.py"),
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if log is None:
+        return subprocess.run(
+            cmd + list(args), env=env, capture_output=True, text=True, timeout=240
+        )
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd + list(args), env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def standalone(n: int) -> list[str]:
+    return ["--standalone", f"--nproc_per_node={n}", f"--master_port={free_port()}"]
+
+
+def params(logdir: Path, estimator: str) -> dict[str, torch.Tensor]:
+    return ckpt.load(logdir / "digits" / estimator / "checkpoint.pt")["params"]
+
+
+def test_two_processes_train_as_one_and_resume_bit_for_bit(tmp_path, capsys):
+    """Global mode: 2 processes × 50 examples take the step of one process on the batch of 100, for
+    SGD and exact GAM (float32 rounding apart: the mean over ranks is summed in another order). A
+    run stopped after 4 steps and resumed under torchrun ends bit for bit where an uninterrupted
+    one does; a resume with another number of processes is refused in one line."""
+    steps = ["--max_steps=10", "--estimator=sgd,gam"]
+    whole = torchrun(f"--logdir={tmp_path / 'two'}", *ARGS, *steps, launcher=standalone(2))
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    assert "2 process(es), global batch 100" in whole.stdout
+    assert train.main([f"--logdir={tmp_path / 'one'}", *ARGS, *steps]) == 0
+    for est in ("sgd", "gam"):
+        a, b = params(tmp_path / "two", est), params(tmp_path / "one", est)
+        assert any(not torch.equal(a[k], b[k]) for k in a) or est == "sgd"
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+    cut = ["--estimator=gam", f"--logdir={tmp_path / 'cut'}"]
+    first = torchrun(*ARGS, *cut, "--max_steps=4", launcher=standalone(2))
+    assert first.returncode == 0, first.stdout + first.stderr
+    rest = torchrun(*ARGS, *cut, "--max_steps=10", "--resume", launcher=standalone(2))
+    assert rest.returncode == 0, rest.stdout + rest.stderr
+    assert "resumed from" in rest.stdout
+    a, b = params(tmp_path / "cut", "gam"), params(tmp_path / "two", "gam")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    capsys.readouterr()
+    assert train.main([*ARGS, *cut, "--max_steps=12", "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "written by 2 process(es)" in err and len(err.splitlines()) == 1
+
+
+def _workers(parent: int) -> dict[int, int]:
+    """{RANK: pid} of the worker processes under a torchrun process (Linux /proc)."""
+    out, todo = {}, [parent]
+    while todo:
+        pid = todo.pop()
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            continue
+        for c in map(int, children):
+            todo.append(c)
+            try:
+                env = Path(f"/proc/{c}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            rank = [e for e in env if e.startswith(b"RANK=")]
+            if rank:
+                out[int(rank[0][5:])] = c
+    return out
+
+
+def test_a_killed_rank_stops_the_job_within_seconds_and_the_checkpoint_stays_whole(tmp_path):
+    logdir = tmp_path / "runs"
+    job = torchrun(
+        f"--logdir={logdir}",
+        *ARGS,
+        "--estimator=sgd",
+        "--epochs=100000",
+        "--checkpoint_every=3",
+        launcher=standalone(2),
+        log=tmp_path / "job.log",
+    )
+    path = logdir / "digits" / "sgd" / "checkpoint.pt"
+    try:
+        deadline = time.monotonic() + 120
+        while not path.exists() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.2)
+        assert path.exists(), (tmp_path / "job.log").read_text()
+        workers = _workers(job.pid)
+        assert set(workers) == {0, 1}
+        os.kill(workers[1], signal.SIGKILL)
+        killed = time.monotonic()
+        code = job.wait(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert code != 0
+    time.sleep(0.5)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in workers.values())
+    body = ckpt.load(path)  # whole: its digest checks
+    assert body["position"]["world"] == 2 and body["position"]["global_step"] >= 3
+
+
+def test_two_nodes_on_localhost_train_as_one_process(tmp_path):
+    """--nnodes=2 --node_rank=0/1 with a static rendezvous on 127.0.0.1: the multi-node code path."""
+    port = free_port()
+    common = [
+        "--nnodes=2",
+        "--nproc_per_node=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+    ]
+    args = [f"--logdir={tmp_path / 'nodes'}", *ARGS, "--estimator=gam", "--max_steps=6"]
+    logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
+    nodes = [torchrun(*args, launcher=[*common, f"--node_rank={r}"], log=logs[r]) for r in (0, 1)]
+    codes = [n.wait(timeout=240) for n in nodes]
+    assert codes == [0, 0], [log.read_text() for log in logs]
+    assert (
+        train.main([f"--logdir={tmp_path / 'one'}", *ARGS, "--estimator=gam", "--max_steps=6"]) == 0
+    )
+    a, b = params(tmp_path / "nodes", "gam"), params(tmp_path / "one", "gam")
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
