@@ -18,7 +18,9 @@ and R1 at the end. It should print (torch 2.14, CPU)::
 A paper setting, an estimator, overrides (``--key=value``; ``--help`` lists every field)::
 
     python reproduce/train.py --preset=hp1.cifar100.resnet18 --data=~/data/cifar100 --estimator=sam+gam
-    python reproduce/train.py --preset=hp2.imagenet.resnet50 --data=/datasets/imagenet --compile --bf16
+    python reproduce/train.py --preset=hp2.imagenet.resnet50 --data=/datasets/imagenet --compile --bf16 --channels_last
+    torchrun --standalone --nproc_per_node=8 reproduce/train.py --preset=hp2.imagenet.resnet50 \
+        --data=/datasets/imagenet --compile --bf16 --channels_last     # one node, 8 GPUs
     python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels-last
     python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val-fraction=0.1
     python reproduce/train.py --preset=time.cifar10.resnet18.gam10pct --data=~/data/cifar10
@@ -29,6 +31,12 @@ configuration), ``checkpoint.pt`` (every epoch, every ``checkpoint_every`` steps
 ``best.pt`` (best validation accuracy, with ``--val-fraction``) and ``summary.json``; a comparison of
 several estimators also writes ``<logdir>/<name>/comparison.json``. ``--resume`` continues a run
 exactly where its checkpoint left it (bit-exact on CPU).
+
+Under ``torchrun`` every process trains on its GPU (``LOCAL_RANK``) through ``gamfunc.distributed``;
+``--batch_size`` is the global batch and rank 0 alone writes the output (README: "ImageNet on many GPUs
+and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step), ``loop`` (epochs,
+checkpoints, signals), ``evaluation``, ``launch`` (processes), ``report`` (logs and tables),
+``data`` and ``gpu_data`` (input pipelines).
 
 Exit status: 0 when done, 2 for bad arguments, missing data or an unusable checkpoint (one line on
 stderr, no traceback), 128 + signal number after SIGINT/SIGTERM (a final checkpoint is written first).
