@@ -154,9 +154,11 @@ def _detached(aux):
 
 
 def check_params(params: Any) -> None:
-    """Raise a clear error unless ``params`` is a flat dict of floating-point tensors."""
+    """Raise a clear error unless ``params`` is a non-empty flat dict of floating-point tensors."""
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict[str, Tensor]; got {type(params).__name__}")
+    if not params:
+        raise ValueError("params is empty: there is nothing to train")
     for k, v in params.items():
         if not isinstance(v, Tensor):
             raise TypeError(f"params[{k!r}] must be a tensor; got {type(v).__name__}")

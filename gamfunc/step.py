@@ -3,7 +3,8 @@
 ``step(params, state, batch) -> (new_params, new_state, metrics)`` is the only thing a user wraps in
 ``torch.compile``. ``state`` is a dict::
 
-    {"step": 0-d int64,            # steps taken (skipped ones included)
+    {"step": 0-d int64,            # steps taken (skipped ones not counted): the one step counter,
+                                   # read by the estimator's and the optimiser's schedules
      "opt": optimiser state,       # see gamfunc.optim
      "skipped": 0-d int64,         # steps skipped because the loss or direction was not finite
      "buffers": dict (optional),   # BatchNorm running statistics, for a buffered loss_fn
@@ -74,6 +75,7 @@ class Step:
         return state
 
     def __call__(self, params, state, batch):
+        check_state(state, params)
         if self.every == 1:
             return self.full(params, state, batch)
         # The choice reads a host-side copy of the step count, so it costs no device
@@ -188,9 +190,14 @@ def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
 def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
     buffers = state.get("buffers")
     loss = bind(loss_fn, state)
+    # One step counter, the steps taken: the estimator's schedules (ρ) and the optimiser's (lr, bias
+    # corrections) read the same t, so a skipped step moves neither.
     step = state["step"]
     est = estimator.run(params, batch, loss, step=step)
-    new_params, new_opt = optimizer.update(est.direction, state["opt"], params)
+    opt_state = state["opt"]
+    if "step" in opt_state:
+        opt_state = {**opt_state, "step": step}
+    new_params, new_opt = optimizer.update(est.direction, opt_state, params)
     metrics = dict(est.info)
     metrics["lr"] = new_opt["lr"]
     if "rho" in estimator.hparams:
@@ -201,21 +208,27 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
         new_state["buffers"] = est.clean.aux
     if on_nonfinite == "ignore":
         return new_params, new_state, metrics
-    finite = torch.isfinite(est.info["loss"]) & torch.isfinite(_norm(est))
+    finite = (
+        torch.isfinite(est.info["loss"])
+        & torch.isfinite(_norm(est))
+        & _all_finite(new_params, new_opt).to(step.device)
+    )
     if on_nonfinite == "raise":
         if not bool(finite):
             raise FloatingPointError(
-                f"non-finite loss or direction at step {int(step)}: loss={float(est.info['loss'])}"
+                f"non-finite loss, direction or update at step {int(step)}: "
+                f"loss={float(est.info['loss'])}"
             )
         return new_params, new_state, metrics
     skipped = (~finite).to(torch.int64)
     if torch.compiler.is_compiling():  # no Python branch on a tensor value in a graph
         new_params = tree.where(finite, new_params, params)
         new_state["opt"] = _select(finite, new_opt, state["opt"])
+        new_state["step"] = step + finite.to(step.dtype)
         if buffers is not None:
             new_state["buffers"] = _select(finite, new_state["buffers"], buffers)
     elif not bool(finite):  # eager: one host sync is cheaper than a select per tensor
-        new_params, new_state["opt"] = params, state["opt"]
+        new_params, new_state["opt"], new_state["step"] = params, state["opt"], step
         if buffers is not None:
             new_state["buffers"] = buffers
     new_state["skipped"] = state["skipped"] + skipped
@@ -225,6 +238,72 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
         new_state.update(entries)
         metrics.update(extra)
     return new_params, new_state, metrics
+
+
+STATE_KEYS = ("step", "opt", "skipped")
+
+
+def check_state(state, params) -> None:
+    """Raise a one-line error, naming the key, unless ``state`` is a step state made for ``params``.
+
+    Checked: the entries every state has, and every per-parameter dict of the optimiser state
+    (momentum, moments: a dict of tensors sharing a name with ``params``) against the names and
+    shapes of ``params``, so that a state made for other parameters is not broadcast against them.
+    Python only, on names and shapes: a compiled step traces it once.
+    """
+    if not isinstance(state, dict):
+        raise TypeError(
+            f"state must be the dict that step.init(params) returns; got {type(state).__name__}"
+        )
+    check_params(params)
+    for key in STATE_KEYS:
+        if key not in state:
+            raise ValueError(f"state has no entry {key!r}; make it with step.init(params)")
+    _check_like(state["opt"], params, "state['opt']")
+
+
+def _check_like(node, params, where: str) -> None:
+    if not isinstance(node, dict):
+        return
+    if node and node.keys() & params.keys() and all(isinstance(v, Tensor) for v in node.values()):
+        if node.keys() != params.keys():
+            missing, extra = sorted(params.keys() - node.keys()), sorted(node.keys() - params.keys())
+            raise ValueError(
+                f"{where} was made for other parameters: no entry for {missing}, "
+                f"entries {extra} not in params; make the state with step.init(params)"
+            )
+        for k, v in node.items():
+            if v.shape != params[k].shape:
+                raise ValueError(
+                    f"{where}[{k!r}] has shape {tuple(v.shape)} but params[{k!r}] has "
+                    f"{tuple(params[k].shape)}; make the state with step.init(params)"
+                )
+        return
+    for k, v in node.items():
+        _check_like(v, params, f"{where}[{k!r}]")
+
+
+def _all_finite(*trees) -> Tensor:
+    """Whether every floating-point entry of ``trees`` (the new params and optimiser state) is
+    finite: the largest magnitude of each tensor (one ``_foreach`` kernel; a nan stays nan), then
+    one ``isfinite`` over those."""
+    leaves = [
+        t
+        for t in torch.utils._pytree.tree_leaves(trees)
+        if isinstance(t, Tensor) and t.is_floating_point() and t.numel() > 0
+    ]
+    if not leaves:
+        return torch.ones((), dtype=torch.bool)
+    device = leaves[0].device
+    maxima = [m.to(device) for m in torch._foreach_norm(leaves, float("inf"))]
+    return torch.isfinite(torch.stack(_common(maxima))).all()
+
+
+def _common(parts: list[Tensor]) -> list[Tensor]:
+    dtype = parts[0].dtype
+    for p in parts[1:]:
+        dtype = torch.promote_types(dtype, p.dtype)
+    return [p.to(dtype) for p in parts]
 
 
 def _norm(est) -> Tensor:
@@ -311,6 +390,10 @@ def make_step(
         raise ValueError(f"every must be an integer >= 1; got {every!r}")
     if on_nonfinite not in NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE}; got {on_nonfinite!r}")
+    if not callable(loss_fn):
+        raise TypeError(
+            f"loss_fn must be a callable loss_fn(params, batch); got {type(loss_fn).__name__}"
+        )
     return _new_step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
 
 

@@ -92,28 +92,11 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
         return {"norm": torch.zeros((), dtype=_norm_dtype(params.values()), device=dev)}
 
     def update(direction, state, params):
-        n = _global_norm(direction)
+        n = tree.norm(direction)  # in float32 or wider
         coef = torch.clamp(max_norm / (n + eps), max=1.0)  # clip_grad_norm_'s expression
         return tree.scale(direction, coef), {"norm": n}
 
     return Transform(init, update)
-
-
-def _global_norm(direction: Tree) -> Tensor:
-    """‖d‖₂ over all leaves, in float32 or wider: :func:`gamfunc.tree.norm` where every leaf is
-    float32 or float64, else the norm of each dtype's leaves computed in at least float32."""
-    values = list(direction.values())
-    if all(v.dtype in (torch.float32, torch.float64) for v in values):
-        return tree.norm(direction)
-    groups: dict[torch.dtype, list[Tensor]] = {}
-    for v in values:
-        groups.setdefault(v.dtype, []).append(v)
-    norms = [
-        n.to(_norm_dtype(values))
-        for group in groups.values()
-        for n in torch._foreach_norm(group, 2, dtype=_norm_dtype(group))
-    ]
-    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 def _norm_dtype(leaves: Iterable[Tensor]) -> torch.dtype:

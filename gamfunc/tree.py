@@ -33,6 +33,7 @@ __all__ = [
     "sub",
     "vdot",
     "where",
+    "wide_dtype",
     "zeros_like",
 ]
 
@@ -111,21 +112,46 @@ def lincomb(*terms: tuple[Scalar, Tree]) -> Tree:
 def vdot(a: Tree, b: Tree) -> Tensor:
     """⟨a, b⟩ = Σ_k Σ_i a[k]_i · b[k]_i, a 0-d tensor."""
     _check_keys(a, b)
-    parts = [torch.sum(x * b[k]) for k, x in a.items()]
+    parts = [torch.sum(_wide(x) * _wide(b[k])) for k, x in a.items()]
     return torch.stack(_common_dtype(parts)).sum()
 
 
 def norm(a: Tree) -> Tensor:
-    """‖a‖₂ over all entries of all tensors, a 0-d tensor."""
+    """‖a‖₂ over all entries of all tensors, a 0-d tensor in float32 or wider.
+
+    Half-precision leaves (float16, bfloat16) are summed in float32, so that a norm, and the ξ added
+    to it by :func:`normalize`, do not round away: 1e-12 is 0 in float16.
+    """
+    values = list(a.values())
     if _vmapped(a):
-        norms = [torch.linalg.vector_norm(v) for v in a.values()]
-    else:
-        norms = torch._foreach_norm(list(a.values()))
+        norms = [torch.linalg.vector_norm(v, dtype=wide_dtype(v.dtype)) for v in values]
+    elif all(v.dtype in _WIDE for v in values):
+        norms = torch._foreach_norm(values)
+    else:  # one foreach kernel per dtype: its dtype= argument takes one accumulation type
+        groups: dict[torch.dtype, list[Tensor]] = {}
+        for v in values:
+            groups.setdefault(v.dtype, []).append(v)
+        norms = [n for d, g in groups.items() for n in torch._foreach_norm(g, 2, dtype=wide_dtype(d))]
     return torch.linalg.vector_norm(torch.stack(_common_dtype(norms)))
 
 
+_WIDE = (torch.float32, torch.float64)
+
+
+def wide_dtype(dtype: torch.dtype) -> torch.dtype:
+    """``dtype`` promoted to at least float32: where norms, inner products and ξ are computed."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _wide(x: Tensor) -> Tensor:
+    return x if x.dtype in _WIDE else x.to(wide_dtype(x.dtype))
+
+
 def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:
-    """(a / (‖a‖ + ξ), ‖a‖), with ξ = ``eps``: the paper's safe normalisation, finite at a = 0."""
+    """(a / (‖a‖ + ξ), ‖a‖), with ξ = ``eps``: the paper's safe normalisation, finite at a = 0.
+
+    ‖a‖ + ξ and its reciprocal are formed in float32 or wider (:func:`norm`); the product keeps the
+    leaves' dtype."""
     n = norm(a)
     return scale(a, (n + eps).reciprocal()), n  # what 1.0 / (n + eps) computes, less its "* 1.0"
 

@@ -122,10 +122,11 @@ class Naive:
 def quadratic(dim=6, seed=0, dtype=torch.float64, cond=10.0):
     """L(θ) = ½(θ−θ*)ᵀA(θ−θ*) over params {"a": θ[:2], "b": θ[2:]}; returns (loss_fn, A, θ*)."""
     g = torch.Generator().manual_seed(seed)
-    q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=dtype))
-    eig = torch.logspace(0, torch.log10(torch.tensor(cond)).item(), dim, dtype=dtype)
-    A = q @ torch.diag(eig) @ q.T
-    theta_star = torch.randn(dim, generator=g, dtype=dtype)
+    wide = torch.float64  # built in float64 (no QR in half precision), then cast to ``dtype``
+    q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=g, dtype=wide))
+    eig = torch.logspace(0, torch.log10(torch.tensor(cond)).item(), dim, dtype=wide)
+    A = (q @ torch.diag(eig) @ q.T).to(dtype)
+    theta_star = torch.randn(dim, generator=g, dtype=wide).to(dtype)
 
     def loss_fn(params, batch):
         e = torch.cat([params["a"], params["b"]]) - theta_star

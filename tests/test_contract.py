@@ -39,11 +39,14 @@ def test_estimator_is_pure_deterministic_and_keeps_dtype(name):
         assert "loss" in info1 and all(v.ndim == 0 for v in info1.values())
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name", ESTIMATORS)
-def test_estimator_at_a_zero_gradient_gives_a_finite_direction(name):
-    """At θ = θ* of a quadratic, ∇L = 0 exactly: ξ keeps every normalisation finite."""
-    loss_fn, _, theta_star = quadratic()
+def test_estimator_at_a_zero_gradient_gives_a_finite_direction(name, dtype):
+    """At θ = θ* of a quadratic, ∇L = 0 exactly: ξ keeps every normalisation finite, also where
+    ξ = 1e-12 rounds to 0 in the parameters' dtype (norms and ξ are summed in float32 or wider)."""
+    loss_fn, _, theta_star = quadratic(dtype=dtype)
     d, info = ESTIMATORS[name]()(split(theta_star.clone()), None, loss_fn)
+    assert all(v.dtype == dtype for v in d.values())
     assert all(torch.isfinite(v).all() and (v == 0).all() for v in d.values())
     assert all(torch.isfinite(v) for v in info.values())
 

@@ -140,3 +140,65 @@ def test_gam_with_zero_alpha_reproduces_sgd_trajectory():
     p_gam, _, _ = run(gamfunc.make_step(gamfunc.gam(0.05, 0.0), opt, mlp_loss), params, data)
     p_sgd, _, _ = run(gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss), params, data)
     assert rel_err(flatten(p_gam), flatten(p_sgd)) == 0.0
+
+
+# ---- one step counter, the guard over the update, state checked against params -------------------
+
+
+def test_rho_and_lr_stay_in_proportion_after_skipped_steps():
+    """Estimators and optimisers read one step counter: skipped steps move neither ρ nor lr."""
+    lr = schedules.cosine(0.1, total_steps=10)
+    rho = schedules.proportional(0.05, lr, 0.1)
+    step = gamfunc.make_step(gamfunc.sam(rho), gamfunc.sgd(lr=lr), mlp_loss)
+    params, batch = mlp_params(), mlp_batch()
+    bad = (batch[0] * float("nan"), batch[1])
+    state = step.init(params)
+    for b in (batch, bad, bad, bad, batch):
+        params, state, metrics = step(params, state, b)
+    assert int(state["skipped"]) == 3
+    assert int(state["step"]) == int(state["opt"]["step"]) == 2
+    assert float(metrics["rho"] / metrics["lr"]) == pytest.approx(0.5, rel=1e-12)
+
+
+def test_a_nan_learning_rate_is_skipped_not_written_into_params():
+    params, batch = mlp_params(), mlp_batch()
+    nan_lr = lambda t: torch.full((), float("nan"), dtype=torch.float64)  # noqa: E731
+    step = gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=nan_lr), mlp_loss)
+    state = step.init(params)
+    new, new_state, metrics = step(params, state, batch)
+    assert int(metrics["skipped"]) == 1 and int(new_state["skipped"]) == 1
+    assert all(torch.equal(new[k], params[k]) for k in params)
+    assert torch.equal(new_state["opt"]["step"], state["opt"]["step"])
+
+
+def test_adamw_with_zero_eps_at_a_zero_gradient_is_skipped():
+    loss_fn, _, theta_star = quadratic()
+    params = split(theta_star.clone())
+    step = gamfunc.make_step(gamfunc.gradient(), gamfunc.adamw(lr=0.1, eps=0.0), loss_fn)
+    state = step.init(params)
+    new, new_state, metrics = step(params, state, None)
+    assert int(metrics["skipped"]) == 1
+    assert all(torch.equal(new[k], params[k]) for k in params)
+    for k in ("exp_avg", "exp_avg_sq"):
+        assert all(torch.isfinite(v).all() for v in new_state["opt"][k].values())
+
+
+def test_state_is_checked_against_params():
+    params, batch = mlp_params(), mlp_batch()
+    step = gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
+    with pytest.raises(TypeError, match=r"state.*step\.init"):
+        step(params, None, batch)
+    other = {**params, "b1": torch.zeros(1, dtype=torch.float64)}
+    with pytest.raises(ValueError, match="b1"):
+        step(other, step.init(params), batch)  # a state built for other shapes
+    fewer = {k: v for k, v in params.items() if k != "b2"}
+    with pytest.raises(ValueError, match="b2"):
+        step(fewer, step.init(params), batch)
+    state = step.init(params)
+    del state["opt"]
+    with pytest.raises(ValueError, match="opt"):
+        step(params, state, batch)
+    with pytest.raises(ValueError, match="params"):
+        step.init({})
+    with pytest.raises(TypeError, match="loss_fn"):
+        gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1), "mse")
