@@ -267,7 +267,10 @@ def _check_like(node, params, where: str) -> None:
         return
     if node and node.keys() & params.keys() and all(isinstance(v, Tensor) for v in node.values()):
         if node.keys() != params.keys():
-            missing, extra = sorted(params.keys() - node.keys()), sorted(node.keys() - params.keys())
+            missing, extra = (
+                sorted(params.keys() - node.keys()),
+                sorted(node.keys() - params.keys()),
+            )
             raise ValueError(
                 f"{where} was made for other parameters: no entry for {missing}, "
                 f"entries {extra} not in params; make the state with step.init(params)"

@@ -131,7 +131,9 @@ def norm(a: Tree) -> Tensor:
         groups: dict[torch.dtype, list[Tensor]] = {}
         for v in values:
             groups.setdefault(v.dtype, []).append(v)
-        norms = [n for d, g in groups.items() for n in torch._foreach_norm(g, 2, dtype=wide_dtype(d))]
+        norms = [
+            n for d, g in groups.items() for n in torch._foreach_norm(g, 2, dtype=wide_dtype(d))
+        ]
     return torch.linalg.vector_norm(torch.stack(_common_dtype(norms)))
 
 
