@@ -17,7 +17,7 @@ from gamfunc import (
     transforms,
     tree,
 )
-from gamfunc.estimators import Estimator, gam, gam_accelerated, gnp, gradient, sam
+from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradient, sam
 from gamfunc.optim import Optimizer, adamw, schedules, sgd
 from gamfunc.step import Step, gam_step, make_step
 from gamfunc.transforms import Transform, chain, clip_by_global_norm, decay_mask
@@ -31,6 +31,7 @@ __all__ = [
     "Transform",
     "accumulate",
     "adamw",
+    "asam",
     "chain",
     "clip_by_global_norm",
     "decay_mask",

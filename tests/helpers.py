@@ -82,6 +82,12 @@ class Naive:
     def sam(self, theta, rho):
         return self.grad(theta + rho * self.unit(self.grad(theta)))
 
+    def asam(self, theta, rho, eta):
+        """Kwon et al. 2021, Eq. 8: ε = ρ·T²g/‖T g‖, T = |θ| + η elementwise."""
+        g = self.grad(theta)
+        t = theta.abs() + eta
+        return self.grad(theta + rho * t * t * g / ((t * g).norm() + self.eps))
+
     def gnp_exact(self, theta, alpha):
         return self.grad(theta) + alpha * self.grad_norm_grad(theta)
 

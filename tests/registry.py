@@ -5,6 +5,7 @@ import gamfunc
 ESTIMATORS = {
     "gradient": lambda: gamfunc.gradient(),
     "sam": lambda: gamfunc.sam(0.05),
+    "asam": lambda: gamfunc.asam(0.5, eta=0.01),
     "gnp_fd": lambda: gamfunc.gnp(0.1),
     "gnp_exact": lambda: gamfunc.gnp(0.1, hvp="exact"),
     "gam_exact": lambda: gamfunc.gam(0.05, 0.1),
@@ -41,6 +42,9 @@ INVALID = [
     (gamfunc.sam, {"rho": -0.1}, "rho"),
     (gamfunc.sam, {"rho": float("nan")}, "rho"),
     (gamfunc.sam, {"rho": 0.1, "eps": -1.0}, "eps"),
+    (gamfunc.asam, {"rho": -0.5}, "rho"),
+    (gamfunc.asam, {"rho": 0.5, "eta": -0.01}, "eta"),
+    (gamfunc.asam, {"rho": 0.5, "eps": float("nan")}, "eps"),
     (gamfunc.gnp, {"alpha": -0.1}, "alpha"),
     (gamfunc.gnp, {"alpha": 0.1, "hvp": "dense"}, "hvp"),
     (gamfunc.gnp, {"alpha": 0.1, "fd_radius": 0.0}, "fd_radius"),

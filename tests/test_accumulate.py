@@ -4,6 +4,7 @@ import helpers
 import pytest
 import torch
 from helpers import mlp_loss
+from registry import ESTIMATORS
 from torch import nn
 
 import gamfunc
@@ -12,21 +13,6 @@ from gamfunc.accumulate import Accumulated, accumulate, batch_size, split_batch
 from gamfunc.loss import gradient_pass
 
 F64 = torch.float64
-
-ESTIMATORS = {
-    "gradient": lambda: gamfunc.gradient(),
-    "sam": lambda: gamfunc.sam(0.1),
-    "gnp_fd": lambda: gamfunc.gnp(0.2),
-    "gnp_exact": lambda: gamfunc.gnp(0.2, hvp="exact"),
-    "gam_exact": lambda: gamfunc.gam(0.1, 0.5),
-    "gam_reverse": lambda: gamfunc.gam(0.1, 0.5, hvp="reverse"),
-    "gam_fd": lambda: gamfunc.gam(0.1, 0.5, hvp="fd", fd_radius=1e-3),
-    "sam+gam": lambda: gamfunc.gam(0.1, 0.5, oracle=gamfunc.sam(0.05)),
-    "gam_accelerated_paper": lambda: gamfunc.gam_accelerated(0.1, 0.02, 0.6, 0.4, 0.3),
-    "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
-        0.1, 0.02, 0.6, 0.4, 0.3, convention="official"
-    ),
-}
 
 
 def mlp_params():

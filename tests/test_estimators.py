@@ -45,6 +45,24 @@ def test_sam(setup):
     assert rel_err(d, naive.sam(theta, RHO)) < 1e-10
 
 
+@pytest.mark.parametrize("eta", [0.01, 0.5])
+def test_asam(setup, eta):
+    params, batch, naive, theta = setup
+    d, info = direction(gamfunc.asam(RHO, eta=eta), params, batch)
+    assert rel_err(d, naive.asam(theta, RHO, eta)) < 1e-10
+    assert rel_err(d, naive.sam(theta, RHO)) > 1e-3  # the scale T changes the ascent
+    assert torch.allclose(info["loss"], naive.L(theta))
+
+
+def test_asam_scale_of_one_is_sam(setup):
+    """T = |θ| + η is 1 where θ = 0 and η = 1: ASAM is then SAM."""
+    params, batch, _, _ = setup
+    zero = tree.scale(params, 0.0)
+    d_asam, _ = direction(gamfunc.asam(RHO, eta=1.0), zero, batch)
+    d_sam, _ = direction(gamfunc.sam(RHO), zero, batch)
+    assert rel_err(d_asam, d_sam) < 1e-14
+
+
 @pytest.mark.parametrize("hvp", ["exact", "reverse"])
 def test_gnp_exact_and_reverse(setup, hvp):
     params, batch, naive, theta = setup

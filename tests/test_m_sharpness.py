@@ -4,6 +4,7 @@ import helpers
 import pytest
 import torch
 from helpers import mlp_loss
+from registry import ESTIMATORS
 from torch import nn
 
 import gamfunc
@@ -12,16 +13,6 @@ from gamfunc.m_sharpness import m_sharpness, vmap_failure
 
 F64 = torch.float64
 M = 4
-
-ESTIMATORS = {
-    "gradient": lambda: gamfunc.gradient(),
-    "sam": lambda: gamfunc.sam(0.1),
-    "gnp": lambda: gamfunc.gnp(0.2),
-    "gam_exact": lambda: gamfunc.gam(0.1, 0.5),
-    "gam_reverse": lambda: gamfunc.gam(0.1, 0.5, hvp="reverse"),
-    "gam_fd": lambda: gamfunc.gam(0.1, 0.5, hvp="fd", fd_radius=1e-3),
-    "gam_accelerated": lambda: gamfunc.gam_accelerated(0.1, 0.02, 0.6, 0.4, 0.3),
-}
 
 
 def mlp_params():

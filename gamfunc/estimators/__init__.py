@@ -1,5 +1,6 @@
 """Gradient estimators: what direction to descend along. See :class:`Estimator`."""
 
+from gamfunc.estimators.asam import asam
 from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gam import gam
 from gamfunc.estimators.gam_accelerated import gam_accelerated
@@ -7,4 +8,4 @@ from gamfunc.estimators.gnp import gnp
 from gamfunc.estimators.gradient import gradient
 from gamfunc.estimators.sam import sam
 
-__all__ = ["Estimate", "Estimator", "gam", "gam_accelerated", "gnp", "gradient", "sam"]
+__all__ = ["Estimate", "Estimator", "asam", "gam", "gam_accelerated", "gnp", "gradient", "sam"]

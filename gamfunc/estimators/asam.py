@@ -1,0 +1,37 @@
+"""Adaptive SAM: SAM's ascent measured in the scale of each parameter."""
+
+from __future__ import annotations
+
+from gamfunc import tree
+from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.estimators.gradient import clean_info
+from gamfunc.loss import gradient_pass
+from gamfunc.optim.schedules import value
+
+__all__ = ["asam"]
+
+
+def asam(rho, eta: float = 0.01, eps: float = 1e-12) -> Estimator:
+    """ASAM (Kwon et al. 2021, Eq. 8): direction = ∇L(θ + ε), ε = ρ·T²g/(‖T g‖ + ξ), g = ∇L(θ).
+
+    T = |θ| + η elementwise on every parameter, so the ascent is scale-invariant; with T = 1 it is
+    SAM. ρ is ``rho`` (float >= 0 or a schedule; ASAM's ρ is larger than SAM's, 0.5 to 2 in the
+    paper), η is ``eta``, ξ is ``eps``. Its info adds ``perturbed_loss`` = L(θ + ε).
+
+    References:
+        Kwon, Kim, Park, Choi, "ASAM: Adaptive Sharpness-Aware Minimization for Scale-Invariant
+        Learning of Deep Neural Networks", ICML 2021, https://arxiv.org/abs/2102.11600.
+    """
+    check_nonnegative("rho", rho)
+    check_nonnegative("eta", eta)
+    check_nonnegative("eps", eps)
+
+    def run(params, batch, loss_fn, clean, step):
+        clean = clean if clean is not None else gradient_pass(loss_fn, params, batch)
+        tg = tree.map(lambda p, g: (p.abs() + eta) * g, params, clean.grad)
+        t2g = tree.map(lambda p, v: (p.abs() + eta) * v, params, tg)
+        factor = value(rho, step) / (tree.norm(tg) + eps)
+        adv = gradient_pass(loss_fn, tree.axpy(factor, t2g, params), batch)
+        return Estimate(adv.grad, clean_info(clean) | {"perturbed_loss": adv.loss}, clean)
+
+    return Estimator("asam", run, {"rho": rho, "eta": eta, "eps": eps})
