@@ -10,25 +10,15 @@ For SAM, d(θ, S_j) = ∇L_{S_j}(θ + ρ·g_j/‖g_j‖) with g_j = ∇L_{S_j}(�
 of multi-device SAM/GAM (whose perturbations are per device), and m is a hyperparameter of its own:
 smaller sub-batches give stronger regularisation in the SAM paper's experiments.
 
-The m estimator runs go through ``torch.func.vmap`` (one batched run instead of m small ones) where
-the estimator can run under vmap, and through a Python loop over the sub-batches otherwise; both give
-the same direction up to rounding. Whether vmap works is probed once, at construction, by running the
-estimator under vmap on a two-parameter quadratic (``vectorize=None``), or set with ``vectorize=``.
+The m estimator runs go through ``torch.func.vmap`` (one batched run instead of m small ones; every
+estimator, HVP backend and :mod:`gamfunc.tree` op runs under it), or through a Python loop over the
+sub-batches with ``vectorize=False``; both give the same direction up to rounding.
 
 Warning:
-    Two things keep vmap from running today, and the loop is used in their place:
-
-    * ``gamfunc.tree`` uses ``torch._foreach_*`` kernels, and ``aten::_foreach_norm.Scalar`` and
-      ``aten::_foreach_mul.Tensor`` (a per-sub-batch 0-d scale) have no vmap batching rule in torch
-      2.14 ("Batching rule not implemented ... We could not generate a fallback"). Every estimator
-      calls ``tree.norm``, so the probe fails for all of them. With per-tensor ops in ``tree``
-      (``torch.linalg.vector_norm``, ``*``, ``+``) every estimator and every HVP backend (exact,
-      reverse, fd) runs under vmap and the probe switches to it by itself.
-    * BatchNorm in train mode updates its running statistics in place; under vmap the sub-batch
-      statistics are batched while the buffers bound by the step are not, and torch refuses ("Batch
-      norm got a batched tensor as input while the running_mean or running_var ... were not
-      batched"). The quadratic probe cannot see the model: pass ``vectorize=False`` for BatchNorm
-      models in train mode (the error says so).
+    BatchNorm in train mode updates its running statistics in place; under vmap the sub-batch
+    statistics are batched while the buffers bound by the step are not, and torch refuses ("Batch
+    norm got a batched tensor as input while the running_mean or running_var ... were not
+    batched"). Pass ``vectorize=False`` for BatchNorm models in train mode (the error says so).
 
 References:
     Foret, Kleiner, Mobahi, Neyshabur, "Sharpness-Aware Minimization for Efficiently Improving
@@ -47,32 +37,13 @@ from gamfunc.accumulate import weighted_sum
 from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.loss import Pass
 
-__all__ = ["RANDOMNESS", "m_sharpness", "vmap_failure"]
+__all__ = ["RANDOMNESS", "m_sharpness"]
 
 RANDOMNESS = ("error", "different", "same")
 
 
-def vmap_failure(estimator: Estimator) -> str | None:
-    """Why ``estimator`` cannot run under ``torch.func.vmap`` (the error message), or None if it can.
-
-    Runs it on a two-parameter quadratic with two sub-batches of one example; milliseconds.
-    """
-    params = {"w": torch.tensor([0.5, -1.0], dtype=torch.float64)}
-
-    def loss_fn(p, b):
-        return ((p["w"] - b) ** 2).mean() + 0.25 * (p["w"] ** 4).sum()
-
-    sub_batches = torch.tensor([[[1.0, 2.0]], [[-1.0, 0.5]]], dtype=torch.float64)
-    try:
-        with torch.no_grad():
-            torch.func.vmap(lambda b: tuple(estimator.run(params, b, loss_fn)[:2]))(sub_batches)
-    except RuntimeError as e:
-        return str(e).splitlines()[0]
-    return None
-
-
 def m_sharpness(
-    estimator: Estimator, m: int, *, randomness: str = "error", vectorize: bool | None = None
+    estimator: Estimator, m: int, *, randomness: str = "error", vectorize: bool = True
 ) -> Estimator:
     """``estimator`` run on each of m equal sub-batches, its m directions averaged (m-sharpness).
 
@@ -87,12 +58,11 @@ def m_sharpness(
         randomness: ``torch.func.vmap``'s ``randomness`` for a ``loss_fn`` that draws random numbers
             (dropout): "error" (default: refuse), "different" (independent draws per sub-batch, as on
             m devices) or "same". The loop draws independently per sub-batch.
-        vectorize: True: vmap; False: loop over sub-batches; None (default): vmap if the estimator
-            passes :func:`vmap_failure`'s probe, else the loop (see Warning of the module).
+        vectorize: True (default): vmap; False: loop over sub-batches (BatchNorm in train mode,
+            see the Warning of the module).
 
     Returns:
-        An Estimator with the hyperparameters of ``estimator`` plus ``m``, ``vectorized`` (bool) and,
-        when the loop is used because the probe failed, ``vmap_failure`` (the reason).
+        An Estimator with the hyperparameters of ``estimator`` plus ``m`` and ``vectorized``.
 
     Example:
         >>> import torch, gamfunc
@@ -107,8 +77,7 @@ def m_sharpness(
         raise ValueError(f"m must be an integer >= 1; got {m!r}")
     if randomness not in RANDOMNESS:
         raise ValueError(f"randomness must be one of {RANDOMNESS}; got {randomness!r}")
-    failure = vmap_failure(estimator) if vectorize is None else None
-    vectorized = failure is None if vectorize is None else bool(vectorize)
+    vectorized = True if vectorize is None else bool(vectorize)  # None: the old "probe" default
 
     def run(params, batch, loss_fn, clean, step):
         del clean  # the pass at θ over the whole batch is no sub-batch's
@@ -147,6 +116,4 @@ def m_sharpness(
         return Estimate(direction, info, Pass(clean_mean.grad, clean_mean.loss, clean_mean.aux))
 
     hparams = estimator.hparams | {"m": m, "vectorized": vectorized}
-    if failure is not None:
-        hparams["vmap_failure"] = failure
     return Estimator(f"{estimator.name}[m={m}]", run, hparams)

@@ -1,7 +1,10 @@
 """Math on flat parameter dicts, ``dict[str, Tensor]``, so that algorithms read like their formulas.
 
 Every function is pure: it returns new tensors and never writes into its arguments. The work is done
-by ``torch._foreach_*`` kernels (one launch for many tensors on CUDA) behind readable names.
+by ``torch._foreach_*`` kernels (one launch for many tensors on CUDA) behind readable names. Every
+function also runs under ``torch.func.vmap``: those kernels have no batching rule, so where a leaf is
+batched the same arithmetic runs tensor by tensor (outside every torch.func transform one call to
+the functorch level says so, and the fast path stays).
 
 Example:
     >>> import torch
@@ -71,12 +74,16 @@ def zeros_like(a: Tree) -> Tree:
 def add(a: Tree, b: Tree) -> Tree:
     """a + b."""
     _check_keys(a, b)
+    if _vmapped(a) or _vmapped(b):
+        return {k: v + b[k] for k, v in a.items()}
     return _pack(a.keys(), torch._foreach_add(list(a.values()), [b[k] for k in a]))
 
 
 def sub(a: Tree, b: Tree) -> Tree:
     """a − b."""
     _check_keys(a, b)
+    if _vmapped(a) or _vmapped(b):
+        return {k: v - b[k] for k, v in a.items()}
     return _pack(a.keys(), torch._foreach_sub(list(a.values()), [b[k] for k in a]))
 
 

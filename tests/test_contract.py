@@ -250,3 +250,9 @@ def test_soak_2000_compiled_steps_no_recompilation_and_flat_memory():
     assert int(state["step"]) == 2000 and int(state["skipped"]) == 0
     assert torch.isfinite(metrics["loss"])
     assert rss[1999] - rss[499] < 20  # MiB: nothing accumulates from step to step
+
+
+@pytest.mark.parametrize("name", [n for n in ESTIMATORS if n != "gradient"])
+def test_every_estimator_that_normalises_names_its_eps_in_hparams(name):
+    est = ESTIMATORS[name]()
+    assert est.hparams["eps"] == 1e-12

@@ -9,7 +9,7 @@ from torch import nn
 
 import gamfunc
 from gamfunc import tree
-from gamfunc.m_sharpness import m_sharpness, vmap_failure
+from gamfunc.m_sharpness import m_sharpness
 
 F64 = torch.float64
 M = 4
@@ -39,21 +39,6 @@ def reference(est, params, batch, m):
     return direction, info
 
 
-def per_tensor_tree(monkeypatch):
-    """gamfunc.tree with per-tensor ops instead of torch._foreach_* (which vmap cannot batch)."""
-
-    def norm(a):
-        return torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(v) for v in a.values()])
-        )
-
-    monkeypatch.setattr(tree, "norm", norm)
-    monkeypatch.setattr(tree, "scale", lambda a, s: {k: v * s for k, v in a.items()})
-    monkeypatch.setattr(tree, "add", lambda a, b: {k: v + b[k] for k, v in a.items()})
-    monkeypatch.setattr(tree, "sub", lambda a, b: {k: v - b[k] for k, v in a.items()})
-    monkeypatch.setattr(tree, "axpy", lambda s, x, y: {k: y[k] + s * v for k, v in x.items()})
-
-
 @pytest.mark.parametrize("name", list(ESTIMATORS))
 def test_m_sharpness_is_the_mean_over_sub_batches(name):
     params, batch = mlp_params(), data()
@@ -67,15 +52,11 @@ def test_m_sharpness_is_the_mean_over_sub_batches(name):
     if name != "gradient":  # per-sub-batch perturbations are not the full batch's
         full, _ = ESTIMATORS[name]()(params, batch, mlp_loss)
         assert rel(d, full) > 1e-6
-    assert est.hparams["m"] == M and est.hparams["vectorized"] == (
-        vmap_failure(ESTIMATORS[name]()) is None
-    )
+    assert est.hparams["m"] == M and est.hparams["vectorized"]
 
 
 @pytest.mark.parametrize("name", list(ESTIMATORS))
-def test_vmap_path_equals_the_loop_once_tree_ops_are_vmappable(name, monkeypatch):
-    per_tensor_tree(monkeypatch)
-    assert vmap_failure(ESTIMATORS[name]()) is None
+def test_vmap_path_equals_the_loop(name):
     params, batch = mlp_params(), data()
     vectorized = m_sharpness(ESTIMATORS[name](), M)
     assert vectorized.hparams["vectorized"]
@@ -110,8 +91,21 @@ def test_in_a_step_with_batchnorm_statistics_are_the_sub_batch_mean():
     assert int(state["buffers"]["1.num_batches_tracked"]) == 1
 
 
-def test_vectorize_true_failure_names_the_way_out(monkeypatch):
-    per_tensor_tree(monkeypatch)
+def test_the_constructor_runs_nothing():
+    """No trial run at construction: an estimator is only run on the batch it is given."""
+    calls = []
+
+    def run(params, batch, loss_fn, clean, step):
+        calls.append(batch)
+        return gamfunc.sam(0.1).run(params, batch, loss_fn, clean=clean, step=step)
+
+    est = m_sharpness(gamfunc.Estimator("counted", run, {}), M)
+    assert not calls and est.hparams["vectorized"] is True
+    est(mlp_params(), data(), mlp_loss)
+    assert len(calls) == 1  # one run, batched over the m sub-batches
+
+
+def test_vectorize_true_failure_names_the_way_out():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)).to(F64)
     loss_fn, params, buffers = gamfunc.nn.functional(model)

@@ -48,3 +48,34 @@ def test_scale_by_a_float64_factor_keeps_float64_leaves_exact():
     s = torch.tensor(1 / 3, dtype=torch.float64)
     for k, v in tree.scale(x, s).items():
         assert v.dtype == torch.float64 and torch.equal(v, x[k] * s)
+
+
+def test_every_tree_op_runs_under_vmap_and_equals_the_loop():
+    """Under torch.func.vmap the per-tensor forms run (the _foreach kernels have no batching rule)."""
+    x = {k: torch.stack([v, 2 * v]) for k, v in leaves(torch.float64).items()}
+    y = {k: v.flip(-1) for k, v in x.items()}
+    s = torch.tensor([0.5, -1.5], dtype=torch.float64)
+    cond = torch.tensor([True, False])
+
+    def ops(x, y, s, cond):
+        return (
+            tree.add(x, y),
+            tree.sub(x, y),
+            tree.scale(x, s),
+            tree.axpy(s, x, y),
+            tree.lincomb((s, x), (0.25, y)),
+            tree.where(cond, x, y),
+            tree.map(torch.mul, x, y),
+            tree.normalize(x)[0],
+            tree.norm(x),
+            tree.vdot(x, y),
+        )
+
+    batched = torch.func.vmap(ops)(x, y, s, cond)
+    for i in range(2):
+        one = ops(*({k: v[i] for k, v in t.items()} for t in (x, y)), s[i], cond[i])
+        for got, want in zip(batched, one, strict=True):
+            if isinstance(want, dict):
+                assert all(torch.allclose(got[k][i], want[k], rtol=1e-15) for k in want)
+            else:
+                assert torch.allclose(got[i], want, rtol=1e-15)

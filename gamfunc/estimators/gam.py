@@ -41,6 +41,10 @@ def gam(
             oracle's direction.
         hvp: "exact" (forward-over-reverse), "reverse" (reverse-over-reverse) or "fd".
         fd_radius: r of the finite difference H·v ≈ (∇L(θ + r·v) − ∇L(θ))/r, for ``hvp="fd"``.
+            GNP's default is 1e-2, ten times this: both directions carry the difference of two
+            gradients divided by r, times α·ρ here and α in GNP, so r is chosen where that factor
+            amplifies the gradients' rounding about equally (α·ρ/r = 5 here, α/r = 10 in GNP for
+            α = 0.1, ρ = 0.05), with GNP's r as in Zhao et al.'s form.
         oracle: the estimator of ∇L_oracle; ``gradient()`` by default, ``sam(rho)`` gives SAM + GAM.
         eps: ξ.
 
@@ -88,5 +92,6 @@ def gam(
         "hvp": hvp,
         "fd_radius": fd_radius,
         "oracle": oracle.name,
+        "eps": eps,
     }
     return Estimator("gam" if oracle.name == "gradient" else f"{oracle.name}+gam", run, hparams)

@@ -86,4 +86,5 @@ def gam_accelerated(
         return Estimate(direction, info, g0)
 
     hparams = {"rho": rho, "rho_prime": rho_prime, "alpha": alpha, "beta": beta, "gamma": gamma}
+    hparams["eps"] = eps
     return Estimator(f"gam_accelerated[{convention}]", run, hparams | {"convention": convention})
