@@ -10,8 +10,12 @@ import re
 import pytest
 import torch
 
-from reproduce import evidence
-from reproduce.models import build_model
+# reproduce/ needs the "reproduce" extra: skip, naming the package, where it is not installed
+for _name in ("einops", "torchvision", "tensorboard", "matplotlib"):
+    pytest.importorskip(_name, reason=f'reproduce/ needs {_name}: pip install -e ".[reproduce]"')
+
+from reproduce import evidence  # noqa: E402
+from reproduce.models import build_model  # noqa: E402
 
 # subcommand -> the PNG files it must write in --quick mode
 FIGURES = {

@@ -1,0 +1,58 @@
+"""The test suite with ``[dev]`` alone: tests that need an optional package skip, naming it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import OPTIONAL
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no_extras", "-p", "no:cacheprovider")
+
+
+@pytest.mark.slow
+def test_collection_with_dev_alone_skips_instead_of_failing(tmp_path):
+    """Collect the suite with the optional packages made unimportable (``sys.modules[name] = None``
+    is what an absent package looks like to ``import`` and to ``importlib.util.find_spec``)."""
+    (tmp_path / "no_extras.py").write_text(
+        textwrap.dedent(f"""
+            import sys
+            for name in {OPTIONAL!r}:
+                for loaded in [m for m in sys.modules if m.split(".")[0] == name]:
+                    del sys.modules[loaded]
+                sys.modules[name] = None
+        """)
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(
+        [*PYTEST, "--collect-only", "-rs", str(ROOT / "tests")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "error" not in out.stdout.splitlines()[-1].lower()
+
+
+@pytest.mark.slow
+def test_readme_blocks_with_dev_alone_skip_instead_of_failing(tmp_path):
+    """The README blocks that use reproduce/ or scikit-learn skip where those are not installed."""
+    (tmp_path / "no_extras.py").write_text(
+        f"import sys\nfor name in {OPTIONAL!r}:\n    sys.modules[name] = None\n"
+    )
+    out = subprocess.run(
+        [*PYTEST, str(ROOT / "tests" / "test_readme.py")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
