@@ -90,8 +90,8 @@ def main(argv=None) -> None:
     model.eval()
     with torch.no_grad():
         train_loss = float(F.cross_entropy(model(x_train), y_train))
-        test_acc = float((model(x_test).argmax(dim=1) == y_test).double().mean())
-    print(f"final: train_loss={train_loss:.4f} test_acc={test_acc:.4f}")
+        test_acc = 100.0 * float((model(x_test).argmax(dim=1) == y_test).double().mean())
+    print(f"final: train_loss={train_loss:.4f} test_acc={test_acc:.2f}")  # percent
 
 
 if __name__ == "__main__":

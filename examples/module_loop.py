@@ -47,9 +47,10 @@ def make_model() -> nn.Module:
 
 
 def accuracy(model: nn.Module, x, y) -> float:
+    """Top-1 accuracy in percent, as reproduce/train.py reports it."""
     model.eval()
     with torch.no_grad():
-        acc = (model(x).argmax(dim=1) == y).double().mean().item()
+        acc = 100.0 * (model(x).argmax(dim=1) == y).double().mean().item()
     model.train()
     return acc
 
@@ -95,7 +96,7 @@ def main(argv=None) -> None:
             total += loss.item()
         n = len(order) // args.batch_size
         print(f"epoch {epoch}: train_loss={total / n:.4f} lr={scheduler.get_last_lr()[0]:.4f}")
-    print(f"final: train_loss={total / n:.4f} test_acc={accuracy(model, x_test, y_test):.4f}")
+    print(f"final: train_loss={total / n:.4f} test_acc={accuracy(model, x_test, y_test):.2f}")
 
 
 if __name__ == "__main__":

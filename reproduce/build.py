@@ -163,13 +163,26 @@ def load_weights(model: nn.Module, path: str) -> None:
     p = Path(path).expanduser()
     if not p.is_file():
         raise SetupError(f"--weights: no file at {str(p)!r}")
-    obj = torch.load(p, map_location="cpu", weights_only=True)
-    if isinstance(obj, dict) and obj.get("format") == ckpt.FORMAT:
-        body = ckpt.load(p)
-        obj = {**body["params"], **body["state"].get("buffers", {})}
-    elif isinstance(obj, dict) and isinstance(obj.get("state_dict") or obj.get("model"), dict):
+    try:
+        obj = ckpt.read(p, "--weights")
+        if isinstance(obj, dict) and obj.get("format") == ckpt.FORMAT:
+            body = ckpt.load(p)
+            obj = {**body["params"], **body["state"].get("buffers", {})}
+    except ckpt.CheckpointError as e:
+        raise SetupError(str(e)) from None
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict") or obj.get("model"), dict):
         obj = obj.get("state_dict") or obj["model"]
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise SetupError(f"--weights {str(p)!r} is not a state dict (a dict of tensors)")
     obj = {k: v for k, v in obj.items() if k not in (CORRECT, TOP5)}
+    own = model.state_dict()
+    shapes = [k for k, v in obj.items() if k in own and own[k].shape != v.shape]
+    if shapes:
+        k = shapes[0]
+        raise SetupError(
+            f"--weights {str(p)!r} does not fit the model {type(model).__name__}: {len(shapes)} "
+            f"tensor(s) differ in shape, e.g. {k} {tuple(obj[k].shape)} vs {tuple(own[k].shape)}"
+        )
     missing, unexpected = model.load_state_dict(obj, strict=False)
     if missing or unexpected:
         raise SetupError(

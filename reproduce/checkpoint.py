@@ -33,6 +33,7 @@ __all__ = [
     "check_config",
     "digest",
     "load",
+    "read",
     "rng_state",
     "save",
     "set_rng_state",
@@ -128,14 +129,7 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"no checkpoint at {str(path)!r}")
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r} is corrupt or truncated and cannot be read "
-            f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            "Delete it (or restore a copy) and restart without --resume."
-        ) from None
+    obj = read(path, "checkpoint", "Delete it (or restore a copy) and restart without --resume.")
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         found = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
         raise CheckpointError(
@@ -147,6 +141,32 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
             "Delete it (or restore a copy) and restart without --resume."
         )
     return obj["body"]
+
+
+def read(path: str | os.PathLike, what: str = "file", advice: str = "") -> Any:
+    """``torch.load(path, weights_only=True)``, with one sentence saying why a file cannot be read.
+
+    A file that holds Python objects other than tensors and containers (a pickle payload) is refused,
+    never executed; a truncated file, or one that is no torch file at all, is called so.
+
+    Raises:
+        CheckpointError: the file cannot be read as tensors.
+    """
+    import pickle
+
+    tail = f" {advice}" if advice else ""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(
+            f"{what} {str(path)!r} holds Python objects besides tensors, or is corrupt; it is not "
+            f"loaded, since unpickling it could run code.{tail}"
+        ) from None
+    except Exception as e:
+        raise CheckpointError(
+            f"{what} {str(path)!r} is corrupt or truncated, or no torch file, and cannot be read "
+            f"({type(e).__name__}).{tail}"
+        ) from None
 
 
 def check_config(saved: dict[str, Any], cfg, path: str | os.PathLike = "checkpoint") -> None:

@@ -118,13 +118,12 @@ class Config:
     schedule: str = "cosine"  # cosine | constant learning rate
     warmup_epochs: float = 0.0  # linear warm-up before the cosine decay
     epochs: int = 100  # training epochs
-    batch_size: int = (
-        100  # global training batch size: the sum over all processes of a torchrun job
-    )
+    batch_size: int = 100  # global batch: the sum over all processes of a torchrun job
     clip_norm: float = 0.0  # clip the direction to this global L2 norm before the update (0: never)
     no_decay_1d: bool = False  # no weight decay on 1-d tensors (biases, normalisation weights)
     eval_batch_size: int = 500  # evaluation batch size
     max_steps: int = 0  # stop after this many steps in all (smoke runs; 0: no limit); resumable
+    max_skipped: int = 50  # stop (exit 3) after this many skipped steps in a row (0: never)
     # --- how it runs
     seed: int = 0  # seeds the initialisation, data order, augmentation and metric probes
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -132,15 +131,9 @@ class Config:
     bf16: bool = False  # bfloat16 autocast inside the loss
     compile: bool = False  # torch.compile the training step
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
-    compile_scope: str = (
-        "auto"  # step | pass | auto (pass for ImageNet and torchrun jobs, else step)
-    )
-    loader: str = (
-        "auto"  # image folders: gpu (nvJPEG) | folder (DataLoader) | auto (gpu if it works)
-    )
-    perturbation: str = (
-        "global"  # torchrun jobs: global (one process's step) | local (per-rank ascent)
-    )
+    compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
+    loader: str = "auto"  # image folders: gpu (nvJPEG) | folder | auto (folder: faster)
+    perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
     # --- logging and evaluation
     logdir: str = "runs"  # TensorBoard logs, checkpoints and summaries go to logdir/name/estimator
@@ -173,6 +166,7 @@ RESUME_FREE = frozenset(
         "workers",
         "threads",
         "max_steps",
+        "max_skipped",
         "device",
         "compile",
         "channels_last",
@@ -469,6 +463,7 @@ def validate(cfg: Config) -> None:
         "num_classes",
         "image_size",
         "max_steps",
+        "max_skipped",
         "workers",
         "threads",
         "flatness_every",

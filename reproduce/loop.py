@@ -36,7 +36,7 @@ from reproduce.evaluation import evaluate, flatness, inputs, to
 from reproduce.launch import Processes, from_main, sum_over_ranks
 from reproduce.models import count_parameters
 
-__all__ = ["Interrupted", "StopFlag", "like", "run"]
+__all__ = ["Diverged", "Interrupted", "RunLocked", "StopFlag", "like", "run"]
 
 
 class Interrupted(Exception):
@@ -45,6 +45,10 @@ class Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(f"stopped by signal {signal.Signals(signum).name}")
         self.signum = signum
+
+
+class Diverged(Exception):
+    """Too many consecutive steps were skipped (non-finite loss or update); a checkpoint was written."""
 
 
 class StopFlag:
@@ -131,34 +135,72 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
         return saved
     if cfg.resume:
         print(f"[{name}] --resume: no checkpoint at {path} yet, starting afresh", flush=True)
-    elif path.exists() and not cfg.overwrite:
+    elif cfg.overwrite:
+        _clear(path.parent)
+    elif path.exists():
         try:
-            unfinished = not ckpt.load(path).get("finished", False)
+            finished = ckpt.load(path).get("finished", False)
         except ckpt.CheckpointError:
-            unfinished = True
-        if unfinished:
-            raise ckpt.CheckpointError(
-                f"{str(path)!r} holds an unfinished run: pass --resume to continue it or --overwrite to start over"
-            )
+            finished = False
+        what = (
+            "a finished run: pass --resume to reuse its summary"
+            if finished
+            else ("an unfinished run: pass --resume to continue it")
+        )
+        raise ckpt.CheckpointError(f"{str(path)!r} holds {what} or --overwrite to start over")
     return None
 
 
-def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, Any]:
+def _clear(run_dir: Path) -> None:
+    """Remove a run's outputs before ``--overwrite`` trains it again: TensorBoard events, summary and
+    pictures. Checkpoints stay until the new run replaces them (atomically), so a new run killed
+    early leaves the old one's last state."""
+    for pattern in ("events.out.tfevents.*", "summary.json", "*.png"):
+        for f in run_dir.glob(pattern):
+            f.unlink(missing_ok=True)
+
+
+class RunLocked(ckpt.CheckpointError):
+    """Another process is training into the same run folder."""
+
+
+def _lock(run_dir: Path):
+    """An exclusive lock on ``run_dir`` (a ``.lock`` file, released when the process ends), or
+    :class:`RunLocked`."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held for the whole run
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise RunLocked(
+            f"another process is training into {str(run_dir)!r}; wait for it to end, or choose "
+            "another --logdir or --name"
+        ) from None
+    return f
+
+
+def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, Any, Any]:
     """Rank 0's decision, on every rank: ("resume", body), ("fresh", None), ("finished", summary)
-    or ("error", message)."""
+    or ("error" | "locked", message); and rank 0's lock on the run folder (None elsewhere)."""
     decision: tuple[str, Any] = ("fresh", None)
+    lock = None
     if procs.main:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = _lock(path.parent)
             saved = _prepare(cfg, name, path, procs.world)
             summary = _summary_path(path.parent)
             if saved is not None and saved["finished"] and summary.exists():
                 decision = ("finished", json.loads(summary.read_text()))
             elif saved is not None:
                 decision = ("resume", saved)
+        except RunLocked as e:
+            decision = ("locked", str(e))
         except ckpt.CheckpointError as e:
             decision = ("error", str(e))
-    return from_main(procs, decision)
+    return (*from_main(procs, decision), lock)
 
 
 def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
@@ -202,7 +244,12 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
 
 def _zero_accum(device) -> dict[str, Tensor]:
     z = lambda dt: torch.zeros((), dtype=dt, device=device)  # noqa: E731
-    return {"loss": z(torch.float64), "correct": z(torch.int64), "seen": z(torch.int64)}
+    return {
+        "loss": z(torch.float64),
+        "correct": z(torch.int64),
+        "seen": z(torch.int64),
+        "skipped": z(torch.int64),
+    }
 
 
 def _accumulate(accum: dict[str, Tensor], metrics: dict[str, Tensor], state: dict, n: int) -> None:
@@ -216,6 +263,7 @@ def _accumulate(accum: dict[str, Tensor], metrics: dict[str, Tensor], state: dic
     accum["loss"] += torch.where(ok, loss.double() * n, 0.0)
     accum["correct"] += torch.where(ok, state["buffers"][CORRECT], 0)
     accum["seen"] += ok.to(torch.int64) * n
+    accum["skipped"] += (~ok).to(torch.int64)
 
 
 def _global(accum: dict[str, Tensor], procs: Processes) -> dict[str, Tensor]:
@@ -265,22 +313,32 @@ def run(
         Interrupted: SIGINT/SIGTERM arrived (through ``stop``); a checkpoint was written first.
         CheckpointError, DataError, SetupError: the run cannot start as configured.
     """
-    from torch.utils.tensorboard import SummaryWriter
 
-    import gamfunc.logging as tblog
     from reproduce.launch import start
 
     procs = procs or start(cfg.device)
     (name,) = estimators_of(cfg)
     run_dir = run_dir or Path(cfg.logdir).expanduser() / run_name(cfg) / name
     r = _Run(cfg, name, stop, procs, run_dir)
-    kind, saved = _decide(cfg, name, r.path, procs)
-    if kind == "error":
-        raise ckpt.CheckpointError(saved)
-    if kind == "finished":
-        r.say(f"[{name}] already finished; summary from {run_dir}")
-        return saved
-    saved = saved if kind == "resume" else None
+    kind, saved, lock = _decide(cfg, name, r.path, procs)
+    try:
+        if kind in ("error", "locked"):
+            raise (RunLocked if kind == "locked" else ckpt.CheckpointError)(saved)
+        if kind == "finished":
+            r.say(f"[{name}] already finished; summary from {run_dir}")
+            return saved
+        return _train(r, data, saved if kind == "resume" else None)
+    finally:
+        if lock is not None:
+            lock.close()
+
+
+def _train(r: _Run, data, saved) -> dict:
+    from torch.utils.tensorboard import SummaryWriter
+
+    import gamfunc.logging as tblog
+
+    cfg, name, stop, procs, run_dir = r.cfg, r.name, r.stop, r.procs, r.run_dir
 
     device = procs.device
     data = data_mod.to_device(data or data_mod.load(cfg), device)
@@ -298,7 +356,7 @@ def run(
     pos |= {"timed_images": 0, "timed_seconds": 0.0}
     accum = _zero_accum(device)
     history: list[dict[str, Any]] = []
-    best: dict[str, Any] = {"val_acc": -1.0, "epoch": -1, "test_acc": None}
+    best: dict[str, Any] | None = None  # the best validation epoch, with a validation split
     order = None
     if saved is not None:
         params = like(saved["params"], params, "params")
@@ -339,7 +397,10 @@ def run(
         )
 
     if procs.main:
-        writer = SummaryWriter(str(run_dir), purge_step=pos["global_step"] if saved else None)
+        # Points after the checkpoint's step were written by the run that stopped and are written
+        # again; those at its step were written before the checkpoint and are not.
+        purge = pos["global_step"] + 1 if saved else None
+        writer = SummaryWriter(str(run_dir), purge_step=purge)
     else:
         writer = report.NullWriter()
     if saved is None:
@@ -357,6 +418,7 @@ def run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     compile_seconds = None
+    run_of_skips = torch.zeros((), dtype=torch.int64, device=device)  # consecutive skipped steps
     try:
         while pos["epoch"] < cfg.epochs:
             epoch = pos["epoch"]
@@ -395,6 +457,8 @@ def run(
                     r.say(f"[{name}] compiled and ran the first step in {compile_seconds} s")
                 first_step = False
                 _accumulate(accum, metrics, state, len(y))
+                if "skipped" in metrics:
+                    run_of_skips = torch.where(metrics["skipped"] != 0, run_of_skips + 1, 0)
                 pos["batch"] += 1
                 pos["global_step"] += 1
                 meter.count(len(y) * world)
@@ -403,6 +467,14 @@ def run(
                 if sync:
                     rate = meter.lap()
                     report.log_step(tblog, writer, metrics, state, pos["global_step"], rate)
+                    if cfg.max_skipped and int(run_of_skips) >= cfg.max_skipped:
+                        save(status="diverged")
+                        raise Diverged(
+                            f"[{name}] stopped at step {pos['global_step']}: the last "
+                            f"{int(run_of_skips)} steps were all skipped (non-finite loss or update; "
+                            f"--max_skipped={cfg.max_skipped}); lower --lr or check the data. "
+                            f"The checkpoint holds the last finite parameters."
+                        )
                 if cfg.max_steps and pos["global_step"] >= cfg.max_steps:
                     stopped = "max_steps"
                 signalled = stop.signum if world == 1 else (stop.agreed(procs) if sync else None)
@@ -430,7 +502,7 @@ def run(
                 save(status="interrupted")
                 raise
             history.append(record)
-            if data.val is not None and record.get("val_acc", -1) > best["val_acc"]:
+            if data.val is not None and (best is None or record["val_acc"] > best["val_acc"]):
                 best = {
                     "val_acc": record["val_acc"],
                     "epoch": epoch + 1,
@@ -494,7 +566,7 @@ def run(
         "best_val": best,
         # Appendix C.2 reports the best test accuracy seen during training; it is never used for selection.
         "best_test_acc_reported_only": max(
-            (h.get("test_acc", -1.0) for h in history), default=None
+            (h["test_acc"] for h in history if h.get("test_acc") is not None), default=None
         ),
         "history": history,
         "config": as_dict(cfg),
@@ -538,9 +610,24 @@ def _flatness(r: _Run, loss_fn, params, buffers, probe, writer, step: int) -> di
 
     if not r.procs.main:
         return {}
-    values, figure = flatness(r.cfg, loss_fn, params, buffers, probe, r.procs.device, step)
+    cfg = r.cfg
+    parts = [
+        f"λ_max (Lanczos, {cfg.eig_iters} products)" if cfg.eig_iters else "",
+        f"trace (Hutchinson, {cfg.trace_samples} probes)" if cfg.trace_samples else "",
+        f"R1 ({cfg.r1_steps} ascent steps)" if cfg.r1_steps else "",
+        "a 1-d landscape" if cfg.landscape else "",
+    ]
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    n = len(probe[1])
+    r.say(f"[{r.name}] flatness at step {step} on {n} training examples: {', '.join(parts)}...")
+    began = time.perf_counter()
+    values, figure = flatness(cfg, loss_fn, params, buffers, probe, r.procs.device, step)
     if figure is not None:
+        figure.savefig(r.run_dir / f"landscape_step{step}.png", dpi=100)
         tblog.figure(writer, "flatness/landscape_1d", figure, step)
+    r.say(f"[{r.name}] flatness done in {time.perf_counter() - began:.1f} s")
     return values
 
 
@@ -554,12 +641,14 @@ def _end_of_epoch(
     cfg = r.cfg
     step = pos["global_step"]
     sums = _global(accum, r.procs)
-    seen = max(int(sums["seen"]), 1)
+    seen, skipped = int(sums["seen"]), int(sums["skipped"]) // r.procs.world
     record: dict[str, Any] = {
         "epoch": epoch + 1,
         "step": step,
-        "train_loss": float(sums["loss"]) / seen,
-        "train_acc": 100.0 * int(sums["correct"]) / seen,
+        # a mean over no step is no number: None when every step of the epoch was skipped
+        "train_loss": float(sums["loss"]) / seen if seen else None,
+        "train_acc": 100.0 * int(sums["correct"]) / seen if seen else None,
+        "skipped_steps": skipped,
     }
     buffers = state["buffers"]
     last = epoch + 1 == cfg.epochs
@@ -576,9 +665,8 @@ def _end_of_epoch(
         record.update(_flatness(r, loss_fn, params, buffers, probe, writer, step))
     if cfg.histogram_every and (epoch + 1) % cfg.histogram_every == 0:
         tblog.histograms(writer, params, step)
-    tblog.scalars(
-        writer, {report.tag(k): v for k, v in record.items() if k not in ("epoch", "step")}, step
-    )
+    scalars = {k: v for k, v in record.items() if v is not None and k not in ("epoch", "step")}
+    tblog.scalars(writer, {report.tag(k): v for k, v in scalars.items()}, step)
     tblog.scalars(writer, {"epoch": epoch + 1}, step, "train/")
     return record
 
@@ -602,6 +690,10 @@ def _final_metrics(
     splits = {k: v for k, v in splits.items() if f"{k}_acc" not in out}
     out.update(_evaluations(r, splits, params, buffers, loss_fn, eval_batches))
     out.update(_flatness(r, loss_fn, params, buffers, probe, writer, step))
-    new = {k: v for k, v in out.items() if k not in (last or {}) and k not in ("epoch", "step")}
+    new = {
+        k: v
+        for k, v in out.items()
+        if k not in (last or {}) and k not in ("epoch", "step") and v is not None
+    }
     tblog.scalars(writer, {report.tag(k): v for k, v in new.items()}, step)
     return out

@@ -115,10 +115,13 @@ def epoch_line(name: str, cfg: Config, record: dict) -> str | None:
     every = max(cfg.epochs // 5, 1)
     if record["epoch"] % every and record["epoch"] != cfg.epochs:
         return None
+    loss = record["train_loss"]
     parts = [
         f"[{name}] epoch {record['epoch']}/{cfg.epochs}",
-        f"train loss {record['train_loss']:.4f}",
+        f"train loss {loss:.4f}" if loss is not None else "train loss n/a (every step skipped)",
     ]
+    if record.get("skipped_steps"):
+        parts.append(f"{record['skipped_steps']} step(s) skipped (non-finite)")
     for split in ("val", "test"):
         if f"{split}_acc" in record:
             top5 = record.get(f"{split}_top5")
@@ -137,7 +140,7 @@ def _fmt(v, spec: str) -> str:
 
 def table(summaries: list[dict]) -> str:
     """The comparison table printed at the end of a run."""
-    has_val = any(s["best_val"]["epoch"] >= 0 for s in summaries)
+    has_val = any(s["best_val"] is not None for s in summaries)
     head = f"{'estimator':<26}{'train acc':>10}{'test acc':>10}{'gap':>8}"
     head += f"{'val acc':>9}" if has_val else ""
     head += f"{'λ_max':>10}{'trace':>10}{'R1':>10}{'img/s':>9}{'time':>8}"

@@ -38,8 +38,9 @@ and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step), ``lo
 checkpoints, signals), ``evaluation``, ``launch`` (processes), ``report`` (logs and tables),
 ``data`` and ``gpu_data`` (input pipelines).
 
-Exit status: 0 when done, 2 for bad arguments, missing data or an unusable checkpoint (one line on
-stderr, no traceback), 128 + signal number after SIGINT/SIGTERM (a final checkpoint is written first).
+Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
+a locked run folder or a disk that cannot be written (one line on stderr, no traceback), 3 when
+``--max_skipped`` consecutive steps were skipped (non-finite), 128 + signal number after SIGINT/SIGTERM (a final checkpoint is written first).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ from reproduce.build import (
 )
 from reproduce.config import PRESETS, as_dict, estimators_of, field_help, resolve, run_name
 from reproduce.evaluation import evaluate
-from reproduce.loop import Interrupted, StopFlag, run
+from reproduce.loop import Diverged, Interrupted, StopFlag, run
 
 __all__ = [
     "CORRECT",
@@ -157,6 +158,17 @@ def _train(cfg, procs: launch.Processes) -> int:
         except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except Diverged as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 3
+        except OSError as e:  # a full or read-only disk: the last checkpoint written stays
+            where = f" {e.filename!r}" if e.filename else ""
+            print(
+                f"error: cannot write{where}: {e.strerror or e}; the last checkpoint written is "
+                "intact: free space (or fix permissions) and continue with --resume",
+                file=sys.stderr,
+            )
+            return 2
     if procs.main:
         print()
         print(report.table(summaries))
@@ -165,6 +177,8 @@ def _train(cfg, procs: launch.Processes) -> int:
                 root / "comparison.json",
                 [{k: v for k, v in s.items() if k != "history"} for s in summaries],
             )
+        print(f"\noutputs in {root} (per estimator: summary.json, checkpoint.pt, events, pictures)")
+        print(f"see them with: tensorboard --logdir {root}")
     return 0
 
 

@@ -1,0 +1,197 @@
+"""What a user of reproduce/train.py can rely on: continuous TensorBoard series after a resume, no
+silent retraining of a finished run, one process per run folder, a diverged run that stops and says
+so, honest summaries, and one-line errors (exit 2) for unusable weights, devices and disks."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reproduce import checkpoint as ckpt
+from reproduce import loop, report, train
+
+QUIET = ["--progress=false", "--landscape=false"]
+NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
+DIGITS = ["--preset=digits", "--estimator=sgd", *NO_FLATNESS]
+
+
+def main(logdir: Path, *args: str) -> int:
+    return train.main([f"--logdir={logdir}", *QUIET, *args])
+
+
+def out_dir(logdir: Path, estimator: str = "sgd") -> Path:
+    return logdir / "digits" / estimator
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def scalars(run: Path) -> dict[str, list[int]]:
+    """{tag: [steps]} as TensorBoard shows them (purges applied), over every events file."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_a_resumed_run_logs_each_step_of_each_tag_once_and_loses_none(tmp_path, monkeypatch):
+    """Stopped by SIGINT mid-epoch and at an epoch's end, resumed each time: every scalar tag has the
+    steps of an uninterrupted run, each once (the resume step's points included)."""
+    args = [*DIGITS, "--epochs=3", "--log_every=2", "--checkpoint_every=4"]
+    assert main(tmp_path / "a", *args) == 0
+    log_step = report.log_step
+
+    def stop_at(step):
+        def hook(tblog, writer, metrics, state, s, rate):
+            log_step(tblog, writer, metrics, state, s, rate)
+            if s == step:
+                os.kill(os.getpid(), signal.SIGINT)
+
+        monkeypatch.setattr(report, "log_step", hook)
+
+    stop_at(6)
+    assert main(tmp_path / "b", *args) == 128 + signal.SIGINT
+    stop_at(14)  # the last step of epoch 1 (1437 // 100 = 14 steps an epoch)
+    assert main(tmp_path / "b", *args, "--resume") == 128 + signal.SIGINT
+    monkeypatch.undo()
+    assert main(tmp_path / "b", *args, "--resume") == 0
+    want, got = scalars(out_dir(tmp_path / "a")), scalars(out_dir(tmp_path / "b"))
+    assert set(got) == set(want) and {"test/acc", "train/loss", "step/loss"} <= set(got)
+    for tag, steps in want.items():
+        assert got[tag] == steps, tag
+        assert len(set(steps)) == len(steps), tag
+
+
+def test_rerunning_a_finished_run_is_refused_and_overwrite_starts_clean(tmp_path, capsys):
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 0
+    run = out_dir(tmp_path)
+    before = (run / "summary.json").read_text()
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 2
+    err = one_line_error(capsys)
+    assert "finished run" in err and "--resume" in err and "--overwrite" in err
+    assert (run / "summary.json").read_text() == before
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--resume") == 0  # reuses the summary
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--overwrite") == 0
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1  # the old events are gone
+    steps = scalars(run)["step/loss"]
+    assert len(steps) == len(set(steps))
+
+
+def test_a_second_process_cannot_train_into_a_locked_run_folder(tmp_path, capsys):
+    run = out_dir(tmp_path)
+    held = loop._lock(run)
+    try:
+        assert main(tmp_path, *DIGITS, "--epochs=1") == 2
+        err = one_line_error(capsys)
+        assert "another process is training into" in err
+        assert not (run / "checkpoint.pt").exists()
+    finally:
+        held.close()
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 0  # released: the run goes ahead
+
+
+def test_a_diverged_run_stops_with_a_message_and_no_fake_loss(tmp_path, capsys):
+    args = [*DIGITS, "--lr=1e25", "--epochs=4", "--log_every=1", "--max_skipped=5"]
+    assert main(tmp_path, *args) == 3
+    err = one_line_error(capsys)
+    assert "steps were all skipped" in err and "--max_skipped=5" in err
+    body = ckpt.load(out_dir(tmp_path) / "checkpoint.pt")
+    assert body["status"] == "diverged"
+    assert all(torch.isfinite(p).all() for p in body["params"].values())
+
+
+def test_an_epoch_of_skipped_steps_reports_no_mean_and_counts_them(tmp_path, capsys):
+    args = [*DIGITS, "--lr=1e25", "--epochs=1", "--max_skipped=0"]
+    assert main(tmp_path, *args) == 0
+    out = capsys.readouterr().out
+    assert "every step skipped" in out or "skipped (non-finite)" in out
+    assert "train loss 0.0000" not in out
+    s = json.loads((out_dir(tmp_path) / "summary.json").read_text())
+    record = s["history"][0]
+    assert record["skipped_steps"] >= 13
+    assert record["train_loss"] is None or record["skipped_steps"] < 14
+
+
+def test_summary_has_no_placeholders_and_the_end_says_where_outputs_are(tmp_path, capsys):
+    args = ["--preset=digits", "--estimator=sgd", "--epochs=1", "--eig_iters=3"]
+    args += ["--trace_samples=2", "--r1_steps=1", "--flatness_samples=50"]
+    assert train.main([f"--logdir={tmp_path}", "--progress=false", *args]) == 0
+    out = capsys.readouterr().out
+    assert f"tensorboard --logdir {tmp_path / 'digits'}" in out
+    assert "flatness at step" in out and "flatness done in" in out
+    s = json.loads((out_dir(tmp_path) / "summary.json").read_text())
+    assert s["best_val"] is None and -1.0 not in s["final"].values()
+    pngs = list(out_dir(tmp_path).glob("landscape_step*.png"))
+    assert len(pngs) == 1 and pngs[0].read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("kind", ["truncated", "text", "pickle", "other_model"])
+def test_unusable_weights_give_one_line_and_exit_2(tmp_path, capsys, kind):
+    from reproduce.models import build_model
+
+    path = tmp_path / "w.pt"
+    if kind == "truncated":
+        torch.save(build_model("mlp", 10, 64).state_dict(), path)
+        path.write_bytes(path.read_bytes()[:200])
+    elif kind == "text":
+        path.write_text("not weights\n")
+    elif kind == "pickle":
+        path.write_bytes(pickle.dumps(print))  # a pickle that would call code
+    else:
+        torch.save(build_model("mlp", 10, 40).state_dict(), path)  # another input size
+    assert main(tmp_path / "runs", *DIGITS, "--max-steps=1", f"--weights={path}") == 2
+    err = one_line_error(capsys)
+    assert str(path) in err and "weights_only" not in err
+
+
+def test_a_cuda_device_on_a_machine_without_one_is_one_line(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert main(tmp_path, *DIGITS, "--device=cuda", "--max-steps=1") == 2
+    assert "no CUDA device" in one_line_error(capsys)
+
+
+def test_a_disk_that_fills_mid_run_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+    save, calls = ckpt.save, []
+
+    def full_disk(path, body):
+        calls.append(path)
+        if len(calls) >= 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        save(path, body)
+
+    monkeypatch.setattr(ckpt, "save", full_disk)
+    assert main(tmp_path, *DIGITS, "--epochs=3", "--checkpoint_every=3") == 2
+    err = one_line_error(capsys)
+    assert "No space left on device" in err and "--resume" in err
+    body = ckpt.load(out_dir(tmp_path) / "checkpoint.pt")  # the first one, whole
+    assert body["position"]["global_step"] == 3
+
+
+def test_a_corrupt_resume_file_does_not_suggest_unsafe_loading(tmp_path, capsys):
+    assert main(tmp_path, *DIGITS, "--max-steps=2") == 0
+    path = out_dir(tmp_path) / "checkpoint.pt"
+    path.write_bytes(pickle.dumps(print))
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--resume") == 2
+    err = one_line_error(capsys)
+    assert "weights_only" not in err and str(path) in err
