@@ -17,9 +17,10 @@ from gamfunc import (
     transforms,
     tree,
 )
+from gamfunc.convenience import gam_step
 from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradient, sam
 from gamfunc.optim import Optimizer, adamw, schedules, sgd
-from gamfunc.step import Step, gam_step, make_step
+from gamfunc.step import Step, make_step
 from gamfunc.transforms import Transform, chain, clip_by_global_norm, decay_mask
 
 __version__ = "0.1.0"

@@ -47,7 +47,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,7 +55,6 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc.loss import Objective, Pass, gradient_pass
-from gamfunc.step import bind
 from gamfunc.tree import Tree
 
 __all__ = ["Accumulated", "accumulate", "batch_size", "split_batch"]
@@ -100,7 +99,9 @@ class Accumulated(Objective):
     """``loss_fn`` as a mean over ``micro_batches`` micro-batches, optionally also over ranks.
 
     Build it with :func:`accumulate` (one device) or :func:`gamfunc.distributed.global_mean` (data
-    parallel). Calling it gives the (weighted) mean loss, and aux where ``loss_fn`` returns one.
+    parallel). Calling it gives the (weighted) mean loss, and aux where ``loss_fn`` returns one. Step
+    state (an fp16 loss scale of ``loss_fn``) is forwarded by the defaults of
+    :class:`~gamfunc.loss.Objective`.
 
     Attributes:
         loss_fn: the loss of one micro-batch: ``loss_fn(params, batch)`` or the buffered form
@@ -196,18 +197,6 @@ class Accumulated(Objective):
         hv, local = backend(self.loss_fn, params, batch, v_of_reduced)
         hv, loss, aux = self._across_ranks([hv, local.loss, local.aux], total)
         return hv, Pass(reduced[0], loss, aux)
-
-    # Step state (gamfunc.step): forwarded to the wrapped loss_fn, which may hold some (fp16).
-    def bind(self, state) -> Accumulated:
-        return replace(self, loss_fn=bind(self.loss_fn, state))
-
-    def init_state(self, params: Tree) -> dict:
-        init_state = getattr(self.loss_fn, "init_state", None)
-        return {} if init_state is None else init_state(params)
-
-    def next_state(self, state, finite: Tensor) -> tuple[dict, dict]:
-        next_state = getattr(self.loss_fn, "next_state", None)
-        return ({}, {}) if next_state is None else next_state(state, finite)
 
 
 def accumulate(loss_fn: Callable, micro_batches: int, *, split=None) -> Accumulated:

@@ -7,6 +7,8 @@ pytree of tensors (for models with BatchNorm: the new running statistics, see :m
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -19,9 +21,12 @@ from gamfunc.tree import Tree
 __all__ = [
     "Objective",
     "Pass",
+    "bind",
     "check_params",
     "gradient_pass",
+    "init_state",
     "loss_and_aux",
+    "next_state",
     "unit_grad",
     "with_grad_norm",
 ]
@@ -84,13 +89,26 @@ def grad_fn(loss_fn, batch):
 
 class Objective:
     """A loss whose gradients are formed in a custom way: the hook for gradient accumulation and
-    data-parallel reductions.
+    data-parallel reductions, and the protocol of every loss wrapper.
 
     Every estimator, HVP backend and metric reaches ∇L only through :func:`gradient_pass` and the
     backends of :mod:`gamfunc.hvp`. When the ``loss_fn`` they are given is an ``Objective``, those
     delegate to its :meth:`gradient_pass` and :meth:`hvp`, so a subclass that, say, averages over
     micro-batches or all-reduces across ranks changes every gradient of every estimator at once.
     Calling it as ``objective(params, batch)`` gives the loss.
+
+    The wrappers of :mod:`gamfunc.accumulate`, :mod:`gamfunc.precision`, :mod:`gamfunc.distributed`
+    and :mod:`gamfunc.regional` are Objectives that wrap another loss, held in their ``loss_fn``
+    field (frozen dataclasses). The step reaches its state through three methods, which by default
+    forward to that wrapped loss, so a wrapper overrides only those it has something to add to:
+
+    * ``bind(state) -> Objective``: the loss of one step, bound to what it reads from the step state
+      (BatchNorm buffers, an fp16 loss scale); it stays an Objective. Default: this wrapper around
+      the wrapped loss bound (:func:`bind`).
+    * ``init_state(params) -> dict``: entries this loss adds to the first step state. Default: the
+      wrapped loss's (``{}`` for a plain one).
+    * ``next_state(state, finite) -> (entries, metrics)``: its entries after a step, given whether
+      the step was taken, and metrics to report. Default: the wrapped loss's (``({}, {})``).
     """
 
     def __call__(self, params: Tree, batch):
@@ -102,6 +120,43 @@ class Objective:
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
         """H·v with ``backend`` (an :mod:`gamfunc.hvp` function); returns ``(Hv, clean)``."""
         raise NotImplementedError
+
+    def bind(self, state) -> Objective:
+        inner = getattr(self, "loss_fn", None)
+        if inner is None or not dataclasses.is_dataclass(self):
+            return self
+        return dataclasses.replace(self, loss_fn=bind(inner, state))
+
+    def init_state(self, params: Tree) -> dict:
+        return init_state(getattr(self, "loss_fn", None), params)
+
+    def next_state(self, state, finite: Tensor) -> tuple[dict, dict]:
+        return next_state(getattr(self, "loss_fn", None), state, finite)
+
+
+def bind(loss_fn, state):
+    """The two-argument loss of one step: an Objective binds what it needs from ``state`` itself (and
+    so keeps forming its own gradients); any other ``loss_fn`` gets the state's BatchNorm buffers,
+    if any, as its third argument."""
+    if isinstance(loss_fn, Objective):
+        return loss_fn.bind(state)
+    buffers = state.get("buffers")
+    return loss_fn if buffers is None else functools.partial(_with_buffers, loss_fn, buffers)
+
+
+def _with_buffers(loss_fn, buffers, params, batch):
+    return loss_fn(params, batch, buffers)
+
+
+def init_state(loss_fn, params: Tree) -> dict:
+    """The step-state entries ``loss_fn`` adds (:meth:`Objective.init_state`); ``{}`` for a plain loss."""
+    return loss_fn.init_state(params) if isinstance(loss_fn, Objective) else {}
+
+
+def next_state(loss_fn, state, finite: Tensor) -> tuple[dict, dict]:
+    """``loss_fn``'s entries and metrics after a step (:meth:`Objective.next_state`); none for a
+    plain loss."""
+    return loss_fn.next_state(state, finite) if isinstance(loss_fn, Objective) else ({}, {})
 
 
 def gradient_pass(loss_fn, params: Tree, batch) -> Pass:

@@ -52,7 +52,6 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.loss import Objective, Pass, gradient_pass, loss_and_aux
-from gamfunc.step import bind
 from gamfunc.tree import Tree
 
 __all__ = ["PRECISIONS", "LossScaled", "autocast", "bf16", "fp16", "mixed", "update_scale"]
@@ -183,10 +182,11 @@ class LossScaled(Objective):
         shv, sclean = backend(self._scaled, params, batch, v_scaled)
         return self._unscale(shv), clean if clean is not None else self._unscale_pass(sclean)
 
-    # Step state (gamfunc.step): S is read from and written to state["loss_scale"].
+    # Step state (the protocol of gamfunc.loss.Objective): S is read from and written to
+    # state["loss_scale"].
     def bind(self, state) -> LossScaled:
         scale = state["loss_scale"]["scale"] if "loss_scale" in state else self.scale
-        return replace(self, loss_fn=bind(self.loss_fn, state), scale=scale)
+        return replace(super().bind(state), scale=scale)
 
     def init_state(self, params: Tree) -> dict:
         device = next(iter(params.values())).device

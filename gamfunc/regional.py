@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from gamfunc.loss import Objective, Pass, gradient_pass
-from gamfunc.step import _fresh, bind, compile_with
+from gamfunc.compile import compile_with, fresh
+from gamfunc.loss import Objective, Pass, bind, gradient_pass
 from gamfunc.tree import Tree
 
 __all__ = ["CompiledPasses", "compile_passes"]
@@ -48,16 +48,16 @@ class CompiledPasses(Objective):
     state: dict | None = None
 
     def __call__(self, params: Tree, batch, *args, **kwargs):
-        return self._bound()(params, batch, *args, **kwargs)
+        return self._loss()(params, batch, *args, **kwargs)
 
-    def _bound(self):
-        return _bound(self.loss_fn, self.state)
+    def _loss(self):
+        return _for_state(self.loss_fn, self.state)
 
     def gradient_pass(self, params: Tree, batch) -> Pass:
         """∇L(θ), L(θ) and aux from the compiled pass (plain ``gradient_pass`` inside a transform or
         a compiled region, where a nested compile cannot run)."""
         if _traced():
-            return gradient_pass(self._bound(), params, batch)
+            return gradient_pass(self._loss(), params, batch)
         return Pass(*self.compiled.grad(self.state, params, batch))
 
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
@@ -69,7 +69,7 @@ class CompiledPasses(Objective):
             a compiled pass cannot call back into the eager v(g).
         """
         if _traced():
-            return backend(self._bound(), params, batch, v, clean=clean)
+            return backend(self._loss(), params, batch, v, clean=clean)
         if not isinstance(v, dict):
             if clean is None:
                 clean = self.gradient_pass(params, batch)
@@ -77,20 +77,13 @@ class CompiledPasses(Objective):
         hv, *out = self.compiled.hvp(backend)(self.state, params, batch, v)
         return hv, clean if clean is not None else Pass(*out)
 
-    # Step state (gamfunc.step): bound here, read inside the compiled passes.
+    # Step state (the protocol of gamfunc.loss.Objective): the state is kept whole and bound
+    # inside the compiled passes; init_state and next_state forward to loss_fn (the defaults).
     def bind(self, state) -> CompiledPasses:
         return replace(self, state={k: v for k, v in state.items() if k != "opt"})
 
-    def init_state(self, params: Tree) -> dict:
-        init_state = getattr(self.loss_fn, "init_state", None)
-        return {} if init_state is None else init_state(params)
 
-    def next_state(self, state, finite) -> tuple[dict, dict]:
-        next_state = getattr(self.loss_fn, "next_state", None)
-        return ({}, {}) if next_state is None else next_state(state, finite)
-
-
-def _bound(loss_fn: Callable, state: dict | None) -> Callable:
+def _for_state(loss_fn: Callable, state: dict | None) -> Callable:
     """The two-argument loss of a step whose state is ``state``; ``loss_fn`` outside a step."""
     return loss_fn if state is None else bind(loss_fn, state)
 
@@ -118,15 +111,15 @@ def _fresh_pass(loss_fn: Callable, backend) -> Callable:
     if backend is None:
 
         def grad_pass(state, params, batch):
-            return tuple(gradient_pass(_bound(loss_fn, state), params, batch))[:3]
+            return tuple(gradient_pass(_for_state(loss_fn, state), params, batch))[:3]
 
-        return _fresh(grad_pass)
+        return fresh(grad_pass)
 
     def hvp_pass(state, params, batch, v):
-        hv, p = backend(_bound(loss_fn, state), params, batch, v)
+        hv, p = backend(_for_state(loss_fn, state), params, batch, v)
         return (hv, *tuple(p)[:3])
 
-    return _fresh(hvp_pass)
+    return fresh(hvp_pass)
 
 
 def compile_passes(loss_fn: Callable, *, fullgraph: bool = True, mode=None, **kwargs):

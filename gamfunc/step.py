@@ -11,37 +11,64 @@
      "cycle": 0-d int64 on the CPU # (every > 1 only) host copy of the step count, picks the branch
      ...}                          # entries of a stateful Objective, e.g. "loss_scale" (fp16)
 
-A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through three
-optional methods: ``init_state(params) -> dict`` (entries added to the state by ``step.init``),
-``bind(state) -> loss_fn`` (the two-argument loss of one step; it takes what it needs from the state,
-BatchNorm buffers included, and stays an Objective) and ``next_state(state, finite) -> (entries,
-metrics)`` (the entries after the step, given whether it was taken). :func:`gamfunc.precision.fp16`'s
-dynamic loss scale is such state; :mod:`gamfunc.accumulate` and :mod:`gamfunc.distributed` forward it.
+A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through the
+protocol declared there (``bind``, ``init_state``, ``next_state``, forwarded by every wrapper):
+:func:`gamfunc.precision.fp16`'s dynamic loss scale is such state. The step calls that protocol and
+nothing else of a wrapper; compilation (:meth:`Step.compile`) calls down to :mod:`gamfunc.compile`
+and :mod:`gamfunc.regional`; :func:`gamfunc.gam_step` lives in :mod:`gamfunc.convenience`.
 """
 
 from __future__ import annotations
 
-import functools
-import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from gamfunc import tree
-from gamfunc.estimators import Estimator, gam, gradient
-from gamfunc.loss import Objective, check_params
-from gamfunc.optim import Optimizer, sgd
+from gamfunc.compile import compile_with, fresh
+from gamfunc.estimators import Estimator, gradient
+from gamfunc.loss import bind, check_params, init_state, next_state
+from gamfunc.optim import Optimizer
 from gamfunc.optim.schedules import value
+from gamfunc.regional import compile_passes
 
-__all__ = ["NONFINITE", "SCOPES", "Step", "bind", "compile_with", "gam_step", "make_step"]
+__all__ = ["NONFINITE", "SCOPES", "STATE_KEYS", "Step", "check_state", "make_step"]
 
 NONFINITE = ("skip", "raise", "ignore")
+SCOPES = ("step", "pass")
 
 
-class Step:
-    """A training step made by :func:`make_step`. Call it; ``init`` makes its first state."""
+@runtime_checkable
+class Step(Protocol):
+    """What :func:`make_step` returns: ``step(params, state, batch) -> (new_params, new_state,
+    metrics)``, with ``step.init(params, buffers=None)`` for the first state, ``step.compile(...)``
+    for a compiled copy and its configuration as attributes.
+
+    A step is a plain function carrying these attributes, not an instance of a class:
+    ``torch.compile`` of a function traces its own code (:func:`gamfunc.compile.fresh`), so every
+    step keeps a compile cache of its own. ``isinstance(step, gamfunc.Step)`` holds.
+    """
+
+    estimator: Estimator
+    optimizer: Optimizer
+    loss_fn: Callable
+    every: int
+    base: Estimator
+    on_nonfinite: str
+
+    def __call__(self, params, state, batch) -> tuple[dict, dict, dict]: ...
+
+    def init(self, params, buffers=None) -> dict[str, Any]: ...
+
+    def compile(
+        self, *, fullgraph: bool = True, mode: str | None = None, scope: str = "step", **kwargs
+    ) -> Step: ...
+
+
+class _StepImpl:
+    """The configuration and methods behind a :class:`Step` function."""
 
     def __init__(self, estimator, optimizer, loss_fn, every, base, on_nonfinite, branches=None):
         self.estimator, self.optimizer, self.loss_fn = estimator, optimizer, loss_fn
@@ -64,8 +91,7 @@ class Step:
             state["cycle"] = torch.zeros((), dtype=torch.int64)  # host copy of the step count
         if buffers is not None:
             state["buffers"] = dict(buffers)
-        init_state = getattr(self.loss_fn, "init_state", None)
-        entries = init_state(params) if init_state is not None else {}
+        entries = init_state(self.loss_fn, params)
         if entries and self.on_nonfinite != "skip":
             raise ValueError(
                 f"on_nonfinite must be 'skip' for a loss_fn with step state {sorted(entries)} "
@@ -88,7 +114,7 @@ class Step:
 
     def compile(
         self, *, fullgraph: bool = True, mode: str | None = None, scope: str = "step", **kwargs
-    ):
+    ) -> Step:
         """This step under ``torch.compile``: no recompilation as lr, ρ or the step count change.
 
         ``scope="step"`` (default) compiles each branch whole: two graphs at most, however often
@@ -111,8 +137,6 @@ class Step:
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
         if scope == "pass":
-            from gamfunc.regional import compile_passes
-
             loss_fn = compile_passes(self.loss_fn, fullgraph=fullgraph, mode=mode, **kwargs)
             return _new_step(
                 self.estimator, self.optimizer, loss_fn, self.every, self.base, self.on_nonfinite
@@ -121,65 +145,6 @@ class Step:
         compiled = tuple(compile_fn(fn) for fn in (self.full, self.plain))
         args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
         return _new_step(*args, self.on_nonfinite, branches=compiled)
-
-
-SCOPES = ("step", "pass")
-
-
-def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[Callable], Callable]:
-    """``fn -> torch.compile(fn, fullgraph=fullgraph, mode/options..., **kwargs)``, inductor's options
-    with :data:`INDUCTOR_WORKAROUNDS`, and each CUDA-graph result copied out (:func:`_cudagraph_safe`)."""
-    kwargs = dict(kwargs)
-    kwargs.setdefault("backend", "inductor")
-    if kwargs["backend"] == "inductor":
-        options = dict(kwargs.pop("options", None) or {})
-        if mode is not None:
-            options = {**torch._inductor.list_mode_options(mode), **options}
-        options.update(INDUCTOR_WORKAROUNDS)
-        kwargs["options"] = options
-    elif mode is not None:
-        kwargs["mode"] = mode
-    graphs = bool(kwargs.get("options", {}).get("triton.cudagraphs")) or mode == "reduce-overhead"
-
-    def compile_fn(fn):
-        compiled = torch.compile(fn, fullgraph=fullgraph, **kwargs)
-        return _cudagraph_safe(compiled) if graphs else compiled
-
-    return compile_fn
-
-
-def _cudagraph_safe(fn):
-    """A CUDA-graph step (or pass) whose results outlive the next replay.
-
-    CUDA-graph trees reuse one memory pool: the outputs of a replay are overwritten by later replays.
-    A functional loop keeps its params and state from step to step (and a second branch, another
-    step or another pass may replay in between), so each result is copied out of the pool, with one
-    ``_foreach`` kernel per dtype, which costs a read and a write of the state per step.
-    """
-
-    def call(*args):
-        torch.compiler.cudagraph_mark_step_begin()
-        leaves, spec = torch.utils._pytree.tree_flatten(fn(*args))
-        groups: dict[tuple, list[int]] = {}  # a foreach kernel needs one dtype and one device
-        for i, t in enumerate(leaves):
-            if isinstance(t, Tensor) and t.is_cuda:
-                groups.setdefault((t.dtype, t.device), []).append(i)
-        for group in groups.values():
-            copies = torch._foreach_mul([leaves[i] for i in group], 1)
-            for i, copy in zip(group, copies, strict=True):
-                leaves[i] = copy
-        return torch.utils._pytree.tree_unflatten(leaves, spec)
-
-    return call
-
-
-def _loop_reordering_asserts() -> bool:
-    """Whether this torch has inductor's loop-reordering assertion (fixed in 2.14)."""
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    return (major, minor) < (2, 14)
-
-
-INDUCTOR_WORKAROUNDS = {"loop_ordering_after_fusion": False} if _loop_reordering_asserts() else {}
 
 
 def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
@@ -233,10 +198,9 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
             new_state["buffers"] = buffers
     new_state["skipped"] = state["skipped"] + skipped
     metrics["skipped"] = skipped
-    if hasattr(loss_fn, "next_state"):
-        entries, extra = loss_fn.next_state(state, finite)
-        new_state.update(entries)
-        metrics.update(extra)
+    entries, extra = next_state(loss_fn, state, finite)
+    new_state.update(entries)
+    metrics.update(extra)
     return new_params, new_state, metrics
 
 
@@ -324,20 +288,6 @@ def _norm(est) -> Tensor:
     return tree.norm(est.direction)
 
 
-def bind(loss_fn, state):
-    """The two-argument loss of one step: an Objective with a ``bind`` method binds what it needs from
-    ``state`` itself (and so keeps forming its own gradients); any other ``loss_fn`` gets the state's
-    BatchNorm buffers, if any, as its third argument."""
-    if isinstance(loss_fn, Objective) and hasattr(loss_fn, "bind"):
-        return loss_fn.bind(state)
-    buffers = state.get("buffers")
-    return loss_fn if buffers is None else functools.partial(_bound, loss_fn, buffers)
-
-
-def _bound(loss_fn, buffers, params, batch):
-    return loss_fn(params, batch, buffers)
-
-
 def _select(cond: Tensor, new, old):
     """``torch.where(cond, new, old)`` over matching nested dicts of tensors."""
     if isinstance(new, dict):
@@ -400,17 +350,6 @@ def make_step(
     return _new_step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
 
 
-def _fresh(fn):
-    """A copy of ``fn`` with a code object of its own.
-
-    torch.compile keeps its cache, and its recompile limit (8 by default), per code object. Without
-    this every step made in a process would share ``_step``'s and ``Step.__call__``'s, and the ninth
-    step compiled with ``fullgraph=True`` would fail with "recompile limit exceeded".
-    """
-    code = fn.__code__.replace()
-    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
 def _branch(estimator, optimizer, loss_fn, on_nonfinite):
     """``_step`` for one estimator, as a function with its own code object (a partial would not do:
     torch.compile traces a partial from a wrapper shared by every callable object)."""
@@ -418,77 +357,24 @@ def _branch(estimator, optimizer, loss_fn, on_nonfinite):
     def branch(params, state, batch):
         return _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch)
 
-    return _fresh(branch)
+    return fresh(branch)
 
 
-def _new_step(*args, **kwargs):
-    """A Step as a plain function with its own code object (see :func:`_fresh`), carrying the
-    Step's ``init``, ``compile`` and configuration as attributes.
+def _new_step(*args, **kwargs) -> Step:
+    """A Step as a plain function with its own code object (:func:`gamfunc.compile.fresh`), carrying
+    ``init``, ``compile`` and the configuration as attributes.
 
     ``torch.compile`` of a callable object starts tracing in a wrapper shared by every such object;
     a function is traced from its own code, so each step keeps a cache of its own.
     """
-    impl = Step(*args, **kwargs)
+    impl = _StepImpl(*args, **kwargs)
 
     def step(params, state, batch):
         return impl(params, state, batch)
 
-    step = _fresh(step)
+    step = fresh(step)
     for name in ("init", "compile", "estimator", "optimizer", "loss_fn", "every", "base"):
         setattr(step, name, getattr(impl, name))
     step.on_nonfinite, step.impl = impl.on_nonfinite, impl
     step.__doc__ = Step.__doc__
     return step
-
-
-_GAM_KEYS = {"fd_radius", "oracle", "eps"}
-_SGD_KEYS = {"lr", "momentum", "dampening", "nesterov", "weight_decay"}
-
-
-@functools.lru_cache(maxsize=32)
-def _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw):
-    opt = optimizer if optimizer is not None else sgd(**dict(sgd_kw))
-    return make_step(gam(rho, alpha, hvp=hvp, **dict(gam_kw)), opt, loss_fn)
-
-
-def gam_step(
-    params,
-    batch,
-    loss_fn,
-    state=None,
-    *,
-    rho,
-    alpha,
-    hvp: str = "exact",
-    optimizer: Optimizer | None = None,
-    buffers=None,
-    **kw,
-):
-    """One GAM step in one call: ``make_step(gam(rho, alpha, hvp, ...), optimizer or sgd(...), loss_fn)``.
-
-    Keyword arguments ``fd_radius``, ``oracle`` and ``eps`` go to :func:`gamfunc.gam`; ``lr`` (default
-    0.1), ``momentum``, ``dampening``, ``nesterov`` and ``weight_decay`` build the default
-    :func:`gamfunc.sgd`. With ``state=None`` the state is initialised (with ``buffers`` for a buffered
-    loss_fn). The step built for the same arguments is reused, so a compiled caller does not recompile.
-
-    Returns:
-        ``(new_params, new_state, metrics)``.
-
-    Example:
-        >>> import torch, gamfunc
-        >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
-        >>> params, batch = {"w": torch.zeros(3)}, (torch.randn(8, 3), torch.randn(8))
-        >>> params, state, metrics = gamfunc.gam_step(params, batch, loss_fn, rho=0.05, alpha=0.1)
-        >>> params, state, metrics = gamfunc.gam_step(params, batch, loss_fn, state, rho=0.05, alpha=0.1)
-    """
-    unknown = set(kw) - _GAM_KEYS - _SGD_KEYS
-    if unknown:
-        raise TypeError(f"gam_step got unexpected keyword arguments {sorted(unknown)}")
-    if optimizer is not None and set(kw) & _SGD_KEYS:
-        raise TypeError("pass either optimizer or the sgd arguments (lr, momentum, ...), not both")
-    gam_kw = tuple(sorted((k, v) for k, v in kw.items() if k in _GAM_KEYS))
-    sgd_kw = tuple(sorted({"lr": 0.1, **{k: v for k, v in kw.items() if k in _SGD_KEYS}}.items()))
-    step = _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw)
-    if state is None:
-        state = step.init(params, buffers)
-    return step(params, state, batch)

@@ -101,7 +101,7 @@ def test_gam_step_compiles_fullgraph_and_matches_eager_cuda(name):
     compiled_equals_eager(torch.device("cuda"), name)
 
 
-OLD_TORCH = gamfunc.step._loop_reordering_asserts()
+OLD_TORCH = gamfunc.compile.loop_reordering_asserts()
 
 
 @pytest.mark.gpu

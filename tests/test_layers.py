@@ -41,3 +41,92 @@ def test_every_core_dependency_is_imported_by_gamfunc():
         assert names.get(dist, dist) in used, (
             f"{dist} is a core dependency that gamfunc never imports"
         )
+
+
+# The layers of docs/ARCHITECTURE.md, lowest first: a module imports only from its own layer or
+# below. The compile helpers (compile any function, nothing of steps) sit below the loss wrappers,
+# which compile their passes with them, and below the step, whose ``compile`` calls down to them.
+LAYERS = [
+    ("gamfunc.tree", "gamfunc.nn"),
+    ("gamfunc.loss", "gamfunc.optim", "gamfunc.transforms"),
+    ("gamfunc.hvp",),
+    ("gamfunc.estimators", "gamfunc.metrics"),
+    ("gamfunc.compile",),
+    (
+        "gamfunc.accumulate",
+        "gamfunc.precision",
+        "gamfunc.distributed",
+        "gamfunc.regional",
+        "gamfunc.m_sharpness",
+    ),
+    ("gamfunc.step",),
+    ("gamfunc.convenience", "gamfunc.torch_optim", "gamfunc.logging"),
+]
+
+
+def layer(module: str) -> int | None:
+    """The layer of a gamfunc module (the longest listed prefix), None for the package itself."""
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_module_has_a_layer():
+    modules = [module_name(p) for p in PACKAGE.rglob("*.py")]
+    assert [m for m in modules if m != "gamfunc" and layer(m) is None] == []
+
+
+def test_imports_only_run_downward():
+    """No module imports from a higher layer, function-level imports included."""
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name == "gamfunc":  # the package's public names: the facade of every layer
+            continue
+        for target in sorted(imported_modules(path)):
+            if not target.startswith("gamfunc."):
+                continue
+            if layer(target) is not None and layer(target) > layer(name):
+                upward.append(f"{name} (layer {layer(name)}) imports {target} ({layer(target)})")
+    assert upward == []
+
+
+def test_no_import_cycle():
+    """``import gamfunc`` imports no module in a cycle, within a layer either."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+    def resolve(target: str) -> str | None:  # "gamfunc.tree.norm" -> "gamfunc.tree"
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    graph = {
+        name: {
+            m
+            for t in imported_modules(path)
+            if t.startswith("gamfunc.")
+            and (m := resolve(t)) not in (None, name, "gamfunc")
+            # a package's __init__ importing its own submodules is how it exposes them
+            and not m.startswith(name + ".")
+        }
+        for name, path in modules.items()
+        if name != "gamfunc"
+    }
+    cycles = []
+
+    def visit(node, path):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+            elif len(path) < len(graph):
+                visit(nxt, [*path, nxt])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    assert cycles == []

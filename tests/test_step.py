@@ -202,3 +202,10 @@ def test_state_is_checked_against_params():
         step.init({})
     with pytest.raises(TypeError, match="loss_fn"):
         gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1), "mse")
+
+
+def test_make_step_returns_a_step():
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
+    assert isinstance(step, gamfunc.Step)
+    assert isinstance(step.compile(backend="eager"), gamfunc.Step)
+    assert isinstance(step.compile(backend="eager", scope="pass"), gamfunc.Step)

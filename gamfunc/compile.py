@@ -1,0 +1,85 @@
+"""Compile any function: inductor options, CUDA-graph results copied out, a code object per function.
+
+These helpers know nothing of steps or losses. :meth:`gamfunc.Step.compile` calls them for a whole
+step (``scope="step"``) and :func:`gamfunc.regional.compile_passes` for each differentiation pass
+(``scope="pass"``).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+__all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh"]
+
+
+def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[Callable], Callable]:
+    """``fn -> torch.compile(fn, fullgraph=fullgraph, mode/options..., **kwargs)``, inductor's options
+    with :data:`INDUCTOR_WORKAROUNDS`, and each CUDA-graph result copied out (:func:`cudagraph_safe`)."""
+    kwargs = dict(kwargs)
+    kwargs.setdefault("backend", "inductor")
+    if kwargs["backend"] == "inductor":
+        options = dict(kwargs.pop("options", None) or {})
+        if mode is not None:
+            options = {**torch._inductor.list_mode_options(mode), **options}
+        options.update(INDUCTOR_WORKAROUNDS)
+        kwargs["options"] = options
+    elif mode is not None:
+        kwargs["mode"] = mode
+    graphs = bool(kwargs.get("options", {}).get("triton.cudagraphs")) or mode == "reduce-overhead"
+
+    def compile_fn(fn):
+        compiled = torch.compile(fn, fullgraph=fullgraph, **kwargs)
+        return cudagraph_safe(compiled) if graphs else compiled
+
+    return compile_fn
+
+
+def cudagraph_safe(fn):
+    """A CUDA-graph function (a step or a pass) whose results outlive the next replay.
+
+    CUDA-graph trees reuse one memory pool: the outputs of a replay are overwritten by later replays.
+    A functional loop keeps its params and state from step to step (and a second branch, another
+    step or another pass may replay in between), so each result is copied out of the pool, with one
+    ``_foreach`` kernel per dtype, which costs a read and a write of the state per step.
+    """
+
+    def call(*args):
+        torch.compiler.cudagraph_mark_step_begin()
+        leaves, spec = torch.utils._pytree.tree_flatten(fn(*args))
+        groups: dict[tuple, list[int]] = {}  # a foreach kernel needs one dtype and one device
+        for i, t in enumerate(leaves):
+            if isinstance(t, Tensor) and t.is_cuda:
+                groups.setdefault((t.dtype, t.device), []).append(i)
+        for group in groups.values():
+            copies = torch._foreach_mul([leaves[i] for i in group], 1)
+            for i, copy in zip(group, copies, strict=True):
+                leaves[i] = copy
+        return torch.utils._pytree.tree_unflatten(leaves, spec)
+
+    return call
+
+
+def fresh(fn):
+    """A copy of ``fn`` with a code object of its own.
+
+    torch.compile keeps its cache, and its recompile limit (8 by default), per code object. Without
+    this every step (or pass) made in a process would share one function's code, and the ninth one
+    compiled with ``fullgraph=True`` would fail with "recompile limit exceeded".
+    """
+    code = fn.__code__.replace()
+    return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def loop_reordering_asserts() -> bool:
+    """Whether this torch has inductor's loop-reordering assertion (fixed in 2.14)."""
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return (major, minor) < (2, 14)
+
+
+INDUCTOR_WORKAROUNDS = {"loop_ordering_after_fusion": False} if loop_reordering_asserts() else {}
+"""Inductor options every :func:`compile_with` sets: on torch < 2.14, loop reordering off
+(pytorch/pytorch#176591, fixed by #176849), see :meth:`gamfunc.Step.compile`."""

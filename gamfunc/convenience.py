@@ -1,0 +1,64 @@
+"""The one-call form of the design card: :func:`gam_step`, ``make_step(gam(...), sgd(...), loss_fn)``
+built once per set of arguments and called."""
+
+from __future__ import annotations
+
+import functools
+
+from gamfunc.estimators import gam
+from gamfunc.optim import Optimizer, sgd
+from gamfunc.step import make_step
+
+__all__ = ["gam_step"]
+
+_GAM_KEYS = {"fd_radius", "oracle", "eps"}
+_SGD_KEYS = {"lr", "momentum", "dampening", "nesterov", "weight_decay"}
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw):
+    opt = optimizer if optimizer is not None else sgd(**dict(sgd_kw))
+    return make_step(gam(rho, alpha, hvp=hvp, **dict(gam_kw)), opt, loss_fn)
+
+
+def gam_step(
+    params,
+    batch,
+    loss_fn,
+    state=None,
+    *,
+    rho,
+    alpha,
+    hvp: str = "exact",
+    optimizer: Optimizer | None = None,
+    buffers=None,
+    **kw,
+):
+    """One GAM step in one call: ``make_step(gam(rho, alpha, hvp, ...), optimizer or sgd(...), loss_fn)``.
+
+    Keyword arguments ``fd_radius``, ``oracle`` and ``eps`` go to :func:`gamfunc.gam`; ``lr`` (default
+    0.1), ``momentum``, ``dampening``, ``nesterov`` and ``weight_decay`` build the default
+    :func:`gamfunc.sgd`. With ``state=None`` the state is initialised (with ``buffers`` for a buffered
+    loss_fn). The step built for the same arguments is reused, so a compiled caller does not recompile.
+
+    Returns:
+        ``(new_params, new_state, metrics)``.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
+        >>> params, batch = {"w": torch.zeros(3)}, (torch.randn(8, 3), torch.randn(8))
+        >>> params, state, metrics = gamfunc.gam_step(params, batch, loss_fn, rho=0.05, alpha=0.1)
+        >>> params, state, metrics = gamfunc.gam_step(params, batch, loss_fn, state, rho=0.05, alpha=0.1)
+    """
+    unknown = set(kw) - _GAM_KEYS - _SGD_KEYS
+    if unknown:
+        raise TypeError(f"gam_step got unexpected keyword arguments {sorted(unknown)}")
+    if optimizer is not None and set(kw) & _SGD_KEYS:
+        raise TypeError("pass either optimizer or the sgd arguments (lr, momentum, ...), not both")
+    gam_kw = tuple(sorted((k, v) for k, v in kw.items() if k in _GAM_KEYS))
+    sgd_kw = tuple(sorted({"lr": 0.1, **{k: v for k, v in kw.items() if k in _SGD_KEYS}}.items()))
+    step = _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw)
+    if state is None:
+        state = step.init(params, buffers)
+    return step(params, state, batch)
