@@ -88,7 +88,14 @@ def sub(a: Tree, b: Tree) -> Tree:
 
 
 def scale(a: Tree, s: Scalar) -> Tree:
-    """s · a, with ``s`` a Python number or a 0-d tensor."""
+    """s · a, with ``s`` a Python number or a 0-d tensor.
+
+    A half-precision leaf is multiplied by a tensor ``s`` in float32 and rounded once: on CUDA, a
+    float16 product would first round ``s`` itself to float16, and 1/(‖g‖ + ξ) = 1e12 at g = 0 is
+    inf there (0 · inf = nan).
+    """
+    if isinstance(s, Tensor) and _half(a):
+        return {k: _times(v, s) for k, v in a.items()}
     if _vmapped(a, s):
         return {k: v * s for k, v in a.items()}
     values = list(a.values())
@@ -96,9 +103,11 @@ def scale(a: Tree, s: Scalar) -> Tree:
 
 
 def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
-    """s · x + y (BLAS's axpy)."""
+    """s · x + y (BLAS's axpy); a tensor ``s`` meets half-precision leaves in float32 (:func:`scale`)."""
     _check_keys(x, y)
     ys = [y[k] for k in x]
+    if isinstance(s, Tensor) and _half(x):
+        return {k: _times(v, s) + y[k] for k, v in x.items()}
     if _vmapped(x, s) or _vmapped(y):
         return {k: s * v + y[k] for k, v in x.items()}
     if isinstance(s, Tensor):
@@ -154,6 +163,15 @@ def wide_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _wide(x: Tensor) -> Tensor:
     return x if x.dtype in _WIDE else x.to(wide_dtype(x.dtype))
+
+
+def _half(a: Tree) -> bool:
+    return any(v.dtype not in _WIDE for v in a.values())
+
+
+def _times(v: Tensor, s: Tensor) -> Tensor:
+    """v · s, computed in float32 or wider where v is half precision, in v's dtype."""
+    return v * s if v.dtype in _WIDE else (_wide(v) * s).to(v.dtype)
 
 
 def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:

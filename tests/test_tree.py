@@ -79,3 +79,18 @@ def test_every_tree_op_runs_under_vmap_and_equals_the_loop():
                 assert all(torch.allclose(got[k][i], want[k], rtol=1e-15) for k in want)
             else:
                 assert torch.allclose(got[i], want, rtol=1e-15)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_leaves_times_a_factor_beyond_their_range_on_cuda(dtype):
+    """1/(‖g‖ + ξ) = 1e12 at g = 0 is inf in float16: the product is formed in float32 (on CUDA a
+    float16 kernel rounds a 0-d factor to float16 first, and 0 · inf = nan)."""
+    a = {"w": torch.tensor([0.0, 1e-4, -2e-4], dtype=dtype, device="cuda")}
+    for s in (torch.tensor(1e12, device="cuda"), torch.tensor(1e6, device="cuda")):
+        want = (a["w"].float() * s).to(dtype)
+        assert torch.equal(tree.scale(a, s)["w"], want)
+        assert torch.equal(tree.axpy(s, a, a)["w"], want + a["w"])
+    assert torch.isfinite(
+        tree.normalize({"w": torch.zeros(3, dtype=dtype, device="cuda")})[0]["w"]
+    ).all()
