@@ -24,7 +24,7 @@ from gamfunc.optim import schedules
 from reproduce import checkpoint as ckpt
 from reproduce.config import Config
 from reproduce.launch import Processes
-from reproduce.models import build_model
+from reproduce.models import build_model, new_head
 
 __all__ = [
     "CORRECT",
@@ -41,6 +41,8 @@ __all__ = [
     "lr_schedule",
     "setup",
 ]
+
+IMAGENET_CLASSES = 1000  # the classifier of the pretrained weights that --pretrained starts from
 
 # The extra entry of the loss aux that counts correct predictions at θ (the running train accuracy).
 CORRECT = "__correct__"
@@ -86,7 +88,7 @@ def lr_schedule(cfg: Config, steps_per_epoch: int):
     of the run (or constant)."""
     if cfg.schedule == "constant" and cfg.warmup_epochs == 0:
         return cfg.lr
-    total = cfg.epochs * steps_per_epoch
+    total = cfg.total_steps or cfg.epochs * steps_per_epoch
     warm = round(cfg.warmup_epochs * steps_per_epoch)
     if cfg.schedule == "constant":
         return lambda t: torch.clamp((t.to(torch.float64) + 1) / max(warm, 1), max=1.0) * cfg.lr
@@ -246,12 +248,21 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
     if not isinstance(procs, Processes):  # a device: one process
         procs = Processes(0, 1, 0, torch.device(procs), "")
     device = procs.device
+    if cfg.pretrained and not cfg.weights:
+        raise SetupError(
+            f"--preset={cfg.preset} fine-tunes a pretrained {cfg.model}: pass --weights=FILE, a local "
+            f"state dict of its ImageNet weights (torchvision's {cfg.model} layout); it never "
+            "trains from scratch in their place and downloads nothing"
+        )
+    classes = IMAGENET_CLASSES if cfg.pretrained else data.num_classes
     try:
-        model = build_model(cfg.model, data.num_classes, data.image_size, seed=cfg.seed)
+        model = build_model(cfg.model, classes, data.image_size, seed=cfg.seed)
     except ValueError as e:
         raise SetupError(str(e)) from None
     if cfg.weights:
         load_weights(model, cfg.weights)
+    if cfg.pretrained:
+        new_head(model, data.num_classes, seed=cfg.seed)
     notes = []
     hvp = exact_hvp_backend(cfg, model)
     exact = name in ("gam", "sam+gam") or (name == "gnp" and cfg.gnp_hvp == "exact")

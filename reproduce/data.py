@@ -67,12 +67,19 @@ MEAN_STD = {
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
 }
+# The fine-tuning sets of the paper's transfer table: ImageNet statistics (pretrained models).
+TRANSFER = ("cars", "pets", "food101")
+for _name in TRANSFER:
+    MEAN_STD[_name] = MEAN_STD["imagenet"]
 NATIVE = {  # (input side or length, classes) of each data set
     "mnist1d": (40, 10),
     "digits": (64, 10),
     "cifar10": (32, 10),
     "cifar100": (32, 100),
     "imagenet": (224, 1000),
+    "cars": (224, 196),
+    "pets": (224, 37),
+    "food101": (224, 101),
 }
 
 
@@ -477,7 +484,11 @@ def _transforms(name: str, augment: str, size: int, cutout: int):
 
     mean, std = MEAN_STD[name]
     tail = [T.ToTensor(), T.Normalize(mean, std)]
-    if name == "imagenet":
+    if name in TRANSFER:  # no augmentation in the paper's transfer runs: the centre square
+        evaluate = T.Compose([T.Resize(size), T.CenterCrop(size), *tail])
+        crop = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
+        policy = T.AutoAugmentPolicy.IMAGENET
+    elif name == "imagenet":
         evaluate = T.Compose([T.Resize(round(size / 0.875)), T.CenterCrop(size), *tail])
         crop = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
         policy = T.AutoAugmentPolicy.IMAGENET
@@ -496,7 +507,41 @@ def _transforms(name: str, augment: str, size: int, cutout: int):
 
 
 def _targets(ds: Dataset) -> Tensor:
-    return torch.as_tensor(ds.targets, dtype=torch.int64)
+    """The labels of a torchvision data set (``targets``, or the private lists of the fine-grained
+    sets: StanfordCars' ``_samples``, OxfordIIITPet's and Food101's ``_labels``)."""
+    if hasattr(ds, "targets"):
+        labels = ds.targets
+    elif hasattr(ds, "_samples"):
+        labels = [c for _, c in ds._samples]
+    else:
+        labels = ds._labels
+    return torch.as_tensor(labels, dtype=torch.int64)
+
+
+def _transfer(root: str, name: str, download: bool):
+    """Stanford Cars, Oxford-IIIT Pets or Food-101 through torchvision, from ``root``."""
+    import torchvision.datasets as tvd
+
+    label = {"cars": "Stanford Cars", "pets": "Oxford-IIIT Pets", "food101": "Food-101"}[name]
+    if not root:
+        raise DataNotFound(
+            f"{label} needs --data=FOLDER (torchvision's layout; --download fetches it)"
+        )
+    path = str(Path(root).expanduser())
+    try:
+        if name == "cars":
+            return tvd.StanfordCars(path, "train", download=download), tvd.StanfordCars(
+                path, "test"
+            )
+        if name == "pets":
+            make = lambda split, dl=False: tvd.OxfordIIITPet(path, split, download=dl)  # noqa: E731
+            return make("trainval", download), make("test")
+        return tvd.Food101(path, "train", download=download), tvd.Food101(path, "test")
+    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted"
+        raise DataNotFound(
+            f"{label} not found or incomplete under {path!r} ({e}). Put torchvision's layout there, "
+            "or pass --download to let torchvision fetch it."
+        ) from None
 
 
 def load(cfg: Any) -> Data:
@@ -525,6 +570,8 @@ def load(cfg: Any) -> Data:
     else:
         if name == "imagenet":
             train_base, test_base = _imagenet(cfg.data)
+        elif name in TRANSFER:
+            train_base, test_base = _transfer(cfg.data, name, cfg.download)
         else:
             train_base, test_base = _cifar(cfg.data, name, cfg.download)
         train_tf, eval_tf = _transforms(name, cfg.augment, size, cfg.cutout_size)

@@ -88,6 +88,9 @@ def flatness(
 ) -> tuple[dict[str, float], object]:
     """λ_max, Hessian trace and R1 on the fixed probe batch, in eval mode, and a landscape figure.
 
+    With ``flatness_batch`` smaller than the probe set, the metrics are those of the whole probe set
+    (up to the whole training set) taken over batches: each H·v and gradient is averaged over them.
+
     λ_max: Lanczos (``eig_iters`` products at most); trace: Hutchinson with ``trace_samples`` probes;
     R1_ρ = ρ·max‖∇L(θ')‖ over ‖θ' − θ‖ ≤ ρ (paper Definition 3.1), ρ = ``flatness_rho`` or ``rho``,
     from ``r1_steps`` projected ascent steps started at GAM's θ_adv; the landscape is L along a
@@ -101,6 +104,14 @@ def flatness(
 
     def loss(p, b):
         return loss_fn(p, b, buffers, train=False)[0]
+
+    n = len(y)
+    if cfg.flatness_batch and n > cfg.flatness_batch:
+        # PyHessian's "full dataset" mode: every H·v and gradient the metrics form is the
+        # size-weighted mean over batches of at most flatness_batch examples
+        from gamfunc.accumulate import accumulate
+
+        loss = accumulate(loss, -(-n // cfg.flatness_batch))
 
     out: dict[str, float] = {}
     rho = cfg.flatness_rho or cfg.rho or 0.05

@@ -15,6 +15,7 @@ where the ranks agree to stop together) and write a checkpoint first.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import signal
 import sys
@@ -114,6 +115,14 @@ def like(loaded, template, where: str = "state"):
             raise ckpt.CheckpointError(f"checkpoint {where} does not match the model: keys differ")
         return {k: like(loaded[k], v, f"{where}.{k}") for k, v in template.items()}
     return loaded
+
+
+def with_total_steps(cfg: Config, n_train: int) -> Config:
+    """``cfg`` with ``total_steps`` turned into epochs: enough to hold them, the last one cut short."""
+    if not cfg.total_steps:
+        return cfg
+    per_epoch = max(n_train // cfg.batch_size, 1)
+    return dataclasses.replace(cfg, epochs=-(-cfg.total_steps // per_epoch))
 
 
 def _summary_path(run_dir: Path) -> Path:
@@ -319,6 +328,8 @@ def run(
     procs = procs or start(cfg.device)
     (name,) = estimators_of(cfg)
     run_dir = run_dir or Path(cfg.logdir).expanduser() / run_name(cfg) / name
+    data = data or data_mod.load(cfg)
+    cfg = with_total_steps(cfg, len(data.train))
     r = _Run(cfg, name, stop, procs, run_dir)
     kind, saved, lock = _decide(cfg, name, r.path, procs)
     try:
@@ -477,6 +488,8 @@ def _train(r: _Run, data, saved) -> dict:
                         )
                 if cfg.max_steps and pos["global_step"] >= cfg.max_steps:
                     stopped = "max_steps"
+                if cfg.total_steps and pos["global_step"] >= cfg.total_steps:
+                    break  # the last epoch ends here
                 signalled = stop.signum if world == 1 else (stop.agreed(procs) if sync else None)
                 if stopped or signalled is not None:
                     break

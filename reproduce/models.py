@@ -11,6 +11,8 @@
 | ``densenet121`` | torchvision DenseNet-121 with a 3×3 stride-1 stem and no max-pool | CIFAR, App. Table |
 | ``resnext29`` | ResNeXt-29 (32×4d) | CIFAR, App. Table |
 | ``vit_s32``, ``vit_b32`` | ViT-S/32 and ViT-B/32 (einops; attention as matmul + softmax) | ImageNet, Table 2 |
+| ``vit_s16`` | ViT-S/16 (the same ViT, 16-pixel patches) | CIFAR, appendix table |
+| ``efficientnet_b0``, ``swin_t`` | ``torchvision.models.efficientnet_b0/swin_t(weights=None)``, fine-tuned from ``--weights`` (:func:`new_head`) | transfer table |
 | ``mlp`` | MLP 40-100-100-10 of MNIST-1D (input length ``image_size``) | built-in default |
 | ``mlp_gelu``, ``mlp_tanh`` | the same MLP with GELU or tanh: smooth, so finite-difference H·v → exact | built-in |
 | ``cnn1d`` | MNIST-1D's ConvBase: three 1-D convolutions of 25 channels and a linear layer | built-in |
@@ -458,11 +460,14 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "resnet32": lambda c, s: ResNet32(c),
     "resnet50": _torchvision("resnet50"),
     "resnet101": _torchvision("resnet101"),
+    "efficientnet_b0": _torchvision("efficientnet_b0"),
+    "swin_t": _torchvision("swin_t"),
     "wrn28_2": lambda c, s: WideResNet(28, 2, c),
     "wrn28_10": lambda c, s: WideResNet(28, 10, c),
     "pyramidnet110": lambda c, s: PyramidNet(110, 270, c),
     "densenet121": lambda c, s: _densenet121_cifar(c),
     "resnext29": lambda c, s: ResNeXt29(c),
+    "vit_s16": lambda c, s: ViT(s, 16, 384, 12, 6, 1536, c),
     "vit_s32": lambda c, s: ViT(s, 32, 384, 12, 6, 1536, c),
     "vit_b32": lambda c, s: ViT(s, 32, 768, 12, 12, 3072, c),
     "mlp": lambda c, s: MLP(s, c),
@@ -498,6 +503,20 @@ def build_model(
         if seed is not None:
             torch.manual_seed(seed)
         return MODELS[name](num_classes, image_size)
+
+
+def new_head(model: nn.Module, num_classes: int, *, seed: int | None = None) -> nn.Module:
+    """``model`` with its classifier, the last ``nn.Linear`` of the network, replaced by a fresh
+    one of ``num_classes`` outputs (fine-tuning a pretrained network on another label set)."""
+    name, last = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)][-1]
+    ctx = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
+    with ctx:
+        if seed is not None:
+            torch.manual_seed(seed)
+        fresh = nn.Linear(last.in_features, num_classes, bias=last.bias is not None)
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, fresh)
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:
