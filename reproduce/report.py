@@ -95,6 +95,7 @@ def log_step(tblog, writer, metrics, state, step: int, images_per_s: float) -> N
         "step/": ("loss",),
         "opt/": ("lr", "rho"),
         "grad/": ("grad_norm", "f_norm", "adv_grad_norm", "adv_loss", "perturbed_loss"),
+        "theory/": ("overall_grad_sq", "penalty_grad_sq"),  # Theorem 4.3's two squared norms
     }
     for prefix, keys in groups.items():
         tblog.scalars(writer, {k: metrics[k] for k in keys if k in metrics}, step, prefix)

@@ -49,7 +49,9 @@ def gam(
         eps: ξ.
 
     Returns:
-        An Estimator; its info adds ``f_norm`` = ‖f‖, ``adv_grad_norm`` = ‖∇L(θ_adv)‖ and ``adv_loss``.
+        An Estimator; its info adds ``f_norm`` = ‖f‖, ``adv_grad_norm`` = ‖∇L(θ_adv)‖, ``adv_loss``,
+        and the quantities of Theorem 4.3: ``overall_grad_sq`` = ‖∇L_overall(θ)‖² (the squared norm
+        of the direction) and ``penalty_grad_sq`` = ‖α·ρ_t·∇‖∇L(θ_adv)‖‖².
 
     Example:
         >>> import torch, gamfunc
@@ -57,7 +59,7 @@ def gam(
         >>> est = gamfunc.gam(rho=0.05, alpha=0.1)
         >>> d, info = est({"w": torch.ones(2, 2)}, torch.tensor([1.0, 2.0]), loss_fn)
         >>> sorted(info)
-        ['adv_grad_norm', 'adv_loss', 'f_norm', 'grad_norm', 'loss']
+        ['adv_grad_norm', 'adv_loss', 'f_norm', 'grad_norm', 'loss', 'overall_grad_sq', 'penalty_grad_sq']
 
     References:
         Zhang, Xu, Chen, Cui, "Gradient Norm Aware Minimization Seeks First-Order Flatness and
@@ -78,11 +80,15 @@ def gam(
         theta_adv = tree.axpy(rho_t, f_hat, params)
         f_adv, adv = hvps.grad_norm_grad(loss_fn, theta_adv, batch, backend, eps=eps)
         base = oracle.run(params, batch, loss_fn, clean=clean, step=step)
-        direction = tree.axpy(value(alpha, step) * rho_t, f_adv, base.direction)
+        penalty = tree.scale(f_adv, value(alpha, step) * rho_t)
+        direction = tree.add(base.direction, penalty)
         info = base.info | {
             "f_norm": f_norm,
             "adv_grad_norm": with_grad_norm(adv).grad_norm,
             "adv_loss": adv.loss,
+            # the two sides of Theorem 4.3: ‖∇L_overall(θ_t)‖² and ‖α·ρ_t·∇‖∇L(θ_adv)‖‖²
+            "overall_grad_sq": tree.norm(direction) ** 2,
+            "penalty_grad_sq": tree.norm(penalty) ** 2,
         }
         return Estimate(direction, info, clean)
 
