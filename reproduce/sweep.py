@@ -7,16 +7,22 @@ mean ± std over seeds. This script runs such a sweep with ``reproduce/train.py`
         --preset=digits --estimator=gam --val_fraction=0.2 --epochs=1 \\
         --eig_iters=0 --trace_samples=0 --r1_steps=0 --landscape=false --progress=false
 
-trains the 2 × 2 cells with seeds 0 and 1 (8 runs of one epoch, about half a minute on 2 CPU cores),
+trains the 2 × 2 cells with seeds 0 and 1 (8 runs of one epoch, about 10 seconds on 2 CPU cores),
 then prints the table it writes to ``runs/sweep.digits/sweep.md`` (and ``sweep.json``) and the cell
-it selects, e.g. (one epoch; the digits are illustrative)::
+it selects. With torch 2.14.1 on the CPU it ends with (after a line per run and the table's caption;
+other torch versions round differently)::
 
-    | rho | alpha | seeds | val_acc (%) | test_acc (%) | |
+    | rho | alpha | seeds | val_acc (%) | test_acc (%) | note |
     |---:|---:|---:|---:|---:|:--|
-    | 0.05 | 0.1 | 2 | 29.97 ± 0.49 | 29.31 ± 0.20 | |
-    | 0.1 | 0.1 | 2 | 30.14 ± 0.74 | 29.72 ± 0.59 | selected |
-    ...
-    selected rho=0.1 alpha=0.1: val_acc 30.14 ± 0.74 (2 seeds); test_acc beside it 29.72 ± 0.59
+    | 0.05 | 0.1 | 2 | 37.46 ± 11.09 | 36.81 ± 10.80 |  |
+    | 0.05 | 1 | 2 | 37.80 ± 10.10 | 37.36 ± 10.41 | selected |
+    | 0.1 | 0.1 | 2 | 37.11 ± 10.59 | 36.81 ± 10.80 |  |
+    | 0.1 | 1 | 2 | 37.80 ± 9.61 | 38.47 ± 7.66 |  |
+
+    selected rho=0.05 alpha=1: val_acc 37.80 ± 10.10 (2 seeds); test_acc beside it 37.36 ± 10.41
+
+(one epoch is a smoke test: the two best cells tie on validation, the first in grid order is taken,
+and the last cell's higher test accuracy plays no part).
 
 Arguments before ``--`` are the sweep's; those after it go to every ``reproduce/train.py`` run:
 
@@ -41,7 +47,7 @@ the whole sweep. Rerunning the same command reuses each finished run whose saved
 (``train.py --resume``), so a sweep stopped by Ctrl-C, a crash or a time limit goes on where it was.
 
 Selection reads the validation metric only: the cell with the highest mean over its seeds, among the
-cells whose every seed finished (ties: the first in grid order). The test metric is carried beside it
+cells whose every seed finished (ties, to 1e-9 points: the first in grid order). The test metric is carried beside it
 for the report and never compared. Without a validation split (``--val_fraction`` > 0) the sweep
 refuses to start. A run that diverges (``train.py`` exit 3) marks its cell ``diverged``; such a cell is
 never selected. The std is the sample standard deviation over seeds (n − 1; none for one seed).
@@ -125,6 +131,7 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _ints(text: str) -> list[int]:
+    """``"0,1,2"`` → ``[0, 1, 2]``: distinct integers >= 0 (seeds, GPU indices)."""
     try:
         out = [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
@@ -137,13 +144,14 @@ def _ints(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The sweep's own options (those before ``--``); ``--help`` shows this module's docstring."""
     p = argparse.ArgumentParser(
         prog="reproduce/sweep.py",
         usage="python reproduce/sweep.py --grid=KEY=V1,V2 [--grid=...] [--seeds=0,1,2] "
         "[--metric=val_acc|best_val_acc] [--jobs=N] [--gpus=0,1] [--name=BASE] [--out=DIR] "
         "-- TRAIN_ARGS...",
-        description="Grid × seeds of reproduce/train.py; one table of mean ± std, selected on "
-        "the validation split. Arguments after -- go to every train.py run.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
     p.add_argument("--seeds", type=_ints, default=[0], metavar="S1,S2")
@@ -398,9 +406,7 @@ def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def aggregate(
-    runs: list[Run], outcomes: dict[int, dict[str, Any]], metric: str, seeds: list[int]
-) -> list[dict]:
+def aggregate(runs: list[Run], outcomes: dict[int, dict[str, Any]], seeds: list[int]) -> list[dict]:
     """One row per cell: ``{"cell", "values", "seeds" {seed: outcome}, "n", "val_mean", "val_std",
     "test_mean", "test_std", "status"}``.
 
@@ -434,18 +440,23 @@ def select(rows: list[dict]) -> dict | None:
     tie), or None. Reads ``val_mean`` only: the test metric plays no part."""
     best = None
     for row in rows:
-        if row["status"] == "complete" and (best is None or row["val_mean"] > best["val_mean"]):
+        # means equal up to float rounding (1e-9 points) count as a tie: the first cell stays
+        if row["status"] == "complete" and (
+            best is None or row["val_mean"] > best["val_mean"] + 1e-9
+        ):
             best = row
     return best
 
 
 def _pm(mean: float | None, std: float | None) -> str:
+    """``mean ± std`` to two decimals, ``–`` for a missing value."""
     if mean is None:
         return "–"
     return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f} ± –"
 
 
 def _test_name(metric: str) -> str:
+    """The name of the test value reported beside ``metric``."""
     return "test_acc" if metric == "val_acc" else "test_acc at best val"
 
 
@@ -502,6 +513,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
         opts, rest, grid = parse(argv)
+    except SystemExit as e:  # argparse: --help (0) or a malformed option (2), already printed
+        return e.code if isinstance(e.code, int) else 2
+    except SweepError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
         name, root, runs = plan(rest, grid, opts.seeds, opts.name)
         reused = {i: s for i, r in enumerate(runs) if (s := finished_summary(r)) is not None}
     except SweepError as e:
@@ -529,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = aggregate(runs, outcomes, opts.metric, opts.seeds)
+    rows = aggregate(runs, outcomes, opts.seeds)
     chosen = select(rows)
     keys = [k for k, _ in grid]
     est = runs[0].config.estimator if len({r.config.estimator for r in runs}) == 1 else "estimators"
