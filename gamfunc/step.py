@@ -210,44 +210,47 @@ STATE_KEYS = ("step", "opt", "skipped")
 def check_state(state, params) -> None:
     """Raise a one-line error, naming the key, unless ``state`` is a step state made for ``params``.
 
-    Checked: the entries every state has, and every per-parameter dict of the optimiser state
-    (momentum, moments: a dict of tensors sharing a name with ``params``) against the names and
-    shapes of ``params``, so that a state made for other parameters is not broadcast against them.
-    Python only, on names and shapes: a compiled step traces it once.
+    Checked: the entries every state has; the names of every per-parameter dict of the optimiser
+    state (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
+    ``params``, and the shapes of the first such dict (a state made for other parameters has them
+    all wrong), so that a state made for other shapes is not broadcast against them. Python only,
+    on names and shapes, a few microseconds a step; a compiled step traces it once.
     """
     if not isinstance(state, dict):
         raise TypeError(
             f"state must be the dict that step.init(params) returns; got {type(state).__name__}"
         )
-    check_params(params)
+    if not isinstance(params, dict) or not params:
+        check_params(params)
     for key in STATE_KEYS:
         if key not in state:
             raise ValueError(f"state has no entry {key!r}; make it with step.init(params)")
-    _check_like(state["opt"], params, "state['opt']")
+    _check_like(state["opt"], params, [], "state['opt']")
 
 
-def _check_like(node, params, where: str) -> None:
-    if not isinstance(node, dict):
+def _check_like(node, params, checked: list, where: str) -> None:
+    """``checked`` is non-empty once one per-parameter dict has had its shapes compared."""
+    if not isinstance(node, dict) or not node:
         return
-    if node and node.keys() & params.keys() and all(isinstance(v, Tensor) for v in node.values()):
-        if node.keys() != params.keys():
-            missing, extra = (
-                sorted(params.keys() - node.keys()),
-                sorted(node.keys() - params.keys()),
-            )
-            raise ValueError(
-                f"{where} was made for other parameters: no entry for {missing}, "
-                f"entries {extra} not in params; make the state with step.init(params)"
-            )
-        for k, v in node.items():
-            if v.shape != params[k].shape:
-                raise ValueError(
-                    f"{where}[{k!r}] has shape {tuple(v.shape)} but params[{k!r}] has "
-                    f"{tuple(params[k].shape)}; make the state with step.init(params)"
-                )
+    if node.keys() == params.keys():  # a per-parameter dict
+        if not checked:
+            checked.append(where)
+            for k, v in params.items():
+                if node[k].shape != v.shape:
+                    raise ValueError(
+                        f"{where}[{k!r}] has shape {tuple(node[k].shape)} but params[{k!r}] has "
+                        f"{tuple(v.shape)}; make the state with step.init(params)"
+                    )
         return
+    if node.keys() & params.keys() and all(isinstance(v, Tensor) for v in node.values()):
+        missing = sorted(params.keys() - node.keys())
+        extra = sorted(node.keys() - params.keys())
+        raise ValueError(
+            f"{where} was made for other parameters: no entry for {missing}, "
+            f"entries {extra} not in params; make the state with step.init(params)"
+        )
     for k, v in node.items():
-        _check_like(v, params, f"{where}[{k!r}]")
+        _check_like(v, params, checked, f"{where}[{k!r}]")
 
 
 def _all_finite(*trees) -> Tensor:
