@@ -62,6 +62,11 @@ def unit_grad(p: Pass, eps) -> tuple[Tree, Pass]:
 def loss_and_aux(loss_fn, params: Tree, batch) -> tuple[Tensor, Any]:
     """Call ``loss_fn`` and split its output into ``(loss, aux)``; aux is ``()`` for a plain loss."""
     out = loss_fn(params, batch)
+    if isinstance(out, tuple) and len(out) != 2:
+        raise TypeError(
+            f"loss_fn must return a loss tensor or a pair (loss, aux); it returned a tuple of "
+            f"{len(out)}: put everything but the loss into aux, e.g. (loss, (a, b))"
+        )
     loss, aux = out if isinstance(out, tuple) else (out, ())
     if not isinstance(loss, Tensor):
         raise TypeError(f"loss_fn must return a tensor or (tensor, aux); it returned {type(loss)}")
@@ -219,3 +224,10 @@ def check_params(params: Any) -> None:
             raise TypeError(f"params[{k!r}] must be a tensor; got {type(v).__name__}")
         if not v.is_floating_point():
             raise TypeError(f"params[{k!r}] must be floating point; got {v.dtype}")
+    first = next(iter(params))
+    for k, v in params.items():
+        if v.device != params[first].device:
+            raise ValueError(
+                f"params must all be on one device: params[{first!r}] is on "
+                f"{params[first].device}, params[{k!r}] on {v.device}; move them with .to(device)"
+            )

@@ -279,7 +279,7 @@ class GAM(FlatnessOptimizer):
     def __init__(
         self,
         model: nn.Module,
-        optimizer: Optimizer,
+        optimizer: Optimizer | None = None,
         *,
         rho,
         alpha: float,
@@ -290,6 +290,7 @@ class GAM(FlatnessOptimizer):
         eps: float = 1e-12,
         **options,
     ):
+        _check_options(type(self).__name__, optimizer, options)
         estimator = gam(rho, alpha, hvp=hvp, fd_radius=fd_radius, oracle=oracle, eps=eps)
         super().__init__(model, estimator, optimizer, criterion, **options)
 
@@ -308,13 +309,14 @@ class SAM(FlatnessOptimizer):
     def __init__(
         self,
         model: nn.Module,
-        optimizer: Optimizer,
+        optimizer: Optimizer | None = None,
         *,
         rho,
         criterion: Callable = F.cross_entropy,
         eps: float = 1e-12,
         **options,
     ):
+        _check_options(type(self).__name__, optimizer, options)
         super().__init__(model, sam(rho, eps=eps), optimizer, criterion, **options)
 
 
@@ -351,6 +353,27 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
 
 
 # ---- checks -----------------------------------------------------------------------------------------
+
+
+_OPTIONS = ("every", "base", "on_nonfinite", "compile", "compile_options")
+_BASE_SETTINGS = ("lr", "momentum", "weight_decay", "nesterov", "dampening", "betas")
+
+
+def _check_options(cls: str, optimizer, options: dict) -> None:
+    """One clear error, naming ``cls``, for a missing base optimiser or an argument it does not take
+    (a learning rate given to the facade rather than to the base optimiser, say)."""
+    example = f"{cls}(model, gamfunc.sgd(lr=0.1, momentum=0.9), ...)"
+    for key in options:
+        if key in _BASE_SETTINGS:
+            raise TypeError(
+                f"{cls}() takes no {key}=: it belongs to the base optimiser, e.g. {example}"
+            )
+        if key not in _OPTIONS:
+            raise TypeError(
+                f"{cls}() got an unexpected argument {key!r}; it takes {', '.join(_OPTIONS)}"
+            )
+    if optimizer is None:
+        raise TypeError(f"{cls}() needs a base optimiser as its second argument, e.g. {example}")
 
 
 def _check_arguments(model, optimizer, criterion, compile, compile_options) -> None:

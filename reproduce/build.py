@@ -119,20 +119,23 @@ def build_estimator(
     sam_rho = cfg.sam_rho or rho
     gnp_hvp = hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp
     plain = gamfunc.gradient()
+    theorem = {"theorem_norms": True}  # Theorem 4.3's two squared norms, logged under theory/
     table: dict[str, Callable[[], gamfunc.Estimator]] = {
         "sgd": lambda: plain,
         "sam": lambda: gamfunc.sam(rho),
         "gnp": lambda: gamfunc.gnp(cfg.alpha, hvp=gnp_hvp, fd_radius=cfg.gnp_radius),
-        "gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp),
-        "gam_fd": lambda: gamfunc.gam(rho, cfg.alpha, hvp="fd", fd_radius=cfg.fd_radius),
-        "gam_reverse": lambda: gamfunc.gam(rho, cfg.alpha, hvp="reverse"),
+        "gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp, **theorem),
+        "gam_fd": lambda: gamfunc.gam(rho, cfg.alpha, hvp="fd", fd_radius=cfg.fd_radius, **theorem),
+        "gam_reverse": lambda: gamfunc.gam(rho, cfg.alpha, hvp="reverse", **theorem),
         "gam_accelerated": lambda: gamfunc.gam_accelerated(
             rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="paper"
         ),
         "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
             rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="official"
         ),
-        "sam+gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp, oracle=gamfunc.sam(sam_rho)),
+        "sam+gam": lambda: gamfunc.gam(
+            rho, cfg.alpha, hvp=hvp, oracle=gamfunc.sam(sam_rho), **theorem
+        ),
     }
     base = gamfunc.sam(sam_rho) if name == "sam+gam" else plain
     return table[name](), base

@@ -35,7 +35,8 @@ def problem():
 @pytest.mark.parametrize("oracle", [None, "sam"])
 def test_the_theorem_scalars_are_the_norms_of_the_direction_and_of_the_gam_term(oracle):
     params, batch, loss_fn = problem()
-    make = lambda a: gamfunc.gam(0.1, a, oracle=gamfunc.sam(0.05) if oracle else None)  # noqa: E731
+    sam = gamfunc.sam(0.05) if oracle else None
+    make = lambda a: gamfunc.gam(0.1, a, oracle=sam, theorem_norms=True)  # noqa: E731
     direction, info = make(0.7)(params, batch, loss_fn)
     base, _ = make(0.0)(params, batch, loss_fn)  # α = 0: the oracle's direction alone
     term = tree.sub(direction, base)
@@ -46,6 +47,8 @@ def test_the_theorem_scalars_are_the_norms_of_the_direction_and_of_the_gam_term(
     assert info["penalty_grad_sq"] > 0
     _, info0 = make(0.0)(params, batch, loss_fn)
     assert float(info0["penalty_grad_sq"]) == 0.0
+    _, plain = gamfunc.gam(0.1, 0.7, oracle=sam)(params, batch, loss_fn)  # off by default
+    assert "overall_grad_sq" not in plain and "penalty_grad_sq" not in plain
 
 
 def test_train_logs_them_as_tensorboard_scalars(tmp_path):

@@ -53,13 +53,29 @@ def hyper_state(params: Tree, lr: float | Schedule) -> dict[str, Tensor]:
     """The ``step`` counter and ``lr`` entries every optimiser state starts with."""
     dev = _device(params)
     step = torch.zeros((), dtype=torch.int64, device=dev)
-    lr0 = lr(step) if callable(lr) else torch.tensor(float(lr), dtype=torch.float64, device=dev)
+    lr0 = (
+        scheduled(lr, step)
+        if callable(lr)
+        else torch.tensor(float(lr), dtype=torch.float64, device=dev)
+    )
     return {"step": step, "lr": lr0.to(device=dev, dtype=torch.float64)}
 
 
 def learning_rate(lr: float | Schedule, state: dict[str, Any]) -> Tensor:
     """The lr of this update: the schedule at ``state["step"]``, else ``state["lr"]``."""
-    return lr(state["step"]) if callable(lr) else state["lr"]
+    return scheduled(lr, state["step"]) if callable(lr) else state["lr"]
+
+
+def scheduled(schedule: Schedule, step: Tensor) -> Tensor:
+    """``schedule(step)``, which must be a tensor (a Python number would be baked into a compiled
+    step, or fail in the tensor math of the update)."""
+    out = schedule(step)
+    if not isinstance(out, Tensor):
+        raise TypeError(
+            f"lr schedule must return a tensor computed from the 0-d step tensor it is given; it "
+            f"returned {type(out).__name__}: use torch operations (see gamfunc.schedules.cosine)"
+        )
+    return out
 
 
 def check_mask(mask: Mask, name: str) -> None:

@@ -1,0 +1,73 @@
+"""One clear error, naming the argument and what to do, for the API mistakes users make: a loss that
+returns three things, an lr schedule that returns a Python number, params on two devices, and a
+learning rate given to the torch.optim-style facade instead of its base optimiser."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gamfunc
+from gamfunc.torch_optim import GAM, SAM
+
+
+def params():
+    return {"w": torch.zeros(3), "b": torch.zeros(())}
+
+
+def batch():
+    return torch.randn(8, 3), torch.randn(8)
+
+
+def mse(p, b):
+    return ((b[0] @ p["w"] + p["b"] - b[1]) ** 2).mean()
+
+
+def test_a_loss_returning_three_values_is_named():
+    def three(p, b):
+        return mse(p, b), 1, 2
+
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), three)
+    with pytest.raises(TypeError, match=r"loss_fn must return .* pair \(loss, aux\).*tuple of 3"):
+        step(params(), step.init(params()), batch())
+
+
+def test_an_lr_schedule_returning_a_python_number_is_named():
+    opt = gamfunc.sgd(lr=lambda t: 0.1)
+    with pytest.raises(TypeError, match=r"lr schedule must return a tensor.*returned float"):
+        gamfunc.make_step(gamfunc.gradient(), opt, mse).init(params())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device: CUDA")
+def test_params_on_two_devices_are_named():
+    p = {"w": torch.zeros(3), "b": torch.zeros((), device="cuda")}
+    with pytest.raises(
+        ValueError, match=r"one device: params\['w'\] is on cpu, params\['b'\] on cuda"
+    ):
+        gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1), mse).init(p)
+
+
+def test_params_on_two_devices_are_named_with_the_meta_device():
+    p = {"w": torch.zeros(3), "b": torch.zeros((), device="meta")}
+    with pytest.raises(
+        ValueError, match=r"one device: params\['w'\] is on cpu, params\['b'\] on meta"
+    ):
+        gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1), mse).init(p)
+
+
+@pytest.mark.parametrize("cls", [GAM, SAM])
+def test_the_facade_names_itself_and_where_lr_goes(cls):
+    model = torch.nn.Linear(3, 2)
+    kw = {"rho": 0.05} | ({"alpha": 0.1} if cls is GAM else {})
+    name = cls.__name__
+    with pytest.raises(
+        TypeError, match=rf"^{name}\(\) takes no lr=: it belongs to the base optimiser"
+    ):
+        cls(model, gamfunc.sgd(lr=0.1), lr=0.1, **kw)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) takes no lr="):
+        cls(model, lr=0.1, **kw)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) needs a base optimiser"):
+        cls(model, **kw)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected argument 'foo'"):
+        cls(model, gamfunc.sgd(lr=0.1), foo=1, **kw)
+    cls(model, gamfunc.sgd(lr=0.1), every=2, **kw)  # its own options still pass
