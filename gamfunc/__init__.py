@@ -7,6 +7,7 @@ pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 from gamfunc import (
     accumulate,
     distributed,
+    ensemble,
     hvp,
     m_sharpness,
     metrics,
@@ -37,6 +38,7 @@ __all__ = [
     "clip_by_global_norm",
     "decay_mask",
     "distributed",
+    "ensemble",
     "gam",
     "gam_accelerated",
     "gam_step",

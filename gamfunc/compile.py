@@ -68,8 +68,12 @@ def fresh(fn):
 
     torch.compile keeps its cache, and its recompile limit (8 by default), per code object. Without
     this every step (or pass) made in a process would share one function's code, and the ninth one
-    compiled with ``fullgraph=True`` would fail with "recompile limit exceeded".
+    compiled with ``fullgraph=True`` would fail with "recompile limit exceeded". Inside a function
+    being compiled (a step made in a compiled region, as :mod:`gamfunc.ensemble` makes one per
+    trace), ``fn`` itself: it is traced, not cached.
     """
+    if torch.compiler.is_compiling():
+        return fn
     code = fn.__code__.replace()
     return types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 

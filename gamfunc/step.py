@@ -186,7 +186,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
             )
         return new_params, new_state, metrics
     skipped = (~finite).to(torch.int64)
-    if torch.compiler.is_compiling():  # no Python branch on a tensor value in a graph
+    if torch.compiler.is_compiling() or tree.vmapped([finite]):  # no Python branch on a value
         new_params = tree.where(finite, new_params, params)
         new_state["opt"] = _select(finite, new_opt, state["opt"])
         new_state["step"] = step + finite.to(step.dtype)
@@ -265,7 +265,10 @@ def _all_finite(*trees) -> Tensor:
     if not leaves:
         return torch.ones((), dtype=torch.bool)
     device = leaves[0].device
-    maxima = [m.to(device) for m in torch._foreach_norm(leaves, float("inf"))]
+    if tree.vmapped(leaves):  # foreach kernels have no batching rule
+        maxima = [torch.linalg.vector_norm(t, float("inf")) for t in leaves]
+    else:
+        maxima = [m.to(device) for m in torch._foreach_norm(leaves, float("inf"))]
     return torch.isfinite(torch.stack(_common(maxima))).all()
 
 

@@ -191,12 +191,32 @@ def where(cond: Tensor, a: Tree, b: Tree) -> Tree:
 
 def _vmapped(a: Tree, s=None) -> bool:
     """Whether any leaf (or the scalar ``s``) is batched by ``torch.func.vmap``: the foreach kernels
-    have no batching rule, so the per-tensor forms are used there. Eager and outside every torch.func
-    transform nothing is, and one call says so without a look at each leaf."""
-    if not torch.compiler.is_compiling() and torch._C._functorch.maybe_current_level() is None:
+    have no batching rule, so the per-tensor forms are used there."""
+    return vmapped([*a.values(), s] if isinstance(s, Tensor) else list(a.values()))
+
+
+def vmapped(tensors: list) -> bool:
+    """Whether any of ``tensors`` is batched by ``torch.func.vmap`` (at any level of the transforms
+    around it). Eager and outside every torch.func transform nothing is, and one call says so
+    without a look at each tensor."""
+    if torch.compiler.is_compiling():  # traced: wrappers are not unwrapped, the outer one says
+        return any(
+            isinstance(t, Tensor) and torch._C._functorch.is_batchedtensor(t) for t in tensors
+        )
+    if torch._C._functorch.maybe_current_level() is None:
         return False
-    leaves = [*a.values(), s] if isinstance(s, Tensor) else a.values()
-    return any(torch._C._functorch.is_batchedtensor(t) for t in leaves)
+    return any(isinstance(t, Tensor) and _batched(t) for t in tensors)
+
+
+def _batched(t: Tensor) -> bool:
+    """Whether ``t`` is batched at any level of the transforms that wrap it (a gradient taken inside
+    ``vmap`` is a batched tensor under a grad-tracking wrapper)."""
+    f = torch._C._functorch
+    while f.is_functorch_wrapped_tensor(t):
+        if f.is_batchedtensor(t):
+            return True
+        t = f.get_unwrapped(t)
+    return False
 
 
 def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:

@@ -60,7 +60,7 @@ LAYERS = [
         "gamfunc.m_sharpness",
     ),
     ("gamfunc.step",),
-    ("gamfunc.convenience", "gamfunc.torch_optim", "gamfunc.logging"),
+    ("gamfunc.convenience", "gamfunc.torch_optim", "gamfunc.logging", "gamfunc.ensemble"),
 ]
 
 

@@ -17,8 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_reproduce_data import make_image_folder
 
-from reproduce import checkpoint as ckpt
 from reproduce import build, report, train
+from reproduce import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 

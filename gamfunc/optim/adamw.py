@@ -92,6 +92,8 @@ def adamw(
         keys = list(params)
         p = [params[k] for k in keys]
         d = [direction[k] for k in keys]
+        if tree.vmapped([*p, *d, eta]):  # foreach kernels have no batching rule
+            return _per_tensor(direction, state, params, eta, step, t)
         if weight_decay != 0:
             p = decayed(p, params, 1 - eta * weight_decay)
         m = torch._foreach_lerp([state["exp_avg"][k] for k in keys], d, 1 - beta1)
@@ -108,5 +110,20 @@ def adamw(
             "exp_avg_sq": dict(zip(keys, v, strict=True)),
         }
         return dict(zip(keys, p, strict=True)), new_state
+
+    def _per_tensor(direction, state, params, eta, step, t):
+        """The same update tensor by tensor (under ``torch.func.vmap``)."""
+        chosen = set(masked_keys(weight_decay_mask, params, "weight_decay_mask"))
+        new_p, m, v = {}, {}, {}
+        for k, x in params.items():
+            g = direction[k]
+            if weight_decay != 0 and k in chosen:
+                x = x * (1 - eta * weight_decay)
+            m[k] = torch.lerp(state["exp_avg"][k], g, 1 - beta1)
+            v[k] = torch.addcmul(state["exp_avg_sq"][k] * beta2, g, g, value=1 - beta2)
+            denom = torch.sqrt(v[k]) / torch.sqrt(1 - beta2**t) + eps
+            new_p[k] = x - (m[k] / denom) * (eta / (1 - beta1**t))
+        new_state = dict(state) | {"step": step, "lr": eta, "exp_avg": m, "exp_avg_sq": v}
+        return new_p, new_state
 
     return Optimizer(init, update)
