@@ -31,6 +31,10 @@ def test_preset_model_takes_a_step(model, preset):
         args.append("--image_size=32")
     if model not in WITH_PRESET_ESTIMATOR:
         args.append("--estimator=sgd")
+    if resolve(
+        args
+    ).pretrained:  # the fine-tuning presets: from scratch here (weights: test_reproduce_transfer)
+        args.append("--pretrained=false")
     cfg = resolve(args)
     data = D.load(cfg)
     for name in cfg.estimator.split(","):
