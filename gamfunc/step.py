@@ -136,6 +136,12 @@ class _StepImpl:
         """
         if scope not in SCOPES:
             raise ValueError(f"scope must be one of {SCOPES}; got {scope!r}")
+        if scope == "step" and self.on_nonfinite == "raise":
+            raise ValueError(
+                "on_nonfinite='raise' reads the loss on the host at every step, which a compiled "
+                "graph cannot: compile a step made with on_nonfinite='skip' (the default; "
+                "metrics['skipped'] tells when one was skipped), or use scope='pass'"
+            )
         if scope == "pass":
             loss_fn = compile_passes(self.loss_fn, fullgraph=fullgraph, mode=mode, **kwargs)
             return _new_step(

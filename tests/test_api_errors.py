@@ -71,3 +71,15 @@ def test_the_facade_names_itself_and_where_lr_goes(cls):
     with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected argument 'foo'"):
         cls(model, gamfunc.sgd(lr=0.1), foo=1, **kw)
     cls(model, gamfunc.sgd(lr=0.1), every=2, **kw)  # its own options still pass
+
+
+def test_raise_on_a_non_finite_step_cannot_be_compiled_whole_and_says_what_works():
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mse, on_nonfinite="raise")
+    with pytest.raises(
+        ValueError, match=r"on_nonfinite='raise'.*on_nonfinite='skip'.*scope='pass'"
+    ):
+        step.compile()
+    fast = step.compile(scope="pass", backend="eager")  # the passes compiled, the guard eager
+    p = params()
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        fast(p, fast.init(p), (torch.full((8, 3), float("nan")), torch.randn(8)))
