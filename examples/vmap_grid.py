@@ -72,6 +72,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="timed steps of the vmap/loop comparison"
+    )
     args = ap.parse_args(argv)
     from reproduce.data import _mnist1d
 
@@ -108,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     one = [{k: v[j] for k, v in params.items()} for j in range(len(members))]
     states = [s.init(p) for s, p in zip(singles, one, strict=True)]
 
-    def timed(fn, repeats=3):
+    repeats = max(args.repeats, 1)
+
+    def timed(fn):
         fn()
         start = time.perf_counter()
         for _ in range(repeats):

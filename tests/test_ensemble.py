@@ -188,10 +188,10 @@ def test_stack_unstack_and_bad_arguments():
 
 @pytest.mark.slow
 def test_the_compiled_vmapped_step_equals_the_loop():
-    """torch.compile of the vmapped exact-GAM step (CPU inductor)."""
+    """torch.compile of the vmapped step (CPU inductor), SAM: two gradients and a normalisation."""
 
     def build(lr, rho, alpha):
-        return gamfunc.make_step(gamfunc.gam(rho, alpha), gamfunc.sgd(lr, momentum=0.9), loss_fn)
+        return gamfunc.make_step(gamfunc.sam(rho), gamfunc.sgd(lr, momentum=0.9), loss_fn)
 
     params = members()
     ens = vmap_step(build, HPARAMS)

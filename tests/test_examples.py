@@ -69,7 +69,7 @@ def test_lightning_snippet_says_so_without_lightning(capsys):
 @pytest.mark.slow
 def test_vmap_grid_trains_every_cell_as_one_model(capsys):
     pytest.importorskip("mnist1d")
-    out = run(capsys, "vmap_grid.py", "--epochs", "1", "--seeds", "2")
+    out = run(capsys, "vmap_grid.py", "--epochs", "1", "--seeds", "2", "--repeats", "1")
     result = final(out)
     assert result["cells"] == 9 and out.count("test acc") == 9
     assert result["best_test_acc"] > 10 + 15  # above chance (10 classes) after one epoch

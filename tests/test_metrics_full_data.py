@@ -35,13 +35,13 @@ def loss_fn(p, batch):
     return F.cross_entropy(torch.tanh(x @ p["w1"].T + p["b1"]) @ p["w2"].T, y)
 
 
-@pytest.mark.parametrize("k", [2, 3, 7])
+@pytest.mark.parametrize("k", [3, 7])
 def test_eigenvalues_trace_and_r1_over_k_batches_equal_the_whole_batch(k):
     params, batch = problem()
     whole, parts = loss_fn, accumulate(loss_fn, k)
     gen = lambda: torch.Generator().manual_seed(5)  # noqa: E731
-    lam = metrics.top_eigenvalues(params, batch, whole, k=3, iters=60, generator=gen())
-    lam_k = metrics.top_eigenvalues(params, batch, parts, k=3, iters=60, generator=gen())
+    lam = metrics.top_eigenvalues(params, batch, whole, k=3, iters=40, generator=gen())
+    lam_k = metrics.top_eigenvalues(params, batch, parts, k=3, iters=40, generator=gen())
     torch.testing.assert_close(lam_k, lam, rtol=1e-8, atol=1e-10)
     dense = torch.func.hessian(lambda w: loss_fn({**params, "w2": w}, batch))(params["w2"])
     assert lam[0] >= torch.linalg.eigvalsh(dense.reshape(24, 24))[-1] - 1e-8  # a real eigenvalue
