@@ -83,8 +83,8 @@ def gam(
         theta_adv = tree.axpy(rho_t, f_hat, params)
         f_adv, adv = hvps.grad_norm_grad(loss_fn, theta_adv, batch, backend, eps=eps)
         base = oracle.run(params, batch, loss_fn, clean=clean, step=step)
-        penalty = tree.scale(f_adv, value(alpha, step) * rho_t)
-        direction = tree.add(base.direction, penalty)
+        weight = value(alpha, step) * rho_t
+        direction = tree.axpy(weight, f_adv, base.direction)
         info = base.info | {
             "f_norm": f_norm,
             "adv_grad_norm": with_grad_norm(adv).grad_norm,
@@ -93,7 +93,7 @@ def gam(
         if theorem_norms:  # ‖∇L_overall(θ_t)‖² and ‖α·ρ_t·∇‖∇L(θ_adv)‖‖² of Theorem 4.3
             info |= {
                 "overall_grad_sq": tree.norm(direction) ** 2,
-                "penalty_grad_sq": tree.norm(penalty) ** 2,
+                "penalty_grad_sq": (weight * tree.norm(f_adv)) ** 2,
             }
         return Estimate(direction, info, clean)
 
