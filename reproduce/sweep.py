@@ -39,6 +39,11 @@ Arguments before ``--`` are the sweep's; those after it go to every ``reproduce/
   ``--device=cuda``); list a GPU twice to run two runs on it. ``--jobs`` is then the number of entries.
 * ``--name=BASE``: the sweep's folder under ``--logdir`` (default ``sweep.<preset>``); ``--out=DIR``:
   where the tables go (default that folder).
+* ``--vmap``: every cell × seed as a member of one vmapped step, trained together in this process
+  on one device, for models small enough that one run leaves the device idle (MNIST-1D, digits):
+  the same table, from ``reproduce/vmap_sweep.py``, whose docstring says what the grid may vary
+  there (lr, rho, alpha, sam_rho, rho_prime), which batches the members share (those of
+  ``--data_seed=S``, default the first seed) and what a rerun reuses.
 
 Every run is ``<logdir>/<BASE>/<k1=v1,k2=v2>/seed=<s>/<estimator>/`` (a whole ``train.py`` run folder:
 TensorBoard events, checkpoints, ``summary.json``), so ``tensorboard --logdir <logdir>/<BASE>`` shows
@@ -82,7 +87,18 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 from reproduce import report, train
 from reproduce.config import Config, differences, estimators_of, parse_overrides, resolve, run_name
 
-__all__ = ["METRICS", "Cell", "Run", "aggregate", "main", "markdown", "parse", "plan", "select"]
+__all__ = [
+    "METRICS",
+    "Cell",
+    "Run",
+    "aggregate",
+    "main",
+    "markdown",
+    "parse",
+    "plan",
+    "select",
+    "write_tables",
+]
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 
@@ -149,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="reproduce/sweep.py",
         usage="python reproduce/sweep.py --grid=KEY=V1,V2 [--grid=...] [--seeds=0,1,2] "
         "[--metric=val_acc|best_val_acc] [--jobs=N] [--gpus=0,1] [--name=BASE] [--out=DIR] "
-        "-- TRAIN_ARGS...",
+        "[--vmap [--data_seed=S]] -- TRAIN_ARGS...",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -160,6 +176,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus", type=_ints, default=None, metavar="G1,G2")
     p.add_argument("--name", default="", metavar="BASE")
     p.add_argument("--out", default="", metavar="DIR")
+    p.add_argument("--vmap", action="store_true")
+    p.add_argument("--data_seed", "--data-seed", type=int, default=None, metavar="S")
     return p
 
 
@@ -201,6 +219,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[tuple[st
                 "(list a GPU twice to run two runs on it)"
             )
         opts.jobs = len(opts.gpus)
+    if opts.vmap and (opts.jobs or opts.gpus is not None):
+        raise SweepError("--vmap trains every run in this process: leave out --jobs and --gpus")
+    if opts.data_seed is not None and not opts.vmap:
+        raise SweepError("--data_seed goes with --vmap (without it every run draws its own data)")
+    if opts.data_seed is not None and opts.data_seed < 0:
+        raise SweepError(f"--data_seed must be >= 0; got {opts.data_seed}")
     opts.jobs = opts.jobs or 1
     if opts.jobs < 1:
         raise SweepError(f"--jobs must be >= 1; got {opts.jobs}")
@@ -508,6 +532,68 @@ def _outcome(run: Run, summary: dict | None, code: int | None, why: str, metric:
     }
 
 
+def write_tables(
+    opts: argparse.Namespace,
+    rest: list[str],
+    grid: list[tuple[str, list[str]]],
+    name: str,
+    root: Path,
+    runs: list[Run],
+    outcomes: dict[int, dict[str, Any]],
+    counts: dict[str, int],
+    how: str = "",
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Aggregate ``outcomes`` (run index -> :func:`_outcome`), select on validation, write
+    ``sweep.md`` and ``sweep.json`` (to ``--out`` or ``root``) and print the table and the selection.
+
+    ``how`` ends the table's caption (how the runs were trained); ``extra`` joins the JSON."""
+    rows = aggregate(runs, outcomes, opts.seeds)
+    chosen = select(rows)
+    keys = [k for k, _ in grid]
+    est = runs[0].config.estimator if len({r.config.estimator for r in runs}) == 1 else "estimators"
+    caption = (
+        f"Sweep `{name}`: {est} on {runs[0].config.dataset}, seeds {', '.join(map(str, opts.seeds))}; "
+        f"mean ± sample std over seeds of {METRICS[opts.metric][3]} ({opts.metric}, selects) and "
+        f"of the test accuracy beside it (reported only).{how}"
+    )
+    table = markdown(rows, keys, opts.metric, chosen, caption)
+    out_dir = Path(opts.out).expanduser() if opts.out else root
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "sweep.md").write_text(table + "\n")
+    report.write_json(
+        out_dir / "sweep.json",
+        {
+            "name": name,
+            "metric": opts.metric,
+            "test_metric": _test_name(opts.metric),
+            "grid": dict(grid),
+            "seeds": opts.seeds,
+            "train_args": rest,
+            "runs": counts,
+            **(extra or {}),
+            "cells": rows,
+            "selected": chosen
+            and {
+                k: chosen[k]
+                for k in ("cell", "values", "val_mean", "val_std", "test_mean", "test_std")
+            },
+        },
+    )
+    print()
+    print(table)
+    print()
+    if chosen is not None:
+        print(
+            f"selected {' '.join(f'{k}={v}' for k, v in chosen['values'].items())}: {opts.metric} "
+            f"{_pm(chosen['val_mean'], chosen['val_std'])} ({chosen['n']} seeds); "
+            f"{_test_name(opts.metric)} beside it {_pm(chosen['test_mean'], chosen['test_std'])}"
+        )
+    else:
+        print("no cell finished every seed: nothing selected")
+    print(f"tables in {out_dir / 'sweep.md'} and {out_dir / 'sweep.json'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep's command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -518,6 +604,10 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if opts.vmap:
+        from reproduce import vmap_sweep
+
+        return vmap_sweep.run(opts, rest, grid)
     try:
         name, root, runs = plan(rest, grid, opts.seeds, opts.name)
         reused = {i: s for i, r in enumerate(runs) if (s := finished_summary(r)) is not None}
@@ -546,53 +636,12 @@ def main(argv: list[str] | None = None) -> int:
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rows = aggregate(runs, outcomes, opts.seeds)
-    chosen = select(rows)
-    keys = [k for k, _ in grid]
-    est = runs[0].config.estimator if len({r.config.estimator for r in runs}) == 1 else "estimators"
-    caption = (
-        f"Sweep `{name}`: {est} on {runs[0].config.dataset}, seeds {', '.join(map(str, opts.seeds))}; "
-        f"mean ± sample std over seeds of {METRICS[opts.metric][3]} ({opts.metric}, selects) and "
-        f"of the test accuracy beside it (reported only)."
-    )
-    table = markdown(rows, keys, opts.metric, chosen, caption)
-    out_dir = Path(opts.out).expanduser() if opts.out else root
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sweep.md").write_text(table + "\n")
-    report.write_json(
-        out_dir / "sweep.json",
-        {
-            "name": name,
-            "metric": opts.metric,
-            "test_metric": _test_name(opts.metric),
-            "grid": dict(grid),
-            "seeds": opts.seeds,
-            "train_args": rest,
-            "runs": {
-                "total": len(runs),
-                "reused": len(reused),
-                "trained": sum(1 for c, _ in results.values() if c == 0),
-            },
-            "cells": rows,
-            "selected": chosen
-            and {
-                k: chosen[k]
-                for k in ("cell", "values", "val_mean", "val_std", "test_mean", "test_std")
-            },
-        },
-    )
-    print()
-    print(table)
-    print()
-    if chosen is not None:
-        print(
-            f"selected {' '.join(f'{k}={v}' for k, v in chosen['values'].items())}: {opts.metric} "
-            f"{_pm(chosen['val_mean'], chosen['val_std'])} ({chosen['n']} seeds); "
-            f"{_test_name(opts.metric)} beside it {_pm(chosen['test_mean'], chosen['test_std'])}"
-        )
-    else:
-        print("no cell finished every seed: nothing selected")
-    print(f"tables in {out_dir / 'sweep.md'} and {out_dir / 'sweep.json'}")
+    counts = {
+        "total": len(runs),
+        "reused": len(reused),
+        "trained": sum(1 for c, _ in results.values() if c == 0),
+    }
+    write_tables(opts, rest, grid, name, root, runs, outcomes, counts)
     if signum is not None:
         print(f"stopped by signal {signum}; rerun the same command to continue", file=sys.stderr)
         return 128 + signum

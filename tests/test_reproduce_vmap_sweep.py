@@ -1,0 +1,213 @@
+"""reproduce/sweep.py --vmap: a grid × seeds trained as one vmapped step (reproduce/vmap_sweep.py and
+reproduce/vmapped.py): the sweep's table, each member equal to its own run on the same batches, a
+selection blind to the test labels, reuse and resumption, one-line refusals naming the field."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gamfunc.ensemble import unstack
+from reproduce import checkpoint as ckpt
+from reproduce import data as data_mod
+from reproduce import sweep, train, vmapped
+from reproduce.build import setup
+from reproduce.config import resolve
+
+TRAIN_ARGS = [
+    "--preset=digits",
+    "--estimator=gam",
+    "--epochs=1",
+    "--val_fraction=0.2",
+    "--progress=false",
+]
+GRID = ["--grid=rho=0.05,0.1", "--grid=alpha=0.1,1", "--seeds=0,1"]
+CELLS = ["rho=0.05,alpha=0.1", "rho=0.05,alpha=1", "rho=0.1,alpha=0.1", "rho=0.1,alpha=1"]
+NAME = "sweep.digits.vmap"
+
+
+def run_sweep(logdir: Path, *args: str, train_args=TRAIN_ARGS) -> int:
+    return sweep.main(["--vmap", *GRID, *args, "--", f"--logdir={logdir}", *train_args])
+
+
+def tables(logdir: Path) -> tuple[dict, str]:
+    root = logdir / NAME
+    return json.loads((root / "sweep.json").read_text()), (root / "sweep.md").read_text()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the digits preset runs (--threads=1): these models are too small for two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The 2 × 2 × 2-seed sweep of the digits preset, one epoch, as 8 members of one step."""
+    logdir = tmp_path_factory.mktemp("vmap")
+    assert run_sweep(logdir) == 0
+    return logdir
+
+
+def test_the_vmapped_sweep_writes_the_sweep_table_of_every_cell(clean):
+    table, md = tables(clean)
+    assert [c["cell"] for c in table["cells"]] == CELLS
+    assert table["runs"] == {"total": 8, "reused": 0, "trained": 8}
+    assert table["vmap"]["members"] == 8 and table["vmap"]["data_seed"] == 0
+    members = json.loads((clean / NAME / "members.json").read_text())
+    assert [m["status"] for m in members] == ["finished"] * 8
+    assert [(m["config"]["seed"], m["config"]["rho"]) for m in members[::2]] == [
+        (0, 0.05), (0, 0.1), (1, 0.05), (1, 0.1)
+    ]  # fmt: skip
+    for cell in table["cells"]:
+        assert cell["n"] == 2 and cell["status"] == "complete"
+        assert cell["val_std"] is not None and cell["test_std"] is not None
+    best = max(table["cells"], key=lambda c: c["val_mean"])
+    assert table["selected"]["cell"] == best["cell"]
+    lines = md.splitlines()
+    assert "one vmapped step on the batches of seed 0" in lines[0]
+    header = lines.index("| rho | alpha | seeds | val_acc (%) | test_acc (%) | note |")
+    assert len(lines[header + 2 :]) == 4
+
+
+def test_each_member_equals_its_own_run_on_the_same_batches(clean):
+    """The reference: train.py's step (reproduce.build.setup) for one configuration alone, fed the
+    batches of the data seed; every member's parameters equal it to float rounding."""
+    members = unstack(ckpt.load(clean / NAME / "vmap.pt")["params"])
+    grid = [("rho", ["0.05", "0.1"]), ("alpha", ["0.1", "1"])]
+    cfgs = [r.config for r in sweep.plan(TRAIN_ARGS, grid, [0, 1], "x")[2]]  # the sweep's order
+    data = data_mod.load(cfgs[0])  # seed 0: the data seed
+    for got, cfg in zip(members, cfgs, strict=True):
+        t = setup(cfg, "gam", data, torch.device("cpu"))
+        params, state = t.params, t.state
+        order = data_mod.epoch_order(len(data.train), 0, 0)
+        for batch in data_mod.train_batches(data.train, order, 0, cfg.batch_size, seed=0, epoch=0):
+            params, state, _ = t.step(params, state, batch)
+        for k, v in params.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(members[0]["net.0.weight"], members[4]["net.0.weight"])  # seeds differ
+
+
+def test_the_members_of_the_data_seed_are_train_py_runs(clean, tmp_path):
+    assert train.main([*TRAIN_ARGS, f"--logdir={tmp_path}", "--rho=0.1", "--alpha=1"]) == 0
+    alone = json.loads((tmp_path / "digits" / "gam" / "summary.json").read_text())["final"]
+    members = json.loads((clean / NAME / "members.json").read_text())
+    member = members[CELLS.index("rho=0.1,alpha=1")]["final"]  # seed 0
+    assert member["val_acc"] == alone["val_acc"] and member["test_acc"] == alone["test_acc"]
+    assert member["val_loss"] == pytest.approx(alone["val_loss"], rel=1e-5)
+    assert member["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-5)
+
+
+def test_poisoned_test_labels_do_not_change_the_selected_cell(clean, tmp_path, monkeypatch):
+    clean_table, _ = tables(clean)
+    real = data_mod._digits.__wrapped__
+
+    def poisoned():
+        train_set, test_set = real()
+        wrong = (test_set.y + 1 + torch.arange(len(test_set.y)) % 9) % 10  # never the true label
+        return train_set, data_mod.TensorData(test_set.x, wrong)
+
+    monkeypatch.setattr(data_mod, "_digits", poisoned)
+    assert run_sweep(tmp_path) == 0
+    table, _ = tables(tmp_path)
+    assert table["selected"]["cell"] == clean_table["selected"]["cell"]
+    for a, b in zip(table["cells"], clean_table["cells"], strict=True):
+        assert a["val_mean"] == b["val_mean"] and a["val_std"] == b["val_std"]
+        assert a["test_mean"] < 15.0 < b["test_mean"]  # the poison reached the test set
+
+
+def test_a_rerun_trains_nothing_and_other_settings_are_refused(clean, monkeypatch, capsys):
+    _, md_before = tables(clean)
+    monkeypatch.setattr(vmapped, "train", lambda *a, **k: pytest.fail("trained again"))
+    assert run_sweep(clean) == 0
+    table, md = tables(clean)
+    assert md == md_before and table["runs"] == {"total": 8, "reused": 8, "trained": 0}
+    assert "finished (reused), nothing to train" in capsys.readouterr().out
+    assert run_sweep(clean, "--data_seed=1") == 2
+    assert "data_seed: 0 there, 1 here" in capsys.readouterr().err
+    other = [a if a != "--epochs=1" else "--epochs=2" for a in TRAIN_ARGS]
+    assert run_sweep(clean, train_args=other) == 2
+    assert "epochs: 1 there, 2 here" in capsys.readouterr().err
+
+
+def test_a_stopped_training_continues_bit_for_bit():
+    cfgs = [resolve([*TRAIN_ARGS, f"--seed={s}", f"--lr={lr}"]) for s, lr in ((0, 0.05), (1, 0.1))]
+    data = data_mod.load(cfgs[0])
+    whole = vmapped.train(cfgs, "gam", data, "cpu", data_seed=0, say=lambda s: None)
+    saves, steps = [], iter(range(100))
+    part = vmapped.train(
+        cfgs,
+        "gam",
+        data,
+        "cpu",
+        data_seed=0,
+        save=saves.append,
+        stop=lambda: next(steps) >= 4,  # after the 5th step
+        say=lambda s: None,
+    )
+    assert not part["finished"] and part["pos"]["batch"] == 5 == saves[-1]["pos"]["batch"]
+    saved = torch.load(_roundtrip(part), weights_only=True)  # as a checkpoint reads it back
+    done = vmapped.train(cfgs, "gam", data, "cpu", data_seed=0, saved=saved, say=lambda s: None)
+    for k, v in whole["params"].items():
+        assert torch.equal(done["params"][k], v)
+    for a, b in zip(done["summaries"], whole["summaries"], strict=True):
+        assert a["history"] == b["history"] and a["best_val"] == b["best_val"]
+
+
+def _roundtrip(body):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(body, buf)
+    buf.seek(0)
+    return buf
+
+
+@pytest.mark.parametrize(
+    ("grid", "field"),
+    [
+        ("--grid=batch_size=50,100", "batch_size"),
+        ("--grid=model=mlp,mlp_gelu", "model"),
+        ("--grid=estimator=sam,gam", "estimator"),
+        ("--grid=epochs=1,2", "epochs"),
+        ("--grid=weight_decay=0,0.001", "weight_decay"),
+        ("--grid=momentum=0.8,0.9", "momentum"),
+    ],
+)
+def test_a_field_one_step_shares_is_refused_in_one_line(grid, field, tmp_path, capsys):
+    rest = [a for a in TRAIN_ARGS if not a.startswith(f"--{field}=")]
+    argv = ["--vmap", grid, "--", f"--logdir={tmp_path}", *rest]
+    assert sweep.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: --vmap cannot vary {field} per member") and "\n" not in err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_what_vmap_does_not_implement_is_refused_in_one_line(tmp_path, capsys):
+    cases = [
+        (["--grid=alpha=0.1,0.2"], ["--estimator=gam_accelerated"], "alpha"),
+        (["--grid=lr=0.1,0.2"], ["--rho_schedule=proportional"], "rho_schedule=proportional"),
+        (["--grid=rho=0.1,0.2"], ["--compile"], "compile"),
+        (["--grid=rho=0.1,0.2", "--jobs=2"], [], "--jobs"),
+        (["--seeds=0,1"], ["--preset=noise.cifar10.resnet32.p0", "--synthetic"], "BatchNorm"),
+    ]
+    for own, extra, word in cases:
+        args = ["--vmap", *own, "--", f"--logdir={tmp_path}", *TRAIN_ARGS, *extra]
+        assert sweep.main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and word in err and "\n" not in err, err
+
+
+def test_check_names_the_fields_that_vary():
+    cfgs = [
+        resolve([f"--lr={lr}", "--rho=0.5", f"--seed={s}"]) for lr in (0.1, 0.2) for s in (0, 1)
+    ]
+    assert vmapped.check(cfgs, "gam") == ["lr"]
+    assert vmapped.check([resolve([f"--seed={s}"]) for s in (0, 1)], "gam") == []
