@@ -16,6 +16,13 @@ test vectors), so every number here can be re-made without a download. Each subc
     python reproduce/evidence.py variants    # exact vs finite-difference vs accelerated GAM
     python reproduce/evidence.py fd          # why finite-difference GAM collapses on a ReLU MLP
     python reproduce/evidence.py spectra --quick   # any of them in seconds (what the tests run)
+    python reproduce/evidence.py ablation --vmap   # the grid × seeds as one vmapped step per estimator
+
+``--vmap`` (``ablation``, ``accuracy``, ``noise``) trains the runs of one estimator together, as the
+members of one vmapped step (:mod:`reproduce.vmapped`): the seeds differ in initialisation, and every
+run sees the validation split and batches of seed 0 (without ``--vmap`` each seed draws its own), so
+the numbers differ from the looped table's by that, not by method. ``ms/step`` is then the vmapped
+step's time over its members. reproduce/RESULTS.md has the wall time of both.
 
 Methods and hyperparameters: SGD (lr 0.05, momentum 0.9, weight decay 5e-4, cosine, batch 100),
 GAM ρ = 0.5, α = 1 (the ``mnist1d`` preset of :mod:`reproduce.config`, chosen on a validation
@@ -46,6 +53,7 @@ from gamfunc import hvp as hvps
 from gamfunc import metrics, tree
 from gamfunc.loss import gradient_pass
 from reproduce import data as data_mod
+from reproduce import vmapped
 from reproduce.build import setup
 from reproduce.config import resolve
 from reproduce.evaluation import evaluate
@@ -133,6 +141,33 @@ def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
     )
 
 
+def train_together(cfgs, name: str) -> list[dict[str, Any]]:
+    """The runs ``cfgs`` of estimator ``name`` (differing in seed, lr, ρ, α) as one vmapped step
+    (:func:`reproduce.vmapped.train`), every run on the split and batches of ``cfgs[0]``'s seed.
+    Returns :func:`train`'s records without params: accuracies, gap, seconds, and ``step_ms``, the
+    vmapped step's time over the number of runs."""
+    cfgs = [dataclasses.replace(c, eval_train=True) for c in cfgs]
+    data = data_mod.load(cfgs[0])
+    seed = cfgs[0].seed
+    body = vmapped.train(cfgs, name, data, "cpu", data_seed=seed, say=lambda line: None)
+    seconds, steps = body["pos"]["seconds"], max(body["pos"]["step"], 1)
+    out = []
+    for summary in body["summaries"]:
+        f = summary["final"]
+        out.append(
+            dict(
+                train_acc=f["train_eval_acc"],
+                test_acc=f["test_acc"],
+                val_acc=f.get("val_acc"),
+                gap=f["train_eval_acc"] - f["test_acc"],
+                seconds=seconds,
+                step_ms=1000 * seconds / steps / len(cfgs),
+                skipped=sum(h["skipped_steps"] for h in summary["history"]),
+            )
+        )
+    return out
+
+
 def eval_loss(loss_fn, buffers):
     """``L(params, batch)`` in eval mode with the running statistics ``buffers`` (for the metrics)."""
     return lambda p, b: loss_fn(p, b, buffers, train=False)[0]
@@ -200,8 +235,17 @@ def run_grid(opt, methods, *, spectra: bool, **extra) -> dict[str, list[dict[str
     base = base_config(opt, **extra)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     for method in methods:
-        for seed in range(opt.seeds):
-            name, cfg = method_config(base, method, seed, opt.gnp_alpha, opt.sam_gam, opt.gam)
+        named = [
+            method_config(base, method, seed, opt.gnp_alpha, opt.sam_gam, opt.gam)
+            for seed in range(opt.seeds)
+        ]
+        together = train_together([c for _, c in named], named[0][0]) if opt.vmap else None
+        for seed, (name, cfg) in enumerate(named):
+            if together is not None:
+                rec = {k: together[seed][k] for k in ("train_acc", "test_acc", "val_acc", "gap")}
+                runs[method].append(rec | {"step_ms": together[seed]["step_ms"], "seed": seed})
+                print(f"{method} seed {seed}: test {rec['test_acc']:.1f}% (vmapped)", flush=True)
+                continue
             mid: dict[str, Any] = {}
             half = max(cfg.epochs // 2, 1) - 1
 
@@ -353,10 +397,9 @@ def cmd_ablation(opt) -> None:
             "--rhos must not contain 0 with --sam-rho (ρ = 0 is GNP, without an oracle)"
         )
     base = base_config(opt, val_fraction=0.1)
-    grid: dict[str, dict[str, Any]] = {}
+    runs = []  # (cell, estimator, config), cell by cell, seed by seed
     for rho in rhos:
         for alpha in alphas:
-            vals, tests = [], []
             for seed in range(opt.seeds):
                 if rho == 0:  # no ascent: the gradient norm penalty, GNP's own α scale
                     cfg = dataclasses.replace(base, seed=seed, alpha=alpha)
@@ -369,10 +412,20 @@ def cmd_ablation(opt) -> None:
                 else:
                     cfg = dataclasses.replace(base, seed=seed, rho=rho, alpha=alpha)
                     name = "gam"
-                r = train(cfg, name)
-                vals.append(r["val_acc"])
-                tests.append(r["test_acc"])
-            grid[f"{rho},{alpha}"] = dict(rho=rho, alpha=alpha, val=vals, test=tests)
+                runs.append(((rho, alpha), name, cfg))
+    if opt.vmap:  # one vmapped step per estimator: GNP's cells (ρ = 0) and the others
+        results: list[dict[str, Any]] = [{}] * len(runs)
+        for est in dict.fromkeys(name for _, name, _ in runs):
+            mine = [i for i, (_, name, _) in enumerate(runs) if name == est]
+            for i, r in zip(mine, train_together([runs[i][2] for i in mine], est), strict=True):
+                results[i] = r
+    else:
+        results = [train(cfg, name) for _, name, cfg in runs]
+    grid: dict[str, dict[str, Any]] = {}
+    for ((rho, alpha), _, _), r in zip(runs, results, strict=True):
+        cell = grid.setdefault(f"{rho},{alpha}", dict(rho=rho, alpha=alpha, val=[], test=[]))
+        cell["val"].append(r["val_acc"])
+        cell["test"].append(r["test_acc"])
     header = ["ρ \\ α"] + [f"α = {a:g}" for a in alphas]
     rows = [
         [f"ρ = {rho:g}" + (" (GNP)" if rho == 0 else "")]
@@ -381,6 +434,8 @@ def cmd_ablation(opt) -> None:
     ]
     best = max(grid.values(), key=lambda g: mean_std(g["val"])[0])
     oracle = f", SAM+GAM around a SAM ρ = {opt.sam_rho:g} oracle" if opt.sam_rho > 0 else ""
+    if opt.vmap:
+        oracle += "; every seed on seed 0's split and batches, one vmapped step per estimator"
     md = (
         f"Validation accuracy % (10% of the training set held out{oracle}):\n\n"
         + table(header, rows)
@@ -577,6 +632,8 @@ SUBCOMMANDS = {
 }
 
 REUSE = "runs/evidence/spectra/spectra.json"
+# the subcommands whose runs --vmap can train together (the others measure each run on its own)
+VMAP = ("ablation", "accuracy", "noise")
 
 # (full, --quick) values of the shared options.
 DEFAULTS = dict(
@@ -625,6 +682,11 @@ def parser() -> argparse.ArgumentParser:
                        help="accuracy: take the runs of this spectra JSON if it exists")  # fmt: skip
         for key, (full, _) in DEFAULTS.items():
             s.add_argument(f"--{key.replace('_', '-')}", type=type(full), default=None)
+        if name in VMAP:
+            s.add_argument("--vmap", action="store_true",
+                           help="train each estimator's runs as one vmapped step (seed 0's data)")  # fmt: skip
+        else:
+            s.set_defaults(vmap=False)
     return p
 
 
@@ -655,8 +717,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(opt.threads)
     opt.out = Path(opt.out or f"runs/evidence/{opt.command}")
     opt.out.mkdir(parents=True, exist_ok=True)
-    if opt.quick and opt.reuse == REUSE:
-        opt.reuse = ""  # --quick never reads a full run's results
+    if (opt.quick or opt.vmap) and opt.reuse == REUSE:
+        opt.reuse = ""  # --quick never reads a full run's results, --vmap trains its own
     opt.func(opt)
     return 0
 

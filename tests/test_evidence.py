@@ -134,6 +134,23 @@ def test_ablation_with_a_sam_oracle_and_spectra_of_one_method(tmp_path):
     assert list(record["runs"]) == ["SAM+GAM"] and record["settings"]["sam_gam"] == [0.1, 0.3]
 
 
+def test_ablation_vmapped_gives_the_looped_table_for_one_seed(tmp_path):
+    """--vmap trains every seed on seed 0's data: with one seed its runs are the looped ones."""
+    args = ["ablation", "--quick", "--threads=1"]
+    assert evidence.main([*args, f"--out={tmp_path / 'loop'}"]) == 0
+    assert evidence.main([*args, "--vmap", f"--out={tmp_path / 'vmap'}"]) == 0
+    loop, vmap = (
+        json.loads((tmp_path / k / "ablation.json").read_text()) for k in ("loop", "vmap")
+    )
+    assert vmap["settings"]["vmap"] is True and list(vmap["grid"]) == list(loop["grid"])
+    for key, cell in loop["grid"].items():  # accuracies in %: 400 validation, 1000 test examples
+        assert vmap["grid"][key]["val"] == pytest.approx(cell["val"], abs=0.3)
+        assert vmap["grid"][key]["test"] == pytest.approx(cell["test"], abs=0.15)
+    assert "one vmapped step per estimator" in (tmp_path / "vmap" / "ablation.md").read_text()
+    with pytest.raises(SystemExit):  # spectra measures each run mid-training: no --vmap there
+        evidence.main(["spectra", "--quick", "--vmap", f"--out={tmp_path}"])
+
+
 @pytest.mark.parametrize(
     ("argv", "word"),
     [
