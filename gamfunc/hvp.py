@@ -37,16 +37,26 @@ References:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Callable
 
 import torch
 
 from gamfunc import tree
-from gamfunc.loss import Objective, Pass, grad_fn, gradient_pass
+from gamfunc.loss import Objective, Pass, grad_fn, gradient_pass, unit_grad, with_grad_norm
 from gamfunc.tree import Tree
 
-__all__ = ["BACKENDS", "exact", "fd", "get", "grad_norm_grad", "math_attention", "reverse"]
+__all__ = [
+    "BACKENDS",
+    "Normalized",
+    "exact",
+    "fd",
+    "get",
+    "grad_norm_grad",
+    "math_attention",
+    "reverse",
+]
 
 Vector = Tree | Callable[[Tree], Tree]
 
@@ -143,22 +153,31 @@ def get(hvp: str, fd_radius: float = 1e-3):
     raise ValueError(f"hvp must be one of {BACKENDS}; got {hvp!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Normalized:
+    """The vector v(g) = g/(‖g‖ + ξ) of ∇‖∇L‖ = H·g/‖g‖ (paper Eq. 6), as a function of g = ∇L(θ).
+
+    A value, not a closure: two are equal when their ξ are, so a compiled pass that forms g and
+    H·v(g) in one region (:mod:`gamfunc.regional`) is made once per ξ and reused at every point.
+    """
+
+    eps: float
+
+    def __call__(self, g: Tree) -> Tree:
+        return tree.scale(g, (tree.norm(g) + self.eps).reciprocal())
+
+
 def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-12, clean=None):
     """f = ∇‖∇L‖(θ) ≈ H(θ)·g/(‖g‖ + ξ), g = ∇L(θ) (paper Eq. 6; ξ is ``eps``).
 
     Returns ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g), carrying ‖g‖ as its
-    ``grad_norm`` (computed once, and not at all if the ``clean`` handed in carries it).
+    ``grad_norm``. With a ``clean`` handed in, v = g/(‖g‖ + ξ) is formed from it and the backend
+    gets a vector; without, the backend gets :class:`Normalized` and forms g itself, in the same
+    pass as H·v where it can (``reverse``: the vjp whose forward yields g).
     """
-    # A backend asks for v(g) at g = ∇L(θ) and returns the pass at θ (the contract above), so the ‖g‖
-    # computed for v is the returned pass's; no identity test (dynamo cannot trace one on dicts).
-    known = clean.grad_norm if clean is not None else ()
-    norms: list[torch.Tensor] = []
-
-    def unit(g: Tree) -> Tree:
-        norms.append(known if isinstance(known, torch.Tensor) else tree.norm(g))
-        return tree.scale(g, (norms[-1] + eps).reciprocal())
-
-    f, out = hvp(loss_fn, params, batch, unit, clean=clean)
-    if norms:
-        out = out._replace(grad_norm=norms[-1])
-    return f, out
+    if clean is not None:
+        v, clean = unit_grad(clean, eps)
+        f, _ = hvp(loss_fn, params, batch, v, clean=clean)
+        return f, clean
+    f, out = hvp(loss_fn, params, batch, Normalized(eps))
+    return f, with_grad_norm(out)

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 
 from gamfunc.compile import compile_with, fresh
-from gamfunc.loss import Objective, Pass, bind, gradient_pass
+from gamfunc.hvp import Normalized
+from gamfunc.loss import Objective, Pass, bind, gradient_pass, with_grad_norm
 from gamfunc.tree import Tree
 
 __all__ = ["CompiledPasses", "compile_passes"]
@@ -61,15 +62,19 @@ class CompiledPasses(Objective):
         return Pass(*self.compiled.grad(self.state, params, batch))
 
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
-        """H·v from the compiled ``backend`` pass, with v(g) taken eagerly at g = ∇L(θ).
+        """H·v from a compiled pass of ``backend``.
 
-        Warning:
-            For ``reverse`` and a v that depends on g this costs one gradient pass more than
-            :func:`gamfunc.hvp.reverse` uncompiled, which takes g from the very vjp that gives H·v:
-            a compiled pass cannot call back into the eager v(g).
+        A vector v, or v(g) with the pass at θ handed in: one compiled H·v pass. v =
+        :class:`gamfunc.hvp.Normalized` (∇‖∇L‖, the product of GAM and GNP) with no pass at θ: one
+        compiled region that forms g, v(g) and H·v(g) (for ``reverse`` one vjp, g from its forward;
+        for ``exact`` the gradient and the jvp in one graph). Any other v(g): g from the compiled
+        gradient pass, v(g) eagerly, then the H·v pass.
         """
         if _traced():
             return backend(self._loss(), params, batch, v, clean=clean)
+        if isinstance(v, Normalized) and clean is None:
+            hv, *out = self.compiled.point(backend, v)(self.state, params, batch)
+            return hv, Pass(*out)
         if not isinstance(v, dict):
             if clean is None:
                 clean = self.gradient_pass(params, batch)
@@ -106,6 +111,13 @@ class _Passes:
             self._hvp[backend] = self.compile_fn(_fresh_pass(self.loss_fn, backend))
         return self._hvp[backend]
 
+    def point(self, backend, v: Normalized) -> Callable:
+        """The compiled ``(state, params, batch) -> (H·v(g), g, L, aux, ‖g‖)`` of ``backend``."""
+        key = (backend, v)
+        if key not in self._hvp:
+            self._hvp[key] = self.compile_fn(_fresh_point(self.loss_fn, backend, v))
+        return self._hvp[key]
+
 
 def _fresh_pass(loss_fn: Callable, backend) -> Callable:
     if backend is None:
@@ -120,6 +132,14 @@ def _fresh_pass(loss_fn: Callable, backend) -> Callable:
         return (hv, *tuple(p)[:3])
 
     return fresh(hvp_pass)
+
+
+def _fresh_point(loss_fn: Callable, backend, v: Normalized) -> Callable:
+    def point_pass(state, params, batch):
+        hv, p = backend(_for_state(loss_fn, state), params, batch, v)
+        return (hv, *with_grad_norm(p))
+
+    return fresh(point_pass)
 
 
 def compile_passes(loss_fn: Callable, *, fullgraph: bool = True, mode=None, **kwargs):

@@ -16,10 +16,13 @@ ESTIMATORS = {
     "sam": (lambda: gamfunc.sam(schedules.cosine(0.05, 10)), 1),
     "gnp": (lambda: gamfunc.gnp(0.1), 1),
     "gam_fd": (lambda: gamfunc.gam(schedules.cosine(0.05, 10), 0.5, hvp="fd"), 1),
-    "gam_exact": (lambda: gamfunc.gam(schedules.cosine(0.05, 10), 0.5, hvp="exact"), 2),
-    "gam_reverse": (lambda: gamfunc.gam(0.05, 0.5, hvp="reverse"), 2),
+    "gam_exact": (lambda: gamfunc.gam(schedules.cosine(0.05, 10), 0.5, hvp="exact"), 1),
+    "gam_reverse": (lambda: gamfunc.gam(0.05, 0.5, hvp="reverse"), 1),
+    "gnp_exact": (lambda: gamfunc.gnp(0.1, hvp="exact"), 1),
     "gam_accelerated": (lambda: gamfunc.gam_accelerated(0.05, 0.02, 0.5, 0.5, 0.2), 1),
     "sam_gam": (lambda: gamfunc.gam(0.05, 0.5, hvp="fd", oracle=gamfunc.sam(0.05)), 1),
+    # SAM's gradient at θ + ε and GAM's two points: a gradient pass and a point pass
+    "sam_gam_exact": (lambda: gamfunc.gam(0.05, 0.5, oracle=gamfunc.sam(0.05)), 2),
 }
 
 
