@@ -86,7 +86,7 @@ def main(argv=None) -> None:
     mode = "eager" if args.no_compile else "compiled"
     print(f"{mode}: first step {times[0]:.2f} s, later steps {1e3 * later:.2f} ms (median)")
 
-    gamfunc.nn.load(model, params, state["buffers"])
+    gamfunc.nn.load(model, params, state.buffers)
     model.eval()
     with torch.no_grad():
         train_loss = float(F.cross_entropy(model(x_train), y_train))

@@ -20,16 +20,20 @@ from gamfunc import (
 )
 from gamfunc.convenience import gam_step
 from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradient, sam
-from gamfunc.optim import Optimizer, adamw, schedules, sgd
-from gamfunc.step import Step, make_step
-from gamfunc.transforms import Transform, chain, clip_by_global_norm, decay_mask
+from gamfunc.optim import AdamWState, Optimizer, SGDState, adamw, schedules, sgd
+from gamfunc.step import Step, StepState, make_step
+from gamfunc.transforms import ChainState, Transform, chain, clip_by_global_norm, decay_mask
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdamWState",
+    "ChainState",
     "Estimator",
     "Optimizer",
+    "SGDState",
     "Step",
+    "StepState",
     "Transform",
     "accumulate",
     "adamw",

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc.step import Step
+from gamfunc.step import Step, StepState
 
 __all__ = ["VmappedStep", "stack", "unstack", "vmap_step"]
 
@@ -83,7 +83,7 @@ class VmappedStep:
     def _member(self, h: dict[str, Tensor]) -> Step:
         return self.build(**{k: _constant(v) for k, v in h.items()})
 
-    def init(self, params, buffers=None) -> dict[str, Any]:
+    def init(self, params, buffers=None) -> StepState:
         """The stacked states of the members, from stacked ``params`` (and ``buffers``)."""
         self._check(params, "params")
 

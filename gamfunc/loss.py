@@ -108,12 +108,14 @@ class Objective:
     forward to that wrapped loss, so a wrapper overrides only those it has something to add to:
 
     * ``bind(state) -> Objective``: the loss of one step, bound to what it reads from the step state
-      (BatchNorm buffers, an fp16 loss scale); it stays an Objective. Default: this wrapper around
-      the wrapped loss bound (:func:`bind`).
-    * ``init_state(params) -> dict``: entries this loss adds to the first step state. Default: the
-      wrapped loss's (``{}`` for a plain one).
-    * ``next_state(state, finite) -> (entries, metrics)``: its entries after a step, given whether
-      the step was taken, and metrics to report. Default: the wrapped loss's (``({}, {})``).
+      (:class:`gamfunc.StepState`: its ``buffers``, its ``loss`` such as an fp16 loss scale); it
+      stays an Objective. Default: this wrapper around the wrapped loss bound (:func:`bind`).
+    * ``init_state(params)``: the loss's own state, which the step keeps in ``state.loss`` (a pytree
+      of tensors, e.g. :class:`gamfunc.precision.LossScale`). Default: the wrapped loss's (``()``
+      for a plain one).
+    * ``next_state(state, finite) -> (loss_state, metrics)``: ``state.loss`` after a step, given
+      whether the step was taken, and metrics to report. Default: the wrapped loss's
+      (``((), {})``).
     """
 
     def __call__(self, params: Tree, batch):
@@ -132,36 +134,39 @@ class Objective:
             return self
         return dataclasses.replace(self, loss_fn=bind(inner, state))
 
-    def init_state(self, params: Tree) -> dict:
+    def init_state(self, params: Tree) -> Any:
         return init_state(getattr(self, "loss_fn", None), params)
 
-    def next_state(self, state, finite: Tensor) -> tuple[dict, dict]:
+    def next_state(self, state, finite: Tensor) -> tuple[Any, dict]:
         return next_state(getattr(self, "loss_fn", None), state, finite)
 
 
 def bind(loss_fn, state):
-    """The two-argument loss of one step: an Objective binds what it needs from ``state`` itself (and
-    so keeps forming its own gradients); any other ``loss_fn`` gets the state's BatchNorm buffers,
-    if any, as its third argument."""
+    """The two-argument loss of one step: an Objective binds what it needs from ``state`` (a
+    :class:`gamfunc.StepState`) itself (and so keeps forming its own gradients); any other
+    ``loss_fn`` gets the state's BatchNorm buffers, if it has any (a dict), as its third argument."""
     if isinstance(loss_fn, Objective):
         return loss_fn.bind(state)
-    buffers = state.get("buffers")
-    return loss_fn if buffers is None else functools.partial(_with_buffers, loss_fn, buffers)
+    buffers = state.buffers
+    if not isinstance(buffers, dict):  # () : no buffers
+        return loss_fn
+    return functools.partial(_with_buffers, loss_fn, buffers)
 
 
 def _with_buffers(loss_fn, buffers, params, batch):
     return loss_fn(params, batch, buffers)
 
 
-def init_state(loss_fn, params: Tree) -> dict:
-    """The step-state entries ``loss_fn`` adds (:meth:`Objective.init_state`); ``{}`` for a plain loss."""
-    return loss_fn.init_state(params) if isinstance(loss_fn, Objective) else {}
-
-
-def next_state(loss_fn, state, finite: Tensor) -> tuple[dict, dict]:
-    """``loss_fn``'s entries and metrics after a step (:meth:`Objective.next_state`); none for a
+def init_state(loss_fn, params: Tree) -> Any:
+    """The state ``loss_fn`` keeps in ``state.loss`` (:meth:`Objective.init_state`); ``()`` for a
     plain loss."""
-    return loss_fn.next_state(state, finite) if isinstance(loss_fn, Objective) else ({}, {})
+    return loss_fn.init_state(params) if isinstance(loss_fn, Objective) else ()
+
+
+def next_state(loss_fn, state, finite: Tensor) -> tuple[Any, dict]:
+    """``loss_fn``'s state and metrics after a step (:meth:`Objective.next_state`); ``((), {})``
+    for a plain loss."""
+    return loss_fn.next_state(state, finite) if isinstance(loss_fn, Objective) else ((), {})
 
 
 def gradient_pass(loss_fn, params: Tree, batch) -> Pass:

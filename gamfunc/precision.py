@@ -13,7 +13,7 @@ autocast, and each perturbation θ + ρ·v is formed in fp32.
   nan anywhere in the step) makes the direction non-finite, and :func:`gamfunc.make_step`'s
   ``on_nonfinite="skip"`` then leaves parameters, optimiser state and BatchNorm buffers unchanged
   (``metrics["skipped"] = 1``), with no Python branch. S lives in the step state as tensors,
-  ``state["loss_scale"] = {"scale": fp32, "growth_tracker": int32}``, and is updated as GradScaler's
+  ``state.loss = LossScale(scale=fp32, growth_tracker=int32)``, and is updated as GradScaler's
   ``update()``: halved (``backoff_factor``) after a skipped step, doubled (``growth_factor``) after
   ``growth_interval`` taken steps in a row; ``metrics["loss_scale"]`` reports it.
 
@@ -26,7 +26,7 @@ innermost, where the loss is differentiated)::
     loss_fn = mixed(loss_fn, "fp16")                             # or "bf16", "fp32"
     loss_fn = accumulate(loss_fn, 4)                             # optional
     step = gamfunc.make_step(estimator, optimizer, loss_fn)
-    state = step.init(params, buffers)                           # holds state["loss_scale"] for fp16
+    state = step.init(params, buffers)                           # state.loss: a LossScale for fp16
 
 Warning:
     On torch 2.11 and 2.14, ``hvp="exact"`` (forward-over-reverse) fails through BatchNorm under
@@ -46,6 +46,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -54,7 +55,16 @@ from gamfunc import tree
 from gamfunc.loss import Objective, Pass, gradient_pass, loss_and_aux
 from gamfunc.tree import Tree
 
-__all__ = ["PRECISIONS", "LossScaled", "autocast", "bf16", "fp16", "mixed", "update_scale"]
+__all__ = [
+    "PRECISIONS",
+    "LossScale",
+    "LossScaled",
+    "autocast",
+    "bf16",
+    "fp16",
+    "mixed",
+    "update_scale",
+]
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 
@@ -104,13 +114,26 @@ def bf16(loss_fn: Callable) -> Callable:
     return autocast(loss_fn, torch.bfloat16)
 
 
+class LossScale(NamedTuple):
+    """The dynamic loss scale of :func:`fp16`, kept in the step state as ``state.loss``.
+
+    Attributes:
+        scale: S, 0-d float32 (GradScaler's ``_scale``).
+        growth_tracker: 0-d int32, taken steps in a row since S last changed (GradScaler's
+            ``_growth_tracker``).
+    """
+
+    scale: Tensor
+    growth_tracker: Tensor
+
+
 def update_scale(
-    loss_scale: dict[str, Tensor],
+    loss_scale: LossScale,
     finite: Tensor,
     growth_factor: float = 2.0,
     backoff_factor: float = 0.5,
     growth_interval: int = 2000,
-) -> dict[str, Tensor]:
+) -> LossScale:
     """The dynamic loss scale after one step, as ``torch.amp.GradScaler.update``, without a branch.
 
     With S = ``scale`` and t = ``growth_tracker``::
@@ -119,11 +142,15 @@ def update_scale(
         not finite:  S ← S·backoff_factor,  t ← 0
 
     Example:
-        >>> s = {"scale": torch.tensor(8.0), "growth_tracker": torch.tensor(0, dtype=torch.int32)}
-        >>> float(update_scale(s, torch.tensor(False))["scale"])
+        >>> s = LossScale(torch.tensor(8.0), torch.tensor(0, dtype=torch.int32))
+        >>> float(update_scale(s, torch.tensor(False)).scale)
         4.0
     """
-    scale, tracker = loss_scale["scale"], loss_scale["growth_tracker"]
+    if not isinstance(loss_scale, LossScale):
+        raise TypeError(
+            f"loss_scale must be a gamfunc.precision.LossScale; got {type(loss_scale).__name__}"
+        )
+    scale, tracker = loss_scale
     finite = finite.to(scale.device)
     successful = tracker + 1
     grow = successful >= growth_interval
@@ -131,7 +158,7 @@ def update_scale(
     grown = torch.where(torch.isfinite(grown), grown, scale)
     new_scale = torch.where(finite, torch.where(grow, grown, scale), scale * backoff_factor)
     new_tracker = torch.where(finite & ~grow, successful, torch.zeros_like(tracker))
-    return {"scale": new_scale, "growth_tracker": new_tracker}
+    return LossScale(new_scale, new_tracker)
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,29 +210,39 @@ class LossScaled(Objective):
         return self._unscale(shv), clean if clean is not None else self._unscale_pass(sclean)
 
     # Step state (the protocol of gamfunc.loss.Objective): S is read from and written to
-    # state["loss_scale"].
+    # state.loss, a LossScale.
     def bind(self, state) -> LossScaled:
-        scale = state["loss_scale"]["scale"] if "loss_scale" in state else self.scale
+        """Bound to ``state``: S is ``state.loss.scale``, or ``init_scale`` for a state without a
+        loss scale (``state.loss == ()``)."""
+        empty = isinstance(state.loss, tuple) and len(state.loss) == 0
+        scale = self.scale if empty else self._state(state).scale
         return replace(super().bind(state), scale=scale)
 
-    def init_state(self, params: Tree) -> dict:
+    def init_state(self, params: Tree) -> LossScale:
         device = next(iter(params.values())).device
-        return {
-            "loss_scale": {
-                "scale": torch.full((), self.init_scale, dtype=torch.float32, device=device),
-                "growth_tracker": torch.zeros((), dtype=torch.int32, device=device),
-            }
-        }
+        return LossScale(
+            torch.full((), self.init_scale, dtype=torch.float32, device=device),
+            torch.zeros((), dtype=torch.int32, device=device),
+        )
 
-    def next_state(self, state, finite: Tensor) -> tuple[dict, dict]:
+    def next_state(self, state, finite: Tensor) -> tuple[LossScale, dict]:
         new = update_scale(
-            state["loss_scale"],
+            self._state(state),
             finite,
             self.growth_factor,
             self.backoff_factor,
             self.growth_interval,
         )
-        return {"loss_scale": new}, {"loss_scale": new["scale"]}
+        return new, {"loss_scale": new.scale}
+
+    @staticmethod
+    def _state(state) -> LossScale:
+        if not isinstance(state.loss, LossScale):
+            raise TypeError(
+                f"state.loss must be the LossScale of an fp16 loss; got "
+                f"{type(state.loss).__name__}: make the state with the step's init(params)"
+            )
+        return state.loss
 
 
 def fp16(

@@ -85,7 +85,7 @@ class CompiledPasses(Objective):
     # Step state (the protocol of gamfunc.loss.Objective): the state is kept whole and bound
     # inside the compiled passes; init_state and next_state forward to loss_fn (the defaults).
     def bind(self, state) -> CompiledPasses:
-        return replace(self, state={k: v for k, v in state.items() if k != "opt"})
+        return replace(self, state=state._replace(opt=()))
 
 
 def _for_state(loss_fn: Callable, state: dict | None) -> Callable:

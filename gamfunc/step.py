@@ -1,19 +1,26 @@
 """The training step: an estimator and a base optimiser joined into one pure function.
 
 ``step(params, state, batch) -> (new_params, new_state, metrics)`` is the only thing a user wraps in
-``torch.compile``. ``state`` is a dict::
+``torch.compile``. ``state`` is a :class:`StepState`, a NamedTuple and so a pytree of tensors for
+``torch.compile``, ``torch.func.vmap`` and ``torch.utils._pytree``::
 
-    {"step": 0-d int64,            # steps taken (skipped ones not counted): the one step counter,
-                                   # read by the estimator's and the optimiser's schedules
-     "opt": optimiser state,       # see gamfunc.optim
-     "skipped": 0-d int64,         # steps skipped because the loss or direction was not finite
-     "buffers": dict (optional),   # BatchNorm running statistics, for a buffered loss_fn
-     "cycle": 0-d int64 on the CPU # (every > 1 only) host copy of the step count, picks the branch
-     ...}                          # entries of a stateful Objective, e.g. "loss_scale" (fp16)
+    StepState(
+        step,          # 0-d int64: steps taken (skipped ones not counted), the one step counter
+                       # read by the estimator's and the optimiser's schedules
+        opt,           # the optimiser's state: SGDState, AdamWState, ChainState (gamfunc.optim)
+        skipped,       # 0-d int64: steps skipped because the loss, direction or update was not finite
+        buffers=(),    # BatchNorm running statistics (a dict), for a buffered loss_fn
+        cycle=(),      # every > 1 only: 0-d int64 on the CPU, host copy of the step count
+        loss=(),       # the loss wrapper's own state, e.g. precision.LossScale for fp16
+    )
+
+``()`` marks an absent field: an empty pytree node, so that a state stays a pytree of tensors under
+``vmap``. :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and back, for
+``torch.save`` and ``torch.load(weights_only=True)``.
 
 A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through the
 protocol declared there (``bind``, ``init_state``, ``next_state``, forwarded by every wrapper):
-:func:`gamfunc.precision.fp16`'s dynamic loss scale is such state. The step calls that protocol and
+:func:`gamfunc.precision.fp16`'s dynamic loss scale is such state, in ``state.loss``. The step calls that protocol and
 nothing else of a wrapper; compilation (:meth:`Step.compile`) calls down to :mod:`gamfunc.compile`
 and :mod:`gamfunc.regional`; :func:`gamfunc.gam_step` lives in :mod:`gamfunc.convenience`.
 """
@@ -21,23 +28,66 @@ and :mod:`gamfunc.regional`; :func:`gamfunc.gam_step` lives in :mod:`gamfunc.con
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from gamfunc import tree
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Optimizer
+from gamfunc.optim import Optimizer, with_hyper
 from gamfunc.optim.schedules import value
 from gamfunc.regional import compile_passes
 
-__all__ = ["NONFINITE", "SCOPES", "STATE_KEYS", "Step", "check_state", "make_step"]
+__all__ = [
+    "NONFINITE",
+    "SCOPES",
+    "Step",
+    "StepState",
+    "as_dict",
+    "check_state",
+    "from_dict",
+    "make_step",
+]
 
 NONFINITE = ("skip", "raise", "ignore")
 SCOPES = ("step", "pass")
+
+
+class StepState(NamedTuple):
+    """The state a step carries from one call to the next; made by ``step.init(params)``.
+
+    A NamedTuple, hence a pytree of tensors: ``torch.compile`` guards on its fields' shapes and
+    dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
+    it (:mod:`gamfunc.ensemble`), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
+    field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
+    :func:`as_dict`.
+
+    Attributes:
+        step: 0-d int64, steps taken (skipped ones not counted): the one step counter, read by the
+            estimator's schedules (ρ) and the optimiser's (lr, bias corrections).
+        opt: the optimiser's state (:class:`~gamfunc.optim.sgd.SGDState`,
+            :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`);
+            ``state.opt.lr`` is the learning rate (:func:`gamfunc.optim.base.with_hyper` sets it).
+        skipped: 0-d int64, steps skipped because the loss, the direction or the update was not
+            finite.
+        buffers: a dict name -> tensor of BatchNorm running statistics, for a loss_fn of the
+            buffered form (``step.init(params, buffers)``); ``()`` otherwise.
+        cycle: for ``every > 1`` only, a 0-d int64 on the CPU: a host copy of the step count that
+            picks the estimator without a device synchronisation; ``()`` otherwise.
+        loss: the loss wrapper's own state (:meth:`gamfunc.loss.Objective.init_state`), e.g.
+            :class:`gamfunc.precision.LossScale` for fp16; ``()`` for a loss without state.
+    """
+
+    step: Tensor
+    opt: Any
+    skipped: Tensor
+    buffers: dict[str, Tensor] | tuple = ()
+    cycle: Tensor | tuple = ()
+    loss: Any = ()
 
 
 @runtime_checkable
@@ -58,9 +108,9 @@ class Step(Protocol):
     base: Estimator
     on_nonfinite: str
 
-    def __call__(self, params, state, batch) -> tuple[dict, dict, dict]: ...
+    def __call__(self, params, state, batch) -> tuple[dict, StepState, dict]: ...
 
-    def init(self, params, buffers=None) -> dict[str, Any]: ...
+    def init(self, params, buffers=None) -> StepState: ...
 
     def compile(
         self, *, fullgraph: bool = True, mode: str | None = None, scope: str = "step", **kwargs
@@ -78,39 +128,42 @@ class _StepImpl:
             _branch(base, optimizer, loss_fn, on_nonfinite),
         )
 
-    def init(self, params, buffers=None) -> dict[str, Any]:
+    def init(self, params, buffers=None) -> StepState:
         """The state before the first step; ``buffers`` for a loss_fn of the buffered form."""
         check_params(params)
-        device = next(iter(params.values())).device if params else torch.device("cpu")
-        state = {
-            "step": torch.zeros((), dtype=torch.int64, device=device),
-            "opt": self.optimizer.init(params),
-            "skipped": torch.zeros((), dtype=torch.int64, device=device),
-        }
-        if self.every > 1:
-            state["cycle"] = torch.zeros((), dtype=torch.int64)  # host copy of the step count
-        if buffers is not None:
-            state["buffers"] = dict(buffers)
-        entries = init_state(self.loss_fn, params)
-        if entries and self.on_nonfinite != "skip":
-            raise ValueError(
-                f"on_nonfinite must be 'skip' for a loss_fn with step state {sorted(entries)} "
-                f"(a dynamic loss scale changes when a step is skipped); got {self.on_nonfinite!r}"
+        if buffers is not None and not isinstance(buffers, dict):
+            raise TypeError(
+                f"buffers must be a dict name -> tensor (or None); got {type(buffers).__name__}"
             )
-        state.update(entries)
-        return state
+        device = next(iter(params.values())).device
+        loss_state = init_state(self.loss_fn, params)
+        if pytree.tree_leaves(loss_state) and self.on_nonfinite != "skip":
+            raise ValueError(
+                f"on_nonfinite must be 'skip' for a loss_fn with step state "
+                f"({type(loss_state).__name__}; a dynamic loss scale changes when a step is "
+                f"skipped); got {self.on_nonfinite!r}"
+            )
+        return StepState(
+            step=torch.zeros((), dtype=torch.int64, device=device),
+            opt=self.optimizer.init(params),
+            skipped=torch.zeros((), dtype=torch.int64, device=device),
+            buffers=dict(buffers) if buffers is not None else (),
+            # host copy of the step count
+            cycle=torch.zeros((), dtype=torch.int64) if self.every > 1 else (),
+            loss=loss_state,
+        )
 
     def __call__(self, params, state, batch):
         check_state(state, params)
+        _check_cycle(state.cycle, self.every)
         if self.every == 1:
             return self.full(params, state, batch)
         # The choice reads a host-side copy of the step count, so it costs no device
         # synchronisation, and the compiled branches see only device tensors (CUDA graphs work).
-        state = dict(state)
-        cycle = state.pop("cycle")
+        cycle = state.cycle
         branch = self.full if int(cycle) % self.every == 0 else self.plain
-        new_params, new_state, metrics = branch(params, state, batch)
-        return new_params, {**new_state, "cycle": cycle + 1}, metrics
+        new_params, new_state, metrics = branch(params, state._replace(cycle=()), batch)
+        return new_params, new_state._replace(cycle=cycle + 1), metrics
 
     def compile(
         self, *, fullgraph: bool = True, mode: str | None = None, scope: str = "step", **kwargs
@@ -159,24 +212,21 @@ def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
 
 
 def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
-    buffers = state.get("buffers")
+    buffered = isinstance(state.buffers, dict)
     loss = bind(loss_fn, state)
     # One step counter, the steps taken: the estimator's schedules (ρ) and the optimiser's (lr, bias
     # corrections) read the same t, so a skipped step moves neither.
-    step = state["step"]
+    step = state.step
     est = estimator.run(params, batch, loss, step=step)
-    opt_state = state["opt"]
-    if "step" in opt_state:
-        opt_state = {**opt_state, "step": step}
+    opt_state = with_hyper(state.opt, step=step)
     new_params, new_opt = optimizer.update(est.direction, opt_state, params)
     metrics = dict(est.info)
-    metrics["lr"] = new_opt["lr"]
+    metrics["lr"] = new_opt.lr
     if "rho" in estimator.hparams:
         rho = value(estimator.hparams["rho"], step)
         metrics["rho"] = torch.as_tensor(rho, dtype=torch.float64, device=step.device)
-    new_state = {"step": step + 1, "opt": new_opt, "skipped": state["skipped"]}
-    if buffers is not None:
-        new_state["buffers"] = est.clean.aux
+    new_buffers = est.clean.aux if buffered else ()
+    new_state = StepState(step + 1, new_opt, state.skipped, new_buffers, state.cycle, state.loss)
     if on_nonfinite == "ignore":
         return new_params, new_state, metrics
     finite = (
@@ -194,48 +244,87 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     skipped = (~finite).to(torch.int64)
     if torch.compiler.is_compiling() or tree.vmapped([finite]):  # no Python branch on a value
         new_params = tree.where(finite, new_params, params)
-        new_state["opt"] = _select(finite, new_opt, state["opt"])
-        new_state["step"] = step + finite.to(step.dtype)
-        if buffers is not None:
-            new_state["buffers"] = _select(finite, new_state["buffers"], buffers)
+        new_state = new_state._replace(
+            opt=_select(finite, new_opt, state.opt),
+            step=step + finite.to(step.dtype),
+            buffers=_select(finite, new_buffers, state.buffers),
+        )
     elif not bool(finite):  # eager: one host sync is cheaper than a select per tensor
-        new_params, new_state["opt"], new_state["step"] = params, state["opt"], step
-        if buffers is not None:
-            new_state["buffers"] = buffers
-    new_state["skipped"] = state["skipped"] + skipped
+        new_params = params
+        new_state = new_state._replace(opt=state.opt, step=step, buffers=state.buffers)
+    loss_state, extra = next_state(loss_fn, state, finite)
+    new_state = new_state._replace(skipped=state.skipped + skipped, loss=loss_state)
     metrics["skipped"] = skipped
-    entries, extra = next_state(loss_fn, state, finite)
-    new_state.update(entries)
     metrics.update(extra)
     return new_params, new_state, metrics
 
 
-STATE_KEYS = ("step", "opt", "skipped")
-
-
 def check_state(state, params) -> None:
-    """Raise a one-line error, naming the key, unless ``state`` is a step state made for ``params``.
+    """Raise a one-line error, naming the field, unless ``state`` is a step state made for ``params``.
 
-    Checked: the entries every state has; the names of every per-parameter dict of the optimiser
-    state (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
+    Checked: that ``state`` is a :class:`StepState` whose counters are 0-d tensors and whose
+    ``buffers`` are a dict or ``()``; the names of every per-parameter dict of the optimiser state
+    (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
     ``params``, and the shapes of the first such dict (a state made for other parameters has them
     all wrong), so that a state made for other shapes is not broadcast against them. Python only,
-    on names and shapes, a few microseconds a step; a compiled step traces it once.
+    on types, names and shapes, a few microseconds a step; a compiled step traces it once.
     """
-    if not isinstance(state, dict):
+    if not isinstance(state, StepState):
+        hint = (
+            " (step states are no longer dicts: state['opt']['lr'] is now state.opt.lr)"
+            if isinstance(state, dict)
+            else ""
+        )
         raise TypeError(
-            f"state must be the dict that step.init(params) returns; got {type(state).__name__}"
+            f"state must be the StepState that step.init(params) returns; got "
+            f"{type(state).__name__}{hint}"
         )
     if not isinstance(params, dict) or not params:
         check_params(params)
-    for key in STATE_KEYS:
-        if key not in state:
-            raise ValueError(f"state has no entry {key!r}; make it with step.init(params)")
-    _check_like(state["opt"], params, [], "state['opt']")
+    for name in ("step", "skipped"):
+        v = getattr(state, name)
+        if not isinstance(v, Tensor) or v.dtype != torch.int64:
+            got = f"a {v.dtype} tensor" if isinstance(v, Tensor) else type(v).__name__
+            raise TypeError(
+                f"state.{name} must be an int64 tensor; got {got}; make the state with "
+                f"step.init(params)"
+            )
+    if not (isinstance(state.buffers, dict) or _empty(state.buffers)):
+        raise TypeError(
+            f"state.buffers must be a dict name -> tensor or () (no buffers); got "
+            f"{type(state.buffers).__name__}"
+        )
+    if not hasattr(state.opt, "lr") or not hasattr(state.opt, "step"):
+        raise TypeError(
+            f"state.opt must be an optimiser's state (with step and lr), as optimizer.init(params) "
+            f"returns; got {type(state.opt).__name__}"
+        )
+    _check_like(state.opt, params, [], "state.opt")
+
+
+def _check_cycle(cycle, every: int) -> None:
+    if every > 1 and not isinstance(cycle, Tensor):
+        raise ValueError(
+            f"state.cycle is {cycle!r}, but a step with every={every} needs the host step count "
+            f"there; make the state with this step's init(params)"
+        )
+    if every == 1 and not _empty(cycle):
+        raise ValueError(
+            "state.cycle is set, but this step has every=1: the state was made by a step with "
+            "every > 1; make it with this step's init(params)"
+        )
 
 
 def _check_like(node, params, checked: list, where: str) -> None:
     """``checked`` is non-empty once one per-parameter dict has had its shapes compared."""
+    if isinstance(node, tuple):  # an optimiser's or a transform's state, a chain's transforms
+        if _is_record(node):
+            parts = [(f"{where}.{n}", v) for n, v in zip(node._fields, node, strict=True)]
+        else:
+            parts = [(f"{where}[{i}]", v) for i, v in enumerate(node)]
+        for name, v in parts:
+            _check_like(v, params, checked, name)
+        return
     if not isinstance(node, dict) or not node:
         return
     if node.keys() == params.keys():  # a per-parameter dict
@@ -257,6 +346,93 @@ def _check_like(node, params, checked: list, where: str) -> None:
         )
     for k, v in node.items():
         _check_like(v, params, checked, f"{where}[{k!r}]")
+
+
+def _is_record(x) -> bool:
+    """Whether ``x`` is a NamedTuple (a typed state)."""
+    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+
+
+def as_dict(state) -> Any:
+    """``state`` in plain containers: every NamedTuple in it (a :class:`StepState`, an optimiser's or
+    a transform's state, a loss scale) a dict of its fields, fields holding ``()`` (nothing) left out.
+
+    For ``torch.save``: the result loads with ``torch.load(weights_only=True)`` and without gamfunc.
+    A step state of plain SGD becomes ``{"step": ..., "opt": {"step": ..., "lr": ...}, "skipped": ...}``
+    (with ``"momentum_buffer"`` in ``"opt"`` for SGD with momentum, ``"buffers"`` for BatchNorm).
+    :func:`from_dict` is the inverse.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> loss_fn = lambda p, b: (p["w"] ** 2).sum()
+        >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
+        >>> state = step.init({"w": torch.zeros(3)})
+        >>> sorted(as_dict(state)), sorted(as_dict(state)["opt"])
+        (['opt', 'skipped', 'step'], ['lr', 'step'])
+        >>> type(from_dict(as_dict(state), like=state)).__name__
+        'StepState'
+    """
+    if _is_record(state):
+        return {k: as_dict(v) for k, v in zip(state._fields, state, strict=True) if not _empty(v)}
+    if isinstance(state, dict):
+        return {k: as_dict(v) for k, v in state.items()}
+    if isinstance(state, tuple | list):
+        return type(state)(as_dict(v) for v in state)
+    return state
+
+
+def _empty(v) -> bool:
+    return isinstance(v, tuple) and not _is_record(v) and not v
+
+
+def from_dict(saved, like, where: str = "state") -> Any:
+    """What :func:`as_dict` made, with the types of ``like`` again: a fresh state of the same step,
+    ``step.init(params)``, gives them.
+
+    The names and shapes must be those of ``like`` (a field absent from ``saved`` is ``()``); the
+    tensors are ``saved``'s, where they are (move them with ``torch.utils._pytree.tree_map``).
+
+    Raises:
+        ValueError: in one line naming the field, where ``saved`` has other names, another
+            structure or other shapes than ``like``.
+    """
+    if _is_record(like):
+        kind = type(like).__name__
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"{where} must be a dict of the fields of {kind} {list(like._fields)}; got "
+                f"{type(saved).__name__}"
+            )
+        extra = sorted(str(k) for k in saved if k not in like._fields)
+        if extra:
+            raise ValueError(
+                f"{where} has entries {extra} that {kind} has not {list(like._fields)}"
+            )
+        values = []
+        for name, ref in zip(like._fields, like, strict=True):
+            if name not in saved and not _empty(ref):
+                raise ValueError(f"{where} has no entry {name!r}, which {kind} needs")
+            values.append(from_dict(saved.get(name, ()), ref, f"{where}.{name}"))
+        return type(like)(*values)
+    if isinstance(like, dict):
+        if not isinstance(saved, dict) or saved.keys() != like.keys():
+            got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
+            raise ValueError(f"{where} has keys {got}; expected {sorted(like)}")
+        return {k: from_dict(saved[k], v, f"{where}[{k!r}]") for k, v in like.items()}
+    if isinstance(like, tuple | list):
+        if not isinstance(saved, tuple | list) or len(saved) != len(like):
+            got = (
+                f"{len(saved)} entries" if isinstance(saved, tuple | list) else type(saved).__name__
+            )
+            raise ValueError(f"{where} has {got}; expected {len(like)}")
+        return type(like)(
+            from_dict(s, r, f"{where}[{i}]")
+            for i, (s, r) in enumerate(zip(saved, like, strict=True))
+        )
+    if isinstance(like, Tensor) and not (isinstance(saved, Tensor) and saved.shape == like.shape):
+        got = f"shape {tuple(saved.shape)}" if isinstance(saved, Tensor) else type(saved).__name__
+        raise ValueError(f"{where} has {got}; expected shape {tuple(like.shape)}")
+    return saved
 
 
 def _all_finite(*trees) -> Tensor:
@@ -301,10 +477,8 @@ def _norm(est) -> Tensor:
 
 
 def _select(cond: Tensor, new, old):
-    """``torch.where(cond, new, old)`` over matching nested dicts of tensors."""
-    if isinstance(new, dict):
-        return {k: _select(cond, v, old[k]) for k, v in new.items()}
-    return torch.where(cond.to(new.device), new, old)
+    """``torch.where(cond, new, old)`` over two pytrees of one structure (states, buffers)."""
+    return pytree.tree_map(lambda n, o: torch.where(cond.to(n.device), n, o), new, old)
 
 
 def make_step(
@@ -335,7 +509,7 @@ def make_step(
         base: the estimator of the other steps, ``gradient()`` by default.
         on_nonfinite: "skip" (default) leaves params, optimiser state and buffers unchanged when the
             loss or the direction is not finite and counts it in ``metrics["skipped"]`` and
-            ``state["skipped"]``, with no Python branch; "raise" raises FloatingPointError (eager
+            ``state.skipped``, with no Python branch; "raise" raises FloatingPointError (eager
             only); "ignore" applies the step regardless.
 
     Example:

@@ -39,12 +39,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
+from torch.utils import _pytree as pytree
 
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functional
-from gamfunc.optim import Optimizer
-from gamfunc.step import make_step
+from gamfunc.optim import Optimizer, with_hyper
+from gamfunc.step import StepState, as_dict, from_dict, make_step
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer"]
 
@@ -92,8 +93,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``...).
 
     ``step`` returns the loss at θ before the update (a 0-d tensor). ``state_dict()`` holds the step
-    counters, the optimiser state (momentum or Adam moments, keyed by parameter name) and the param
-    group; the parameters and buffers live in the module, so a checkpoint is ``model.state_dict()``
+    state in plain dicts (:func:`gamfunc.step.as_dict`: the step counters, the optimiser state with
+    momentum or Adam moments keyed by parameter name) and the param group; the parameters and buffers live in the module, so a checkpoint is ``model.state_dict()``
     plus ``optimizer.state_dict()``, as with ``torch.optim``.
 
     Warning:
@@ -146,7 +147,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         )
         self._batch_step = batch_step.compile(**(compile_options or {})) if compile else batch_step
         self._model, self._trainable = model, trainable
-        self._state: dict[str, Any] | None = None
+        self._state: StepState | None = None
         self.metrics: dict[str, Tensor] = {}
         super().__init__(list(trainable.values()), {"lr": lr0})
         self._lr_set = lr0
@@ -187,9 +188,11 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             ) from e
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"state": {step, skipped, opt}, "param_groups": [group]}``; tensors keyed by parameter name."""
+        """``{"state": {step, skipped, opt}, "param_groups": [group]}``: the step state as plain dicts
+        (:func:`gamfunc.step.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
+        by parameter name; ``{}`` before the first step."""
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
-        state = {} if self._state is None else dict(self._state)
+        state = {} if self._state is None else as_dict(self._state)
         return {"state": state, "param_groups": [group | {"params": list(self._trainable)}]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -205,7 +208,11 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         state = state_dict["state"]
         if state:
             reference = self._batch_step.init(self._params(), None)
-            self._state = _restore(state, reference, "state")
+            try:
+                restored = from_dict(state, reference, "state")
+            except ValueError as e:
+                raise ValueError(f"state_dict {e}") from None
+            self._state = pytree.tree_map(_placed, restored, reference)
         else:
             self._state = None
         self.param_groups[0].update({k: v for k, v in groups[0].items() if k != "params"})
@@ -234,18 +241,18 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         buffers = {k: b.detach() for k, b in self._model.named_buffers()}
         if self._state is None:
             self._state = run.init(params, None)
-        state = dict(self._state, buffers=buffers)
-        state["opt"] = dict(state["opt"], lr=self._lr_tensor(state["opt"]["lr"]))
+        opt = with_hyper(self._state.opt, lr=self._lr_tensor(self._state.opt.lr))
+        state = self._state._replace(buffers=buffers, opt=opt)
         new_params, new_state, metrics = run(params, state, data)
         with torch.no_grad():
             for k, p in self._trainable.items():
                 p.copy_(new_params[k])
             for k, b in self._model.named_buffers():
-                b.copy_(new_state["buffers"][k])
-        self._state = {k: v for k, v in new_state.items() if k != "buffers"}
+                b.copy_(new_state.buffers[k])
+        self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
         if self._own_schedule:
-            self.param_groups[0]["lr"] = self._lr_set = float(new_state["opt"]["lr"])
+            self.param_groups[0]["lr"] = self._lr_set = float(new_state.opt.lr)
         return metrics["loss"]
 
     def _lr_tensor(self, current: Tensor) -> Tensor:
@@ -409,29 +416,23 @@ def _check_batch(batch) -> None:
 
 
 def _probe_lr(optimizer: Optimizer, params: dict[str, Tensor]) -> tuple[float, bool]:
-    """The optimiser's first lr, and whether a schedule (not ``state["lr"]``) sets it.
+    """The optimiser's first lr, and whether a schedule (not ``state.lr``) sets it.
 
-    An update on a probe with ``state["lr"]`` moved away from its initial value: a constant-lr
+    An update on a probe with ``state.lr`` moved away from its initial value: a constant-lr
     optimiser uses (and returns) the moved value, a scheduled one returns its own. The probe has the
     names and numbers of dimensions of ``params`` (what a ``weight_decay_mask`` reads) in one element
     each, so it costs no memory worth counting.
     """
     probe = {k: torch.zeros((1,) * p.ndim, dtype=torch.float64) for k, p in params.items()}
     state = optimizer.init(probe)
-    lr0 = state["lr"]
+    lr0 = state.lr
     moved = lr0 + 1.0
-    _, after = optimizer.update(tree.zeros_like(probe), dict(state, lr=moved), probe)
-    return float(lr0), not torch.equal(after["lr"], moved)
+    _, after = optimizer.update(tree.zeros_like(probe), with_hyper(state, lr=moved), probe)
+    return float(lr0), not torch.equal(after.lr, moved)
 
 
-def _restore(saved, reference, path: str):
-    """``saved`` with the structure, shapes, dtypes and devices of ``reference``; ValueError otherwise."""
-    if isinstance(reference, dict):
-        if not isinstance(saved, dict) or set(saved) != set(reference):
-            got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
-            raise ValueError(f"state_dict {path} has keys {got}; expected {sorted(reference)}")
-        return {k: _restore(saved[k], reference[k], f"{path}[{k!r}]") for k in reference}
-    if not isinstance(saved, Tensor) or saved.shape != reference.shape:
-        got = tuple(saved.shape) if isinstance(saved, Tensor) else type(saved).__name__
-        raise ValueError(f"state_dict {path} is {got}; expected shape {tuple(reference.shape)}")
-    return saved.to(device=reference.device, dtype=reference.dtype, copy=True)
+def _placed(saved, reference):
+    """A saved tensor as a copy in the dtype and on the device of its ``reference`` (a fresh state's)."""
+    if isinstance(reference, Tensor):
+        return saved.to(device=reference.device, dtype=reference.dtype, copy=True)
+    return saved

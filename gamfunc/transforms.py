@@ -1,9 +1,10 @@
 """Transforms of the direction between an estimator and an optimiser: clipping, chained in optax's style.
 
 A :class:`Transform` is a pair of pure functions like an optimiser's, ``init(params) -> state`` and
-``update(direction, state, params) -> (new_direction, new_state)``; a stateless one carries ``{}``.
+``update(direction, state, params) -> (new_direction, new_state)``; a stateless one carries ``()``.
 :func:`chain` puts any number of them in front of an :class:`~gamfunc.optim.base.Optimizer` and is
-itself an Optimizer, so :func:`gamfunc.make_step` and :mod:`gamfunc.torch_optim` take it unchanged::
+itself an Optimizer (its state a :class:`ChainState`), so :func:`gamfunc.make_step` and
+:mod:`gamfunc.torch_optim` take it unchanged::
 
     estimator ─ direction ─▶ transform₁ ─▶ … ─▶ transformₙ ─▶ optimizer.update ─▶ params
 
@@ -14,7 +15,7 @@ Example:
     >>> opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1))
     >>> p = {"w": torch.zeros(2)}
     >>> p, state = opt.update({"w": torch.tensor([3.0, 4.0])}, opt.init(p), p)
-    >>> p["w"], state["transforms"]["0"]["norm"]
+    >>> p["w"], state.transforms[0].norm
     (tensor([-0.0600, -0.0800]), tensor(5.))
 """
 
@@ -31,22 +32,62 @@ from gamfunc import tree
 from gamfunc.optim.base import Optimizer
 from gamfunc.tree import Tree
 
-__all__ = ["KEY", "Transform", "chain", "clip_by_global_norm", "decay_mask"]
-
-KEY = "transforms"
-"""The entry of a chained optimiser's state that holds its transforms' states, ``{"0": ..., "1": ...}``."""
+__all__ = [
+    "ChainState",
+    "ClipState",
+    "Transform",
+    "chain",
+    "clip_by_global_norm",
+    "decay_mask",
+]
 
 
 class Transform(NamedTuple):
     """``init(params) -> state``; ``update(direction, state, params) -> (new_direction, new_state)``.
 
-    ``state`` is a dict of tensors (``{}`` for a stateless transform). Neither function mutates its
-    arguments, and ``update`` branches on no tensor value, so a chain traces under
-    ``torch.compile(fullgraph=True)``.
+    ``state`` is a pytree of tensors, a NamedTuple such as :class:`ClipState` (``()`` for a
+    stateless transform). Neither function mutates its arguments, and ``update`` branches on no
+    tensor value, so a chain traces under ``torch.compile(fullgraph=True)``.
     """
 
-    init: Callable[[Tree], dict[str, Any]]
-    update: Callable[[Tree, dict[str, Any], Tree], tuple[Tree, dict[str, Any]]]
+    init: Callable[[Tree], Any]
+    update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
+
+
+class ClipState(NamedTuple):
+    """The state of :func:`clip_by_global_norm`.
+
+    Attributes:
+        norm: 0-d, ‖d‖₂ of the last direction before clipping (0 before the first update), in
+            float32 or wider.
+    """
+
+    norm: Tensor
+
+
+class ChainState(NamedTuple):
+    """The state of :func:`chain`: the optimiser's state and one state per transform.
+
+    ``step`` and ``lr`` read through to the optimiser's, so ``state.lr`` is the learning rate
+    whatever the optimiser; :func:`gamfunc.optim.base.with_hyper` replaces them there.
+
+    Attributes:
+        opt: the optimiser's state (e.g. :class:`~gamfunc.optim.adamw.AdamWState`).
+        transforms: the transforms' states, in the order of the chain (a tuple).
+    """
+
+    opt: Any
+    transforms: tuple
+
+    @property
+    def step(self) -> Tensor:
+        """The optimiser's step counter."""
+        return self.opt.step
+
+    @property
+    def lr(self) -> Tensor:
+        """The optimiser's learning rate."""
+        return self.opt.lr
 
 
 def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
@@ -65,15 +106,15 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
         eps: ξ >= 0, added to the norm before dividing.
 
     Returns:
-        A :class:`Transform` whose state is ``{"norm": ‖d‖₂}``, the norm of the last direction before
-        clipping (0 before the first update), in float32 or wider.
+        A :class:`Transform` whose state is a :class:`ClipState`: ‖d‖₂ of the last direction
+        before clipping.
 
     Example:
         >>> import torch, gamfunc
         >>> clip = gamfunc.clip_by_global_norm(1.0)
         >>> d = {"w": torch.tensor([3.0, 4.0])}
         >>> d, state = clip.update(d, clip.init(d), d)
-        >>> d["w"], state["norm"]
+        >>> d["w"], state.norm
         (tensor([0.6000, 0.8000]), tensor(5.))
 
     Warning:
@@ -89,12 +130,12 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
 
     def init(params):
         dev = next(iter(params.values())).device if params else torch.device("cpu")
-        return {"norm": torch.zeros((), dtype=_norm_dtype(params.values()), device=dev)}
+        return ClipState(torch.zeros((), dtype=_norm_dtype(params.values()), device=dev))
 
     def update(direction, state, params):
         n = tree.norm(direction)  # in float32 or wider
         coef = torch.clamp(max_norm / (n + eps), max=1.0)  # clip_grad_norm_'s expression
-        return tree.scale(direction, coef), {"norm": n}
+        return tree.scale(direction, coef), ClipState(n)
 
     return Transform(init, update)
 
@@ -110,10 +151,10 @@ def chain(*transforms_and_optimizer: Transform | Optimizer) -> Optimizer:
     """Transforms of the direction, applied in order, then an optimiser: one new optimiser.
 
     ``chain(t₁, …, tₙ, opt)`` moves by ``opt.update(tₙ(…t₁(d)…), …)``, as ``optax.chain`` does
-    with the optimiser as its last element. Its state is the optimiser's own dict (``step``, ``lr``
-    and the buffers stay where code reads them, ``state["opt"]["lr"]`` in a step) with one more
-    entry, ``state["transforms"] = {"0": state of t₁, "1": state of t₂, ...}``. A chain given as the
-    optimiser of another chain is flattened into it.
+    with the optimiser as its last element. Its state is a :class:`ChainState`: the optimiser's
+    own (``.opt``) and the transforms' (``.transforms``, a tuple in the chain's order); ``.step``
+    and ``.lr`` read the optimiser's, so ``state.opt.lr`` in a step is the learning rate whatever
+    the optimiser. A chain given as the optimiser of another chain is flattened into it.
 
     Args:
         *transforms_and_optimizer: zero or more :class:`Transform` (e.g.
@@ -130,8 +171,8 @@ def chain(*transforms_and_optimizer: Transform | Optimizer) -> Optimizer:
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), opt, loss_fn)
         >>> params = {"w": torch.zeros(3)}
         >>> params, state, metrics = step(params, step.init(params), (torch.randn(8, 3), torch.randn(8)))
-        >>> sorted(state["opt"])
-        ['exp_avg', 'exp_avg_sq', 'lr', 'step', 'transforms']
+        >>> type(state.opt).__name__, type(state.opt.opt).__name__, float(state.opt.lr)
+        ('ChainState', 'AdamWState', 0.001)
     """
     if not transforms_and_optimizer or not isinstance(transforms_and_optimizer[-1], Optimizer):
         last = (
@@ -151,21 +192,17 @@ def chain(*transforms_and_optimizer: Transform | Optimizer) -> Optimizer:
     inner = getattr(optimizer.update, "chain", None)
     if inner is not None:  # chain(a, chain(b, opt)) is chain(a, b, opt)
         transforms, optimizer = [*transforms, *inner[0]], inner[1]
-    names = [str(i) for i in range(len(transforms))]
 
     def init(params):
-        state = optimizer.init(params)
-        if KEY in state:
-            raise ValueError(f"the optimizer's state already has an entry {KEY!r}")
-        return state | {KEY: {n: t.init(params) for n, t in zip(names, transforms, strict=True)}}
+        return ChainState(optimizer.init(params), tuple(t.init(params) for t in transforms))
 
     def update(direction, state, params):
-        inner_state = {k: v for k, v in state.items() if k != KEY}
-        new_states = {}
-        for n, t in zip(names, transforms, strict=True):
-            direction, new_states[n] = t.update(direction, state[KEY][n], params)
-        new_params, new_state = optimizer.update(direction, inner_state, params)
-        return new_params, new_state | {KEY: new_states}
+        new_states = []
+        for t, s in zip(transforms, state.transforms, strict=True):
+            direction, s = t.update(direction, s, params)
+            new_states.append(s)
+        new_params, new_opt = optimizer.update(direction, state.opt, params)
+        return new_params, ChainState(new_opt, tuple(new_states))
 
     update.chain = (tuple(transforms), optimizer)
     return Optimizer(init, update)

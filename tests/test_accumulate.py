@@ -99,11 +99,11 @@ def test_batchnorm_statistics_are_the_size_weighted_mean_of_the_micro_batches():
     parts = [loss_fn(params, b, buffers)[1] for b in split_batch(batch, 4)]
     for k in ("1.running_mean", "1.running_var"):
         want = sum(p[k] for p in parts) / 4
-        assert torch.allclose(state["buffers"][k], want, rtol=1e-12, atol=1e-15)
+        assert torch.allclose(state.buffers[k], want, rtol=1e-12, atol=1e-15)
     # running_mean equals the momentum update with the full batch's mean.
     full = loss_fn(params, batch, buffers)[1]
-    assert torch.allclose(state["buffers"]["1.running_mean"], full["1.running_mean"], rtol=1e-12)
-    assert int(state["buffers"]["1.num_batches_tracked"]) == 1
+    assert torch.allclose(state.buffers["1.running_mean"], full["1.running_mean"], rtol=1e-12)
+    assert int(state.buffers["1.num_batches_tracked"]) == 1
     assert all(torch.equal(buffers[k], bn_model().state_dict()[k]) for k in buffers)  # inputs kept
 
 

@@ -80,11 +80,9 @@ def compiled_equals_eager(device: torch.device, name: str, direct: bool = False)
     for k in params:
         torch.testing.assert_close(p_c[k], p_e[k], **tol)
     for k in buffers:
-        torch.testing.assert_close(s_c["buffers"][k], s_e["buffers"][k], **tol)
-    for k in s_e["opt"]["momentum_buffer"]:
-        torch.testing.assert_close(
-            s_c["opt"]["momentum_buffer"][k], s_e["opt"]["momentum_buffer"][k], **tol
-        )
+        torch.testing.assert_close(s_c.buffers[k], s_e.buffers[k], **tol)
+    for k in s_e.opt.momentum_buffer:
+        torch.testing.assert_close(s_c.opt.momentum_buffer[k], s_e.opt.momentum_buffer[k], **tol)
     for k in m_e:
         torch.testing.assert_close(m_c[k], m_e[k], **tol)
 

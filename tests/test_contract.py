@@ -11,6 +11,7 @@ from registry import ESTIMATORS, INVALID, OPTIMIZERS
 
 import gamfunc
 from gamfunc import schedules
+from gamfunc.optim import with_hyper
 
 
 def snapshot(tensors):
@@ -61,7 +62,7 @@ def test_optimizer_is_pure_and_keeps_dtype(name):
         before, d_before = snapshot(params), snapshot(direction)
         new, new_state = opt.update(direction, state, params)
         assert same(params, before) and same(direction, d_before)
-        assert int(state["step"]) == 0 and int(new_state["step"]) == 1
+        assert int(state.step) == 0 and int(new_state.step) == 1
         assert all(new[k].dtype == dtype and new[k].shape == params[k].shape for k in params)
         new2, _ = opt.update(direction, state, params)
         assert same(new, new2)
@@ -129,9 +130,7 @@ def test_compiled_step_with_batchnorm_equals_eager(name):
     for k in params:
         torch.testing.assert_close(comp_p[k], eager_p[k], rtol=1e-5, atol=1e-6)
     for k in buffers:
-        torch.testing.assert_close(
-            comp_s["buffers"][k], eager_s["buffers"][k], rtol=1e-5, atol=1e-6
-        )
+        torch.testing.assert_close(comp_s.buffers[k], eager_s.buffers[k], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(comp_m["loss"], eager_m["loss"], rtol=1e-5, atol=1e-6)
 
 
@@ -162,7 +161,8 @@ def test_changing_lr_and_rho_every_step_does_not_recompile():
     compiled = torch.compile(step, fullgraph=True, backend=counter)
     state = step.init(params)
     for i in range(4):
-        state["opt"]["lr"] = torch.tensor(0.1 / (i + 1), dtype=torch.float64)
+        lr = torch.tensor(0.1 / (i + 1), dtype=torch.float64)
+        state = state._replace(opt=with_hyper(state.opt, lr=lr))
         params, state, metrics = compiled(params, state, mlp_batch(dtype=torch.float32, seed=i))
         assert float(metrics["lr"]) == pytest.approx(0.1 / (i + 1))
     assert counter.frame_count == 1
@@ -216,9 +216,9 @@ def test_compiled_step_skips_a_nonfinite_step_without_a_python_branch():
     params, state, _ = compiled(params, step.init(params), batch)
     bad = (batch[0] * float("nan"), batch[1])
     new, new_state, metrics = compiled(params, state, bad)
-    assert int(metrics["skipped"]) == 1 and int(new_state["skipped"]) == 1
+    assert int(metrics["skipped"]) == 1 and int(new_state.skipped) == 1
     assert same(new, params)
-    assert same(new_state["opt"]["momentum_buffer"], state["opt"]["momentum_buffer"])
+    assert same(new_state.opt.momentum_buffer, state.opt.momentum_buffer)
 
 
 def _rss_mib() -> float:
@@ -247,7 +247,7 @@ def test_soak_2000_compiled_steps_no_recompilation_and_flat_memory():
         if i in (499, 1999):
             rss[i] = _rss_mib()
     assert counter.frame_count == 1
-    assert int(state["step"]) == 2000 and int(state["skipped"]) == 0
+    assert int(state.step) == 2000 and int(state.skipped) == 0
     assert torch.isfinite(metrics["loss"])
     assert rss[1999] - rss[499] < 20  # MiB: nothing accumulates from step to step
 

@@ -129,8 +129,8 @@ def _scenarios(rank):
         p, state, _ = run_steps(step, p0, batches, b0)
         out[f"bn/{mode}"] = (
             p,
-            state["buffers"],
-            run_steps(step, p0, batches[:1], b0)[1]["buffers"],
+            state.buffers,
+            run_steps(step, p0, batches[:1], b0)[1].buffers,
         )
     # fp16: an input that overflows on rank 1 only skips the step on both ranks.
     step = gamfunc.make_step(gamfunc.sam(0.1), opt, global_mean(fp16(mlp_loss_f32)))
@@ -275,5 +275,5 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(ranks):
         new, new_state, m, p = ranks[r]["fp16/overflow"]
         assert int(m["skipped"]) == 1
         assert all(torch.equal(new[k], p[k]) for k in p)
-        assert float(new_state["loss_scale"]["scale"]) == 2.0**15
-        assert torch.equal(new_state["opt"]["momentum_buffer"]["w1"], torch.zeros(6, 4))
+        assert float(new_state.loss.scale) == 2.0**15
+        assert torch.equal(new_state.opt.momentum_buffer["w1"], torch.zeros(6, 4))

@@ -86,7 +86,7 @@ def test_the_vmapped_step_is_the_loop_over_members(est, opt):
         ref_p, ref_s, ref_m = want[i]
         for k in ref_p:
             torch.testing.assert_close(got_p[k], ref_p[k], rtol=1e-10, atol=1e-12)
-        assert int(got_s["step"]) == 3 and int(ref_s["step"]) == 3
+        assert int(got_s.step) == 3 and int(ref_s.step) == 3
         torch.testing.assert_close(metrics["loss"][i], ref_m["loss"], rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(metrics["lr"][i], ref_m["lr"], rtol=0, atol=0)
     assert not torch.equal(p["w1"][0], p["w1"][1])  # the members differ
@@ -108,7 +108,7 @@ def test_a_non_finite_member_is_skipped_alone():
     for i in (0, 2):
         for k in params[i]:
             torch.testing.assert_close(after[i][k], want[i][0][k], rtol=1e-12, atol=0)
-    assert state["step"].tolist() == [1, 0, 1]
+    assert state.step.tolist() == [1, 0, 1]
 
 
 class BNNet(nn.Module):
@@ -145,11 +145,9 @@ def test_batchnorm_members_keep_their_own_running_statistics():
             q, s, _ = step(q, s, b)
         for k in q:
             torch.testing.assert_close(p[k][i], q[k], rtol=1e-10, atol=1e-12)
-        for k, v in s["buffers"].items():
-            torch.testing.assert_close(state["buffers"][k][i], v, rtol=1e-10, atol=1e-12)
-    assert not torch.equal(
-        state["buffers"]["bn.running_mean"][0], state["buffers"]["bn.running_mean"][1]
-    )
+        for k, v in s.buffers.items():
+            torch.testing.assert_close(state.buffers[k][i], v, rtol=1e-10, atol=1e-12)
+    assert not torch.equal(state.buffers["bn.running_mean"][0], state.buffers["bn.running_mean"][1])
 
 
 def test_per_member_batches():

@@ -86,9 +86,9 @@ def test_in_a_step_with_batchnorm_statistics_are_the_sub_batch_mean():
         loss_fn(params, tuple(t[j * n : (j + 1) * n] for t in batch), buffers) for j in range(M)
     ]
     mean = sum(p[1]["1.running_mean"] for p in parts) / M
-    assert torch.allclose(state["buffers"]["1.running_mean"], mean, rtol=1e-12)
+    assert torch.allclose(state.buffers["1.running_mean"], mean, rtol=1e-12)
     assert torch.allclose(metrics["loss"], sum(p[0] for p in parts) / M, rtol=1e-12)
-    assert int(state["buffers"]["1.num_batches_tracked"]) == 1
+    assert int(state.buffers["1.num_batches_tracked"]) == 1
 
 
 def test_the_constructor_runs_nothing():

@@ -7,7 +7,7 @@ import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 
 import gamfunc
-from gamfunc.optim import schedules
+from gamfunc.optim import schedules, with_hyper
 
 STEPS = 50
 
@@ -55,7 +55,7 @@ def test_sgd_equals_torch_optim(kwargs):
     ref = torch_trajectory(torch.optim.SGD, kwargs, params, data)
     ours, state = gamfunc_trajectory(gamfunc.sgd(**kwargs), params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-12
-    assert int(state["step"]) == STEPS
+    assert int(state.step) == STEPS
 
 
 ADAMW_CASES = [
@@ -91,16 +91,45 @@ def test_scheduled_lr_equals_torch_lambda_lr():
     )
     ours, state = gamfunc_trajectory(gamfunc.sgd(lr=sched, momentum=0.9), params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-12
-    assert torch.allclose(state["lr"], sched(torch.tensor(STEPS - 1)))
+    assert torch.allclose(state.lr, sched(torch.tensor(STEPS - 1)))
 
 
 def test_lr_written_into_state_takes_effect():
     params, data = mlp_params(), batches(2)
     opt = gamfunc.sgd(lr=0.1)
-    state = opt.init(params)
-    state["lr"] = torch.tensor(0.0, dtype=torch.float64)
+    state = with_hyper(opt.init(params), lr=torch.tensor(0.0, dtype=torch.float64))
     new, _ = opt.update(torch.func.grad(mlp_loss)(params, data[0]), state, params)
     assert all(torch.equal(new[k], params[k]) for k in params)
+
+
+def test_optimiser_states_are_typed():
+    params = {"w": torch.ones(3), "b": torch.zeros(2)}
+    sgd, momentum, adamw = gamfunc.sgd(0.1), gamfunc.sgd(0.1, momentum=0.9), gamfunc.adamw(1e-3)
+    chained = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), adamw)
+    assert type(sgd.init(params)) is gamfunc.SGDState
+    assert sgd.init(params).momentum_buffer == ()
+    assert momentum.init(params).momentum_buffer.keys() == params.keys()
+    state = adamw.init(params)
+    assert type(state) is gamfunc.AdamWState
+    assert state._fields == ("step", "lr", "exp_avg", "exp_avg_sq")
+    chain = chained.init(params)
+    assert type(chain) is gamfunc.ChainState and type(chain.opt) is gamfunc.AdamWState
+    assert chain.lr is chain.opt.lr and chain.step is chain.opt.step
+    for opt in (sgd, momentum, adamw, chained):
+        _, new = opt.update(params, opt.init(params), params)
+        assert type(new) is type(opt.init(params)) and int(new.step) == 1
+
+
+def test_with_hyper_replaces_step_and_lr_through_a_chain():
+    params = {"w": torch.ones(3)}
+    lr = torch.tensor(0.5, dtype=torch.float64)
+    state = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(0.1)).init(params)
+    changed = with_hyper(state, lr=lr, step=torch.tensor(7))
+    assert changed.opt.lr is lr and int(changed.step) == 7
+    with pytest.raises(TypeError, match="step and lr only"):
+        with_hyper(state, momentum=lr)
+    with pytest.raises(TypeError, match="NamedTuple with fields step and lr"):
+        with_hyper({"lr": lr}, lr=lr)
 
 
 def test_optimisers_keep_float32():
@@ -118,7 +147,7 @@ def test_optimisers_keep_float32_for_a_0d_parameter():
         for _ in range(2):
             p, state = opt.update(params, state, p)
         assert all(v.dtype == torch.float32 for v in p.values())
-        buffers = [v for b in state.values() if isinstance(b, dict) for v in b.values()]
+        buffers = [v for b in state if isinstance(b, dict) for v in b.values()]
         assert buffers and all(v.dtype == torch.float32 for v in buffers)
 
 

@@ -7,7 +7,7 @@ from torch import nn
 import gamfunc
 from gamfunc import tree
 from gamfunc.accumulate import accumulate
-from gamfunc.precision import autocast, bf16, fp16, mixed, update_scale
+from gamfunc.precision import LossScale, autocast, bf16, fp16, mixed, update_scale
 
 # Unit roundoff of each format; a step's update stays within TOL·u of fp32's (relative, in norm).
 # Measured on these models: 1-2 u for every estimator, 3-5 u for finite-difference GAM (its r = 1e-2
@@ -68,12 +68,12 @@ def test_low_precision_step_stays_within_tolerance_of_fp32(precision, name, mode
     assert rel(tree.sub(new, params), tree.sub(ref, params)) < TOL * u
     assert abs(float(m["loss"] - ref_m["loss"])) < TOL * u * float(ref_m["loss"])
     if buffers:
-        assert all(state["buffers"][k].dtype == ref_state["buffers"][k].dtype for k in buffers)
+        assert all(state.buffers[k].dtype == ref_state.buffers[k].dtype for k in buffers)
         stats = [k for k in buffers if buffers[k].is_floating_point()]
-        got, want = ({k: s["buffers"][k] for k in stats} for s in (state, ref_state))
+        got, want = ({k: s.buffers[k] for k in stats} for s in (state, ref_state))
         start = {k: buffers[k] for k in stats}
         assert rel(tree.sub(got, start), tree.sub(want, start)) < TOL * u
-        assert torch.equal(state["buffers"]["1.num_batches_tracked"], torch.tensor(1))
+        assert torch.equal(state.buffers["1.num_batches_tracked"], torch.tensor(1))
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -140,14 +140,14 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(name):
     state = step.init(params, buffers)
     params, state, _ = step(params, state, batch(seed=1))  # a taken step: adam state is non-zero
     new, new_state, m = step(params, state, overflowing_batch())
-    assert int(m["skipped"]) == 1 and int(new_state["skipped"]) == 1
+    assert int(m["skipped"]) == 1 and int(new_state.skipped) == 1
     assert all(torch.equal(new[k], params[k]) for k in params)
     for part in ("buffers", "opt"):
-        flat_old, flat_new = _leaves(state[part]), _leaves(new_state[part])
+        flat_old, flat_new = _leaves(getattr(state, part)), _leaves(getattr(new_state, part))
         assert all(torch.equal(a, b) for a, b in zip(flat_old, flat_new, strict=True))
-    assert float(state["loss_scale"]["scale"]) == 1024.0
-    assert float(new_state["loss_scale"]["scale"]) == 512.0 == float(m["loss_scale"])
-    assert int(new_state["loss_scale"]["growth_tracker"]) == 0
+    assert float(state.loss.scale) == 1024.0
+    assert float(new_state.loss.scale) == 512.0 == float(m["loss_scale"])
+    assert int(new_state.loss.growth_tracker) == 0
 
 
 def _leaves(d):
@@ -168,7 +168,7 @@ def test_fp16_scale_backs_off_from_a_scale_that_overflows_the_backward_pass():
     first_taken = skipped.index(0)
     assert 0 < first_taken < 39 and not any(skipped[first_taken:])
     assert scales[:first_taken] == [2.0 ** (39 - i) for i in range(first_taken)]
-    assert int(state["skipped"]) == first_taken
+    assert int(state.skipped) == first_taken
 
 
 def test_fp16_scale_grows_after_growth_interval_taken_steps():
@@ -186,13 +186,13 @@ def test_fp16_scale_grows_after_growth_interval_taken_steps():
 def test_update_scale_matches_torch_amp_update_scale():
     g = torch.Generator().manual_seed(0)
     found = torch.rand(60, generator=g) < 0.2
-    ours = {"scale": torch.tensor(2.0**10), "growth_tracker": torch.tensor(0, dtype=torch.int32)}
+    ours = LossScale(torch.tensor(2.0**10), torch.tensor(0, dtype=torch.int32))
     scale, tracker = torch.tensor([2.0**10]), torch.zeros(1, dtype=torch.int32)
     for inf in found:
         ours = update_scale(ours, ~inf, 2.0, 0.5, 4)
         torch._amp_update_scale_(scale, tracker, inf.float().reshape(1), 2.0, 0.5, 4)
-        assert float(ours["scale"]) == float(scale) and int(ours["growth_tracker"]) == int(tracker)
-    assert ours["scale"].dtype == torch.float32 and ours["growth_tracker"].dtype == torch.int32
+        assert float(ours.scale) == float(scale) and int(ours.growth_tracker) == int(tracker)
+    assert ours.scale.dtype == torch.float32 and ours.growth_tracker.dtype == torch.int32
 
 
 def test_fp16_needs_skip_and_validates_its_arguments():

@@ -27,7 +27,7 @@ def test_step_is_estimator_then_optimizer():
     assert all(torch.equal(new[k], ref[k]) for k in params)
     for key in ("loss", "grad_norm", "f_norm", "adv_grad_norm", "lr", "rho", "skipped"):
         assert key in metrics and metrics[key].ndim == 0
-    assert int(state["step"]) == 1 and int(metrics["skipped"]) == 0
+    assert int(state.step) == 1 and int(metrics["skipped"]) == 0
 
 
 def test_gam_step_one_call_form_equals_make_step():
@@ -69,7 +69,7 @@ def test_batchnorm_running_stats_come_from_the_clean_pass_only():
         reference.train()
         reference(batch[0])
         for k, v in reference.named_buffers():
-            assert torch.equal(state["buffers"][k], v), (est.name, k)
+            assert torch.equal(state.buffers[k], v), (est.name, k)
         assert all(torch.equal(before[k], buffers[k]) for k in buffers)  # inputs untouched
 
 
@@ -104,13 +104,13 @@ def test_nonfinite_loss_skips_the_step_and_keeps_everything():
     params, state, _ = run(step, params, [batch])
     bad = (batch[0] * float("nan"), batch[1])
     new, new_state, metrics = step(params, state, bad)
-    assert int(metrics["skipped"]) == 1 and int(new_state["skipped"]) == 1
+    assert int(metrics["skipped"]) == 1 and int(new_state.skipped) == 1
     assert all(torch.equal(new[k], params[k]) for k in params)
-    assert torch.equal(new_state["opt"]["step"], state["opt"]["step"])
-    buf, new_buf = state["opt"]["momentum_buffer"], new_state["opt"]["momentum_buffer"]
+    assert torch.equal(new_state.opt.step, state.opt.step)
+    buf, new_buf = state.opt.momentum_buffer, new_state.opt.momentum_buffer
     assert all(torch.equal(buf[k], new_buf[k]) for k in buf)
     new, new_state, metrics = step(new, new_state, batch)
-    assert int(metrics["skipped"]) == 0 and int(new_state["skipped"]) == 1
+    assert int(metrics["skipped"]) == 0 and int(new_state.skipped) == 1
 
 
 def test_nonfinite_raise_mode():
@@ -155,8 +155,8 @@ def test_rho_and_lr_stay_in_proportion_after_skipped_steps():
     state = step.init(params)
     for b in (batch, bad, bad, bad, batch):
         params, state, metrics = step(params, state, b)
-    assert int(state["skipped"]) == 3
-    assert int(state["step"]) == int(state["opt"]["step"]) == 2
+    assert int(state.skipped) == 3
+    assert int(state.step) == int(state.opt.step) == 2
     assert float(metrics["rho"] / metrics["lr"]) == pytest.approx(0.5, rel=1e-12)
 
 
@@ -166,9 +166,9 @@ def test_a_nan_learning_rate_is_skipped_not_written_into_params():
     step = gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=nan_lr), mlp_loss)
     state = step.init(params)
     new, new_state, metrics = step(params, state, batch)
-    assert int(metrics["skipped"]) == 1 and int(new_state["skipped"]) == 1
+    assert int(metrics["skipped"]) == 1 and int(new_state.skipped) == 1
     assert all(torch.equal(new[k], params[k]) for k in params)
-    assert torch.equal(new_state["opt"]["step"], state["opt"]["step"])
+    assert torch.equal(new_state.opt.step, state.opt.step)
 
 
 def test_adamw_with_zero_eps_at_a_zero_gradient_is_skipped():
@@ -180,7 +180,7 @@ def test_adamw_with_zero_eps_at_a_zero_gradient_is_skipped():
     assert int(metrics["skipped"]) == 1
     assert all(torch.equal(new[k], params[k]) for k in params)
     for k in ("exp_avg", "exp_avg_sq"):
-        assert all(torch.isfinite(v).all() for v in new_state["opt"][k].values())
+        assert all(torch.isfinite(v).all() for v in getattr(new_state.opt, k).values())
 
 
 def test_state_is_checked_against_params():
@@ -194,14 +194,104 @@ def test_state_is_checked_against_params():
     fewer = {k: v for k, v in params.items() if k != "b2"}
     with pytest.raises(ValueError, match="b2"):
         step(fewer, step.init(params), batch)
-    state = step.init(params)
-    del state["opt"]
-    with pytest.raises(ValueError, match="opt"):
-        step(params, state, batch)
     with pytest.raises(ValueError, match="params"):
         step.init({})
     with pytest.raises(TypeError, match="loss_fn"):
         gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1), "mse")
+
+
+def test_the_state_is_a_typed_pytree():
+    params, batch = mlp_params(), mlp_batch()
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.adamw(1e-3), mlp_loss)
+    state = step.init(params)
+    assert type(state) is gamfunc.StepState and type(state.opt) is gamfunc.AdamWState
+    assert state._fields == ("step", "opt", "skipped", "buffers", "cycle", "loss")
+    assert (state.buffers, state.cycle, state.loss) == ((), (), ())
+    assert state.opt.exp_avg.keys() == params.keys()
+    _, new_state, _ = step(params, state, batch)
+    assert type(new_state) is gamfunc.StepState and int(new_state.step) == 1
+    # a pytree of tensors only: step, skipped, opt.step, opt.lr and the two moments
+    leaves, spec = torch.utils._pytree.tree_flatten(new_state)
+    assert all(isinstance(v, torch.Tensor) for v in leaves) and len(leaves) == 4 + 2 * len(params)
+    assert torch.utils._pytree.tree_unflatten(leaves, spec)._fields == state._fields
+    buffered = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(0.1), mlp_loss, every=2)
+    state = buffered.init(params, {"m": torch.zeros(2)})
+    assert state.buffers.keys() == {"m"} and state.cycle.device.type == "cpu"
+
+
+def test_a_wrong_state_gets_a_one_line_error_naming_the_field():
+    params, batch = mlp_params(), mlp_batch()
+    step = gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
+    state = step.init(params)
+    with pytest.raises(TypeError, match=r"StepState.*got dict.*no longer dicts"):
+        step(params, dict(state._asdict()), batch)
+    with pytest.raises(TypeError, match=r"state\.opt must be an optimiser's state.*NoneType"):
+        step(params, state._replace(opt=None), batch)
+    with pytest.raises(
+        TypeError, match=r"state\.step must be an int64 tensor; got a torch.float32"
+    ):
+        step(params, state._replace(step=torch.tensor(0.0)), batch)
+    with pytest.raises(TypeError, match=r"state\.skipped must be an int64 tensor; got int"):
+        step(params, state._replace(skipped=0), batch)
+    with pytest.raises(TypeError, match=r"state\.buffers must be a dict"):
+        step(params, state._replace(buffers=[torch.zeros(1)]), batch)
+    with pytest.raises(ValueError, match=r"state\.opt\.momentum_buffer\['w1'\] has shape"):
+        bad = {**state.opt.momentum_buffer, "w1": torch.zeros(2, 2, dtype=torch.float64)}
+        step(params, state._replace(opt=state.opt._replace(momentum_buffer=bad)), batch)
+    every = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss, every=2)
+    with pytest.raises(ValueError, match=r"state\.cycle is \(\), but a step with every=2"):
+        every(params, step.init(params), batch)
+    with pytest.raises(ValueError, match=r"state\.cycle is set, but this step has every=1"):
+        step(params, every.init(params), batch)
+    with pytest.raises(TypeError, match="buffers must be a dict"):
+        step.init(params, [torch.zeros(1)])
+
+
+def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_load(tmp_path):
+    from gamfunc.precision import LossScale, fp16
+    from gamfunc.step import as_dict, from_dict
+
+    params, batch = mlp_params(), mlp_batch()
+    opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
+    step = gamfunc.make_step(gamfunc.sam(0.05), opt, fp16(mlp_loss), every=2)
+    state = step.init(params)
+    for i in range(3):
+        params, state, _ = step(params, state, mlp_batch(seed=i))
+    plain = as_dict(state)
+    assert set(plain) == {"step", "opt", "skipped", "cycle", "loss"}  # no "buffers": ()
+    assert set(plain["opt"]) == {"opt", "transforms"} and set(plain["loss"]) == set(
+        LossScale._fields
+    )
+    torch.save(plain, tmp_path / "state.pt")
+    loaded = torch.load(tmp_path / "state.pt", weights_only=True)
+    restored = from_dict(loaded, like=step.init(params))
+    assert type(restored) is gamfunc.StepState and type(restored.loss) is LossScale
+    (got, got_spec), (want, want_spec) = (
+        torch.utils._pytree.tree_flatten(t) for t in (restored, state)
+    )
+    assert got_spec == want_spec and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    # the restored state steps on exactly as the original
+    p1, s1, _ = step(params, restored, batch)
+    p2, s2, _ = step(params, state, batch)
+    assert all(torch.equal(p1[k], p2[k]) for k in p1) and int(s1.cycle) == int(s2.cycle) == 4
+
+
+def test_from_dict_names_the_field_that_does_not_match():
+    from gamfunc.step import as_dict, from_dict
+
+    params = mlp_params()
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
+    like = step.init(params)
+    plain = as_dict(like)
+    with pytest.raises(ValueError, match=r"state has no entry 'opt', which StepState needs"):
+        from_dict({k: v for k, v in plain.items() if k != "opt"}, like)
+    with pytest.raises(ValueError, match=r"state has entries \['loss_scale'\] that StepState"):
+        from_dict({**plain, "loss_scale": torch.ones(())}, like)
+    wrong = {**plain["opt"]["momentum_buffer"], "w1": torch.zeros(3)}
+    with pytest.raises(ValueError, match=r"state\.opt\.momentum_buffer\['w1'\] has shape \(3,\)"):
+        from_dict({**plain, "opt": {**plain["opt"], "momentum_buffer": wrong}}, like)
+    with pytest.raises(ValueError, match=r"state\.opt must be a dict of the fields of SGDState"):
+        from_dict({**plain, "opt": [1, 2]}, like)
 
 
 def test_make_step_returns_a_step():

@@ -10,7 +10,9 @@ from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 from torch import nn
 
 import gamfunc
+from gamfunc.optim import with_hyper
 from gamfunc.torch_optim import FlatnessOptimizer
+from gamfunc.transforms import ClipState
 
 STEPS = 30
 
@@ -46,7 +48,7 @@ def test_clip_equals_clip_grad_norm(dtype, ratio):
     ours, state = clip.update(d, clip.init(d), d)
     ref, total = torch_clip(d, max_norm)
     assert all(torch.equal(ours[k], ref[k]) for k in d)
-    assert torch.equal(state["norm"], total)
+    assert torch.equal(state.norm, total)
     assert all(ours[k].dtype == dtype for k in d)
     got = math.sqrt(sum(float((v.double() ** 2).sum()) for v in ours.values()))
     assert got == pytest.approx(min(norm, max_norm), rel=1e-5)
@@ -57,10 +59,10 @@ def test_clip_is_pure_and_keeps_the_norm_dtype_from_init():
     before = {k: v.clone() for k, v in d.items()}
     clip = gamfunc.clip_by_global_norm(0.5)
     state = clip.init(d)
-    assert state["norm"].dtype == torch.float64 and float(state["norm"]) == 0.0
+    assert state.norm.dtype == torch.float64 and float(state.norm) == 0.0
     _, new_state = clip.update(d, state, d)
     assert all(torch.equal(d[k], before[k]) for k in d)
-    assert new_state["norm"].dtype == state["norm"].dtype and float(state["norm"]) == 0.0
+    assert new_state.norm.dtype == state.norm.dtype and float(state.norm) == 0.0
 
 
 def test_clip_of_bfloat16_computes_the_norm_in_float32():
@@ -69,9 +71,9 @@ def test_clip_of_bfloat16_computes_the_norm_in_float32():
     state = clip.init(d)
     ours, new_state = clip.update(d, state, d)
     exact = torch.linalg.vector_norm(torch.cat([v.double().reshape(-1) for v in d.values()]))
-    assert state["norm"].dtype == new_state["norm"].dtype == torch.float32
-    assert float(new_state["norm"]) == pytest.approx(float(exact), rel=1e-6)
-    coef = 0.5 / (new_state["norm"] + 1e-6)
+    assert state.norm.dtype == new_state.norm.dtype == torch.float32
+    assert float(new_state.norm) == pytest.approx(float(exact), rel=1e-6)
+    coef = 0.5 / (new_state.norm + 1e-6)
     for k in d:
         assert ours[k].dtype == torch.bfloat16
         assert torch.equal(ours[k], (d[k].float() * coef).to(torch.bfloat16))
@@ -85,8 +87,8 @@ def test_clip_of_mixed_dtypes_uses_the_widest():
     clip = gamfunc.clip_by_global_norm(1.0)
     state = clip.init(d)
     ours, new_state = clip.update(d, state, d)
-    assert state["norm"].dtype == new_state["norm"].dtype == torch.float64
-    assert float(new_state["norm"]) == 5.0
+    assert state.norm.dtype == new_state.norm.dtype == torch.float64
+    assert float(new_state.norm) == 5.0
     assert ours["a"].dtype == torch.float16 and ours["b"].dtype == torch.float64
     assert float(ours["b"]) == pytest.approx(0.8, rel=1e-6)
 
@@ -142,8 +144,8 @@ def test_chained_clip_equals_torch_optim_with_clip_grad_norm(torch_cls, factory,
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(MAX_NORM), factory(**kwargs))
     ours, state = gamfunc_trajectory(opt, params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-12
-    assert int(state["step"]) == STEPS
-    assert float(state["transforms"]["0"]["norm"]) == pytest.approx(norms[-1], rel=1e-12)
+    assert int(state.step) == STEPS
+    assert float(state.transforms[0].norm) == pytest.approx(norms[-1], rel=1e-12)
 
 
 def test_chain_without_transforms_is_the_optimizer():
@@ -151,7 +153,7 @@ def test_chain_without_transforms_is_the_optimizer():
     plain, plain_state = gamfunc_trajectory(gamfunc.adamw(1e-2), params, data)
     chained, state = gamfunc_trajectory(gamfunc.chain(gamfunc.adamw(1e-2)), params, data)
     assert all(torch.equal(plain[k], chained[k]) for k in params)
-    assert state["transforms"] == {} and state.keys() - {"transforms"} == plain_state.keys()
+    assert state.transforms == () and type(state.opt) is type(plain_state)
 
 
 def test_two_clips_in_order_and_nested_chains_flatten():
@@ -166,22 +168,24 @@ def test_two_clips_in_order_and_nested_chains_flatten():
     a, _ = gamfunc_trajectory(flat, params, data)
     b, sb = gamfunc_trajectory(nested, params, data)
     assert all(torch.equal(a[k], b[k]) for k in params)
-    assert list(sb["transforms"]) == ["0", "1"]
+    assert len(sb.transforms) == 2 and type(sb.opt) is gamfunc.SGDState
     # the second clip sees the first one's output: a norm of at most 0.9
-    assert float(sb["transforms"]["1"]["norm"]) <= 0.9 + 1e-12
+    assert float(sb.transforms[1].norm) <= 0.9 + 1e-12
     ref, _ = torch_trajectory(torch.optim.SGD, [(ALL, {"lr": 0.1})], params, data, 0.9, 0.3)
     assert rel_err(flatten(a), flatten(ref)) < 1e-12
 
 
-def test_chain_keeps_the_optimizer_state_keys_and_lr_written_into_state_takes_effect():
+def test_chain_keeps_the_optimizer_state_and_lr_written_into_state_takes_effect():
     params, data = mlp_params(), batches(2)
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
     state = opt.init(params)
-    assert set(state) == {"step", "lr", "momentum_buffer", "transforms"}
-    state["lr"] = torch.tensor(0.0, dtype=torch.float64)
+    assert type(state) is gamfunc.ChainState and type(state.opt) is gamfunc.SGDState
+    assert state.opt.momentum_buffer.keys() == params.keys()
+    assert type(state.transforms[0]) is ClipState
+    state = with_hyper(state, lr=torch.tensor(0.0, dtype=torch.float64))
     new, new_state = opt.update(grads_of(params, data[0]), state, params)
     assert all(torch.equal(new[k], params[k]) for k in params)
-    assert int(new_state["step"]) == 1 and float(new_state["lr"]) == 0.0
+    assert int(new_state.step) == 1 and float(new_state.lr) == 0.0
 
 
 def test_make_step_with_chain_and_mask_equals_torch_optim():
@@ -203,7 +207,7 @@ def test_make_step_with_chain_and_mask_equals_torch_optim():
     for batch in data:
         p, state, metrics = step(p, state, batch)
     assert rel_err(flatten(p), flatten(ref)) < 1e-12
-    assert int(state["opt"]["step"]) == STEPS and float(metrics["lr"]) == kw["lr"]
+    assert int(state.opt.step) == STEPS and float(metrics["lr"]) == kw["lr"]
 
 
 def test_a_skipped_step_keeps_the_transform_state():
@@ -214,9 +218,7 @@ def test_a_skipped_step_keeps_the_transform_state():
     x, y = mlp_batch(seed=2)
     new_p, new_state, metrics = step(p, state, (x * float("nan"), y))
     assert int(metrics["skipped"]) == 1
-    assert torch.equal(
-        new_state["opt"]["transforms"]["0"]["norm"], state["opt"]["transforms"]["0"]["norm"]
-    )
+    assert torch.equal(new_state.opt.transforms[0].norm, state.opt.transforms[0].norm)
     assert all(torch.equal(new_p[k], p[k]) for k in p)
 
 
@@ -232,14 +234,15 @@ def test_torch_optim_facade_takes_a_chain_and_round_trips_its_state():
     for batch in data[:2]:
         opt.step(batch)
     saved = opt.state_dict()
-    assert set(saved["state"]["opt"]["transforms"]["0"]) == {"norm"}
+    assert set(saved["state"]["opt"]["transforms"][0]) == {"norm"}
+    assert set(saved["state"]["opt"]["opt"]) == {"step", "lr", "momentum_buffer"}
     twin = FlatnessOptimizer(
         model, gamfunc.sam(0.05), gamfunc.chain(gamfunc.clip_by_global_norm(0.5), inner)
     )
     twin.load_state_dict(saved)
     restored = twin.state_dict()["state"]["opt"]
     assert torch.equal(
-        restored["transforms"]["0"]["norm"], saved["state"]["opt"]["transforms"]["0"]["norm"]
+        restored["transforms"][0]["norm"], saved["state"]["opt"]["transforms"][0]["norm"]
     )
     opt.param_groups[0]["lr"] = 0.05
     opt.step(data[2])
@@ -346,9 +349,7 @@ def compiled_run(backend, steps=3):
             c_p, c_s, _ = compiled(c_p, c_s, batch)
     for k in params:
         torch.testing.assert_close(c_p[k], e_p[k], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(
-        c_s["opt"]["transforms"]["0"]["norm"], e_s["opt"]["transforms"]["0"]["norm"]
-    )
+    torch.testing.assert_close(c_s.opt.transforms[0].norm, e_s.opt.transforms[0].norm)
 
 
 def test_chain_traces_as_one_graph():

@@ -1,8 +1,8 @@
 """Base optimisers (how to move along a direction) and schedules."""
 
 from gamfunc.optim import schedules
-from gamfunc.optim.adamw import adamw
-from gamfunc.optim.base import Optimizer
-from gamfunc.optim.sgd import sgd
+from gamfunc.optim.adamw import AdamWState, adamw
+from gamfunc.optim.base import Optimizer, with_hyper
+from gamfunc.optim.sgd import SGDState, sgd
 
-__all__ = ["Optimizer", "adamw", "schedules", "sgd"]
+__all__ = ["AdamWState", "Optimizer", "SGDState", "adamw", "schedules", "sgd", "with_hyper"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.optim.base import (
@@ -14,8 +17,25 @@ from gamfunc.optim.base import (
     learning_rate,
     masked_keys,
 )
+from gamfunc.tree import Tree
 
-__all__ = ["adamw"]
+__all__ = ["AdamWState", "adamw"]
+
+
+class AdamWState(NamedTuple):
+    """The state of :func:`adamw`: a pytree of tensors (``torch.compile``, ``torch.func.vmap``).
+
+    Attributes:
+        step: 0-d int64, updates done so far (t − 1 of the next update).
+        lr: 0-d float64, η of the last update (of the next one for a constant lr, which reads it).
+        exp_avg: m, the first moment, a dict name -> tensor (``torch.optim.AdamW``'s names).
+        exp_avg_sq: v, the second moment, a dict name -> tensor.
+    """
+
+    step: Tensor
+    lr: Tensor
+    exp_avg: Tree
+    exp_avg_sq: Tree
 
 
 def adamw(
@@ -47,7 +67,7 @@ def adamw(
             masked-out one with ``weight_decay=0``.
 
     Returns:
-        An Optimizer; its state holds ``step``, ``lr``, ``exp_avg`` and ``exp_avg_sq``.
+        An Optimizer; its state is an :class:`AdamWState`.
 
     References:
         Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019,
@@ -67,10 +87,9 @@ def adamw(
 
     def init(params):
         masked_keys(weight_decay_mask, params, "weight_decay_mask")
-        return hyper_state(params, lr) | {
-            "exp_avg": tree.zeros_like(params),
-            "exp_avg_sq": tree.zeros_like(params),
-        }
+        return AdamWState(
+            *hyper_state(params, lr), tree.zeros_like(params), tree.zeros_like(params)
+        )
 
     def decayed(p, params, factor):
         """θ·(1 − η·λ) on the parameters the mask selects, θ elsewhere (``p`` lists ``params``)."""
@@ -87,7 +106,7 @@ def adamw(
 
     def update(direction, state, params):
         eta = learning_rate(lr, state)
-        step = state["step"] + 1
+        step = state.step + 1
         t = step.to(torch.float64)
         keys = list(params)
         p = [params[k] for k in keys]
@@ -96,19 +115,16 @@ def adamw(
             return _per_tensor(direction, state, params, eta, step, t)
         if weight_decay != 0:
             p = decayed(p, params, 1 - eta * weight_decay)
-        m = torch._foreach_lerp([state["exp_avg"][k] for k in keys], d, 1 - beta1)
-        v = [state["exp_avg_sq"][k] for k in keys]
+        m = torch._foreach_lerp([state.exp_avg[k] for k in keys], d, 1 - beta1)
+        v = [state.exp_avg_sq[k] for k in keys]
         v = torch._foreach_addcmul(torch._foreach_mul(v, beta2), d, d, value=1 - beta2)
         denom = torch._foreach_sqrt(v)
         denom = torch._foreach_div(denom, tree.scalar_like(torch.sqrt(1 - beta2**t), denom))
         r = torch._foreach_div(m, torch._foreach_add(denom, eps))
         p = torch._foreach_sub(p, torch._foreach_mul(r, tree.scalar_like(eta / (1 - beta1**t), r)))
-        new_state = dict(state) | {
-            "step": step,
-            "lr": eta,
-            "exp_avg": dict(zip(keys, m, strict=True)),
-            "exp_avg_sq": dict(zip(keys, v, strict=True)),
-        }
+        new_state = AdamWState(
+            step, eta, dict(zip(keys, m, strict=True)), dict(zip(keys, v, strict=True))
+        )
         return dict(zip(keys, p, strict=True)), new_state
 
     def _per_tensor(direction, state, params, eta, step, t):
@@ -119,11 +135,10 @@ def adamw(
             g = direction[k]
             if weight_decay != 0 and k in chosen:
                 x = x * (1 - eta * weight_decay)
-            m[k] = torch.lerp(state["exp_avg"][k], g, 1 - beta1)
-            v[k] = torch.addcmul(state["exp_avg_sq"][k] * beta2, g, g, value=1 - beta2)
+            m[k] = torch.lerp(state.exp_avg[k], g, 1 - beta1)
+            v[k] = torch.addcmul(state.exp_avg_sq[k] * beta2, g, g, value=1 - beta2)
             denom = torch.sqrt(v[k]) / torch.sqrt(1 - beta2**t) + eps
             new_p[k] = x - (m[k] / denom) * (eta / (1 - beta1**t))
-        new_state = dict(state) | {"step": step, "lr": eta, "exp_avg": m, "exp_avg_sq": v}
-        return new_p, new_state
+        return new_p, AdamWState(step, eta, m, v)
 
     return Optimizer(init, update)

@@ -19,6 +19,7 @@ __all__ = [
     "hyper_state",
     "learning_rate",
     "masked_keys",
+    "with_hyper",
 ]
 
 Mask = Mapping[str, bool] | Callable[[str, Tensor], bool] | None
@@ -28,14 +29,43 @@ Mask = Mapping[str, bool] | Callable[[str, Tensor], bool] | None
 class Optimizer(NamedTuple):
     """``init(params) -> state``; ``update(direction, state, params) -> (new_params, new_state)``.
 
-    ``state`` is a dict holding ``step`` (0-d int64, updates done so far), ``lr`` (0-d float64, the
-    learning rate of the last update, or of the next one for a constant lr) and the optimiser's own
-    buffers. For a constant lr, writing a new 0-d tensor into ``state["lr"]`` changes the learning rate
-    without recompiling a compiled step (this is how ``torch.optim.lr_scheduler`` drives the facade).
+    ``state`` is a NamedTuple of the optimiser's own type (:class:`~gamfunc.optim.sgd.SGDState`,
+    :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`), a pytree of
+    tensors for ``torch.compile`` and ``torch.func.vmap``. Every such state has ``state.step`` (0-d
+    int64, updates done so far) and ``state.lr`` (0-d float64, the learning rate of the last update,
+    or of the next one for a constant lr): fields, or, for a state that wraps another optimiser's in
+    its field ``opt`` (a chain's), properties reading through it. For a constant lr, a state with a
+    new 0-d tensor as its lr (:func:`with_hyper`) changes the learning rate without recompiling a
+    compiled step (this is how ``torch.optim.lr_scheduler`` drives the facade).
     """
 
-    init: Callable[[Tree], dict[str, Any]]
-    update: Callable[[Tree, dict[str, Any], Tree], tuple[Tree, dict[str, Any]]]
+    init: Callable[[Tree], Any]
+    update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
+
+
+def with_hyper(state, **changes: Tensor):
+    """``state`` with its ``step`` or ``lr`` replaced, wherever the optimiser keeps them: in its own
+    fields, or in those of the state it wraps in its field ``opt`` (a chain's).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> opt = gamfunc.sgd(lr=0.1)
+        >>> state = opt.init({"w": torch.zeros(2)})
+        >>> with_hyper(state, lr=torch.tensor(0.2, dtype=torch.float64)).lr
+        tensor(0.2000, dtype=torch.float64)
+    """
+    unknown = sorted(set(changes) - {"step", "lr"})
+    if unknown:
+        raise TypeError(f"with_hyper changes step and lr only; got {unknown}")
+    fields = getattr(state, "_fields", ())
+    if all(k in fields for k in changes):
+        return state._replace(**changes)
+    if "opt" in fields:
+        return state._replace(opt=with_hyper(state.opt, **changes))
+    raise TypeError(
+        f"an optimiser state must be a NamedTuple with fields step and lr (or wrap one in its field "
+        f"opt); got {type(state).__name__}"
+    )
 
 
 def check_lr(lr) -> None:
@@ -49,8 +79,8 @@ def _device(params: Tree) -> torch.device:
     return next(iter(params.values())).device if params else torch.device("cpu")
 
 
-def hyper_state(params: Tree, lr: float | Schedule) -> dict[str, Tensor]:
-    """The ``step`` counter and ``lr`` entries every optimiser state starts with."""
+def hyper_state(params: Tree, lr: float | Schedule) -> tuple[Tensor, Tensor]:
+    """``(step, lr)``: the step counter and learning rate every optimiser state starts with."""
     dev = _device(params)
     step = torch.zeros((), dtype=torch.int64, device=dev)
     lr0 = (
@@ -58,12 +88,12 @@ def hyper_state(params: Tree, lr: float | Schedule) -> dict[str, Tensor]:
         if callable(lr)
         else torch.tensor(float(lr), dtype=torch.float64, device=dev)
     )
-    return {"step": step, "lr": lr0.to(device=dev, dtype=torch.float64)}
+    return step, lr0.to(device=dev, dtype=torch.float64)
 
 
-def learning_rate(lr: float | Schedule, state: dict[str, Any]) -> Tensor:
-    """The lr of this update: the schedule at ``state["step"]``, else ``state["lr"]``."""
-    return scheduled(lr, state["step"]) if callable(lr) else state["lr"]
+def learning_rate(lr: float | Schedule, state) -> Tensor:
+    """The lr of this update: the schedule at ``state.step``, else ``state.lr``."""
+    return scheduled(lr, state.step) if callable(lr) else state.lr
 
 
 def scheduled(schedule: Schedule, step: Tensor) -> Tensor:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.optim.base import (
@@ -14,8 +17,24 @@ from gamfunc.optim.base import (
     learning_rate,
     masked_keys,
 )
+from gamfunc.tree import Tree
 
-__all__ = ["sgd"]
+__all__ = ["SGDState", "sgd"]
+
+
+class SGDState(NamedTuple):
+    """The state of :func:`sgd`: a pytree of tensors (``torch.compile``, ``torch.func.vmap``).
+
+    Attributes:
+        step: 0-d int64, updates done so far (b ← d at step 0).
+        lr: 0-d float64, η of the last update (of the next one for a constant lr, which reads it).
+        momentum_buffer: b, a dict name -> tensor (``torch.optim.SGD``'s name); ``()`` without
+            momentum.
+    """
+
+    step: Tensor
+    lr: Tensor
+    momentum_buffer: Tree | tuple = ()
 
 
 def sgd(
@@ -49,8 +68,7 @@ def sgd(
             masked-out one with ``weight_decay=0``.
 
     Returns:
-        An :class:`~gamfunc.optim.base.Optimizer`; its state holds ``step``, ``lr`` and
-        ``momentum_buffer``.
+        An :class:`~gamfunc.optim.base.Optimizer`; its state is an :class:`SGDState`.
 
     Example:
         >>> import torch, gamfunc
@@ -86,26 +104,21 @@ def sgd(
 
     def init(params):
         masked_keys(weight_decay_mask, params, "weight_decay_mask")
-        state = hyper_state(params, lr)
-        if momentum != 0:
-            state["momentum_buffer"] = tree.zeros_like(params)
-        return state
+        step, lr0 = hyper_state(params, lr)
+        return SGDState(step, lr0, tree.zeros_like(params) if momentum != 0 else ())
 
     def update(direction, state, params):
         eta = learning_rate(lr, state)
         d = direction if weight_decay == 0 else decayed(direction, params)
-        new_state = dict(state)
+        buf = state.momentum_buffer
         if momentum != 0:
             # b ← d on the first step, without a Python branch on the step count: the factors of b and d
             # are (0, 1) at step 0 and (μ, 1 − τ) after, from a 0/1 tensor (exact in float64).
-            later = (state["step"] != 0).to(torch.float64)
+            later = (state.step != 0).to(torch.float64)
             taken = d if dampening == 0 else tree.scale(d, torch.rsub(later, 1.0, alpha=dampening))
-            buf = tree.axpy(later * momentum, state["momentum_buffer"], taken)
+            buf = tree.axpy(later * momentum, buf, taken)
             d = tree.axpy(momentum, buf, d) if nesterov else buf
-            new_state["momentum_buffer"] = buf
         new_params = tree.sub(params, tree.scale(d, eta))
-        new_state["step"] = state["step"] + 1
-        new_state["lr"] = eta
-        return new_params, new_state
+        return new_params, SGDState(state.step + 1, eta, buf)
 
     return Optimizer(init, update)
