@@ -37,6 +37,7 @@ import datetime
 import fnmatch
 import platform
 import statistics
+import subprocess
 import sys
 import time
 import traceback
@@ -194,6 +195,27 @@ def measure(cfg: Config, procs: launch.Processes, steps: int, warmup: int) -> di
     }
 
 
+def _commit() -> str | None:
+    """The checkout's commit, with ``+dirty`` when tracked files differ from it (None outside git)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
 def _baseline_key(cfg: Config) -> tuple:
     """Rows that share this key (the same network, batch and base optimiser) share one
     gradient-step baseline."""
@@ -320,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "device_type": device.type,
         "torch": torch.__version__,
+        "commit": _commit(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "flags": {
             k: getattr(args, k)

@@ -52,7 +52,16 @@ def digits_result(tmp_path_factory):
 
 def test_digits_rows_carry_every_field_and_the_hours_follow_from_images_per_s(digits_result):
     res = digits_result
-    assert {"device", "device_type", "torch", "date", "flags", "rows", "wall_s"} <= res.keys()
+    assert {
+        "device",
+        "device_type",
+        "torch",
+        "commit",
+        "date",
+        "flags",
+        "rows",
+        "wall_s",
+    } <= res.keys()
     assert res["device_type"] == "cpu"
     assert res["flags"] | {"steps": 2, "compile": False, "bf16": False} == res["flags"]
     rows = {r["estimator"]: r for r in res["rows"]}
