@@ -8,11 +8,11 @@ or compiled (``step.compile``: the whole step or ``scope="pass"``), beside two e
 optimiser (``benchmarks/stepcost/authors_gam.py``). The code is in ``benchmarks/stepcost/``, one
 module per job; benchmarks/README.md says what every row and column means.
 
-Commands, with their wall times on one H100: benchmarks/README.md ("Running it"), e.g. ResNet-50 and
-ViT-S/32 in fp32 with CUDA graphs per pass, about 8–9 minutes::
+Commands, with their wall times on one H100: benchmarks/README.md ("Running it"), e.g. ResNet-50 in
+fp32 and bf16 channels-last with CUDA graphs per pass, about 7–9 minutes::
 
-    python benchmarks/step_cost.py --model resnet50,vit_s32 --dtype fp32 \
-        --modes pass-reduce-overhead --compile-jobs 7 --compile-timeout 270 --out $OUT/fp32.json \
+    python benchmarks/step_cost.py --model resnet50 --dtype fp32,bf16-cl \
+        --modes pass-reduce-overhead --compile-jobs 14 --compile-timeout 360 --out $OUT/r50.json \
         --only torch_sgd,grad_eval,gradient,gam_exact,gam_fd,gam_accelerated,authors_gam,gam_every10,gam_every20
 
 CPU smoke run (seconds, no timing claims): ``python benchmarks/step_cost.py --tiny``.

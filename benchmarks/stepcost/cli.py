@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 
 import gamfunc
-from benchmarks.stepcost.group import run_group
+from benchmarks.stepcost.group import compile_jobs, run_group
 from benchmarks.stepcost.methods import BASELINE, METHODS, every_ok
-from benchmarks.stepcost.models import MODELS, split_precision
-from benchmarks.stepcost.pool import run_cache_dir
+from benchmarks.stepcost.models import MODELS, build_model, exact_hvp_skip, split_precision
+from benchmarks.stepcost.pool import Precompiler, run_cache_dir
 from benchmarks.stepcost.report import metadata, table, vs_fp32
 from benchmarks.stepcost.timing import release
 
@@ -122,6 +122,13 @@ def parse(argv=None):
     p.add_argument("--compile-jobs", type=int, default=0, help="parallel pre-compile workers")
     p.add_argument("--compile-timeout", type=float, default=360.0, help="seconds per worker")
     p.add_argument(
+        "--compile-threads",
+        type=int,
+        default=None,
+        help="inductor compile threads per worker (default: 4 x cores / --compile-jobs, at most "
+        "the cores)",
+    )
+    p.add_argument(
         "--recompile-limit", type=int, default=64, help="torch._dynamo.config.recompile_limit"
     )
     p.add_argument(
@@ -187,6 +194,13 @@ def _precision_ok(token: str) -> bool:
     return True
 
 
+def planned_exact_skip(model_name: str, token: str) -> str | None:
+    """:func:`.models.exact_hvp_skip` of a model built on the meta device (no memory, no time)."""
+    with torch.device("meta"):
+        model, _ = build_model(model_name)
+    return exact_hvp_skip(model, split_precision(token)[0])
+
+
 def main(argv=None) -> dict:
     """Run the groups (every model × precision), write the JSON after each, print the table."""
     a = parse(argv)
@@ -201,11 +215,17 @@ def main(argv=None) -> dict:
         torch._dynamo.config.recompile_limit, a.recompile_limit
     )
     meta = metadata(a, device)
-    dirs = (None, None)
+    pool = None
     if a.compile_jobs > 0 and not a.compile_only:  # workers' logs and caches; a fresh cache here
         root = Path(tempfile.mkdtemp(prefix="step_cost_"))
-        dirs = (root, run_cache_dir(root))
-        meta["inductor_cache_dir"] = str(dirs[1])
+        meta["inductor_cache_dir"] = str(run_cache_dir(root))
+        jobs = [
+            job
+            for model_name in a.model
+            for token in a.dtype
+            for job in compile_jobs(model_name, token, a, planned_exact_skip(model_name, token))
+        ]
+        pool = Precompiler(a, jobs, root, Path(meta["inductor_cache_dir"]))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -216,12 +236,16 @@ def main(argv=None) -> dict:
             text = json.dumps({**result, "rows": rows + list(partial)}, indent=1, default=repr)
             Path(a.out).write_text(text)
 
-    for model_name in a.model:
-        for token in a.dtype:
-            rows += run_group(model_name, token, a, device, meta, save, dirs)
-            release(device)
-            vs_fp32(rows)
-            save()
+    try:
+        for model_name in a.model:
+            for token in a.dtype:
+                rows += run_group(model_name, token, a, device, meta, save, pool)
+                release(device)
+                vs_fp32(rows)
+                save()
+    finally:
+        if pool is not None:
+            pool.close()
     if not a.compile_only:
         header = f"{meta['device_name']}, torch {meta['torch']}, {meta['date']}"
         if a.inductor_options:

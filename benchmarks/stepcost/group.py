@@ -9,33 +9,49 @@ import torch
 
 from benchmarks.stepcost.methods import BASELINE, EAGER_ROWS, build_methods, method_names
 from benchmarks.stepcost.models import prepare
-from benchmarks.stepcost.pool import Precompiler
 from benchmarks.stepcost.profiling import profile_steps, profile_summary
 from benchmarks.stepcost.report import ratios
 from benchmarks.stepcost.runners import runner_factory
 from benchmarks.stepcost.timing import interleaved, log, setup
 
 
-def plan(a) -> list[tuple[str, str]]:
+def plan(a, exact_skipped: bool = False) -> list[tuple[str, str]]:
     """(method, mode) of every row: the eager ``nn.Module`` rows once (``torch_sgd`` always,
-    ``authors_gam`` if selected), then every selected functional method in every mode."""
+    ``authors_gam`` if selected), then every selected functional method in every mode. Where
+    ``gam_exact`` cannot run (``exact_skipped``), ``gam_reverse`` joins it, the exact H·v by the
+    other route (as ``reproduce.build.exact_hvp_backend`` chooses)."""
     names = method_names(a.only)
+    if exact_skipped and "gam_exact" in names and "gam_reverse" not in names:
+        names.insert(names.index("gam_exact") + 1, "gam_reverse")
     rows = (
         [] if a.compile_only else [(m, "eager") for m in EAGER_ROWS if m == BASELINE or m in names]
     )
     return rows + [(m, mode) for mode in a.modes for m in names if m not in EAGER_ROWS]
 
 
-def run_group(model_name, token, a, device, meta, save=None, dirs=(None, None)) -> list[dict]:
+def compile_jobs(model_name, token, a, exact_skip) -> list[tuple[str, str, str, str]]:
+    """The pre-compile jobs (model, precision, mode, method) of one group: its compiled rows but
+    those that cannot run (``exact_skip``: exact H·v under bf16 autocast, see
+    :func:`.models.exact_hvp_skip`)."""
+    methods = build_methods(a, a.only)
+    return [
+        (model_name, token, mode, m)
+        for m, mode in plan(a, exact_skipped=exact_skip is not None)
+        if mode != "eager" and not (exact_skip and methods[m].hvp == "exact")
+    ]
+
+
+def run_group(model_name, token, a, device, meta, save=None, pool=None) -> list[dict]:
     """Set up, then time (interleaved), the rows of :func:`plan` for ``model_name`` in the precision
     ``token`` (``fp32``, ``bf16-cl``, ...). ``save(rows)`` is called with the planned rows, then once
-    all are set up, before the timing. ``dirs``: the run's temporary folder and the inductor cache
-    the workers fill (:mod:`.pool`)."""
+    all are set up, before the timing. ``pool``: the run's :class:`.pool.Precompiler`, already
+    compiling this group's :func:`compile_jobs`, or None to compile here; the timing waits until
+    all its workers, of every group, have finished."""
     g = prepare(model_name, token, a, device)
     meta["model_source"][model_name] = g.source
     batch_bytes = sum(t.numel() * t.element_size() for t in g.batch)
     methods = build_methods(a, a.only)
-    entries = plan(a)
+    entries = plan(a, exact_skipped=g.exact_skip is not None)
     rows = {}
     for method, mode in entries:
         m = methods.get(method)
@@ -84,21 +100,18 @@ def run_group(model_name, token, a, device, meta, save=None, dirs=(None, None)) 
                 torch.cuda.empty_cache()
 
     compiled = [p for p in entries if p[1] != "eager" and not rows[p]["error"]]
-    use_pool = a.compile_jobs > 0 and not a.compile_only
-    jobs = [(model_name, token, mode, m) for m, mode in compiled] if use_pool else []
-    pool = Precompiler(a, jobs, *dirs)
-    try:
-        for method, mode in entries:  # eager ones first, while the workers compile the others
-            if mode == "eager" or rows[(method, mode)]["error"]:
-                set_up(method, mode)
-        if use_pool:  # each compiled step as soon as its worker has filled the caches
-            for (_, _, mode, method), pre in pool.completed():
-                set_up(method, mode, pre)
-        else:
-            for method, mode in compiled:
-                set_up(method, mode)
-    finally:
-        pool.close()  # no worker may run while steps are timed
+    for method, mode in entries:  # eager ones first, while the workers compile the others
+        if mode == "eager" or rows[(method, mode)]["error"]:
+            set_up(method, mode)
+    if pool is not None:  # each compiled step as soon as its worker has filled the caches
+        for (_, _, mode, method), pre in pool.completed(
+            compile_jobs(model_name, token, a, g.exact_skip)
+        ):
+            set_up(method, mode, pre)
+        pool.wait()  # no worker may run while steps are timed
+    else:
+        for method, mode in compiled:
+            set_up(method, mode)
     if save is not None:
         save(list(rows.values()))
     if not a.compile_only:

@@ -3,7 +3,7 @@
 Models come from ``reproduce.models.build_model`` (the networks of the reproduce presets), with a
 torchvision fallback where ``reproduce`` cannot be imported; the JSON says which. A precision is
 ``fp32`` or ``bf16``, with ``-cl`` for channels-last (``bf16-cl``); channels-last applies to the
-convolutional networks only (ViT-S/32's one convolution is its patch embedding), and every row says
+convolutional networks only (``reproduce``'s ViT-S/32 embeds its patches linearly), and every row says
 whether it ran channels-last.
 """
 
@@ -124,7 +124,7 @@ def exact_hvp_skip(model: nn.Module, dtype: str) -> str | None:
         return None
     return (
         "skipped: forward-mode AD through BatchNorm or convolutions fails under bf16 autocast "
-        "(gamfunc.precision); gam_reverse is the exact H·v here"
+        "(gamfunc.precision); gam_reverse, the exact H·v by reverse mode, runs in its place"
     )
 
 

@@ -61,16 +61,28 @@ def merge_cache(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=_copy_new, dirs_exist_ok=True)
 
 
+def compile_threads(jobs: int) -> int:
+    """Inductor's compile threads per worker (``TORCHINDUCTOR_COMPILE_THREADS``): four times a fair
+    share of the cores, at most all of them. Most workers finish well before the slowest (exact
+    GAM's jvp of the gradient: hundreds of Triton kernels), which then compiles its kernels on the
+    cores the others left. With a fair share (2 threads each), exact GAM's cold compile on ResNet-18
+    took 127 s beside two other workers, where it had taken 70 s alone (RESULTS.md)."""
+    cpus = os.cpu_count() or 2
+    return min(cpus, max(2, 4 * cpus // max(1, jobs)))
+
+
 class Precompiler:
-    """Compiles steps once in parallel worker processes. A worker still running after
-    ``--compile-timeout`` seconds is ended, with its compile subprocesses.
+    """Compiles steps once in parallel worker processes, at most ``--compile-jobs`` at a time, in the
+    order given: the jobs of every model and precision of the run start together, so that the
+    slowest compiles of all groups overlap. A worker still running after ``--compile-timeout``
+    seconds is ended, with its compile subprocesses.
 
     A job is (model, precision, mode, method); its result ``{"compile_s": cold compile seconds,
     "error": ...}``. ``close()`` ends whatever still runs."""
 
     def __init__(self, a, jobs, root: Path | None = None, cache: Path | None = None):
         self.a, self.pending, self.running, self.results = a, list(jobs), {}, {}
-        threads = max(2, (os.cpu_count() or 2) // max(1, a.compile_jobs))
+        threads = a.compile_threads or compile_threads(a.compile_jobs)
         self.env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
         self.env.pop("TRITON_CACHE_DIR", None)
         self.tmp = Path(tempfile.mkdtemp(prefix="workers_", dir=root)) if jobs else None
@@ -130,16 +142,29 @@ class Precompiler:
             )
             self.running[job] = (proc, time.perf_counter(), out, logf)
 
-    def completed(self):
-        """Yield ``(job, result)`` as the workers finish, in the order they finish."""
-        seen = set()
-        while self.pending or self.running or len(seen) < len(self.results):
-            for job in [j for j in self.results if j not in seen]:
-                seen.add(job)
+    def completed(self, jobs):
+        """Yield ``(job, result)`` for each of ``jobs`` as its worker finishes, in that order,
+        while the workers of other jobs go on."""
+        left = list(jobs)
+        lost = [j for j in left if j not in self.results and not self._queued(j)]
+        if lost:
+            raise ValueError(f"never submitted: {lost}")
+        while left:
+            for job in [j for j in left if j in self.results]:
+                left.remove(job)
                 yield job, self.results[job]
-            if self.pending or self.running:
+            if left:
                 time.sleep(0.5)
                 self.poll()
+
+    def wait(self):
+        """Return once every worker has finished (or been ended at ``--compile-timeout``)."""
+        while self.pending or self.running:
+            time.sleep(0.5)
+            self.poll()
+
+    def _queued(self, job) -> bool:
+        return job in self.running or job in self.pending
 
     def close(self):
         for proc, _, _, logf in self.running.values():

@@ -16,6 +16,7 @@ import gamfunc
 from benchmarks.stepcost.authors_gam import AuthorsGAM
 from benchmarks.stepcost.methods import ACCELERATED, AUTHORS, BASELINE, rho_at
 from gamfunc.loss import gradient_pass
+from gamfunc.optim.base import with_hyper
 
 
 def autocast(device: torch.device, dtype: str):
@@ -123,15 +124,8 @@ class Functional:
 
     def set_lr(self, lr):
         # A new 0-d tensor for a constant lr: how a scheduler drives the step without recompiling.
-        if isinstance(self.state, dict):  # gamfunc's step state as a dict: state["opt"]["lr"]
-            opt = self.state["opt"]
-            new = torch.tensor(lr, dtype=opt["lr"].dtype, device=opt["lr"].device)
-            self.state = {**self.state, "opt": {**opt, "lr": new}}
-            return
-        from gamfunc.optim.base import with_hyper  # gamfunc.StepState: state.opt.lr
-
-        device = next(iter(self.params.values())).device
-        new = torch.tensor(lr, dtype=torch.float64, device=device)
+        old = self.state.opt.lr
+        new = torch.tensor(lr, dtype=old.dtype, device=old.device)
         self.state = self.state._replace(opt=with_hyper(self.state.opt, lr=new))
 
 
