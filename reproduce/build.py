@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -222,7 +222,7 @@ class Training(NamedTuple):
     loss_fn: Callable  # the loss of this process's examples (evaluation, flatness)
     step: gamfunc.Step
     params: dict[str, Tensor]
-    state: dict[str, Any]
+    state: gamfunc.StepState
     steps_per_epoch: int
     notes: list[str]  # what was chosen for this run that a reader should know (one line each)
 

@@ -21,11 +21,14 @@ __all__ = ["Scores", "evaluate", "flatness", "inputs", "to"]
 
 
 def to(obj, device):
-    """Every tensor in a nested dict/list moved to ``device`` (to the CPU synchronously)."""
+    """Every tensor in a nested dict/list/tuple moved to ``device`` (to the CPU synchronously); a
+    NamedTuple (a :class:`gamfunc.StepState` and the states in it) keeps its type."""
     if isinstance(obj, Tensor):
         return obj.to(device, non_blocking=torch.device(device).type != "cpu")
     if isinstance(obj, dict):
         return {k: to(v, device) for k, v in obj.items()}
+    if isinstance(obj, tuple) and hasattr(type(obj), "_fields"):
+        return type(obj)(*(to(v, device) for v in obj))
     if isinstance(obj, list | tuple):
         return type(obj)(to(v, device) for v in obj)
     return obj

@@ -116,8 +116,8 @@ def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
             steps += 1
         seconds += time.perf_counter() - clock
         if on_epoch is not None:
-            on_epoch(epoch, params, state["buffers"], t.loss_fn)
-    buffers = state["buffers"]
+            on_epoch(epoch, params, state.buffers, t.loss_fn)
+    buffers = state.buffers
 
     def acc(examples):
         if examples is None:
@@ -137,7 +137,7 @@ def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
         gap=train_acc - test_acc,
         seconds=seconds,
         step_ms=1000 * seconds / max(steps, 1),
-        skipped=int(state["skipped"]),
+        skipped=int(state.skipped),
     )
 
 

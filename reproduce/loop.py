@@ -27,7 +27,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
+from gamfunc.step import as_dict as plain
+from gamfunc.step import from_dict
 from reproduce import checkpoint as ckpt
 from reproduce import data as data_mod
 from reproduce import gpu_data, report
@@ -98,23 +101,29 @@ class StopFlag:
 
 
 def like(loaded, template, where: str = "state"):
-    """``loaded`` with each tensor on the device and in the memory layout (strides) of its counterpart
-    in ``template`` (same structure): a checkpoint resumes in the layout of the resuming run, whether
-    or not the run that wrote it used ``channels_last``. The values are copied bit for bit."""
-    if isinstance(template, Tensor):
-        if not isinstance(loaded, Tensor) or loaded.shape != template.shape:
-            raise ckpt.CheckpointError(
-                f"checkpoint {where} does not match the model: shape differs"
-            )
-        t = loaded.to(template.device)
-        if t.stride() != template.stride():
-            t = torch.empty_like(template, dtype=t.dtype).copy_(t)
-        return t
-    if isinstance(template, dict):
-        if not isinstance(loaded, dict) or loaded.keys() != template.keys():
-            raise ckpt.CheckpointError(f"checkpoint {where} does not match the model: keys differ")
-        return {k: like(loaded[k], v, f"{where}.{k}") for k, v in template.items()}
-    return loaded
+    """``loaded`` (plain dicts, as a checkpoint holds them: :func:`gamfunc.step.as_dict`) with the
+    structure of ``template`` (a dict of tensors, or a fresh :class:`gamfunc.StepState`) and each
+    tensor on the device and in the memory layout (strides) of its counterpart there: a checkpoint
+    resumes in the layout of the resuming run, whether or not the run that wrote it used
+    ``channels_last``. The values are copied bit for bit.
+
+    Raises:
+        CheckpointError: names or shapes differ (the message names the entry).
+    """
+    try:
+        loaded = from_dict(loaded, template, where)
+    except ValueError as e:
+        raise ckpt.CheckpointError(f"checkpoint does not match the model: {e}") from None
+    return pytree.tree_map(_placed, loaded, template)
+
+
+def _placed(loaded, template):
+    if not isinstance(template, Tensor):
+        return loaded
+    t = loaded.to(template.device)
+    if t.stride() != template.stride():
+        t = torch.empty_like(template, dtype=t.dtype).copy_(t)
+    return t
 
 
 def with_total_steps(cfg: Config, n_train: int) -> Config:
@@ -270,7 +279,7 @@ def _accumulate(accum: dict[str, Tensor], metrics: dict[str, Tensor], state: dic
         else torch.ones((), dtype=torch.bool)
     )
     accum["loss"] += torch.where(ok, loss.double() * n, 0.0)
-    accum["correct"] += torch.where(ok, state["buffers"][CORRECT], 0)
+    accum["correct"] += torch.where(ok, state.buffers[CORRECT], 0)
     accum["seen"] += ok.to(torch.int64) * n
     accum["skipped"] += (~ok).to(torch.int64)
 
@@ -395,7 +404,7 @@ def _train(r: _Run, data, saved) -> dict:
             {
                 "config": as_dict(cfg),
                 "params": to(params, "cpu"),
-                "state": to(state, "cpu"),
+                "state": plain(to(state, "cpu")),
                 "accum": to(sums, "cpu"),
                 "position": dict(pos),
                 "data_order": order,
@@ -527,7 +536,7 @@ def _train(r: _Run, data, saved) -> dict:
                         {
                             "config": as_dict(cfg),
                             "params": to(params, "cpu"),
-                            "state": to(state, "cpu"),
+                            "state": plain(to(state, "cpu")),
                             "best": best,
                         },
                     )
@@ -560,7 +569,7 @@ def _train(r: _Run, data, saved) -> dict:
         "status": status,
         "epochs_done": pos["epoch"],
         "steps": pos["global_step"],
-        "skipped_steps": int(state["skipped"]),
+        "skipped_steps": int(state.skipped),
         "train_seconds": round(pos["train_seconds"], 2),
         # steady state: the first logging interval of every (re)start (compilation) is left out
         "images_per_s": round(rate, 1),
@@ -663,7 +672,7 @@ def _end_of_epoch(
         "train_acc": 100.0 * int(sums["correct"]) / seen if seen else None,
         "skipped_steps": skipped,
     }
-    buffers = state["buffers"]
+    buffers = state.buffers
     last = epoch + 1 == cfg.epochs
     if (epoch + 1) % cfg.eval_every == 0 or last:
         splits = {
@@ -694,7 +703,7 @@ def _final_metrics(
 
     cfg, step = r.cfg, pos["global_step"]
     out: dict[str, Any] = dict(last) if last is not None else {"step": step}
-    buffers = state["buffers"]
+    buffers = state.buffers
     splits = {
         "train_eval": data.probe if data.probe.tensors() is not None or cfg.eval_train else None
     }

@@ -100,7 +100,7 @@ def log_step(tblog, writer, metrics, state, step: int, images_per_s: float) -> N
     for prefix, keys in groups.items():
         tblog.scalars(writer, {k: metrics[k] for k in keys if k in metrics}, step, prefix)
     tblog.scalars(writer, {"images_per_s": images_per_s}, step, "perf/")
-    tblog.scalars(writer, {"skipped_total": state["skipped"]}, step, "train/")
+    tblog.scalars(writer, {"skipped_total": state.skipped}, step, "train/")
 
 
 def tag(key: str) -> str:

@@ -68,14 +68,14 @@ def test_reproduce_flatness_batches_give_the_one_batch_metrics(monkeypatch):
     data = D.load(cfg)
     t = setup(cfg, "sgd", data, torch.device("cpu"))
     probe = D.stack(data.probe, torch.arange(200))
-    one, _ = flatness(cfg, t.loss_fn, t.params, t.state["buffers"], probe, "cpu")
+    one, _ = flatness(cfg, t.loss_fn, t.params, t.state.buffers, probe, "cpu")
     cfg_k = resolve([*base, "--flatness_batch=64"])
     import gamfunc.accumulate
 
     made = []
     real = gamfunc.accumulate.accumulate
     monkeypatch.setattr(gamfunc.accumulate, "accumulate", lambda f, k: made.append(k) or real(f, k))
-    many, _ = flatness(cfg_k, t.loss_fn, t.params, t.state["buffers"], probe, "cpu")
+    many, _ = flatness(cfg_k, t.loss_fn, t.params, t.state.buffers, probe, "cpu")
     assert made == [4]  # 200 examples in batches of at most 64
     assert one.keys() == many.keys() == {"lambda_max", "trace", "r1"}
     for key in one:

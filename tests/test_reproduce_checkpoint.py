@@ -117,3 +117,39 @@ def test_rng_state_round_trip():
     torch.rand(5)
     ckpt.set_rng_state(state)
     assert torch.equal(torch.rand(3), a)
+
+
+def test_a_typed_step_state_round_trips_through_a_checkpoint(tmp_path):
+    """The loop saves ``as_dict(to(state, "cpu"))`` and resumes with ``like(saved, fresh state)``:
+    the same StepState (types, fields, bits) comes back, and a foreign one is refused by name."""
+    import gamfunc
+    from gamfunc.precision import LossScale, fp16
+    from gamfunc.step import as_dict
+    from reproduce.evaluation import to
+    from reproduce.loop import like
+
+    loss_fn = fp16(lambda p, b, buffers: (((b[0] @ p["w"] - b[1]) ** 2).mean(), buffers))
+    opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.adamw(1e-2))
+    step = gamfunc.make_step(gamfunc.sam(0.05), opt, loss_fn, every=2)
+    params = {"w": torch.zeros(3)}
+    state = step.init(params, {"m": torch.ones(2)})
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        batch = (torch.randn(8, 3, generator=g), torch.randn(8, generator=g))
+        params, state, _ = step(params, state, batch)
+    saved = to(state, "cpu")
+    assert type(saved) is gamfunc.StepState and type(saved.loss) is LossScale
+    ckpt.save(tmp_path / "c.pt", {"state": as_dict(saved)})
+    assert "StepState" not in repr(torch.load(tmp_path / "c.pt", weights_only=True))
+    restored = like(ckpt.load(tmp_path / "c.pt")["state"], step.init(params, {"m": torch.ones(2)}))
+    assert type(restored) is gamfunc.StepState and type(restored.opt) is gamfunc.ChainState
+    (got, got_spec), (want, want_spec) = (
+        torch.utils._pytree.tree_flatten(s) for s in (restored, state)
+    )
+    assert got_spec == want_spec
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    other = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(0.1), loss_fn, every=2)
+    with pytest.raises(
+        ckpt.CheckpointError, match=r"state\.opt has entries \['opt', 'transforms'\]"
+    ):
+        like(ckpt.load(tmp_path / "c.pt")["state"], other.init(params, {"m": torch.ones(2)}))

@@ -13,6 +13,7 @@ import torch
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # reproduce/ lives at the repository root
+import gamfunc
 from reproduce import data as D
 from reproduce import train
 from reproduce.config import PRESETS, resolve
@@ -45,9 +46,10 @@ def test_preset_model_takes_a_step(model, preset):
             warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
             params, state, metrics = t.step(t.params, t.state, batch)
         assert torch.isfinite(metrics["loss"]) and int(metrics["skipped"]) == 0
-        assert int(state["step"]) == 1 and int(state["opt"]["step"]) == 1
+        assert int(state.step) == 1 and int(state.opt.step) == 1
         assert any(not torch.equal(params[k], t.params[k]) for k in params)
         moved = {"adamw": "exp_avg", "sgd": "momentum_buffer"}[cfg.base]
-        assert moved in state["opt"]
+        opt = state.opt.opt if isinstance(state.opt, gamfunc.ChainState) else state.opt
+        assert moved in opt._fields
         if "gam" in name:
             assert "f_norm" in metrics and torch.isfinite(metrics["adv_grad_norm"])
