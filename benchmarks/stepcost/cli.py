@@ -215,6 +215,8 @@ def main(argv=None) -> dict:
         torch._dynamo.config.recompile_limit, a.recompile_limit
     )
     meta = metadata(a, device)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     pool = None
     if a.compile_jobs > 0 and not a.compile_only:  # workers' logs and caches; a fresh cache here
         root = Path(tempfile.mkdtemp(prefix="step_cost_"))
@@ -226,8 +228,6 @@ def main(argv=None) -> dict:
             for job in compile_jobs(model_name, token, a, planned_exact_skip(model_name, token))
         ]
         pool = Precompiler(a, jobs, root, Path(meta["inductor_cache_dir"]))
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     rows = []
     result = {"meta": meta, "rows": rows}
 
