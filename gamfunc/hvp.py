@@ -78,7 +78,7 @@ def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None)
     if not isinstance(v, dict):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        v = v(clean.grad)
+        v, clean = _vector(v, clean)
     with math_attention():
         g, hv, (loss, aux) = _jvp_of_grad(loss_fn, params, batch, v)
     # The jvp's primal is ∇L(θ) again; a clean pass we already hold is kept, so that what is built
@@ -115,10 +115,9 @@ def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = Non
     del clean  # the vjp's forward pass yields ∇L(θ) anyway
     with math_attention():
         g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
-        if not isinstance(v, dict):
-            v = v(g)
+        v, clean = _vector(v, Pass(g, loss, aux))
         (hv,) = vjp_fn(v)
-    return hv, Pass(g, loss, aux)
+    return hv, clean
 
 
 def fd(radius: float):
@@ -130,8 +129,7 @@ def fd(radius: float):
         # An Objective needs no special case: the two gradients below go through gradient_pass.
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        if not isinstance(v, dict):
-            v = v(clean.grad)
+        v, clean = _vector(v, clean)
         g_r = gradient_pass(loss_fn, tree.axpy(radius, v, params), batch).grad
         return tree.scale(tree.sub(g_r, clean.grad), 1.0 / radius), clean
 
@@ -167,13 +165,23 @@ class Normalized:
         return tree.scale(g, (tree.norm(g) + self.eps).reciprocal())
 
 
+def _vector(v: Vector, p: Pass) -> tuple[Tree, Pass]:
+    """``v`` itself, or v(g) at the pass ``p`` (g = ``p.grad``); a :class:`Normalized` v leaves the
+    norm it takes in the returned pass, so that ‖g‖ is computed once."""
+    if isinstance(v, dict):
+        return v, p
+    if isinstance(v, Normalized):
+        return unit_grad(p, v.eps)
+    return v(p.grad), p
+
+
 def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-12, clean=None):
     """f = ∇‖∇L‖(θ) ≈ H(θ)·g/(‖g‖ + ξ), g = ∇L(θ) (paper Eq. 6; ξ is ``eps``).
 
     Returns ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g), carrying ‖g‖ as its
     ``grad_norm``. With a ``clean`` handed in, v = g/(‖g‖ + ξ) is formed from it and the backend
     gets a vector; without, the backend gets :class:`Normalized` and forms g itself, in the same
-    pass as H·v where it can (``reverse``: the vjp whose forward yields g).
+    pass as H·v where it can (``reverse``: the vjp whose forward yields g), and ‖g‖ once.
     """
     if clean is not None:
         v, clean = unit_grad(clean, eps)
