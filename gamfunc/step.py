@@ -162,8 +162,9 @@ class _StepImpl:
         # synchronisation, and the compiled branches see only device tensors (CUDA graphs work).
         cycle = state.cycle
         branch = self.full if int(cycle) % self.every == 0 else self.plain
-        new_params, new_state, metrics = branch(params, state._replace(cycle=()), batch)
-        return new_params, new_state._replace(cycle=cycle + 1), metrics
+        new_params, new, metrics = branch(params, state._replace(cycle=()), batch)
+        new_state = StepState(new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss)
+        return new_params, new_state, metrics
 
     def compile(
         self, *, fullgraph: bool = True, mode: str | None = None, scope: str = "step", **kwargs
@@ -226,8 +227,13 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
         rho = value(estimator.hparams["rho"], step)
         metrics["rho"] = torch.as_tensor(rho, dtype=torch.float64, device=step.device)
     new_buffers = est.clean.aux if buffered else ()
-    new_state = StepState(step + 1, new_opt, state.skipped, new_buffers, state.cycle, state.loss)
+    new_step = step + 1
+    # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
+    # made by ``_replace`` from a compiled graph.
     if on_nonfinite == "ignore":
+        new_state = StepState(
+            new_step, new_opt, state.skipped, new_buffers, state.cycle, state.loss
+        )
         return new_params, new_state, metrics
     finite = (
         torch.isfinite(est.info["loss"])
@@ -240,20 +246,22 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
                 f"non-finite loss, direction or update at step {int(step)}: "
                 f"loss={float(est.info['loss'])}"
             )
+        new_state = StepState(
+            new_step, new_opt, state.skipped, new_buffers, state.cycle, state.loss
+        )
         return new_params, new_state, metrics
     skipped = (~finite).to(torch.int64)
     if torch.compiler.is_compiling() or tree.vmapped([finite]):  # no Python branch on a value
         new_params = tree.where(finite, new_params, params)
-        new_state = new_state._replace(
-            opt=_select(finite, new_opt, state.opt),
-            step=step + finite.to(step.dtype),
-            buffers=_select(finite, new_buffers, state.buffers),
-        )
+        new_opt = _select(finite, new_opt, state.opt)
+        new_step = step + finite.to(step.dtype)
+        new_buffers = _select(finite, new_buffers, state.buffers)
     elif not bool(finite):  # eager: one host sync is cheaper than a select per tensor
-        new_params = params
-        new_state = new_state._replace(opt=state.opt, step=step, buffers=state.buffers)
+        new_params, new_opt, new_step, new_buffers = params, state.opt, step, state.buffers
     loss_state, extra = next_state(loss_fn, state, finite)
-    new_state = new_state._replace(skipped=state.skipped + skipped, loss=loss_state)
+    new_state = StepState(
+        new_step, new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state
+    )
     metrics["skipped"] = skipped
     metrics.update(extra)
     return new_params, new_state, metrics
@@ -350,7 +358,7 @@ def _check_like(node, params, checked: list, where: str) -> None:
 
 def _is_record(x) -> bool:
     """Whether ``x`` is a NamedTuple (a typed state)."""
-    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+    return isinstance(x, tuple) and isinstance(getattr(x, "_fields", None), tuple)
 
 
 def as_dict(state) -> Any:

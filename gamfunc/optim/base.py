@@ -58,10 +58,13 @@ def with_hyper(state, **changes: Tensor):
     if unknown:
         raise TypeError(f"with_hyper changes step and lr only; got {unknown}")
     fields = getattr(state, "_fields", ())
+    # the constructor, not ``_replace``: dynamo on torch < 2.13 cannot return a NamedTuple that
+    # ``_replace`` made from a compiled graph
     if all(k in fields for k in changes):
-        return state._replace(**changes)
+        return type(state)(*(changes.get(f, getattr(state, f)) for f in fields))
     if "opt" in fields:
-        return state._replace(opt=with_hyper(state.opt, **changes))
+        inner = with_hyper(state.opt, **changes)
+        return type(state)(*(inner if f == "opt" else getattr(state, f) for f in fields))
     raise TypeError(
         f"an optimiser state must be a NamedTuple with fields step and lr (or wrap one in its field "
         f"opt); got {type(state).__name__}"
