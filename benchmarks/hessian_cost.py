@@ -148,7 +148,7 @@ def timed(fn, device, repeats: int, warmup: int = 0):
 
 
 class Counting:
-    """An :mod:`gamfunc.hvp` backend that counts its calls."""
+    """An :mod:`gamfunc.hvps` backend that counts its calls."""
 
     def __init__(self, backend):
         self.backend, self.calls = backend, 0
@@ -241,7 +241,7 @@ def main(argv=None) -> dict:
         counts=True,
         base="self",
     )
-    counter = Counting(gamfunc.hvp.exact)
+    counter = Counting(gamfunc.hvps.exact)
 
     def lanczos(hvp, tol=args.lanczos_tol, method="lanczos"):
         return lambda: top_eigenvalues(

@@ -1,7 +1,7 @@
 """Gradient accumulation: every gradient and Hessian-vector product of a step is a mean over micro-batches.
 
 :class:`Accumulated` is an :class:`~gamfunc.loss.Objective`. Every estimator reaches ∇L only through
-:func:`~gamfunc.loss.gradient_pass` and the backends of :mod:`gamfunc.hvp`, and these delegate to the
+:func:`~gamfunc.loss.gradient_pass` and the backends of :mod:`gamfunc.hvps`, and these delegate to the
 Objective. So SAM's two gradients, GAM's H·v products and accelerated GAM's g0..g3 are all
 full-batch quantities, formed one micro-batch at a time, and the estimators are unchanged. With
 micro-batches B_1..B_k of sizes n_i (Σ n_i = N) and a loss that is a mean over examples::

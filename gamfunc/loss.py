@@ -97,7 +97,7 @@ class Objective:
     data-parallel reductions, and the protocol of every loss wrapper.
 
     Every estimator, HVP backend and metric reaches ∇L only through :func:`gradient_pass` and the
-    backends of :mod:`gamfunc.hvp`. When the ``loss_fn`` they are given is an ``Objective``, those
+    backends of :mod:`gamfunc.hvps`. When the ``loss_fn`` they are given is an ``Objective``, those
     delegate to its :meth:`gradient_pass` and :meth:`hvp`, so a subclass that, say, averages over
     micro-batches or all-reduces across ranks changes every gradient of every estimator at once.
     Calling it as ``objective(params, batch)`` gives the loss.
@@ -125,7 +125,7 @@ class Objective:
         raise NotImplementedError
 
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
-        """H·v with ``backend`` (an :mod:`gamfunc.hvp` function); returns ``(Hv, clean)``."""
+        """H·v with ``backend`` (an :mod:`gamfunc.hvps` function); returns ``(Hv, clean)``."""
         raise NotImplementedError
 
     def bind(self, state) -> Objective:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from gamfunc.compile import compile_with, fresh
-from gamfunc.hvp import Normalized
+from gamfunc.hvps import Normalized
 from gamfunc.loss import Objective, Pass, bind, gradient_pass, with_grad_norm
 from gamfunc.tree import Tree
 
@@ -65,7 +65,7 @@ class CompiledPasses(Objective):
         """H·v from a compiled pass of ``backend``.
 
         A vector v, or v(g) with the pass at θ handed in: one compiled H·v pass. v =
-        :class:`gamfunc.hvp.Normalized` (∇‖∇L‖, the product of GAM and GNP) with no pass at θ: one
+        :class:`gamfunc.hvps.Normalized` (∇‖∇L‖, the product of GAM and GNP) with no pass at θ: one
         compiled region that forms g, v(g) and H·v(g) (for ``reverse`` one vjp, g from its forward;
         for ``exact`` the gradient and the jvp in one graph). Any other v(g): g from the compiled
         gradient pass, v(g) eagerly, then the H·v pass.

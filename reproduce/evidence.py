@@ -49,8 +49,7 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 
 import torch
 
-from gamfunc import hvp as hvps
-from gamfunc import metrics, tree
+from gamfunc import hvps, metrics, tree
 from gamfunc.loss import gradient_pass
 from reproduce import data as data_mod
 from reproduce import vmapped

@@ -8,7 +8,7 @@ from registry import ESTIMATORS
 from torch import nn
 
 import gamfunc
-from gamfunc import hvp, tree
+from gamfunc import hvps, tree
 from gamfunc.accumulate import Accumulated, accumulate, batch_size, split_batch
 from gamfunc.loss import gradient_pass
 
@@ -63,7 +63,7 @@ def test_hvp_of_a_given_vector_is_the_full_batch_hvp_with_its_clean_pass(backend
     params, batch = mlp_params(), data(0)
     g = torch.Generator().manual_seed(3)
     v = {k: torch.randn(p.shape, generator=g, dtype=F64) for k, p in params.items()}
-    fn = hvp.get(backend, 1e-4)
+    fn = hvps.get(backend, 1e-4)
     ref, ref_clean = fn(mlp_loss, params, batch, v)
     got, clean = fn(accumulate(mlp_loss, 3), params, batch, v)
     assert rel(got, ref) < 1e-10

@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err, relu_mlp_loss, unflatten
 
-from gamfunc import hvp, tree
+from gamfunc import hvps, tree
 from gamfunc.loss import gradient_pass
 
 
@@ -15,7 +15,7 @@ def dense_hessian(loss_fn, params, batch):
     return torch.func.hessian(lambda t: loss_fn(unflatten(t, params), batch))(flat)
 
 
-@pytest.mark.parametrize("backend", [hvp.exact, hvp.reverse])
+@pytest.mark.parametrize("backend", [hvps.exact, hvps.reverse])
 def test_hvp_equals_dense_hessian_product(backend):
     params, batch = mlp_params(), mlp_batch()
     v = {k: torch.randn_like(t) for k, t in params.items()}
@@ -32,7 +32,7 @@ def test_callable_vector_receives_the_gradient(name):
     params, batch = mlp_params(), mlp_batch()
     H = dense_hessian(mlp_loss, params, batch)
     g = flatten(gradient_pass(mlp_loss, params, batch).grad)
-    hv, _ = hvp.get(name, fd_radius=1e-6)(mlp_loss, params, batch, lambda grad: grad)
+    hv, _ = hvps.get(name, fd_radius=1e-6)(mlp_loss, params, batch, lambda grad: grad)
     tol = 1e-5 if name == "fd" else 1e-12
     assert rel_err(flatten(hv), H @ g) < tol
 
@@ -45,15 +45,15 @@ def test_grad_norm_grad_is_gradient_of_gradient_norm(name):
         return tree.norm(torch.func.grad(mlp_loss)(p, batch))
 
     ref = torch.func.grad(grad_norm)(params)
-    f, _clean = hvp.grad_norm_grad(mlp_loss, params, batch, hvp.get(name, 1e-6), eps=0.0)
+    f, _clean = hvps.grad_norm_grad(mlp_loss, params, batch, hvps.get(name, 1e-6), eps=0.0)
     assert rel_err(f, ref) < (1e-5 if name == "fd" else 1e-12)
 
 
 def test_finite_difference_error_is_linear_in_radius_on_a_smooth_model():
     params, batch = mlp_params(), mlp_batch()
     v = tree.normalize(mlp_params(seed=7))[0]
-    exact, _ = hvp.exact(mlp_loss, params, batch, v)
-    errors = [rel_err(hvp.fd(r)(mlp_loss, params, batch, v)[0], exact) for r in (1e-2, 1e-3, 1e-4)]
+    exact, _ = hvps.exact(mlp_loss, params, batch, v)
+    errors = [rel_err(hvps.fd(r)(mlp_loss, params, batch, v)[0], exact) for r in (1e-2, 1e-3, 1e-4)]
     # O(r): each tenfold smaller radius gives a roughly tenfold smaller error.
     for big, small in itertools.pairwise(errors):
         assert 5 < big / small < 20
@@ -64,10 +64,10 @@ def test_finite_difference_differs_from_exact_across_relu_kinks():
     """On ReLU nets autodiff's Hessian ignores kinks, so fd need not converge to exact (documented)."""
     params, batch = mlp_params(), mlp_batch(n=64)
     v = tree.normalize({k: torch.randn_like(t) for k, t in params.items()})[0]
-    exact, _ = hvp.exact(relu_mlp_loss, params, batch, v)
-    reverse, _ = hvp.reverse(relu_mlp_loss, params, batch, v)
+    exact, _ = hvps.exact(relu_mlp_loss, params, batch, v)
+    reverse, _ = hvps.reverse(relu_mlp_loss, params, batch, v)
     assert rel_err(reverse, exact) < 1e-12
-    fd = hvp.fd(0.5)(relu_mlp_loss, params, batch, v)[0]
+    fd = hvps.fd(0.5)(relu_mlp_loss, params, batch, v)[0]
     assert rel_err(fd, exact) > 1e-3
 
 
@@ -80,15 +80,15 @@ def test_fd_reuses_the_clean_pass_it_is_given():
         return mlp_loss(p, b)
 
     clean = gradient_pass(mlp_loss, params, batch)
-    hvp.fd(1e-3)(counted, params, batch, lambda g: g, clean=clean)
+    hvps.fd(1e-3)(counted, params, batch, lambda g: g, clean=clean)
     assert len(calls) == 1
 
 
 def test_unknown_backend_names_the_argument():
     with pytest.raises(ValueError, match="hvp"):
-        hvp.get("dense")
+        hvps.get("dense")
     with pytest.raises(ValueError, match="fd_radius"):
-        hvp.get("fd", fd_radius=0.0)
+        hvps.get("fd", fd_radius=0.0)
 
 
 def test_math_attention_backend_makes_second_order_work_through_sdpa():
@@ -104,6 +104,6 @@ def test_math_attention_backend_makes_second_order_work_through_sdpa():
         return a.pow(2).sum()
 
     v = {k: torch.randn_like(t) for k, t in params.items()}
-    e, _ = hvp.exact(loss_fn, params, q, v)
-    r, _ = hvp.reverse(loss_fn, params, q, v)
+    e, _ = hvps.exact(loss_fn, params, q, v)
+    r, _ = hvps.reverse(loss_fn, params, q, v)
     assert rel_err(e, r) < 1e-12

@@ -49,7 +49,7 @@ def test_every_core_dependency_is_imported_by_gamfunc():
 LAYERS = [
     ("gamfunc.tree", "gamfunc.nn"),
     ("gamfunc.loss", "gamfunc.optim", "gamfunc.transforms"),
-    ("gamfunc.hvp",),
+    ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),
     ("gamfunc.compile",),
     (

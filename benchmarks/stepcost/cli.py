@@ -168,7 +168,7 @@ def parse(argv=None):
             ("fp32", "bf16", "fp32-cl", "bf16-cl"),
         ),
         ("only", [m for m in a.only if not every_ok(m)], (*METHODS, BASELINE)),
-        ("composite-hvp", [a.composite_hvp], gamfunc.hvp.BACKENDS),
+        ("composite-hvp", [a.composite_hvp], gamfunc.hvps.BACKENDS),
         ("on-nonfinite", [a.on_nonfinite], ("skip", "raise", "ignore")),
     ):
         bad = [v for v in values if v not in allowed]

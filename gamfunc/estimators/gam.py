@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from gamfunc import hvp as hvps
-from gamfunc import tree
+from gamfunc import hvps, tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import gradient
 from gamfunc.loss import with_grad_norm
@@ -32,7 +31,7 @@ def gam(
         direction = h_loss + α·h_norm
 
     The Hessian is never formed: each H·v is a Hessian-vector product from the ``hvp`` backend
-    (:mod:`gamfunc.hvp`). ∇L(θ) is computed once and shared with the oracle when the oracle starts
+    (:mod:`gamfunc.hvps`). ∇L(θ) is computed once and shared with the oracle when the oracle starts
     from it (``gradient()`` and ``sam``): exact GAM with the plain oracle costs two gradients and two
     forward-mode passes; ``hvp="fd"`` costs four gradients (paper Appendix D).
 

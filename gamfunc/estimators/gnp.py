@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from gamfunc import hvp as hvps
-from gamfunc import tree
+from gamfunc import hvps, tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.optim.schedules import value
@@ -23,7 +22,7 @@ def gnp(alpha, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-12) -> 
 
     Args:
         alpha: α, the weight of the gradient-norm penalty (float >= 0 or a schedule).
-        hvp: "fd" (default, as Zhao et al.), "exact" or "reverse"; see :mod:`gamfunc.hvp`.
+        hvp: "fd" (default, as Zhao et al.), "exact" or "reverse"; see :mod:`gamfunc.hvps`.
         fd_radius: r of the finite difference. GAM's default is 1e-3: GNP weights the gradient
             difference by α/r, GAM by α·ρ/r with ρ ≈ 0.05, so GNP takes a larger r for the same
             amplification of the gradients' rounding (see :func:`gamfunc.gam`).

@@ -29,8 +29,7 @@ import math
 import torch
 from torch import Tensor
 
-from gamfunc import hvp as hvps
-from gamfunc import tree
+from gamfunc import hvps, tree
 from gamfunc.loss import check_params, gradient_pass, loss_and_aux
 from gamfunc.metrics.hessian import (
     bound_loss,
@@ -82,7 +81,7 @@ def first_order_flatness(
         lr: step length as a fraction of ρ.
         init: "auto", "gradient", "eigenvector" or "random" (module doc).
         hvp: "reverse" (default, reverse-over-reverse), "exact" (forward-over-reverse) or "fd"
-            (:mod:`gamfunc.hvp`), or a backend function.
+            (:mod:`gamfunc.hvps`), or a backend function.
         fd_radius: r for ``hvp="fd"``.
         eps: ξ.
         generator: randomness of the start; None uses a generator seeded with 0.

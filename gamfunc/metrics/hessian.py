@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from gamfunc import hvp as hvps
+from gamfunc import hvps
 from gamfunc.loss import Objective, check_params, grad_fn, gradient_pass
 from gamfunc.tree import Tree
 
@@ -88,7 +88,7 @@ def rademacher(n: int, generator: torch.Generator, like: Tensor) -> Tensor:
 def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float = 1e-3):
     """``v -> H(θ)·v`` at the fixed point θ = ``params``, for dict-shaped v (vmap-able).
 
-    ``hvp`` is a backend name of :func:`gamfunc.hvp.get` or a backend function. For ``"reverse"`` the
+    ``hvp`` is a backend name of :func:`gamfunc.hvps.get` or a backend function. For ``"reverse"`` the
     gradient is linearised once (``torch.func.vjp`` of ``torch.func.grad``) and its pullback reused
     for every product: each H·v then costs one backward pass through the gradient's graph instead of
     a forward, a backward and that pass (the graph is kept in memory meanwhile). ``"fd"`` computes
@@ -180,7 +180,7 @@ def top_eigenvalues(
             each product is one backward pass, as PyHessian's retained graph; the fastest measured),
             "exact" (forward-over-reverse, no graph kept between products), "fd" (finite
             difference of radius ``fd_radius``; Lanczos may then stop at ``iters`` rather than
-            ``tol``), or a backend function of :mod:`gamfunc.hvp`.
+            ``tol``), or a backend function of :mod:`gamfunc.hvps`.
         fd_radius: r for ``hvp="fd"``.
         return_eigenvectors: also return the unit eigenvectors, as a list of k dicts.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
