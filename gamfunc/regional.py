@@ -5,7 +5,7 @@ finite-difference GAM that is four forward-backward passes of the network (paper
 GAM two gradients and two Hessian-vector products, and the compile takes several times a gradient
 step's. Yet the passes are the same function at different points θ, θ + r·v, θ_adv, ... .
 :func:`compile_passes` compiles that function once and calls it for every pass, so a step compiles in
-about the time of one gradient pass (two kinds of pass for exact GAM: ∇L and H·v), whatever the
+about the time of one gradient pass (exact GAM: the point pass, ∇L and H·∇L/‖∇L‖ in one graph), whatever the
 estimator; the tree math between passes and the optimiser update run eagerly, as ``torch._foreach``
 kernels. :meth:`gamfunc.Step.compile` with ``scope="pass"`` builds such a step.
 
@@ -99,7 +99,8 @@ def _traced() -> bool:
 
 class _Passes:
     """The compiled functions of one :class:`CompiledPasses`: the gradient pass and, made on first
-    use, one H·v pass per backend. Each has a code object of its own, hence a cache of its own."""
+    use, one H·v pass per backend and one point pass per backend and ξ. Each has a code object of its
+    own, hence a cache of its own."""
 
     def __init__(self, loss_fn: Callable, compile_fn: Callable[[Callable], Callable]):
         self.loss_fn, self.compile_fn = loss_fn, compile_fn
@@ -146,9 +147,11 @@ def compile_passes(loss_fn: Callable, *, fullgraph: bool = True, mode=None, **kw
     """``loss_fn`` as an Objective whose passes run under ``torch.compile``: regional compilation.
 
     Every ∇L an estimator forms goes through one compiled gradient pass (its graph: one forward and
-    one backward pass of the model), and every exact or reverse H·v through one compiled H·v pass per
-    backend; finite differences are gradient passes. So finite-difference GAM, accelerated GAM, SAM
-    and GNP compile one graph, exact GAM two, whatever the number of passes per step. Hand it to
+    one backward pass of the model), every exact or reverse H·v through one compiled H·v pass per
+    backend, and ∇‖∇L‖ at a point with no gradient there yet (GAM, GNP) through one compiled point pass
+    that forms ∇L and H·∇L/‖∇L‖ together; finite differences are gradient passes. So every estimator
+    built on gradients compiles one graph, exact GAM and exact GNP one too (the point pass), SAM + GAM
+    two, whatever the number of passes per step. Hand it to
     :func:`gamfunc.make_step` in place of ``loss_fn``, or use ``step.compile(scope="pass")``.
 
     Args:

@@ -174,7 +174,7 @@ class _StepImpl:
         ``scope="step"`` (default) compiles each branch whole: two graphs at most, however often
         ``every`` switches between them. ``scope="pass"`` compiles each differentiation pass instead
         and runs the step around the passes eagerly (:func:`gamfunc.regional.compile_passes`): one
-        graph for every estimator built on gradients (two for exact GAM), so a cold compile takes
+        graph for every estimator built on gradients or on ∇‖∇L‖ (two for SAM + exact GAM), so a cold compile takes
         about one gradient pass's, at some cost per step.
 
         ``mode`` ("reduce-overhead" for CUDA graphs, "max-autotune", ...) and ``kwargs``

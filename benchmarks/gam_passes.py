@@ -1,0 +1,257 @@
+"""Where exact GAM's time goes: the cost of each differentiation pass, in compiled gradient passes.
+
+Algorithm 1 needs, at two points (θ and θ_adv), the gradient g = ∇L and f = ∇‖∇L‖ = H·g/‖g‖. This
+script times, for one model, each way of forming them as a compiled region of its own (inductor,
+CUDA graphs on GPU, results copied out as :mod:`gamfunc.compile` does), in units of one compiled
+gradient pass (``grad``) of the same model measured in the same process:
+
+==================  =====================================================================================
+``grad``            g: ``torch.func.grad`` (one forward, one backward): the unit
+``jvp_of_grad``     g and H·v for a fixed v: ``torch.func.jvp`` of ``grad`` (forward-over-reverse)
+``vjp_of_grad``     g and H·v for a fixed v: ``torch.func.vjp`` of ``grad`` (reverse-over-reverse)
+``point_split``     g, then f by ``jvp_of_grad`` at v = g/‖g‖: two regions (a gradient pass, then a
+                    forward-over-reverse pass that recomputes g as its primal)
+``point_fwd``       the same two computations in one region (inductor may share the primal)
+``point_rev``       g and f in one region by reverse-over-reverse: f is the gradient of ‖g‖ through
+                    the graph of g itself, so g is computed once
+==================  =====================================================================================
+
+Each row's peak memory (CUDA) is ``max_memory_allocated`` during its calls minus what was allocated
+before, ÷ the ``grad`` row's. Exact GAM costs two points plus the optimiser update, so
+``2 × point_*`` bounds its step in gradient passes.
+
+    python benchmarks/gam_passes.py --model resnet50 --dtype bf16 --channels-last --out r50.json
+
+CPU smoke run (no timing claims): ``python benchmarks/gam_passes.py --model tiny --backend eager``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import gamfunc  # noqa: E402
+from gamfunc import tree  # noqa: E402
+from gamfunc.compile import compile_with, fresh  # noqa: E402
+from gamfunc.hvps import math_attention  # noqa: E402
+from gamfunc.loss import grad_fn  # noqa: E402
+
+# name: (classes, image size, batch)
+SHAPES = {
+    "tiny": (10, 8, 4),
+    "resnet18": (10, 32, 128),
+    "resnet50": (1000, 224, 64),
+    "vit_s32": (1000, 224, 256),
+}
+ROWS = ("grad", "jvp_of_grad", "vjp_of_grad", "point_split", "point_fwd", "point_rev")
+
+
+def build(name: str):
+    classes, size, _ = SHAPES[name]
+    if name == "tiny":
+        return torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.GELU(),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8 * size * size, classes),
+        )
+    from reproduce.models import build_model
+
+    return build_model(name, classes, size)
+
+
+def loss_of(model, bf16: bool, device):
+    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    if not bf16:
+        return loss_fn, params, buffers
+
+    def bf16_loss(p, batch, b):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss, new = loss_fn(p, batch, b)
+        return loss.float(), new
+
+    return bf16_loss, params, buffers
+
+
+def regions(loss3, eps=1e-12):
+    """The functions timed, each ``(params, buffers, batch, v) -> tensors``."""
+
+    def loss_at(buffers):
+        return lambda p, batch: loss3(p, batch, buffers)
+
+    def grad(params, buffers, batch, v):
+        g, (loss, _aux) = grad_fn(loss_at(buffers), batch)(params)
+        return g, loss
+
+    def jvp_of_grad(params, buffers, batch, v):
+        with math_attention():
+            g, hv, (loss, _aux) = torch.func.jvp(
+                grad_fn(loss_at(buffers), batch), (params,), (v,), has_aux=True
+            )
+        return g, hv, loss
+
+    def vjp_of_grad(params, buffers, batch, v):
+        with math_attention():
+            g, vjp_fn, (loss, _aux) = torch.func.vjp(
+                grad_fn(loss_at(buffers), batch), params, has_aux=True
+            )
+            (hv,) = vjp_fn(v)
+        return g, hv, loss
+
+    def unit(g):
+        return tree.scale(g, (tree.norm(g) + eps).reciprocal())
+
+    def point_fwd(params, buffers, batch, v):
+        g, _ = grad(params, buffers, batch, v)
+        _, hv, loss = jvp_of_grad(params, buffers, batch, unit(g))
+        return g, hv, loss
+
+    def point_rev(params, buffers, batch, v):
+        with math_attention():
+            g, vjp_fn, (loss, _aux) = torch.func.vjp(
+                grad_fn(loss_at(buffers), batch), params, has_aux=True
+            )
+            (hv,) = vjp_fn(unit(g))
+        return g, hv, loss
+
+    return {
+        "grad": grad,
+        "jvp_of_grad": jvp_of_grad,
+        "vjp_of_grad": vjp_of_grad,
+        "point_fwd": point_fwd,
+        "point_rev": point_rev,
+    }
+
+
+def timed(fn, n, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(n):
+            fn()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) / n
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) * 1e3 / n
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="tiny", choices=sorted(SHAPES))
+    ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--batch", type=int, default=0, help="0: the model's default")
+    ap.add_argument("--backend", default="inductor")
+    ap.add_argument("--mode", default=None, help="torch.compile mode; GPU default reduce-overhead")
+    ap.add_argument("--only", default=",".join(ROWS))
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--compile-only", action="store_true", help="fill inductor's caches and stop")
+    a = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    mode = a.mode or ("reduce-overhead" if device.type == "cuda" else None)
+    classes, size, batch_size = SHAPES[a.model]
+    batch_size = a.batch or batch_size
+    torch.manual_seed(0)
+    model = build(a.model).to(device)
+    fmt = torch.channels_last if a.channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
+    loss3, params, buffers = loss_of(model, a.dtype == "bf16", device)
+    x = torch.randn(batch_size, 3, size, size, device=device).to(memory_format=fmt)
+    batch = (x, torch.randint(0, classes, (batch_size,), device=device))
+    v = tree.normalize({k: torch.randn_like(p) for k, p in params.items()}, 1e-12)[0]
+    compile_fn = compile_with(True, mode, {"backend": a.backend})
+    fns = {k: compile_fn(fresh(f)) for k, f in regions(loss3).items()}
+    grad_c = fns["grad"]
+
+    def point_split():
+        g, _ = grad_c(params, buffers, batch, v)
+        u = tree.scale(g, (tree.norm(g) + 1e-12).reciprocal())
+        return fns["jvp_of_grad"](params, buffers, batch, u)
+
+    calls = {k: (lambda f=f: f(params, buffers, batch, v)) for k, f in fns.items()}
+    calls["point_split"] = point_split
+    wanted = ["grad"] + [r for r in a.only.split(",") if r in calls and r != "grad"]
+    rows: dict[str, dict] = {}
+    for name in wanted:
+        call = calls[name]
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        try:
+            call()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as e:  # a region that cannot run (forward-mode AD of BN under autocast)
+            rows[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+            print(f"{name:12s} fails: {rows[name]['error']}", flush=True)
+            continue
+        first = time.perf_counter() - t
+        for _ in range(2):
+            call()
+        row = {"first_call_s": round(first, 1)}
+        if device.type == "cuda":
+            row["peak_gib"] = (torch.cuda.max_memory_allocated() - before) / 2**30
+        rows[name] = row
+        print(f"{name:12s} ready in {first:.1f} s", flush=True)
+    if a.compile_only:
+        return {"rows": rows}
+    live = [n for n in wanted if "error" not in rows[n]]
+    samples: dict[str, list[float]] = {n: [] for n in live}
+    for r in range(a.repeats):
+        order = live[r % len(live) :] + live[: r % len(live)]
+        for name in order:
+            samples[name].append(timed(calls[name], a.steps, device))
+    unit_ms = statistics.median(samples["grad"])
+    unit_mem = rows["grad"].get("peak_gib")
+    for name in live:
+        ms = statistics.median(samples[name])
+        rows[name] |= {"ms": ms, "x_grad": ms / unit_ms, "samples_ms": samples[name]}
+        if unit_mem:
+            rows[name]["x_grad_mem"] = rows[name]["peak_gib"] / unit_mem
+    print(f"\n{a.model} {a.dtype} channels_last={a.channels_last} batch {batch_size}, {device}")
+    print(f"{'region':12s} {'ms':>8s} {'× grad':>7s} {'peak GiB':>9s} {'× grad mem':>10s}")
+    for name in wanted:
+        r = rows[name]
+        if "error" in r:
+            print(f"{name:12s} {r['error']}")
+            continue
+        mem = f"{r.get('peak_gib', float('nan')):9.2f} {r.get('x_grad_mem', float('nan')):10.2f}"
+        print(f"{name:12s} {r['ms']:8.2f} {r['x_grad']:7.2f} {mem}")
+    result = {
+        "meta": {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "args": vars(a),
+            "batch": batch_size,
+        },
+        "rows": rows,
+    }
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
