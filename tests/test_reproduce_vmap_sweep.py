@@ -100,7 +100,9 @@ def test_the_members_of_the_data_seed_are_train_py_runs(clean, tmp_path):
     alone = json.loads((tmp_path / "digits" / "gam" / "summary.json").read_text())["final"]
     members = json.loads((clean / NAME / "members.json").read_text())
     member = members[CELLS.index("rho=0.1,alpha=1")]["final"]  # seed 0
-    assert member["val_acc"] == alone["val_acc"] and member["test_acc"] == alone["test_acc"]
+    # accuracies in %: one example of 287 validation or 360 test ones is 0.35 or 0.28 points
+    assert member["val_acc"] == pytest.approx(alone["val_acc"], abs=0.4)
+    assert member["test_acc"] == pytest.approx(alone["test_acc"], abs=0.3)
     assert member["val_loss"] == pytest.approx(alone["val_loss"], rel=1e-5)
     assert member["train_loss"] == pytest.approx(alone["train_loss"], rel=1e-5)
 
