@@ -7,7 +7,20 @@ trains the 8 runs of the sweep's own example (2 × 2 cells × seeds 0 and 1) as 
 :func:`gamfunc.ensemble.vmap_step`, in this process on one device (:mod:`reproduce.vmapped`), and writes
 the same table as the sweep without ``--vmap`` to ``runs/sweep.digits.vmap/sweep.md`` and
 ``sweep.json``: mean ± std over seeds, the cell selected on the validation split only, the test
-accuracy beside it and never compared. It pays where the model is small and one run leaves the
+accuracy beside it and never compared. With torch 2.14.1 on the CPU (about 9 seconds on 2 cores) it
+ends with::
+
+    | rho | alpha | seeds | val_acc (%) | test_acc (%) | note |
+    |---:|---:|---:|---:|---:|:--|
+    | 0.05 | 0.1 | 2 | 30.49 ± 1.23 | 30.14 ± 1.37 | selected |
+    | 0.05 | 1 | 2 | 30.31 ± 0.49 | 30.28 ± 0.39 |  |
+    | 0.1 | 0.1 | 2 | 30.14 ± 0.74 | 30.14 ± 1.37 |  |
+    | 0.1 | 1 | 2 | 30.31 ± 0.99 | 31.39 ± 2.36 |  |
+
+    selected rho=0.05 alpha=0.1: val_acc 30.49 ± 1.23 (2 seeds); test_acc beside it 30.14 ± 1.37
+
+(one epoch is a smoke test; the looped sweep's numbers differ because its seed 1 runs draw their own
+validation split and batches). It pays where the model is small and one run leaves the
 device idle: the MNIST-1D and digits MLPs (README, "Sweeps and seeds", has the measured speed-up).
 
 How its runs differ from ``reproduce/train.py``'s:
