@@ -24,9 +24,9 @@ What is shared and what differs:
   α, β and γ are numbers to :func:`gamfunc.sgd`, :func:`gamfunc.adamw` and
   :func:`gamfunc.gam_accelerated`, not schedules, so they cannot differ per member.
 
-Models without buffers only (the MLPs and the 1-d CNN of MNIST-1D and digits): the step state is
-kept opaque here, and reading BatchNorm running statistics back out of it for evaluation needs an
-accessor that the step does not offer yet. A member whose loss or update is not finite is skipped
+Models without buffers only (the MLPs and the 1-d CNN of MNIST-1D and digits, for which this pays):
+members with BatchNorm would need their running statistics stacked into the step's state and read
+back from it for evaluation, which is not done here (the state stays opaque to this module). A member whose loss or update is not finite is skipped
 alone; after ``max_skipped`` skipped steps in a row it is marked diverged (the others go on).
 """
 
