@@ -15,7 +15,18 @@ from gamfunc import tree
 def test_every_region_runs_and_is_reported_in_gradient_passes(tmp_path):
     out = tmp_path / "passes.json"
     result = gam_passes.main(
-        ["--model", "tiny", "--backend", "eager", "--steps", "1", "--repeats", "1", "--out", str(out)]
+        [
+            "--model",
+            "tiny",
+            "--backend",
+            "eager",
+            "--steps",
+            "1",
+            "--repeats",
+            "1",
+            "--out",
+            str(out),
+        ]
     )
     rows = json.loads(out.read_text())["rows"]
     assert set(rows) == set(gam_passes.ROWS) == set(result["rows"])
