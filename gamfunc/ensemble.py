@@ -15,8 +15,9 @@ hyperparameters into one step of all members::
 
 Each member's update equals that member's own step (tested against a Python loop over members, every
 estimator and optimiser). A hyperparameter reaches the factories as a constant schedule, so it can be
-any argument that takes a schedule (``lr``, ``rho``, ``alpha``, and a schedule built from them, such as
-``lambda t: lr(t) * cosine(t)``); a member whose loss or update is not finite is skipped alone.
+any argument that takes a schedule (``lr``, ``rho``, ``alpha``, ``weight_decay`` of both optimisers,
+:func:`gamfunc.gam_accelerated`'s ``rho_prime``, ``alpha``, ``beta`` and ``gamma``, and a schedule built
+from them, such as ``lambda t: lr(t) * cosine(t)``); a member whose loss or update is not finite is skipped alone.
 Everything inside the step runs per tensor under ``vmap``, since ``torch._foreach`` kernels have no
 batching rule; outside ``vmap`` the same step keeps its ``_foreach`` kernels.
 

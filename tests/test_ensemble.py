@@ -92,6 +92,42 @@ def test_the_vmapped_step_is_the_loop_over_members(est, opt):
     assert not torch.equal(p["w1"][0], p["w1"][1])  # the members differ
 
 
+GRID = {  # weight decay and accelerated GAM's α, β, γ per member, 0 included
+    "lr": torch.tensor([0.1, 0.05, 0.2], dtype=F64),
+    "weight_decay": torch.tensor([0.0, 1e-2, 5e-2], dtype=F64),
+    "alpha": torch.tensor([0.6, 0.3, 1.0], dtype=F64),
+    "beta": torch.tensor([0.5, 0.2, 0.9], dtype=F64),
+    "gamma": torch.tensor([0.0, 0.03, 0.1], dtype=F64),
+}
+BASES = {
+    "sgd": lambda lr, wd: gamfunc.sgd(lr, momentum=0.9, weight_decay=wd),
+    "adamw": lambda lr, wd: gamfunc.adamw(lr, weight_decay=wd),
+}
+
+
+@pytest.mark.parametrize("convention", ["paper", "official"])
+@pytest.mark.parametrize("opt", sorted(BASES))
+def test_weight_decay_and_accelerated_gam_weights_per_member(opt, convention):
+    """The reference is each member built with plain numbers, not schedules."""
+
+    def build(lr, weight_decay, alpha, beta, gamma):
+        est = gamfunc.gam_accelerated(0.05, 0.02, alpha, beta, gamma, convention=convention)
+        return gamfunc.make_step(est, BASES[opt](lr, weight_decay), loss_fn)
+
+    params, batches = members(), [batch(1), batch(2)]
+    ens = vmap_step(build, GRID)
+    p, state = stack(params), ens.init(stack(params))
+    for b in batches:
+        p, state, _ = ens(p, state, b)
+    for i, got in enumerate(unstack(p)):
+        step = build(**{k: float(v[i]) for k, v in GRID.items()})
+        ref, ref_state = params[i], step.init(params[i])
+        for b in batches:
+            ref, ref_state, _ = step(ref, ref_state, b)
+        for k in ref:
+            torch.testing.assert_close(got[k], ref[k], rtol=1e-10, atol=1e-12)
+
+
 def test_a_non_finite_member_is_skipped_alone():
     hp = {"lr": torch.tensor([0.1, float("inf"), 0.2], dtype=F64)}  # member 1: an inf update
 

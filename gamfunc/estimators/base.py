@@ -64,6 +64,8 @@ def check_nonnegative(name: str, v) -> None:
 
 
 def check_unit(name: str, v) -> None:
-    """Raise ValueError naming ``name`` unless v is a number in [0, 1]."""
+    """Raise ValueError naming ``name`` unless v is a schedule or a number in [0, 1]."""
+    if callable(v):
+        return
     if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
         raise ValueError(f"{name} must be a number in [0, 1]; got {v!r}")

@@ -48,7 +48,8 @@ def gam_accelerated(
         rho_prime: ρ', radius of the two SAM-like finite differences (float >= 0 or a schedule).
         alpha: α in [0, 1], weight of g1 against g3 in h+.
         beta: β in [0, 1], weight of g0 against g2 in h−.
-        gamma: γ >= 0, how much of h−⊥ is removed.
+        gamma: γ >= 0, how much of h−⊥ is removed. α, β and γ may also be schedules of the step
+            count, as ρ and ρ' (:mod:`gamfunc.ensemble` gives each member its values as such).
         convention: "paper" or "official" (see Warning).
         eps: ξ.
 
@@ -66,10 +67,11 @@ def gam_accelerated(
     check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
-    b0, b2 = (beta, 1 - beta) if convention == "paper" else (1.0, abs(1 - beta))
 
     def run(params, batch, loss_fn, clean, step):
         rho_t, rho_p = value(rho, step), value(rho_prime, step)
+        alpha_t, beta_t, gamma_t = value(alpha, step), value(beta, step), value(gamma, step)
+        b0, b2 = (beta_t, 1 - beta_t) if convention == "paper" else (1.0, abs(1 - beta_t))
         g0 = clean if clean is not None else gradient_pass(loss_fn, params, batch)
         g0_hat, g0 = unit_grad(g0, eps)
         g1 = gradient_pass(loss_fn, tree.axpy(rho_p, g0_hat, params), batch)
@@ -77,11 +79,11 @@ def gam_accelerated(
         theta2 = tree.axpy(rho_t, tree.normalize(h0, eps)[0], params)
         g2_hat, g2 = unit_grad(gradient_pass(loss_fn, theta2, batch), eps)
         g3 = gradient_pass(loss_fn, tree.axpy(rho_p, g2_hat, theta2), batch)
-        h_plus = tree.lincomb((alpha, g1.grad), (1 - alpha, g3.grad))
+        h_plus = tree.lincomb((alpha_t, g1.grad), (1 - alpha_t, g3.grad))
         h_minus = tree.lincomb((b0, g0.grad), (b2, g2.grad))
         h_plus_hat, _ = tree.normalize(h_plus, eps)
         h_perp = tree.axpy(-tree.vdot(h_minus, h_plus_hat), h_plus_hat, h_minus)
-        direction = tree.axpy(-gamma, h_perp, h_plus)
+        direction = tree.axpy(-gamma_t, h_perp, h_plus)
         info = clean_info(g0) | {"adv_grad_norm": g2.grad_norm, "adv_loss": g2.loss}
         return Estimate(direction, info, g0)
 

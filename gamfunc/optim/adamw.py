@@ -17,6 +17,7 @@ from gamfunc.optim.base import (
     learning_rate,
     masked_keys,
 )
+from gamfunc.optim.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["AdamWState", "adamw"]
@@ -59,7 +60,8 @@ def adamw(
         lr: η, float >= 0 or a schedule.
         betas: (β₁, β₂), each in [0, 1).
         eps: ε >= 0.
-        weight_decay: λ >= 0.
+        weight_decay: λ >= 0, or a schedule of the step count (:mod:`gamfunc.ensemble` gives each
+            member its λ as one).
         weight_decay_mask: which parameters decay: None (all, as torch.optim), a dict name -> bool
             naming every parameter, or a callable ``(name, tensor) -> bool`` that decides from the
             name or shape. :func:`gamfunc.decay_mask` gives the usual choice (no decay on biases
@@ -79,11 +81,13 @@ def adamw(
     for i, b in enumerate(betas):
         if not (isinstance(b, int | float) and 0 <= b < 1):
             raise ValueError(f"betas[{i}] must be in [0, 1); got {b!r}")
-    for name, v in (("eps", eps), ("weight_decay", weight_decay)):
+    numbers = [("eps", eps)] + ([] if callable(weight_decay) else [("weight_decay", weight_decay)])
+    for name, v in numbers:
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
     check_mask(weight_decay_mask, "weight_decay_mask")
     beta1, beta2 = float(betas[0]), float(betas[1])
+    decays = callable(weight_decay) or weight_decay != 0
 
     def init(params):
         masked_keys(weight_decay_mask, params, "weight_decay_mask")
@@ -111,10 +115,11 @@ def adamw(
         keys = list(params)
         p = [params[k] for k in keys]
         d = [direction[k] for k in keys]
-        if tree.vmapped([*p, *d, eta]):  # foreach kernels have no batching rule
-            return _per_tensor(direction, state, params, eta, step, t)
-        if weight_decay != 0:
-            p = decayed(p, params, 1 - eta * weight_decay)
+        wd = value(weight_decay, state.step)
+        if tree.vmapped([*p, *d, eta, wd]):  # foreach kernels have no batching rule
+            return _per_tensor(direction, state, params, eta, wd, step, t)
+        if decays:
+            p = decayed(p, params, 1 - eta * wd)
         m = torch._foreach_lerp([state.exp_avg[k] for k in keys], d, 1 - beta1)
         v = [state.exp_avg_sq[k] for k in keys]
         v = torch._foreach_addcmul(torch._foreach_mul(v, beta2), d, d, value=1 - beta2)
@@ -127,14 +132,14 @@ def adamw(
         )
         return dict(zip(keys, p, strict=True)), new_state
 
-    def _per_tensor(direction, state, params, eta, step, t):
+    def _per_tensor(direction, state, params, eta, wd, step, t):
         """The same update tensor by tensor (under ``torch.func.vmap``)."""
         chosen = set(masked_keys(weight_decay_mask, params, "weight_decay_mask"))
         new_p, m, v = {}, {}, {}
         for k, x in params.items():
             g = direction[k]
-            if weight_decay != 0 and k in chosen:
-                x = x * (1 - eta * weight_decay)
+            if decays and k in chosen:
+                x = x * (1 - eta * wd)
             m[k] = torch.lerp(state.exp_avg[k], g, 1 - beta1)
             v[k] = torch.addcmul(state.exp_avg_sq[k] * beta2, g, g, value=1 - beta2)
             denom = torch.sqrt(v[k]) / torch.sqrt(1 - beta2**t) + eps

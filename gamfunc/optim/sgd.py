@@ -17,6 +17,7 @@ from gamfunc.optim.base import (
     learning_rate,
     masked_keys,
 )
+from gamfunc.optim.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["SGDState", "sgd"]
@@ -60,7 +61,8 @@ def sgd(
         momentum: μ >= 0.
         dampening: τ >= 0.
         nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
-        weight_decay: λ >= 0, coupled (L2) weight decay.
+        weight_decay: λ >= 0, coupled (L2) weight decay; or a schedule of the step count
+            (:mod:`gamfunc.ensemble` gives each member its λ as one).
         weight_decay_mask: which parameters decay: None (all, as torch.optim), a dict name -> bool
             naming every parameter, or a callable ``(name, tensor) -> bool`` that decides from the
             name or shape. :func:`gamfunc.decay_mask` gives the usual choice (no decay on biases
@@ -79,18 +81,17 @@ def sgd(
         tensor([0.9000, 0.9000])
     """
     check_lr(lr)
-    for name, v in (
-        ("momentum", momentum),
-        ("dampening", dampening),
-        ("weight_decay", weight_decay),
-    ):
+    numbers = [("momentum", momentum), ("dampening", dampening)]
+    if not callable(weight_decay):  # a schedule of the step is checked where it is evaluated
+        numbers.append(("weight_decay", weight_decay))
+    for name, v in numbers:
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
             raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError("nesterov requires momentum > 0 and dampening = 0")
     check_mask(weight_decay_mask, "weight_decay_mask")
 
-    def decayed(direction, params):
+    def decayed(direction, params, weight_decay):
         """d + λ·θ on the parameters the mask selects, d elsewhere."""
         keys = masked_keys(weight_decay_mask, params, "weight_decay_mask")
         if len(keys) == len(params):
@@ -109,7 +110,8 @@ def sgd(
 
     def update(direction, state, params):
         eta = learning_rate(lr, state)
-        d = direction if weight_decay == 0 else decayed(direction, params)
+        decays = callable(weight_decay) or weight_decay != 0
+        d = decayed(direction, params, value(weight_decay, state.step)) if decays else direction
         buf = state.momentum_buffer
         if momentum != 0:
             # b ← d on the first step, without a Python branch on the step count: the factors of b and d
