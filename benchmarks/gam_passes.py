@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import gamfunc  # noqa: E402
+from benchmarks.stepcost.timing import time_steps  # noqa: E402
 from gamfunc import tree  # noqa: E402
 from gamfunc.compile import compile_with, fresh  # noqa: E402
 from gamfunc.hvps import math_attention  # noqa: E402
@@ -135,22 +136,6 @@ def regions(loss3, eps=1e-12):
     }
 
 
-def timed(fn, n, device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(n):
-            fn()
-        b.record()
-        b.synchronize()
-        return a.elapsed_time(b) / n
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t) * 1e3 / n
-
-
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny", choices=sorted(SHAPES))
@@ -220,7 +205,7 @@ def main(argv=None) -> dict:
     for r in range(a.repeats):
         order = live[r % len(live) :] + live[: r % len(live)]
         for name in order:
-            samples[name].append(timed(calls[name], a.steps, device))
+            samples[name].append(time_steps(calls[name], a.steps, device))
     unit_ms = statistics.median(samples["grad"])
     unit_mem = rows["grad"].get("peak_gib")
     for name in live:

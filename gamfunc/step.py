@@ -230,11 +230,9 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     new_step = step + 1
     # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
     # made by ``_replace`` from a compiled graph.
+    taken = StepState(new_step, new_opt, state.skipped, new_buffers, state.cycle, state.loss)
     if on_nonfinite == "ignore":
-        new_state = StepState(
-            new_step, new_opt, state.skipped, new_buffers, state.cycle, state.loss
-        )
-        return new_params, new_state, metrics
+        return new_params, taken, metrics
     finite = (
         torch.isfinite(est.info["loss"])
         & torch.isfinite(_norm(est))
@@ -246,10 +244,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
                 f"non-finite loss, direction or update at step {int(step)}: "
                 f"loss={float(est.info['loss'])}"
             )
-        new_state = StepState(
-            new_step, new_opt, state.skipped, new_buffers, state.cycle, state.loss
-        )
-        return new_params, new_state, metrics
+        return new_params, taken, metrics
     skipped = (~finite).to(torch.int64)
     if torch.compiler.is_compiling() or tree.vmapped([finite]):  # no Python branch on a value
         new_params = tree.where(finite, new_params, params)

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-import torch
 
 # reproduce/ lives at the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduce import data as data_mod
+from helpers import poison_digits_test_labels
+
 from reproduce import sweep, train
 
 TRAIN_ARGS = [
@@ -131,14 +131,7 @@ def test_a_rerun_reuses_every_finished_run_and_continues_the_others(clean, monke
 
 def test_poisoned_test_labels_do_not_change_the_selected_cell(clean, tmp_path, monkeypatch):
     clean_table, _ = tables(clean)
-    real = data_mod._digits.__wrapped__  # the lru_cache of the clean data stays as it is
-
-    def poisoned():
-        train_set, test_set = real()
-        wrong = (test_set.y + 1 + torch.arange(len(test_set.y)) % 9) % 10  # never the true label
-        return train_set, data_mod.TensorData(test_set.x, wrong)
-
-    monkeypatch.setattr(data_mod, "_digits", poisoned)
+    poison_digits_test_labels(monkeypatch)
     assert run_sweep(tmp_path) == 0
     table, _ = tables(tmp_path)
     assert table["selected"]["cell"] == clean_table["selected"]["cell"]

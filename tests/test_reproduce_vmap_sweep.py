@@ -11,6 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from helpers import poison_digits_test_labels
+
 from gamfunc.ensemble import unstack
 from reproduce import checkpoint as ckpt
 from reproduce import data as data_mod
@@ -109,14 +111,7 @@ def test_the_members_of_the_data_seed_are_train_py_runs(clean, tmp_path):
 
 def test_poisoned_test_labels_do_not_change_the_selected_cell(clean, tmp_path, monkeypatch):
     clean_table, _ = tables(clean)
-    real = data_mod._digits.__wrapped__
-
-    def poisoned():
-        train_set, test_set = real()
-        wrong = (test_set.y + 1 + torch.arange(len(test_set.y)) % 9) % 10  # never the true label
-        return train_set, data_mod.TensorData(test_set.x, wrong)
-
-    monkeypatch.setattr(data_mod, "_digits", poisoned)
+    poison_digits_test_labels(monkeypatch)
     assert run_sweep(tmp_path) == 0
     table, _ = tables(tmp_path)
     assert table["selected"]["cell"] == clean_table["selected"]["cell"]
