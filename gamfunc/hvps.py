@@ -162,7 +162,7 @@ class Normalized:
     eps: float
 
     def __call__(self, g: Tree) -> Tree:
-        return tree.scale(g, (tree.norm(g) + self.eps).reciprocal())
+        return tree.normalize(g, self.eps)[0]
 
 
 def _vector(v: Vector, p: Pass) -> tuple[Tree, Pass]:
