@@ -1,8 +1,10 @@
-"""Images/s of the ImageNet input pipelines alone (no model): the GPU nvJPEG loader and the DataLoader.
+"""Images/s of the ImageNet input pipelines alone (no model): DALI, the nvJPEG loader, the DataLoader.
 
 Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the training examples as
 ``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
 of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends.
+A pipeline is ``dali:HW_LOAD`` (DALI, that share of each batch to the hardware JPEG decoder),
+``nvjpeg:DECODE_THREADS`` (torchvision's nvJPEG) or ``folder:WORKERS`` (DataLoader workers).
 
     python benchmarks/loader_throughput.py --data /tmp/imagenet-synth --out benchmarks/results/loader.json
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from reproduce import dali_data, gpu_data
 from reproduce import data as data_mod
-from reproduce import gpu_data
 from reproduce.config import resolve
 
 
@@ -44,9 +47,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--workers", type=int, nargs="+", default=[8, 16])
-    ap.add_argument("--decode_threads", type=int, nargs="+", default=[1, 4, 8])
-    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument(
+        "--pipelines", nargs="+", default=["dali:0.65", "nvjpeg:1", "nvjpeg:4", "folder:16"]
+    )
+    ap.add_argument("--threads", type=int, default=16, help="file-reading threads (GPU loaders)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={args.data}"])
@@ -56,20 +60,24 @@ def main() -> None:
     need = (args.batches + args.warmup) * args.batch
     keys = data_mod.epoch_keys(order[:need], 0, args.batch, seed=0, epoch=0)
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
-    out["batch"], out["torch"] = args.batch, torch.__version__
-    if gpu_data.available(device):
-        for k in args.decode_threads:
-            gpu = gpu_data.GpuJpegLoader(
-                data.train, args.batch, device, threads=args.threads, decode_threads=k
+    out["batch"], out["torch"], out["cpus"] = args.batch, torch.__version__, os.cpu_count()
+    for spec in args.pipelines:
+        kind, arg = spec.split(":")
+        if kind == "dali":
+            loader = dali_data.DaliJpegLoader(
+                data.train, args.batch, device, threads=args.threads, hw_decoder_load=float(arg)
             )
-            out[f"gpu_nvjpeg_{k}_decode_threads_images_per_s"] = round(
-                rate(gpu, keys, args.batch, args.warmup, device)
+            name = f"dali_hw_{arg}"
+        elif kind == "nvjpeg":
+            loader = gpu_data.GpuJpegLoader(
+                data.train, args.batch, device, threads=args.threads, decode_threads=int(arg)
             )
-    for w in args.workers:
-        folder = data_mod.FolderLoader(data.train, args.batch, w, device.type == "cuda")
-        out[f"folder_{w}_workers_images_per_s"] = round(
-            rate(folder, keys, args.batch, args.warmup, device)
-        )
+            name = f"gpu_nvjpeg_{arg}_decode_threads"
+        else:
+            loader = data_mod.FolderLoader(data.train, args.batch, int(arg), device.type == "cuda")
+            name = f"folder_{arg}_workers"
+        out[f"{name}_images_per_s"] = round(rate(loader, keys, args.batch, args.warmup, device))
+        print(name, out[f"{name}_images_per_s"], flush=True)
     print(json.dumps(out, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")

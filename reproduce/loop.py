@@ -32,8 +32,8 @@ from torch.utils import _pytree as pytree
 from gamfunc.step import as_dict as plain
 from gamfunc.step import from_dict
 from reproduce import checkpoint as ckpt
+from reproduce import dali_data, gpu_data, report
 from reproduce import data as data_mod
-from reproduce import gpu_data, report
 from reproduce.build import CORRECT, SetupError, setup
 from reproduce.config import Config, as_dict, estimators_of, run_name
 from reproduce.evaluation import evaluate, flatness, inputs, to
@@ -222,31 +222,44 @@ def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, 
 
 
 def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
-    """``(train loader, eval batches of a split, its name)`` for folder data sets: the GPU decoder
-    where it is asked for (``--loader=gpu``), else DataLoader workers, which ``auto`` takes: on an
-    H200 node they delivered 3.3-5.7k images/s with 16 workers where torchvision's nvJPEG decoder
-    delivered 1.3-1.7k (its Huffman stage runs on one CPU thread; benchmarks/RESULTS.md).
-    In-memory data needs none."""
+    """``(train loader, eval batches of a split, its name)`` for folder data sets.
+
+    ``--loader=dali``: DALI decodes and augments on the GPU (its hardware JPEG decoder and nvJPEG);
+    ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``: DataLoader
+    workers on the CPU. ``auto`` takes DALI where it is installed and there is a GPU, else the
+    DataLoader: DALI was the fastest of the three (benchmarks/RESULTS.md, "ImageNet input
+    pipelines"). In-memory data needs none."""
     if data.train.tensors() is not None:
         return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
     per_rank = cfg.batch_size // procs.world
-    gpu_ok = data.name == "imagenet" and cfg.augment == "basic" and gpu_data.available(procs.device)
-    if cfg.loader == "gpu" and not gpu_ok:
+    jpeg = data.name == "imagenet" and cfg.augment == "basic"
+    kind = cfg.loader
+    if kind == "auto":
+        kind = "dali" if jpeg and dali_data.available(procs.device) else "folder"
+    if kind == "dali" and not (jpeg and dali_data.available(procs.device)):
+        raise SetupError(
+            "--loader=dali needs ImageNet folder data, --augment=basic, a CUDA device and NVIDIA "
+            "DALI (pip install '.[imagenet]'); use --loader=folder"
+        )
+    if kind == "gpu" and not (jpeg and gpu_data.available(procs.device)):
         raise SetupError(
             "--loader=gpu needs ImageNet folder data, --augment=basic and a CUDA device whose "
             "torchvision decodes JPEG (nvJPEG); use --loader=folder"
         )
-    if cfg.loader == "gpu":
-        size = data.image_size
+    if kind in ("dali", "gpu"):
+        size, module = data.image_size, dali_data if kind == "dali" else gpu_data
+        cls = module.DaliJpegLoader if kind == "dali" else module.GpuJpegLoader
 
         def gpu_eval(ds):
-            loader = gpu_data.GpuJpegLoader(
-                ds, cfg.eval_batch_size, procs.device, train=False, size=size
-            )
-            return loader.eval_batches()
+            return cls(ds, cfg.eval_batch_size, procs.device, train=False, size=size).eval_batches()
 
-        train = gpu_data.GpuJpegLoader(data.train, per_rank, procs.device, size=size)
-        return train, gpu_eval, f"{train.name} (nvJPEG decoding and augmentation on the GPU)"
+        train = cls(data.train, per_rank, procs.device, size=size)
+        how = (
+            "DALI: hardware JPEG decoder and nvJPEG, augmentation on the GPU"
+            if kind == "dali"
+            else "torchvision nvJPEG decoding, augmentation on the GPU"
+        )
+        return train, gpu_eval, f"{train.name} ({how})"
     pin = procs.device.type == "cuda"
     train = data_mod.FolderLoader(data.train, per_rank, cfg.workers, pin)
 

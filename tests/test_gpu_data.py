@@ -63,6 +63,23 @@ def test_evaluation_shards_cover_the_split_once(tmp_path):
     assert sum(len(p) for p in parts) == len(data.test)
 
 
+def test_crop_and_flip_draws_what_torchvision_draws_under_the_seed():
+    """RandomResizedCrop's window and RandomHorizontalFlip's coin, drawn from a generator of our own,
+    equal torchvision's draws from the global generator under ``torch.manual_seed(seed)``: wide, tall
+    (torchvision's fallback crop) and tiny images."""
+    import torchvision.transforms as T
+
+    sizes = [(375, 500), (500, 333), (8, 900), (900, 8), (1, 1), (224, 224), (3000, 4000)]
+    for seed in range(300):
+        height, width = sizes[seed % len(sizes)]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            shape = torch.empty(1, 1, 1).expand(3, height, width)
+            want = T.RandomResizedCrop.get_params(shape, [0.08, 1.0], [3 / 4, 4 / 3])
+            flip = bool(torch.rand(1) < 0.5)
+        assert gpu_data.crop_and_flip(seed, height, width) == (*want, flip)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("train", [True, False])
 def test_gpu_loader_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
@@ -87,3 +104,22 @@ def test_gpu_loader_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
         # normalised units: one grey level is about 1/255/0.226 = 0.017; the two decoders and
         # resampling filters differ by about 3 levels on average (0.053 measured on an H200)
         assert (gx.cpu() - wx).abs().mean() < 0.1
+
+
+def test_loader_choice_on_a_machine_without_a_gpu(tmp_path):
+    """``auto`` falls back to the DataLoader and says so; a GPU loader asked for by name is refused
+    in one line that names the fallback."""
+    from types import SimpleNamespace
+
+    from reproduce.build import SetupError
+    from reproduce.loop import _loaders
+
+    root = jpeg_folder(tmp_path, per_class=2)
+    cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
+    for loader in ("dali", "gpu"):
+        cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", f"--loader={loader}"])
+        with pytest.raises(SetupError, match=f"--loader={loader} needs .*use --loader=folder"):
+            _loaders(cfg, D.load(cfg), cpu)
+    cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", "--workers=0"])
+    train, _, name = _loaders(cfg, D.load(cfg), cpu)
+    assert isinstance(train, D.FolderLoader) and name.startswith("folder")

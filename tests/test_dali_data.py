@@ -1,0 +1,75 @@
+"""The DALI ImageNet pipeline against the CPU pipeline it replaces: on the CPU (DALI's CPU decoder)
+wherever DALI is installed, and with the GPU decoder on a CUDA machine (``gpu`` mark)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+pytest.importorskip("nvidia.dali")
+
+from reproduce import data as D
+from reproduce.dali_data import DaliJpegLoader, jpeg_size
+from tests.test_gpu_data import imagenet, jpeg_folder
+
+
+def batches(tmp_path, train: bool, device: torch.device):
+    """The DALI loader's batches and the CPU pipeline's, of an epoch's order (training) or of the
+    split in order (evaluation), 6 images a batch."""
+    data = imagenet(jpeg_folder(tmp_path))
+    ds = data.train if train else data.test
+    if train:
+        keys = D.epoch_keys(D.epoch_order(len(ds), 3, 0), 0, 6, seed=3, epoch=0)
+        want = list(D.FolderLoader(ds, 6).batches(keys))
+    else:
+        keys = [(j, None) for j in range(len(ds))]
+        want = list(D.eval_batches(ds, 6))
+    got = list(DaliJpegLoader(ds, 6, device, train=train).batches(keys))
+    assert len(got) == len(want) == 3
+    return got, want
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_dali_cpu_decoder_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
+    """The same examples, labels, crops and flips as torchvision's CPU transforms (parameters drawn
+    under the same per-example seeds), to a fraction of one grey level: both decode with
+    libjpeg-turbo, and DALI's antialiased linear resampling of the window is torchvision's."""
+    got, want = batches(tmp_path, train, torch.device("cpu"))
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert gx.shape == wx.shape == (6, 3, 224, 224) and gx.dtype == torch.float32
+        assert torch.equal(gy, wy)
+        # normalised units: one grey level is 1/255/0.226 = 0.017; measured 0.0036 (train), 0.0029
+        assert (gx - wx).abs().mean() < 0.017 / 2
+        assert (gx - wx).abs().max() < 0.017 * 30  # no pixel off by a misplaced crop or a flip
+
+
+def test_jpeg_size_reads_the_header(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (37, 21)).save(tmp_path / "a.jpg")
+    assert jpeg_size((tmp_path / "a.jpg").read_bytes()) == (21, 37)
+
+
+def test_a_mixed_decoder_needs_a_gpu():
+    data = type("Examples", (), {"base": type("F", (), {"samples": []})()})()
+    with pytest.raises(ValueError, match="decoder='mixed' needs a CUDA device"):
+        DaliJpegLoader(data, 4, torch.device("cpu"), decoder="mixed")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("train", [True, False])
+def test_dali_gpu_decoder_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
+    """The hardware decoder and nvJPEG round their IDCT otherwise than libjpeg-turbo: the same crops
+    and flips (nearly collinear images), a few grey levels apart on average."""
+    got, want = batches(tmp_path, train, torch.device("cuda"))
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert gx.device.type == "cuda" and gx.shape == wx.shape == (6, 3, 224, 224)
+        assert torch.equal(gy.cpu(), wy)
+        for g, w in zip(gx.cpu(), wx, strict=True):
+            assert float(torch.corrcoef(torch.stack([g.flatten(), w.flatten()]))[0, 1]) > 0.98
+        assert (gx.cpu() - wx).abs().mean() < 0.1
