@@ -3,7 +3,8 @@
 Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the training examples as
 ``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
 of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends.
-A pipeline is ``dali:HW_LOAD`` (DALI, that share of each batch to the hardware JPEG decoder),
+A pipeline is ``dali:HW_LOAD`` (DALI, that share of each batch to the hardware JPEG decoder;
+``dali:HW_LOAD:fancy`` with libjpeg-turbo's chroma upsampling),
 ``nvjpeg:DECODE_THREADS`` (torchvision's nvJPEG) or ``folder:WORKERS`` (DataLoader workers).
 
     python benchmarks/loader_throughput.py --data /tmp/imagenet-synth --out benchmarks/results/loader.json
@@ -62,12 +63,17 @@ def main() -> None:
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     out["batch"], out["torch"], out["cpus"] = args.batch, torch.__version__, os.cpu_count()
     for spec in args.pipelines:
-        kind, arg = spec.split(":")
+        kind, arg, *extra = spec.split(":")
         if kind == "dali":
             loader = dali_data.DaliJpegLoader(
-                data.train, args.batch, device, threads=args.threads, hw_decoder_load=float(arg)
+                data.train,
+                args.batch,
+                device,
+                threads=args.threads,
+                hw_decoder_load=float(arg),
+                fancy_upsampling="fancy" in extra,
             )
-            name = f"dali_hw_{arg}"
+            name = f"dali_hw_{arg}" + ("_fancy_upsampling" if extra else "")
         elif kind == "nvjpeg":
             loader = gpu_data.GpuJpegLoader(
                 data.train, args.batch, device, threads=args.threads, decode_threads=int(arg)

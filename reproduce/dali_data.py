@@ -68,6 +68,7 @@ class DaliJpegLoader:
         read_ahead: batches prepared ahead of the one being consumed.
         decoder: DALI's decoder backend: ``"mixed"`` (GPU) or ``"cpu"``.
         hw_decoder_load: the share of each batch that the hardware JPEG decoder takes.
+        fancy_upsampling: libjpeg-turbo's chroma upsampling in the GPU decoder too (as PIL decodes).
     """
 
     name = "dali"
@@ -84,6 +85,7 @@ class DaliJpegLoader:
         read_ahead: int = 3,
         decoder: str | None = None,
         hw_decoder_load: float = 0.65,
+        fancy_upsampling: bool = False,
     ):
         self.device = torch.device(device)
         self.decoder = decoder or ("mixed" if self.device.type == "cuda" else "cpu")
@@ -93,6 +95,7 @@ class DaliJpegLoader:
             raise ValueError("decoder='mixed' needs a CUDA device")
         self.ds, self.batch_size, self.train, self.size = ds, batch_size, train, size
         self.threads, self.read_ahead, self.hw_decoder_load = threads, read_ahead, hw_decoder_load
+        self.fancy_upsampling = fancy_upsampling
         self.paths = [p for p, _ in ds.base.samples]
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="dali-read")
 
@@ -149,7 +152,7 @@ class DaliJpegLoader:
                 device=self.decoder,
                 output_type=types.RGB,
                 adjust_orientation=False,
-                jpeg_fancy_upsampling=True,
+                jpeg_fancy_upsampling=self.fancy_upsampling,
                 **extra,
             )
             # the window resized to size² in one resampling: for evaluation the same sampling
