@@ -3,8 +3,9 @@
 Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the training examples as
 ``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
 of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends.
-A pipeline is ``dali:HW_LOAD`` (DALI, that share of each batch to the hardware JPEG decoder;
-``dali:HW_LOAD:fancy`` with libjpeg-turbo's chroma upsampling),
+A pipeline is ``dali:HW_LOAD`` (DALI reading and drawing the crops, that share of each batch to
+the hardware JPEG decoder), ``dali_exact:HW_LOAD`` (DALI decoding the crops torchvision draws; a
+``:fancy`` suffix adds libjpeg-turbo's chroma upsampling),
 ``nvjpeg:DECODE_THREADS`` (torchvision's nvJPEG) or ``folder:WORKERS`` (DataLoader workers).
 
     python benchmarks/loader_throughput.py --data /tmp/imagenet-synth --out benchmarks/results/loader.json
@@ -49,7 +50,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument(
-        "--pipelines", nargs="+", default=["dali:0.65", "nvjpeg:1", "nvjpeg:4", "folder:16"]
+        "--pipelines", nargs="+", default=["dali:0.65", "dali_exact:0.65", "nvjpeg:4", "folder:16"]
     )
     ap.add_argument("--threads", type=int, default=16, help="file-reading threads (GPU loaders)")
     ap.add_argument("--out", default="")
@@ -64,7 +65,7 @@ def main() -> None:
     out["batch"], out["torch"], out["cpus"] = args.batch, torch.__version__, os.cpu_count()
     for spec in args.pipelines:
         kind, arg, *extra = spec.split(":")
-        if kind == "dali":
+        if kind.startswith("dali"):
             loader = dali_data.DaliJpegLoader(
                 data.train,
                 args.batch,
@@ -72,8 +73,9 @@ def main() -> None:
                 threads=args.threads,
                 hw_decoder_load=float(arg),
                 fancy_upsampling="fancy" in extra,
+                crops="exact" if kind == "dali_exact" else "dali",
             )
-            name = f"dali_hw_{arg}" + ("_fancy_upsampling" if extra else "")
+            name = f"{kind}_hw_{arg}" + ("_fancy_upsampling" if extra else "")
         elif kind == "nvjpeg":
             loader = gpu_data.GpuJpegLoader(
                 data.train, args.batch, device, threads=args.threads, decode_threads=int(arg)

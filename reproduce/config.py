@@ -72,7 +72,7 @@ SCHEDULES = ("cosine", "constant")
 RHO_SCHEDULES = ("constant", "proportional")
 HVPS = ("exact", "reverse", "fd")
 COMPILE_SCOPES = ("auto", "step", "pass")
-LOADERS = ("auto", "dali", "gpu", "folder")
+LOADERS = ("auto", "dali", "dali_exact", "gpu", "folder")
 PERTURBATIONS = ("global", "local")
 
 
@@ -134,7 +134,7 @@ class Config:
     compile: bool = False  # torch.compile the training step
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
-    loader: str = "auto"  # image folders: dali | gpu (nvJPEG) | folder | auto (dali if installed)
+    loader: str = "auto"  # image folders: dali | dali_exact | gpu (nvJPEG) | folder | auto (folder)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
     # --- logging and evaluation

@@ -1,24 +1,27 @@
 """ImageNet JPEG folders decoded and augmented by NVIDIA DALI (the ``[imagenet]`` extra).
 
-:class:`DaliJpegLoader` serves the batches of :class:`reproduce.data.FolderLoader` and
-:class:`reproduce.gpu_data.GpuJpegLoader`, from the same (example, augmentation seed) keys, through a
-DALI pipeline:
+:class:`DaliJpegLoader` serves the batches of an epoch's (example, augmentation seed) keys, this
+rank's part of the global order as :class:`reproduce.data.FolderLoader` serves them, through a DALI
+pipeline. DALI's ``mixed`` decoder decodes on the GPU: its hardware JPEG engines take a share of
+each batch (``hw_decoder_load``; A100, H100 and H200 have them) and nvJPEG's CUDA decoder the rest.
+The augmentation (RandomResizedCrop 224 with scale (0.08, 1) and ratio (3/4, 4/3), a horizontal
+flip with probability 1/2, the ImageNet normalisation; for evaluation the shorter side resized to
+256 and the centre 224×224 kept) runs on the GPU. Two ways to draw the crops:
 
-* a pool of threads reads each file's bytes, reads its size from the JPEG header and draws its
-  RandomResizedCrop window and flip under the example's seed exactly as torchvision's CPU transforms
-  draw them (:func:`reproduce.gpu_data.crop_and_flip`), ``read_ahead`` batches ahead of the step;
-* DALI's ``mixed`` decoder decodes the batch: the GPU's hardware JPEG engines take a share
-  (``hw_decoder_load``; A100, H100 and H200 have them) and nvJPEG's CUDA decoder the rest, with
-  libjpeg-turbo's chroma upsampling (``jpeg_fancy_upsampling``) and no EXIF rotation, as PIL decodes;
-* training: the crop window resized to 224×224 (linear, antialiased) in one resampling, the flip and
-  the ImageNet normalisation in one kernel; evaluation: the shorter side resized to 256 with the
-  longer side truncated as torchvision's ``Resize`` does, the centre 224×224 kept;
-* the batch is copied into a float32 ``torch`` tensor on the training stream.
+* ``crops="dali"`` (``--loader=dali``): in training, DALI reads the files in the keys' order on
+  threads of its own and draws each crop and flip itself (``decoders.image_random_crop``,
+  ``random.coin_flip``), seeded by the seed of the part's first key: the pipeline of the field, no
+  Python per image. The draws are DALI's, not torchvision's, and a run resumed in the middle of an
+  epoch draws other crops for the rest of it than an uninterrupted run would. Evaluation, which
+  draws nothing, is the exact pipeline's.
+* ``crops="exact"`` (``--loader=dali_exact``): threads of ours read each file, read its size from the
+  JPEG header and draw its crop window and flip under the example's seed exactly as torchvision's
+  CPU transforms draw them (:func:`reproduce.gpu_data.crop_and_flip`); DALI resizes that window
+  (linear, antialiased, one resampling). The batches are the CPU pipeline's to the decoders'
+  rounding, and a resumed run is bit-exact; the Python work per image bounds the rate.
 
-With ``decoder="cpu"`` the same pipeline runs on the CPU (DALI's CPU decoder): no GPU needed, which
-is how its tests run without one. DALI runs the decoding and the resampling ahead of the step on
-threads and a CUDA stream of its own. The images differ from the CPU pipeline's by the decoders' and
-the resampling filters' rounding only.
+With ``decoder="cpu"`` the same pipelines run on the CPU (DALI's CPU decoder, libjpeg-turbo as in
+PIL): no GPU needed, which is how their tests run without one.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from reproduce.gpu_data import MEAN, STD, _resize_shorter, crop_and_flip
+from reproduce.gpu_data import MEAN, RATIO, SCALE, STD, _resize_shorter, crop_and_flip
 
 __all__ = ["DaliJpegLoader", "available"]
 
@@ -69,9 +72,8 @@ class DaliJpegLoader:
         decoder: DALI's decoder backend: ``"mixed"`` (GPU) or ``"cpu"``.
         hw_decoder_load: the share of each batch that the hardware JPEG decoder takes.
         fancy_upsampling: libjpeg-turbo's chroma upsampling in the GPU decoder too (as PIL decodes).
+        crops: ``"dali"`` (DALI reads and draws) or ``"exact"`` (torchvision's draws; see above).
     """
-
-    name = "dali"
 
     def __init__(
         self,
@@ -86,6 +88,7 @@ class DaliJpegLoader:
         decoder: str | None = None,
         hw_decoder_load: float = 0.65,
         fancy_upsampling: bool = False,
+        crops: str = "dali",
     ):
         self.device = torch.device(device)
         self.decoder = decoder or ("mixed" if self.device.type == "cuda" else "cpu")
@@ -93,6 +96,9 @@ class DaliJpegLoader:
             raise ValueError(f"decoder must be 'mixed' or 'cpu', got {decoder!r}")
         if self.decoder == "mixed" and self.device.type != "cuda":
             raise ValueError("decoder='mixed' needs a CUDA device")
+        if crops not in ("dali", "exact"):
+            raise ValueError(f"crops must be 'dali' or 'exact', got {crops!r}")
+        self.crops, self.name = crops, "dali" if crops == "dali" else "dali_exact"
         self.ds, self.batch_size, self.train, self.size = ds, batch_size, train, size
         self.threads, self.read_ahead, self.hw_decoder_load = threads, read_ahead, hw_decoder_load
         self.fancy_upsampling = fancy_upsampling
@@ -123,64 +129,115 @@ class DaliJpegLoader:
             np.array([flip], np.int32),
         )
 
-    # ------------------------------------------------------------ the pipeline
-    def _pipeline(self, source):
-        from nvidia.dali import fn, pipeline_def, types
+    # ------------------------------------------------------------ the pipelines
+    def _decode(self, jpegs, random_crop: bool):
+        from nvidia.dali import fn, types
 
-        size, mixed = self.size, self.decoder == "mixed"
+        extra = {}
+        if self.decoder == "mixed":
+            extra = dict(hw_decoder_load=self.hw_decoder_load, device_memory_padding=211_025_920)
+        common = dict(
+            device=self.decoder,
+            output_type=types.RGB,
+            adjust_orientation=False,
+            jpeg_fancy_upsampling=self.fancy_upsampling,
+            **extra,
+        )
+        if random_crop:
+            return fn.decoders.image_random_crop(
+                jpegs, random_area=list(SCALE), random_aspect_ratio=list(RATIO), **common
+            )
+        return fn.decoders.image(jpegs, **common)
+
+    def _normalise(self, images, **kwargs):
+        from nvidia.dali import fn, types
+
         mean = [m * 255 for m in MEAN]
         std = [s * 255 for s in STD]
+        return fn.crop_mirror_normalize(
+            images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, **kwargs
+        )
 
-        @pipeline_def(
+    def _pipeline(self, graph, seed: int = 0):
+        from nvidia.dali import pipeline_def
+
+        mixed = self.decoder == "mixed"
+        return pipeline_def(
+            graph,
             batch_size=self.batch_size,
             num_threads=self.threads,
             device_id=(self.device.index or 0) if mixed else None,
             prefetch_queue_depth=self.read_ahead,
             exec_dynamic=True,
-        )
-        def pipe():
+            seed=seed % 2**31,
+        )()
+
+    def _exact_pipeline(self, source):
+        """External windows: the window (top, left, bottom, right) resized to size² in one
+        resampling; for evaluation the same sampling positions and filter as resizing the whole
+        image and cropping its centre."""
+        from nvidia.dali import fn, types
+
+        def graph():
             jpegs, labels, window, flip = fn.external_source(
                 source=source, num_outputs=4, batch=True
             )
-            extra = (
-                dict(hw_decoder_load=self.hw_decoder_load, device_memory_padding=211_025_920)
-                if mixed
-                else {}
-            )
-            images = fn.decoders.image(
-                jpegs,
-                device=self.decoder,
-                output_type=types.RGB,
-                adjust_orientation=False,
-                jpeg_fancy_upsampling=self.fancy_upsampling,
-                **extra,
-            )
-            # the window resized to size² in one resampling: for evaluation the same sampling
-            # positions and filter as resizing the whole image and cropping its centre
             images = fn.resize(
-                images,
-                size=[size, size],
+                self._decode(jpegs, random_crop=False),
+                size=[self.size, self.size],
                 roi_start=window[0:2],
                 roi_end=window[2:4],
                 roi_relative=False,
                 interp_type=types.INTERP_LINEAR,
                 antialias=True,
             )
-            images = fn.crop_mirror_normalize(
-                images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, mirror=flip[0]
-            )
-            return images, labels
+            return self._normalise(images, mirror=flip[0]), labels
 
-        return pipe()
+        return self._pipeline(graph)
+
+    def _dali_pipeline(self, keys):
+        """DALI's reader over the keys' files in order, DALI's random crop and flip (training)."""
+        from nvidia.dali import fn, types
+
+        files = [self.paths[int(self.ds.indices[j])] for j, _ in keys]
+        labels = [int(self.ds.labels[j]) for j, _ in keys]
+
+        def graph():
+            jpegs, y = fn.readers.file(files=files, labels=labels, random_shuffle=False)
+            images = fn.resize(
+                self._decode(jpegs, random_crop=True),
+                size=[self.size, self.size],
+                interp_type=types.INTERP_LINEAR,
+                antialias=True,
+            )
+            return self._normalise(images, mirror=fn.random.coin_flip(probability=0.5)), y
+
+        return self._pipeline(graph, seed=keys[0][1])
 
     # ------------------------------------------------------------ the stream of batches
     def batches(self, keys: list[tuple[int, int | None]]) -> Iterator[tuple[Tensor, Tensor]]:
         """The batches of ``keys`` ((index into ``ds``, augmentation seed) pairs), ``batch_size``
         each, the last partial one dropped in training and kept in evaluation."""
         n = len(keys) // self.batch_size if self.train else -(-len(keys) // self.batch_size)
-        parts = [keys[b * self.batch_size : (b + 1) * self.batch_size] for b in range(n)]
         if n == 0:
             return
+        keys = keys[: n * self.batch_size]
+        dali = self.crops == "dali" and self.train  # evaluation draws nothing: always exact
+        pipe = self._dali_pipeline(keys) if dali else self._exact(keys, n)
+        pipe.build()
+        try:
+            for b in range(n):
+                images, labels = pipe.run()
+                count = min(self.batch_size, len(keys) - b * self.batch_size)
+                x = self._to_torch(images)[:count]
+                y = torch.from_numpy(labels.as_array().reshape(-1)[:count].astype(np.int64))
+                yield x, y.to(self.device, non_blocking=True)
+        finally:
+            del pipe
+
+    def _exact(self, keys, n: int):
+        """The exact pipeline, fed ``read_ahead`` batches ahead by the reading threads."""
+        parts = [keys[b * self.batch_size : (b + 1) * self.batch_size] for b in range(n)]
         pending = [self._submit(p) for p in parts[: self.read_ahead + 1]]
         fed = iter(range(n))
 
@@ -191,15 +248,7 @@ class DaliJpegLoader:
             examples = [f.result() for f in pending.pop(0)]
             return [list(column) for column in zip(*examples, strict=True)]
 
-        pipe = self._pipeline(source)
-        pipe.build()
-        try:
-            for _ in range(n):
-                images, labels = pipe.run()
-                y = torch.from_numpy(labels.as_array().reshape(-1))
-                yield self._to_torch(images), y.to(self.device, non_blocking=True)
-        finally:
-            del pipe
+        return self._exact_pipeline(source)
 
     def _submit(self, part):
         return [self.pool.submit(self._example, key) for key in part]

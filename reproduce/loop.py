@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import signal
 import sys
@@ -224,41 +225,43 @@ def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, 
 def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
     """``(train loader, eval batches of a split, its name)`` for folder data sets.
 
-    ``--loader=dali``: DALI decodes and augments on the GPU (its hardware JPEG decoder and nvJPEG);
-    ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``: DataLoader
-    workers on the CPU. ``auto`` takes DALI where it is installed and there is a GPU, else the
-    DataLoader: DALI was the fastest of the three (benchmarks/RESULTS.md, "ImageNet input
+    ``--loader=dali``: DALI reads, decodes (hardware JPEG decoder and nvJPEG) and augments on the
+    GPU, drawing its own crops; ``dali_exact``: DALI decodes and resizes the crops that torchvision
+    draws under each example's seed, which our threads read and draw; ``gpu``: torchvision's nvJPEG
+    decoder and our own GPU augmentation; ``folder``: DataLoader workers on the CPU, which ``auto``
+    takes: in training it is the fastest measured so far (benchmarks/RESULTS.md, "ImageNet input
     pipelines"). In-memory data needs none."""
     if data.train.tensors() is not None:
         return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
     per_rank = cfg.batch_size // procs.world
     jpeg = data.name == "imagenet" and cfg.augment == "basic"
-    kind = cfg.loader
-    if kind == "auto":
-        kind = "dali" if jpeg and dali_data.available(procs.device) else "folder"
-    if kind == "dali" and not (jpeg and dali_data.available(procs.device)):
+    kind = "folder" if cfg.loader == "auto" else cfg.loader
+    if kind.startswith("dali") and not (jpeg and dali_data.available(procs.device)):
         raise SetupError(
-            "--loader=dali needs ImageNet folder data, --augment=basic, a CUDA device and NVIDIA "
-            "DALI (pip install '.[imagenet]'); use --loader=folder"
+            f"--loader={kind} needs ImageNet folder data, --augment=basic, a CUDA device and "
+            "NVIDIA DALI (pip install '.[imagenet]'); use --loader=folder"
         )
     if kind == "gpu" and not (jpeg and gpu_data.available(procs.device)):
         raise SetupError(
             "--loader=gpu needs ImageNet folder data, --augment=basic and a CUDA device whose "
             "torchvision decodes JPEG (nvJPEG); use --loader=folder"
         )
-    if kind in ("dali", "gpu"):
-        size, module = data.image_size, dali_data if kind == "dali" else gpu_data
-        cls = module.DaliJpegLoader if kind == "dali" else module.GpuJpegLoader
+    if kind != "folder":
+        size = data.image_size
+        if kind == "gpu":
+            make = functools.partial(gpu_data.GpuJpegLoader, size=size)
+            how = "torchvision nvJPEG decoding, augmentation on the GPU"
+        else:
+            crops = "dali" if kind == "dali" else "exact"
+            make = functools.partial(dali_data.DaliJpegLoader, size=size, crops=crops)
+            how = "DALI: hardware JPEG decoder and nvJPEG, augmentation on the GPU, " + (
+                "DALI's crops" if crops == "dali" else "torchvision's crops"
+            )
 
         def gpu_eval(ds):
-            return cls(ds, cfg.eval_batch_size, procs.device, train=False, size=size).eval_batches()
+            return make(ds, cfg.eval_batch_size, procs.device, train=False).eval_batches()
 
-        train = cls(data.train, per_rank, procs.device, size=size)
-        how = (
-            "DALI: hardware JPEG decoder and nvJPEG, augmentation on the GPU"
-            if kind == "dali"
-            else "torchvision nvJPEG decoding, augmentation on the GPU"
-        )
+        train = make(data.train, per_rank, procs.device)
         return train, gpu_eval, f"{train.name} ({how})"
     pin = procs.device.type == "cuda"
     train = data_mod.FolderLoader(data.train, per_rank, cfg.workers, pin)

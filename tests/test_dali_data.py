@@ -18,7 +18,7 @@ from reproduce.dali_data import DaliJpegLoader, jpeg_size
 from tests.test_gpu_data import imagenet, jpeg_folder
 
 
-def batches(tmp_path, train: bool, device: torch.device):
+def batches(tmp_path, train: bool, device: torch.device, crops: str = "exact"):
     """The DALI loader's batches and the CPU pipeline's, of an epoch's order (training) or of the
     split in order (evaluation), 6 images a batch."""
     data = imagenet(jpeg_folder(tmp_path))
@@ -29,13 +29,13 @@ def batches(tmp_path, train: bool, device: torch.device):
     else:
         keys = [(j, None) for j in range(len(ds))]
         want = list(D.eval_batches(ds, 6))
-    got = list(DaliJpegLoader(ds, 6, device, train=train).batches(keys))
+    got = list(DaliJpegLoader(ds, 6, device, train=train, crops=crops).batches(keys))
     assert len(got) == len(want) == 3
     return got, want
 
 
 @pytest.mark.parametrize("train", [True, False])
-def test_dali_cpu_decoder_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
+def test_dali_exact_crops_make_the_batches_of_the_cpu_pipeline(tmp_path, train):
     """The same examples, labels, crops and flips as torchvision's CPU transforms (parameters drawn
     under the same per-example seeds), to a fraction of one grey level: both decode with
     libjpeg-turbo, and DALI's antialiased linear resampling of the window is torchvision's."""
@@ -46,6 +46,26 @@ def test_dali_cpu_decoder_makes_the_batches_of_the_cpu_pipeline(tmp_path, train)
         # normalised units: one grey level is 1/255/0.226 = 0.017; measured 0.0036 (train), 0.0029
         assert (gx - wx).abs().mean() < 0.017 / 2
         assert (gx - wx).abs().max() < 0.017 * 30  # no pixel off by a misplaced crop or a flip
+
+
+def test_dali_crops_read_the_order_and_labels_of_the_cpu_pipeline(tmp_path):
+    """``crops="dali"``: DALI reads the same files in the same order (the labels say so) and draws
+    crops of its own (other pixels than torchvision's), the same ones for the same keys."""
+    got, want = batches(tmp_path, True, torch.device("cpu"), crops="dali")
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert gx.shape == (6, 3, 224, 224) and torch.equal(gy, wy)
+        assert (gx - wx).abs().mean() > 0.1  # its own crops
+    again, _ = batches(tmp_path / "again", True, torch.device("cpu"), crops="dali")
+    for (gx, _), (ax, _) in zip(got, again, strict=True):
+        assert torch.equal(gx, ax)
+
+
+def test_dali_evaluation_keeps_the_last_partial_batch(tmp_path):
+    data = imagenet(jpeg_folder(tmp_path, per_class=3))  # 9 test images
+    for crops in ("dali", "exact"):
+        loader = DaliJpegLoader(data.test, 4, torch.device("cpu"), train=False, crops=crops)
+        sizes = [len(y) for _, y in loader.eval_batches()]
+        assert sizes == [4, 4, 1]
 
 
 def test_jpeg_size_reads_the_header(tmp_path):
@@ -59,11 +79,13 @@ def test_a_mixed_decoder_needs_a_gpu():
     data = type("Examples", (), {"base": type("F", (), {"samples": []})()})()
     with pytest.raises(ValueError, match="decoder='mixed' needs a CUDA device"):
         DaliJpegLoader(data, 4, torch.device("cpu"), decoder="mixed")
+    with pytest.raises(ValueError, match="crops must be 'dali' or 'exact'"):
+        DaliJpegLoader(data, 4, torch.device("cpu"), crops="torchvision")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("train", [True, False])
-def test_dali_gpu_decoder_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
+def test_dali_gpu_decoder_with_exact_crops_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
     """The hardware decoder and nvJPEG round their IDCT otherwise than libjpeg-turbo: the same crops
     and flips (nearly collinear images), a few grey levels apart on average."""
     got, want = batches(tmp_path, train, torch.device("cuda"))
@@ -73,3 +95,11 @@ def test_dali_gpu_decoder_makes_the_batches_of_the_cpu_pipeline(tmp_path, train)
         for g, w in zip(gx.cpu(), wx, strict=True):
             assert float(torch.corrcoef(torch.stack([g.flatten(), w.flatten()]))[0, 1]) > 0.98
         assert (gx.cpu() - wx).abs().mean() < 0.1
+
+
+@pytest.mark.gpu
+def test_dali_gpu_pipeline_reads_the_order_of_the_cpu_pipeline(tmp_path):
+    got, want = batches(tmp_path, True, torch.device("cuda"), crops="dali")
+    for (gx, gy), (_, wy) in zip(got, want, strict=True):
+        assert gx.device.type == "cuda" and gx.shape == (6, 3, 224, 224)
+        assert torch.equal(gy.cpu(), wy)

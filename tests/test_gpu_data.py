@@ -116,7 +116,7 @@ def test_loader_choice_on_a_machine_without_a_gpu(tmp_path):
 
     root = jpeg_folder(tmp_path, per_class=2)
     cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
-    for loader in ("dali", "gpu"):
+    for loader in ("dali", "dali_exact", "gpu"):
         cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", f"--loader={loader}"])
         with pytest.raises(SetupError, match=f"--loader={loader} needs .*use --loader=folder"):
             _loaders(cfg, D.load(cfg), cpu)
