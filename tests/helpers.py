@@ -5,9 +5,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# The packages of the "plot" and "reproduce" extras, absent from a [dev]-only install: a test that
+# The packages of the "plot", "reproduce" and "imagenet" extras, absent from a [dev]-only install: a test that
 # needs one skips, naming it (tests/conftest.py does so for modules that import one at the top).
-OPTIONAL = ("torchvision", "tensorboard", "matplotlib", "einops", "tqdm", "mnist1d", "sklearn")
+OPTIONAL = (
+    "torchvision",
+    "tensorboard",
+    "matplotlib",
+    "einops",
+    "tqdm",
+    "mnist1d",
+    "sklearn",
+    "nvidia.dali",
+)
 
 
 def mlp_params(dtype=torch.float64, seed=0, device="cpu", width=5):
