@@ -53,12 +53,27 @@ def one(preset: str, estimator: str, gpus: int, batch: int, args, cache: str) ->
     cmd += [f"--workers={args.workers}", f"--loader={args.loader}", *QUIET]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    log = logdir.with_suffix(".log")  # streamed, so that a run stopped by the timeout leaves it
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        try:
+            code = subprocess.run(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=args.timeout
+            ).returncode
+        except subprocess.TimeoutExpired:
+            code = f"timed out after {args.timeout} s"
     wall = time.perf_counter() - start
-    tail = (proc.stdout + proc.stderr)[-3000:]
+    tail = log.read_text()[-3000:]
     print(f"$ {' '.join(cmd[3:])}\n{tail}", flush=True)
-    if proc.returncode != 0:
-        return {"preset": preset, "estimator": estimator, "gpus": gpus, "error": tail[-800:]}
+    if code != 0:
+        error = f"exit {code}" if isinstance(code, int) else code
+        return {
+            "preset": preset,
+            "estimator": estimator,
+            "gpus": gpus,
+            "error": error,
+            "log": tail[-800:],
+        }
     (s,) = [json.loads(p.read_text()) for p in logdir.rglob("summary.json")]
     return {
         "preset": preset,
