@@ -10,7 +10,7 @@ for what in "$@"; do
     data)
       nvidia-smi -L; python3 -c "import torch, torchvision; print(torch.__version__, torchvision.__version__)"
       [ -d "$D/val" ] || python3 benchmarks/jpeg_folder.py --out "$D" --train 20000 --val 2000 --classes 1000 ;;
-    test) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_data.py 2>&1 | grep -E "^E |assert|passed|failed" | head -30 ;;
+    test) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_data.py tests/test_dali_data.py 2>&1 | grep -E "^E |assert|passed|failed" | head -30 ;;
     loader) python3 benchmarks/loader_throughput.py --data "$D" --out "$OUT/loader.json" ;;
     *) python3 benchmarks/imagenet_scaling.py --data "$D" --gpus "$N" --runs "$what" \
          --steps "${STEPS:-40}" --loader "${LOADER:-auto}" --out "$OUT/scaling_${what/:/_}.json" 2>&1 | tee "$OUT/${what/:/_}.log" | tail -60 ;;
