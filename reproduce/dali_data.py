@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -67,8 +66,10 @@ class DaliJpegLoader:
         device: the CUDA device (``decoder="mixed"``) or the CPU (``decoder="cpu"``).
         train: training transforms (random crop and flip) or evaluation ones (resize, centre crop).
         size: the side of the output images.
-        threads: file-reading threads, and DALI's CPU threads.
-        read_ahead: batches prepared ahead of the one being consumed.
+        threads: DALI's CPU threads.
+        workers: DataLoader worker processes that read the files and draw the crops of
+            ``crops="exact"`` (0: the calling process does).
+        read_ahead: batches prepared ahead of the one being consumed (by DALI, and by each worker).
         decoder: DALI's decoder backend: ``"mixed"`` (GPU) or ``"cpu"``.
         hw_decoder_load: the share of each batch that the hardware JPEG decoder takes.
         fancy_upsampling: libjpeg-turbo's chroma upsampling in the GPU decoder too (as PIL decodes).
@@ -84,6 +85,7 @@ class DaliJpegLoader:
         train: bool = True,
         size: int = 224,
         threads: int = 8,
+        workers: int = 0,
         read_ahead: int = 3,
         decoder: str | None = None,
         hw_decoder_load: float = 0.65,
@@ -103,31 +105,8 @@ class DaliJpegLoader:
         self.threads, self.read_ahead, self.hw_decoder_load = threads, read_ahead, hw_decoder_load
         self.fancy_upsampling = fancy_upsampling
         self.paths = [p for p, _ in ds.base.samples]
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="dali-read")
-
-    # ------------------------------------------------------------ one example, on a reading thread
-    def _example(self, key: tuple[int, int | None]):
-        """The file's bytes, its label, the window of the source image that becomes the output
-        image (top, left, bottom, right) and the flip."""
-        j, seed = key
-        with open(self.paths[int(self.ds.indices[j])], "rb") as f:
-            data = f.read()
-        height, width = jpeg_size(data)
-        if self.train:
-            i, k, h, w, flip = crop_and_flip(seed, height, width)
-            window = [i, k, i + h, k + w]
-        else:  # the shorter side resized to 256, the centre 224² kept: that square's preimage
-            rh, rw = _resize_shorter(height, width, round(self.size / 0.875))
-            top, left = round((rh - self.size) / 2.0), round((rw - self.size) / 2.0)
-            sy, sx = height / rh, width / rw
-            window = [top * sy, left * sx, (top + self.size) * sy, (left + self.size) * sx]
-            flip = False
-        return (
-            np.frombuffer(data, np.uint8),
-            np.array([int(self.ds.labels[j])], np.int64),
-            np.array(window, np.float32),
-            np.array([flip], np.int32),
-        )
+        self.workers = workers
+        self._reader = None  # crops="exact": the DataLoader of encoded examples, made on first use
 
     # ------------------------------------------------------------ the pipelines
     def _decode(self, jpegs, random_crop: bool):
@@ -236,22 +215,26 @@ class DaliJpegLoader:
             del pipe
 
     def _exact(self, keys, n: int):
-        """The exact pipeline, fed ``read_ahead`` batches ahead by the reading threads."""
-        parts = [keys[b * self.batch_size : (b + 1) * self.batch_size] for b in range(n)]
-        pending = [self._submit(p) for p in parts[: self.read_ahead + 1]]
-        fed = iter(range(n))
+        """The exact pipeline, fed by a DataLoader whose workers read the files and draw the crops
+        (:class:`Encoded`) ``read_ahead`` batches ahead, each batch's files in one shared tensor."""
+        from reproduce.data import FolderLoader
+
+        if self._reader is None:
+            encoded = Encoded(self.ds, self.train, self.size)
+            self._reader = FolderLoader(
+                encoded,
+                self.batch_size,
+                self.workers,
+                prefetch=self.read_ahead,
+                collate_fn=collate,
+                drop_last=self.train,
+            )
+        batches = iter(self._reader.batches(keys))
 
         def source():
-            b = next(fed)  # StopIteration ends DALI's epoch
-            if b + len(pending) < n:
-                pending.append(self._submit(parts[b + len(pending)]))
-            examples = [f.result() for f in pending.pop(0)]
-            return [list(column) for column in zip(*examples, strict=True)]
+            return columns(next(batches))  # StopIteration ends DALI's epoch
 
         return self._exact_pipeline(source)
-
-    def _submit(self, part):
-        return [self.pool.submit(self._example, key) for key in part]
 
     def _to_torch(self, images) -> Tensor:
         tensor = images.as_tensor()
@@ -268,3 +251,54 @@ class DaliJpegLoader:
     def eval_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """All of ``ds`` in order, with the evaluation transform."""
         return self.batches([(j, None) for j in range(len(self.ds))])
+
+
+class Encoded(torch.utils.data.Dataset):
+    """The per-image work of exact crops, for DataLoader workers: key ``(j, seed)`` of ``ds`` ->
+    the file's bytes, its label, the window of the source image that becomes the output image (top,
+    left, bottom, right) and the flip. Training windows are torchvision's RandomResizedCrop drawn
+    under ``seed``; evaluation windows are the preimage of the centre ``size``² of the image whose
+    shorter side is resized to ``size / 0.875`` (256), the longer truncated as torchvision does."""
+
+    def __init__(self, ds, train: bool, size: int):
+        self.ds, self.train, self.size = ds, train, size
+        self.paths = [p for p, _ in ds.base.samples]
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, key: tuple[int, int | None]):
+        j, seed = key
+        with open(self.paths[int(self.ds.indices[j])], "rb") as f:
+            data = f.read()
+        height, width = jpeg_size(data)
+        if self.train:
+            i, k, h, w, flip = crop_and_flip(seed, height, width)
+            window = [i, k, i + h, k + w]
+        else:
+            rh, rw = _resize_shorter(height, width, round(self.size / 0.875))
+            top, left = round((rh - self.size) / 2.0), round((rw - self.size) / 2.0)
+            sy, sx = height / rh, width / rw
+            window = [top * sy, left * sx, (top + self.size) * sy, (left + self.size) * sx]
+            flip = False
+        return np.frombuffer(data, np.uint8), int(self.ds.labels[j]), window, int(flip)
+
+
+def collate(examples) -> tuple[Tensor, ...]:
+    """A batch of :class:`Encoded` examples as five tensors (one shared-memory transfer each from a
+    worker): the files' bytes end to end, where each file ends, the labels, the windows, the flips."""
+    data, labels, windows, flips = zip(*examples, strict=True)
+    ends = np.cumsum([len(d) for d in data])
+    return (
+        torch.from_numpy(np.concatenate(data)),
+        torch.from_numpy(ends),
+        torch.tensor(labels, dtype=torch.int64).view(-1, 1),
+        torch.tensor(windows, dtype=torch.float32),
+        torch.tensor(flips, dtype=torch.int32).view(-1, 1),
+    )
+
+
+def columns(batch: tuple[Tensor, ...]) -> list:
+    """A collated batch as DALI's external source takes it: one array per file, and dense arrays."""
+    data, ends, labels, windows, flips = (t.numpy() for t in batch)
+    return [np.split(data, ends[:-1]), labels, windows, flips]

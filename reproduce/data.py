@@ -294,12 +294,21 @@ class _Keys(torch.utils.data.Sampler):
 
 class FolderLoader:
     """Batches of a folder data set (decoded and augmented on the CPU) through one DataLoader whose
-    worker processes persist from epoch to epoch and prefetch ``prefetch`` batches each."""
+    worker processes persist from epoch to epoch and prefetch ``prefetch`` batches each. ``ds`` may be
+    any data set indexed by (index, seed) keys, batched by ``collate_fn``."""
 
     name = "folder"
 
     def __init__(
-        self, ds: Examples, batch_size: int, workers: int = 0, pin_memory=False, prefetch=4
+        self,
+        ds: Dataset,
+        batch_size: int,
+        workers: int = 0,
+        pin_memory=False,
+        prefetch=4,
+        *,
+        collate_fn=None,
+        drop_last: bool = True,
     ):
         self.ds, self.batch_size, self.sampler = ds, batch_size, _Keys()
         extra = dict(persistent_workers=True, prefetch_factor=prefetch) if workers else {}
@@ -309,7 +318,8 @@ class FolderLoader:
             sampler=self.sampler,
             num_workers=workers,
             pin_memory=pin_memory,
-            drop_last=True,
+            drop_last=drop_last,
+            collate_fn=collate_fn,
             generator=torch.Generator().manual_seed(
                 0
             ),  # worker seeds; the global RNG stays untouched

@@ -253,7 +253,9 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
             how = "torchvision nvJPEG decoding, augmentation on the GPU"
         else:
             crops = "dali" if kind == "dali" else "exact"
-            make = functools.partial(dali_data.DaliJpegLoader, size=size, crops=crops)
+            make = functools.partial(
+                dali_data.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
+            )
             how = "DALI: hardware JPEG decoder and nvJPEG, augmentation on the GPU, " + (
                 "DALI's crops" if crops == "dali" else "torchvision's crops"
             )

@@ -60,6 +60,20 @@ def test_dali_crops_read_the_order_and_labels_of_the_cpu_pipeline(tmp_path):
         assert torch.equal(gx, ax)
 
 
+def test_dali_exact_crops_are_the_same_whatever_the_worker_processes(tmp_path):
+    """The files read and crops drawn in DataLoader workers give the batches of the calling process."""
+    data = imagenet(jpeg_folder(tmp_path, per_class=4))
+    keys = D.epoch_keys(D.epoch_order(len(data.train), 3, 1), 0, 4, seed=3, epoch=1)
+    cpu = torch.device("cpu")
+    alone = list(DaliJpegLoader(data.train, 4, cpu, crops="exact").batches(keys))
+    loader = DaliJpegLoader(data.train, 4, cpu, crops="exact", workers=2)
+    for _ in range(2):  # the workers persist from one call (epoch) to the next
+        pooled = list(loader.batches(keys))
+        assert len(pooled) == len(alone) == 3
+        for (px, py), (ax, ay) in zip(pooled, alone, strict=True):
+            assert torch.equal(px, ax) and torch.equal(py, ay)
+
+
 def test_dali_evaluation_keeps_the_last_partial_batch(tmp_path):
     data = imagenet(jpeg_folder(tmp_path, per_class=3))  # 9 test images
     for crops in ("dali", "exact"):
