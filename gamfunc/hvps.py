@@ -104,7 +104,8 @@ def _jvp_of_grad(loss_fn, params: Tree, batch, v: Tree):
             "hvp='exact' (forward-mode AD over the gradient) failed on mixed dtypes. Under "
             "torch.autocast, torch's forward-mode derivative of BatchNorm comes out in float32 while the "
             "next layer computes in the autocast dtype (see gamfunc.precision); use hvp='reverse' or "
-            f"hvp='fd' for such models. torch said: {e}"
+            "hvp='fd' for such models, or make their BatchNorm compute in float32 "
+            f"(gamfunc.nn.float32_batchnorm(model)). torch said: {e}"
         ) from e
 
 

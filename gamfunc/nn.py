@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["functional", "load", "mode"]
+__all__ = ["float32_batchnorm", "functional", "load", "mode"]
 
 
 @contextlib.contextmanager
@@ -78,3 +78,36 @@ def load(model: nn.Module, params, buffers=None) -> nn.Module:
             if buffers is not None and k in buffers:
                 v.copy_(buffers[k])
     return model
+
+
+class _Float32BatchNorm:
+    """Mixed into a BatchNorm module's class by :func:`float32_batchnorm`."""
+
+    def forward(self, x):
+        return super().forward(x.float())
+
+
+def float32_batchnorm(model: nn.Module) -> nn.Module:
+    """Make every BatchNorm of ``model`` normalise its input in float32 and return float32, in place;
+    parameter and buffer names stay as they were. Returns ``model``.
+
+    Under ``torch.autocast`` a BatchNorm takes the bfloat16 output of the layer before it and returns
+    bfloat16, while the forward-mode derivative of its float32 weight comes out in float32: the next
+    convolution then meets a bfloat16 input with a float32 tangent, and forward-over-reverse
+    Hessian-vector products (``hvp="exact"``) fail. With the input upcast, value and tangent are both
+    float32 and autocast casts both for the next layer, so ``hvp="exact"`` runs. Without autocast the
+    model computes what it computed before (BatchNorm already runs in the parameters' dtype).
+    """
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _Float32BatchNorm):
+            m.__class__ = _float32_class(type(m))
+    return model
+
+
+_FLOAT32_CLASSES: dict[type, type] = {}
+
+
+def _float32_class(cls: type) -> type:
+    if cls not in _FLOAT32_CLASSES:
+        _FLOAT32_CLASSES[cls] = type(f"Float32{cls.__name__}", (_Float32BatchNorm, cls), {})
+    return _FLOAT32_CLASSES[cls]

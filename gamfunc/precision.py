@@ -32,7 +32,9 @@ Warning:
     On torch 2.11 and 2.14, ``hvp="exact"`` (forward-over-reverse) fails through BatchNorm under
     autocast: BatchNorm's forward-mode derivative comes out in float32 while the next layer computes
     in the autocast dtype, and the step raises a RuntimeError that says so. Use ``hvp="reverse"`` or
-    ``"fd"`` with BatchNorm models in bf16/fp16; models without BatchNorm run all three backends.
+    ``"fd"`` with BatchNorm models in bf16/fp16, or ``hvp="exact"`` after
+    :func:`gamfunc.nn.float32_batchnorm` (BatchNorm in float32: value and tangent in one dtype);
+    models without BatchNorm run all three backends.
     Likewise, ``torch.compile`` on CPU (inductor's C++ backend) fails to build reverse-over-reverse
     through BatchNorm in bf16/fp16 ("conflicting declaration 'auto at_BFloat16_tmp_acc2_vec'"); such
     steps run eagerly on CPU.

@@ -53,12 +53,14 @@ def one_step(estimator, loss_fn, params, buffers, b, optimizer=None):
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 @pytest.mark.parametrize("name", list(ESTIMATORS))
-@pytest.mark.parametrize("model", ["mlp", "bn_mlp"])
+@pytest.mark.parametrize("model", ["mlp", "bn_mlp", "bn_mlp_float32"])
 def test_low_precision_step_stays_within_tolerance_of_fp32(precision, name, model):
     # Exact HVPs need forward-mode AD through BatchNorm under autocast, which torch lacks (see
-    # gamfunc.precision); the BatchNorm model uses the reverse-over-reverse backend.
-    hvp = "exact" if model == "mlp" else "reverse"
-    loss_fn, params, buffers = gamfunc.nn.functional(mlp() if model == "mlp" else bn_mlp())
+    # gamfunc.precision): the BatchNorm model uses the reverse-over-reverse backend, or the exact one
+    # with its BatchNorm in float32 (gamfunc.nn.float32_batchnorm; the fp32 reference is unchanged).
+    hvp = "reverse" if model == "bn_mlp" else "exact"
+    net = {"mlp": mlp, "bn_mlp": bn_mlp}.get(model, lambda: gamfunc.nn.float32_batchnorm(bn_mlp()))
+    loss_fn, params, buffers = gamfunc.nn.functional(net())
     b = batch()
     ref, ref_state, ref_m = one_step(ESTIMATORS[name](hvp), loss_fn, params, buffers, b)
     new, state, m = one_step(ESTIMATORS[name](hvp), mixed(loss_fn, precision), params, buffers, b)
@@ -89,6 +91,19 @@ def test_exact_hvp_through_batchnorm_under_autocast_fails_with_the_way_out(preci
         step(params, step.init(params, buffers), batch())
     assert "dtype" in str(info.value.__cause__)
     assert all(torch.equal(params[k], before[k]) for k in params)
+
+
+def test_float32_batchnorm_changes_no_name_and_nothing_without_autocast():
+    net, converted = bn_mlp(), gamfunc.nn.float32_batchnorm(bn_mlp())
+    assert type(converted[1]).__name__ == "Float32BatchNorm1d"
+    assert isinstance(converted[1], nn.BatchNorm1d)
+    assert list(net.state_dict()) == list(converted.state_dict())
+    x, _ = batch()
+    assert torch.equal(net(x), converted(x))
+    with torch.autocast("cpu", torch.bfloat16):
+        assert converted(x).dtype == torch.bfloat16  # the last Linear is autocast's
+        assert converted[1](converted[0](x)).dtype == torch.float32
+    assert type(gamfunc.nn.float32_batchnorm(converted)[1]) is type(converted[1])
 
 
 def test_low_precision_is_really_low():
