@@ -2,6 +2,7 @@
 # The ImageNet evidence on a GPU machine: a synthetic JPEG ImageFolder, the GPU loader's test and
 # throughput, then the presets on 1 and N GPUs (benchmarks/imagenet_scaling.py). Results go to $OUT.
 #   bash benchmarks/imagenet_gpu.sh data|loader|RUN... (RUN: resnet50:sgd, vit_s32:gam, ...)
+#   EXTRA="--bf16_hvp=exact" adds train.py flags to every run.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; D=${DATA:-/tmp/imagenet-synth}; N=$(nvidia-smi -L | wc -l)
@@ -13,6 +14,6 @@ for what in "$@"; do
     test) python3 -m pytest -q -p no:cacheprovider tests/test_gpu_data.py tests/test_dali_data.py 2>&1 | grep -E "^E |assert|passed|failed" | head -30 ;;
     loader) python3 benchmarks/loader_throughput.py --data "$D" --out "$OUT/loader.json" ;;
     *) python3 benchmarks/imagenet_scaling.py --data "$D" --gpus "$N" --runs "$what" \
-         --steps "${STEPS:-40}" --loader "${LOADER:-auto}" --out "$OUT/scaling_${what/:/_}.json" 2>&1 | tee "$OUT/${what/:/_}.log" | tail -60 ;;
+         --steps "${STEPS:-40}" --loader "${LOADER:-auto}" --extra ${EXTRA:-} --out "$OUT/scaling_${what/:/_}.json" 2>&1 | tee "$OUT/${what/:/_}.log" | tail -60 ;;
   esac
 done

@@ -50,7 +50,7 @@ def one(preset: str, estimator: str, gpus: int, batch: int, args, cache: str) ->
     cmd += ["--compile", "--bf16", f"--estimator={estimator}", f"--batch_size={batch}"]
     cmd += ["--channels_last"] if preset.startswith("resnet") else []
     cmd += [f"--max_steps={args.steps}", "--log_every=5", f"--logdir={logdir}", "--overwrite"]
-    cmd += [f"--workers={args.workers}", f"--loader={args.loader}", *QUIET]
+    cmd += [f"--workers={args.workers}", f"--loader={args.loader}", *QUIET, *args.extra]
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     log = logdir.with_suffix(".log")  # streamed, so that a run stopped by the timeout leaves it
@@ -99,6 +99,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--loader", default="auto")
     ap.add_argument("--timeout", type=int, default=400)
+    ap.add_argument(
+        "--extra", nargs="*", default=[], help="more train.py flags, e.g. --bf16_hvp=exact"
+    )
     ap.add_argument("--logdir", default=tempfile.mkdtemp(prefix="imagenet-runs-"))
     ap.add_argument("--out", default="")
     args = ap.parse_args()

@@ -99,13 +99,19 @@ def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
     """The H·v backend of the estimators the paper forms with exact Hessian-vector products.
 
     ``"exact"`` (forward-over-reverse), except for a network with BatchNorm or convolutions under
-    bfloat16 autocast, where torch's forward-mode AD meets a bfloat16 weight and a float32 tangent
-    and fails: there ``"reverse"`` (reverse-over-reverse), the same H·v by another route.
+    bfloat16 autocast, where torch's forward-mode AD meets a bfloat16 value and a float32 tangent
+    and fails: there ``cfg.bf16_hvp``, ``"reverse"`` (reverse-over-reverse, the same H·v by another
+    route) or ``"exact"``, which :func:`setup` makes pass by computing BatchNorm in float32
+    (:func:`gamfunc.nn.float32_batchnorm`).
     """
     risky = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm)
     if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):
-        return "reverse"
+        return cfg.bf16_hvp
     return "exact"
+
+
+def _has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
 def build_estimator(
@@ -274,6 +280,9 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
             f"{name}: H·v by reverse-over-reverse AD (forward-mode AD does not pass "
             "convolutions and BatchNorm under bfloat16 autocast); the same estimator"
         )
+    if exact and cfg.bf16 and cfg.bf16_hvp == "exact" and _has_batchnorm(model):
+        gamfunc.nn.float32_batchnorm(model)
+        notes.append(f"{name}: BatchNorm in float32, so that forward-over-reverse H·v runs in bf16")
     model.to(device)
     if cfg.channels_last:
         channels_last(model)

@@ -72,6 +72,7 @@ SCHEDULES = ("cosine", "constant")
 RHO_SCHEDULES = ("constant", "proportional")
 HVPS = ("exact", "reverse", "fd")
 COMPILE_SCOPES = ("auto", "step", "pass")
+BF16_HVPS = ("reverse", "exact")
 LOADERS = ("auto", "dali", "dali_exact", "gpu", "folder")
 PERTURBATIONS = ("global", "local")
 
@@ -131,6 +132,9 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch CPU threads; 0: torch's default
     bf16: bool = False  # bfloat16 autocast inside the loss
+    # exact GAM's H·v under --bf16 on nets with convolutions or BatchNorm: reverse (reverse-over-
+    # reverse) | exact (forward-over-reverse, BatchNorm computing in float32)
+    bf16_hvp: str = "reverse"
     compile: bool = False  # torch.compile the training step
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
@@ -161,7 +165,8 @@ class Config:
 
 # Fields that may differ between a checkpoint and the run resuming it: they change where output goes,
 # how much is logged or how fast it runs, never the trajectory (device, compile and
-# channels_last change rounding only).
+# channels_last change rounding only; so does the loader, except that --loader=dali draws crops of
+# its own).
 RESUME_FREE = frozenset(
     {
         "data",
@@ -487,6 +492,7 @@ def validate(cfg: Config) -> None:
         cfg.rho_schedule,
     )
     _check(cfg.gnp_hvp in HVPS, "gnp_hvp", f"one of {HVPS}", cfg.gnp_hvp)
+    _check(cfg.bf16_hvp in BF16_HVPS, "bf16_hvp", f"one of {BF16_HVPS}", cfg.bf16_hvp)
     for name, allowed in (
         ("compile_scope", COMPILE_SCOPES),
         ("loader", LOADERS),
