@@ -120,7 +120,7 @@ def exact_hvp_skip(model: nn.Module, dtype: str) -> str | None:
         from reproduce.build import exact_hvp_backend
     except ImportError:
         return None
-    if exact_hvp_backend(argparse.Namespace(bf16=True), model) == "exact":
+    if exact_hvp_backend(argparse.Namespace(bf16=True, bf16_hvp="reverse"), model) == "exact":
         return None
     return (
         "skipped: forward-mode AD through BatchNorm or convolutions fails under bf16 autocast "
