@@ -132,9 +132,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch CPU threads; 0: torch's default
     bf16: bool = False  # bfloat16 autocast inside the loss
-    # exact GAM's H·v under --bf16 on nets with convolutions or BatchNorm: reverse (reverse-over-
-    # reverse) | exact (forward-over-reverse, BatchNorm computing in float32)
-    bf16_hvp: str = "reverse"
+    bf16_hvp: str = "reverse"  # exact GAM's H·v in bf16 on conv/BatchNorm nets: reverse | exact
     compile: bool = False  # torch.compile the training step
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
