@@ -53,6 +53,7 @@ def main() -> None:
         "--pipelines", nargs="+", default=["dali:0.65", "dali_exact:0.65", "nvjpeg:4", "folder:16"]
     )
     ap.add_argument("--threads", type=int, default=16, help="file-reading threads (GPU loaders)")
+    ap.add_argument("--workers", type=int, default=8, help="worker processes of dali_exact")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={args.data}"])
@@ -74,6 +75,7 @@ def main() -> None:
                 hw_decoder_load=float(arg),
                 fancy_upsampling="fancy" in extra,
                 crops="exact" if kind == "dali_exact" else "dali",
+                workers=args.workers,
             )
             name = f"{kind}_hw_{arg}" + ("_fancy_upsampling" if extra else "")
         elif kind == "nvjpeg":

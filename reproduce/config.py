@@ -163,8 +163,8 @@ class Config:
 
 # Fields that may differ between a checkpoint and the run resuming it: they change where output goes,
 # how much is logged or how fast it runs, never the trajectory (device, compile and
-# channels_last change rounding only; so does the loader, except that --loader=dali draws crops of
-# its own).
+# channels_last change rounding only; so does the loader, except that --loader=dali computes crops
+# of its own).
 RESUME_FREE = frozenset(
     {
         "data",

@@ -9,11 +9,12 @@ flip with probability 1/2, the ImageNet normalisation; for evaluation the shorte
 256 and the centre 224×224 kept) runs on the GPU. Two ways to draw the crops:
 
 * ``crops="dali"`` (``--loader=dali``): in training, DALI reads the files in the keys' order on
-  threads of its own and draws each crop and flip itself (``decoders.image_random_crop``,
-  ``random.coin_flip``), seeded by the seed of the part's first key: the pipeline of the field, no
-  Python per image. The draws are DALI's, not torchvision's, and a run resumed in the middle of an
-  epoch draws other crops for the rest of it than an uninterrupted run would. Evaluation, which
-  draws nothing, is the exact pipeline's.
+  threads of its own and computes each crop window and flip in the pipeline, from the image's size and
+  numbers hashed from the example's seed (:func:`uniforms`): no Python per image, and an example's
+  crop does not depend on the batch, the rank or the resume point, so a resumed run is bit-exact.
+  The window is RandomResizedCrop's (area fraction, log aspect ratio and corner uniform), clamped to
+  the image where torchvision would draw again: the same transform, not torchvision's draws.
+  Evaluation, which draws nothing, is the exact pipeline's.
 * ``crops="exact"`` (``--loader=dali_exact``): threads of ours read each file, read its size from the
   JPEG header and draw its crop window and flip under the example's seed exactly as torchvision's
   CPU transforms draw them (:func:`reproduce.gpu_data.crop_and_flip`); DALI resizes that window
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from reproduce.gpu_data import MEAN, RATIO, SCALE, STD, _resize_shorter, crop_and_flip
+from reproduce.gpu_data import _LOG_RATIO, MEAN, SCALE, STD, _resize_shorter, crop_and_flip
 
 __all__ = ["DaliJpegLoader", "available"]
 
@@ -109,24 +110,20 @@ class DaliJpegLoader:
         self._reader = None  # crops="exact": the DataLoader of encoded examples, made on first use
 
     # ------------------------------------------------------------ the pipelines
-    def _decode(self, jpegs, random_crop: bool):
+    def _decode(self, jpegs):
         from nvidia.dali import fn, types
 
         extra = {}
         if self.decoder == "mixed":
             extra = dict(hw_decoder_load=self.hw_decoder_load, device_memory_padding=211_025_920)
-        common = dict(
+        return fn.decoders.image(
+            jpegs,
             device=self.decoder,
             output_type=types.RGB,
             adjust_orientation=False,
             jpeg_fancy_upsampling=self.fancy_upsampling,
             **extra,
         )
-        if random_crop:
-            return fn.decoders.image_random_crop(
-                jpegs, random_area=list(SCALE), random_aspect_ratio=list(RATIO), **common
-            )
-        return fn.decoders.image(jpegs, **common)
 
     def _normalise(self, images, **kwargs):
         from nvidia.dali import fn, types
@@ -137,7 +134,7 @@ class DaliJpegLoader:
             images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, **kwargs
         )
 
-    def _pipeline(self, graph, seed: int = 0):
+    def _pipeline(self, graph):
         from nvidia.dali import pipeline_def
 
         mixed = self.decoder == "mixed"
@@ -148,7 +145,6 @@ class DaliJpegLoader:
             device_id=(self.device.index or 0) if mixed else None,
             prefetch_queue_depth=self.read_ahead,
             exec_dynamic=True,
-            seed=seed % 2**31,
         )()
 
     def _exact_pipeline(self, source):
@@ -162,7 +158,7 @@ class DaliJpegLoader:
                 source=source, num_outputs=4, batch=True
             )
             images = fn.resize(
-                self._decode(jpegs, random_crop=False),
+                self._decode(jpegs),
                 size=[self.size, self.size],
                 roi_start=window[0:2],
                 roi_end=window[2:4],
@@ -175,23 +171,44 @@ class DaliJpegLoader:
         return self._pipeline(graph)
 
     def _dali_pipeline(self, keys):
-        """DALI's reader over the keys' files in order, DALI's random crop and flip (training)."""
+        """DALI's reader over the keys' files in order; each crop window and flip computed in the
+        pipeline from the image's size and five uniform numbers hashed from the example's seed
+        (:func:`uniforms`): RandomResizedCrop's area fraction in (0.08, 1) and log aspect ratio in
+        (log 3/4, log 4/3), the window clamped to the image (torchvision draws again, up to ten
+        times, where this clamps), its corner uniform over the positions left, a flip with
+        probability 1/2."""
         from nvidia.dali import fn, types
+        from nvidia.dali import math as dmath
 
         files = [self.paths[int(self.ds.indices[j])] for j, _ in keys]
         labels = [int(self.ds.labels[j]) for j, _ in keys]
+        draws = uniforms(np.array([seed for _, seed in keys], dtype=np.uint64), 5)
+        batches = iter(np.split(draws, range(self.batch_size, len(keys), self.batch_size)))
+        (log_lo, log_hi), (a_lo, a_hi) = _LOG_RATIO, SCALE
 
         def graph():
             jpegs, y = fn.readers.file(files=files, labels=labels, random_shuffle=False)
+            u = fn.external_source(source=lambda: list(next(batches)), batch=True)
+            shape = fn.cast(fn.peek_image_shape(jpegs), dtype=types.FLOAT)
+            height, width = shape[0], shape[1]
+            area = height * width * (a_lo + (a_hi - a_lo) * u[0])
+            ratio = dmath.exp(log_lo + (log_hi - log_lo) * u[1])
+            w = dmath.min(dmath.sqrt(area * ratio), width)
+            h = dmath.min(dmath.sqrt(area / ratio), height)
+            top, left = (height - h) * u[2], (width - w) * u[3]
             images = fn.resize(
-                self._decode(jpegs, random_crop=True),
+                self._decode(jpegs),
                 size=[self.size, self.size],
+                roi_start=fn.stack(top, left),
+                roi_end=fn.stack(top + h, left + w),
+                roi_relative=False,
                 interp_type=types.INTERP_LINEAR,
                 antialias=True,
             )
-            return self._normalise(images, mirror=fn.random.coin_flip(probability=0.5)), y
+            flip = fn.cast(u[4] < 0.5, dtype=types.INT32)
+            return self._normalise(images, mirror=flip), y
 
-        return self._pipeline(graph, seed=keys[0][1])
+        return self._pipeline(graph)
 
     # ------------------------------------------------------------ the stream of batches
     def batches(self, keys: list[tuple[int, int | None]]) -> Iterator[tuple[Tensor, Tensor]]:
@@ -302,3 +319,16 @@ def columns(batch: tuple[Tensor, ...]) -> list:
     """A collated batch as DALI's external source takes it: one array per file, and dense arrays."""
     data, ends, labels, windows, flips = (t.numpy() for t in batch)
     return [np.split(data, ends[:-1]), labels, windows, flips]
+
+
+def uniforms(seeds: np.ndarray, k: int) -> np.ndarray:
+    """``(len(seeds), k)`` numbers uniform in [0, 1), number i of row j a function of ``seeds[j]``
+    and i only (splitmix64's output function, 53 bits): an example's draws do not depend on the
+    batch, the rank or the resume point that it comes in."""
+    x = seeds.astype(np.uint64)[:, None] + np.arange(1, k + 1, dtype=np.uint64) * np.uint64(
+        0x9E3779B97F4A7C15
+    )
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    x = x ^ (x >> np.uint64(31))
+    return ((x >> np.uint64(11)).astype(np.float64) * 2.0**-53).astype(np.float32)

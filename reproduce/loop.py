@@ -226,8 +226,9 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
     """``(train loader, eval batches of a split, its name)`` for folder data sets.
 
     ``--loader=dali``: DALI reads, decodes (hardware JPEG decoder and nvJPEG) and augments on the
-    GPU, drawing its own crops; ``dali_exact``: DALI decodes and resizes the crops that torchvision
-    draws under each example's seed, which our threads read and draw; ``gpu``: torchvision's nvJPEG
+    GPU, its crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
+    and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
+    read and draw; ``gpu``: torchvision's nvJPEG
     decoder and our own GPU augmentation; ``folder``: DataLoader workers on the CPU, which ``auto``
     takes: in training it is the fastest measured so far (benchmarks/RESULTS.md, "ImageNet input
     pipelines"). In-memory data needs none."""
@@ -257,7 +258,7 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
                 dali_data.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
             )
             how = "DALI: hardware JPEG decoder and nvJPEG, augmentation on the GPU, " + (
-                "DALI's crops" if crops == "dali" else "torchvision's crops"
+                "crops computed in DALI" if crops == "dali" else "torchvision's crops"
             )
 
         def gpu_eval(ds):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 pytest.importorskip("nvidia.dali")
 
 from reproduce import data as D
-from reproduce.dali_data import DaliJpegLoader, jpeg_size
+from reproduce.dali_data import DaliJpegLoader, jpeg_size, uniforms
 from tests.test_gpu_data import imagenet, jpeg_folder
 
 
@@ -58,6 +59,33 @@ def test_dali_crops_read_the_order_and_labels_of_the_cpu_pipeline(tmp_path):
     again, _ = batches(tmp_path / "again", True, torch.device("cpu"), crops="dali")
     for (gx, _), (ax, _) in zip(got, again, strict=True):
         assert torch.equal(gx, ax)
+
+
+def test_dali_crops_depend_on_the_example_alone(tmp_path):
+    """An example's crop and flip come from its seed and its image: a resumed epoch (from batch 1)
+    and each rank's share of the global batches give the images of the uninterrupted single run."""
+    data = imagenet(jpeg_folder(tmp_path))
+    cpu = torch.device("cpu")
+    order = D.epoch_order(len(data.train), 3, 0)
+    keys = D.epoch_keys(order, 0, 6, seed=3, epoch=0)
+    whole = torch.cat([x for x, _ in DaliJpegLoader(data.train, 6, cpu).batches(keys)])
+    resumed = D.epoch_keys(order, 1, 6, seed=3, epoch=0)
+    tail = torch.cat([x for x, _ in DaliJpegLoader(data.train, 6, cpu).batches(resumed)])
+    assert torch.equal(tail, whole[6:])
+    for rank in range(2):
+        part = D.epoch_keys(order, 0, 6, seed=3, epoch=0, rank=rank, world=2)
+        x = torch.cat([x for x, _ in DaliJpegLoader(data.train, 3, cpu).batches(part)])
+        rows = [b * 6 + rank * 3 + i for b in range(3) for i in range(3)]
+        assert torch.equal(x, whole[rows])
+
+
+def test_uniforms_are_uniform_and_a_function_of_the_seed_alone():
+    seeds = np.arange(200_000, dtype=np.uint64) * np.uint64(7919)
+    u = uniforms(seeds, 5)
+    assert u.shape == (200_000, 5) and u.dtype == np.float32 and (u >= 0).all() and (u < 1).all()
+    assert np.abs(u.mean(0) - 0.5).max() < 0.005 and np.abs(u.var(0) - 1 / 12).max() < 0.002
+    assert abs(np.corrcoef(u[:, 0], u[:, 1])[0, 1]) < 0.01
+    assert np.array_equal(uniforms(seeds[::-1], 5), u[::-1])
 
 
 def test_dali_exact_crops_are_the_same_whatever_the_worker_processes(tmp_path):
