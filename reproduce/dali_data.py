@@ -39,13 +39,13 @@ from reproduce.gpu_data import _LOG_RATIO, MEAN, SCALE, STD, _resize_shorter, cr
 __all__ = ["DaliJpegLoader", "available"]
 
 
-def available(device: torch.device | None = None) -> bool:
-    """Whether DALI is installed (and, for a CUDA ``device``, sees that GPU)."""
+def available() -> bool:
+    """Whether DALI is installed (on a CUDA device it decodes on the GPU, else on the CPU)."""
     try:
         import nvidia.dali  # noqa: F401
     except ImportError:
         return False
-    return device is None or device.type == "cuda"
+    return True
 
 
 def jpeg_size(data: bytes) -> tuple[int, int]:

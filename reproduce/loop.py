@@ -237,10 +237,10 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
     per_rank = cfg.batch_size // procs.world
     jpeg = data.name == "imagenet" and cfg.augment == "basic"
     kind = "folder" if cfg.loader == "auto" else cfg.loader
-    if kind.startswith("dali") and not (jpeg and dali_data.available(procs.device)):
+    if kind.startswith("dali") and not (jpeg and dali_data.available()):
         raise SetupError(
-            f"--loader={kind} needs ImageNet folder data, --augment=basic, a CUDA device and "
-            "NVIDIA DALI (pip install '.[imagenet]'); use --loader=folder"
+            f"--loader={kind} needs ImageNet folder data, --augment=basic and NVIDIA DALI "
+            "(pip install '.[imagenet]'); use --loader=folder"
         )
     if kind == "gpu" and not (jpeg and gpu_data.available(procs.device)):
         raise SetupError(

@@ -110,6 +110,33 @@ def test_dali_evaluation_keeps_the_last_partial_batch(tmp_path):
         assert sizes == [4, 4, 1]
 
 
+@pytest.mark.slow
+def test_train_py_with_the_dali_loader_resumes_bit_exact(tmp_path, capsys):
+    """reproduce/train.py on a JPEG folder through --loader=dali (DALI's CPU decoder here): it says
+    which loader runs, and 2 steps, a stop, and 2 more give the parameters of 4 steps at once."""
+    from reproduce import checkpoint as ckpt
+    from reproduce import train
+
+    root = jpeg_folder(tmp_path / "data")
+    args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--model=vit_s32", "--loader=dali"]
+    args += ["--estimator=gam_fd", "--batch_size=4", "--eval_batch_size=5", "--workers=0"]
+    args += ["--progress=false", "--landscape=false", "--eig_iters=0", "--trace_samples=0"]
+    args += ["--r1_steps=0", "--max_steps=4"]
+
+    def run(logdir, *more):
+        assert train.main([f"--logdir={tmp_path / logdir}", *args, *more]) == 0
+        (path,) = (tmp_path / logdir).rglob("checkpoint.pt")
+        return ckpt.load(path)
+
+    whole = run("whole")
+    assert "dali (DALI" in capsys.readouterr().out
+    run("parts", "--max_steps=2")
+    parts = run("parts", "--resume")
+    assert parts["position"]["global_step"] == whole["position"]["global_step"] == 4
+    for k, v in whole["params"].items():
+        assert torch.equal(v, parts["params"][k]), k
+
+
 def test_jpeg_size_reads_the_header(tmp_path):
     from PIL import Image
 

@@ -106,16 +106,18 @@ def test_gpu_loader_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
         assert (gx.cpu() - wx).abs().mean() < 0.1
 
 
-def test_loader_choice_on_a_machine_without_a_gpu(tmp_path):
-    """``auto`` falls back to the DataLoader and says so; a GPU loader asked for by name is refused
-    in one line that names the fallback."""
+def test_loader_choice_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
+    """``auto`` takes the DataLoader and says so; the nvJPEG loader, and DALI where it is not
+    installed, asked for by name, are refused in one line that names the fallback."""
     from types import SimpleNamespace
 
+    from reproduce import dali_data
     from reproduce.build import SetupError
     from reproduce.loop import _loaders
 
     root = jpeg_folder(tmp_path, per_class=2)
     cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
+    monkeypatch.setattr(dali_data, "available", lambda: False)
     for loader in ("dali", "dali_exact", "gpu"):
         cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", f"--loader={loader}"])
         with pytest.raises(SetupError, match=f"--loader={loader} needs .*use --loader=folder"):
