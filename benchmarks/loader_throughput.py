@@ -52,7 +52,12 @@ def main() -> None:
     ap.add_argument(
         "--pipelines", nargs="+", default=["dali:0.65", "dali_exact:0.65", "nvjpeg:4", "folder:16"]
     )
-    ap.add_argument("--threads", type=int, default=16, help="file-reading threads (GPU loaders)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=16,
+        help="nvJPEG: file-reading threads; DALI: its CPU threads",
+    )
     ap.add_argument("--workers", type=int, default=8, help="worker processes of dali_exact")
     ap.add_argument("--out", default="")
     args = ap.parse_args()

@@ -182,8 +182,9 @@ class DaliJpegLoader:
         from nvidia.dali import fn, types
         from nvidia.dali import math as dmath
 
-        files = [self.paths[int(self.ds.indices[j])] for j, _ in keys]
-        labels = [int(self.ds.labels[j]) for j, _ in keys]
+        rows = torch.tensor([j for j, _ in keys])
+        files = [self.paths[i] for i in self.ds.indices.cpu()[rows].tolist()]
+        labels = self.ds.labels.cpu()[rows].tolist()
         draws = uniforms(np.array([seed for _, seed in keys], dtype=np.uint64), 5)
         batches = iter(np.split(draws, range(self.batch_size, len(keys), self.batch_size)))
         (log_lo, log_hi), (a_lo, a_hi) = _LOG_RATIO, SCALE

@@ -228,10 +228,9 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
     ``--loader=dali``: DALI reads, decodes (hardware JPEG decoder and nvJPEG) and augments on the
     GPU, its crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
     and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
-    read and draw; ``gpu``: torchvision's nvJPEG
-    decoder and our own GPU augmentation; ``folder``: DataLoader workers on the CPU, which ``auto``
-    takes: in training it is the fastest measured so far (benchmarks/RESULTS.md, "ImageNet input
-    pipelines"). In-memory data needs none."""
+    read and draw; ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``:
+    DataLoader workers on the CPU, which ``auto`` takes: in training it is the fastest measured so
+    far (benchmarks/RESULTS.md, "ImageNet input pipelines"). In-memory data needs none."""
     if data.train.tensors() is not None:
         return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
     per_rank = cfg.batch_size // procs.world
@@ -257,7 +256,8 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
             make = functools.partial(
                 dali_data.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
             )
-            how = "DALI: hardware JPEG decoder and nvJPEG, augmentation on the GPU, " + (
+            decoder = "GPU" if procs.device.type == "cuda" else "CPU"
+            how = f"DALI, decoding and augmentation on the {decoder}, " + (
                 "crops computed in DALI" if crops == "dali" else "torchvision's crops"
             )
 
