@@ -99,9 +99,16 @@ def start(requested_device: str = "auto", timeout_s: float = 1800.0) -> Processe
     return Processes(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 
 
-def finish(procs: Processes) -> None:
-    """Leave the process group (a no-op for a single process)."""
+def finish(procs: Processes, completed: bool = False) -> None:
+    """Leave the process group (a no-op for a single process).
+
+    With ``completed`` (this rank's run ended normally), wait at a barrier for every rank first: a
+    rank that tears down its connections while another still writes its outputs makes that other
+    rank's gloo teardown abort the process. A rank that stops on an error leaves at once."""
     if procs.world > 1 and dist.is_initialized():
+        if completed:
+            cuda = procs.backend == "nccl"
+            dist.barrier(device_ids=[procs.device.index] if cuda else None)
         dist.destroy_process_group()
 
 

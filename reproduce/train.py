@@ -127,10 +127,12 @@ def _main(cfg) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    code = 1
     try:
-        return _train(cfg, procs)
+        code = _train(cfg, procs)
+        return code
     finally:
-        launch.finish(procs)
+        launch.finish(procs, completed=code == 0)
 
 
 def _train(cfg, procs: launch.Processes) -> int:
