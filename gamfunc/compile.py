@@ -13,12 +13,16 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .graph_sharing import SHARE_EQUAL_WORK
+
 __all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh"]
 
 
 def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[Callable], Callable]:
     """``fn -> torch.compile(fn, fullgraph=fullgraph, mode/options..., **kwargs)``, inductor's options
-    with :data:`INDUCTOR_WORKAROUNDS`, and each CUDA-graph result copied out (:func:`cudagraph_safe`)."""
+    with :data:`INDUCTOR_WORKAROUNDS`, equal work computed once (:mod:`gamfunc.graph_sharing`, unless
+    the options name a ``post_grad_custom_pre_pass`` of their own), and each CUDA-graph result copied
+    out (:func:`cudagraph_safe`)."""
     kwargs = dict(kwargs)
     kwargs.setdefault("backend", "inductor")
     if kwargs["backend"] == "inductor":
@@ -26,6 +30,7 @@ def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[C
         if mode is not None:
             options = {**torch._inductor.list_mode_options(mode), **options}
         options.update(INDUCTOR_WORKAROUNDS)
+        options.setdefault("post_grad_custom_pre_pass", SHARE_EQUAL_WORK)
         kwargs["options"] = options
     elif mode is not None:
         kwargs["mode"] = mode

@@ -51,7 +51,7 @@ LAYERS = [
     ("gamfunc.loss", "gamfunc.optim", "gamfunc.transforms"),
     ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),
-    ("gamfunc.compile",),
+    ("gamfunc.compile", "gamfunc.graph_sharing"),
     (
         "gamfunc.accumulate",
         "gamfunc.precision",

@@ -1,0 +1,155 @@
+"""An inductor graph pass that computes once what a compiled region computes twice.
+
+Exact GAM forms, at a point θ, the gradient g = ∇L(θ) and then H·g/‖g‖ by forward-over-reverse,
+``jvp(grad L, (θ,), (g/‖g‖,))``. The jvp carries the primal computation with it: it evaluates ∇L(θ)
+again, so a point costs 1 + 3 gradient passes where 1 + 2 would do (the tangent of a forward and
+backward pass costs two of them: every bilinear op gets two products). In one compiled region the
+second ∇L is the same computation as the first, but inductor does not find it: ``jvp`` enters θ
+through an alias and a copy of each parameter (its dual tensors), and inductor runs no
+common-subexpression elimination after autograd.
+
+:func:`share_equal_work` removes those identity copies and then merges every pair of nodes that
+apply the same operation to the same inputs, so the jvp's primal reuses the gradient's forward and
+backward. It merges only equal work (the merged results are bit for bit the ones they replace) of
+aten and prims operations, never a random operation, a mutation, a collective or a graph output.
+
+What is shared depends on the primal being built from the same operations in both passes.
+BatchNorm, LayerNorm and softmax have fused backward ops that ``jvp`` differentiates through
+decompositions of its own (BatchNorm's recomputes the batch statistics), so the networks write them
+with elementary operations (:func:`gamfunc.nn.elementary_norms`,
+:func:`gamfunc.nn.elementary_softmax`); then a point costs 3 gradient passes
+(``benchmarks/gam_flops.py`` counts them).
+
+:func:`gamfunc.compile.compile_with` installs the pass in every inductor compile as
+``post_grad_custom_pre_pass`` unless the caller sets that option.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+
+__all__ = ["SHARE_EQUAL_WORK", "share_equal_work"]
+
+aten = torch.ops.aten
+
+_IDENTITIES = (aten.alias.default, aten.clone.default)
+_RESHAPES = {
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.unsqueeze.default,
+    aten.squeeze.default,
+    aten.squeeze.dim,
+    aten.squeeze.dims,
+    aten.alias.default,
+}
+_COMMUTATIVE = (aten.add.Tensor, aten.mul.Tensor)
+
+
+def _val(node):
+    v = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return v if isinstance(v, torch.Tensor) else None
+
+
+def _same_layout(a: fx.Node, b: fx.Node) -> bool:
+    x, y = _val(a), _val(b)
+    if x is None or y is None:
+        return False
+    return (x.shape, x.stride(), x.dtype, x.device) == (y.shape, y.stride(), y.dtype, y.device)
+
+
+def _mutates(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and schema.is_mutable
+
+
+def _random(node: fx.Node) -> bool:
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _mergeable(node: fx.Node) -> bool:
+    """An aten or prims op (or a getitem of one) without effects: collectives, custom ops and
+    higher-order ops are left alone."""
+    if node.op != "call_function" or node.is_impure() or _mutates(node) or _random(node):
+        return False
+    if node.target is operator.getitem:
+        return True
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace in (
+        "aten",
+        "prims",
+    )
+
+
+def _feeds_output(node: fx.Node) -> bool:
+    return any(u.op == "output" for u in node.users)
+
+
+def _drop_identity_copies(graph: fx.Graph) -> None:
+    """Replace ``alias(x)`` and ``clone(x)`` of unchanged layout by ``x`` where nothing mutates
+    either and the copy is not a graph output (an output must not become an alias of an input)."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in _IDENTITIES:
+            continue
+        src = node.args[0]
+        if not isinstance(src, fx.Node) or not _same_layout(node, src) or _feeds_output(node):
+            continue
+        if any(_mutates(u) for u in (*node.users, *src.users)):
+            continue
+        node.replace_all_uses_with(src)
+        graph.erase_node(node)
+
+
+def _key(node: fx.Node):
+    """What makes two nodes the same work: the op and its (already merged) inputs. A chain of
+    reshapes is keyed by where it starts and the layout it ends in; add and mul ignore order."""
+    target, val = node.target, _val(node)
+    if target in _RESHAPES and val is not None and isinstance(node.args[0], fx.Node):
+        root = node.args[0]
+        while root.op == "call_function" and root.target in _RESHAPES:
+            root = root.args[0]
+        return ("reshape", root, tuple(val.shape), tuple(val.stride()), val.dtype)
+    if target in _COMMUTATIVE and not node.kwargs and len(node.args) == 2:
+        return (target, frozenset(map(repr, node.args)), len(set(map(repr, node.args))))
+    return (target, repr(node.args), repr(node.kwargs))
+
+
+def share_equal_work(graph: fx.Graph) -> None:
+    """Merge, in place, the nodes of a functional post-autograd graph that compute the same thing."""
+    _drop_identity_copies(graph)
+    seen: dict = {}
+    for node in list(graph.nodes):
+        if not _mergeable(node):
+            continue
+        key = _key(node)
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+        elif not _feeds_output(node):
+            node.replace_all_uses_with(first)
+            graph.erase_node(node)
+    graph.eliminate_dead_code()
+
+
+def _as_inductor_pass(fn):
+    """``fn`` as a pass inductor's FX-graph cache can key (a ``CustomGraphPass`` where torch has it)."""
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+    except ImportError:  # pragma: no cover - torch < 2.6 takes a plain callable
+        return fn
+
+    class _Pass(CustomGraphPass):
+        def __call__(self, graph: fx.Graph) -> None:
+            fn(graph)
+
+        def uuid(self):
+            return get_hash_for_files((__file__,))
+
+    return _Pass()
+
+
+SHARE_EQUAL_WORK = _as_inductor_pass(share_equal_work)
+""":func:`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes."""
