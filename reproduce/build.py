@@ -114,6 +114,11 @@ def _has_batchnorm(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
 
+def _has_norms(model: nn.Module) -> bool:
+    norms = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm)
+    return any(isinstance(m, norms) for m in model.modules())
+
+
 def build_estimator(
     cfg: Config, name: str, lr, hvp: str = "exact"
 ) -> tuple[gamfunc.Estimator, gamfunc.Estimator]:
@@ -280,7 +285,13 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
             f"{name}: H·v by reverse-over-reverse AD (forward-mode AD does not pass "
             "convolutions and BatchNorm under bfloat16 autocast); the same estimator"
         )
-    if exact and cfg.bf16 and cfg.bf16_hvp == "exact" and _has_batchnorm(model):
+    if exact and hvp == "exact" and cfg.compile and _has_norms(model):
+        gamfunc.nn.elementary_norms(model)
+        notes.append(
+            f"{name}: BatchNorm and LayerNorm in elementary operations, so that the compiled step "
+            "computes each point's gradient once (gamfunc.graph_sharing)"
+        )
+    elif exact and cfg.bf16 and cfg.bf16_hvp == "exact" and _has_batchnorm(model):
         gamfunc.nn.float32_batchnorm(model)
         notes.append(f"{name}: BatchNorm in float32, so that forward-over-reverse H·v runs in bf16")
     model.to(device)

@@ -47,6 +47,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+import gamfunc
+
 __all__ = ["MODELS", "build_model", "count_parameters"]
 
 
@@ -323,7 +325,9 @@ class _Attention(nn.Module):
     """Multi-head self-attention written as softmax(q·kᵀ/√d)·v.
 
     ``F.scaled_dot_product_attention`` dispatches to fused kernels that have neither forward-mode AD
-    nor double backward; the explicit form supports ``jvp`` and ``grad`` of ``grad`` (exact GAM).
+    nor double backward; the explicit form supports ``jvp`` and ``grad`` of ``grad`` (exact GAM). The
+    softmax is written out too (:func:`gamfunc.nn.elementary_softmax`), so that a compiled exact-GAM
+    point shares its gradient pass with the primal of its forward-over-reverse H·v.
     """
 
     def __init__(self, dim: int, heads: int):
@@ -334,7 +338,7 @@ class _Attention(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
-        attn = torch.softmax((q @ k.transpose(-2, -1)) * self.scale, dim=-1)
+        attn = gamfunc.nn.elementary_softmax((q @ k.transpose(-2, -1)) * self.scale, dim=-1)
         return self.proj(rearrange(attn @ v, "b h n d -> b n (h d)"))
 
 

@@ -546,3 +546,27 @@ def test_bf16_exact_gam_with_float32_batchnorm_runs_forward_over_reverse(tmp_pat
 
     assert dist("exact", "fp32") < 1.25 * dist("reverse", "fp32")
     assert dist("exact", "fp32") < 0.5 * dist("fp32", "start")
+
+
+def test_compiled_exact_gam_writes_the_norms_in_elementary_operations():
+    """--compile with exact GAM on a BatchNorm net: the model's norms become elementary (so that the
+    compiled step computes each point's gradient once), and a note says so; without --compile, or
+    with the finite-difference estimator, the model keeps torch's modules."""
+    from reproduce import data as D
+    from reproduce.config import resolve
+
+    args = ["--preset=noise.cifar10.resnet32.p0", "--synthetic", "--synthetic_size=64"]
+    args += ["--batch_size=32"]
+
+    def built(*extra, name="gam"):
+        cfg = resolve([*args, *extra])
+        return build.setup(cfg, name, D.load(cfg), torch.device("cpu"))
+
+    compiled = built("--compile")
+    norms = [m for m in compiled.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(type(m).__name__ == "ElementaryBatchNorm2d" for m in norms)
+    assert any("elementary operations" in n for n in compiled.notes)
+    for t in (built(), built("--compile", name="gam_fd")):
+        kinds = {type(m) for m in t.model.modules() if isinstance(m, torch.nn.BatchNorm2d)}
+        assert kinds == {torch.nn.BatchNorm2d}
+        assert not any("elementary operations" in n for n in t.notes)
