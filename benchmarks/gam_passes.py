@@ -142,6 +142,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--batch", type=int, default=0, help="0: the model's default")
+    ap.add_argument(
+        "--elementary-norms", action="store_true", help="gamfunc.nn.elementary_norms on the model"
+    )
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--mode", default=None, help="torch.compile mode; GPU default reduce-overhead")
     ap.add_argument("--only", default=",".join(ROWS))
@@ -156,6 +159,8 @@ def main(argv=None) -> dict:
     batch_size = a.batch or batch_size
     torch.manual_seed(0)
     model = build(a.model).to(device)
+    if a.elementary_norms:
+        gamfunc.nn.elementary_norms(model)
     fmt = torch.channels_last if a.channels_last else torch.contiguous_format
     model = model.to(memory_format=fmt)
     loss3, params, buffers = loss_of(model, a.dtype == "bf16", device)

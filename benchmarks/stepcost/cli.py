@@ -146,6 +146,11 @@ def parse(argv=None):
         metavar="N",
         help="after the timing, N more steps of each method under torch.profiler (JSON: profile)",
     )
+    p.add_argument(
+        "--elementary-norms",
+        action="store_true",
+        help="gamfunc steps with BatchNorm/LayerNorm in elementary ops (gamfunc.nn.elementary_norms)",
+    )
     p.add_argument("--tiny", action="store_true", help="tiny model, batch 4, CPU, seconds")
     p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # workers
     p.add_argument("--out", default=None, help="JSON output path (its folder is created)")

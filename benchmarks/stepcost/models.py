@@ -10,6 +10,7 @@ whether it ran channels-last.
 from __future__ import annotations
 
 import argparse
+import copy
 from typing import NamedTuple
 
 import torch
@@ -145,7 +146,12 @@ def prepare(model_name: str, token: str, a, device) -> argparse.Namespace:
         model = model.to(memory_format=torch.channels_last)
         x = x.contiguous(memory_format=torch.channels_last)
     batch = (x.to(device), y.to(device))
-    loss_fn, params, buffers = functional_loss(model, dtype)
+    # --elementary-norms: the gamfunc steps see BatchNorm and LayerNorm in elementary operations (a
+    # compiled exact-GAM point then shares its gradient pass); the eager torch.optim row keeps torch's.
+    functional_model = model
+    if getattr(a, "elementary_norms", False):
+        functional_model = gamfunc.nn.elementary_norms(copy.deepcopy(model))
+    loss_fn, params, buffers = functional_loss(functional_model, dtype)
     return argparse.Namespace(
         model=model,
         source=source,
