@@ -47,7 +47,8 @@ WAYS = ("native", "native_shared", "elementary", "elementary_shared")
 
 def traced(fn, args, share: bool):
     """``fn`` as inductor receives it after autograd, with the sharing pass or without."""
-    import torch._inductor.lowering  # noqa: F401  (some decompositions consult it)
+    # Some of inductor's decompositions consult its lowerings: import them first.
+    import torch._inductor.lowering
     from torch._inductor.decomposition import select_decomp_table
 
     functional = torch.func.functionalize(fn, remove="mutations_and_views")

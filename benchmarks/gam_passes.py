@@ -145,6 +145,9 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--elementary-norms", action="store_true", help="gamfunc.nn.elementary_norms on the model"
     )
+    ap.add_argument(
+        "--no-sharing", action="store_true", help="compile without gamfunc.graph_sharing's pass"
+    )
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--mode", default=None, help="torch.compile mode; GPU default reduce-overhead")
     ap.add_argument("--only", default=",".join(ROWS))
@@ -167,7 +170,9 @@ def main(argv=None) -> dict:
     x = torch.randn(batch_size, 3, size, size, device=device).to(memory_format=fmt)
     batch = (x, torch.randint(0, classes, (batch_size,), device=device))
     v = tree.normalize({k: torch.randn_like(p) for k, p in params.items()}, 1e-12)[0]
-    compile_fn = compile_with(True, mode, {"backend": a.backend})
+    no_pass = a.no_sharing and a.backend == "inductor"
+    options = {"options": {"post_grad_custom_pre_pass": None}} if no_pass else {}
+    compile_fn = compile_with(True, mode, {"backend": a.backend, **options})
     fns = {k: compile_fn(fresh(f)) for k, f in regions(loss3).items()}
     grad_c = fns["grad"]
 
