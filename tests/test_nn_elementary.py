@@ -18,6 +18,17 @@ def pair(module):
     return native, gamfunc.nn.elementary_norms(copy.deepcopy(native))
 
 
+def assert_same_function(native, ours, x):
+    """Equal outputs, and equal gradients of a random projection w.r.t. input and parameters."""
+    y0, y1 = native(x), ours(x)
+    torch.testing.assert_close(y1, y0, rtol=1e-10, atol=1e-12)
+    w = torch.randn_like(y0)
+    g0 = torch.autograd.grad((y0 * w).sum(), [x, *native.parameters()])
+    g1 = torch.autograd.grad((y1 * w).sum(), [x, *ours.parameters()])
+    for a, b in zip(g1, g0, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+
 def randomise(module):
     with torch.no_grad():
         for p in module.parameters():
@@ -49,13 +60,7 @@ def test_batchnorm_matches_torch_in_train_and_eval(make, shape, options):
         x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
         for train in (True, False):
             native.train(train), ours.train(train)
-            y0, y1 = native(x), ours(x)
-            torch.testing.assert_close(y1, y0, rtol=1e-10, atol=1e-12)
-            w = torch.randn_like(y0)
-            g0 = torch.autograd.grad((y0 * w).sum(), [x, *native.parameters()])
-            g1 = torch.autograd.grad((y1 * w).sum(), [x, *ours.parameters()])
-            for a, b in zip(g1, g0, strict=True):
-                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+            assert_same_function(native, ours, x)
         for (k, a), (_, b) in zip(
             ours.state_dict().items(), native.state_dict().items(), strict=True
         ):
@@ -71,13 +76,7 @@ def test_layernorm_matches_torch(options, shape):
     torch.manual_seed(0)
     native, ours = pair(randomise(nn.LayerNorm(shape, **options)))
     x = torch.randn(3, 2, *shape, dtype=torch.float64, requires_grad=True)
-    y0, y1 = native(x), ours(x)
-    torch.testing.assert_close(y1, y0, rtol=1e-10, atol=1e-12)
-    w = torch.randn_like(y0)
-    g0 = torch.autograd.grad((y0 * w).sum(), [x, *native.parameters()])
-    g1 = torch.autograd.grad((y1 * w).sum(), [x, *ours.parameters()])
-    for a, b in zip(g1, g0, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    assert_same_function(native, ours, x)
 
 
 def test_softmax_matches_torch():
