@@ -113,7 +113,7 @@ def _key(node: fx.Node):
             root = root.args[0]
         return ("reshape", root, tuple(val.shape), tuple(val.stride()), val.dtype)
     if target in _COMMUTATIVE and not node.kwargs and len(node.args) == 2:
-        return (target, frozenset(map(repr, node.args)), len(set(map(repr, node.args))))
+        return (target, tuple(sorted(map(repr, node.args))))
     return (target, repr(node.args), repr(node.kwargs))
 
 

@@ -107,17 +107,18 @@ def float32_batchnorm(model: nn.Module) -> nn.Module:
     """
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _Float32BatchNorm):
-            m.__class__ = _float32_class(type(m))
+            m.__class__ = _mixed_class(_Float32BatchNorm, type(m), "Float32")
     return model
 
 
-_FLOAT32_CLASSES: dict[type, type] = {}
+_MIXED_CLASSES: dict[tuple[type, type], type] = {}
 
 
-def _float32_class(cls: type) -> type:
-    if cls not in _FLOAT32_CLASSES:
-        _FLOAT32_CLASSES[cls] = type(f"Float32{cls.__name__}", (_Float32BatchNorm, cls), {})
-    return _FLOAT32_CLASSES[cls]
+def _mixed_class(mixin: type, cls: type, prefix: str) -> type:
+    """``cls`` with ``mixin``'s forward in front, one class per pair (so modules keep one type)."""
+    if (mixin, cls) not in _MIXED_CLASSES:
+        _MIXED_CLASSES[mixin, cls] = type(f"{prefix}{cls.__name__}", (mixin, cls), {})
+    return _MIXED_CLASSES[mixin, cls]
 
 
 def elementary_norms(model: nn.Module) -> nn.Module:
@@ -140,9 +141,9 @@ def elementary_norms(model: nn.Module) -> nn.Module:
     """
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _ElementaryNorm):
-            m.__class__ = _elementary_class(type(m), _ElementaryBatchNorm)
+            m.__class__ = _mixed_class(_ElementaryBatchNorm, type(m), "Elementary")
         elif type(m) is nn.LayerNorm:
-            m.__class__ = _elementary_class(type(m), _ElementaryLayerNorm)
+            m.__class__ = _mixed_class(_ElementaryLayerNorm, type(m), "Elementary")
     return model
 
 
@@ -172,15 +173,6 @@ def _autocast_float32(x: torch.Tensor) -> torch.dtype:
 
 class _ElementaryNorm:
     """Marks the classes :func:`elementary_norms` makes."""
-
-
-_ELEMENTARY_CLASSES: dict[type, type] = {}
-
-
-def _elementary_class(cls: type, mixin: type) -> type:
-    if cls not in _ELEMENTARY_CLASSES:
-        _ELEMENTARY_CLASSES[cls] = type(f"Elementary{cls.__name__}", (mixin, cls), {})
-    return _ELEMENTARY_CLASSES[cls]
 
 
 class _ElementaryBatchNorm(_ElementaryNorm):

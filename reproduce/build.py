@@ -102,21 +102,20 @@ def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
     bfloat16 autocast, where torch's forward-mode AD meets a bfloat16 value and a float32 tangent
     and fails: there ``cfg.bf16_hvp``, ``"reverse"`` (reverse-over-reverse, the same H·v by another
     route) or ``"exact"``, which :func:`setup` makes pass by computing BatchNorm in float32
-    (:func:`gamfunc.nn.float32_batchnorm`).
+    (:func:`gamfunc.nn.float32_batchnorm`, or with ``--compile`` :func:`gamfunc.nn.elementary_norms`,
+    whose statistics are float32 too).
     """
-    risky = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm)
+    risky = (nn.modules.conv._ConvNd, _BatchNorm)
     if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):
         return cfg.bf16_hvp
     return "exact"
 
 
-def _has_batchnorm(model: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+_BatchNorm = nn.modules.batchnorm._BatchNorm
 
 
-def _has_norms(model: nn.Module) -> bool:
-    norms = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm)
-    return any(isinstance(m, norms) for m in model.modules())
+def _has(model: nn.Module, *kinds: type) -> bool:
+    return any(isinstance(m, kinds) for m in model.modules())
 
 
 def build_estimator(
@@ -285,13 +284,13 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
             f"{name}: H·v by reverse-over-reverse AD (forward-mode AD does not pass "
             "convolutions and BatchNorm under bfloat16 autocast); the same estimator"
         )
-    if exact and hvp == "exact" and cfg.compile and _has_norms(model):
+    if exact and hvp == "exact" and cfg.compile and _has(model, _BatchNorm, nn.LayerNorm):
         gamfunc.nn.elementary_norms(model)
         notes.append(
             f"{name}: BatchNorm and LayerNorm in elementary operations, so that the compiled step "
             "computes each point's gradient once (gamfunc.graph_sharing)"
         )
-    elif exact and cfg.bf16 and cfg.bf16_hvp == "exact" and _has_batchnorm(model):
+    elif exact and cfg.bf16 and cfg.bf16_hvp == "exact" and _has(model, _BatchNorm):
         gamfunc.nn.float32_batchnorm(model)
         notes.append(f"{name}: BatchNorm in float32, so that forward-over-reverse H·v runs in bf16")
     model.to(device)
