@@ -18,7 +18,9 @@ BatchNorm, LayerNorm and softmax have fused backward ops that ``jvp`` differenti
 decompositions of its own (BatchNorm's recomputes the batch statistics), so the networks write them
 with elementary operations (:func:`gamfunc.nn.elementary_norms`,
 :func:`gamfunc.nn.elementary_softmax`); then a point costs 3 gradient passes
-(``benchmarks/gam_flops.py`` counts them).
+(``benchmarks/gam_flops.py`` counts them). Channels-last activations share as well; channels-last
+convolution kernels do not: ``jvp`` copies its primal θ contiguous, so its convolutions take other
+weights than the gradient pass's (a point then costs 4 gradient passes).
 
 :func:`gamfunc.compile.compile_with` installs the pass in every inductor compile as
 ``post_grad_custom_pre_pass`` unless the caller sets that option.
@@ -103,18 +105,27 @@ def _drop_identity_copies(graph: fx.Graph) -> None:
         graph.erase_node(node)
 
 
+def _layout(val) -> tuple:
+    """The layout of a value: what two results must share besides their work to be one tensor."""
+    if val is None:
+        return ()
+    return (tuple(val.shape), tuple(val.stride()), val.storage_offset(), val.dtype, val.device)
+
+
 def _key(node: fx.Node):
-    """What makes two nodes the same work: the op and its (already merged) inputs. A chain of
-    reshapes is keyed by where it starts and the layout it ends in; add and mul ignore order."""
+    """What makes two nodes the same work: the op, its (already merged) inputs and the layout of its
+    result (shape, strides, storage offset, dtype). A chain of reshapes is keyed by where it starts
+    and the layout it ends in; add and mul ignore order."""
     target, val = node.target, _val(node)
+    layout = _layout(val)
     if target in _RESHAPES and val is not None and isinstance(node.args[0], fx.Node):
         root = node.args[0]
         while root.op == "call_function" and root.target in _RESHAPES:
             root = root.args[0]
-        return ("reshape", root, tuple(val.shape), tuple(val.stride()), val.dtype)
+        return ("reshape", root, layout)
     if target in _COMMUTATIVE and not node.kwargs and len(node.args) == 2:
-        return (target, tuple(sorted(map(repr, node.args))))
-    return (target, repr(node.args), repr(node.kwargs))
+        return (target, tuple(sorted(map(repr, node.args))), layout)
+    return (target, repr(node.args), repr(node.kwargs), layout)
 
 
 def share_equal_work(graph: fx.Graph) -> None:

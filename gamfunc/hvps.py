@@ -49,6 +49,7 @@ from gamfunc.tree import Tree
 
 __all__ = [
     "BACKENDS",
+    "SECOND_ORDER",
     "Normalized",
     "exact",
     "fd",
@@ -101,11 +102,10 @@ def _jvp_of_grad(loss_fn, params: Tree, batch, v: Tree):
         if not any(s in str(e) for s in _DTYPE_MISMATCH):
             raise
         raise RuntimeError(
-            "hvp='exact' (forward-mode AD over the gradient) failed on mixed dtypes. Under "
-            "torch.autocast, torch's forward-mode derivative of BatchNorm comes out in float32 while the "
-            "next layer computes in the autocast dtype (see gamfunc.precision); use hvp='reverse' or "
-            "hvp='fd' for such models, or make their BatchNorm compute in float32 "
-            f"(gamfunc.nn.float32_batchnorm(model)). torch said: {e}"
+            "hvp='exact' (forward-mode AD over the gradient) failed on mixed dtypes: a torch.autocast "
+            "inside loss_fn covers its forward pass but not the backward pass that forward-mode AD "
+            "differentiates. Wrap the plain loss with gamfunc.precision.bf16 or fp16 instead (they "
+            f"run that backward pass under autocast too), or use hvp='reverse' or 'fd'. torch said: {e}"
         ) from e
 
 
@@ -139,6 +139,10 @@ def fd(radius: float):
 
 
 BACKENDS = ("exact", "reverse", "fd")
+
+# The backends that differentiate the backward pass of L (the wrappers of gamfunc.precision run it
+# under autocast for them).
+SECOND_ORDER = (exact, reverse)
 
 
 def get(hvp: str, fd_radius: float = 1e-3):

@@ -10,6 +10,7 @@ from torch import nn
 from torch.func import functional_call
 
 __all__ = [
+    "autocast_batchnorm",
     "elementary_norms",
     "elementary_softmax",
     "float32_batchnorm",
@@ -44,6 +45,9 @@ def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = Tru
     only the clones (this is what lets ``torch.func.grad``, ``jvp`` and ``vmap`` run through BatchNorm
     in train mode) and ``new_buffers`` returns them; the caller's tensors are never modified.
 
+    Its BatchNorm layers are made safe for forward-mode AD under autocast, in place
+    (:func:`autocast_batchnorm`): what they compute does not change.
+
     Args:
         model: the module; only its structure is used, its tensors are copied out (detached).
         criterion: ``criterion(outputs, targets) -> scalar``; cross-entropy by default.
@@ -65,6 +69,7 @@ def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = Tru
     """
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    autocast_batchnorm(model)
 
     def loss_fn(params, batch, buffers, *, train: bool = train):
         inputs, targets = batch
@@ -85,6 +90,56 @@ def load(model: nn.Module, params, buffers=None) -> nn.Module:
             if buffers is not None and k in buffers:
                 v.copy_(buffers[k])
     return model
+
+
+class _AutocastBatchNorm:
+    """Mixed into a BatchNorm module's class by :func:`autocast_batchnorm`."""
+
+    def forward(self, x):
+        if not _forward_mode_under_autocast(x):
+            return super().forward(x)
+        return super().forward(x.float()).to(x.dtype)
+
+
+def _forward_mode_under_autocast(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a low-precision activation under autocast inside forward-mode AD (or a
+    compiled region, where the casts cost nothing and the transforms are not visible)."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or not torch.is_autocast_enabled(
+        x.device.type
+    ):
+        return False
+    if torch.compiler.is_compiling():
+        return True
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    return any(i.key() == torch._C._functorch.TransformType.Jvp for i in stack)
+
+
+def autocast_batchnorm(model: nn.Module) -> nn.Module:
+    """Make every BatchNorm of ``model`` agree in dtype with its forward-mode derivative under
+    autocast, in place; names, parameters and what the model computes stay as they were. Returns
+    ``model``.
+
+    Under autocast a BatchNorm takes the bfloat16 (float16) output of the layer before it and
+    returns bfloat16, but the forward-mode derivative of that output is float32, formed with the
+    float32 weight, and the next convolution, whose own derivative autocast no longer covers, raises
+    ``Input type (float) and weight type (BFloat16) should be the same``: exact (forward-over-reverse)
+    Hessian-vector products fail. Inside ``torch.func.jvp`` (or a compiled region) under autocast, the
+    BatchNorm made here normalises its input in float32 and rounds the result to the input's dtype:
+    the value torch's module returns (it also normalises in float32), and a derivative in the same
+    dtype. Anywhere else it is torch's module unchanged. :func:`functional` applies it.
+    ``SyncBatchNorm`` is left alone.
+    """
+    for m in model.modules():
+        already = (_AutocastBatchNorm, _Float32BatchNorm, _ElementaryNorm)  # dtype-safe as they are
+        if _plain_batchnorm(m) and not isinstance(m, already):
+            m.__class__ = _mixed_class(_AutocastBatchNorm, type(m), "Autocast")
+    return model
+
+
+def _plain_batchnorm(m: nn.Module) -> bool:
+    """A BatchNorm of one process: torch's ``_BatchNorm`` but not ``SyncBatchNorm``, whose
+    cross-rank statistics a rewrite would lose."""
+    return isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)
 
 
 class _Float32BatchNorm:
@@ -137,10 +192,12 @@ def elementary_norms(model: nn.Module) -> nn.Module:
     input's; float32 for LayerNorm under CUDA autocast, which runs ``layer_norm`` in float32), so value and
     forward-mode tangent agree in dtype and ``hvp="exact"`` runs under autocast as well. Running
     statistics follow ``torch.nn.BatchNorm*d``: momentum or, with ``momentum=None``, the cumulative mean,
-    and the unbiased variance.
+    and the unbiased variance; a training batch of one value per channel raises, as torch's does.
+    ``SyncBatchNorm`` is left alone: its statistics are reduced across processes, which a rewrite
+    would lose.
     """
     for m in model.modules():
-        if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _ElementaryNorm):
+        if _plain_batchnorm(m) and not isinstance(m, _ElementaryNorm):
             m.__class__ = _mixed_class(_ElementaryBatchNorm, type(m), "Elementary")
         elif type(m) is nn.LayerNorm:
             m.__class__ = _mixed_class(_ElementaryLayerNorm, type(m), "Elementary")
@@ -184,6 +241,10 @@ class _ElementaryBatchNorm(_ElementaryNorm):
         shape = [1, -1] + [1] * (x.dim() - 2)
         xf = _wide(x)
         batch_stats = self.training or self.running_mean is None
+        if self.training and xf.numel() // xf.shape[1] <= 1:  # as torch's F.batch_norm
+            raise ValueError(
+                f"Expected more than 1 value per channel when training, got input size {x.size()}"
+            )
         if batch_stats:
             var, mean = torch.var_mean(xf, dim=dims, correction=0)
         else:

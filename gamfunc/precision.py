@@ -45,7 +45,7 @@ References:
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -53,12 +53,13 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from gamfunc import tree
+from gamfunc import hvps, tree
 from gamfunc.loss import Objective, Pass, gradient_pass, loss_and_aux
 from gamfunc.tree import Tree
 
 __all__ = [
     "PRECISIONS",
+    "Autocast",
     "LossScale",
     "LossScaled",
     "autocast",
@@ -71,15 +72,72 @@ __all__ = [
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
-def autocast(loss_fn: Callable, dtype: torch.dtype) -> Callable:
+@dataclass(frozen=True, eq=False)
+class Autocast(Objective):
+    """``loss_fn`` evaluated under ``torch.autocast``, its loss cast back to the parameters' dtype.
+
+    Built by :func:`autocast` (:func:`bf16`, :func:`fp16`). Gradients are formed as in
+    ``torch.amp``: the forward pass under autocast, the backward pass outside it, in the dtypes autocast
+    chose for the forward operations.
+
+    Exact Hessian-vector products (``hvp="exact"`` and ``"reverse"``) differentiate that backward
+    pass, and run it under autocast as well. Forward-mode AD through the backward pass otherwise
+    meets mixed dtypes: the derivative formulas of BatchNorm, LayerNorm (on any device) and of the
+    operations CUDA autocast computes in float32 (``log_softmax``, ``softmax``, ``layer_norm``,
+    ``nll_loss``) return float32 tangents for bfloat16 values, and the next matrix product of the
+    backward pass, which autocast no longer covers, raises ``expected mat1 and mat2 to have the same
+    dtype``. Under autocast that product casts the tangent as it casts the value. The finite-difference
+    backend keeps the plain gradient passes, so that its two gradients are formed alike.
+
+    Attributes:
+        loss_fn: the plain loss: ``loss_fn(params, batch)`` or the buffered form.
+        dtype: ``torch.bfloat16`` or ``torch.float16``.
+    """
+
+    loss_fn: Callable
+    dtype: torch.dtype
+
+    def __post_init__(self):
+        if self.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype must be torch.bfloat16 or torch.float16; got {self.dtype}")
+        _check_plain(self.loss_fn)
+
+    def __call__(self, params: Tree, batch, *args, **kwargs):
+        first = next(iter(params.values()))
+        with torch.autocast(first.device.type, dtype=self.dtype):
+            out = self.loss_fn(params, batch, *args, **kwargs)
+        if isinstance(out, tuple):
+            return out[0].to(first.dtype), out[1]
+        return out.to(first.dtype)
+
+    def gradient_pass(self, params: Tree, batch) -> Pass:
+        return gradient_pass(self.__call__, params, batch)
+
+    def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
+        with self.context(backend, params):
+            return backend(self.__call__, params, batch, v, clean=clean)
+
+    def context(self, backend, params: Tree):
+        """The context an H·v of ``backend`` runs in: autocast for the backends that differentiate
+        the backward pass (:data:`gamfunc.hvps.SECOND_ORDER`), none for the others."""
+        if backend not in hvps.SECOND_ORDER:
+            return contextlib.nullcontext()
+        return torch.autocast(next(iter(params.values())).device.type, dtype=self.dtype)
+
+
+def autocast(loss_fn: Callable, dtype: torch.dtype) -> Autocast:
     """``loss_fn`` evaluated under ``torch.autocast(device, dtype)``, its loss cast to the params' dtype.
 
     The device type is that of the parameters. Everything outside the call (gradients, tree math,
-    optimiser) keeps the parameters' dtype; BatchNorm running statistics stay fp32.
+    optimiser) keeps the parameters' dtype; BatchNorm running statistics stay fp32. Exact H·v runs
+    its backward pass under autocast too (:class:`Autocast`).
 
     Args:
         loss_fn: ``loss_fn(params, batch, *rest) -> loss`` or ``(loss, aux)``.
         dtype: ``torch.bfloat16`` or ``torch.float16``.
+
+    Returns:
+        An :class:`Autocast` Objective.
 
     Example:
         >>> import torch
@@ -87,20 +145,7 @@ def autocast(loss_fn: Callable, dtype: torch.dtype) -> Callable:
         >>> autocast(loss_fn, torch.bfloat16)({"w": torch.ones(3)}, torch.ones(2, 3)).dtype
         torch.float32
     """
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"dtype must be torch.bfloat16 or torch.float16; got {dtype}")
-    _check_plain(loss_fn)
-
-    @functools.wraps(loss_fn)
-    def autocast_loss(params, batch, *args, **kwargs):
-        first = next(iter(params.values()))
-        with torch.autocast(first.device.type, dtype=dtype):
-            out = loss_fn(params, batch, *args, **kwargs)
-        if isinstance(out, tuple):
-            return out[0].to(first.dtype), out[1]
-        return out.to(first.dtype)
-
-    return autocast_loss
+    return Autocast(loss_fn, dtype)
 
 
 def _check_plain(loss_fn) -> None:
@@ -111,7 +156,7 @@ def _check_plain(loss_fn) -> None:
         )
 
 
-def bf16(loss_fn: Callable) -> Callable:
+def bf16(loss_fn: Callable) -> Autocast:
     """``loss_fn`` under bf16 autocast (:func:`autocast` with ``torch.bfloat16``); no loss scale."""
     return autocast(loss_fn, torch.bfloat16)
 
@@ -179,7 +224,8 @@ class LossScaled(Objective):
     scale: Tensor | None = None
 
     def __post_init__(self):
-        _check_plain(self.loss_fn)
+        if not isinstance(self.loss_fn, Autocast):
+            raise TypeError("LossScaled wraps the Autocast loss that gamfunc.precision.fp16 builds")
 
     def _s(self):
         return self.scale if self.scale is not None else self.init_scale
@@ -208,7 +254,8 @@ class LossScaled(Objective):
         if not isinstance(v, dict) and clean is not None:
             v = v(clean.grad)
         v_scaled = v if isinstance(v, dict) else (lambda sg: v(self._unscale(sg)))
-        shv, sclean = backend(self._scaled, params, batch, v_scaled)
+        with self.loss_fn.context(backend, params):
+            shv, sclean = backend(self._scaled, params, batch, v_scaled)
         return self._unscale(shv), clean if clean is not None else self._unscale_pass(sclean)
 
     # Step state (the protocol of gamfunc.loss.Objective): S is read from and written to

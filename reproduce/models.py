@@ -52,6 +52,9 @@ import gamfunc
 __all__ = ["MODELS", "build_model", "count_parameters"]
 
 
+Activation = Callable[[Tensor], Tensor]
+
+
 def _conv3x3(cin: int, cout: int, stride: int = 1, groups: int = 1) -> nn.Conv2d:
     return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, groups=groups, bias=False)
 
@@ -64,8 +67,9 @@ class _Basic(nn.Module):
 
     expansion = 1
 
-    def __init__(self, cin: int, planes: int, stride: int = 1):
+    def __init__(self, cin: int, planes: int, stride: int = 1, act: Activation = F.relu):
         super().__init__()
+        self.act = act
         self.conv1, self.bn1 = _conv3x3(cin, planes, stride), nn.BatchNorm2d(planes)
         self.conv2, self.bn2 = _conv3x3(planes, planes), nn.BatchNorm2d(planes)
         self.shortcut = nn.Sequential()
@@ -75,9 +79,9 @@ class _Basic(nn.Module):
             )
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.act(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
+        return self.act(out + self.shortcut(x))
 
 
 class _Bottleneck(nn.Module):
@@ -85,8 +89,9 @@ class _Bottleneck(nn.Module):
 
     expansion = 4
 
-    def __init__(self, cin: int, planes: int, stride: int = 1):
+    def __init__(self, cin: int, planes: int, stride: int = 1, act: Activation = F.relu):
         super().__init__()
+        self.act = act
         out = planes * self.expansion
         self.conv1, self.bn1 = nn.Conv2d(cin, planes, 1, bias=False), nn.BatchNorm2d(planes)
         self.conv2, self.bn2 = _conv3x3(planes, planes, stride), nn.BatchNorm2d(planes)
@@ -98,31 +103,36 @@ class _Bottleneck(nn.Module):
             )
 
     def forward(self, x: Tensor) -> Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = F.relu(self.bn2(self.conv2(out)))
+        out = self.act(self.bn1(self.conv1(x)))
+        out = self.act(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return F.relu(out + self.shortcut(x))
+        return self.act(out + self.shortcut(x))
 
 
 class CifarResNet(nn.Module):
-    """ResNet with a 3×3 stride-1 stem and no max-pool, four stages of 64·2^i planes (for 32×32 inputs)."""
+    """ResNet with a 3×3 stride-1 stem and no max-pool, four stages of 64·2^i planes (for 32×32 inputs).
 
-    def __init__(self, block, layers: list[int], num_classes: int):
+    ``act`` is the activation (ReLU; a smooth one such as ``F.gelu`` makes ∇L continuous, so that
+    finite differences and low-precision steps can be compared with float64 at rounding tolerance).
+    """
+
+    def __init__(self, block, layers: list[int], num_classes: int, act: Activation = F.relu):
         super().__init__()
+        self.act = act
         self.conv1, self.bn1 = _conv3x3(3, 64), nn.BatchNorm2d(64)
         stages, cin = [], 64
         for i, n in enumerate(layers):
             planes = 64 * 2**i
             blocks = []
             for j in range(n):
-                blocks.append(block(cin, planes, stride=2 if (i > 0 and j == 0) else 1))
+                blocks.append(block(cin, planes, stride=2 if (i > 0 and j == 0) else 1, act=act))
                 cin = planes * block.expansion
             stages.append(nn.Sequential(*blocks))
         self.layers = nn.Sequential(*stages)
         self.fc = nn.Linear(cin, num_classes)
 
     def forward(self, x: Tensor) -> Tensor:
-        out = self.layers(F.relu(self.bn1(self.conv1(x))))
+        out = self.layers(self.act(self.bn1(self.conv1(x))))
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
 
 

@@ -174,3 +174,55 @@ def test_a_compiled_point_with_the_pass_equals_the_eager_point():
     for a, b in zip(fn(params, batch, buffers), compiled(params, batch, buffers), strict=True):
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11)
+
+
+def test_equal_work_with_another_layout_is_not_merged():
+    """Two nodes of the same op on the same inputs are one tensor only if their results also share
+    shape, strides and storage offset: a value's layout is part of its merge key."""
+    x = torch.randn(4, 6)
+    gm = make_fx(lambda t: (t.sin() + 1, t.sin() + 1))(x)
+    sins = [n for n in gm.graph.nodes if n.target == torch.ops.aten.sin.default]
+    assert len(sins) == 2
+    val = sins[1].meta["val"]
+    sins[1].meta["val"] = val.as_strided(val.shape, val.stride(), 1)  # another storage offset
+    share_equal_work(gm.graph)
+    assert len([n for n in gm.graph.nodes if n.target == torch.ops.aten.sin.default]) == 2
+    sins[1].meta["val"] = val.t().contiguous().t()  # same shape, other strides
+    share_equal_work(gm.graph)
+    assert len([n for n in gm.graph.nodes if n.target == torch.ops.aten.sin.default]) == 2
+    sins[1].meta["val"] = val
+    share_equal_work(gm.graph)
+    assert len([n for n in gm.graph.nodes if n.target == torch.ops.aten.sin.default]) == 1
+
+
+def test_a_channels_last_shared_point_equals_the_eager_point():
+    """The pass on channels-last inputs (NHWC activations throughout) shares the gradient pass and
+    keeps the point's values. (Channels-last kernels are not shared: jvp copies its primal θ
+    contiguous, so the jvp's convolutions take other weights than the gradient pass's.)"""
+    loss_fn, params, buffers, batch = setup(lambda: gamfunc.nn.elementary_norms(conv_net()))
+    x, y = batch
+    batch = (x.to(memory_format=torch.channels_last), y)
+    fn = point(loss_fn)
+    shared = traced(fn, params, batch, buffers, share=True)
+    unit = flops(gradient(loss_fn), params, batch, buffers)
+    assert flops(shared, params, batch, buffers) == 3 * unit
+    for a, b in zip(fn(params, batch, buffers), shared(params, batch, buffers), strict=True):
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_a_compiled_point_with_the_pass_equals_the_eager_point_on_cuda():
+    """Inductor on CUDA with the pass, channels-last: the same g and H·g/‖g‖ as eager (float64)."""
+    loss_fn, params, buffers, batch = setup(lambda: gamfunc.nn.elementary_norms(conv_net()))
+    dev = torch.device("cuda")
+    params = {k: v.to(dev) for k, v in params.items()}
+    buffers = {k: v.to(dev) for k, v in buffers.items()}
+    x, y = batch
+    batch = (x.to(dev, memory_format=torch.channels_last), y.to(dev))
+    fn = point(loss_fn)
+    torch._dynamo.reset()
+    compiled = compile_with(True, None, {})(fn)
+    for a, b in zip(fn(params, batch, buffers), compiled(params, batch, buffers), strict=True):
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11)

@@ -135,3 +135,28 @@ def test_dtypes_under_autocast_are_torchs_and_exact_hvp_runs():
     num = sum((hv16[k].float() - hv32[k]).norm() ** 2 for k in v) ** 0.5
     den = sum(hv32[k].norm() ** 2 for k in v) ** 0.5
     assert num / den < 0.25
+
+
+def test_syncbatchnorm_is_left_alone():
+    # SyncBatchNorm reduces its statistics across processes; a rewrite would silently lose that.
+    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.SyncBatchNorm(4), nn.BatchNorm2d(4))
+    gamfunc.nn.elementary_norms(net)
+    gamfunc.nn.autocast_batchnorm(net)
+    assert type(net[1]) is nn.SyncBatchNorm
+    assert type(net[2]).__name__ == "AutocastElementaryBatchNorm2d" or isinstance(
+        net[2], gamfunc.nn._ElementaryNorm
+    )
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (1, 4, 1, 1)])
+def test_a_training_batch_of_one_raises_as_torchs(shape):
+    torch_bn = nn.BatchNorm1d(4) if len(shape) == 2 else nn.BatchNorm2d(4)
+    ours = gamfunc.nn.elementary_norms(copy.deepcopy(torch_bn))
+    x = torch.randn(*shape)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel") as want:
+        torch_bn(x)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel") as got:
+        ours(x)
+    assert str(got.value) == str(want.value)
+    ours.eval()
+    assert torch.equal(ours(x), torch_bn.eval()(x))  # eval mode takes a batch of one

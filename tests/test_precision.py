@@ -43,7 +43,7 @@ def batch(n=64, seed=0):
 
 
 def rel(a, b):
-    return float(tree.norm(tree.sub(a, b)) / tree.norm(b))
+    return float(tree.norm(tree.sub(a, b)).detach() / tree.norm(b).detach())
 
 
 def one_step(estimator, loss_fn, params, buffers, b, optimizer=None):
@@ -51,14 +51,15 @@ def one_step(estimator, loss_fn, params, buffers, b, optimizer=None):
     return step(params, step.init(params, buffers), b)
 
 
+SECOND_ORDER = [(n, "exact") for n in ESTIMATORS] + [("gnp", "reverse"), ("gam", "reverse")]
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("name", list(ESTIMATORS))
+@pytest.mark.parametrize(("name", "hvp"), SECOND_ORDER)
 @pytest.mark.parametrize("model", ["mlp", "bn_mlp", "bn_mlp_float32"])
-def test_low_precision_step_stays_within_tolerance_of_fp32(precision, name, model):
-    # Exact HVPs need forward-mode AD through BatchNorm under autocast, which torch lacks (see
-    # gamfunc.precision): the BatchNorm model uses the reverse-over-reverse backend, or the exact one
-    # with its BatchNorm in float32 (gamfunc.nn.float32_batchnorm; the fp32 reference is unchanged).
-    hvp = "reverse" if model == "bn_mlp" else "exact"
+def test_low_precision_step_stays_within_tolerance_of_fp32(precision, name, hvp, model):
+    # Every backend runs through BatchNorm under autocast (the wrappers run exact H·v's backward
+    # pass under autocast); float32_batchnorm changes nothing in the fp32 reference.
     net = {"mlp": mlp, "bn_mlp": bn_mlp}.get(model, lambda: gamfunc.nn.float32_batchnorm(bn_mlp()))
     loss_fn, params, buffers = gamfunc.nn.functional(net())
     b = batch()
@@ -78,17 +79,44 @@ def test_low_precision_step_stays_within_tolerance_of_fp32(precision, name, mode
         assert torch.equal(state.buffers["1.num_batches_tracked"], torch.tensor(1))
 
 
+def ln_mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 4))
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_exact_hvp_through_batchnorm_under_autocast_fails_with_the_way_out(precision):
-    # torch's forward-mode AD through BatchNorm under autocast mixes dtypes (gamfunc.precision); the
-    # error names the backends that work. The step raises before it returns: the caller's params stay.
+@pytest.mark.parametrize("net", [bn_mlp, ln_mlp])
+def test_exact_hvp_under_autocast_equals_the_fp32_product(precision, net):
+    # Forward-mode AD through BatchNorm's and LayerNorm's backward returns float32 tangents for
+    # low-precision values; the wrappers run that backward pass under autocast, so H·v runs and
+    # stays within the format's rounding of the fp32 product (and of reverse-over-reverse).
+    loss_fn, params, buffers = gamfunc.nn.functional(net())
+    plain = lambda p, b: loss_fn(p, b, buffers)  # noqa: E731
+    v = {k: torch.randn_like(t) for k, t in params.items()}
+    v = tree.scale(v, 1 / tree.norm(v))  # a unit vector, as GAM's: S·H·v stays within fp16's range
+    want, _ = gamfunc.hvps.exact(plain, params, batch(), v)
+    low = mixed(plain, precision)
+    for backend in (gamfunc.hvps.exact, gamfunc.hvps.reverse):
+        got, clean = backend(low, params, batch(), v)
+        assert all(got[k].dtype == torch.float32 for k in got)
+        assert rel(got, want) < TOL * UNIT_ROUNDOFF[precision]
+        assert torch.isfinite(clean.loss)
+
+
+def test_autocast_inside_a_plain_loss_fails_naming_the_wrappers():
+    # torch.autocast inside loss_fn covers the forward pass but not the backward pass that exact
+    # H·v differentiates: the step raises before it returns, naming the way out, and the caller's
+    # params stay.
     loss_fn, params, buffers = gamfunc.nn.functional(bn_mlp())
+
+    def inner_autocast(p, b):
+        with torch.autocast("cpu", torch.bfloat16):
+            return loss_fn(p, b, buffers)
+
     before = {k: v.clone() for k, v in params.items()}
-    step = gamfunc.make_step(
-        ESTIMATORS["gam"]("exact"), gamfunc.sgd(lr=0.1), mixed(loss_fn, precision)
-    )
-    with pytest.raises(RuntimeError, match="hvp='reverse' or hvp='fd'") as info:
-        step(params, step.init(params, buffers), batch())
+    step = gamfunc.make_step(ESTIMATORS["gam"]("exact"), gamfunc.sgd(lr=0.1), inner_autocast)
+    with pytest.raises(RuntimeError, match=r"gamfunc\.precision\.bf16 or fp16") as info:
+        step(params, step.init(params), batch())
     assert "dtype" in str(info.value.__cause__)
     assert all(torch.equal(params[k], before[k]) for k in params)
 

@@ -1,0 +1,336 @@
+"""Every estimator in every precision through the public API, each step against float64: the GPU check.
+
+One command on a CUDA machine (about 8 minutes on one H100)::
+
+    python benchmarks/gpu_check.py --out gpu_check.json
+
+Cases: every estimator (gradient, SAM, ASAM, GNP, GAM exact / reverse / finite difference, SAM + GAM,
+accelerated GAM) × {fp32, bf16 (:func:`gamfunc.precision.bf16`)} × {a CIFAR ResNet with BatchNorm in
+channels-last, a small ViT} × {eager, ``scope="pass"`` with CUDA graphs (``mode="reduce-overhead"``),
+``scope="step"``}, plus the vmapped ensemble and the ``torch.optim`` facade on the device.
+
+Each compiled step is called three times from the same parameters and state (CUDA graphs: warm-up,
+recording, replay), and every result is checked after the last call, so a replay that overwrote an
+earlier result is caught. The reference is the same step of the same network in float64, eager, on
+the same device. The relative error of the update ‖Δθ − Δθ₆₄‖/‖Δθ₆₄‖ must stay under the precision's
+tolerance: fp32 (TF32 off) ``1e-4``, the rounding of cuDNN's convolution algorithms with room; bf16
+8·2⁻⁸, eight units of bfloat16's rounding (``tests/test_precision.py`` measures 1–5 units on the CPU);
+finite-difference GAM multiplies gradient rounding by 1 + 2·α·ρ/r, and its tolerance with it. The
+ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a unit on or off, and a finite difference
+or a perturbed gradient is then not a rounding away from its float64 value.
+
+Groups of cases (model, precision, mode) run in worker processes in parallel, so their compiles
+overlap; ``--time_limit`` marks the cases of a group not started by then as not run. It prints one
+line per case and a summary, writes the JSON (``--out``), and exits 1 if any case failed.
+
+On the CPU (``--device cpu``) it runs the eager cases, the check's own test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+import gamfunc
+from gamfunc import tree
+from gamfunc.precision import bf16
+from gamfunc.regional import compile_passes
+
+__all__ = ["ESTIMATORS", "MODES", "PRECISIONS", "TOLERANCE", "main", "run_group"]
+
+ESTIMATORS = {
+    "gradient": lambda: gamfunc.gradient(),
+    "sam": lambda: gamfunc.sam(0.05),
+    "asam": lambda: gamfunc.asam(0.5),
+    "gnp": lambda: gamfunc.gnp(0.1, hvp="exact"),
+    "gam_exact": lambda: gamfunc.gam(0.05, 0.5, hvp="exact"),
+    "gam_reverse": lambda: gamfunc.gam(0.05, 0.5, hvp="reverse"),
+    "gam_fd": lambda: gamfunc.gam(0.05, 0.5, hvp="fd", fd_radius=1e-2),
+    "sam+gam": lambda: gamfunc.gam(0.05, 0.5, hvp="exact", oracle=gamfunc.sam(0.05)),
+    "accelerated": lambda: gamfunc.gam_accelerated(0.05, 0.02, 0.6, 0.4, 0.3),
+}
+PRECISIONS = ("fp32", "bf16")
+MODES = ("eager", "pass", "step")
+MODELS = ("resnet", "vit")
+TOLERANCE = {"fp32": 1e-4, "bf16": 8 * 2.0**-8}
+# Finite differences take the difference of two rounded gradients, divide it by r and scale it by
+# α·ρ: gradient rounding reaches the update multiplied by 1 + 2·α·ρ/r (gam_fd: 1 + 2·0.025/0.01 = 6).
+AMPLIFICATION = {"gam_fd": 1 + 2 * 0.5 * 0.05 / 1e-2}
+CALLS = 3  # a compiled step's calls from one state: CUDA graphs warm up, record, replay
+
+
+def build(model: str, device: torch.device, dtype=torch.float32):
+    """``(module, batch)``: the network (seeded) and one batch of 32 images of 16×16, on ``device``."""
+    from reproduce.models import CifarResNet, ViT, _Basic
+
+    torch.manual_seed(0)
+    if model == "resnet":
+        # GELU: ∇L is then continuous, so the finite differences of fd and accelerated GAM compare
+        # with float64 at rounding tolerance (with ReLU a rounding flips which units are active).
+        net = CifarResNet(_Basic, [1, 1], num_classes=10, act=torch.nn.functional.gelu)
+    else:
+        net = ViT(image_size=16, patch=4, dim=64, depth=2, heads=4, mlp_dim=128, num_classes=10)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 3, 16, 16, generator=g)
+    y = torch.randint(0, 10, (32,), generator=g)
+    net = net.to(device, dtype)
+    x = x.to(device, dtype)
+    if model == "resnet":
+        net, x = net.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    return net, (x, y.to(device))
+
+
+def _update(new, old):
+    return {k: (new[k].double() - old[k].double()) for k in old}
+
+
+def _rel(a, b) -> float:
+    num = float(tree.norm(tree.sub(a, b)))
+    den = float(tree.norm(b))
+    return num / den if den > 0 else num
+
+
+def reference(model: str, estimator: str, device: torch.device):
+    """The float64 eager step: ``(update, loss)``."""
+    net, (x, y) = build(model, device, torch.float64)
+    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    step = gamfunc.make_step(ESTIMATORS[estimator](), gamfunc.sgd(lr=0.1, momentum=0.9), loss_fn)
+    new, _, m = step(params, step.init(params, buffers), (x, y))
+    return _update(new, params), float(m["loss"])
+
+
+def run_group(
+    model: str, precision: str, mode: str, device: torch.device, deadline: float, names=ESTIMATORS
+):
+    """The rows of one (model, precision, mode) group: each estimator of ``names``, its error against
+    float64."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    net, batch = build(model, device)
+    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss = bf16(loss_fn) if precision == "bf16" else loss_fn
+    if mode == "pass":  # one set of compiled passes for every estimator of the group
+        loss = compile_passes(loss, mode="reduce-overhead" if device.type == "cuda" else None)
+    rows = []
+    for name in names:
+        row = {"model": model, "precision": precision, "mode": mode, "estimator": name}
+        if time.time() > deadline:
+            rows.append({**row, "status": "not run", "error": "time limit"})
+            continue
+        try:
+            want, want_loss = reference(model, name, device)
+            step = gamfunc.make_step(ESTIMATORS[name](), gamfunc.sgd(lr=0.1, momentum=0.9), loss)
+            if mode == "step":
+                step = step.compile()
+            state = step.init(params, buffers)
+            t0 = time.perf_counter()
+            outs = [step(params, state, batch) for _ in range(1 if mode == "eager" else CALLS)]
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            errors = [_rel(_update(new, params), want) for new, _, _ in outs]
+            loss_errors = [abs(float(m["loss"]) - want_loss) / abs(want_loss) for _, _, m in outs]
+            row["update_rel_err"] = max(errors)
+            row["loss_rel_err"] = max(loss_errors)
+            row["skipped"] = max(int(m["skipped"]) for _, _, m in outs)
+            tol = TOLERANCE[precision] * AMPLIFICATION.get(name, 1.0)
+            row["tolerance"] = tol
+            ok = row["update_rel_err"] < tol and row["loss_rel_err"] < tol and row["skipped"] == 0
+            row["status"] = "pass" if ok else "fail"
+        except Exception as e:  # a case that raises is a failed case, reported
+            row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            row["trace"] = traceback.format_exc().splitlines()[-8:]
+        rows.append(row)
+    return rows
+
+
+def _without_buffers(loss_fn):
+    """The two-argument loss of a network without buffers (the ViT)."""
+
+    def plain(params, batch):
+        return loss_fn(params, batch, {})[0]
+
+    return plain
+
+
+def extras(device: torch.device) -> list[dict]:
+    """The vmapped ensemble (each member against its own step) and the torch.optim facade (against
+    ``make_step``), eager, fp32 and bf16."""
+    rows = []
+    for precision in PRECISIONS:
+        row = {"model": "vit", "precision": precision, "mode": "eager", "estimator": "ensemble"}
+        try:
+            net, batch = build("vit", device)
+            loss_fn, params, _ = gamfunc.nn.functional(net)
+            plain = _without_buffers(loss_fn)
+            loss = bf16(plain) if precision == "bf16" else plain
+            lrs = torch.tensor([0.05, 0.1, 0.2], device=device)
+
+            def member(lr, loss=loss):
+                return gamfunc.make_step(gamfunc.gam(0.05, 0.5), gamfunc.sgd(lr=lr), loss)
+
+            ens = gamfunc.ensemble.vmap_step(member, {"lr": lrs})  # lr: a constant schedule
+            stacked = gamfunc.ensemble.stack([params] * len(lrs))
+            new, _, _ = ens(stacked, ens.init(stacked), batch)
+            errs = []
+            for i, lr in enumerate(lrs.tolist()):
+                single = member(lr)
+                want, _, _ = single(params, single.init(params), batch)
+                got = {k: v[i] for k, v in new.items()}
+                errs.append(_rel(_update(got, params), _update(want, params)))
+            row["update_rel_err"], row["tolerance"] = max(errs), TOLERANCE[precision]
+            row["status"] = "pass" if row["update_rel_err"] < row["tolerance"] else "fail"
+        except Exception as e:
+            row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            row["trace"] = traceback.format_exc().splitlines()[-8:]
+        rows.append(row)
+    row = {"model": "resnet", "precision": "fp32", "mode": "eager", "estimator": "facade"}
+    try:
+        from gamfunc.torch_optim import GAM
+
+        torch.backends.cudnn.allow_tf32 = False
+        net, batch = build("resnet", device)
+        loss_fn, params, buffers = gamfunc.nn.functional(copy.deepcopy(net))
+        step = gamfunc.make_step(gamfunc.gam(0.05, 0.5), gamfunc.sgd(lr=0.1), loss_fn)
+        want, _, _ = step(params, step.init(params, buffers), batch)
+        opt = GAM(net, gamfunc.sgd(lr=0.1), rho=0.05, alpha=0.5)
+        opt.step(batch)
+        got = {k: p.detach() for k, p in net.named_parameters()}
+        row["update_rel_err"] = _rel(_update(got, params), _update(want, params))
+        row["tolerance"] = TOLERANCE["fp32"]
+        row["status"] = "pass" if row["update_rel_err"] < row["tolerance"] else "fail"
+    except Exception as e:
+        row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        row["trace"] = traceback.format_exc().splitlines()[-8:]
+    rows.append(row)
+    return rows
+
+
+def _line(r: dict) -> str:
+    err, tol = r.get("update_rel_err"), r.get("tolerance")
+    what = f"rel err {err:.2e} ({err / tol:.2f} of tol)" if err is not None else r.get("error", "")
+    return (
+        f"{r['status']:8s} {r['model']:6s} {r['precision']:4s} {r['mode']:5s} "
+        f"{r['estimator']:12s} {what}"
+    )
+
+
+def _group_rows(group: str, out: str) -> list[dict]:
+    """The rows a worker printed, each also printed as a line; a worker that died is one failed row."""
+    got = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("ROWS ")]
+    if got:
+        rows = got[0]
+    else:
+        model, precision, mode = ([*group.split(":"), "fp32", "-"])[:3]
+        tail = " | ".join(out.strip().splitlines()[-6:])
+        rows = [
+            {
+                "model": model,
+                "precision": precision if precision in PRECISIONS else "fp32",
+                "mode": mode,
+                "estimator": "-",
+                "status": "fail",
+                "error": f"worker died: {tail}",
+            }
+        ]
+    for r in rows:
+        print(_line(r), flush=True)
+    return rows
+
+
+def _worker(args) -> None:
+    device = torch.device(args.device)
+    deadline = args.deadline
+    if args.group == "extras":
+        rows = extras(device)
+    else:
+        model, precision, mode = args.group.split(":")
+        rows = run_group(model, precision, mode, device, deadline, args.estimators.split(","))
+    print("ROWS " + json.dumps(rows), flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", default="", help="JSON file")
+    ap.add_argument("--workers", type=int, default=6, help="groups run at once")
+    ap.add_argument(
+        "--time_limit", type=float, default=420, help="seconds after which no case starts"
+    )
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--estimators", default=",".join(ESTIMATORS))
+    ap.add_argument("--extras", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--modes", default="", help="default: all on CUDA, eager on the CPU")
+    ap.add_argument("--group", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--deadline", type=float, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.group:
+        _worker(args)
+        return 0
+    modes = args.modes.split(",") if args.modes else (MODES if args.device != "cpu" else ["eager"])
+    groups = [
+        f"{m}:{p}:{mode}" for mode in modes for m in args.models.split(",") for p in PRECISIONS
+    ]
+    groups += ["extras"] if args.extras else []
+    start = time.time()
+    deadline = start + args.time_limit
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "4"),
+    }
+    logs = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    pending, running, rows = list(groups), [], []
+    while pending or running:
+        while pending and len(running) < args.workers:
+            g = pending.pop(0)
+            cmd = [sys.executable, __file__, "--device", args.device, "--group", g]
+            cmd += ["--estimators", args.estimators]
+            log = open(logs / f"{g.replace(':', '_')}.log", "w+")  # noqa: SIM115 - closed below
+            proc = subprocess.Popen(
+                [*cmd, "--deadline", str(deadline)], stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+            running.append((g, proc, log))
+        done = [r for r in running if r[1].poll() is not None]
+        if not done:
+            time.sleep(0.5)
+            continue
+        for g, proc, log in done:
+            running.remove((g, proc, log))
+            log.seek(0)
+            out = log.read()
+            log.close()
+            rows += _group_rows(g, out)
+    counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "not run")}
+    summary = {
+        "device": torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else platform.processor(),
+        "torch": torch.__version__,
+        "seconds": round(time.time() - start, 1),
+        **counts,
+    }
+    print(
+        f"gpu_check: {counts['pass']} passed, {counts['fail']} failed, {counts['not run']} not run "
+        f"in {summary['seconds']} s on {summary['device']} (torch {summary['torch']})"
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    return 1 if counts["fail"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
