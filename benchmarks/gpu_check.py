@@ -267,7 +267,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="", help="JSON file")
-    ap.add_argument("--workers", type=int, default=6, help="groups run at once")
+    ap.add_argument("--workers", type=int, default=8, help="groups run at once")
     ap.add_argument(
         "--time_limit", type=float, default=420, help="seconds after which no case starts"
     )
@@ -282,10 +282,19 @@ def main(argv=None) -> int:
         _worker(args)
         return 0
     modes = args.modes.split(",") if args.modes else (MODES if args.device != "cpu" else ["eager"])
-    groups = [
-        f"{m}:{p}:{mode}" for mode in modes for m in args.models.split(",") for p in PRECISIONS
-    ]
-    groups += ["extras"] if args.extras else []
+    names = args.estimators.split(",")
+    # Whole-step compiles take longest: their groups come first, cut in two, so that every worker
+    # of the pool is busy with one until the end.
+    groups = []
+    for mode in sorted(modes, key=lambda m: MODES.index(m), reverse=True):
+        parts = [names[::2], names[1::2]] if mode == "step" and len(names) > 1 else [names]
+        groups += [
+            (f"{m}:{p}:{mode}", part)
+            for m in args.models.split(",")
+            for p in PRECISIONS
+            for part in parts
+        ]
+    groups += [("extras", names)] if args.extras else []
     start = time.time()
     deadline = start + args.time_limit
     env = {
@@ -296,10 +305,11 @@ def main(argv=None) -> int:
     pending, running, rows = list(groups), [], []
     while pending or running:
         while pending and len(running) < args.workers:
-            g = pending.pop(0)
+            g, part = pending.pop(0)
             cmd = [sys.executable, __file__, "--device", args.device, "--group", g]
-            cmd += ["--estimators", args.estimators]
-            log = open(logs / f"{g.replace(':', '_')}.log", "w+")  # noqa: SIM115 - closed below
+            cmd += ["--estimators", ",".join(part)]
+            name = f"{g.replace(':', '_')}_{part[0]}.log"
+            log = open(logs / name, "w+")  # noqa: SIM115 - closed below
             proc = subprocess.Popen(
                 [*cmd, "--deadline", str(deadline)], stdout=log, stderr=subprocess.STDOUT, env=env
             )

@@ -40,6 +40,7 @@ __all__ = [
     "load_weights",
     "lr_schedule",
     "setup",
+    "training_loss",
 ]
 
 IMAGENET_CLASSES = 1000  # the classifier of the pretrained weights that --pretrained starts from
@@ -54,24 +55,21 @@ class SetupError(Exception):
     """The run cannot start as configured (model, weights, processes); the message says why."""
 
 
-def classification_loss(model: nn.Module, bf16: bool = False, device_type: str = "cpu"):
+def classification_loss(model: nn.Module):
     """``loss_fn(params, batch, buffers, *, train=True) -> (loss, new_buffers)``: cross-entropy of
     ``model`` through ``torch.func.functional_call`` (the buffered form of :func:`gamfunc.nn.functional`).
 
-    The buffers are cloned inside (BatchNorm's running statistics update the clones), the logits are
-    computed under bfloat16 autocast when ``bf16`` and the loss in float32. ``new_buffers`` carries one
-    extra entry, ``CORRECT``: the number of correct predictions at θ, so that the running training
-    accuracy costs nothing (``make_step`` keeps the aux of the pass at θ only); in eval mode also
-    ``TOP5``, the number of labels among the five largest logits.
+    The buffers are cloned inside (BatchNorm's running statistics update the clones), and the loss is
+    computed on float32 logits. ``new_buffers`` carries one extra entry, ``CORRECT``: the number of
+    correct predictions at θ, so that the running training accuracy costs nothing (``make_step``
+    keeps the aux of the pass at θ only); in eval mode also ``TOP5``, the number of labels among the
+    five largest logits. Mixed precision wraps it as any loss (:func:`training_loss`).
     """
 
     def loss_fn(params, batch, buffers, *, train: bool = True):
         inputs, targets = batch
         state = {k: v.clone() for k, v in buffers.items() if k not in (CORRECT, TOP5)}
-        with (
-            gamfunc.nn.mode(model, train),
-            torch.autocast(device_type, torch.bfloat16, enabled=bf16),
-        ):
+        with gamfunc.nn.mode(model, train):
             logits = functional_call(model, (params, state), (inputs,))
         logits = logits.float()
         aux = {**state, CORRECT: (logits.argmax(-1) == targets).sum()}
@@ -81,6 +79,12 @@ def classification_loss(model: nn.Module, bf16: bool = False, device_type: str =
         return F.cross_entropy(logits, targets), aux
 
     return loss_fn
+
+
+def training_loss(loss_fn, cfg: Config):
+    """``loss_fn`` in the run's precision: :func:`gamfunc.precision.bf16` with ``--bf16`` (autocast in
+    every pass, exact H·v's backward pass included), else as it is."""
+    return gamfunc.precision.mixed(loss_fn, "bf16" if cfg.bf16 else "fp32")
 
 
 def lr_schedule(cfg: Config, steps_per_epoch: int):
@@ -98,12 +102,9 @@ def lr_schedule(cfg: Config, steps_per_epoch: int):
 def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
     """The H·v backend of the estimators the paper forms with exact Hessian-vector products.
 
-    ``"exact"`` (forward-over-reverse), except for a network with BatchNorm or convolutions under
-    bfloat16 autocast, where torch's forward-mode AD meets a bfloat16 value and a float32 tangent
-    and fails: there ``cfg.bf16_hvp``, ``"reverse"`` (reverse-over-reverse, the same H·v by another
-    route) or ``"exact"``, which :func:`setup` makes pass by computing BatchNorm in float32
-    (:func:`gamfunc.nn.float32_batchnorm`, or with ``--compile`` :func:`gamfunc.nn.elementary_norms`,
-    whose statistics are float32 too).
+    ``"exact"`` (forward-over-reverse); on a network with BatchNorm or convolutions under bfloat16
+    autocast, ``cfg.bf16_hvp``, which may choose ``"reverse"`` (reverse-over-reverse, the same H·v by
+    another route). Both run in bf16 (:mod:`gamfunc.precision`, :func:`gamfunc.nn.autocast_batchnorm`).
     """
     risky = (nn.modules.conv._ConvNd, _BatchNorm)
     if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):
@@ -280,23 +281,18 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
     hvp = exact_hvp_backend(cfg, model)
     exact = name in ("gam", "sam+gam") or (name == "gnp" and cfg.gnp_hvp == "exact")
     if exact and hvp != "exact":
-        notes.append(
-            f"{name}: H·v by reverse-over-reverse AD (forward-mode AD does not pass "
-            "convolutions and BatchNorm under bfloat16 autocast); the same estimator"
-        )
+        notes.append(f"{name}: H·v by reverse-over-reverse AD (--bf16_hvp=reverse)")
     if exact and hvp == "exact" and cfg.compile and _has(model, _BatchNorm, nn.LayerNorm):
         gamfunc.nn.elementary_norms(model)
         notes.append(
             f"{name}: BatchNorm and LayerNorm in elementary operations, so that the compiled step "
             "computes each point's gradient once (gamfunc.graph_sharing)"
         )
-    elif exact and cfg.bf16 and cfg.bf16_hvp == "exact" and _has(model, _BatchNorm):
-        gamfunc.nn.float32_batchnorm(model)
-        notes.append(f"{name}: BatchNorm in float32, so that forward-over-reverse H·v runs in bf16")
+    gamfunc.nn.autocast_batchnorm(model)  # forward-mode AD through BatchNorm under autocast
     model.to(device)
     if cfg.channels_last:
         channels_last(model)
-    loss_fn = classification_loss(model, cfg.bf16, device.type)
+    loss_fn = training_loss(classification_loss(model), cfg)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     if procs.world > 1:

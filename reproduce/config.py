@@ -72,7 +72,7 @@ SCHEDULES = ("cosine", "constant")
 RHO_SCHEDULES = ("constant", "proportional")
 HVPS = ("exact", "reverse", "fd")
 COMPILE_SCOPES = ("auto", "step", "pass")
-BF16_HVPS = ("reverse", "exact")
+BF16_HVPS = ("exact", "reverse")
 LOADERS = ("auto", "dali", "dali_exact", "gpu", "folder")
 PERTURBATIONS = ("global", "local")
 
@@ -132,7 +132,7 @@ class Config:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     threads: int = 0  # torch CPU threads; 0: torch's default
     bf16: bool = False  # bfloat16 autocast inside the loss
-    bf16_hvp: str = "reverse"  # exact GAM's H·v in bf16 on conv/BatchNorm nets: reverse | exact
+    bf16_hvp: str = "exact"  # exact GAM's H·v in bf16 on conv/BatchNorm nets: exact | reverse
     compile: bool = False  # torch.compile the training step
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)

@@ -51,6 +51,7 @@ from reproduce.build import (
     classification_loss,
     exact_hvp_backend,
     lr_schedule,
+    training_loss,
 )
 from reproduce.config import Config, as_dict, differences
 from reproduce.models import build_model
@@ -133,17 +134,20 @@ class Members:
             raise VmapError(
                 f"--vmap trains models without buffers; {cfg.model} has BatchNorm running statistics"
             )
-        self.loss_fn = classification_loss(models[0], cfg.bf16, torch.device(device).type)
+        plain = classification_loss(models[0])
+        self.loss_fn = training_loss(plain, cfg)
         one = [{k: v.detach().to(device) for k, v in m.named_parameters()} for m in models]
         self.params = stack(one)
         self.steps_per_epoch = len(data.train) // cfg.batch_size
         if self.steps_per_epoch < 1:
             raise VmapError(f"batch_size {cfg.batch_size} exceeds the {len(data.train)} examples")
         hvp = exact_hvp_backend(cfg, models[0])
-        loss_fn, spe = self.loss_fn, self.steps_per_epoch
+        spe = self.steps_per_epoch
 
-        def step_loss(p, batch):  # no buffers: the scalar form of the loss
-            return loss_fn(p, batch, {})[0]
+        def scalar_loss(p, batch):  # no buffers: the scalar form of the loss
+            return plain(p, batch, {})[0]
+
+        step_loss = training_loss(scalar_loss, cfg)
 
         def build(**h):
             """One member's step: its values of ``varied`` are constant schedules ``h[k]``."""

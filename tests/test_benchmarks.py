@@ -116,18 +116,10 @@ def test_only_dtype_and_loop_reorder_flags(tmp_path):
     got = sorted((r["method"], r["dtype"], r["channels_last"]) for r in result["rows"])
     want = [(m, "fp32", False) for m in ("authors_gam", "gam_exact", "sam", "torch_sgd")]
     want += [(m, "bf16", True) for m in ("authors_gam", "gam_exact", "sam", "torch_sgd")]
-    # Forward-mode AD through BatchNorm under autocast fails: where reproduce says so, gam_exact is
-    # skipped without a try and gam_reverse runs in its place; else the row records torch's error.
-    skipped = models.exact_hvp_skip(models.TinyNet(), "bf16") is not None
-    want += [("gam_reverse", "bf16", True)] if skipped else []
     assert got == sorted(want)
-    for r in result["rows"]:
-        if (r["method"], r["dtype"]) == ("gam_exact", "bf16"):
-            assert r["error"] is not None and r.get("ms") is None
-            assert r["error"].startswith("skipped") == skipped
-            continue
+    for r in result["rows"]:  # exact GAM too: forward-over-reverse runs in bf16
         assert r["error"] is None, r["error"]
-        if r["dtype"] == "bf16" and r["method"] != "gam_reverse":  # over the same row in fp32
+        if r["dtype"] == "bf16":  # over the same row in fp32
             assert finite_positive(r["x_fp32"])
     assert "| tiny | bf16 cl | eager | authors_gam |" in stdout
 
@@ -396,24 +388,17 @@ def test_worker_caches_are_merged_without_touching_existing_files(tmp_path):
     assert sorted(p.name for p in (dst / "ab").iterdir()) == ["kernel.so", "new.py"]
 
 
-def test_plan_puts_reverse_gam_in_place_of_exact_where_exact_cannot_run():
+def test_plan_lists_every_row_and_compile_jobs_the_compiled_ones():
     a = cli.parse(["--tiny", "--modes", "eager,pass", "--only", "gradient,gam_exact,authors_gam"])
     assert group.plan(a) == [
         ("torch_sgd", "eager"),
         ("authors_gam", "eager"),
         *[(m, mode) for mode in ("eager", "pass") for m in ("gradient", "gam_exact")],
     ]
-    assert group.plan(a, exact_skipped=True)[-3:] == [
-        ("gradient", "pass"),
-        ("gam_exact", "pass"),
-        ("gam_reverse", "pass"),
-    ]
-    # Pre-compile jobs: the compiled rows but the exact one that cannot run.
-    assert group.compile_jobs("tiny", "bf16", a, "skipped: ...") == [
+    assert group.compile_jobs("tiny", "bf16", a) == [
         ("tiny", "bf16", "pass", "gradient"),
-        ("tiny", "bf16", "pass", "gam_reverse"),
+        ("tiny", "bf16", "pass", "gam_exact"),
     ]
-    assert len(group.compile_jobs("tiny", "fp32", a, None)) == 2
 
 
 def test_compile_threads_and_unknown_jobs(monkeypatch):

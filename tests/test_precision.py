@@ -105,9 +105,9 @@ def test_exact_hvp_under_autocast_equals_the_fp32_product(precision, net):
 
 def test_autocast_inside_a_plain_loss_fails_naming_the_wrappers():
     # torch.autocast inside loss_fn covers the forward pass but not the backward pass that exact
-    # H·v differentiates: the step raises before it returns, naming the way out, and the caller's
-    # params stay.
-    loss_fn, params, buffers = gamfunc.nn.functional(bn_mlp())
+    # H·v differentiates (LayerNorm's tangent is float32 there on the CPU): the step raises before
+    # it returns, naming the way out, and the caller's params stay.
+    loss_fn, params, buffers = gamfunc.nn.functional(ln_mlp())
 
     def inner_autocast(p, b):
         with torch.autocast("cpu", torch.bfloat16):

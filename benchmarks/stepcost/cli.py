@@ -15,7 +15,7 @@ import torch
 import gamfunc
 from benchmarks.stepcost.group import compile_jobs, run_group
 from benchmarks.stepcost.methods import BASELINE, METHODS, every_ok
-from benchmarks.stepcost.models import MODELS, build_model, exact_hvp_skip, split_precision
+from benchmarks.stepcost.models import MODELS, split_precision
 from benchmarks.stepcost.pool import Precompiler, run_cache_dir
 from benchmarks.stepcost.report import metadata, table, vs_fp32
 from benchmarks.stepcost.timing import release
@@ -199,13 +199,6 @@ def _precision_ok(token: str) -> bool:
     return True
 
 
-def planned_exact_skip(model_name: str, token: str) -> str | None:
-    """:func:`.models.exact_hvp_skip` of a model built on the meta device (no memory, no time)."""
-    with torch.device("meta"):
-        model, _ = build_model(model_name)
-    return exact_hvp_skip(model, split_precision(token)[0])
-
-
 def main(argv=None) -> dict:
     """Run the groups (every model × precision), write the JSON after each, print the table."""
     a = parse(argv)
@@ -230,7 +223,7 @@ def main(argv=None) -> dict:
             job
             for model_name in a.model
             for token in a.dtype
-            for job in compile_jobs(model_name, token, a, planned_exact_skip(model_name, token))
+            for job in compile_jobs(model_name, token, a)
         ]
         pool = Precompiler(a, jobs, root, Path(meta["inductor_cache_dir"]))
     rows = []

@@ -15,30 +15,19 @@ from benchmarks.stepcost.runners import runner_factory
 from benchmarks.stepcost.timing import interleaved, log, setup
 
 
-def plan(a, exact_skipped: bool = False) -> list[tuple[str, str]]:
+def plan(a) -> list[tuple[str, str]]:
     """(method, mode) of every row: the eager ``nn.Module`` rows once (``torch_sgd`` always,
-    ``authors_gam`` if selected), then every selected functional method in every mode. Where
-    ``gam_exact`` cannot run (``exact_skipped``), ``gam_reverse`` joins it, the exact H·v by the
-    other route (as ``reproduce.build.exact_hvp_backend`` chooses)."""
+    ``authors_gam`` if selected), then every selected functional method in every mode."""
     names = method_names(a.only)
-    if exact_skipped and "gam_exact" in names and "gam_reverse" not in names:
-        names.insert(names.index("gam_exact") + 1, "gam_reverse")
     rows = (
         [] if a.compile_only else [(m, "eager") for m in EAGER_ROWS if m == BASELINE or m in names]
     )
     return rows + [(m, mode) for mode in a.modes for m in names if m not in EAGER_ROWS]
 
 
-def compile_jobs(model_name, token, a, exact_skip) -> list[tuple[str, str, str, str]]:
-    """The pre-compile jobs (model, precision, mode, method) of one group: its compiled rows but
-    those that cannot run (``exact_skip``: exact H·v under bf16 autocast, see
-    :func:`.models.exact_hvp_skip`)."""
-    methods = build_methods(a, a.only)
-    return [
-        (model_name, token, mode, m)
-        for m, mode in plan(a, exact_skipped=exact_skip is not None)
-        if mode != "eager" and not (exact_skip and methods[m].hvp == "exact")
-    ]
+def compile_jobs(model_name, token, a) -> list[tuple[str, str, str, str]]:
+    """The pre-compile jobs (model, precision, mode, method) of one group: its compiled rows."""
+    return [(model_name, token, mode, m) for m, mode in plan(a) if mode != "eager"]
 
 
 def run_group(model_name, token, a, device, meta, save=None, pool=None) -> list[dict]:
@@ -51,7 +40,7 @@ def run_group(model_name, token, a, device, meta, save=None, pool=None) -> list[
     meta["model_source"][model_name] = g.source
     batch_bytes = sum(t.numel() * t.element_size() for t in g.batch)
     methods = build_methods(a, a.only)
-    entries = plan(a, exact_skipped=g.exact_skip is not None)
+    entries = plan(a)
     rows = {}
     for method, mode in entries:
         m = methods.get(method)
@@ -66,8 +55,6 @@ def run_group(model_name, token, a, device, meta, save=None, pool=None) -> list[
             "floor": list(m.floor) if m and m.floor else None,
             "error": None,
         }
-        if m and m.hvp == "exact" and g.exact_skip:
-            rows[(method, mode)]["error"] = g.exact_skip
     runners = {}
     if save is not None:  # the plan, so that a run stopped while compiling says what it was doing
         save(list(rows.values()))
@@ -104,9 +91,7 @@ def run_group(model_name, token, a, device, meta, save=None, pool=None) -> list[
         if mode == "eager" or rows[(method, mode)]["error"]:
             set_up(method, mode)
     if pool is not None:  # each compiled step as soon as its worker has filled the caches
-        for (_, _, mode, method), pre in pool.completed(
-            compile_jobs(model_name, token, a, g.exact_skip)
-        ):
+        for (_, _, mode, method), pre in pool.completed(compile_jobs(model_name, token, a)):
             set_up(method, mode, pre)
         pool.wait()  # no worker may run while steps are timed
     else:

@@ -108,27 +108,6 @@ def functional_loss(model: nn.Module, dtype: str):
     return loss_fn, params, buffers
 
 
-def exact_hvp_skip(model: nn.Module, dtype: str) -> str | None:
-    """Why ``hvp="exact"`` cannot run on ``model`` in ``dtype``, or None where it can.
-
-    Forward-mode AD through BatchNorm or a convolution under bf16 autocast fails in torch (the
-    Warning of :mod:`gamfunc.precision`); ``reproduce.build.exact_hvp_backend`` says where, and the
-    reproduce runs use ``hvp="reverse"`` there, as the ``gam_reverse`` row does. Without
-    ``reproduce``, None: the row runs and records torch's error."""
-    if dtype == "fp32":
-        return None
-    try:
-        from reproduce.build import exact_hvp_backend
-    except ImportError:
-        return None
-    if exact_hvp_backend(argparse.Namespace(bf16=True, bf16_hvp="reverse"), model) == "exact":
-        return None
-    return (
-        "skipped: forward-mode AD through BatchNorm or convolutions fails under bf16 autocast "
-        "(gamfunc.precision); gam_reverse, the exact H·v by reverse mode, runs in its place"
-    )
-
-
 def prepare(model_name: str, token: str, a, device) -> argparse.Namespace:
     """The model, one fixed random batch and the functional loss with its params and buffers, for
     the precision ``token``; ``--channels-last`` makes every convolutional model channels-last."""
@@ -155,7 +134,6 @@ def prepare(model_name: str, token: str, a, device) -> argparse.Namespace:
     return argparse.Namespace(
         model=model,
         source=source,
-        exact_skip=exact_hvp_skip(model, dtype),
         dtype=dtype,
         channels_last=channels_last,
         batch=batch,

@@ -1,0 +1,353 @@
+"""Data-parallel scaling of gamfunc's steps against DistributedDataParallel, on one machine, in one run.
+
+    python benchmarks/data_parallel.py --gpus 2 --out dp.json          # every row, about 10 minutes
+    python benchmarks/data_parallel.py --gpus 2 --runs r50:ddp,r50:gam_fd --out dp.json
+
+Rows (``--runs``, ``model:kind``): ``r50`` is ``hp2.imagenet.resnet50`` (bf16, channels-last, SGD),
+``vit`` is ``hp2.imagenet.vit_s32`` (bf16, AdamW); ``ddp`` is the anchor: the ``nn.Module`` compiled
+with ``torch.compile``, eager ``torch.optim`` (SGD momentum or AdamW), bf16 autocast, and on N GPUs
+wrapped in ``DistributedDataParallel``; ``sgd`` (the preset's base optimiser alone), ``gam_fd`` and
+``gam`` (exact) are the steps ``reproduce/train.py --compile`` builds (:func:`reproduce.build.setup`),
+on N GPUs made data parallel in ``--perturbation=global`` and ``local``.
+
+Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
+step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
+(the plain step: no process group, no wrapper) and on N, each by ``torchrun``; efficiency is N-GPU
+images/s ÷ (N × 1-GPU images/s). Before the timing, every row's 1-GPU step is compiled once in
+parallel processes that fill one inductor cache, so that the timed runs load their graphs. The NCCL
+all-reduce bus bandwidth at 25 MB and 100 MB comes first, and one step of each N-GPU row is profiled
+(``torch.profiler``, rank 0): its GPU time by kind (NCCL, compute, copies) and its host waits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+__all__ = ["PRESETS", "efficiency", "main"]
+
+PRESETS = {"r50": "hp2.imagenet.resnet50", "vit": "hp2.imagenet.vit_s32"}
+KINDS = ("ddp", "sgd", "gam_fd", "gam")
+DEFAULT_RUNS = "r50:ddp,r50:sgd,r50:gam_fd,r50:gam,vit:ddp,vit:sgd,vit:gam"
+NCCL_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def efficiency(rate_n: float, rate_1: float, n: int) -> float:
+    """N-GPU images/s ÷ (N × 1-GPU images/s)."""
+    return rate_n / (n * rate_1)
+
+
+# ---------------------------------------------------------------- one process of a row
+
+
+def _config(model: str, kind: str, per_gpu: int, world: int, perturbation: str, cuda: bool):
+    from reproduce.config import resolve
+
+    args = [f"--preset={PRESETS.get(model, model)}", f"--estimator={kind}", "--synthetic"]
+    args += [f"--batch_size={per_gpu * world}", f"--perturbation={perturbation}"]
+    args += ["--bf16", "--compile"] if cuda else []  # the CPU runs only the driver's own test
+    return resolve(args + (["--channels_last"] if model == "r50" else []))
+
+
+def _data(cfg):
+    """The preset's shapes without its data: ``(data with an ImageNet-sized epoch, input shape)``."""
+    from reproduce import data as data_mod
+
+    small = data_mod.load(
+        dataclasses.replace(cfg, synthetic_size=4, label_noise=0.0, val_fraction=0.0)
+    )
+    shape = tuple(small.train.tensors()[0].shape[1:])
+    return dataclasses.replace(small, train=range(1_281_167)), shape
+
+
+def _gamfunc_step(cfg, kind, procs, data):
+    """train.py's step for ``cfg`` (reproduce.build.setup), as a function of one batch."""
+    from reproduce.build import setup
+
+    t = setup(cfg, kind, data, procs)
+    box = {"params": t.params, "state": t.state}
+
+    def step(batch):
+        box["params"], box["state"], _ = t.step(box["params"], box["state"], batch)
+
+    return step
+
+
+def _ddp_step(cfg, procs, data):
+    """The anchor: the module compiled, DDP on several processes, eager torch.optim."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from reproduce.build import channels_last
+    from reproduce.models import build_model
+
+    model = build_model(cfg.model, data.num_classes, data.image_size, seed=cfg.seed)
+    model = model.to(procs.device)
+    if cfg.channels_last:
+        channels_last(model)
+    if cfg.base == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    else:
+        opt = torch.optim.SGD(
+            model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay
+        )
+    cuda = procs.device.type == "cuda"
+    ids = [procs.device.index] if cuda else None
+    net = DDP(model, device_ids=ids) if procs.world > 1 else model
+    net = torch.compile(net) if cfg.compile else net
+
+    def step(batch):
+        x, y = batch
+        with torch.autocast(procs.device.type, torch.bfloat16, enabled=cfg.bf16):
+            loss = F.cross_entropy(net(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _sync(procs) -> None:
+    if procs.device.type == "cuda":
+        torch.cuda.synchronize(procs.device)
+
+
+def _bus_bandwidth(procs, sizes_mb=(25, 100), iters=20) -> dict:
+    """NCCL all-reduce bus bandwidth, GB/s: size × 2(n−1)/n ÷ time (nccl-tests' definition)."""
+    out = {}
+    n = procs.world
+    for mb in sizes_mb:
+        x = torch.ones(int(mb * 2**20) // 4, device=procs.device)
+        for _ in range(5):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3 / iters
+        out[f"{mb}MB"] = round(x.numel() * 4 * 2 * (n - 1) / n / seconds / 1e9, 1)
+    return out
+
+
+def _profile(step, batch, device, path: Path) -> dict:
+    """One profiled step: GPU time by kind and the host's waits for the device."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step(batch)
+        torch.cuda.synchronize(device)
+    events = prof.key_averages()
+    path.write_text(events.table(sort_by="self_cuda_time_total", row_limit=30))
+
+    def device_us(e):
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    kinds = {"nccl": 0.0, "copy": 0.0, "compute": 0.0}
+    waits, calls = 0.0, {}
+    for e in events:
+        name = e.key
+        us = device_us(e)
+        if "nccl" in name.lower():
+            kinds["nccl"] += us
+        elif "Memcpy" in name or "Memset" in name:
+            kinds["copy"] += us
+        elif us:
+            kinds["compute"] += us
+        if name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
+            waits += e.cpu_time_total
+        if name in ("c10d::allreduce_", "nccl:all_reduce", "aten::_local_scalar_dense"):
+            calls[name] = e.count
+    return {
+        "device_ms": {k: round(v / 1e3, 2) for k, v in kinds.items()},
+        "host_sync_ms": round(waits / 1e3, 2),
+        "calls": calls,
+    }
+
+
+def worker(a) -> None:
+    os.environ.update(NCCL_ENV)
+    from reproduce import launch
+
+    procs = launch.start("auto")
+    cuda = procs.device.type == "cuda"
+    result: dict = {"world": procs.world}
+    if a.kind == "busbw":
+        result["busbw_GBps"] = _bus_bandwidth(procs)
+    else:
+        kind = a.kind if a.kind != "ddp" else "sgd"
+        cfg = _config(a.model, kind, a.batch, procs.world, a.pert, cuda)
+        data, shape = _data(cfg)
+        if a.kind == "ddp":
+            step = _ddp_step(cfg, procs, data)
+        else:
+            step = _gamfunc_step(cfg, a.kind, procs, data)
+        g = torch.Generator().manual_seed(procs.rank)
+        x = torch.randn(a.batch, *shape, generator=g).to(procs.device)
+        if cfg.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        batch = (x, torch.randint(data.num_classes, (a.batch,), generator=g).to(procs.device))
+        began = time.perf_counter()
+        step(batch)
+        _sync(procs)
+        result["first_step_s"] = round(time.perf_counter() - began, 1)
+        for _ in range(a.warmup):
+            step(batch)
+        if a.steps:
+            if procs.world > 1:
+                dist.barrier(device_ids=[procs.device.index] if cuda else None)
+            _sync(procs)
+            began = time.perf_counter()
+            for _ in range(a.steps):
+                step(batch)
+            _sync(procs)
+            ms = torch.tensor((time.perf_counter() - began) * 1e3 / a.steps, device=procs.device)
+            if procs.world > 1:  # the slowest rank sets the pace
+                dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+            result["ms_per_step"] = round(float(ms), 2)
+            result["images_per_s"] = round(a.batch * procs.world / float(ms) * 1e3, 1)
+            if cuda:
+                result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            if a.profile and procs.world > 1 and cuda:
+                prof = _profile(step, batch, procs.device, Path(a.profile))
+                if procs.main:
+                    result["profile"] = prof
+    if procs.main:
+        print("RESULT " + json.dumps(result), flush=True)
+    launch.finish(procs, completed=True)
+
+
+# ---------------------------------------------------------------- the driver
+
+
+def _launch(a, model, kind, gpus, pert="global", steps=None, warmup=None, profile="", env=None):
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={gpus}",
+    ]
+    cmd += [__file__, "--worker", "--model", model, "--kind", kind, "--pert", pert]
+    cmd += ["--batch", str(a.batch), "--steps", str(a.steps if steps is None else steps)]
+    cmd += ["--warmup", str(a.warmup if warmup is None else warmup), "--profile", profile]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _result(proc, timeout) -> dict:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return {"error": "timed out"}
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    tail = [ln for ln in out.splitlines() if ln.strip()][-4:]
+    return {"error": " | ".join(tail)[-600:]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 2, help="processes")
+    ap.add_argument("--runs", default=DEFAULT_RUNS)
+    ap.add_argument("--batch", type=int, default=128, help="images per GPU")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument(
+        "--time_limit", type=float, default=540, help="seconds; rows not started are not run"
+    )
+    ap.add_argument("--out", default="data_parallel.json")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", default="r50", help=argparse.SUPPRESS)
+    ap.add_argument("--kind", default="sgd", help=argparse.SUPPRESS)
+    ap.add_argument("--pert", default="global", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        worker(a)
+        return 0
+    os.environ.update(NCCL_ENV)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="dp_inductor_"))
+    deadline = time.time() + a.time_limit
+    out = Path(a.out)
+    runs = [tuple(r.split(":")) for r in a.runs.split(",")]
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    report = {"device": device, "gpus": a.gpus, "torch": torch.__version__}
+    report["per_gpu_batch"], report["rows"] = a.batch, []
+
+    def save():
+        out.write_text(json.dumps(report, indent=1))
+
+    busbw = torch.cuda.is_available()
+    report["busbw"] = _result(_launch(a, "r50", "busbw", a.gpus), 300) if busbw else {}
+    print(f"NCCL all-reduce bus bandwidth on {a.gpus} GPUs: {report['busbw']}", flush=True)
+    # Compile every row's 1-GPU step once, in parallel processes sharing the inductor cache.
+    warm = [
+        _launch(a, m, k, 1, steps=0, warmup=0, env={"CUDA_VISIBLE_DEVICES": str(i % a.gpus)})
+        for i, (m, k) in enumerate(runs)
+    ]
+    report["compile"] = {f"{m}:{k}": _result(p, 420) for (m, k), p in zip(runs, warm, strict=True)}
+    save()
+    for m, k in runs:
+        perts = ["global", "local"] if k.startswith("gam") else ["global"]
+        if time.time() > deadline:
+            report["rows"].append({"run": f"{m}:{k}", "error": "not run: time limit"})
+            continue
+        one = _result(_launch(a, m, k, 1), 300)
+        for pert in perts:
+            prof = str(out.with_name(f"{out.stem}_profile_{m}_{k}_{pert}.txt"))
+            many = _result(_launch(a, m, k, a.gpus, pert, profile=prof), 300)
+            row = {"run": f"{m}:{k}", "perturbation": pert, "one": one, "many": many}
+            if "images_per_s" in one and "images_per_s" in many:
+                row["efficiency"] = round(
+                    efficiency(many["images_per_s"], one["images_per_s"], a.gpus), 3
+                )
+            report["rows"].append(row)
+            print(_line(row, a.gpus), flush=True)
+            save()
+    save()
+    return 0
+
+
+def _line(row: dict, n: int) -> str:
+    one, many = row["one"], row["many"]
+    if "efficiency" not in row:
+        return f"{row['run']:12s} {row['perturbation']:6s} error: {one.get('error') or many.get('error')}"
+    prof = many.get("profile", {})
+    return (
+        f"{row['run']:12s} {row['perturbation']:6s} 1 GPU {one['images_per_s']:8.1f} img/s  "
+        f"{n} GPUs {many['images_per_s']:8.1f} img/s  efficiency {row['efficiency']:.3f}  "
+        f"profile {prof.get('device_ms')} host sync {prof.get('host_sync_ms')} ms"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
