@@ -8,7 +8,9 @@ Rows (``--runs``, ``model:kind``): ``r50`` is ``hp2.imagenet.resnet50`` (bf16, c
 with ``torch.compile``, eager ``torch.optim`` (SGD momentum or AdamW), bf16 autocast, and on N GPUs
 wrapped in ``DistributedDataParallel``; ``sgd`` (the preset's base optimiser alone), ``gam_fd`` and
 ``gam`` (exact) are the steps ``reproduce/train.py --compile`` builds (:func:`reproduce.build.setup`),
-on N GPUs made data parallel in ``--perturbation=global`` and ``local``.
+on N GPUs made data parallel in ``--perturbation=global`` and ``local``; ``train_<estimator>`` runs
+``reproduce/train.py`` itself on in-memory synthetic data (60 steps), the loop and its data path
+included, its rate from the run's summary.
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
 step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
@@ -40,7 +42,8 @@ import torch.nn.functional as F
 
 __all__ = ["PRESETS", "efficiency", "main"]
 
-PRESETS = {"r50": "hp2.imagenet.resnet50", "vit": "hp2.imagenet.vit_s32"}
+# digits: a small preset for the driver's own test on the CPU
+PRESETS = {"r50": "hp2.imagenet.resnet50", "vit": "hp2.imagenet.vit_s32", "digits": "digits"}
 KINDS = ("ddp", "sgd", "gam_fd", "gam")
 DEFAULT_RUNS = "r50:ddp,r50:sgd,r50:gam_fd,r50:gam,vit:ddp,vit:sgd,vit:gam"
 NCCL_ENV = {
@@ -240,6 +243,39 @@ def worker(a) -> None:
 # ---------------------------------------------------------------- the driver
 
 
+def _train_py(a, model, estimator, gpus, timeout) -> dict:
+    """``reproduce/train.py`` itself, in-memory synthetic data, as a user runs it: images/s from its
+    summary (the rate after the first logging interval)."""
+    logdir = Path(tempfile.mkdtemp(prefix="dp_train_"))
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={gpus}",
+    ]
+    cmd += [str(Path(__file__).resolve().parents[1] / "reproduce" / "train.py")]
+    cmd += [f"--preset={PRESETS[model]}", f"--estimator={estimator}", "--synthetic", "--bf16"]
+    cmd += [
+        "--synthetic_size=4096",
+        "--compile",
+        f"--batch_size={a.batch * gpus}",
+        "--max_steps=60",
+    ]
+    cmd += ["--log_every=10", "--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
+    cmd += ["--progress=false", "--landscape=false"]
+    cmd += [f"--logdir={logdir}"] + (["--channels_last"] if model == "r50" else [])
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out"}
+    found = list(logdir.rglob("summary.json"))
+    if done.returncode or not found:
+        return {"error": f"exit {done.returncode}: " + done.stdout[-300:] + done.stderr[-300:]}
+    s = json.loads(found[0].read_text())
+    return {k: s.get(k) for k in ("images_per_s", "compile_seconds", "peak_memory_gib", "loader")}
+
+
 def _launch(a, model, kind, gpus, pert="global", steps=None, warmup=None, profile="", env=None):
     cmd = [
         sys.executable,
@@ -310,16 +346,31 @@ def main(argv=None) -> int:
     report["busbw"] = _result(_launch(a, "r50", "busbw", a.gpus), 300) if busbw else {}
     print(f"NCCL all-reduce bus bandwidth on {a.gpus} GPUs: {report['busbw']}", flush=True)
     # Compile every row's 1-GPU step once, in parallel processes sharing the inductor cache.
+    warmed = [(m, k) for m, k in runs if not k.startswith("train")]
     warm = [
         _launch(a, m, k, 1, steps=0, warmup=0, env={"CUDA_VISIBLE_DEVICES": str(i % a.gpus)})
-        for i, (m, k) in enumerate(runs)
+        for i, (m, k) in enumerate(warmed)
     ]
-    report["compile"] = {f"{m}:{k}": _result(p, 420) for (m, k), p in zip(runs, warm, strict=True)}
+    report["compile"] = {
+        f"{m}:{k}": _result(p, 420) for (m, k), p in zip(warmed, warm, strict=True)
+    }
     save()
     for m, k in runs:
         perts = ["global", "local"] if k.startswith("gam") else ["global"]
         if time.time() > deadline:
             report["rows"].append({"run": f"{m}:{k}", "error": "not run: time limit"})
+            continue
+        if k.startswith("train"):  # train.py end to end: train_gam_fd is --estimator=gam_fd
+            est = k.removeprefix("train_")
+            one, many = _train_py(a, m, est, 1, 240), _train_py(a, m, est, a.gpus, 240)
+            row = {"run": f"{m}:{k}", "perturbation": "global", "one": one, "many": many}
+            if one.get("images_per_s") and many.get("images_per_s"):
+                row["efficiency"] = round(
+                    efficiency(many["images_per_s"], one["images_per_s"], a.gpus), 3
+                )
+            report["rows"].append(row)
+            print(_line(row, a.gpus), flush=True)
+            save()
             continue
         one = _result(_launch(a, m, k, 1), 300)
         for pert in perts:
