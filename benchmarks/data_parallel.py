@@ -10,7 +10,8 @@ wrapped in ``DistributedDataParallel``; ``sgd`` (the preset's base optimiser alo
 ``gam`` (exact) are the steps ``reproduce/train.py --compile`` builds (:func:`reproduce.build.setup`),
 on N GPUs made data parallel in ``--perturbation=global`` and ``local``; ``train_<estimator>`` runs
 ``reproduce/train.py`` itself on in-memory synthetic data (60 steps), the loop and its data path
-included, its rate from the run's summary.
+included, its rate from the run's summary. A third field ``sync`` (``r50:gam_fd:sync``) runs the step
+with the non-finite guard of before, which read the step's finiteness on the host at every step.
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
 step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
@@ -194,6 +195,10 @@ def worker(a) -> None:
 
     procs = launch.start("auto")
     cuda = procs.device.type == "cuda"
+    if a.guard == "sync":  # the guard of before: read `finite` on the host, branch eagerly
+        import gamfunc.step
+
+        gamfunc.step._branch_on_host = lambda finite: not torch.compiler.is_compiling()
     result: dict = {"world": procs.world}
     if a.kind == "busbw":
         result["busbw_GBps"] = _bus_bandwidth(procs)
@@ -276,7 +281,9 @@ def _train_py(a, model, estimator, gpus, timeout) -> dict:
     return {k: s.get(k) for k in ("images_per_s", "compile_seconds", "peak_memory_gib", "loader")}
 
 
-def _launch(a, model, kind, gpus, pert="global", steps=None, warmup=None, profile="", env=None):
+def _launch(
+    a, model, kind, gpus, pert="global", steps=None, warmup=None, profile="", env=None, guard=""
+):
     cmd = [
         sys.executable,
         "-m",
@@ -285,7 +292,14 @@ def _launch(a, model, kind, gpus, pert="global", steps=None, warmup=None, profil
         f"--nproc_per_node={gpus}",
     ]
     cmd += [__file__, "--worker", "--model", model, "--kind", kind, "--pert", pert]
-    cmd += ["--batch", str(a.batch), "--steps", str(a.steps if steps is None else steps)]
+    cmd += [
+        "--guard",
+        guard,
+        "--batch",
+        str(a.batch),
+        "--steps",
+        str(a.steps if steps is None else steps),
+    ]
     cmd += ["--warmup", str(a.warmup if warmup is None else warmup), "--profile", profile]
     return subprocess.Popen(
         cmd,
@@ -326,6 +340,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kind", default="sgd", help=argparse.SUPPRESS)
     ap.add_argument("--pert", default="global", help=argparse.SUPPRESS)
     ap.add_argument("--profile", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--guard", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--busbw", action=argparse.BooleanOptionalAction, default=True)
     a = ap.parse_args(argv)
     if a.worker:
         worker(a)
@@ -334,7 +350,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="dp_inductor_"))
     deadline = time.time() + a.time_limit
     out = Path(a.out)
-    runs = [tuple(r.split(":")) for r in a.runs.split(",")]
+    runs = [tuple((r + "::").split(":")[:3]) for r in a.runs.split(",")]
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = {"device": device, "gpus": a.gpus, "torch": torch.__version__}
     report["per_gpu_batch"], report["rows"] = a.batch, []
@@ -342,11 +358,11 @@ def main(argv=None) -> int:
     def save():
         out.write_text(json.dumps(report, indent=1))
 
-    busbw = torch.cuda.is_available()
+    busbw = torch.cuda.is_available() and a.busbw
     report["busbw"] = _result(_launch(a, "r50", "busbw", a.gpus), 300) if busbw else {}
     print(f"NCCL all-reduce bus bandwidth on {a.gpus} GPUs: {report['busbw']}", flush=True)
     # Compile every row's 1-GPU step once, in parallel processes sharing the inductor cache.
-    warmed = [(m, k) for m, k in runs if not k.startswith("train")]
+    warmed = sorted({(m, k) for m, k, _ in runs if not k.startswith("train")})
     warm = [
         _launch(a, m, k, 1, steps=0, warmup=0, env={"CUDA_VISIBLE_DEVICES": str(i % a.gpus)})
         for i, (m, k) in enumerate(warmed)
@@ -355,15 +371,16 @@ def main(argv=None) -> int:
         f"{m}:{k}": _result(p, 420) for (m, k), p in zip(warmed, warm, strict=True)
     }
     save()
-    for m, k in runs:
-        perts = ["global", "local"] if k.startswith("gam") else ["global"]
+    for m, k, guard in runs:
+        name = f"{m}:{k}" + (f":{guard}" if guard else "")
+        perts = ["global", "local"] if k.startswith("gam") and not guard else ["global"]
         if time.time() > deadline:
-            report["rows"].append({"run": f"{m}:{k}", "error": "not run: time limit"})
+            report["rows"].append({"run": name, "error": "not run: time limit"})
             continue
         if k.startswith("train"):  # train.py end to end: train_gam_fd is --estimator=gam_fd
             est = k.removeprefix("train_")
             one, many = _train_py(a, m, est, 1, 240), _train_py(a, m, est, a.gpus, 240)
-            row = {"run": f"{m}:{k}", "perturbation": "global", "one": one, "many": many}
+            row = {"run": name, "perturbation": "global", "one": one, "many": many}
             if one.get("images_per_s") and many.get("images_per_s"):
                 row["efficiency"] = round(
                     efficiency(many["images_per_s"], one["images_per_s"], a.gpus), 3
@@ -372,11 +389,11 @@ def main(argv=None) -> int:
             print(_line(row, a.gpus), flush=True)
             save()
             continue
-        one = _result(_launch(a, m, k, 1), 300)
+        one = _result(_launch(a, m, k, 1, guard=guard), 300)
         for pert in perts:
-            prof = str(out.with_name(f"{out.stem}_profile_{m}_{k}_{pert}.txt"))
-            many = _result(_launch(a, m, k, a.gpus, pert, profile=prof), 300)
-            row = {"run": f"{m}:{k}", "perturbation": pert, "one": one, "many": many}
+            prof = str(out.with_name(f"{out.stem}_profile_{name.replace(':', '_')}_{pert}.txt"))
+            many = _result(_launch(a, m, k, a.gpus, pert, profile=prof, guard=guard), 300)
+            row = {"run": name, "perturbation": pert, "one": one, "many": many}
             if "images_per_s" in one and "images_per_s" in many:
                 row["efficiency"] = round(
                     efficiency(many["images_per_s"], one["images_per_s"], a.gpus), 3

@@ -246,12 +246,12 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
             )
         return new_params, taken, metrics
     skipped = (~finite).to(torch.int64)
-    if torch.compiler.is_compiling() or tree.vmapped([finite]):  # no Python branch on a value
+    if not _branch_on_host(finite):  # no Python branch on a value
         new_params = tree.where(finite, new_params, params)
         new_opt = _select(finite, new_opt, state.opt)
         new_step = step + finite.to(step.dtype)
         new_buffers = _select(finite, new_buffers, state.buffers)
-    elif not bool(finite):  # eager: one host sync is cheaper than a select per tensor
+    elif not bool(finite):
         new_params, new_opt, new_step, new_buffers = params, state.opt, step, state.buffers
     loss_state, extra = next_state(loss_fn, state, finite)
     new_state = StepState(
@@ -260,6 +260,17 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     metrics["skipped"] = skipped
     metrics.update(extra)
     return new_params, new_state, metrics
+
+
+def _branch_on_host(finite: Tensor) -> bool:
+    """Whether the non-finite guard reads ``finite`` on the host and branches, rather than select
+    every tensor on the device: only for an eager step on the CPU, where reading a value costs no
+    wait. On a GPU the read would stall the host until the device has finished the step, so the
+    next step could not be queued while this one runs (and, under data parallel, each rank would
+    wait for every all-reduce); a compiled or vmapped step cannot branch on a value at all."""
+    if torch.compiler.is_compiling() or tree.vmapped([finite]):
+        return False
+    return finite.device.type == "cpu"
 
 
 def check_state(state, params) -> None:

@@ -277,3 +277,67 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(ranks):
         assert all(torch.equal(new[k], p[k]) for k in p)
         assert float(new_state.loss.scale) == 2.0**15
         assert torch.equal(new_state.opt.momentum_buffer["w1"], torch.zeros(6, 4))
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the reads of a device value on the host (``.item()``, ``bool()``, ``float()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "estimator",
+    [
+        gamfunc.gradient(),
+        gamfunc.sam(0.05),
+        gamfunc.gam(0.05, 0.1),
+        gamfunc.gam(0.05, 0.1, hvp="fd"),
+        gamfunc.gam_accelerated(0.05, 0.02, 0.6, 0.4, 0.3),
+    ],
+    ids=["sgd", "sam", "gam", "gam_fd", "accelerated"],
+)
+def test_the_global_mean_step_reads_no_device_value_on_a_gpu(monkeypatch, estimator):
+    """Every gradient of a global-mode step is reduced over ranks; none of it may wait for the
+    device. On the CPU the non-finite guard reads one value (no queue to stall); on a GPU it selects
+    on the device instead, and the step reads nothing (the guard's rule, forced here)."""
+    from gamfunc.accumulate import Accumulated
+
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 3),
+    )
+    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss = Accumulated(loss_fn, 1, reduce=lambda trees, weight: trees)  # one rank's reduction
+    batch = (torch.randn(6, 3, 6, 6), torch.randint(0, 3, (6,)))
+    step = gamfunc.make_step(estimator, gamfunc.sgd(0.1, momentum=0.9), loss)
+    state = step.init(params, buffers)
+    for branch, reads in ((True, 1), (False, 0)):
+        monkeypatch.setattr(gamfunc.step, "_branch_on_host", lambda finite, b=branch: b)
+        with _HostReads() as seen:
+            new, _, m = step(params, state, batch)
+        assert seen.count == reads
+        assert int(m["skipped"]) == 0 and not torch.equal(new["0.weight"], params["0.weight"])
+
+
+def test_the_guard_that_selects_on_the_device_skips_a_non_finite_step(monkeypatch):
+    """The GPU's form of the non-finite guard (select, no host read) leaves parameters, optimiser
+    state and buffers as they were, as the host branch does."""
+    monkeypatch.setattr(gamfunc.step, "_branch_on_host", lambda finite: False)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(0.1, momentum=0.9), loss_fn)
+    state = step.init(params, buffers)
+    bad = (torch.full((8, 4), float("nan")), torch.randint(0, 2, (8,)))
+    new, new_state, m = step(params, state, bad)
+    assert int(m["skipped"]) == 1 and int(new_state.step) == 0
+    assert all(torch.equal(new[k], params[k]) for k in params)
+    assert all(torch.equal(new_state.buffers[k], buffers[k]) for k in buffers)
