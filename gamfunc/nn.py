@@ -154,11 +154,10 @@ def float32_batchnorm(model: nn.Module) -> nn.Module:
     parameter and buffer names stay as they were. Returns ``model``.
 
     Under ``torch.autocast`` a BatchNorm takes the bfloat16 output of the layer before it and returns
-    bfloat16, while the forward-mode derivative of its float32 weight comes out in float32: the next
-    convolution then meets a bfloat16 input with a float32 tangent, and forward-over-reverse
-    Hessian-vector products (``hvp="exact"``) fail. With the input upcast, value and tangent are both
-    float32 and autocast casts both for the next layer, so ``hvp="exact"`` runs. Without autocast the
-    model computes what it computed before (BatchNorm already runs in the parameters' dtype).
+    bfloat16; made here, it returns float32, value and forward-mode tangent alike, and autocast casts
+    both for the next layer. Without autocast the model computes what it computed before (BatchNorm
+    already runs in the parameters' dtype). Exact H·v no longer needs it
+    (:func:`autocast_batchnorm`, which returns torch's dtype); it keeps BatchNorm's output in float32.
     """
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _Float32BatchNorm):

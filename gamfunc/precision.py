@@ -28,14 +28,15 @@ innermost, where the loss is differentiated)::
     step = gamfunc.make_step(estimator, optimizer, loss_fn)
     state = step.init(params, buffers)                           # state.loss: a LossScale for fp16
 
+Exact H·v (``hvp="exact"``, ``"reverse"``) differentiates the backward pass, so :class:`Autocast` runs
+it under autocast too: with autocast inside the loss alone, forward-mode AD through the backward pass
+meets float32 tangents of bfloat16 values (CUDA autocast's float32 ``log_softmax``, ``softmax``,
+``layer_norm``; BatchNorm and LayerNorm's float32 weights on any device) and the next matrix product
+fails. Put autocast in these wrappers, not inside ``loss_fn``. BatchNorm inside forward-mode AD is
+handled by :func:`gamfunc.nn.autocast_batchnorm` (applied by :func:`gamfunc.nn.functional`).
+
 Warning:
-    On torch 2.11 and 2.14, ``hvp="exact"`` (forward-over-reverse) fails through BatchNorm under
-    autocast: BatchNorm's forward-mode derivative comes out in float32 while the next layer computes
-    in the autocast dtype, and the step raises a RuntimeError that says so. Use ``hvp="reverse"`` or
-    ``"fd"`` with BatchNorm models in bf16/fp16, or ``hvp="exact"`` after
-    :func:`gamfunc.nn.float32_batchnorm` (BatchNorm in float32: value and tangent in one dtype);
-    models without BatchNorm run all three backends.
-    Likewise, ``torch.compile`` on CPU (inductor's C++ backend) fails to build reverse-over-reverse
+    ``torch.compile`` on CPU (inductor's C++ backend) fails to build reverse-over-reverse
     through BatchNorm in bf16/fp16 ("conflicting declaration 'auto at_BFloat16_tmp_acc2_vec'"); such
     steps run eagerly on CPU.
 
