@@ -19,7 +19,6 @@ runs but computes something else is seen too.
 from __future__ import annotations
 
 import argparse
-import json
 import traceback
 
 import torch
@@ -168,8 +167,9 @@ def main():
     a = ap.parse_args()
     rows = probe(a.device)
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f, indent=1)
+        from reproduce.report import write_json  # after the path is set
+
+        write_json(a.out, rows)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from reproduce.report import dumps, write_json
+
 __all__ = ["PRESETS", "efficiency", "main"]
 
 # digits: a small preset for the driver's own test on the CPU
@@ -241,7 +243,7 @@ def worker(a) -> None:
                 if procs.main:
                     result["profile"] = prof
     if procs.main:
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + dumps(result, indent=None), flush=True)
     launch.finish(procs, completed=True)
 
 
@@ -356,7 +358,7 @@ def main(argv=None) -> int:
     report["per_gpu_batch"], report["rows"] = a.batch, []
 
     def save():
-        out.write_text(json.dumps(report, indent=1))
+        write_json(out, report)
 
     busbw = torch.cuda.is_available() and a.busbw
     report["busbw"] = _result(_launch(a, "r50", "busbw", a.gpus), 300) if busbw else {}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -176,9 +175,11 @@ def main():
             cost = f"{r['cost_vs_sgd']:.2f}" if r["cost_vs_sgd"] else "-"
             print(f"{r['estimator']:<10} {r['mode']:<7} {r['step_ms']:>9.1f} "
                   f"{r['images_per_s_per_gpu']:>10.0f} {r['efficiency']:>10.2f} {cost:>6}")  # fmt: skip
-        print(json.dumps(record))
+        from reproduce.report import dumps, write_json  # after the path is set
+
+        print(dumps(record, indent=None))
         if args.out:
-            Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+            write_json(args.out, record)
     dist.destroy_process_group()
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 from pathlib import Path
 
@@ -110,8 +109,9 @@ def main(argv=None) -> dict:
         for row, ways in table.items():
             print(f"  {row:12s} " + " ".join(f"{ways[w]:7.3f}" for w in WAYS))
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
+        from reproduce.report import write_json  # after the path is set
+
+        write_json(a.out, result)
     return result
 
 

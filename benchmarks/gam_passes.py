@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 import time
@@ -243,8 +242,9 @@ def main(argv=None) -> dict:
         "rows": rows,
     }
     if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
+        from reproduce.report import write_json  # after the path is set
+
+        write_json(a.out, result)
     return result
 
 

@@ -49,6 +49,7 @@ import gamfunc
 from gamfunc import tree
 from gamfunc.precision import bf16
 from gamfunc.regional import compile_passes
+from reproduce.report import dumps, write_json
 
 __all__ = ["ESTIMATORS", "MODES", "PRECISIONS", "TOLERANCE", "main", "run_group"]
 
@@ -260,7 +261,7 @@ def _worker(args) -> None:
     else:
         model, precision, mode = args.group.split(":")
         rows = run_group(model, precision, mode, device, deadline, args.estimators.split(","))
-    print("ROWS " + json.dumps(rows), flush=True)
+    print("ROWS " + dumps(rows, indent=None), flush=True)
 
 
 def main(argv=None) -> int:
@@ -338,7 +339,7 @@ def main(argv=None) -> int:
         f"in {summary['seconds']} s on {summary['device']} (torch {summary['torch']})"
     )
     if args.out:
-        Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+        write_json(args.out, {"summary": summary, "rows": rows})
     return 1 if counts["fail"] else 0
 
 

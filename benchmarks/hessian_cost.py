@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import platform
 import statistics
 import time
@@ -302,8 +301,9 @@ def main(argv=None) -> dict:
         hv = "" if r["hvps"] is None else str(r["hvps"])
         print(f"{r['method']:<62} {seconds:>9} {ratio:>7} {hv:>5}  {_shown(r['value'])}")
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+        from reproduce.report import write_json  # after the path is set
+
+        write_json(args.out, result)
     return result
 
 

@@ -122,7 +122,9 @@ def main() -> None:
         rows += [single, multi]
         out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
         if args.out:
-            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+            from reproduce.report import write_json  # after the path is set
+
+            write_json(args.out, out)
     print(
         f"{'preset':<10}{'estimator':<10}{'gpus':>5}{'batch':>6}{'img/s':>9}{'/gpu':>8}{'eff':>6}{'1st step s':>11}{'GiB':>7}"
     )

@@ -14,7 +14,6 @@ the hardware JPEG decoder), ``dali_exact:HW_LOAD`` (DALI decoding the crops torc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -93,9 +92,11 @@ def main() -> None:
             name = f"folder_{arg}_workers"
         out[f"{name}_images_per_s"] = round(rate(loader, keys, args.batch, args.warmup, device))
         print(name, out[f"{name}_images_per_s"], flush=True)
-    print(json.dumps(out, indent=2))
+    from reproduce.report import dumps, write_json  # after the path is set
+
+    print(dumps(out))
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        write_json(args.out, out)
 
 
 if __name__ == "__main__":

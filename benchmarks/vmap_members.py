@@ -10,7 +10,6 @@ steps one after another, each the median of ``--repeats`` after a warm-up, on th
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -100,7 +99,9 @@ def main() -> None:
             f"{r['members']:>8}{r['vmapped_ms']:>12}{r['looped_ms']:>12}{r['looped_over_vmapped']:>10}"
         )
     if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+        from reproduce.report import write_json  # after the path is set
+
+        write_json(args.out, out)
 
 
 if __name__ == "__main__":

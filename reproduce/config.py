@@ -127,6 +127,8 @@ class Config:
     eval_batch_size: int = 500  # evaluation batch size
     max_steps: int = 0  # stop after this many steps in all (smoke runs; 0: no limit); resumable
     max_skipped: int = 50  # stop (exit 3) after this many skipped steps in a row (0: never)
+    max_skipped_fraction: float = 0.5  # diverged (exit 3) if more of the run's steps were skipped
+    max_param_rms: float = 1e3  # diverged (exit 3) if the parameters' root mean square ends above
     # --- how it runs
     seed: int = 0  # seeds the initialisation, data order, augmentation and metric probes
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -173,6 +175,8 @@ RESUME_FREE = frozenset(
         "threads",
         "max_steps",
         "max_skipped",
+        "max_skipped_fraction",
+        "max_param_rms",
         "device",
         "compile",
         "channels_last",
@@ -525,6 +529,9 @@ def validate(cfg: Config) -> None:
     _check(cfg.warmup_epochs <= cfg.epochs, "warmup_epochs", "<= epochs", cfg.warmup_epochs)
     _check(cfg.total_steps >= 0, "total_steps", "an integer >= 0", cfg.total_steps)
     _check(cfg.flatness_batch >= 0, "flatness_batch", "an integer >= 0", cfg.flatness_batch)
+    frac = cfg.max_skipped_fraction
+    _check(0 <= frac <= 1, "max_skipped_fraction", "a number in [0, 1]", frac)
+    _check(cfg.max_param_rms > 0, "max_param_rms", "a number > 0", cfg.max_param_rms)
     for name in ("every", "epochs", "batch_size", "eval_batch_size", "log_every", "eval_every"):
         _check(getattr(cfg, name) >= 1, name, "an integer >= 1", getattr(cfg, name))
     for name in (

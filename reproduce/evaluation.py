@@ -101,6 +101,7 @@ def flatness(
     Each draws from its own generator seeded by ``cfg.seed``, so resumed runs log the same values.
     """
     from gamfunc import metrics
+    from gamfunc.metrics.guard import why_unmeasurable
 
     x, y = to(probe, device)
     batch = (inputs(x, device, cfg.channels_last), y)
@@ -134,7 +135,7 @@ def flatness(
         )
         out["r1"] = float(r1)
     figure = None
-    if cfg.landscape:
+    if cfg.landscape and why_unmeasurable(params, batch, loss) is None:
         curve = metrics.landscape_1d(params, batch, loss, generator=gen(4))
         figure = metrics.plot.plot_landscape(curve, title=f"{cfg.estimator}, step {step}")
     return out, figure

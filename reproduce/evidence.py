@@ -52,7 +52,7 @@ import torch
 from gamfunc import hvps, metrics, tree
 from gamfunc.loss import gradient_pass
 from reproduce import data as data_mod
-from reproduce import vmapped
+from reproduce import report, vmapped
 from reproduce.build import setup
 from reproduce.config import resolve
 from reproduce.evaluation import evaluate
@@ -212,7 +212,7 @@ def write(out: Path, name: str, md: str, record: dict[str, Any], opt) -> None:
         f"# {name}\n\n`{record['command']}` — {record['seconds']:.0f} s on {record['device']}\n\n"
     )
     (out / f"{name}.md").write_text(head + md)
-    (out / f"{name}.json").write_text(json.dumps(record, indent=1))
+    report.write_json(out / f"{name}.json", record)
     print(head + md, flush=True)
 
 

@@ -53,7 +53,11 @@ class Interrupted(Exception):
 
 
 class Diverged(Exception):
-    """Too many consecutive steps were skipped (non-finite loss or update); a checkpoint was written."""
+    """The run did not train (its summary says why, with ``"status": "diverged"``); exit 3."""
+
+    def __init__(self, message: str, summary: dict | None = None):
+        super().__init__(message)
+        self.summary = summary
 
 
 class StopFlag:
@@ -457,7 +461,48 @@ def _train(r: _Run, data, saved) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     compile_seconds = None
+
+    def summary(status: str, final: dict | None = None, why: str | None = None) -> dict:
+        """The run's summary.json (rank 0 writes it), also for a run that diverged."""
+        overall = pos["global_step"] * cfg.batch_size / max(pos["train_seconds"], 1e-9)
+        rate = meter.rate() or overall
+        out = {
+            "estimator": name,
+            "status": status,
+            "reason": why,
+            "epochs_done": pos["epoch"],
+            "steps": pos["global_step"],
+            "skipped_steps": int(state.skipped),
+            "train_seconds": round(pos["train_seconds"], 2),
+            # steady state: the first logging interval of every (re)start (compilation) is left out
+            "images_per_s": round(rate, 1),
+            "images_per_s_per_process": round(rate / world, 1),
+            "images_per_s_overall": round(overall, 1),
+            "processes": world,
+            "perturbation": cfg.perturbation if world > 1 else None,
+            "loader": loader_name,
+            "compile_seconds": compile_seconds,
+            "peak_memory_gib": (
+                round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+                if device.type == "cuda"
+                else None
+            ),
+            "final": final,
+            "best_val": best,
+            # Appendix C.2 reports the best test accuracy seen during training; it is never used
+            # for selection.
+            "best_test_acc_reported_only": max(
+                (h["test_acc"] for h in history if h.get("test_acc") is not None), default=None
+            ),
+            "history": history,
+            "config": as_dict(cfg),
+        }
+        if procs.main:
+            report.write_json(_summary_path(run_dir), out)
+        return out
+
     run_of_skips = torch.zeros((), dtype=torch.int64, device=device)  # consecutive skipped steps
+    last_loss = None
     try:
         while pos["epoch"] < cfg.epochs:
             epoch = pos["epoch"]
@@ -496,6 +541,7 @@ def _train(r: _Run, data, saved) -> dict:
                     r.say(f"[{name}] compiled and ran the first step in {compile_seconds} s")
                 first_step = False
                 _accumulate(accum, metrics, state, len(y))
+                last_loss = metrics["loss"]
                 if "skipped" in metrics:
                     run_of_skips = torch.where(metrics["skipped"] != 0, run_of_skips + 1, 0)
                 pos["batch"] += 1
@@ -508,12 +554,13 @@ def _train(r: _Run, data, saved) -> dict:
                     report.log_step(tblog, writer, metrics, state, pos["global_step"], rate)
                     if cfg.max_skipped and int(run_of_skips) >= cfg.max_skipped:
                         save(status="diverged")
-                        raise Diverged(
-                            f"[{name}] stopped at step {pos['global_step']}: the last "
-                            f"{int(run_of_skips)} steps were all skipped (non-finite loss or update; "
+                        why = (
+                            f"stopped at step {pos['global_step']}: the last {int(run_of_skips)} "
+                            f"steps were all skipped (non-finite loss or update; "
                             f"--max_skipped={cfg.max_skipped}); lower --lr or check the data. "
                             f"The checkpoint holds the last finite parameters."
                         )
+                        raise Diverged(f"[{name}] {why}", summary(status="diverged", why=why))
                 if cfg.max_steps and pos["global_step"] >= cfg.max_steps:
                     stopped = "max_steps"
                 if cfg.total_steps and pos["global_step"] >= cfg.total_steps:
@@ -572,6 +619,10 @@ def _train(r: _Run, data, saved) -> dict:
                     save(status="interrupted")
                     stop.check()
 
+        why = diverged(cfg, params, state, pos["global_step"], last_loss)
+        if why is not None:
+            save(status="diverged")
+            raise Diverged(f"[{name}] diverged: {why}", summary(status="diverged", why=why))
         status = stopped or "finished"
         save(finished=status == "finished", status=status)
         last = history[-1] if history and history[-1]["step"] == pos["global_step"] else None
@@ -581,40 +632,32 @@ def _train(r: _Run, data, saved) -> dict:
     finally:
         epochs_bar.close()
         writer.close()
-    overall = pos["global_step"] * cfg.batch_size / max(pos["train_seconds"], 1e-9)
-    rate = meter.rate() or overall
-    out = {
-        "estimator": name,
-        "status": status,
-        "epochs_done": pos["epoch"],
-        "steps": pos["global_step"],
-        "skipped_steps": int(state.skipped),
-        "train_seconds": round(pos["train_seconds"], 2),
-        # steady state: the first logging interval of every (re)start (compilation) is left out
-        "images_per_s": round(rate, 1),
-        "images_per_s_per_process": round(rate / world, 1),
-        "images_per_s_overall": round(overall, 1),
-        "processes": world,
-        "perturbation": cfg.perturbation if world > 1 else None,
-        "loader": loader_name,
-        "compile_seconds": compile_seconds,
-        "peak_memory_gib": (
-            round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
-            if device.type == "cuda"
-            else None
-        ),
-        "final": final,
-        "best_val": best,
-        # Appendix C.2 reports the best test accuracy seen during training; it is never used for selection.
-        "best_test_acc_reported_only": max(
-            (h["test_acc"] for h in history if h.get("test_acc") is not None), default=None
-        ),
-        "history": history,
-        "config": as_dict(cfg),
-    }
-    if procs.main:
-        report.write_json(_summary_path(run_dir), out)
-    return out
+    return summary(status=status, final=final)
+
+
+def diverged(cfg: Config, params, state, steps: int, last_loss) -> str | None:
+    """Why a run that reached its end did not train, or None: more than ``max_skipped_fraction`` of
+    its steps skipped, non-finite parameters or a root mean square above ``max_param_rms``, or a
+    non-finite loss at its last step."""
+    skipped = int(state.skipped)
+    if steps and skipped / steps > cfg.max_skipped_fraction:
+        return (
+            f"{skipped} of its {steps} steps were skipped as non-finite "
+            f"(--max_skipped_fraction={cfg.max_skipped_fraction}); lower --lr or check the data"
+        )
+    values = list(params.values())
+    if not all(bool(torch.isfinite(v).all()) for v in values):
+        return "its final parameters are not finite; lower --lr or check the data"
+    n = sum(v.numel() for v in values)
+    rms = float(torch.sqrt(sum(v.double().pow(2).sum() for v in values) / max(n, 1)))
+    if rms > cfg.max_param_rms:
+        return (
+            f"its final parameters have a root mean square of {rms:.3g} "
+            f"(--max_param_rms={cfg.max_param_rms:g}); lower --lr"
+        )
+    if last_loss is not None and not bool(torch.isfinite(last_loss)):
+        return f"its loss at the last step is {float(last_loss)}; lower --lr or check the data"
+    return None
 
 
 def _evaluations(r: _Run, splits: dict, params, buffers, loss_fn, eval_batches) -> dict:

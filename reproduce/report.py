@@ -41,10 +41,37 @@ def progress(iterable=None, **kw):
     return tqdm(iterable, disable=not (kw.pop("enabled", True) and sys.stderr.isatty()), **kw)
 
 
-def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON atomically (a temporary file renamed over ``path``)."""
+def strict(obj: Any) -> Any:
+    """``obj`` as strict JSON can hold it: NaN and ±inf become None (null), 0-d tensors and numpy
+    scalars their Python value, tuples lists; anything else unknown its ``str``."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, bool | int | str) or obj is None:
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): strict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [strict(v) for v in obj]
+    if isinstance(obj, torch.Tensor) and obj.numel() == 1:
+        return strict(obj.item())
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return strict(obj.item())
+    return str(obj)
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    """Strict JSON text of ``obj`` (:func:`strict`): it parses under any JSON parser, ``jq`` too."""
+    return json.dumps(strict(obj), indent=indent, allow_nan=False)
+
+
+def write_json(path: Path | str, obj: Any) -> None:
+    """Write ``obj`` as strict JSON (:func:`dumps`; null for a missing or non-finite value)
+    atomically: a temporary file renamed over ``path``. Every JSON file the project writes goes
+    through here."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    tmp.write_text(dumps(obj) + "\n")
     os.replace(tmp, path)
 
 

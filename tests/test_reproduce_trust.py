@@ -121,7 +121,7 @@ def test_a_diverged_run_stops_with_a_message_and_no_fake_loss(tmp_path, capsys):
 
 def test_an_epoch_of_skipped_steps_reports_no_mean_and_counts_them(tmp_path, capsys):
     args = [*DIGITS, "--lr=1e25", "--epochs=1", "--max_skipped=0"]
-    assert main(tmp_path, *args) == 0
+    assert main(tmp_path, *args) == 3  # and the run is diverged (see below)
     out = capsys.readouterr().out
     assert "every step skipped" in out or "skipped (non-finite)" in out
     assert "train loss 0.0000" not in out
@@ -129,6 +129,40 @@ def test_an_epoch_of_skipped_steps_reports_no_mean_and_counts_them(tmp_path, cap
     record = s["history"][0]
     assert record["skipped_steps"] >= 13
     assert record["train_loss"] is None or record["skipped_steps"] < 14
+
+
+def _strict(path: Path) -> dict:
+    def refuse(name):
+        raise ValueError(f"{path} holds {name}, which is not JSON")
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+@pytest.mark.parametrize("metrics", [True, False], ids=["with_metrics", "without_metrics"])
+def test_a_run_that_did_not_train_is_diverged_not_finished(tmp_path, capsys, metrics):
+    """lr = 1e25: the first step sends the weights to ~1e25 and the other 27 are skipped. The run
+    exits 3 with one line, computes no metric on those weights, and its summary parses strictly."""
+    args = ["--preset=digits", "--estimator=sgd", "--lr=1e25", "--epochs=2"]
+    args += ["--eig_iters=3", "--trace_samples=2", "--r1_steps=1"] if metrics else NO_FLATNESS
+    assert main(tmp_path, *args) == 3
+    err = one_line_error(capsys)
+    assert "diverged" in err and "27 of its 28 steps were skipped" in err
+    s = _strict(out_dir(tmp_path) / "summary.json")
+    assert s["status"] == "diverged" and "--max_skipped_fraction" in s["reason"]
+    assert s["final"] is None and s["skipped_steps"] == 27
+    assert ckpt.load(out_dir(tmp_path) / "checkpoint.pt")["status"] == "diverged"
+
+
+def test_parameters_that_grew_past_the_bound_make_a_run_diverged(tmp_path, capsys):
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--max_param_rms=1e-3") == 3
+    assert "root mean square" in one_line_error(capsys)
+    assert _strict(out_dir(tmp_path) / "summary.json")["status"] == "diverged"
+
+
+@pytest.mark.parametrize("flag", ["--max_skipped_fraction=1.5", "--max_param_rms=0"])
+def test_divergence_bounds_are_validated(tmp_path, capsys, flag):
+    assert main(tmp_path, *DIGITS, flag) == 2
+    assert flag.split("=")[0].lstrip("-") in one_line_error(capsys)
 
 
 def test_summary_has_no_placeholders_and_the_end_says_where_outputs_are(tmp_path, capsys):

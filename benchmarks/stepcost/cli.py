@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
 import tempfile
 import typing
 import warnings
@@ -19,6 +18,7 @@ from benchmarks.stepcost.models import MODELS, split_precision
 from benchmarks.stepcost.pool import Precompiler, run_cache_dir
 from benchmarks.stepcost.report import metadata, table, vs_fp32
 from benchmarks.stepcost.timing import release
+from reproduce.report import write_json
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # first jvp, from torch._decomp
 warnings.filterwarnings("ignore", message=".*Profiler clears events.*")  # --profile, torch 2.11
@@ -231,8 +231,7 @@ def main(argv=None) -> dict:
 
     def save(partial=()):  # after every phase, so that a run cut short keeps what it measured
         if a.out:
-            text = json.dumps({**result, "rows": rows + list(partial)}, indent=1, default=repr)
-            Path(a.out).write_text(text)
+            write_json(a.out, {**result, "rows": rows + list(partial)})
 
     try:
         for model_name in a.model:

@@ -135,6 +135,10 @@ def _check_positive(name: str, v) -> None:
 
 
 @torch.no_grad()
+def _k(k: int = 1, *args, **kwargs) -> tuple[int]:
+    return (kwargs.get("k", k),)
+
+
 def top_eigenvalues(
     params: Tree,
     batch,
