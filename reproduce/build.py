@@ -55,7 +55,7 @@ class SetupError(Exception):
     """The run cannot start as configured (model, weights, processes); the message says why."""
 
 
-def classification_loss(model: nn.Module):
+def classification_loss(model: nn.Module, label_smoothing: float = 0.0):
     """``loss_fn(params, batch, buffers, *, train=True) -> (loss, new_buffers)``: cross-entropy of
     ``model`` through ``torch.func.functional_call`` (the buffered form of :func:`gamfunc.nn.functional`).
 
@@ -63,7 +63,8 @@ def classification_loss(model: nn.Module):
     computed on float32 logits. ``new_buffers`` carries one extra entry, ``CORRECT``: the number of
     correct predictions at θ, so that the running training accuracy costs nothing (``make_step``
     keeps the aux of the pass at θ only); in eval mode also ``TOP5``, the number of labels among the
-    five largest logits. Mixed precision wraps it as any loss (:func:`training_loss`).
+    five largest logits. ``label_smoothing`` is ``F.cross_entropy``'s, in training only (evaluation
+    reports the plain cross-entropy). Mixed precision wraps it as any loss (:func:`training_loss`).
     """
 
     def loss_fn(params, batch, buffers, *, train: bool = True):
@@ -76,7 +77,8 @@ def classification_loss(model: nn.Module):
         if not train:
             top = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
             aux[TOP5] = (top == targets[:, None]).any(-1).sum()
-        return F.cross_entropy(logits, targets), aux
+        smoothing = label_smoothing if train else 0.0
+        return F.cross_entropy(logits, targets, label_smoothing=smoothing), aux
 
     return loss_fn
 
@@ -292,7 +294,7 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
     model.to(device)
     if cfg.channels_last:
         channels_last(model)
-    loss_fn = training_loss(classification_loss(model), cfg)
+    loss_fn = training_loss(classification_loss(model, cfg.label_smoothing), cfg)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     if procs.world > 1:

@@ -134,7 +134,7 @@ class Members:
             raise VmapError(
                 f"--vmap trains models without buffers; {cfg.model} has BatchNorm running statistics"
             )
-        plain = classification_loss(models[0])
+        plain = classification_loss(models[0], cfg.label_smoothing)
         self.loss_fn = training_loss(plain, cfg)
         one = [{k: v.detach().to(device) for k, v in m.named_parameters()} for m in models]
         self.params = stack(one)

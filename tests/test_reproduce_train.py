@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 # reproduce/ lives at the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -570,3 +571,33 @@ def test_compiled_exact_gam_writes_the_norms_in_elementary_operations():
         kinds = {type(m) for m in t.model.modules() if isinstance(m, torch.nn.BatchNorm2d)}
         assert {k.__name__ for k in kinds} == {"AutocastBatchNorm2d"}  # torch's, dtype-safe
         assert not any("elementary operations" in n for n in t.notes)
+
+
+def test_label_smoothing_is_torchs_and_equals_the_authors_loss_in_gradient():
+    """--label_smoothing is F.cross_entropy's, in training only; the .authors presets' value gives
+    the gradient of the authors' smooth_crossentropy(0.1) (1 − s on the label, s/(K−1) elsewhere,
+    as a KL divergence), written out here from its definition."""
+    from reproduce.config import authors_smoothing
+    from reproduce.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("mlp", 10, 64, seed=0)
+    x, y = torch.randn(16, 64), torch.randint(0, 10, (16,))
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    smooth = build.classification_loss(model, 0.2)
+    got, _ = smooth(params, (x, y), {})
+    logits = torch.func.functional_call(model, params, (x,))
+    torch.testing.assert_close(got, F.cross_entropy(logits, y, label_smoothing=0.2))
+    evaluated, _ = smooth(params, (x, y), {}, train=False)
+    torch.testing.assert_close(evaluated, F.cross_entropy(logits, y))
+
+    def authors(p):
+        out = torch.func.functional_call(model, p, (x,))
+        target = torch.full_like(out, 0.1 / 9).scatter(1, y[:, None], 0.9)
+        return F.kl_div(F.log_softmax(out, 1), target, reduction="none").sum(-1).mean()
+
+    ours = build.classification_loss(model, authors_smoothing(0.1, 10))
+    g_ours = torch.func.grad(lambda p: ours(p, (x, y), {})[0])(params)
+    g_theirs = torch.func.grad(authors)(params)
+    for k in params:
+        torch.testing.assert_close(g_ours[k], g_theirs[k], rtol=1e-5, atol=1e-7)

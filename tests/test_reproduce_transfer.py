@@ -39,9 +39,21 @@ def test_transfer_presets_carry_the_papers_values():
 
 
 def test_the_other_missing_presets():
-    acc = resolve(["--preset=accelerated.cifar10.resnet18.authors"])
-    assert acc.estimator == "gam_accelerated_official"
-    assert (acc.rho, acc.rho_prime, acc.beta, acc.alpha, acc.gamma) == (0.2, 0.02, 0.5, 0.6, 0.03)
+    # The authors' main_cifar.py (xxgege/GAM @ 694133d), lines 126-133: (ρ, ρ', β, α, γ) per data
+    # set and network family; lr 0.1 (line 46) and label smoothing 0.1 of theirs (line 108).
+    theirs = {
+        ("cifar100", "resnet18"): (0.2, 0.02, 0.5, 0.6, 0.03),
+        ("cifar100", "pyramidnet110"): (0.2, 0.04, 0.3, 0.5, 0.05),
+        ("cifar10", "resnet18"): (0.2, 0.03, 0.1, 0.1, 0.05),
+        ("cifar10", "pyramidnet110"): (0.2, 0.03, 0.1, 0.1, 0.03),
+    }
+    for (dataset, model), values in theirs.items():
+        acc = resolve([f"--preset=accelerated.{dataset}.{model}.authors"])
+        assert acc.estimator == "gam_accelerated_official" and acc.model == model
+        assert (acc.rho, acc.rho_prime, acc.beta, acc.alpha, acc.gamma) == values
+        assert (acc.lr, acc.weight_decay, acc.batch_size, acc.epochs) == (0.1, 5e-4, 128, 200)
+        classes = 10 if dataset == "cifar10" else 100
+        assert acc.label_smoothing == pytest.approx(0.1 * classes / (classes - 1))
     gnp = resolve(["--preset=gnp.cifar100.resnet18"])
     # Zhao et al.'s α_Z = 0.8 at r = 0.1 is gamfunc.gnp's α = α_Z·r
     assert (gnp.estimator, gnp.gnp_hvp, gnp.gnp_radius) == ("gnp", "fd", 0.1)
