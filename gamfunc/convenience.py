@@ -58,6 +58,14 @@ def gam_step(
         raise TypeError("pass either optimizer or the sgd arguments (lr, momentum, ...), not both")
     gam_kw = tuple(sorted((k, v) for k, v in kw.items() if k in _GAM_KEYS))
     sgd_kw = tuple(sorted({"lr": 0.1, **{k: v for k, v in kw.items() if k in _SGD_KEYS}}.items()))
+    for name, value in (("rho", rho), ("alpha", alpha), ("hvp", hvp), *gam_kw, *sgd_kw):
+        try:
+            hash(value)
+        except TypeError:
+            raise TypeError(
+                f"gam_step's {name} must be a number, a string or a schedule function; got "
+                f"{type(value).__name__} {value!r}"
+            ) from None
     step = _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw)
     if state is None:
         state = step.init(params, buffers)

@@ -110,10 +110,17 @@ def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
         return {k: _times(v, s) + y[k] for k, v in x.items()}
     if _vmapped(x, s) or _vmapped(y):
         return {k: s * v + y[k] for k, v in x.items()}
-    if isinstance(s, Tensor):
-        xs = list(x.values())
+    xs = list(x.values())
+    if isinstance(s, Tensor) or not _fits(s, xs):
+        # a number beyond the leaves' range (ρ = 1e308 in float32) becomes ±inf there, as in any
+        # product, instead of failing to convert: the step's non-finite guard then skips it
         return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(xs, scalar_like(s, xs))))
-    return _pack(x.keys(), torch._foreach_add(ys, list(x.values()), alpha=s))
+    return _pack(x.keys(), torch._foreach_add(ys, xs, alpha=s))
+
+
+def _fits(s, values: list[Tensor]) -> bool:
+    """Whether the number ``s`` converts to the dtype of ``values`` without overflow."""
+    return not values or abs(s) <= torch.finfo(values[0].dtype).max
 
 
 def lincomb(*terms: tuple[Scalar, Tree]) -> Tree:

@@ -83,3 +83,32 @@ def test_raise_on_a_non_finite_step_cannot_be_compiled_whole_and_says_what_works
     p = params()
     with pytest.raises(FloatingPointError, match="non-finite"):
         fast(p, fast.init(p), (torch.full((8, 3), float("nan")), torch.randn(8)))
+
+
+def test_another_optimisers_state_is_a_one_line_error_naming_it():
+    loss_fn = lambda p, b: ((b @ p["w"]) ** 2).mean()  # noqa: E731
+    params, batch = {"w": torch.ones(3)}, torch.randn(4, 3)
+    adamw_state = gamfunc.make_step(gamfunc.gradient(), gamfunc.adamw(0.1), loss_fn).init(params)
+    step = gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(0.1), loss_fn)
+    with pytest.raises(TypeError, match=r"state\.opt is a AdamWState, not the SGDState of .* sgd"):
+        step(params, adamw_state, batch)
+
+
+def test_gam_step_names_an_unhashable_argument():
+    loss_fn = lambda p, b: ((b @ p["w"]) ** 2).mean()  # noqa: E731
+    with pytest.raises(TypeError, match="gam_step's hvp must be"):
+        gamfunc.gam_step(
+            {"w": torch.ones(3)}, torch.randn(4, 3), loss_fn, rho=0.05, alpha=0.1, hvp=["exact"]
+        )
+
+
+@pytest.mark.parametrize(
+    "estimator", [gamfunc.gam(1e308, 0.1), gamfunc.sam(1e308)], ids=["gam", "sam"]
+)
+def test_a_radius_beyond_float32_skips_the_step_as_a_huge_lr_does(estimator):
+    loss_fn = lambda p, b: ((b @ p["w"]) ** 2).mean()  # noqa: E731
+    params = {"w": torch.ones(3)}
+    step = gamfunc.make_step(estimator, gamfunc.sgd(0.1), loss_fn)
+    new, state, metrics = step(params, step.init(params), torch.randn(4, 3))
+    assert int(state.step) == 0
+    assert int(metrics["skipped"]) == 1 and torch.equal(new["w"], params["w"])

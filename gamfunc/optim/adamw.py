@@ -13,6 +13,7 @@ from gamfunc.optim.base import (
     Optimizer,
     check_lr,
     check_mask,
+    check_state_type,
     hyper_state,
     learning_rate,
     masked_keys,
@@ -109,6 +110,7 @@ def adamw(
         return [scaled.get(k, v) for k, v in params.items()]
 
     def update(direction, state, params):
+        check_state_type(state, AdamWState, "adamw")
         eta = learning_rate(lr, state)
         step = state.step + 1
         t = step.to(torch.float64)

@@ -71,6 +71,16 @@ def with_hyper(state, **changes: Tensor):
     )
 
 
+def check_state_type(state, cls: type, optimizer: str) -> None:
+    """A one-line TypeError unless ``state`` is ``optimizer``'s own state (a :class:`cls`): the
+    state of another optimiser (an AdamW state given to an SGD step) fails here, not deep inside."""
+    if not isinstance(state, cls):
+        raise TypeError(
+            f"state.opt is a {type(state).__name__}, not the {cls.__name__} of this step's "
+            f"optimiser {optimizer}: make the state with step.init(params) of this step"
+        )
+
+
 def check_lr(lr) -> None:
     if callable(lr):
         return

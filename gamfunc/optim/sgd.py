@@ -13,6 +13,7 @@ from gamfunc.optim.base import (
     Optimizer,
     check_lr,
     check_mask,
+    check_state_type,
     hyper_state,
     learning_rate,
     masked_keys,
@@ -109,6 +110,7 @@ def sgd(
         return SGDState(step, lr0, tree.zeros_like(params) if momentum != 0 else ())
 
     def update(direction, state, params):
+        check_state_type(state, SGDState, "sgd")
         eta = learning_rate(lr, state)
         decays = callable(weight_decay) or weight_decay != 0
         d = decayed(direction, params, value(weight_decay, state.step)) if decays else direction
