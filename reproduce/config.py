@@ -34,6 +34,7 @@ import inspect
 import re
 import typing
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -123,9 +124,7 @@ class Config:
     total_steps: int = 0  # train this many steps (the schedule's length; overrides epochs; 0: off)
     batch_size: int = 100  # global batch: the sum over all processes of a torchrun job
     clip_norm: float = 0.0  # clip the direction to this global L2 norm before the update (0: never)
-    label_smoothing: float = (
-        0.0  # F.cross_entropy's label_smoothing (0: none, where the paper is silent)
-    )
+    label_smoothing: float = 0.0  # F.cross_entropy's, in training (0: none; the paper says none)
     no_decay_1d: bool = False  # no weight decay on 1-d tensors (biases, normalisation weights)
     eval_batch_size: int = 500  # evaluation batch size
     max_steps: int = 0  # stop after this many steps in all (smoke runs; 0: no limit); resumable
@@ -560,7 +559,10 @@ def validate(cfg: Config) -> None:
     _check(0 <= cfg.label_noise <= 1, "label_noise", "in [0, 1]", cfg.label_noise)
     _check(0 <= cfg.val_fraction < 1, "val_fraction", "in [0, 1)", cfg.val_fraction)
     _check(cfg.warmup_epochs >= 0, "warmup_epochs", ">= 0", cfg.warmup_epochs)
+    _check(cfg.epochs >= 1, "epochs", "an integer >= 1", cfg.epochs)
     _check(cfg.warmup_epochs <= cfg.epochs, "warmup_epochs", "<= epochs", cfg.warmup_epochs)
+    leaves = Path(cfg.name).is_absolute() or ".." in Path(cfg.name).parts
+    _check(not leaves, "name", "a name inside --logdir (no absolute path, no ..)", cfg.name)
     _check(cfg.total_steps >= 0, "total_steps", "an integer >= 0", cfg.total_steps)
     _check(cfg.flatness_batch >= 0, "flatness_batch", "an integer >= 0", cfg.flatness_batch)
     ls = cfg.label_smoothing

@@ -69,7 +69,15 @@ from reproduce.build import (
     lr_schedule,
     setup,
 )
-from reproduce.config import PRESETS, as_dict, estimators_of, field_help, resolve, run_name
+from reproduce.config import (
+    ESTIMATORS,
+    PRESETS,
+    as_dict,
+    estimators_of,
+    field_help,
+    resolve,
+    run_name,
+)
 from reproduce.evaluation import evaluate
 from reproduce.loop import Diverged, Interrupted, StopFlag, run
 
@@ -95,6 +103,7 @@ def _help() -> str:
     defaults = as_dict(resolve([]))  # the mnist1d preset applied to Config()
     for k, text in field_help().items():
         lines.append(f"  --{k:<18} {text} [default: {defaults[k]!r}]")
+    lines += ["", "Estimators (--estimator=NAME, or a comma list):", f"  {', '.join(ESTIMATORS)}"]
     lines += ["", "Presets (--preset=NAME):", *(f"  {p}" for p in PRESETS)]
     return "\n".join(lines)
 

@@ -229,3 +229,21 @@ def test_a_corrupt_resume_file_does_not_suggest_unsafe_loading(tmp_path, capsys)
     assert main(tmp_path, *DIGITS, "--resume") == 2
     err = one_line_error(capsys)
     assert "weights_only" not in err and str(path) in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [("--name=/tmp/elsewhere", "name"), ("--name=../../x", "name"), ("--epochs=-3", "epochs")],
+)
+def test_values_that_would_leave_the_logdir_or_make_no_sense_are_refused(
+    tmp_path, capsys, flag, named
+):
+    assert main(tmp_path, *DIGITS, flag) == 2
+    assert one_line_error(capsys).startswith(f"error: {named} must be")
+    assert not (tmp_path.parent / "x").exists()
+
+
+def test_help_lists_the_estimators(capsys):
+    assert train.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "gam_accelerated_official" in out and "sam+gam" in out
