@@ -453,7 +453,7 @@ def _cifar(root: str, name: str, download: bool):
     if _is_image_folder(path / "train") and _is_image_folder(path / "test"):
         from torchvision.datasets import ImageFolder
 
-        return ImageFolder(str(path / "train")), ImageFolder(str(path / "test"))
+        return _on_train_classes(ImageFolder(str(path / "train")), ImageFolder(str(path / "test")))
     raise DataNotFound(f"{label} not found at {str(path.resolve())!r}. {layout}")
 
 
@@ -474,7 +474,28 @@ def _imagenet(root: str):
             raise DataNotFound(
                 f"ImageNet not found: {str((path / split).resolve())!r} is missing or has no class folders. {layout}"
             )
-    return ImageFolder(str(path / "train")), ImageFolder(str(path / "val"))
+    return _on_train_classes(ImageFolder(str(path / "train")), ImageFolder(str(path / "val")))
+
+
+def _on_train_classes(train, held_out):
+    """``(train, held_out)`` with ``held_out``'s labels in the training split's numbering.
+
+    ``ImageFolder`` numbers each folder's classes on its own, so a test split that lacks a class
+    would shift every label after it; its samples are renumbered by class name instead. A class that
+    the training split does not have cannot be scored, and is refused.
+    """
+    extra = sorted(set(held_out.classes) - set(train.classes))
+    if extra:
+        raise DataError(
+            f"{held_out.root} has classes that {train.root} lacks ({', '.join(extra[:5])}"
+            f"{', ...' if len(extra) > 5 else ''}): every evaluated class must be trained"
+        )
+    to_train = [train.class_to_idx[c] for c in held_out.classes]
+    held_out.samples = [(path, to_train[i]) for path, i in held_out.samples]
+    held_out.imgs = held_out.samples
+    held_out.targets = [i for _, i in held_out.samples]
+    held_out.classes, held_out.class_to_idx = train.classes, train.class_to_idx
+    return train, held_out
 
 
 def _synthetic(name: str, size: int, image_size: int, num_classes: int, seed: int):

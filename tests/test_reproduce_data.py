@@ -157,3 +157,19 @@ def test_synthetic_data_has_the_dataset_shape():
     d = D.load(resolve(["--preset=hp2.imagenet.resnet50", "--synthetic", "--synthetic_size=8"]))
     x, _ = d.train.tensors()
     assert x.shape == (8, 3, 224, 224) and d.num_classes == 1000 and len(d.test) == 2
+
+
+def test_held_out_labels_follow_the_training_classes(tmp_path):
+    """ImageFolder numbers each split's classes on its own: a validation split without "bee" would
+    call "cat" class 1 ("bee" in training). Labels follow the training split's names instead, and a
+    class that training lacks is refused in one line."""
+    make_image_folder(tmp_path, splits=("train",), classes=("ant", "bee", "cat"), per_class=2)
+    make_image_folder(tmp_path, splits=("val",), classes=("ant", "cat"), per_class=2)
+    args = ["--preset=hp2.imagenet.resnet50", f"--data={tmp_path}", "--image_size=32"]
+    d = D.load(resolve([*args, "--num_classes=3"]))
+    labels = sorted(int(d.test[(i, 0)][1]) for i in range(len(d.test)))
+    assert labels == [0, 0, 2, 2]
+    make_image_folder(tmp_path / "more", splits=("train",), classes=("ant",), per_class=2)
+    make_image_folder(tmp_path / "more", splits=("val",), classes=("ant", "dog"), per_class=2)
+    with pytest.raises(D.DataError, match="classes that .* lacks \\(dog\\)"):
+        D.load(resolve(["--preset=hp2.imagenet.resnet50", f"--data={tmp_path / 'more'}"]))
