@@ -47,6 +47,7 @@ a locked run folder or a disk that cannot be written (one line on stderr, no tra
 from __future__ import annotations
 
 import dataclasses
+import errno
 import sys
 import warnings
 from pathlib import Path
@@ -173,8 +174,13 @@ def _train(cfg, procs: launch.Processes) -> int:
         except Diverged as e:
             print(f"error: {e}", file=sys.stderr)
             return 3
-        except OSError as e:  # a full or read-only disk: the last checkpoint written stays
+        except OSError as e:
             where = f" {e.filename!r}" if e.filename else ""
+            if not _write_error(e, root):  # an image that cannot be read: a data error
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                print(f"error: cannot read the data{where}: {first}", file=sys.stderr)
+                return 2
+            # a full or read-only disk: the last checkpoint written stays
             print(
                 f"error: cannot write{where}: {e.strerror or e}; the last checkpoint written is "
                 "intact: free space (or fix permissions) and continue with --resume",
@@ -192,6 +198,16 @@ def _train(cfg, procs: launch.Processes) -> int:
         print(f"\noutputs in {root} (per estimator: summary.json, checkpoint.pt, events, pictures)")
         print(f"see them with: tensorboard --logdir {root}")
     return 0
+
+
+def _write_error(e: OSError, root: Path) -> bool:
+    """Whether ``e`` is the run failing to write its outputs (a full, read-only or forbidden disk,
+    or a file under the run's folder), rather than a file of the data that cannot be read."""
+    if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
+        return True
+    if e.filename:
+        return Path(str(e.filename)).resolve().is_relative_to(root.resolve())
+    return e.errno is not None and e.errno == errno.EACCES
 
 
 if __name__ == "__main__":

@@ -601,3 +601,15 @@ def test_label_smoothing_is_torchs_and_equals_the_authors_loss_in_gradient():
     g_theirs = torch.func.grad(authors)(params)
     for k in params:
         torch.testing.assert_close(g_ours[k], g_theirs[k], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_unreadable_image_is_a_data_error_naming_it_not_a_disk_error(tmp_path, capsys, workers):
+    data = make_image_folder(tmp_path / "cifar", splits=("train", "test"), per_class=4, size=32)
+    (data / "train" / "bee" / "0.png").write_bytes(b"")  # a zero-byte image
+    args = ["--preset=hp1.cifar10.resnet18", f"--data={data}", "--model=resnet32"]
+    args += ["--batch_size=8", "--max-steps=1", "--estimator=sgd", f"--workers={workers}"]
+    assert main(tmp_path / "runs", *args, *NO_FLATNESS) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: cannot read the data"), err
+    assert "0.png" in err[-1] and "free space" not in err[-1]
