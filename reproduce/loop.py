@@ -143,11 +143,26 @@ def _summary_path(run_dir: Path) -> Path:
     return run_dir / "summary.json"
 
 
+# What a checkpoint of this loop holds (the body `save` writes); one without them is refused.
+CHECKPOINT_FIELDS = frozenset(
+    {"config", "params", "state", "accum", "position", "data_order", "history", "best", "rng"}
+)
+CHECKPOINT_FIELDS |= {"finished", "status"}
+
+
 def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
     """The checkpoint body to resume from, or None to start afresh; refuses to clobber an unfinished
     run, and to resume with another number of processes."""
     if path.exists() and cfg.resume:
         saved = ckpt.load(path)
+        missing = sorted(
+            CHECKPOINT_FIELDS - set(saved) if isinstance(saved, dict) else CHECKPOINT_FIELDS
+        )
+        if missing or not isinstance(saved.get("position"), dict):
+            raise ckpt.CheckpointError(
+                f"{str(path)!r} is not a checkpoint of reproduce/train.py (it lacks "
+                f"{', '.join(missing) or 'a position'}); start afresh with --overwrite"
+            )
         ckpt.check_config(saved["config"], cfg, path)
         was = saved["position"].get("world", 1)
         if was != world:
@@ -216,7 +231,13 @@ def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, 
             saved = _prepare(cfg, name, path, procs.world)
             summary = _summary_path(path.parent)
             if saved is not None and saved["finished"] and summary.exists():
-                decision = ("finished", json.loads(summary.read_text()))
+                try:
+                    decision = ("finished", json.loads(summary.read_text()))
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise ckpt.CheckpointError(
+                        f"{str(summary)!r} of this finished run is not readable JSON ({e}); "
+                        "train it again with --overwrite"
+                    ) from None
             elif saved is not None:
                 decision = ("resume", saved)
         except RunLocked as e:

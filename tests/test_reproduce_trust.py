@@ -247,3 +247,23 @@ def test_help_lists_the_estimators(capsys):
     assert train.main(["--help"]) == 0
     out = capsys.readouterr().out
     assert "gam_accelerated_official" in out and "sam+gam" in out
+
+
+def test_a_checkpoint_without_its_fields_is_refused_in_one_line(tmp_path, capsys):
+    assert main(tmp_path, *DIGITS, "--max-steps=2") == 0
+    path = out_dir(tmp_path) / "checkpoint.pt"
+    body = ckpt.load(path)
+    del body["position"], body["rng"]
+    ckpt.save(path, body)  # a valid digest, the fields gone
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--max-steps=4", "--resume") == 2
+    err = one_line_error(capsys)
+    assert "is not a checkpoint of reproduce/train.py" in err and "position, rng" in err
+
+
+def test_a_corrupt_summary_of_a_finished_run_is_refused_in_one_line(tmp_path, capsys):
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 0
+    (out_dir(tmp_path) / "summary.json").write_text('{"status": "finished", ')
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--resume") == 2
+    assert "not readable JSON" in one_line_error(capsys)
