@@ -14,6 +14,7 @@ import logging
 
 import torch
 
+from gamfunc.loss import loss_and_aux
 from gamfunc.metrics.hessian import bound_loss
 
 __all__ = ["measurable", "why_unmeasurable"]
@@ -26,7 +27,7 @@ def why_unmeasurable(params, batch, loss_fn, buffers=None, mode: str = "eval") -
     bad = [k for k, v in params.items() if not bool(torch.isfinite(v).all())]
     if bad:
         return f"{len(bad)} parameter tensors are not finite (first: {bad[0]!r})"
-    loss = bound_loss(loss_fn, buffers, mode)(params, batch)
+    loss, _ = loss_and_aux(bound_loss(loss_fn, buffers, mode), params, batch)
     if not bool(torch.isfinite(loss)):
         return f"the loss at these parameters is {float(loss)}"
     return None
