@@ -135,7 +135,7 @@ def build_estimator(
     theorem = {"theorem_norms": True}  # Theorem 4.3's two squared norms, logged under theory/
     table: dict[str, Callable[[], gamfunc.Estimator]] = {
         "sgd": lambda: plain,
-        "sam": lambda: gamfunc.sam(rho),
+        "sam": lambda: gamfunc.sam(sam_rho),
         "gnp": lambda: gamfunc.gnp(cfg.alpha, hvp=gnp_hvp, fd_radius=cfg.gnp_radius),
         "gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp, **theorem),
         "gam_fd": lambda: gamfunc.gam(rho, cfg.alpha, hvp="fd", fd_radius=cfg.fd_radius, **theorem),

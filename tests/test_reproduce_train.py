@@ -613,3 +613,15 @@ def test_an_unreadable_image_is_a_data_error_naming_it_not_a_disk_error(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: cannot read the data"), err
     assert "0.png" in err[-1] and "free space" not in err[-1]
+
+
+@pytest.mark.parametrize("estimator", ["sam", "sam+gam"])
+def test_sam_on_the_default_preset_trains_with_its_own_radius(tmp_path, estimator):
+    """SAM's radius on MNIST-1D is its own (0.2), not GAM's 0.5, at which it stayed at chance."""
+    from reproduce.config import resolve
+
+    assert resolve([]).sam_rho == 0.2
+    args = [f"--estimator={estimator}", "--epochs=3", *NO_FLATNESS]
+    assert main(tmp_path, *args) == 0
+    s = summary(tmp_path, "mnist1d", estimator)
+    assert s["history"][-1]["train_acc"] > 0.3  # chance is 0.1
