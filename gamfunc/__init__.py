@@ -20,7 +20,17 @@ from gamfunc import (
 )
 from gamfunc.convenience import gam_step
 from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradient, sam
-from gamfunc.optim import AdamWState, Optimizer, SGDState, adamw, schedules, sgd
+from gamfunc.optim import (
+    AdamWState,
+    LionState,
+    Optimizer,
+    SGDState,
+    adam,
+    adamw,
+    lion,
+    schedules,
+    sgd,
+)
 from gamfunc.step import Step, StepState, make_step
 from gamfunc.transforms import ChainState, Transform, chain, clip_by_global_norm, decay_mask
 
@@ -30,12 +40,14 @@ __all__ = [
     "AdamWState",
     "ChainState",
     "Estimator",
+    "LionState",
     "Optimizer",
     "SGDState",
     "Step",
     "StepState",
     "Transform",
     "accumulate",
+    "adam",
     "adamw",
     "asam",
     "chain",
@@ -49,6 +61,7 @@ __all__ = [
     "gnp",
     "gradient",
     "hvps",
+    "lion",
     "m_sharpness",
     "make_step",
     "metrics",

@@ -127,6 +127,9 @@ class _StepImpl:
             _branch(estimator, optimizer, loss_fn, on_nonfinite),
             _branch(base, optimizer, loss_fn, on_nonfinite),
         )
+        # every > 1: the metrics' keys and dtypes, in the order first seen (the full branch runs
+        # first), so that every step returns the same keys whichever branch ran
+        self.schema: dict[str, tuple[torch.dtype, torch.device]] = {}
 
     def init(self, params, buffers=None) -> StepState:
         """The state before the first step; ``buffers`` for a loss_fn of the buffered form."""
@@ -164,6 +167,7 @@ class _StepImpl:
         branch = self.full if int(cycle) % self.every == 0 else self.plain
         new_params, new, metrics = branch(params, state._replace(cycle=()), batch)
         new_state = StepState(new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss)
+        self.schema, metrics = with_schema(self.schema, metrics)
         return new_params, new_state, metrics
 
     def compile(
@@ -271,6 +275,30 @@ def _branch_on_host(finite: Tensor) -> bool:
     if torch.compiler.is_compiling() or tree.vmapped([finite]):
         return False
     return finite.device.type == "cpu"
+
+
+def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
+    """``(schema, metrics)`` with ``metrics`` given every key of ``schema``, in its order: a value a
+    branch did not compute is NaN (-1 for an integer metric); keys new to ``schema`` join it.
+
+    With ``every=k`` the GAM branch reports keys (``f_norm``, ``adv_*``, ``rho``) that the plain
+    branch does not; a logger or a ``torch.stack`` over steps then sees one schema. The GAM branch
+    runs first, so the schema is complete from the first step whenever the base estimator reports a
+    subset of the estimator's keys (every estimator of gamfunc does).
+    """
+    schema = dict(schema)
+    for k, v in metrics.items():
+        if k not in schema and isinstance(v, Tensor):
+            schema[k] = (v.dtype, v.device)
+    out = {}
+    for k, (dtype, device) in schema.items():
+        if k in metrics:
+            out[k] = metrics[k]
+        else:
+            fill = float("nan") if dtype.is_floating_point else -1
+            out[k] = torch.full((), fill, dtype=dtype, device=device)
+    out |= {k: v for k, v in metrics.items() if k not in out}  # anything not a tensor, as it is
+    return schema, out
 
 
 def check_state(state, params) -> None:

@@ -22,6 +22,8 @@ OPTIMIZERS = {
     "sgd": lambda: gamfunc.sgd(lr=0.1),
     "sgd_momentum": lambda: gamfunc.sgd(lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4),
     "adamw": lambda: gamfunc.adamw(lr=1e-3),
+    "adam": lambda: gamfunc.adam(lr=1e-3, weight_decay=1e-4),
+    "lion": lambda: gamfunc.lion(lr=1e-4, weight_decay=0.1),
     "sgd_masked": lambda: gamfunc.sgd(
         lr=0.1, momentum=0.9, weight_decay=1e-2, weight_decay_mask=lambda k, v: v.ndim >= 2
     ),

@@ -75,6 +75,78 @@ def test_adamw_equals_torch_optim(kwargs):
     assert rel_err(flatten(ours), flatten(ref)) < 1e-10
 
 
+ADAM_CASES = [
+    {"lr": 1e-2},
+    {"lr": 3e-3, "betas": (0.8, 0.99), "eps": 1e-6, "weight_decay": 0.05},
+]
+
+
+@pytest.mark.parametrize(
+    "kwargs", ADAM_CASES, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items())
+)
+def test_adam_equals_torch_optim(kwargs):
+    params, data = mlp_params(), batches()
+    ref = torch_trajectory(torch.optim.Adam, kwargs, params, data)
+    ours, state = gamfunc_trajectory(gamfunc.adam(**kwargs), params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-10
+    assert int(state.step) == STEPS
+
+
+def test_adam_with_a_schedule_equals_torch_lambda_lr():
+    params, data = mlp_params(), batches()
+    sched = schedules.cosine(1e-2, total_steps=STEPS, warmup_steps=5)
+
+    def factor(t):
+        return float(sched(torch.tensor(t))) / 1e-2
+
+    ref = torch_trajectory(
+        torch.optim.Adam,
+        {"lr": 1e-2, "weight_decay": 0.01},
+        params,
+        data,
+        scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, factor),
+    )
+    ours, _ = gamfunc_trajectory(gamfunc.adam(lr=sched, weight_decay=0.01), params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-10
+
+
+def lion_loop(params, data, lr, betas, weight_decay):
+    """Lion written out from Chen et al. 2023, Algorithm 2, one tensor at a time."""
+    theta = {k: v.clone() for k, v in params.items()}
+    m = {k: torch.zeros_like(v) for k, v in params.items()}
+    b1, b2 = betas
+    for batch in data:
+        g = torch.func.grad(mlp_loss)(theta, batch)
+        for k in theta:
+            c = b1 * m[k] + (1 - b1) * g[k]
+            theta[k] = theta[k] - lr * (torch.sign(c) + weight_decay * theta[k])
+            m[k] = b2 * m[k] + (1 - b2) * g[k]
+    return theta
+
+
+@pytest.mark.parametrize(
+    ("lr", "betas", "weight_decay"), [(1e-3, (0.9, 0.99), 0.0), (3e-4, (0.95, 0.98), 1.0)]
+)
+def test_lion_equals_its_paper_loop(lr, betas, weight_decay):
+    params, data = mlp_params(), batches()
+    want = lion_loop(params, data, lr, betas, weight_decay)
+    opt = gamfunc.lion(lr=lr, betas=betas, weight_decay=weight_decay)
+    ours, state = gamfunc_trajectory(opt, params, data)
+    assert rel_err(flatten(ours), flatten(want)) < 1e-12
+    assert int(state.step) == STEPS and isinstance(state, gamfunc.LionState)
+
+
+def test_gam_trains_with_adam_and_lion():
+    params, data = mlp_params(), batches(20)
+    for opt in (gamfunc.adam(lr=1e-2), gamfunc.lion(lr=1e-3)):
+        step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), opt, mlp_loss)
+        p, state = params, step.init(params)
+        first = float(mlp_loss(p, data[0]))
+        for b in data:
+            p, state, _ = step(p, state, b)
+        assert float(mlp_loss(p, data[0])) < first
+
+
 def test_scheduled_lr_equals_torch_lambda_lr():
     params, data = mlp_params(), batches()
     sched = schedules.cosine(0.1, total_steps=STEPS, warmup_steps=5)
@@ -184,6 +256,11 @@ def test_inverse_sqrt_and_proportional_schedules():
         (gamfunc.adamw, {"betas": (0.9, 1.0)}, "betas"),
         (gamfunc.adamw, {"eps": -1e-8}, "eps"),
         (gamfunc.adamw, {"weight_decay": -0.1}, "weight_decay"),
+        (gamfunc.adam, {"weight_decay": -0.1}, "weight_decay"),
+        (gamfunc.adam, {"betas": (1.0, 0.9)}, "betas"),
+        (gamfunc.lion, {"lr": -1.0}, "lr"),
+        (gamfunc.lion, {"betas": (0.9,)}, "betas"),
+        (gamfunc.lion, {"weight_decay": float("nan")}, "weight_decay"),
         (schedules.cosine, {"peak": 0.1, "total_steps": 0}, "total_steps"),
         (schedules.cosine, {"peak": 0.1, "total_steps": 5, "warmup_steps": 9}, "warmup_steps"),
     ],

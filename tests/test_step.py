@@ -299,3 +299,23 @@ def test_make_step_returns_a_step():
     assert isinstance(step, gamfunc.Step)
     assert isinstance(step.compile(backend="eager"), gamfunc.Step)
     assert isinstance(step.compile(backend="eager", scope="pass"), gamfunc.Step)
+
+
+def test_the_metrics_schema_stays_fixed_under_every_k_with_a_skipped_step():
+    """every=3: GAM on steps 0 and 3, the plain gradient on the others, and step 4 skipped (a NaN
+    batch). Every step returns the same keys and dtypes; what a branch did not compute is NaN."""
+    loss_fn = lambda p, b: ((b @ p["w"]) ** 2).mean()  # noqa: E731
+    params = {"w": torch.ones(3)}
+    step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(0.1), loss_fn, every=3)
+    state = step.init(params)
+    seen = []
+    for i in range(6):
+        batch = torch.full((4, 3), float("nan")) if i == 4 else torch.randn(4, 3)
+        params, state, metrics = step(params, state, batch)
+        seen.append(metrics)
+    schema = [(k, v.dtype) for k, v in seen[0].items()]
+    assert {"f_norm", "adv_loss", "rho"} <= dict(schema).keys()
+    assert all([(k, v.dtype) for k, v in m.items()] == schema for m in seen)
+    assert torch.isnan(seen[1]["f_norm"]) and torch.isfinite(seen[3]["f_norm"])
+    assert [int(m["skipped"]) for m in seen] == [0, 0, 0, 0, 1, 0]
+    assert torch.stack([m["loss"] for m in seen]).shape == (6,)

@@ -1,8 +1,21 @@
 """Base optimisers (how to move along a direction) and schedules."""
 
 from gamfunc.optim import schedules
+from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import AdamWState, adamw
 from gamfunc.optim.base import Optimizer, with_hyper
+from gamfunc.optim.lion import LionState, lion
 from gamfunc.optim.sgd import SGDState, sgd
 
-__all__ = ["AdamWState", "Optimizer", "SGDState", "adamw", "schedules", "sgd", "with_hyper"]
+__all__ = [
+    "AdamWState",
+    "LionState",
+    "Optimizer",
+    "SGDState",
+    "adam",
+    "adamw",
+    "lion",
+    "schedules",
+    "sgd",
+    "with_hyper",
+]

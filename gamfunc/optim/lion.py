@@ -1,0 +1,111 @@
+"""Lion (EvoLved Sign Momentum), Chen et al. 2023, as a pure update."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from gamfunc import tree
+from gamfunc.optim.base import (
+    Mask,
+    Optimizer,
+    check_lr,
+    check_mask,
+    check_state_type,
+    hyper_state,
+    learning_rate,
+    masked_keys,
+)
+from gamfunc.optim.schedules import value
+from gamfunc.tree import Tree
+
+__all__ = ["LionState", "lion"]
+
+
+class LionState(NamedTuple):
+    """The state of :func:`lion`.
+
+    Attributes:
+        step: 0-d int64, updates done so far.
+        lr: 0-d float64, η of the last update (of the next one for a constant lr).
+        exp_avg: m, the momentum, a dict name -> tensor.
+    """
+
+    step: Tensor
+    lr: Tensor
+    exp_avg: Tree
+
+
+def lion(
+    lr=1e-4,
+    betas: tuple[float, float] = (0.9, 0.99),
+    weight_decay: float = 0.0,
+    weight_decay_mask: Mask = None,
+) -> Optimizer:
+    """Lion: the sign of an interpolated momentum, with decoupled weight decay (paper Algorithm 2).
+
+    With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, λ = ``weight_decay``::
+
+        c ← β₁·m + (1 − β₁)·d
+        θ ← θ − η·(sign(c) + λ·θ)                          (λ·θ where the mask is true)
+        m ← β₂·m + (1 − β₂)·d
+
+    Lion's step has the same size in every coordinate, so its lr is usually 3-10× smaller than
+    AdamW's and its weight decay as much larger (the paper's advice).
+
+    Args:
+        lr: η, float >= 0 or a schedule.
+        betas: (β₁, β₂), each in [0, 1).
+        weight_decay: λ >= 0, or a schedule of the step count.
+        weight_decay_mask: which parameters decay, as in :func:`gamfunc.adamw`.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> opt = gamfunc.lion(lr=0.1)
+        >>> params = {"w": torch.zeros(2)}
+        >>> new, state = opt.update({"w": torch.tensor([3.0, -0.5])}, opt.init(params), params)
+        >>> new["w"].tolist()
+        [-0.10000000149011612, 0.10000000149011612]
+
+    References:
+        Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023,
+        https://arxiv.org/abs/2302.06675.
+    """
+    check_lr(lr)
+    if not (isinstance(betas, tuple | list) and len(betas) == 2):
+        raise ValueError(f"betas must be a pair (beta1, beta2); got {betas!r}")
+    for i, b in enumerate(betas):
+        if not (isinstance(b, int | float) and 0 <= b < 1):
+            raise ValueError(f"betas[{i}] must be in [0, 1); got {b!r}")
+    if not callable(weight_decay) and (
+        isinstance(weight_decay, bool)
+        or not isinstance(weight_decay, int | float)
+        or not 0 <= weight_decay < float("inf")
+    ):
+        raise ValueError(f"weight_decay must be a finite number >= 0; got {weight_decay!r}")
+    check_mask(weight_decay_mask, "weight_decay_mask")
+    beta1, beta2 = float(betas[0]), float(betas[1])
+    decays = callable(weight_decay) or weight_decay != 0
+
+    def init(params):
+        masked_keys(weight_decay_mask, params, "weight_decay_mask")
+        return LionState(*hyper_state(params, lr), tree.zeros_like(params))
+
+    def update(direction, state, params):
+        check_state_type(state, LionState, "lion")
+        eta = learning_rate(lr, state)
+        chosen = set(masked_keys(weight_decay_mask, params, "weight_decay_mask"))
+        lam = value(weight_decay, state.step)
+        new_p, m = {}, {}
+        for k, x in params.items():
+            d, mk = direction[k], state.exp_avg[k]
+            c = torch.lerp(mk, d, 1 - beta1)
+            if decays and k in chosen:
+                x = x * (1 - eta * lam)
+            new_p[k] = x - eta * torch.sign(c)
+            m[k] = torch.lerp(mk, d, 1 - beta2)
+        return new_p, LionState(state.step + 1, eta, m)
+
+    return Optimizer(init, update)
