@@ -151,6 +151,7 @@ class Config:
     eval_train: bool = False  # also evaluate on the whole training set at every evaluation
     flatness_every: int = 0  # epochs between λ_max/trace/R1/landscape logs (0: only at the end)
     flatness_samples: int = 4000  # training examples (fixed, un-augmented) the flatness metrics use
+    full_metrics: bool = False  # a smoke run's end-of-run metrics at their configured size too
     flatness_batch: int = 0  # batches of this size, H·v averaged over them (0: one batch)
     flatness_rho: float = 0.0  # radius of R1 and of the landscape plots; 0: rho
     eig_iters: int = 100  # Lanczos iterations for λ_max (0: skip λ_max)
@@ -179,6 +180,7 @@ RESUME_FREE = frozenset(
         "max_skipped",
         "max_skipped_fraction",
         "max_param_rms",
+        "full_metrics",
         "device",
         "compile",
         "channels_last",

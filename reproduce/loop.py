@@ -647,8 +647,9 @@ def _train(r: _Run, data, saved) -> dict:
         status = stopped or "finished"
         save(finished=status == "finished", status=status)
         last = history[-1] if history and history[-1]["step"] == pos["global_step"] else None
+        smoke = cfg.synthetic or 0 < cfg.max_steps < steps_per_epoch
         final = _final_metrics(
-            r, loss_fn, params, state, data, probe, writer, pos, last, eval_batches
+            r, loss_fn, params, state, data, probe, writer, pos, last, eval_batches, smoke
         )
     finally:
         epochs_bar.close()
@@ -776,8 +777,19 @@ def _end_of_epoch(
     return record
 
 
+# The end-of-run metrics of a smoke run, at most: seconds on a CPU, not the minutes of a full probe.
+_SMOKE_METRICS = {"eig_iters": 5, "trace_samples": 2, "r1_steps": 2, "flatness_samples": 64}
+
+
+def _smaller(cfg: Config) -> Config:
+    """``cfg`` with its flatness metrics capped at :data:`_SMOKE_METRICS` (0 stays 0)."""
+    return dataclasses.replace(
+        cfg, **{k: min(getattr(cfg, k), cap) for k, cap in _SMOKE_METRICS.items()}
+    )
+
+
 def _final_metrics(
-    r: _Run, loss_fn, params, state, data, probe, writer, pos, last, eval_batches
+    r: _Run, loss_fn, params, state, data, probe, writer, pos, last, eval_batches, smoke=False
 ) -> dict:
     """The final record: ``last`` (the epoch record at this step) or, for a run stopped mid-epoch, a
     fresh test/validation evaluation; plus accuracy over the whole training set in eval mode
@@ -794,6 +806,17 @@ def _final_metrics(
         splits |= {"test": data.test, "val": data.val}
     splits = {k: v for k, v in splits.items() if f"{k}_acc" not in out}
     out.update(_evaluations(r, splits, params, buffers, loss_fn, eval_batches))
+    if smoke and not cfg.full_metrics and probe is not None:
+        small = _SMOKE_METRICS
+        r.say(
+            f"[{r.name}] a smoke run (--synthetic, or --max_steps below one epoch): flatness at a "
+            f"small size ({small['eig_iters']} Lanczos products, {small['trace_samples']} trace "
+            f"probes, {small['r1_steps']} R1 steps, {small['flatness_samples']} examples at most); "
+            "--full_metrics=true for the configured sizes"
+        )
+        r = _Run(_smaller(cfg), r.name, r.stop, r.procs, r.run_dir)
+        n = r.cfg.flatness_samples
+        probe = (probe[0][:n], probe[1][:n])
     out.update(_flatness(r, loss_fn, params, buffers, probe, writer, step))
     new = {
         k: v

@@ -267,3 +267,16 @@ def test_a_corrupt_summary_of_a_finished_run_is_refused_in_one_line(tmp_path, ca
     capsys.readouterr()
     assert main(tmp_path, *DIGITS, "--epochs=1", "--resume") == 2
     assert "not readable JSON" in one_line_error(capsys)
+
+
+def test_a_smoke_run_takes_its_metrics_at_a_small_size_and_says_so(tmp_path, capsys):
+    args = ["--preset=digits", "--estimator=sgd", "--max-steps=3", "--eig_iters=50"]
+    args += ["--trace_samples=20", "--r1_steps=10", "--landscape=false"]
+    assert main(tmp_path, *args) == 0
+    out = capsys.readouterr().out
+    assert "a smoke run" in out and "5 Lanczos products, 2 trace probes" in out
+    assert "on 64 training examples" in out and "--full_metrics=true" in out
+    final = json.loads((out_dir(tmp_path) / "summary.json").read_text())["final"]
+    assert final["lambda_max"] is not None
+    assert main(tmp_path / "full", *args, "--full_metrics=true") == 0
+    assert "a smoke run" not in capsys.readouterr().out
