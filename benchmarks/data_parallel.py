@@ -250,17 +250,22 @@ def worker(a) -> None:
 # ---------------------------------------------------------------- the driver
 
 
-def _train_py(a, model, estimator, gpus, timeout) -> dict:
-    """``reproduce/train.py`` itself, in-memory synthetic data, as a user runs it: images/s from its
-    summary (the rate after the first logging interval)."""
-    logdir = Path(tempfile.mkdtemp(prefix="dp_train_"))
-    cmd = [
+def _torchrun(gpus: int) -> list[str]:
+    """The command that starts ``gpus`` processes on this machine."""
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--standalone",
         f"--nproc_per_node={gpus}",
     ]
+
+
+def _train_py(a, model, estimator, gpus, timeout) -> dict:
+    """``reproduce/train.py`` itself, in-memory synthetic data, as a user runs it: images/s from its
+    summary (the rate after the first logging interval)."""
+    logdir = Path(tempfile.mkdtemp(prefix="dp_train_"))
+    cmd = _torchrun(gpus)
     cmd += [str(Path(__file__).resolve().parents[1] / "reproduce" / "train.py")]
     cmd += [f"--preset={PRESETS[model]}", f"--estimator={estimator}", "--synthetic", "--bf16"]
     cmd += [
@@ -286,13 +291,7 @@ def _train_py(a, model, estimator, gpus, timeout) -> dict:
 def _launch(
     a, model, kind, gpus, pert="global", steps=None, warmup=None, profile="", env=None, guard=""
 ):
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={gpus}",
-    ]
+    cmd = _torchrun(gpus)
     cmd += [__file__, "--worker", "--model", model, "--kind", kind, "--pert", pert]
     cmd += [
         "--guard",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gamfunc import tree
 from gamfunc.optim.adamw import adamw
-from gamfunc.optim.base import Mask, Optimizer, check_mask, masked_keys
+from gamfunc.optim.base import Mask, Optimizer, check_mask, check_nonnegative, masked_keys
 from gamfunc.optim.schedules import value
 
 __all__ = ["adam"]
@@ -49,12 +49,7 @@ def adam(
         Kingma and Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
         https://arxiv.org/abs/1412.6980.
     """
-    if not callable(weight_decay) and (
-        isinstance(weight_decay, bool)
-        or not isinstance(weight_decay, int | float)
-        or not 0 <= weight_decay < float("inf")
-    ):
-        raise ValueError(f"weight_decay must be a finite number >= 0; got {weight_decay!r}")
+    check_nonnegative(weight_decay=weight_decay)
     check_mask(weight_decay_mask, "weight_decay_mask")
     inner = adamw(lr, betas, eps, weight_decay=0.0)
     decays = callable(weight_decay) or weight_decay != 0

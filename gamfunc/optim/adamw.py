@@ -11,8 +11,10 @@ from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
     Optimizer,
+    check_betas,
     check_lr,
     check_mask,
+    check_nonnegative,
     check_state_type,
     hyper_state,
     learning_rate,
@@ -77,17 +79,9 @@ def adamw(
         https://arxiv.org/abs/1711.05101.
     """
     check_lr(lr)
-    if not (isinstance(betas, tuple | list) and len(betas) == 2):
-        raise ValueError(f"betas must be a pair (beta1, beta2); got {betas!r}")
-    for i, b in enumerate(betas):
-        if not (isinstance(b, int | float) and 0 <= b < 1):
-            raise ValueError(f"betas[{i}] must be in [0, 1); got {b!r}")
-    numbers = [("eps", eps)] + ([] if callable(weight_decay) else [("weight_decay", weight_decay)])
-    for name, v in numbers:
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+    beta1, beta2 = check_betas(betas)
+    check_nonnegative(eps=eps, weight_decay=weight_decay)
     check_mask(weight_decay_mask, "weight_decay_mask")
-    beta1, beta2 = float(betas[0]), float(betas[1])
     decays = callable(weight_decay) or weight_decay != 0
 
     def init(params):

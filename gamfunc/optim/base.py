@@ -81,6 +81,26 @@ def check_state_type(state, cls: type, optimizer: str) -> None:
         )
 
 
+def check_betas(betas) -> tuple[float, float]:
+    """``(β₁, β₂)`` as floats, or a ValueError naming ``betas``: a pair, each in [0, 1)."""
+    if not (isinstance(betas, tuple | list) and len(betas) == 2):
+        raise ValueError(f"betas must be a pair (beta1, beta2); got {betas!r}")
+    for i, b in enumerate(betas):
+        if not (isinstance(b, int | float) and 0 <= b < 1):
+            raise ValueError(f"betas[{i}] must be in [0, 1); got {b!r}")
+    return float(betas[0]), float(betas[1])
+
+
+def check_nonnegative(**numbers) -> None:
+    """A ValueError naming the first of ``numbers`` that is not a finite number >= 0; a schedule
+    (callable) passes."""
+    for name, v in numbers.items():
+        if callable(v):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
+
+
 def check_lr(lr) -> None:
     if callable(lr):
         return

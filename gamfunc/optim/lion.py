@@ -11,8 +11,10 @@ from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
     Optimizer,
+    check_betas,
     check_lr,
     check_mask,
+    check_nonnegative,
     check_state_type,
     hyper_state,
     learning_rate,
@@ -74,19 +76,9 @@ def lion(
         https://arxiv.org/abs/2302.06675.
     """
     check_lr(lr)
-    if not (isinstance(betas, tuple | list) and len(betas) == 2):
-        raise ValueError(f"betas must be a pair (beta1, beta2); got {betas!r}")
-    for i, b in enumerate(betas):
-        if not (isinstance(b, int | float) and 0 <= b < 1):
-            raise ValueError(f"betas[{i}] must be in [0, 1); got {b!r}")
-    if not callable(weight_decay) and (
-        isinstance(weight_decay, bool)
-        or not isinstance(weight_decay, int | float)
-        or not 0 <= weight_decay < float("inf")
-    ):
-        raise ValueError(f"weight_decay must be a finite number >= 0; got {weight_decay!r}")
+    beta1, beta2 = check_betas(betas)
+    check_nonnegative(weight_decay=weight_decay)
     check_mask(weight_decay_mask, "weight_decay_mask")
-    beta1, beta2 = float(betas[0]), float(betas[1])
     decays = callable(weight_decay) or weight_decay != 0
 
     def init(params):
