@@ -24,7 +24,7 @@ from gamfunc.optim import schedules
 from reproduce import checkpoint as ckpt
 from reproduce.config import Config
 from reproduce.launch import Processes
-from reproduce.models import build_model, new_head
+from reproduce.models import MODELS, VECTOR_MODELS, build_model, new_head
 
 __all__ = [
     "CORRECT",
@@ -271,6 +271,14 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
             "trains from scratch in their place and downloads nothing"
         )
     classes = IMAGENET_CLASSES if cfg.pretrained else data.num_classes
+    vectors = data.name in ("mnist1d", "digits")
+    if cfg.model in MODELS and vectors != (cfg.model in VECTOR_MODELS):
+        takes = "vectors" if cfg.model in VECTOR_MODELS else "images (3 × H × W)"
+        fits = ", ".join(sorted(VECTOR_MODELS if vectors else set(MODELS) - VECTOR_MODELS))
+        raise SetupError(
+            f"--model={cfg.model} takes {takes}; {data.name} has "
+            f"{'vectors of ' + str(data.image_size) if vectors else 'images'}: use one of {fits}"
+        )
     try:
         model = build_model(cfg.model, classes, data.image_size, seed=cfg.seed)
     except ValueError as e:

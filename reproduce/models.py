@@ -491,6 +491,10 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
 }
 
 
+# The networks of vector inputs (MNIST-1D, digits); every other network takes images (3 × H × W).
+VECTOR_MODELS = frozenset({"mlp", "cnn1d"})
+
+
 def build_model(
     name: str, num_classes: int, image_size: int, *, seed: int | None = None
 ) -> nn.Module:

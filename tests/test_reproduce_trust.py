@@ -280,3 +280,15 @@ def test_a_smoke_run_takes_its_metrics_at_a_small_size_and_says_so(tmp_path, cap
     assert final["lambda_max"] is not None
     assert main(tmp_path / "full", *args, "--full_metrics=true") == 0
     assert "a smoke run" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--preset=digits", "--model=resnet18"], "resnet18 takes images"),
+        (["--preset=hp1.cifar10.resnet18", "--synthetic", "--model=mlp"], "mlp takes vectors"),
+    ],
+)
+def test_a_model_that_cannot_take_the_data_is_refused_in_one_line(tmp_path, capsys, args, says):
+    assert main(tmp_path, *args, "--estimator=sgd", "--max-steps=1", *NO_FLATNESS) == 2
+    assert says in one_line_error(capsys)
