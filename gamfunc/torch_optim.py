@@ -47,7 +47,7 @@ from gamfunc.nn import functional
 from gamfunc.optim import Optimizer, with_hyper
 from gamfunc.step import StepState, as_dict, from_dict, make_step
 
-__all__ = ["GAM", "SAM", "FlatnessOptimizer"]
+__all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
 # What torch raises when the closure calls backward() itself: inside a torch.func transform (compiled
 # or nested steps), or before gamfunc's own backward pass of an eager step.
@@ -283,6 +283,13 @@ class GAM(FlatnessOptimizer):
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
     """
 
+    def __new__(cls, model, optimizer=None, *, base_optimizer=None, **kwargs):
+        if base_optimizer is None:
+            return super().__new__(cls)
+        keys = ("rho", "alpha", "hvp", "fd_radius", "oracle", "eps")
+        est = gam(**{k: kwargs.pop(k) for k in keys if k in kwargs})
+        return TorchBase(model, est, base_optimizer, **kwargs)
+
     def __init__(
         self,
         model: nn.Module,
@@ -313,6 +320,12 @@ class SAM(FlatnessOptimizer):
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
     """
 
+    def __new__(cls, model, optimizer=None, *, base_optimizer=None, **kwargs):
+        if base_optimizer is None:
+            return super().__new__(cls)
+        est = sam(**{k: kwargs.pop(k) for k in ("rho", "eps") if k in kwargs})
+        return TorchBase(model, est, base_optimizer, **kwargs)
+
     def __init__(
         self,
         model: nn.Module,
@@ -325,6 +338,137 @@ class SAM(FlatnessOptimizer):
     ):
         _check_options(type(self).__name__, optimizer, options)
         super().__init__(model, sam(rho, eps=eps), optimizer, criterion, **options)
+
+
+class TorchBase(torch.optim.Optimizer):
+    """Any ``torch.optim`` optimiser as the base of a flatness-aware step, as davda54/sam is used.
+
+    One step: the estimator's direction at θ (GAM, SAM, ...) goes into each parameter's ``.grad``
+    and the base optimiser's own ``step()`` runs, with its parameter groups, its state and whatever
+    ``torch.optim.lr_scheduler`` drives it; BatchNorm buffers take the pass at θ's statistics. A step
+    whose direction or loss is not finite is skipped (the parameters, the base optimiser's state and
+    the buffers stay; ``metrics["skipped"]`` is 1). Made by ``GAM(model, base_optimizer=..., rho=,
+    alpha=)`` or ``SAM(model, base_optimizer=..., rho=)``, or directly.
+
+    Args:
+        model: the module; the base optimiser must hold its trainable parameters, all of them.
+        estimator: a gamfunc estimator.
+        base_optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()`` (any subclass).
+        criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
+
+    ``param_groups`` and ``state`` are the base optimiser's own; ``state_dict()`` is its state dict
+    with the step count beside it.
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.torch_optim import GAM
+        >>> model = torch.nn.Linear(4, 3)
+        >>> base = torch.optim.Adam(model.parameters(), lr=1e-3)
+        >>> opt = GAM(model, base_optimizer=base, rho=0.05, alpha=0.1)
+        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+        >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
+        >>> sched.step()
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        estimator: Estimator,
+        base_optimizer: torch.optim.Optimizer,
+        criterion: Callable = F.cross_entropy,
+    ):
+        if not isinstance(base_optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"base_optimizer must be a torch.optim.Optimizer instance over model.parameters(); "
+                f"got {type(base_optimizer).__name__}"
+            )
+        if not isinstance(estimator, Estimator):
+            raise TypeError(
+                f"estimator must be a gamfunc estimator; got {type(estimator).__name__}"
+            )
+        trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        held = {id(p) for g in base_optimizer.param_groups for p in g["params"]}
+        missing = [k for k, p in trainable.items() if id(p) not in held]
+        if missing or len(held) != len(trainable):
+            raise ValueError(
+                "base_optimizer must hold exactly the model's trainable parameters; "
+                f"it lacks {missing[:3]}"
+                if missing
+                else "base_optimizer holds tensors that are not the model's trainable parameters"
+            )
+        module_loss, _, _ = functional(model, criterion)
+        self._batch_loss = functools.partial(_as_is, module_loss, model)
+        self._closure_loss = functools.partial(_closure_loss, _Holder(model))
+        self._model, self._trainable, self._estimator = model, trainable, estimator
+        self.base_optimizer, self._count = base_optimizer, 0
+        self.metrics: dict[str, Tensor] = {}
+        super().__init__(list(trainable.values()), dict(base_optimizer.defaults))
+        # the base optimiser's groups and state, shared: a scheduler of either moves both
+        self.param_groups, self.state = base_optimizer.param_groups, base_optimizer.state
+
+    def step(self, closure=None, *, batch=None) -> Tensor:
+        """One step (``step((inputs, targets))`` or ``step(closure)``, as
+        :meth:`FlatnessOptimizer.step`); returns the loss at θ before the update."""
+        closure, batch = _step_arguments(closure, batch)
+        params = {k: p.detach() for k, p in self._trainable.items()}
+        buffers = {k: b.detach() for k, b in self._model.named_buffers()}
+        loss = self._batch_loss if batch is not None else self._closure_loss
+        data = batch if batch is not None else closure
+
+        def bound(p, b):
+            return loss(p, b, buffers)
+
+        step = torch.tensor(self._count)
+        est = self._estimator.run(params, data, bound, step=step)
+        finite = bool(torch.isfinite(est.info["loss"])) and bool(
+            torch.isfinite(tree.norm(est.direction))
+        )
+        if finite:
+            for k, p in self._trainable.items():
+                p.grad = est.direction[k].to(p.dtype).detach().clone()
+            self.base_optimizer.step()
+            with torch.no_grad():
+                for k, b in self._model.named_buffers():
+                    b.copy_(est.clean.aux[k])
+            self._count += 1
+        skipped = torch.tensor(0 if finite else 1)
+        self.metrics = {**est.info, "skipped": skipped}
+        return est.info["loss"]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.base_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The base optimiser's ``state_dict()`` and the count of steps taken."""
+        return {"base": self.base_optimizer.state_dict(), "steps": self._count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not isinstance(state_dict, dict) or set(state_dict) != {"base", "steps"}:
+            raise ValueError("state_dict must be what TorchBase.state_dict() returned")
+        self.base_optimizer.load_state_dict(state_dict["base"])
+        self.param_groups, self.state = self.base_optimizer.param_groups, self.base_optimizer.state
+        self._count = int(state_dict["steps"])
+
+    def __repr__(self) -> str:
+        return f"TorchBase({self._estimator.name}, base={type(self.base_optimizer).__name__})"
+
+
+def _step_arguments(closure, batch):
+    """``(closure, batch)`` of a facade's ``step``: a non-callable first argument is the batch; a
+    closure given with a batch is called once first (as ``torch.optim`` does)."""
+    if batch is None and closure is not None and not callable(closure):
+        closure, batch = None, closure
+    if batch is None and closure is None:
+        raise TypeError(
+            "step() needs a batch, step((inputs, targets)), or a closure returning the loss"
+        )
+    if batch is not None:
+        _check_batch(batch)
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        return None, batch
+    return closure, None
 
 
 # ---- pure loss functions over the module ------------------------------------------------------------

@@ -403,3 +403,111 @@ def test_compiled_facade_equals_eager_without_recompiling_as_lr_changes():
         facade_run(compiled, data)
     for (k, p), q in zip(model_a.named_parameters(), model_b.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-10, atol=1e-12, msg=k)
+
+
+# ---- any torch.optim optimiser as the base (davda54/sam's form) -------------------------------------
+
+
+class SignSGD(torch.optim.Optimizer):
+    """An optimiser from outside torch and gamfunc, built on torch.optim.Optimizer: p ← p − lr·sign(g)."""
+
+    def __init__(self, params, lr=1e-2):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(torch.sign(p.grad), alpha=-group["lr"])
+
+
+@pytest.mark.parametrize("model_fn", [tanh_mlp, lambda: tiny_bn_mlp().double()], ids=["mlp", "bn"])
+def test_a_torch_sgd_base_equals_the_pure_sam_step_with_a_scheduler(model_fn):
+    """SAM(model, base_optimizer=torch.optim.SGD(...)) steps as make_step(sam, gamfunc.sgd) does,
+    with a LambdaLR moving the base's lr at every step, BatchNorm buffers included."""
+    data = batches(8)
+    want, state, losses = pure_run(
+        model_fn(), gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), data, 0.1
+    )
+    model = model_fn()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = SAM(model, base_optimizer=base, rho=0.05)
+    got = facade_run(opt, data)
+    assert_module_equals(model, want, state.buffers)
+    torch.testing.assert_close(torch.stack(got), torch.stack(losses), **TIGHT)
+    assert base.param_groups[0]["lr"] == pytest.approx(0.1 * lr_at(8))
+
+
+def test_gam_with_adam_and_a_third_party_optimiser_as_the_base():
+    """GAM's direction through torch.optim.Adam equals the pure step with gamfunc.adam; a plain
+    torch.optim.Optimizer subclass takes the same direction into its own step."""
+    data = batches(6)
+    want, _, _ = pure_run(tanh_mlp(), gamfunc.gam(0.05, 0.2), gamfunc.adam(lr=1e-2), data, 1e-2)
+    model = tanh_mlp()
+    opt = GAM(
+        model, base_optimizer=torch.optim.Adam(model.parameters(), lr=1e-2), rho=0.05, alpha=0.2
+    )
+    facade_run(opt, data)
+    assert_module_equals(model, want)
+    model = tanh_mlp()
+    start = {k: p.detach().clone() for k, p in model.named_parameters()}
+    opt = GAM(model, base_optimizer=SignSGD(model.parameters(), lr=1e-2), rho=0.05, alpha=0.2)
+    opt.step(data[0])
+    direction, _ = gamfunc.gam(0.05, 0.2)(start, data[0], _loss_of(tanh_mlp()))
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(p.detach(), start[k] - 1e-2 * torch.sign(direction[k]), **TIGHT)
+
+
+def _loss_of(model):
+    loss_fn, _, buffers = gamfunc.nn.functional(model)
+    return lambda p, b: loss_fn(p, b, buffers)
+
+
+def test_a_torch_base_saves_and_loads_with_its_state_dict():
+    data = batches(8)
+    model = tanh_mlp()
+    opt = GAM(
+        model, base_optimizer=torch.optim.Adam(model.parameters(), lr=1e-2), rho=0.05, alpha=0.2
+    )
+    for b in data:
+        opt.step(b)
+    straight = {k: p.detach().clone() for k, p in model.named_parameters()}
+
+    model = tanh_mlp()
+    opt = GAM(
+        model, base_optimizer=torch.optim.Adam(model.parameters(), lr=1e-2), rho=0.05, alpha=0.2
+    )
+    for b in data[:4]:
+        opt.step(b)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    model = tanh_mlp()
+    model.load_state_dict(saved["model"])
+    opt = GAM(
+        model, base_optimizer=torch.optim.Adam(model.parameters(), lr=1e-2), rho=0.05, alpha=0.2
+    )
+    opt.load_state_dict(saved["opt"])
+    for b in data[4:]:
+        opt.step(b)
+    assert_module_equals(model, straight)
+
+
+def test_a_torch_base_skips_a_non_finite_step_and_refuses_foreign_parameters():
+    model = tanh_mlp()
+    opt = SAM(
+        model, base_optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), rho=0.05
+    )
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    x, y = batches(1)[0]
+    opt.step((torch.full_like(x, float("nan")), y))
+    assert int(opt.metrics["skipped"]) == 1
+    assert all(torch.equal(p, before[k]) for k, p in model.named_parameters())
+    assert opt.state_dict()["base"]["state"] == {}  # no momentum was formed
+    other = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="exactly the model's trainable parameters"):
+        SAM(model, base_optimizer=torch.optim.SGD(other.parameters(), lr=0.1), rho=0.05)
+    with pytest.raises(TypeError, match=r"torch\.optim\.Optimizer instance"):
+        SAM(model, base_optimizer=torch.optim.SGD, rho=0.05)
