@@ -492,7 +492,7 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
 
 
 # The networks of vector inputs (MNIST-1D, digits); every other network takes images (3 × H × W).
-VECTOR_MODELS = frozenset({"mlp", "cnn1d"})
+VECTOR_MODELS = frozenset({"mlp", "mlp_gelu", "mlp_tanh", "cnn1d"})
 
 
 def build_model(

@@ -145,3 +145,19 @@ def test_resnet32_shortcut_is_zero_padded_identity():
         out = block(x)
     expected = F.relu(F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, 8, 8)))
     torch.testing.assert_close(out, expected)
+
+
+def test_vector_models_are_those_that_take_vectors():
+    """reproduce.models.VECTOR_MODELS, which train.py checks the data against, lists exactly the
+    networks that run on a batch of vectors."""
+    from reproduce.models import MODELS, VECTOR_MODELS, build_model
+
+    for name in ("mlp", "mlp_gelu", "mlp_tanh", "cnn1d", "resnet18", "resnet32", "vit_s32"):
+        net = build_model(name, 10, 40 if name in VECTOR_MODELS else 32)
+        try:
+            net(torch.randn(2, 40))
+            takes_vectors = True
+        except (RuntimeError, ValueError, IndexError):
+            takes_vectors = False
+        assert takes_vectors == (name in VECTOR_MODELS), name
+    assert set(MODELS) >= VECTOR_MODELS
