@@ -646,6 +646,11 @@ def _train(r: _Run, data, saved) -> dict:
             raise Diverged(f"[{name}] diverged: {why}", summary(status="diverged", why=why))
         status = stopped or "finished"
         save(finished=status == "finished", status=status)
+        if stopped == "max_steps":
+            r.say(
+                f"[{name}] stopped at step {pos['global_step']} of "
+                f"{cfg.epochs * steps_per_epoch} (--max_steps={cfg.max_steps})"
+            )
         last = history[-1] if history and history[-1]["step"] == pos["global_step"] else None
         smoke = cfg.synthetic or 0 < cfg.max_steps < steps_per_epoch
         final = _final_metrics(
@@ -806,7 +811,8 @@ def _final_metrics(
         splits |= {"test": data.test, "val": data.val}
     splits = {k: v for k, v in splits.items() if f"{k}_acc" not in out}
     out.update(_evaluations(r, splits, params, buffers, loss_fn, eval_batches))
-    if smoke and not cfg.full_metrics and probe is not None:
+    measured = cfg.eig_iters or cfg.trace_samples or cfg.r1_steps or cfg.landscape
+    if smoke and measured and not cfg.full_metrics and probe is not None:
         small = _SMOKE_METRICS
         r.say(
             f"[{r.name}] a smoke run (--synthetic, or --max_steps below one epoch): flatness at a "

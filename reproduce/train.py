@@ -157,7 +157,9 @@ def _train(cfg, procs: launch.Processes) -> int:
                 print(
                     f"{cfg.preset}: {cfg.dataset}{' (synthetic)' if cfg.synthetic else ''}, {len(data.train)} train / "
                     f"{len(data.val) if data.val else 0} val / {len(data.test)} test, model {cfg.model}, "
-                    f"{cfg.epochs} epochs, logs in {root}",
+                    f"{cfg.epochs} epochs"
+                    f"{f' (stopping at step {cfg.max_steps}, --max_steps)' if cfg.max_steps else ''}"
+                    f", logs in {root}",
                     flush=True,
                 )
             for name in names:

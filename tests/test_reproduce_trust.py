@@ -292,3 +292,11 @@ def test_a_smoke_run_takes_its_metrics_at_a_small_size_and_says_so(tmp_path, cap
 def test_a_model_that_cannot_take_the_data_is_refused_in_one_line(tmp_path, capsys, args, says):
     assert main(tmp_path, *args, "--estimator=sgd", "--max-steps=1", *NO_FLATNESS) == 2
     assert says in one_line_error(capsys)
+
+
+def test_a_run_stopped_by_max_steps_says_so_from_the_start_to_the_end(tmp_path, capsys):
+    assert main(tmp_path, *DIGITS, "--max-steps=3") == 0
+    out = capsys.readouterr().out
+    assert "60 epochs (stopping at step 3, --max_steps)" in out.splitlines()[0]
+    assert "[sgd] stopped at step 3 of 840 (--max_steps=3)" in out
+    assert "a smoke run" not in out  # no metric asked for, none announced
