@@ -169,17 +169,18 @@ def _fmt(v, spec: str) -> str:
 def table(summaries: list[dict]) -> str:
     """The comparison table printed at the end of a run."""
     has_val = any(s["best_val"] is not None for s in summaries)
-    head = f"{'estimator':<26}{'train acc':>10}{'test acc':>10}{'gap':>8}"
+    labels = [s["estimator"] + _label_hparams(s) for s in summaries]
+    w = max([26, *(len(label) + 1 for label in labels)])  # a long label widens the column
+    head = f"{'estimator':<{w}}{'train acc':>10}{'test acc':>10}{'gap':>8}"
     head += f"{'val acc':>9}" if has_val else ""
     head += f"{'λ_max':>10}{'trace':>10}{'R1':>10}{'img/s':>9}{'time':>8}"
     rows = [head, "-" * len(head)]
-    for s in summaries:
-        f = s["final"]
+    for s, label in zip(summaries, labels, strict=True):
+        f = s["final"] or {}
         train = f.get("train_eval_acc", f.get("train_acc"))
         test = f.get("test_acc")
         gap = None if train is None or test is None else train - test
-        label = s["estimator"] + _label_hparams(s)
-        row = f"{label:<26}{_fmt(train, '10.2f')}{_fmt(test, '10.2f')}{_fmt(gap, '8.2f')}"
+        row = f"{label:<{w}}{_fmt(train, '10.2f')}{_fmt(test, '10.2f')}{_fmt(gap, '8.2f')}"
         if has_val:
             row += _fmt(f.get("val_acc"), "9.2f")
         row += f"{_fmt(f.get('lambda_max'), '10.2f')}{_fmt(f.get('trace'), '10.1f')}{_fmt(f.get('r1'), '10.4f')}"
@@ -193,7 +194,7 @@ def _label_hparams(s: dict) -> str:
     if e in ("sgd",):
         return ""
     if e == "sam":
-        return f" ρ={c['rho']:g}"
+        return f" ρ={c.get('sam_rho') or c['rho']:g}"
     if e == "gnp":
         return f" α={c['alpha']:g}"
     extra = f", 1/{c['every']}" if c["every"] > 1 else ""

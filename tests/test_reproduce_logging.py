@@ -49,3 +49,17 @@ def test_scalars_histograms_figures_and_config_round_trip(tmp_path):
 def test_scalars_reject_tensors_with_several_elements(tmp_path):
     with SummaryWriter(str(tmp_path)) as w, pytest.raises(ValueError, match="one element"):
         tblog.scalars(w, {"v": torch.ones(2)}, 0)
+
+
+def test_the_final_table_stays_aligned_with_long_labels_and_names_sams_own_radius():
+    from reproduce import report
+
+    base = {"final": {"train_acc": 90.0, "test_acc": 80.0}, "best_val": None}
+    base |= {"images_per_s": 100.0, "train_seconds": 3.0}
+    cfg = {"rho": 0.5, "alpha": 1.0, "every": 1, "sam_rho": 0.2}
+    cfg |= {"rho_prime": 0.02, "beta": 0.1, "gamma": 0.05}
+    names = ("sgd", "sam", "gam_accelerated_official", "sam+gam")
+    lines = report.table([dict(base, estimator=e, config=cfg) for e in names]).splitlines()
+    assert len({line.index("80.00") for line in lines[2:]}) == 1  # one column for test acc
+    assert lines[0].index("test acc") + len("test acc") == lines[2].index("80.00") + len("80.00")
+    assert "sam ρ=0.2" in lines[3]
