@@ -165,17 +165,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
         """
-        if batch is None and closure is not None and not callable(closure):
-            closure, batch = None, closure
-        if batch is None and closure is None:
-            raise TypeError(
-                "step() needs a batch, step((inputs, targets)), or a closure returning the loss"
-            )
+        closure, batch = _step_arguments(closure, batch)
         if batch is not None:
-            _check_batch(batch)
-            if closure is not None:
-                with torch.enable_grad():
-                    closure()
             return self._advance(self._batch_step, batch)
         try:
             return self._advance(self._closure_step, closure)
