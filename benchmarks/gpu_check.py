@@ -20,7 +20,7 @@ ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a unit on or off,
 or a perturbed gradient is then not a rounding away from its float64 value.
 
 Groups of cases (model, precision, mode) run in worker processes in parallel, so their compiles
-overlap; ``--time_limit`` marks the cases of a group not started by then as not run. It prints one
+overlap (every whole-step case is a group of its own); ``--time_limit`` marks the cases of a group not started by then as not run. It prints one
 line per case and a summary, writes the JSON (``--out``), and exits 1 if any case failed.
 
 On the CPU (``--device cpu``) it runs the eager cases, the check's own test.
@@ -71,6 +71,18 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 8 * 2.0**-8}
 # Finite differences take the difference of two rounded gradients, divide it by r and scale it by
 # α·ρ: gradient rounding reaches the update multiplied by 1 + 2·α·ρ/r (gam_fd: 1 + 2·0.025/0.01 = 6).
 AMPLIFICATION = {"gam_fd": 1 + 2 * 0.5 * 0.05 / 1e-2}
+# Estimators by the seconds their whole-step compile took on an H100 (results/gpu_check_*.json), costliest first.
+STEP_COST = (
+    "sam+gam",
+    "gam_exact",
+    "gam_reverse",
+    "accelerated",
+    "gnp",
+    "gam_fd",
+    "asam",
+    "gradient",
+    "sam",
+)
 CALLS = 3  # a compiled step's calls from one state: CUDA graphs warm up, record, replay
 
 
@@ -268,7 +280,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--out", default="", help="JSON file")
-    ap.add_argument("--workers", type=int, default=8, help="groups run at once")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=max(8, min(16, (os.cpu_count() or 8) - 2)),
+        help="groups run at once (default: the cores less two, 8 to 16)",
+    )
     ap.add_argument(
         "--time_limit", type=float, default=420, help="seconds after which no case starts"
     )
@@ -284,23 +301,27 @@ def main(argv=None) -> int:
         return 0
     modes = args.modes.split(",") if args.modes else (MODES if args.device != "cpu" else ["eager"])
     names = args.estimators.split(",")
-    # Whole-step compiles take longest: their groups come first, cut in two, so that every worker
-    # of the pool is busy with one until the end.
+    # Whole-step compiles take longest: each of their cases is a group of its own, started first,
+    # the costliest estimators first, so that the pool's workers end together.
     groups = []
     for mode in sorted(modes, key=lambda m: MODES.index(m), reverse=True):
-        parts = [names[::2], names[1::2]] if mode == "step" and len(names) > 1 else [names]
+        if mode == "step":
+            by_cost = sorted(names, key=lambda n: STEP_COST.index(n) if n in STEP_COST else 0)
+            parts = [[n] for n in by_cost]
+        else:
+            parts = [names]
         groups += [
             (f"{m}:{p}:{mode}", part)
+            for part in parts
             for m in args.models.split(",")
             for p in PRECISIONS
-            for part in parts
         ]
     groups += [("extras", names)] if args.extras else []
     start = time.time()
     deadline = start + args.time_limit
     env = {
         **os.environ,
-        "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "4"),
+        "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "2"),
     }
     logs = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     pending, running, rows = list(groups), [], []

@@ -116,10 +116,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(cfg: Config, procs: launch.Processes, steps: int, warmup: int) -> dict[str, Any]:
+def measure(
+    cfg: Config,
+    procs: launch.Processes,
+    steps: int,
+    warmup: int,
+    channels_last_inputs: bool | None = None,
+) -> dict[str, Any]:
     """Build ``cfg``'s step as train.py does and time it on one synthetic batch on ``procs.device``.
 
-    Returns the row's measured fields: ms/step, images/s, the first step's seconds, peak memory."""
+    Returns the row's measured fields: ms/step, images/s, the first step's seconds (with, when
+    compiled, the compiler's own phases: :func:`compile_phases`), peak memory.
+    ``channels_last_inputs`` (default ``cfg.channels_last``) gives the batch the channels-last layout
+    whatever the layout of the weights."""
+    if channels_last_inputs is None:
+        channels_last_inputs = cfg.channels_last
     device = procs.device
     (name,) = estimators_of(cfg)
     if cfg.every > 1:  # whole cycles of every-k (GAM on one step in k), both branches warmed up
@@ -142,13 +153,16 @@ def measure(cfg: Config, procs: launch.Processes, steps: int, warmup: int) -> di
     x_shape = tuple(shapes.train.tensors()[0].shape[1:])
     x = torch.randn(cfg.batch_size, *x_shape, generator=gen)
     y = torch.randint(data.num_classes, (cfg.batch_size,), generator=gen)
-    batch = (inputs(x, device, cfg.channels_last), y.to(device))
+    batch = (inputs(x, device, channels_last_inputs), y.to(device))
     params, state = t.params, t.state
     _sync(device)
+    timed = _compile_timings()
+    timed.clear()
     began = time.perf_counter()
     params, state, _ = t.step(params, state, batch)
     _sync(device)
     first_s = time.perf_counter() - began
+    phases = compile_phases(timed) if cfg.compile else None
     for _ in range(warmup - 1):
         params, state, _ = t.step(params, state, batch)
     _sync(device)
@@ -187,12 +201,27 @@ def measure(cfg: Config, procs: launch.Processes, steps: int, warmup: int) -> di
         "warmup": warmup,
         "setup_s": round(setup_s, 2),
         "first_step_s": round(first_s, 2),
+        "compile_phases_s": phases,
         "ms_per_step": ms,
         "ms_mean": statistics.fmean(samples),
         "ms_samples": samples,
         "images_per_s": cfg.batch_size / ms * 1e3,
         "peak_memory_gib": None if peak is None else round(peak, 3),
     }
+
+
+def _compile_timings() -> dict[str, list[float]]:
+    """The compiler's per-phase timings of this process (``torch._dynamo.utils``; empty if absent)."""
+    from torch._dynamo import utils
+
+    return getattr(utils, "compilation_time_metrics", {})
+
+
+def compile_phases(timed: dict[str, list[float]], top: int = 20) -> dict[str, Any]:
+    """Where a first step's compile spent its time: the ``top`` phases by total seconds, each with
+    its seconds and how many times it ran (phases nest: a phase's seconds include those inside it)."""
+    rows = sorted(timed.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {k: {"s": round(sum(v), 2), "calls": len(v)} for k, v in rows}
 
 
 def _commit() -> str | None:
@@ -253,7 +282,12 @@ def _row(preset: str, estimator: str, args, procs) -> dict[str, Any]:
     try:
         if cfg.compile:
             torch._dynamo.reset()  # each row compiles afresh, far from dynamo's recompile limit
-        row |= measure(cfg, procs, args.steps, args.warmup)
+        if args.contiguous_weights:  # the batch channels-last, the weights as the model made them
+            cfg = dataclasses.replace(cfg, channels_last=False)
+            row |= measure(cfg, procs, args.steps, args.warmup, channels_last_inputs=True)
+            row["contiguous_weights"] = True
+        else:
+            row |= measure(cfg, procs, args.steps, args.warmup)
         row["hours_1gpu"] = row["run_images"] / (row["images_per_s"] * 3600)
         row["error"] = None
     except Exception as e:  # one failing preset (out of memory, a compile error) leaves the others
@@ -318,6 +352,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bf16", action="store_true", help="train.py's --bf16")
     ap.add_argument("--channels_last", action="store_true", help="train.py's --channels_last")
     ap.add_argument("--compile", action="store_true", help="train.py's --compile")
+    ap.add_argument(
+        "--contiguous_weights",
+        action="store_true",
+        help="with --channels_last: only the batch takes the channels-last layout",
+    )
     ap.add_argument("--scope", default="auto", choices=("auto", "step", "pass"))
     ap.add_argument(
         "--batch_size", type=int, default=0, help="per-step batch instead of the preset's (0)"
@@ -349,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             for k in (
                 "bf16",
                 "channels_last",
+                "contiguous_weights",
                 "compile",
                 "scope",
                 "steps",

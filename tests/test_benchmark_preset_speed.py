@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from benchmarks import preset_markdown, preset_speed
 from reproduce import data as data_mod
@@ -137,3 +138,19 @@ def test_training_set_sizes_cover_every_data_set_and_the_run_lengths():
 def test_unknown_preset_exits_2(capsys):
     assert preset_speed.main(["--presets", "hp1.cifar10.nothing", "--device", "cpu"]) == 2
     assert "no preset matches" in capsys.readouterr().err
+
+
+def test_compile_phases_rank_the_compilers_own_timings():
+    timed = preset_speed._compile_timings()
+    timed.clear()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x.sin() * 2).sum(), backend="eager")
+    f(torch.randn(8))
+    phases = preset_speed.compile_phases(timed)
+    assert phases, "a compile records its phases"
+    seconds = [p["s"] for p in phases.values()]
+    assert seconds == sorted(seconds, reverse=True)
+    assert all(p["calls"] >= 1 for p in phases.values())
+    assert preset_speed.compile_phases({"a": [1.0, 2.0], "b": [0.5]}, top=1) == {
+        "a": {"s": 3.0, "calls": 2}
+    }
