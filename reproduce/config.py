@@ -373,8 +373,8 @@ def _presets() -> dict[str, dict[str, Any]]:
         # (github.com/xxgege/GAM, commit 694133d): its convention (h− = g0 + |1−β|·g2), the
         # defaults that main_cifar.py sets per data set and network, and its loss, label smoothing
         # 0.1 (main_cifar.py line 108, gam/smooth_cross_entropy.py).
-        # Their lr is 0.1 for every network (main_cifar.py line 46); their PyramidNet-110 has
-        # bottleneck blocks, ours basic ones.
+        # Their lr is 0.1 for every network (main_cifar.py line 46). "pyramidnet110" is their
+        # bottleneck PyramidNet-110 (models/pyramidnet_cifar.py l.241-242), as in every preset.
         for model in ("resnet18", "pyramidnet110"):
             out[f"accelerated.{dataset}.{model}.authors"] = _cifar(dataset, model) | dict(
                 estimator="gam_accelerated_official",
