@@ -90,12 +90,28 @@ def training_loss(loss_fn, cfg: Config):
 
 
 def lr_schedule(cfg: Config, steps_per_epoch: int):
-    """The learning rate: linear warm-up over ``warmup_epochs``, then cosine decay to 0 over the rest
-    of the run (or constant)."""
+    """The learning rate at step t: linear warm-up over ``warmup_epochs``, then cosine decay to 0
+    over the rest of the run (or constant).
+
+    ``lr_schedule_unit="step"``: lr(t) = cosine(lr, T, W)(t), T and W counted in steps.
+    ``"epoch"``: lr(t) = cosine(lr, E, W_e)(⌊t / steps_per_epoch⌋), E and W_e counted in epochs, so
+    that the rate changes once per epoch: with no warm-up, lr·(1 + cos(π·e/E))/2 through epoch e, the
+    authors' ``CosineAnnealingLR(T_max=epochs)`` (gam/optimizer_helper.py l.18 of
+    github.com/xxgege/GAM) stepped after every epoch (main_cifar.py l.291).
+    """
     if cfg.schedule == "constant" and cfg.warmup_epochs == 0:
         return cfg.lr
+    if cfg.lr_schedule_unit == "epoch":
+        # a --total_steps run ends in the epoch that holds its last step
+        total = -(-cfg.total_steps // steps_per_epoch) if cfg.total_steps else cfg.epochs
+        per_epoch = _lr_by_count(cfg, total, round(cfg.warmup_epochs))
+        return lambda t: per_epoch(torch.div(t, steps_per_epoch, rounding_mode="floor"))
     total = cfg.total_steps or cfg.epochs * steps_per_epoch
-    warm = round(cfg.warmup_epochs * steps_per_epoch)
+    return _lr_by_count(cfg, total, round(cfg.warmup_epochs * steps_per_epoch))
+
+
+def _lr_by_count(cfg: Config, total: int, warm: int):
+    """The schedule of ``cfg`` over ``total`` counts (steps or epochs), ``warm`` of them warm-up."""
     if cfg.schedule == "constant":
         return lambda t: torch.clamp((t.to(torch.float64) + 1) / max(warm, 1), max=1.0) * cfg.lr
     return schedules.cosine(cfg.lr, total, warm)
@@ -128,7 +144,7 @@ def build_estimator(
     (``every``). ``hvp`` is the backend of the exact H·v (:func:`exact_hvp_backend`)."""
     rho = cfg.rho
     if cfg.rho_schedule == "proportional" and callable(lr):
-        rho = schedules.proportional(cfg.rho, lr, cfg.lr)
+        rho = schedules.proportional(cfg.rho, lr, cfg.lr, floor=cfg.rho_min)
     sam_rho = cfg.sam_rho or rho
     gnp_hvp = hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp
     plain = gamfunc.gradient()
