@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 import gamfunc
 
-__all__ = ["MODELS", "build_model", "count_parameters"]
+__all__ = ["MODELS", "RELU_MODELS", "VECTOR_MODELS", "build_model", "count_parameters"]
 
 
 Activation = Callable[[Tensor], Tensor]
@@ -533,6 +533,28 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
 
 # The networks of vector inputs (MNIST-1D, digits); every other network takes images (3 × H × W).
 VECTOR_MODELS = frozenset({"mlp", "mlp_gelu", "mlp_tanh", "cnn1d"})
+
+# The networks whose loss has kinks: ReLU (or max-pool) activations, where ∇L jumps as a
+# pre-activation crosses zero. A finite-difference H·v adds those jumps divided by its radius;
+# jvp's Hessian never sees them (README, "Exact vs finite-difference HVPs"). The others are smooth:
+# GELU (ViTs, Swin-T, mlp_gelu), tanh, SiLU and sigmoid (EfficientNet-B0).
+RELU_MODELS = frozenset(
+    {
+        "resnet18",
+        "resnet101_cifar",
+        "resnet32",
+        "resnet50",
+        "resnet101",
+        "wrn28_2",
+        "wrn28_10",
+        "pyramidnet110",
+        "pyramidnet110_basic",
+        "densenet121",
+        "resnext29",
+        "mlp",
+        "cnn1d",
+    }
+)
 
 
 def build_model(

@@ -194,3 +194,30 @@ def test_vector_models_are_those_that_take_vectors():
             takes_vectors = False
         assert takes_vectors == (name in VECTOR_MODELS), name
     assert set(MODELS) >= VECTOR_MODELS
+
+
+def test_relu_models_are_those_whose_forward_has_a_kink():
+    """reproduce.models.RELU_MODELS, which train.py's finite-difference GAM warning reads, lists
+    exactly the networks whose forward pass calls a ReLU or a max-pool (recorded on the meta device)."""
+    from torch.overrides import TorchFunctionMode
+
+    from reproduce.models import MODELS, RELU_MODELS, VECTOR_MODELS
+
+    class Calls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    for name in sorted(MODELS):
+        size = 40 if name in VECTOR_MODELS else 32
+        with torch.device("meta"):
+            net = build_model(name, 10, size)
+            x = torch.randn(2, size) if name in VECTOR_MODELS else torch.randn(2, 3, size, size)
+        with Calls() as calls, torch.no_grad():
+            net(x)
+        kinked = any("relu" in n or "max_pool" in n for n in calls.names)
+        assert kinked == (name in RELU_MODELS), name

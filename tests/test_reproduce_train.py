@@ -625,3 +625,27 @@ def test_sam_on_the_default_preset_trains_with_its_own_radius(tmp_path, estimato
     assert main(tmp_path, *args) == 0
     s = summary(tmp_path, "mnist1d", estimator)
     assert s["history"][-1]["train_acc"] > 0.3  # chance is 0.1
+
+
+@pytest.mark.parametrize(
+    ("args", "warns"),
+    [
+        ([], True),  # the MLP is ReLU; --fd_radius defaults to 1e-3
+        (
+            ["--fd_radius=0.01"],
+            False,
+        ),  # the smallest radius measured to train (reproduce/RESULTS.md)
+        (["--model=mlp_gelu"], False),  # smooth: fd → exact
+        (["--alpha=0"], False),  # no flatness term, no H·v in the update
+    ],
+)
+def test_fd_gam_on_a_relu_net_warns_once_below_the_measured_radius(tmp_path, capsys, args, warns):
+    assert main(tmp_path, "--estimator=sgd,gam_fd", "--max_steps=2", *NO_FLATNESS, *args) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == (1 if warns else 0), err
+    got = summary(tmp_path, "mnist1d", "gam_fd")["warnings"]
+    assert len(got) == len(lines) and summary(tmp_path, "mnist1d", "sgd")["warnings"] == []
+    if warns:
+        assert "--estimator=gam" in lines[0] and "--fd_radius=0.01" in lines[0]
+        assert got[0] in lines[0]
