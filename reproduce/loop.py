@@ -497,6 +497,8 @@ def _train(r: _Run, data, saved) -> dict:
             "status": status,
             "reason": why,
             "warnings": warnings,
+            # "chance_level": the final training accuracy is at chance (report.at_chance)
+            "flags": report.flags(final, data.num_classes),
             "epochs_done": pos["epoch"],
             "steps": pos["global_step"],
             "skipped_steps": int(state.skipped),

@@ -649,3 +649,36 @@ def test_fd_gam_on_a_relu_net_warns_once_below_the_measured_radius(tmp_path, cap
     if warns:
         assert "--estimator=gam" in lines[0] and "--fd_radius=0.01" in lines[0]
         assert got[0] in lines[0]
+
+
+def test_a_run_that_cannot_learn_is_flagged_at_chance_and_marked_in_the_table(tmp_path, capsys):
+    """lr = 0 leaves the MLP at its initialisation (7.7% train accuracy on MNIST-1D, seed 0); two
+    epochs at the preset's lr reach 31.7% (torch 2.14.1, CPU). Chance is 10% (10 classes), the
+    flag's bound 15%."""
+    base = ["--estimator=sgd", "--epochs=2", *NO_FLATNESS]
+    assert main(tmp_path / "still", *base, "--lr=0") == 0
+    still_out = capsys.readouterr().out
+    assert main(tmp_path / "learns", *base) == 0
+    learns_out = capsys.readouterr().out
+    still = summary(tmp_path / "still", "mnist1d", "sgd")
+    learns = summary(tmp_path / "learns", "mnist1d", "sgd")
+    assert report.train_accuracy(still["final"]) <= 1.5 * 100 / 10
+    assert report.train_accuracy(learns["final"]) > 1.5 * 100 / 10
+    assert still["flags"] == ["chance_level"] and learns["flags"] == []
+    row = next(line for line in still_out.splitlines() if line.startswith("sgd "))
+    assert row.endswith("(chance)") and "did not learn" in still_out
+    row = next(line for line in learns_out.splitlines() if line.startswith("sgd "))
+    assert "(chance)" not in row and "did not learn" not in learns_out
+
+
+def test_chance_is_one_over_the_classes_with_the_stated_margin():
+    assert report.CHANCE_MARGIN == 0.5
+    assert report.at_chance(15.0, 10) and not report.at_chance(15.01, 10)
+    assert (
+        report.at_chance(0.0, 100) and report.at_chance(1.5, 100) and not report.at_chance(1.6, 100)
+    )
+    assert not report.at_chance(None, 10)
+    assert report.flags({"train_acc": 90.0, "train_eval_acc": 12.0}, 10) == ["chance_level"]
+    assert (
+        report.flags({"train_acc": 12.0}, 10) == ["chance_level"] and report.flags(None, 10) == []
+    )
