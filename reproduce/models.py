@@ -8,7 +8,7 @@
 | ``resnet50``, ``resnet101`` | ``torchvision.models.resnet50/101(weights=None)`` | ImageNet, Table 2 |
 | ``wrn28_2``, ``wrn28_10`` | Wide-ResNet-28-k, pre-activation, no dropout | CIFAR, Table 1 |
 | ``pyramidnet110`` | PyramidNet-110, α = 270, bottleneck blocks: the authors' ``pyramidnet110_c`` | CIFAR, Table 1 |
-| ``pyramidnet110_basic`` | PyramidNet-110, α = 270, basic blocks (Han et al.'s 28.5M-parameter form) | – |
+| ``pyramidnet110_basic`` | PyramidNet-110, α = 270, basic blocks (28.5M parameters for 10 classes) | – |
 | ``densenet121`` | torchvision DenseNet-121 with a 3×3 stride-1 stem and no max-pool | CIFAR, App. Table |
 | ``resnext29`` | ResNeXt-29 (32×4d) | CIFAR, App. Table |
 | ``vit_s32``, ``vit_b32`` | ViT-S/32 and ViT-B/32 (einops; attention as matmul + softmax) | ImageNet, Table 2 |
