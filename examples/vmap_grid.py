@@ -4,12 +4,15 @@ MNIST-1D (Greydanus 2020, generated offline by the ``mnist1d`` package), the MLP
 with momentum 0.9 under GAM, ρ ∈ {0.1, 0.5, 1} × α ∈ {0.1, 0.3, 1} × seeds 0-4: 45 members whose
 parameters, momentum buffers and hyperparameters are stacked along a leading axis, so one call of
 ``gamfunc.ensemble.vmap_step`` trains all of them on the same batch. It prints the test accuracy of
-each cell (mean ± std over seeds) and the time of a vmapped step against a loop over the 45 members.
+each cell (mean ± std over seeds), its training accuracy, marked "(chance)" where it ended at chance
+(at most 1.5 × 1/10: ``reproduce.report.at_chance``; ρ = 1, α = 1 ends there after one epoch as after
+five, past the cliff at ρ·α ≥ 1 of reproduce/RESULTS.md's ablation), and the time of a vmapped step
+against a loop over the 45 members.
 
     python examples/vmap_grid.py              # 5 epochs: about 4 minutes on 2 CPU cores
     python examples/vmap_grid.py --epochs 1 --seeds 2   # quicker
 
-The last line printed is ``final: cells=... best_test_acc=... speedup=...``.
+The last line printed is ``final: cells=... chance_cells=... best_test_acc=... speedup=...``.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = ap.parse_args(argv)
     from reproduce.data import _mnist1d
+    from reproduce.report import at_chance
 
     train, test = _mnist1d()
     cells = list(itertools.product(RHOS, ALPHAS))
@@ -99,11 +103,21 @@ def main(argv: list[str] | None = None) -> None:
             f"epoch {epoch + 1}: loss={metrics['loss'].mean():.4f} (mean of {len(members)} members)"
         )
     with torch.no_grad():
-        acc = torch.func.vmap(lambda p: (logits(p, test.x).argmax(-1) == test.y).float().mean())
-        test_acc = 100 * acc(params).reshape(len(cells), args.seeds)
-    for (rho, alpha), row in zip(cells, test_acc, strict=True):
+
+        def accuracy(split):
+            hits = lambda p: (logits(p, split.x).argmax(-1) == split.y).float().mean()  # noqa: E731
+            return 100 * torch.func.vmap(hits)(params).reshape(len(cells), args.seeds)
+
+        test_acc, train_acc = accuracy(test), accuracy(train)
+    chance_cells = 0
+    for (rho, alpha), row, fit in zip(cells, test_acc, train_acc, strict=True):
         std = row.std().item() if args.seeds > 1 else 0.0
-        print(f"rho={rho:<4} alpha={alpha:<4} test acc {row.mean():.2f} ± {std:.2f}")
+        chance = at_chance(fit.mean().item(), 10)  # the cell did not learn
+        chance_cells += chance
+        print(
+            f"rho={rho:<4} alpha={alpha:<4} test acc {row.mean():.2f} ± {std:.2f}, "
+            f"train acc {fit.mean():.2f}{' (chance)' if chance else ''}"
+        )
 
     # one vmapped step against a loop over the members' own steps, on the same batch
     batch = (train.x[: args.batch], train.y[: args.batch])
@@ -126,7 +140,10 @@ def main(argv: list[str] | None = None) -> None:
         f"one step of {len(members)} members: vmapped {t_vmap * 1e3:.1f} ms, looped {t_loop * 1e3:.1f} ms"
     )
     best = test_acc.mean(1).max().item()
-    print(f"final: cells={len(cells)} best_test_acc={best:.2f} speedup={t_loop / t_vmap:.2f}")
+    print(
+        f"final: cells={len(cells)} chance_cells={chance_cells} best_test_acc={best:.2f} "
+        f"speedup={t_loop / t_vmap:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from gamfunc.optim import schedules
 from reproduce import checkpoint as ckpt
 from reproduce.config import Config
 from reproduce.launch import Processes
-from reproduce.models import MODELS, VECTOR_MODELS, build_model, new_head
+from reproduce.models import MODELS, RELU_MODELS, VECTOR_MODELS, build_model, new_head
 
 __all__ = [
     "CORRECT",
@@ -37,6 +37,7 @@ __all__ = [
     "classification_loss",
     "compile_scope",
     "exact_hvp_backend",
+    "fd_gam_warning",
     "load_weights",
     "lr_schedule",
     "setup",
@@ -90,12 +91,28 @@ def training_loss(loss_fn, cfg: Config):
 
 
 def lr_schedule(cfg: Config, steps_per_epoch: int):
-    """The learning rate: linear warm-up over ``warmup_epochs``, then cosine decay to 0 over the rest
-    of the run (or constant)."""
+    """The learning rate at step t: linear warm-up over ``warmup_epochs``, then cosine decay to 0
+    over the rest of the run (or constant).
+
+    ``lr_schedule_unit="step"``: lr(t) = cosine(lr, T, W)(t), T and W counted in steps.
+    ``"epoch"``: lr(t) = cosine(lr, E, W_e)(⌊t / steps_per_epoch⌋), E and W_e counted in epochs, so
+    that the rate changes once per epoch: with no warm-up, lr·(1 + cos(π·e/E))/2 through epoch e, the
+    authors' ``CosineAnnealingLR(T_max=epochs)`` (gam/optimizer_helper.py l.18 of
+    github.com/xxgege/GAM) stepped after every epoch (main_cifar.py l.291).
+    """
     if cfg.schedule == "constant" and cfg.warmup_epochs == 0:
         return cfg.lr
+    if cfg.lr_schedule_unit == "epoch":
+        # a --total_steps run ends in the epoch that holds its last step
+        total = -(-cfg.total_steps // steps_per_epoch) if cfg.total_steps else cfg.epochs
+        per_epoch = _lr_by_count(cfg, total, round(cfg.warmup_epochs))
+        return lambda t: per_epoch(torch.div(t, steps_per_epoch, rounding_mode="floor"))
     total = cfg.total_steps or cfg.epochs * steps_per_epoch
-    warm = round(cfg.warmup_epochs * steps_per_epoch)
+    return _lr_by_count(cfg, total, round(cfg.warmup_epochs * steps_per_epoch))
+
+
+def _lr_by_count(cfg: Config, total: int, warm: int):
+    """The schedule of ``cfg`` over ``total`` counts (steps or epochs), ``warm`` of them warm-up."""
     if cfg.schedule == "constant":
         return lambda t: torch.clamp((t.to(torch.float64) + 1) / max(warm, 1), max=1.0) * cfg.lr
     return schedules.cosine(cfg.lr, total, warm)
@@ -116,6 +133,33 @@ def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
 
 _BatchNorm = nn.modules.batchnorm._BatchNorm
 
+# The smallest finite-difference radius measured to train GAM on a ReLU network: reproduce/RESULTS.md,
+# "Why finite-difference GAM collapses on the ReLU MLP" (MNIST-1D MLP, ρ = 0.5, α = 1, 100 epochs,
+# 3 seeds): r = 0.1 and 0.01 trained (test 70.1% and 70.0%, exact H·v 72.7%); r = 1e-3 (the default)
+# and 1e-4 ended at chance (train 11.1% and 12.3%). No smaller radius trained a ReLU net there.
+FD_RELU_RADIUS = 1e-2
+
+
+def fd_gam_warning(cfg: Config, name: str) -> str | None:
+    """One line when the estimator ``name`` is finite-difference GAM on a ReLU network (``RELU_MODELS``)
+    with ρ·α > 0 and ``fd_radius`` below :data:`FD_RELU_RADIUS`, the settings at which it has not
+    been measured to train; else None.
+
+    At r ≤ 1e-3 a pre-activation crossing zero within r adds its gradient jump divided by r to
+    H·v, 8–30 times the exact product's norm, and GAM adds it with weight α·ρ; on the ReLU MLP it
+    turned units off until the network predicted one class (reproduce/RESULTS.md).
+    """
+    if name != "gam_fd" or cfg.model not in RELU_MODELS:
+        return None
+    if cfg.rho * cfg.alpha == 0 or cfg.fd_radius >= FD_RELU_RADIUS:
+        return None
+    return (
+        f"gam_fd on {cfg.model}, a ReLU network, with --fd_radius={cfg.fd_radius:g} "
+        f"(ρ·α = {cfg.rho * cfg.alpha:g}): finite-difference GAM with r < {FD_RELU_RADIUS:g} ended at "
+        "chance on a ReLU MLP at ρ·α = 0.5 (reproduce/RESULTS.md); use --estimator=gam (exact H·v) "
+        f"or --fd_radius={FD_RELU_RADIUS:g} or more"
+    )
+
 
 def _has(model: nn.Module, *kinds: type) -> bool:
     return any(isinstance(m, kinds) for m in model.modules())
@@ -128,7 +172,7 @@ def build_estimator(
     (``every``). ``hvp`` is the backend of the exact H·v (:func:`exact_hvp_backend`)."""
     rho = cfg.rho
     if cfg.rho_schedule == "proportional" and callable(lr):
-        rho = schedules.proportional(cfg.rho, lr, cfg.lr)
+        rho = schedules.proportional(cfg.rho, lr, cfg.lr, floor=cfg.rho_min)
     sam_rho = cfg.sam_rho or rho
     gnp_hvp = hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp
     plain = gamfunc.gradient()

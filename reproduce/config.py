@@ -71,6 +71,7 @@ DATASETS = ("mnist1d", "digits", "cifar10", "cifar100", "imagenet", "cars", "pet
 AUGMENTS = ("none", "basic", "cutout", "randaugment", "autoaugment")
 SCHEDULES = ("cosine", "constant")
 RHO_SCHEDULES = ("constant", "proportional")
+LR_SCHEDULE_UNITS = ("step", "epoch")
 HVPS = ("exact", "reverse", "fd")
 COMPILE_SCOPES = ("auto", "step", "pass")
 BF16_HVPS = ("exact", "reverse")
@@ -102,7 +103,8 @@ class Config:
     rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
     alpha: float = 0.1  # α: weight of the first-order flatness term (GAM, GNP)
     sam_rho: float = 0.0  # SAM's ρ (sam, and the oracle of sam+gam); 0: the same as rho
-    rho_schedule: str = "constant"  # constant | proportional (ρ_t = ρ·lr_t/lr_0)
+    rho_schedule: str = "constant"  # constant | proportional (ρ_t = ρ_min + (ρ − ρ_min)·lr_t/lr_0)
+    rho_min: float = 0.0  # ρ_min: the floor of --rho_schedule=proportional (in [0, rho])
     gnp_hvp: str = "fd"  # H·v of gnp: fd (Zhao et al.) | exact | reverse
     fd_radius: float = 1e-3  # r of the finite-difference H·v of gam_fd
     gnp_radius: float = 1e-2  # r of gnp's finite difference (Zhao et al.'s form)
@@ -119,6 +121,7 @@ class Config:
     beta1: float = 0.9  # AdamW β₁
     beta2: float = 0.999  # AdamW β₂
     schedule: str = "cosine"  # cosine | constant learning rate
+    lr_schedule_unit: str = "step"  # step | epoch: the lr changes every step or once per epoch
     warmup_epochs: float = 0.0  # linear warm-up before the cosine decay
     epochs: int = 100  # training epochs
     total_steps: int = 0  # train this many steps (the schedule's length; overrides epochs; 0: off)
@@ -373,12 +376,17 @@ def _presets() -> dict[str, dict[str, Any]]:
         # (github.com/xxgege/GAM, commit 694133d): its convention (h− = g0 + |1−β|·g2), the
         # defaults that main_cifar.py sets per data set and network, and its loss, label smoothing
         # 0.1 (main_cifar.py line 108, gam/smooth_cross_entropy.py).
-        # Their lr is 0.1 for every network (main_cifar.py line 46); their PyramidNet-110 has
-        # bottleneck blocks, ours basic ones.
+        # Their lr is 0.1 for every network (main_cifar.py line 46). "pyramidnet110" is their
+        # bottleneck PyramidNet-110 (models/pyramidnet_cifar.py l.241-242), as in every preset.
         for model in ("resnet18", "pyramidnet110"):
             out[f"accelerated.{dataset}.{model}.authors"] = _cifar(dataset, model) | dict(
                 estimator="gam_accelerated_official",
                 lr=0.1,
+                # CosineAnnealingLR(T_max=epochs) (gam/optimizer_helper.py l.18), stepped once per
+                # epoch (main_cifar.py l.291). Their ρ and ρ' go through ProportionScheduler with
+                # min_value = max_value (optimizer_helper.py l.21-25): constant, our default
+                # rho_schedule="constant".
+                lr_schedule_unit="epoch",
                 label_smoothing=authors_smoothing(0.1, 10 if dataset == "cifar10" else 100),
                 **AUTHORS_ACCELERATED[dataset, model],
             )
@@ -530,6 +538,16 @@ def validate(cfg: Config) -> None:
         f"one of {RHO_SCHEDULES}",
         cfg.rho_schedule,
     )
+    unit = cfg.lr_schedule_unit
+    _check(unit in LR_SCHEDULE_UNITS, "lr_schedule_unit", f"one of {LR_SCHEDULE_UNITS}", unit)
+    if unit == "epoch":
+        _check(
+            float(cfg.warmup_epochs).is_integer(),
+            "warmup_epochs",
+            "a whole number of epochs with --lr_schedule_unit=epoch",
+            cfg.warmup_epochs,
+        )
+    _check(0 <= cfg.rho_min <= cfg.rho, "rho_min", f"in [0, rho={cfg.rho}]", cfg.rho_min)
     _check(cfg.gnp_hvp in HVPS, "gnp_hvp", f"one of {HVPS}", cfg.gnp_hvp)
     _check(cfg.bf16_hvp in BF16_HVPS, "bf16_hvp", f"one of {BF16_HVPS}", cfg.bf16_hvp)
     for name, allowed in (
@@ -620,7 +638,11 @@ def as_dict(cfg: Config) -> dict[str, Any]:
 
 
 def differences(saved: dict[str, Any], cfg: Config, ignore=RESUME_FREE) -> dict[str, tuple]:
-    """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ."""
-    now = as_dict(cfg)
+    """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ.
+
+    A field that ``saved`` lacks (a checkpoint written before the field existed) counts as its
+    default in :class:`Config`, the behaviour such a run had."""
+    now, default = as_dict(cfg), as_dict(Config())
     keys = (set(saved) | set(now)) - set(ignore)
-    return {k: (saved.get(k), now.get(k)) for k in sorted(keys) if saved.get(k) != now.get(k)}
+    old = {k: saved.get(k, default.get(k)) for k in keys}
+    return {k: (old[k], now.get(k)) for k in sorted(keys) if old[k] != now.get(k)}

@@ -35,7 +35,7 @@ from gamfunc.step import from_dict
 from reproduce import checkpoint as ckpt
 from reproduce import dali_data, gpu_data, report
 from reproduce import data as data_mod
-from reproduce.build import CORRECT, SetupError, setup
+from reproduce.build import CORRECT, SetupError, fd_gam_warning, setup
 from reproduce.config import Config, as_dict, estimators_of, run_name
 from reproduce.evaluation import evaluate, flatness, inputs, to
 from reproduce.launch import Processes, from_main, sum_over_ranks
@@ -413,6 +413,11 @@ def _train(r: _Run, data, saved) -> dict:
     r.say(f"[{name}] data: {loader_name}; {world} process(es), global batch {cfg.batch_size}")
     for note in t.notes:
         r.say(f"[{name}] {note}")
+    # settings this run is known to train badly with: one line on stderr, and in the summary
+    warnings = [w for w in (fd_gam_warning(cfg, name),) if w]
+    for w in warnings:
+        if procs.main:
+            print(f"warning: [{name}] {w}", file=sys.stderr, flush=True)
 
     probe_idx = torch.randperm(len(data.probe), generator=data_mod.generator(cfg.seed, 6))
     probe = data_mod.stack(data.probe, probe_idx[: cfg.flatness_samples]) if procs.main else None
@@ -491,6 +496,9 @@ def _train(r: _Run, data, saved) -> dict:
             "estimator": name,
             "status": status,
             "reason": why,
+            "warnings": warnings,
+            # "chance_level": the final training accuracy is at chance (report.at_chance)
+            "flags": report.flags(final, data.num_classes),
             "epochs_done": pos["epoch"],
             "steps": pos["global_step"],
             "skipped_steps": int(state.skipped),

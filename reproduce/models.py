@@ -7,7 +7,8 @@
 | ``resnet32`` | ResNet-32 of He et al. §4.2 (16/32/64 channels, identity shortcuts) | label noise, App. C.2 |
 | ``resnet50``, ``resnet101`` | ``torchvision.models.resnet50/101(weights=None)`` | ImageNet, Table 2 |
 | ``wrn28_2``, ``wrn28_10`` | Wide-ResNet-28-k, pre-activation, no dropout | CIFAR, Table 1 |
-| ``pyramidnet110`` | PyramidNet-110, α = 270, basic blocks | CIFAR, Table 1 |
+| ``pyramidnet110`` | PyramidNet-110, α = 270, bottleneck blocks: the authors' ``pyramidnet110_c`` | CIFAR, Table 1 |
+| ``pyramidnet110_basic`` | PyramidNet-110, α = 270, basic blocks (28.5M parameters for 10 classes) | – |
 | ``densenet121`` | torchvision DenseNet-121 with a 3×3 stride-1 stem and no max-pool | CIFAR, App. Table |
 | ``resnext29`` | ResNeXt-29 (32×4d) | CIFAR, App. Table |
 | ``vit_s32``, ``vit_b32`` | ViT-S/32 and ViT-B/32 (einops; attention as matmul + softmax) | ImageNet, Table 2 |
@@ -49,7 +50,7 @@ from torch import Tensor, nn
 
 import gamfunc
 
-__all__ = ["MODELS", "build_model", "count_parameters"]
+__all__ = ["MODELS", "RELU_MODELS", "VECTOR_MODELS", "build_model", "count_parameters"]
 
 
 Activation = Callable[[Tensor], Tensor]
@@ -224,41 +225,78 @@ class WideResNet(nn.Module):
 # ---------------------------------------------------------------- PyramidNet
 
 
-class _PyramidBlock(nn.Module):
-    """BN-conv-BN-ReLU-conv-BN; the shortcut is average-pooled when strided and zero-padded in channels."""
+def _pyramid_shortcut(x: Tensor, stride: int, pad: int) -> Tensor:
+    """PyramidNet's shortcut: x, average-pooled 2×2 (ceil mode) when the block is strided, with ``pad``
+    zero channels appended (Han et al. 2017; the authors' ``pyramidnet_cifar.py`` l.48-54, l.192)."""
+    short = F.avg_pool2d(x, 2, ceil_mode=True) if stride > 1 else x
+    return F.pad(short, (0, 0, 0, 0, 0, pad)) if pad else short
 
-    def __init__(self, cin: int, cout: int, stride: int):
+
+class _PyramidBlock(nn.Module):
+    """Basic block BN-conv3×3-BN-ReLU-conv3×3-BN, ``planes`` output channels, :func:`_pyramid_shortcut`."""
+
+    expansion = 1
+
+    def __init__(self, cin: int, planes: int, stride: int):
         super().__init__()
-        self.bn1, self.conv1 = nn.BatchNorm2d(cin), _conv3x3(cin, cout, stride)
-        self.bn2, self.conv2 = nn.BatchNorm2d(cout), _conv3x3(cout, cout)
-        self.bn3 = nn.BatchNorm2d(cout)
-        self.stride, self.pad = stride, cout - cin
+        self.bn1, self.conv1 = nn.BatchNorm2d(cin), _conv3x3(cin, planes, stride)
+        self.bn2, self.conv2 = nn.BatchNorm2d(planes), _conv3x3(planes, planes)
+        self.bn3 = nn.BatchNorm2d(planes)
+        self.stride, self.pad = stride, planes - cin
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.bn3(self.conv2(F.relu(self.bn2(self.conv1(self.bn1(x))))))
-        short = F.avg_pool2d(x, 2, ceil_mode=True) if self.stride > 1 else x
-        if self.pad:
-            short = F.pad(short, (0, 0, 0, 0, 0, self.pad))
-        return out + short
+        return out + _pyramid_shortcut(x, self.stride, self.pad)
+
+
+class _PyramidBottleneck(nn.Module):
+    """Bottleneck block BN-conv1×1-BN-ReLU-conv3×3(stride)-BN-ReLU-conv1×1-BN with 4·``planes`` output
+    channels and :func:`_pyramid_shortcut` (the authors' ``Bottleneck``, ``pyramidnet_cifar.py`` l.59-110)."""
+
+    expansion = 4
+
+    def __init__(self, cin: int, planes: int, stride: int):
+        super().__init__()
+        out = planes * self.expansion
+        self.bn1, self.conv1 = nn.BatchNorm2d(cin), nn.Conv2d(cin, planes, 1, bias=False)
+        self.bn2, self.conv2 = nn.BatchNorm2d(planes), _conv3x3(planes, planes, stride)
+        self.bn3, self.conv3 = nn.BatchNorm2d(planes), nn.Conv2d(planes, out, 1, bias=False)
+        self.bn4 = nn.BatchNorm2d(out)
+        self.stride, self.pad = stride, out - cin
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn2(self.conv1(self.bn1(x))))
+        out = self.bn4(self.conv3(F.relu(self.bn3(self.conv2(out)))))
+        return out + _pyramid_shortcut(x, self.stride, self.pad)
 
 
 class PyramidNet(nn.Module):
-    """PyramidNet with basic blocks: the width grows by α/(3n) per block, from 16 to 16 + α channels."""
+    """PyramidNet for 32×32 inputs (Han et al. 2017): a 16-channel stem, three stages of n blocks, the
+    block's ``planes`` growing by α/(3n) per block, from 16 to 16 + α, rounded to an integer.
 
-    def __init__(self, depth: int, alpha: float, num_classes: int):
+    Basic blocks: n = (depth − 2)/6, each block outputs ``planes`` channels. ``bottleneck=True``:
+    n = (depth − 2)/9, each block outputs 4·``planes`` channels, the next block's input. The widths
+    follow the authors' ``pyramidal_make_layer`` (github.com/xxgege/GAM, commit 694133d,
+    ``models/pyramidnet_cifar.py`` l.189-204): width_k = 16 + k·α/(3n) summed in floating point,
+    planes = Python's ``round`` of it (halves to even), Conv2d weights N(0, 2/(k²·out)) (l.181-184).
+    """
+
+    def __init__(self, depth: int, alpha: float, num_classes: int, bottleneck: bool = False):
         super().__init__()
-        if (depth - 2) % 6:
-            raise ValueError(f"depth must be 6n+2; got {depth}")
-        n = (depth - 2) // 6
+        per = 9 if bottleneck else 6
+        if (depth - 2) % per:
+            raise ValueError(f"depth must be {per}n+2; got {depth}")
+        n = (depth - 2) // per
+        block = _PyramidBottleneck if bottleneck else _PyramidBlock
         add = alpha / (3 * n)
         self.conv1, self.bn1 = _conv3x3(3, 16), nn.BatchNorm2d(16)
         blocks, width, cin = [], 16.0, 16
         for i in range(3):
             for j in range(n):
                 width += add
-                cout = round(width)
-                blocks.append(_PyramidBlock(cin, cout, 2 if (i > 0 and j == 0) else 1))
-                cin = cout
+                planes = round(width)
+                blocks.append(block(cin, planes, 2 if (i > 0 and j == 0) else 1))
+                cin = planes * block.expansion
         self.blocks = nn.Sequential(*blocks)
         self.bn_final = nn.BatchNorm2d(cin)
         self.fc = nn.Linear(cin, num_classes)
@@ -478,7 +516,9 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "swin_t": _torchvision("swin_t"),
     "wrn28_2": lambda c, s: WideResNet(28, 2, c),
     "wrn28_10": lambda c, s: WideResNet(28, 10, c),
-    "pyramidnet110": lambda c, s: PyramidNet(110, 270, c),
+    # the authors' pyramidnet110_c (models/pyramidnet_cifar.py l.241-242 of github.com/xxgege/GAM)
+    "pyramidnet110": lambda c, s: PyramidNet(110, 270, c, bottleneck=True),
+    "pyramidnet110_basic": lambda c, s: PyramidNet(110, 270, c),
     "densenet121": lambda c, s: _densenet121_cifar(c),
     "resnext29": lambda c, s: ResNeXt29(c),
     "vit_s16": lambda c, s: ViT(s, 16, 384, 12, 6, 1536, c),
@@ -493,6 +533,28 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
 
 # The networks of vector inputs (MNIST-1D, digits); every other network takes images (3 × H × W).
 VECTOR_MODELS = frozenset({"mlp", "mlp_gelu", "mlp_tanh", "cnn1d"})
+
+# The networks whose loss has kinks: ReLU (or max-pool) activations, where ∇L jumps as a
+# pre-activation crosses zero. A finite-difference H·v adds those jumps divided by its radius;
+# jvp's Hessian never sees them (README, "Exact vs finite-difference HVPs"). The others are smooth:
+# GELU (ViTs, Swin-T, mlp_gelu), tanh, SiLU and sigmoid (EfficientNet-B0).
+RELU_MODELS = frozenset(
+    {
+        "resnet18",
+        "resnet101_cifar",
+        "resnet32",
+        "resnet50",
+        "resnet101",
+        "wrn28_2",
+        "wrn28_10",
+        "pyramidnet110",
+        "pyramidnet110_basic",
+        "densenet121",
+        "resnext29",
+        "mlp",
+        "cnn1d",
+    }
+)
 
 
 def build_model(

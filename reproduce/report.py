@@ -16,13 +16,17 @@ import torch
 from reproduce.config import Config
 
 __all__ = [
+    "CHANCE_MARGIN",
     "Meter",
     "NullWriter",
+    "at_chance",
     "epoch_line",
+    "flags",
     "log_step",
     "progress",
     "table",
     "tag",
+    "train_accuracy",
     "write_json",
 ]
 
@@ -160,6 +164,33 @@ def epoch_line(name: str, cfg: Config, record: dict) -> str | None:
     return ", ".join(parts)
 
 
+# A training accuracy is at chance when it is at most (1 + CHANCE_MARGIN) × 100/K % for K classes:
+# 15% for 10 classes, 1.5% for 100. Untrained MLPs on MNIST-1D and digits start at 7.7-12.9% (seeds
+# 0-3), and finite-difference GAM runs that collapsed to one class ended at 10-16% (reproduce/RESULTS.md).
+CHANCE_MARGIN = 0.5
+
+
+def at_chance(accuracy: float | None, num_classes: int) -> bool:
+    """Whether a training accuracy in % is at chance (or below): accuracy ≤ (1 + CHANCE_MARGIN)·100/K."""
+    if accuracy is None or num_classes < 1:
+        return False
+    return accuracy <= (1 + CHANCE_MARGIN) * 100.0 / num_classes
+
+
+def train_accuracy(final: dict) -> float | None:
+    """The final training accuracy of a run, as its table shows it: over the training set in eval
+    mode (``train_eval_acc``) where measured, else the running accuracy of the last epoch."""
+    return final.get("train_eval_acc", final.get("train_acc"))
+
+
+def flags(final: dict | None, num_classes: int) -> list[str]:
+    """What the summary flags about a finished run: ``"chance_level"`` when its final training
+    accuracy is at chance (:func:`at_chance`): it did not learn."""
+    if not final:
+        return []
+    return ["chance_level"] if at_chance(train_accuracy(final), num_classes) else []
+
+
 def _fmt(v, spec: str) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return format("-", f">{spec.split('.')[0]}")
@@ -177,7 +208,7 @@ def table(summaries: list[dict]) -> str:
     rows = [head, "-" * len(head)]
     for s, label in zip(summaries, labels, strict=True):
         f = s["final"] or {}
-        train = f.get("train_eval_acc", f.get("train_acc"))
+        train = train_accuracy(f)
         test = f.get("test_acc")
         gap = None if train is None or test is None else train - test
         row = f"{label:<{w}}{_fmt(train, '10.2f')}{_fmt(test, '10.2f')}{_fmt(gap, '8.2f')}"
@@ -185,7 +216,14 @@ def table(summaries: list[dict]) -> str:
             row += _fmt(f.get("val_acc"), "9.2f")
         row += f"{_fmt(f.get('lambda_max'), '10.2f')}{_fmt(f.get('trace'), '10.1f')}{_fmt(f.get('r1'), '10.4f')}"
         row += f"{s['images_per_s']:>9.0f}{s['train_seconds']:>7.0f}s"
+        if "chance_level" in s.get("flags", ()):
+            row += "  (chance)"
         rows.append(row)
+    if any("chance_level" in s.get("flags", ()) for s in summaries):
+        rows.append(
+            f"(chance): training accuracy at most {1 + CHANCE_MARGIN:g} × chance (100/classes %); "
+            "the run did not learn"
+        )
     return "\n".join(rows)
 
 

@@ -74,3 +74,10 @@ def test_vmap_grid_trains_every_cell_as_one_model(capsys):
     assert result["cells"] == 9 and out.count("test acc") == 9
     assert result["best_test_acc"] > 10 + 15  # above chance (10 classes) after one epoch
     assert result["speedup"] > 0
+    # a cell is marked where its training accuracy ends at chance (at most 1.5 × 10%): ρ = α = 1
+    cells = re.findall(r"rho=(\S+)\s+alpha=(\S+)\s.*train acc ([\d.]+)( \(chance\))?", out)
+    assert len(cells) == 9
+    for rho, alpha, train, marked in cells:
+        assert bool(marked) == (float(train) <= 15.0), (rho, alpha, train)
+    chance = {(rho, alpha) for rho, alpha, _, marked in cells if marked}
+    assert ("1.0", "1.0") in chance and result["chance_cells"] == len(chance) < 9

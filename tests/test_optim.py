@@ -244,6 +244,22 @@ def test_inverse_sqrt_and_proportional_schedules():
     assert float(schedules.constant(0.3)(torch.tensor(7))) == 0.3
 
 
+def test_proportional_schedule_has_the_authors_floor():
+    """ρ(t) = ρ_min + (ρ₀ − ρ_min)·lr(t)/lr₀: the authors' ProportionScheduler with min_lr = 0
+    (github.com/xxgege/GAM gam/util.py l.55-57), written out step by step here."""
+    lr = schedules.cosine(0.1, total_steps=50)
+    rho = schedules.proportional(0.2, lr, 0.1, floor=0.05)
+    for t in range(0, 60, 7):
+        lr_t = 0.1 * (1 + math.cos(math.pi * min(t, 50) / 50)) / 2
+        want = 0.05 + (0.2 - 0.05) * (lr_t - 0.0) / (0.1 - 0.0)
+        assert math.isclose(float(rho(torch.tensor(t))), want, rel_tol=1e-12, abs_tol=1e-15)
+    flat = schedules.proportional(0.2, lr, 0.1, floor=0.2)  # min_value = max_value: constant
+    assert all(float(flat(torch.tensor(t))) == pytest.approx(0.2) for t in (0, 25, 50))
+    for floor in (-0.01, 0.3):
+        with pytest.raises(ValueError, match="floor"):
+            schedules.proportional(0.2, lr, 0.1, floor=floor)
+
+
 @pytest.mark.parametrize(
     ("factory", "kwargs", "name"),
     [

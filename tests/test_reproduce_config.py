@@ -125,6 +125,10 @@ def test_overrides_apply_after_the_preset_whatever_their_order():
         (["--estimator=gam_accelerated", "--alpha=2"], "alpha"),
         (["--device=tpu"], "device"),
         (["--lr"], "needs a value"),
+        (["--lr_schedule_unit=week"], "lr_schedule_unit"),
+        (["--lr_schedule_unit=epoch", "--warmup_epochs=0.5"], "warmup_epochs"),
+        (["--rho=0.1", "--rho_min=0.2"], "rho_min"),
+        (["--rho_min=-0.01"], "rho_min"),
     ],
 )
 def test_bad_values_name_the_field(argv, word):
@@ -156,6 +160,15 @@ def test_differences_ignore_fields_that_do_not_change_the_trajectory():
     assert {"max_steps", "logdir", "device", "compile"} <= RESUME_FREE
 
 
+def test_a_checkpoint_older_than_a_field_resumes_under_its_default_only():
+    saved = dataclasses.asdict(resolve([]))
+    del saved["lr_schedule_unit"], saved["rho_min"]
+    assert differences(saved, resolve([])) == {}
+    assert differences(saved, resolve(["--lr_schedule_unit=epoch"])) == {
+        "lr_schedule_unit": ("step", "epoch")
+    }
+
+
 def test_run_name_follows_the_preset_and_a_dataset_override():
     from reproduce.config import run_name
 
@@ -174,3 +187,68 @@ def test_channels_last_is_an_off_by_default_speed_option():
     saved = dataclasses.asdict(resolve(["--channels_last"]))
     assert differences(saved, resolve([])) == {}
     assert "channels_last" in train._help()
+
+
+def _authors_lr_per_step(lr: float, epochs: int, steps_per_epoch: int) -> list[float]:
+    """The learning rate of every step of the authors' loop: CosineAnnealingLR(T_max=epochs)
+    (gam/optimizer_helper.py l.18 of github.com/xxgege/GAM) stepped after each epoch (main_cifar.py
+    l.291), read from the optimiser at each step."""
+    import torch
+
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr, momentum=0.9)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs)
+    out = []
+    for _ in range(epochs):
+        for _ in range(steps_per_epoch):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+        sched.step()
+    return out
+
+
+def test_the_authors_presets_step_the_cosine_once_per_epoch_like_their_loop():
+    import torch
+
+    c = resolve(["--preset=accelerated.cifar10.resnet18.authors", "--epochs=6"])
+    assert c.lr_schedule_unit == "epoch" and resolve([]).lr_schedule_unit == "step"
+    spe = 7
+    lr = train.lr_schedule(c, spe)
+    ours = [float(lr(torch.tensor(t))) for t in range(6 * spe)]
+    torch.testing.assert_close(ours, _authors_lr_per_step(0.1, 6, spe), rtol=1e-12, atol=0.0)
+    per_step = train.lr_schedule(dataclasses.replace(c, lr_schedule_unit="step"), spe)
+    assert float(per_step(torch.tensor(spe - 1))) < ours[spe - 1]  # the step unit moves within
+
+
+def test_epoch_unit_warm_up_and_total_steps_count_whole_epochs():
+    import math
+
+    import torch
+
+    spe, peak = 5, 0.2
+    c = resolve(["--lr_schedule_unit=epoch", "--epochs=6", "--warmup_epochs=2", f"--lr={peak}"])
+    lr = train.lr_schedule(c, spe)
+    for t in range(6 * spe):
+        e = t // spe
+        want = peak * (e + 1) / 2 if e < 2 else peak * (1 + math.cos(math.pi * (e - 2) / 4)) / 2
+        assert math.isclose(float(lr(torch.tensor(t))), want, rel_tol=1e-12), t
+    # --total_steps=12 of 5 a epoch: the cosine runs over the 3 epochs that hold them
+    short = train.lr_schedule(resolve(["--lr_schedule_unit=epoch", "--total_steps=12"]), spe)
+    three = _authors_lr_per_step(resolve([]).lr, 3, spe)[:12]
+    assert [float(short(torch.tensor(t))) for t in range(12)] == pytest.approx(three, rel=1e-12)
+
+
+def test_a_proportional_rho_follows_the_epoch_lr_down_to_its_floor():
+    """The authors' ProportionScheduler (gam/util.py l.55-57): value = min_value + (max_value −
+    min_value)·(lr − min_lr)/(max_lr − min_lr), with min_lr = 0 and max_lr = the peak lr
+    (gam/optimizer_helper.py l.21-25), at every step of their loop."""
+    import torch
+
+    argv = ["--preset=accelerated.cifar100.resnet18.authors", "--epochs=5"]
+    argv += ["--rho_schedule=proportional", "--rho_min=0.05"]
+    c = resolve(argv)
+    lr = train.lr_schedule(c, 4)
+    estimator, _ = train.build_estimator(c, c.estimator, lr)
+    rho = estimator.hparams["rho"]
+    want = [0.05 + (c.rho - 0.05) * v / c.lr for v in _authors_lr_per_step(c.lr, 5, 4)]
+    torch.testing.assert_close([float(rho(torch.tensor(t))) for t in range(20)], want)
+    assert min(want) > 0.05 and float(rho(torch.tensor(10**6))) == pytest.approx(0.05)

@@ -31,6 +31,13 @@ REFERENCE_SIZES = {
     ("resnet32", 10, 32): lambda: 464_154,
     ("wrn28_2", 10, 32): lambda: 1_467_610,
     ("wrn28_10", 10, 32): lambda: 36_479_194,
+    # The authors' PyramidNet-110 (github.com/xxgege/GAM, commit 694133d): pyramidnet110_c(num_classes)
+    # = PyramidNet('cifar10', 110, 270, num_classes, bottleneck=True), models/pyramidnet_cifar.py
+    # l.241-242, instantiated from their file (torch 2.14.1) and its trainable parameters counted.
+    ("pyramidnet110", 10, 32): lambda: 18_323_787,
+    ("pyramidnet110", 100, 32): lambda: 18_426_837,
+    # Their PyramidNet('cifar10', 110, 270, 10, bottleneck=False): basic blocks (l.123-125), counted so.
+    ("pyramidnet110_basic", 10, 32): lambda: 28_485_477,
     ("resnet50", 1000, 224): lambda: _tv("resnet50"),
     ("resnet101", 1000, 224): lambda: _tv("resnet101"),
     ("vit_b32", 1000, 224): lambda: _tv("vit_b_32"),
@@ -45,7 +52,7 @@ def test_mnist1d_models_classify(name):
     assert net(torch.randn(2, 40)).shape == (2, 7)
 
 
-@pytest.mark.parametrize("key", sorted(REFERENCE_SIZES), ids=lambda k: k[0])
+@pytest.mark.parametrize("key", sorted(REFERENCE_SIZES), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_parameter_counts_match_references(key):
     with torch.device("meta"):
         net = build_model(*key)
@@ -147,6 +154,32 @@ def test_resnet32_shortcut_is_zero_padded_identity():
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize(
+    ("name", "width"), [("pyramidnet110", 4 * 24), ("pyramidnet110_basic", 16 + 5)]
+)
+def test_pyramidnet_shortcut_is_pooled_and_zero_padded(name, width):
+    """The first block of stage 2 (stride 2): with its last BatchNorm's output at zero, the block
+    returns x average-pooled 2×2 with zero channels appended (Han et al. 2017, the authors' block)."""
+    net = build_model(name, 10, 32)
+    n = len(net.blocks) // 3
+    block = net.blocks[n]
+    last = block.bn4 if name == "pyramidnet110" else block.bn3
+    torch.nn.init.zeros_(last.weight)
+    block.eval()
+    cin = block.bn1.num_features
+    x = torch.randn(2, cin, 8, 8)
+    with torch.no_grad():
+        out = block(x)
+    pooled = F.avg_pool2d(x, 2, ceil_mode=True)
+    assert out.shape[1] > cin and (name != "pyramidnet110" or out.shape[1] % 4 == 0)
+    torch.testing.assert_close(out, F.pad(pooled, (0, 0, 0, 0, 0, out.shape[1] - cin)))
+    assert net.blocks[0].bn1.num_features == 16 and net.fc.in_features == (
+        4 * 286 if name == "pyramidnet110" else 286
+    )
+    assert n == (12 if name == "pyramidnet110" else 18)
+    assert net.blocks[0](torch.randn(1, 16, 4, 4)).shape[1] == width
+
+
 def test_vector_models_are_those_that_take_vectors():
     """reproduce.models.VECTOR_MODELS, which train.py checks the data against, lists exactly the
     networks that run on a batch of vectors."""
@@ -161,3 +194,30 @@ def test_vector_models_are_those_that_take_vectors():
             takes_vectors = False
         assert takes_vectors == (name in VECTOR_MODELS), name
     assert set(MODELS) >= VECTOR_MODELS
+
+
+def test_relu_models_are_those_whose_forward_has_a_kink():
+    """reproduce.models.RELU_MODELS, which train.py's finite-difference GAM warning reads, lists
+    exactly the networks whose forward pass calls a ReLU or a max-pool (recorded on the meta device)."""
+    from torch.overrides import TorchFunctionMode
+
+    from reproduce.models import MODELS, RELU_MODELS, VECTOR_MODELS
+
+    class Calls(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func, "__name__", ""))
+            return func(*args, **(kwargs or {}))
+
+    for name in sorted(MODELS):
+        size = 40 if name in VECTOR_MODELS else 32
+        with torch.device("meta"):
+            net = build_model(name, 10, size)
+            x = torch.randn(2, size) if name in VECTOR_MODELS else torch.randn(2, 3, size, size)
+        with Calls() as calls, torch.no_grad():
+            net(x)
+        kinked = any("relu" in n or "max_pool" in n for n in calls.names)
+        assert kinked == (name in RELU_MODELS), name

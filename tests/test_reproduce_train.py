@@ -625,3 +625,60 @@ def test_sam_on_the_default_preset_trains_with_its_own_radius(tmp_path, estimato
     assert main(tmp_path, *args) == 0
     s = summary(tmp_path, "mnist1d", estimator)
     assert s["history"][-1]["train_acc"] > 0.3  # chance is 0.1
+
+
+@pytest.mark.parametrize(
+    ("args", "warns"),
+    [
+        ([], True),  # the MLP is ReLU; --fd_radius defaults to 1e-3
+        (
+            ["--fd_radius=0.01"],
+            False,
+        ),  # the smallest radius measured to train (reproduce/RESULTS.md)
+        (["--model=mlp_gelu"], False),  # smooth: fd → exact
+        (["--alpha=0"], False),  # no flatness term, no H·v in the update
+    ],
+)
+def test_fd_gam_on_a_relu_net_warns_once_below_the_measured_radius(tmp_path, capsys, args, warns):
+    assert main(tmp_path, "--estimator=sgd,gam_fd", "--max_steps=2", *NO_FLATNESS, *args) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(lines) == (1 if warns else 0), err
+    got = summary(tmp_path, "mnist1d", "gam_fd")["warnings"]
+    assert len(got) == len(lines) and summary(tmp_path, "mnist1d", "sgd")["warnings"] == []
+    if warns:
+        assert "--estimator=gam" in lines[0] and "--fd_radius=0.01" in lines[0]
+        assert got[0] in lines[0]
+
+
+def test_a_run_that_cannot_learn_is_flagged_at_chance_and_marked_in_the_table(tmp_path, capsys):
+    """lr = 0 leaves the MLP at its initialisation (7.7% train accuracy on MNIST-1D, seed 0); two
+    epochs at the preset's lr reach 31.7% (torch 2.14.1, CPU). Chance is 10% (10 classes), the
+    flag's bound 15%."""
+    base = ["--estimator=sgd", "--epochs=2", *NO_FLATNESS]
+    assert main(tmp_path / "still", *base, "--lr=0") == 0
+    still_out = capsys.readouterr().out
+    assert main(tmp_path / "learns", *base) == 0
+    learns_out = capsys.readouterr().out
+    still = summary(tmp_path / "still", "mnist1d", "sgd")
+    learns = summary(tmp_path / "learns", "mnist1d", "sgd")
+    assert report.train_accuracy(still["final"]) <= 1.5 * 100 / 10
+    assert report.train_accuracy(learns["final"]) > 1.5 * 100 / 10
+    assert still["flags"] == ["chance_level"] and learns["flags"] == []
+    row = next(line for line in still_out.splitlines() if line.startswith("sgd "))
+    assert row.endswith("(chance)") and "did not learn" in still_out
+    row = next(line for line in learns_out.splitlines() if line.startswith("sgd "))
+    assert "(chance)" not in row and "did not learn" not in learns_out
+
+
+def test_chance_is_one_over_the_classes_with_the_stated_margin():
+    assert report.CHANCE_MARGIN == 0.5
+    assert report.at_chance(15.0, 10) and not report.at_chance(15.01, 10)
+    assert (
+        report.at_chance(0.0, 100) and report.at_chance(1.5, 100) and not report.at_chance(1.6, 100)
+    )
+    assert not report.at_chance(None, 10)
+    assert report.flags({"train_acc": 90.0, "train_eval_acc": 12.0}, 10) == ["chance_level"]
+    assert (
+        report.flags({"train_acc": 12.0}, 10) == ["chance_level"] and report.flags(None, 10) == []
+    )

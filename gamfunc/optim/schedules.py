@@ -71,13 +71,32 @@ def inverse_sqrt(initial: float) -> Schedule:
     return schedule
 
 
-def proportional(initial: float, lr: Schedule, lr_initial: float) -> Schedule:
-    """ρ proportional to the learning rate: ρ(t) = ρ₀ · lr(t) / lr₀ (the authors' ProportionScheduler)."""
+def proportional(initial: float, lr: Schedule, lr_initial: float, floor: float = 0.0) -> Schedule:
+    """ρ following the learning rate down to a floor: ρ(t) = ρ_min + (ρ₀ − ρ_min) · lr(t) / lr₀.
+
+    The authors' ``ProportionScheduler`` (github.com/xxgege/GAM, commit 694133d, ``gam/util.py``
+    l.23-62) with ``max_value`` = ρ₀ (``initial``), ``min_value`` = ρ_min (``floor``), ``max_lr`` =
+    lr₀ (``lr_initial``) and ``min_lr`` = 0, the value ``gam/optimizer_helper.py`` l.21-25 passes.
+    ``floor=0`` gives ρ₀ · lr(t) / lr₀; ``floor=initial`` a constant ρ₀ (their released setting).
+
+    Warning:
+        Their scheduler steps after each optimisation step, from the lr of that step, so the first
+        step of an epoch whose lr changed uses the previous epoch's value; here ρ(t) follows the lr
+        of step t itself. With their released ``min_value = max_value`` the two are the same.
+
+    Raises:
+        ValueError: ``lr_initial`` is zero, or ``floor`` is outside [0, ``initial``] (their
+            ``assert max_value >= min_value``, l.41).
+    """
     if lr_initial == 0:
         raise ValueError("lr_initial must be non-zero")
+    if not 0 <= floor <= initial:
+        raise ValueError(f"floor must be in [0, initial={initial}]; got {floor}")
 
     def schedule(t: Tensor) -> Tensor:
-        return initial * lr(t) / lr_initial
+        if floor == 0:  # no floor: the same operations as before it existed
+            return initial * lr(t) / lr_initial
+        return floor + (initial - floor) * lr(t) / lr_initial
 
     return schedule
 
