@@ -9,8 +9,11 @@ checked against the JSON they come from.
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
+
+import pytest
 
 from reproduce.config import PRESETS
 from reproduce.preset_table import SOURCES, families, markdown
@@ -55,3 +58,22 @@ def test_reproduce_readme_gives_the_provenance_of_every_preset():
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split(" | ")]
         assert len(cells) == 4 and any(c != "–" for c in cells[1:]), row
+
+
+# ---------------------------------------------------------------- results from committed JSON
+
+
+def test_readme_main_job_table_is_the_committed_run():
+    """The table is ``report.table`` of docs/evidence/main_job.json (its 2-decimal rounding), and
+    train.py's docstring shows the same rows."""
+    report = pytest.importorskip("reproduce.report")
+    summaries = json.loads((EVIDENCE / "main_job.json").read_text())
+    expected = report.table(summaries)
+    section = README.split("### Main job", 1)[1]
+    block = re.search(r"\n```\n(estimator .*?)\n```", section, flags=re.S)
+    assert block is not None and block.group(1) == expected
+    train_doc = (ROOT / "reproduce" / "train.py").read_text()
+    for row in expected.splitlines()[2:]:
+        assert f"    {row}\n" in train_doc
+    assert [s["status"] for s in summaries] == ["finished", "finished"]
+    assert [s["config"]["preset"] for s in summaries] == ["mnist1d", "mnist1d"]
