@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,63 @@ def test_reproduce_readme_gives_the_provenance_of_every_preset():
 # ---------------------------------------------------------------- results from committed JSON
 
 
+def tables(md: str) -> list[str]:
+    """Every markdown table of ``md``, as text."""
+    return [
+        "\n".join(r for r in block.splitlines() if r.startswith("|")) + "\n"
+        for block in re.split(r"\n\s*\n", md)
+        if block.lstrip().startswith("| ")
+    ]
+
+
+def data_of_tables(md: str) -> list[tuple[str | None, str]]:
+    """``(the "Data:" statement before it, the table)`` for every table after the first heading;
+    the statement is the last one since the previous table or heading (None if there is none)."""
+    body = md[md.index("\n## ") :]
+    out, data = [], None
+    for block in re.split(r"\n\s*\n", body):
+        if block.lstrip().startswith("#"):
+            data = None
+        found = re.findall(r"Data:\s+(not kept|\[[^\]]+\])", block)
+        if found and not block.lstrip().startswith("| "):
+            data = found[-1]
+        if block.lstrip().startswith("| "):
+            out.append((data, tables(block)[0]))
+            data = None
+    return out
+
+
+def test_every_results_table_says_where_its_data_are():
+    rows = data_of_tables(RESULTS)
+    assert len(rows) >= 15
+    for data, table in rows:
+        assert data is not None, f"no 'Data:' line before this table of RESULTS.md:\n{table}"
+        if data != "not kept":
+            assert (ROOT / data.strip("[]")).is_file(), data
+
+
+def test_results_tables_equal_their_committed_json():
+    evidence = pytest.importorskip("reproduce.evidence")
+    checked = 0
+    for data, table in data_of_tables(RESULTS):
+        if data is None or not data.startswith("[docs/evidence/"):
+            continue
+        record = json.loads((ROOT / data.strip("[]")).read_text())
+        render = evidence.TABLES[record["settings"]["command"]]
+        assert tables(render(record))[0] == table, data
+        checked += 1
+    assert checked >= 3  # minima, landscape, the GNP sweep
+
+
+def test_every_committed_evidence_json_has_its_table():
+    cited = {d.strip("[]") for d, _ in data_of_tables(RESULTS) if d and d != "not kept"}
+    cited |= set(re.findall(r"\((?:\.\./)?(docs/evidence/[^)]+\.json)\)", RESULTS + README))
+    committed = {str(p.relative_to(ROOT)) for p in EVIDENCE.rglob("*.json")}
+    assert committed <= cited, (
+        f"JSON under docs/evidence/ that no document cites: {committed - cited}"
+    )
+
+
 def test_readme_main_job_table_is_the_committed_run():
     """The table is ``report.table`` of docs/evidence/main_job.json (its 2-decimal rounding), and
     train.py's docstring shows the same rows."""
@@ -77,3 +135,28 @@ def test_readme_main_job_table_is_the_committed_run():
         assert f"    {row}\n" in train_doc
     assert [s["status"] for s in summaries] == ["finished", "finished"]
     assert [s["config"]["preset"] for s in summaries] == ["mnist1d", "mnist1d"]
+
+
+def test_readme_seed_accuracies_are_the_minima_runs():
+    """The seed 0-2 test accuracies in the README are those of evidence.py minima, whose seed-0 runs
+    are the main job's."""
+    runs = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
+    main = json.loads((EVIDENCE / "main_job.json").read_text())
+    accs = {m: " / ".join(f"{r['test_acc']:.1f}" for r in runs[m]) for m in ("SGD", "SGD+GAM")}
+    assert f"SGD {accs['SGD']} and GAM {accs['SGD+GAM']}" in README.replace("\n", " ")
+    for summary, method in zip(main, ("SGD", "SGD+GAM"), strict=True):
+        assert summary["final"]["test_acc"] == pytest.approx(runs[method][0]["test_acc"])
+
+
+def test_results_prose_numbers_equal_their_json():
+    sam = json.loads((EVIDENCE / "sam_val" / "ablation.json").read_text())["grid"]["0.2,0.0"]
+    text = RESULTS.replace("\n", " ")
+    val = sam["val"]
+    mean, std = statistics.mean(val), statistics.stdev(val)
+    assert f"ablation.json)): {mean:.1f} ± {std:.1f}" in text
+    assert f"above SAM ({val[0]:.2f} and {val[1]:.2f}%)" in text
+    minima = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
+    for method, name in (("SGD", "SGD"), ("SAM", "SAM"), ("SGD+GAM", "SGD+GAM")):
+        shares = [sum(x > 0 for x in r["minima"]) for r in minima[method]]
+        assert f"{name} {min(shares)}–{max(shares)}%" in text
+    assert all(max(r["minima"]) <= 1 for rs in minima.values() for r in rs)  # "more than one": none
