@@ -6,7 +6,7 @@ parameters, momentum buffers and hyperparameters are stacked along a leading axi
 ``gamfunc.ensemble.vmap_step`` trains all of them on the same batch. It prints the test accuracy of
 each cell (mean ± std over seeds) and the time of a vmapped step against a loop over the 45 members.
 
-    python examples/vmap_grid.py              # 5 epochs: about 4 minutes on 2 CPU cores
+    python examples/vmap_grid.py              # 5 epochs: 2.4 minutes on 2 busy CPU cores
     python examples/vmap_grid.py --epochs 1 --seeds 2   # quicker
 
 The last line printed is ``final: cells=... best_test_acc=... speedup=...``.

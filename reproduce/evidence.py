@@ -15,7 +15,7 @@ test vectors), so every number here can be re-made without a download. Each subc
     python reproduce/evidence.py ablation    # ρ × α grid, ρ = 0 is GNP (Figure ablation-hyperparameter)
     python reproduce/evidence.py variants    # exact vs finite-difference vs accelerated GAM
     python reproduce/evidence.py fd          # why finite-difference GAM collapses on a ReLU MLP
-    python reproduce/evidence.py spectra --quick   # any of them in seconds (what the tests run)
+    python reproduce/evidence.py spectra --quick   # any of them in under a minute (what the tests run)
     python reproduce/evidence.py ablation --vmap   # the grid × seeds as one vmapped step per estimator
 
 ``--vmap`` (``ablation``, ``accuracy``, ``noise``) trains the runs of one estimator together, as the
@@ -705,7 +705,11 @@ def parser() -> argparse.ArgumentParser:
         # argparse %-formats help strings: a bare % (as in "20/40/60/80%") must be doubled
         s = sub.add_parser(name, help=summary.replace("%", "%%"), description=summary)
         s.set_defaults(func=func)
-        s.add_argument("--quick", action="store_true", help="seconds, not minutes (for tests)")
+        s.add_argument(
+            "--quick",
+            action="store_true",
+            help="2 epochs, 1 seed, small metrics: under a minute (for tests)",
+        )
         s.add_argument("--out", default=None, help="output folder (runs/evidence/<subcommand>)")
         s.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
         s.add_argument(

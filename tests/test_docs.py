@@ -160,3 +160,20 @@ def test_results_prose_numbers_equal_their_json():
         shares = [sum(x > 0 for x in r["minima"]) for r in minima[method]]
         assert f"{name} {min(shares)}–{max(shares)}%" in text
     assert all(max(r["minima"]) <= 1 for rs in minima.values() for r in rs)  # "more than one": none
+
+
+def test_readme_vmap_sweep_example_is_that_of_results():
+    """The README's looped-against-vmapped example is RESULTS.md's full ablation."""
+    said = re.search(
+        r"chose ρ = ([\d.]+), α = ([\d.]+) both ways the same day, at ([\d.]+ ± [\d.]+)% "
+        r"validation accuracy vmapped and ([\d.]+ ± [\d.]+)% looped",
+        README.replace("\n", " "),
+    )
+    assert said is not None
+    rho, alpha, vmapped, looped = said.groups()
+    ablation = RESULTS.split("## Ablation over ρ and α", 1)[1].split("\n## ", 1)[0]
+    vmap_table = tables(ablation.split("--vmap`", 1)[1])[0]
+    assert f"| ρ = {rho} |" in vmap_table and f" {vmapped} |" in vmap_table
+    text = ablation.replace("\n", " ")
+    assert f"Best on validation: ρ = {rho}, α = {alpha} (test" in text
+    assert f"as in the looped run of that day ({looped}%" in text
