@@ -9,7 +9,7 @@ each cell (mean ± std over seeds), its training accuracy, marked "(chance)" whe
 five, past the cliff at ρ·α ≥ 1 of reproduce/RESULTS.md's ablation), and the time of a vmapped step
 against a loop over the 45 members.
 
-    python examples/vmap_grid.py              # 5 epochs: about 4 minutes on 2 CPU cores
+    python examples/vmap_grid.py              # 5 epochs: 2.4 minutes on 2 busy CPU cores
     python examples/vmap_grid.py --epochs 1 --seeds 2   # quicker
 
 The last line printed is ``final: cells=... chance_cells=... best_test_acc=... speedup=...``.

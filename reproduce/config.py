@@ -5,19 +5,10 @@ and ``--key=value`` overrides.
 ``--preset=NAME`` if given, then every other ``--key=value`` in order. Keys may use ``-`` or ``_``
 (``--val-fraction=0.1`` is ``--val_fraction=0.1``); a bare ``--flag`` sets a boolean to true.
 
-Presets (``PRESETS``), named after the paper's tables (Zhang et al., CVPR 2023, arXiv:2303.03108):
-
-* ``hp1.<cifar10|cifar100>.<model>``: Appendix Table app:tab:hp1 (SGD, momentum 0.9, cosine, 200
-  epochs, batch 128; lr 0.1, PyramidNet 0.05; weight decay 5e-4, DenseNet 1e-3) with ρ and α from
-  Appendix C.5's text: ρ = 0.04 on CIFAR-10, 0.1 on CIFAR-100; α = 0.3 for ResNet-18, 0.1 otherwise.
-* ``hp2.imagenet.<resnet50|resnet101|vit_s32|vit_b32>``: Table app:tab:hp2 (ResNets: SGD, ρ 0.2,
-  α 0.1, lr 0.1, wd 1e-4, 90 epochs, batch 256; ViTs: AdamW (0.9, 0.999), ρ 0.3, α 0.5, lr 3e-4,
-  wd 0.3, 300 epochs), cosine.
-* ``noise.cifar10.resnet32.p<0|20|40|60|80>``: Table app:tab:noise (Appendix C.2), ResNet-32 on
-  CIFAR-10 with that percentage of training labels flipped, otherwise the CIFAR recipe.
-* ``time.<cifar10|cifar100>.resnet18.gam<5|10|50|100>pct``: Table app:tab:time (Appendix C.3), GAM on
-  that share of the iterations (``every`` = 20, 10, 2, 1) and the base estimator on the others.
-* ``mnist1d`` (the default) and ``digits``: small built-in benchmarks that need no download.
+Presets (``PRESETS``, built by ``_presets`` below, whose comments say where each value comes from) are
+named after the paper's tables (Zhang et al., CVPR 2023, arXiv:2303.03108). The list of them, one row
+per family with its settings, is :func:`reproduce.preset_table.markdown`
+(``python -m reproduce.preset_table``; README.md's preset table is its output).
 
 Example:
     >>> from reproduce.config import resolve

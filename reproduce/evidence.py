@@ -15,7 +15,7 @@ test vectors), so every number here can be re-made without a download. Each subc
     python reproduce/evidence.py ablation    # ρ × α grid, ρ = 0 is GNP (Figure ablation-hyperparameter)
     python reproduce/evidence.py variants    # exact vs finite-difference vs accelerated GAM
     python reproduce/evidence.py fd          # why finite-difference GAM collapses on a ReLU MLP
-    python reproduce/evidence.py spectra --quick   # any of them in seconds (what the tests run)
+    python reproduce/evidence.py spectra --quick   # any of them in under a minute (what the tests run)
     python reproduce/evidence.py ablation --vmap   # the grid × seeds as one vmapped step per estimator
 
 ``--vmap`` (``ablation``, ``accuracy``, ``noise``) trains the runs of one estimator together, as the
@@ -57,7 +57,7 @@ from reproduce.build import setup
 from reproduce.config import resolve
 from reproduce.evaluation import evaluate
 
-__all__ = ["METHODS", "SUBCOMMANDS", "main", "method_config", "train"]
+__all__ = ["METHODS", "SUBCOMMANDS", "TABLES", "main", "method_config", "train"]
 
 # Estimator of reproduce.train.build_estimator and the config fields each method sets.
 GAM = dict(rho=0.5, alpha=1.0)
@@ -321,11 +321,39 @@ def cmd_noise(opt) -> None:
     write(opt.out, "noise", table(header, rows), {"runs": runs}, opt)
 
 
+MINIMA_METHODS = ("SGD", "SAM", "SGD+GAM")
+
+
+def minima_table(record: dict[str, Any]) -> str:
+    """The markdown table of ``minima``'s JSON: extrema per direction, mean ± std over seeds."""
+
+    def share(r, k: int) -> float:  # % of directions with at least k minima
+        return 100 * sum(x >= k for x in r["minima"]) / len(r["minima"])
+
+    rows = []
+    for m, rs in record["runs"].items():
+        rows.append(
+            [m, pm([sum(r["minima"]) / len(r["minima"]) for r in rs], 3),
+             pm([share(r, 1) for r in rs], 1), pm([share(r, 2) for r in rs], 1),
+             pm([sum(r["maxima"]) / len(r["maxima"]) for r in rs], 3),
+             ", ".join(f"{r['test_acc']:.1f}" for r in rs)]
+        )  # fmt: skip
+    header = [
+        "method",
+        "minima per direction",
+        "directions with ≥ 1 minimum %",
+        "directions with ≥ 2 minima %",
+        "maxima per direction",
+        "test acc % (per seed)",
+    ]
+    return table(header, rows)
+
+
 def cmd_minima(opt) -> None:
-    """Local minima and maxima within ρ along random directions, SGD vs GAM (Section 5.1)."""
+    """Local minima and maxima within ρ along random directions, SGD, SAM and GAM (Section 5.1)."""
     base = base_config(opt)
     out: dict[str, list[dict[str, Any]]] = {}
-    for method in ("SGD", "SGD+GAM"):
+    for method in MINIMA_METHODS:
         out[method] = []
         for seed in range(opt.seeds):
             name, cfg = method_config(base, method, seed, opt.gnp_alpha, opt.sam_gam, opt.gam)
@@ -344,25 +372,30 @@ def cmd_minima(opt) -> None:
                 metrics.plot.plot_minima_density(
                     d, opt.out / f"minima_{png(method)}.png", title=title, dpi=80
                 )
+    record = {"runs": out}
+    write(opt.out, "minima", minima_table(record), record, opt)
+
+
+def landscape_table(record: dict[str, Any]) -> str:
+    """The markdown table of ``landscape``'s JSON: the loss at θ, the largest loss on the inner
+    half of the grid ((α, β) in [-0.5, 0.5]²) and the mean over the whole grid."""
     rows = []
-    for m, rs in out.items():
-        mins = [sum(r["minima"]) / len(r["minima"]) for r in rs]
-        some = [100 * sum(x > 0 for x in r["minima"]) / len(r["minima"]) for r in rs]
-        maxs = [sum(r["maxima"]) / len(r["maxima"]) for r in rs]
-        rows.append([m, pm(mins, 3), pm(some, 1), pm(maxs, 3)])
-    header = [
-        "method",
-        "minima per direction",
-        "directions with a minimum %",
-        "maxima per direction",
-    ]
-    write(opt.out, "minima", table(header, rows), {"runs": out}, opt)
+    for method, land in record["landscapes"].items():
+        z = torch.tensor(land["losses"], dtype=torch.float64)
+        points = len(z)
+        c, h = points // 2, points // 4
+        inner = z[c - h : c + h + 1, c - h : c + h + 1].amax()
+        rows.append(
+            [method, f"{float(z[c, c]):.4f}", f"{float(inner):.3f}", f"{float(z.mean()):.3f}"]
+        )
+    header = ["method", "loss at θ", "max loss on [-0.5, 0.5]²", "mean loss on [-1, 1]²"]
+    return table(header, rows)
 
 
 def cmd_landscape(opt) -> None:
     """2-D filter-normalised loss landscapes of the four optimisers (Figure vis)."""
     base = base_config(opt)
-    rows, rec = [], {}
+    rec = {}
     for method in FOUR:
         name, cfg = method_config(base, method, 0, opt.gnp_alpha, opt.sam_gam, opt.gam)
         r = train(cfg, name)
@@ -371,18 +404,12 @@ def cmd_landscape(opt) -> None:
             r["params"], batch, eval_loss(r["loss_fn"], r["buffers"]),
             span=(-1.0, 1.0), points=opt.points, generator=data_mod.generator(0, 13),
         )  # fmt: skip
-        z = land.losses
-        c, h = opt.points // 2, opt.points // 4
-        inner = z[c - h : c + h + 1, c - h : c + h + 1].amax()  # (α, β) in [-0.5, 0.5]²
-        rows.append(
-            [method, f"{float(z[c, c]):.4f}", f"{float(inner):.3f}", f"{float(z.mean()):.3f}"]
-        )
-        rec[method] = dict(losses=z.tolist(), alphas=land.alphas.tolist())
+        rec[method] = dict(losses=land.losses.tolist(), alphas=land.alphas.tolist())
         metrics.plot.plot_landscape(
             land, opt.out / f"landscape_{png(method)}.png", title=method, log=True, dpi=80
         )
-    header = ["method", "loss at θ", "max loss on [-0.5, 0.5]²", "mean loss on [-1, 1]²"]
-    write(opt.out, "landscape", table(header, rows), {"landscapes": rec}, opt)
+    record = {"landscapes": rec}
+    write(opt.out, "landscape", landscape_table(record), record, opt)
 
 
 def cmd_ablation(opt) -> None:
@@ -425,6 +452,17 @@ def cmd_ablation(opt) -> None:
         cell = grid.setdefault(f"{rho},{alpha}", dict(rho=rho, alpha=alpha, val=[], test=[]))
         cell["val"].append(r["val_acc"])
         cell["test"].append(r["test_acc"])
+    record = {"grid": grid}
+    settings = dict(rhos=opt.rhos, alphas=opt.alphas, sam_rho=opt.sam_rho, vmap=opt.vmap)
+    write(opt.out, "ablation", ablation_table(record | {"settings": settings}), record, opt)
+
+
+def ablation_table(record: dict[str, Any]) -> str:
+    """The markdown of ``ablation``'s JSON: validation accuracy per (ρ, α) cell, mean ± std over
+    seeds, and the best cell on validation with its test accuracy."""
+    settings, grid = record["settings"], record["grid"]
+    rhos = [float(x) for x in settings["rhos"].split(",")]
+    alphas = [float(x) for x in settings["alphas"].split(",")]
     header = ["ρ \\ α"] + [f"α = {a:g}" for a in alphas]
     rows = [
         [f"ρ = {rho:g}" + (" (GNP)" if rho == 0 else "")]
@@ -432,16 +470,17 @@ def cmd_ablation(opt) -> None:
         for rho in rhos
     ]
     best = max(grid.values(), key=lambda g: mean_std(g["val"])[0])
-    oracle = f", SAM+GAM around a SAM ρ = {opt.sam_rho:g} oracle" if opt.sam_rho > 0 else ""
-    if opt.vmap:
+    oracle = ""
+    if settings["sam_rho"] > 0:
+        oracle = f", SAM+GAM around a SAM ρ = {settings['sam_rho']:g} oracle"
+    if settings["vmap"]:
         oracle += "; every seed on seed 0's split and batches, one vmapped step per estimator"
-    md = (
+    return (
         f"Validation accuracy % (10% of the training set held out{oracle}):\n\n"
         + table(header, rows)
         + f"\nBest on validation: ρ = {best['rho']:g}, α = {best['alpha']:g} "
         f"(test {pm(best['test'], 1)}%).\n"
     )
-    write(opt.out, "ablation", md, {"grid": grid}, opt)
 
 
 VARIANTS = {
@@ -630,6 +669,10 @@ SUBCOMMANDS = {
     "fd": cmd_fd,
 }
 
+# subcommand -> its markdown table from its JSON record (tests/test_docs.py recomputes the tables
+# of reproduce/RESULTS.md from the JSON committed under docs/evidence/ with these)
+TABLES = {"minima": minima_table, "landscape": landscape_table, "ablation": ablation_table}
+
 REUSE = "runs/evidence/spectra/spectra.json"
 # the subcommands whose runs --vmap can train together (the others measure each run on its own)
 VMAP = ("ablation", "accuracy", "noise")
@@ -662,7 +705,11 @@ def parser() -> argparse.ArgumentParser:
         # argparse %-formats help strings: a bare % (as in "20/40/60/80%") must be doubled
         s = sub.add_parser(name, help=summary.replace("%", "%%"), description=summary)
         s.set_defaults(func=func)
-        s.add_argument("--quick", action="store_true", help="seconds, not minutes (for tests)")
+        s.add_argument(
+            "--quick",
+            action="store_true",
+            help="2 epochs, 1 seed, small metrics: under a minute (for tests)",
+        )
         s.add_argument("--out", default=None, help="output folder (runs/evidence/<subcommand>)")
         s.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
         s.add_argument(

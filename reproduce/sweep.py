@@ -41,7 +41,8 @@ Arguments before ``--`` are the sweep's; those after it go to every ``reproduce/
   where the tables go (default that folder).
 * ``--vmap``: every cell × seed as a member of one vmapped step, trained together in this process
   on one device, for models small enough that one run leaves the device idle (MNIST-1D, digits):
-  the same table, from ``reproduce/vmap_sweep.py``, whose docstring says what the grid may vary
+  a table of the same form (other numbers: the members share one seed's data), from
+  ``reproduce/vmap_sweep.py``, whose docstring says what the grid may vary
   there (lr, rho, alpha, sam_rho, rho_prime), which batches the members share (those of
   ``--data_seed=S``, default the first seed) and what a rerun reuses.
 

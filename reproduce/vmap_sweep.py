@@ -5,9 +5,9 @@
 
 trains the 8 runs of the sweep's own example (2 × 2 cells × seeds 0 and 1) as the 8 members of one
 :func:`gamfunc.ensemble.vmap_step`, in this process on one device (:mod:`reproduce.vmapped`), and writes
-the same table as the sweep without ``--vmap`` to ``runs/sweep.digits.vmap/sweep.md`` and
-``sweep.json``: mean ± std over seeds, the cell selected on the validation split only, the test
-accuracy beside it and never compared. With torch 2.14.1 on the CPU (about 9 seconds on 2 cores) it
+a table of the same form as the sweep without ``--vmap`` (not the same numbers: see "Data order"
+below) to ``runs/sweep.digits.vmap/sweep.md`` and ``sweep.json``: mean ± std over seeds, the cell
+selected on the validation split only, the test accuracy beside it and never compared. With torch 2.14.1 on the CPU (about 9 seconds on 2 cores) it
 ends with::
 
     | rho | alpha | seeds | val_acc (%) | test_acc (%) | note |

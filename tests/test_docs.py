@@ -1,0 +1,179 @@
+"""The documents say what the registry and the committed result files say.
+
+README.md's preset table is regenerated from ``reproduce.config.PRESETS``; reproduce/README.md names
+the source of every preset family; the main job's table and the evidence tables of
+reproduce/RESULTS.md are recomputed from their JSON under ``docs/evidence/``; numbers in prose are
+checked against the JSON they come from.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from reproduce.config import PRESETS
+from reproduce.preset_table import SOURCES, families, markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+REPRODUCE_README = (ROOT / "reproduce" / "README.md").read_text()
+RESULTS = (ROOT / "reproduce" / "RESULTS.md").read_text()
+EVIDENCE = ROOT / "docs" / "evidence"
+
+
+def between(text: str, start: str, end: str) -> str:
+    """The text after the line holding ``start`` and before the line holding ``end``."""
+    head = text.index(start)
+    body = text.index("\n", head) + 1
+    return text[body : text.index(end, body)]
+
+
+def expand(pattern: str) -> list[str]:
+    """``a.{b,c}.d`` -> ``["a.b.d", "a.c.d"]``."""
+    parts = [p.split(",") for p in re.split(r"[{}]", pattern)]
+    # split on braces alternates literal text and alternatives: literals are one-element lists
+    return ["".join(t) for t in itertools.product(*parts)]
+
+
+def test_readme_preset_table_is_generated_from_the_registry():
+    table = between(README, "<!-- preset table:", "<!-- end of preset table -->")
+    assert table == markdown(), "run: python -m reproduce.preset_table, paste into README.md"
+
+
+def test_every_preset_family_names_its_source():
+    assert set(families()) <= set(SOURCES)
+    names = [n for group in families().values() for n in group]
+    assert sorted(names) == sorted(PRESETS)
+
+
+def test_reproduce_readme_gives_the_provenance_of_every_preset():
+    section = REPRODUCE_README.split("## Where each preset's values come from", 1)[1]
+    rows = [r for r in section.splitlines() if r.startswith("| `")]
+    named = [n for r in rows for n in expand(r.split("`")[1])]
+    assert sorted(named) == sorted(PRESETS), "one row per family, every preset once"
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 4 and any(c != "–" for c in cells[1:]), row
+
+
+# ---------------------------------------------------------------- results from committed JSON
+
+
+def tables(md: str) -> list[str]:
+    """Every markdown table of ``md``, as text."""
+    return [
+        "\n".join(r for r in block.splitlines() if r.startswith("|")) + "\n"
+        for block in re.split(r"\n\s*\n", md)
+        if block.lstrip().startswith("| ")
+    ]
+
+
+def data_of_tables(md: str) -> list[tuple[str | None, str]]:
+    """``(the "Data:" statement before it, the table)`` for every table after the first heading;
+    the statement is the last one since the previous table or heading (None if there is none)."""
+    body = md[md.index("\n## ") :]
+    out, data = [], None
+    for block in re.split(r"\n\s*\n", body):
+        if block.lstrip().startswith("#"):
+            data = None
+        found = re.findall(r"Data:\s+(not kept|\[[^\]]+\])", block)
+        if found and not block.lstrip().startswith("| "):
+            data = found[-1]
+        if block.lstrip().startswith("| "):
+            out.append((data, tables(block)[0]))
+            data = None
+    return out
+
+
+def test_every_results_table_says_where_its_data_are():
+    rows = data_of_tables(RESULTS)
+    assert len(rows) >= 15
+    for data, table in rows:
+        assert data is not None, f"no 'Data:' line before this table of RESULTS.md:\n{table}"
+        if data != "not kept":
+            assert (ROOT / data.strip("[]")).is_file(), data
+
+
+def test_results_tables_equal_their_committed_json():
+    evidence = pytest.importorskip("reproduce.evidence")
+    checked = 0
+    for data, table in data_of_tables(RESULTS):
+        if data is None or not data.startswith("[docs/evidence/"):
+            continue
+        record = json.loads((ROOT / data.strip("[]")).read_text())
+        render = evidence.TABLES[record["settings"]["command"]]
+        assert tables(render(record))[0] == table, data
+        checked += 1
+    assert checked >= 3  # minima, landscape, the GNP sweep
+
+
+def test_every_committed_evidence_json_has_its_table():
+    cited = {d.strip("[]") for d, _ in data_of_tables(RESULTS) if d and d != "not kept"}
+    cited |= set(re.findall(r"\((?:\.\./)?(docs/evidence/[^)]+\.json)\)", RESULTS + README))
+    committed = {str(p.relative_to(ROOT)) for p in EVIDENCE.rglob("*.json")}
+    assert committed <= cited, (
+        f"JSON under docs/evidence/ that no document cites: {committed - cited}"
+    )
+
+
+def test_readme_main_job_table_is_the_committed_run():
+    """The table is ``report.table`` of docs/evidence/main_job.json (its 2-decimal rounding), and
+    train.py's docstring shows the same rows."""
+    report = pytest.importorskip("reproduce.report")
+    summaries = json.loads((EVIDENCE / "main_job.json").read_text())
+    expected = report.table(summaries)
+    section = README.split("### Main job", 1)[1]
+    block = re.search(r"\n```\n(estimator .*?)\n```", section, flags=re.S)
+    assert block is not None and block.group(1) == expected
+    train_doc = (ROOT / "reproduce" / "train.py").read_text()
+    for row in expected.splitlines()[2:]:
+        assert f"    {row}\n" in train_doc
+    assert [s["status"] for s in summaries] == ["finished", "finished"]
+    assert [s["config"]["preset"] for s in summaries] == ["mnist1d", "mnist1d"]
+
+
+def test_readme_seed_accuracies_are_the_minima_runs():
+    """The seed 0-2 test accuracies in the README are those of evidence.py minima, whose seed-0 runs
+    are the main job's."""
+    runs = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
+    main = json.loads((EVIDENCE / "main_job.json").read_text())
+    accs = {m: " / ".join(f"{r['test_acc']:.1f}" for r in runs[m]) for m in ("SGD", "SGD+GAM")}
+    assert f"SGD {accs['SGD']} and GAM {accs['SGD+GAM']}" in README.replace("\n", " ")
+    for summary, method in zip(main, ("SGD", "SGD+GAM"), strict=True):
+        assert summary["final"]["test_acc"] == pytest.approx(runs[method][0]["test_acc"])
+
+
+def test_results_prose_numbers_equal_their_json():
+    sam = json.loads((EVIDENCE / "sam_val" / "ablation.json").read_text())["grid"]["0.2,0.0"]
+    text = RESULTS.replace("\n", " ")
+    val = sam["val"]
+    mean, std = statistics.mean(val), statistics.stdev(val)
+    assert f"ablation.json)): {mean:.1f} ± {std:.1f}" in text
+    assert f"above SAM ({val[0]:.2f} and {val[1]:.2f}%)" in text
+    minima = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
+    for method, name in (("SGD", "SGD"), ("SAM", "SAM"), ("SGD+GAM", "SGD+GAM")):
+        shares = [sum(x > 0 for x in r["minima"]) for r in minima[method]]
+        assert f"{name} {min(shares)}–{max(shares)}%" in text
+    assert all(max(r["minima"]) <= 1 for rs in minima.values() for r in rs)  # "more than one": none
+
+
+def test_readme_vmap_sweep_example_is_that_of_results():
+    """The README's looped-against-vmapped example is RESULTS.md's full ablation."""
+    said = re.search(
+        r"chose ρ = ([\d.]+), α = ([\d.]+) both ways the same day, at ([\d.]+ ± [\d.]+)% "
+        r"validation accuracy vmapped and ([\d.]+ ± [\d.]+)% looped",
+        README.replace("\n", " "),
+    )
+    assert said is not None
+    rho, alpha, vmapped, looped = said.groups()
+    ablation = RESULTS.split("## Ablation over ρ and α", 1)[1].split("\n## ", 1)[0]
+    vmap_table = tables(ablation.split("--vmap`", 1)[1])[0]
+    assert f"| ρ = {rho} |" in vmap_table and f" {vmapped} |" in vmap_table
+    text = ablation.replace("\n", " ")
+    assert f"Best on validation: ρ = {rho}, α = {alpha} (test" in text
+    assert f"as in the looped run of that day ({looped}%" in text
