@@ -22,14 +22,14 @@ A paper setting, an estimator, overrides (``--key=value``; ``--help`` lists ever
     python reproduce/train.py --preset=hp2.imagenet.resnet50 --data=/datasets/imagenet --compile --bf16 --channels_last
     torchrun --standalone --nproc_per_node=8 reproduce/train.py --preset=hp2.imagenet.resnet50 \
         --data=/datasets/imagenet --compile --bf16 --channels_last     # one node, 8 GPUs
-    python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels-last
-    python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val-fraction=0.1
+    python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels_last
+    python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val_fraction=0.1
     python reproduce/train.py --preset=time.cifar10.resnet18.gam10pct --data=~/data/cifar10
-    python reproduce/train.py --preset=hp2.imagenet.resnet50 --synthetic --max-steps=20   # smoke test
+    python reproduce/train.py --preset=hp2.imagenet.resnet50 --synthetic --max_steps=20   # smoke test
 
 Output goes to ``<logdir>/<name>/<estimator>/``: TensorBoard events, ``config.json`` (the resolved
 configuration), ``checkpoint.pt`` (every epoch, every ``checkpoint_every`` steps, and on SIGINT/SIGTERM),
-``best.pt`` (best validation accuracy, with ``--val-fraction``) and ``summary.json``; a comparison of
+``best.pt`` (best validation accuracy, with ``--val_fraction``) and ``summary.json``; a comparison of
 several estimators also writes ``<logdir>/<name>/comparison.json``. ``--resume`` continues a run
 exactly where its checkpoint left it (bit-exact on CPU).
 
