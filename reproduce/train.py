@@ -198,6 +198,7 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
             stop.check()
             cfg_one = dataclasses.replace(cfg, estimator=name)
             summaries.append(run(cfg_one, stop, data, root / name, procs))
+        stop.now("the comparison")  # done: a signal now lets the table be printed
     except Interrupted as e:
         return _stopped(e)
     except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
