@@ -477,16 +477,44 @@ def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
     return out
 
 
+def _edits(a: str, b: str) -> int:
+    """The edits (insertions, deletions, substitutions, swaps of neighbours) that turn ``a`` into
+    ``b``: the optimal string alignment distance, so that ``resnet81`` is one edit from ``resnet18``."""
+    d = [[i + j if not i * j else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(
+                d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])
+            )
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[-1][-1]
+
+
+def closest_presets(name: str, n: int = 5) -> list[str]:
+    """The presets a mistyped ``name`` most likely meant: those that end with it, begin with it or
+    contain it as whole dotted parts (``cifar10.resnet18``), else those within a few edits of it
+    (``hp1.cifar10.resnet81``), those of its family (the same first part) first."""
+    low = name.lower().strip(".")
+    parts = [p for p in PRESETS if p.endswith("." + low)]
+    parts = parts or [p for p in PRESETS if p.startswith(low) or f".{low}." in f".{p}."]
+    if parts:
+        return parts[:n]
+    family = low.split(".")[0]
+    scored = sorted((_edits(low, p), p.split(".")[0] != family, p) for p in PRESETS)
+    bound = min(max(2, len(low) // 4), scored[0][0] + 1)  # the nearest, and those one edit further
+    return [p for d, _, p in scored if d <= bound][:n]
+
+
 def apply(cfg: Config, overrides: list[tuple[str, Any]] | dict[str, Any]) -> Config:
     """``cfg`` with the overrides applied in order; ``preset`` first sets the preset's values."""
     items = list(overrides.items()) if isinstance(overrides, dict) else list(overrides)
     for key, value in items:
         if key == "preset":
             if value not in PRESETS:
-                near = difflib.get_close_matches(value, list(PRESETS), n=3)
-                raise ValueError(
-                    f"unknown preset {value!r}; closest: {near or sorted(PRESETS)[:5]}"
-                )
+                near = closest_presets(value)
+                hint = f"did you mean {', '.join(near)}? " if near else ""
+                raise ValueError(f"unknown preset {value!r}; {hint}--help lists all {len(PRESETS)}")
             cfg = replace(cfg, **PRESETS[value], preset=value)
         else:
             cfg = replace(cfg, **{key: value})

@@ -8,7 +8,9 @@ Layouts expected under ``--data``:
 
 * ``cifar10`` / ``cifar100``: torchvision's extracted archive ``<data>/cifar-10-batches-py/`` (or
   ``cifar-100-python/``), or an ImageFolder tree ``<data>/train/<class>/*.png`` and
-  ``<data>/test/<class>/*.png``.
+  ``<data>/test/<class>/*.png``. Images of another size than ``image_size`` (smaller, larger, not
+  square) have their short side resized to it, then are cropped: at random in training, in the
+  centre for evaluation; ImageNet's and the transfer sets' pipelines resize and crop likewise.
 * ``imagenet``: ``<data>/train/<wnid>/*.JPEG`` and ``<data>/val/<wnid>/*.JPEG`` (validation images
   sorted into class folders); any ImageFolder tree of that shape works (the number of classes is read
   from the folders).
@@ -524,9 +526,11 @@ def _transforms(name: str, augment: str, size: int, cutout: int):
         crop = [T.RandomResizedCrop(size), T.RandomHorizontalFlip()]
         policy = T.AutoAugmentPolicy.IMAGENET
     else:
-        resize = [T.Resize(size)] if size != 32 else []
-        evaluate = T.Compose([*resize, *tail])
-        crop = [*resize, T.RandomCrop(size, padding=4), T.RandomHorizontalFlip()]
+        # An image of another size (a folder of odd images, smaller than the crop or not square)
+        # has its short side resized to `size` first, as ImageNet pipelines do, never padded with
+        # black borders; a size×size image is left as it is (Resize and CenterCrop return it).
+        evaluate = T.Compose([T.Resize(size), T.CenterCrop(size), *tail])
+        crop = [T.Resize(size), T.RandomCrop(size, padding=4), T.RandomHorizontalFlip()]
         policy = T.AutoAugmentPolicy.CIFAR10
     extra = {"randaugment": [T.RandAugment()], "autoaugment": [T.AutoAugment(policy)]}
     if augment == "none":

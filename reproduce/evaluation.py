@@ -7,6 +7,7 @@ of the whole split, as one process would report them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import torch
@@ -17,7 +18,7 @@ from reproduce.build import CORRECT, TOP5
 from reproduce.config import Config
 from reproduce.launch import Processes, sum_over_ranks
 
-__all__ = ["Scores", "evaluate", "flatness", "inputs", "to"]
+__all__ = ["Scores", "evaluate", "flatness", "flatness_plan", "inputs", "to"]
 
 
 def to(obj, device):
@@ -86,8 +87,39 @@ def evaluate(
     }
 
 
+def flatness_plan(cfg: Config, n: int) -> tuple[list[str], str]:
+    """What :func:`flatness` computes for ``cfg`` on ``n`` examples: one phrase per metric and their
+    rough size (H·v products and loss evaluations, each over ``n`` examples)."""
+    parts, hvps, losses = [], 0, 0
+    if cfg.eig_iters:
+        parts.append(f"λ_max (Lanczos, at most {cfg.eig_iters} H·v products)")
+        hvps += cfg.eig_iters
+    if cfg.trace_samples:
+        parts.append(f"trace (Hutchinson, {cfg.trace_samples} probes, one H·v product each)")
+        hvps += cfg.trace_samples
+    if cfg.r1_steps:
+        parts.append(f"R1 ({cfg.r1_steps} ascent steps, {cfg.r1_steps + 1} H·v products)")
+        hvps += cfg.r1_steps + 1
+    if cfg.landscape:
+        parts.append(f"a 1-d landscape ({LANDSCAPE_POINTS} points)")
+        losses += LANDSCAPE_POINTS
+    size = [f"{hvps} H·v products" if hvps else "", f"{losses} loss evaluations" if losses else ""]
+    return parts, " and ".join(s for s in size if s)
+
+
+LANDSCAPE_POINTS = 51  # the points of the 1-d landscape along its direction
+
+
 def flatness(
-    cfg: Config, loss_fn, params, buffers, probe, device, step: int = 0
+    cfg: Config,
+    loss_fn,
+    params,
+    buffers,
+    probe,
+    device,
+    step: int = 0,
+    check=None,
+    say=None,
 ) -> tuple[dict[str, float], object]:
     """λ_max, Hessian trace and R1 on the fixed probe batch, in eval mode, and a landscape figure.
 
@@ -99,6 +131,11 @@ def flatness(
     from ``r1_steps`` projected ascent steps started at GAM's θ_adv; the landscape is L along a
     filter-normalised random direction (Li et al. 2018), a matplotlib figure (None when off).
     Each draws from its own generator seeded by ``cfg.seed``, so resumed runs log the same values.
+
+    ``check()``, if given, is called after every H·v product of λ_max, chunk of trace probes, and
+    before every evaluation of the loss (ascent steps of R1, landscape points): it raises to stop
+    the metrics (a signal). ``say``,
+    if given, is called with one line per metric as it is done (its value and time).
     """
     from gamfunc import metrics
     from gamfunc.metrics.guard import why_unmeasurable
@@ -107,6 +144,8 @@ def flatness(
     batch = (inputs(x, device, cfg.channels_last), y)
 
     def loss(p, b):
+        if check is not None:
+            check()
         return loss_fn(p, b, buffers, train=False)[0]
 
     n = len(y)
@@ -117,25 +156,45 @@ def flatness(
 
         loss = accumulate(loss, -(-n // cfg.flatness_batch))
 
+    def timed(key: str, label: str, compute) -> None:
+        began = time.perf_counter()
+        out[key] = float(compute())
+        if say is not None:
+            say(f"{label} = {out[key]:.6g} ({time.perf_counter() - began:.1f} s)")
+
+    progress = None if check is None else (lambda done: check())
     out: dict[str, float] = {}
     rho = cfg.flatness_rho or cfg.rho or 0.05
     gen = lambda k: data_mod.generator(cfg.seed, 7, k)  # noqa: E731
     if cfg.eig_iters:
-        lam = metrics.top_eigenvalues(
-            params, batch, loss, k=1, iters=cfg.eig_iters, generator=gen(1)
+        timed(
+            "lambda_max",
+            "λ_max",
+            lambda: metrics.top_eigenvalues(
+                params, batch, loss, k=1, iters=cfg.eig_iters, generator=gen(1), callback=progress
+            )[0],
         )
-        out["lambda_max"] = float(lam[0])
     if cfg.trace_samples:
-        out["trace"] = float(
-            metrics.hessian_trace(params, batch, loss, samples=cfg.trace_samples, generator=gen(2))
+        timed(
+            "trace",
+            "trace",
+            lambda: metrics.hessian_trace(
+                params, batch, loss, samples=cfg.trace_samples, generator=gen(2), callback=progress
+            ),
         )
     if cfg.r1_steps:
-        r1 = metrics.first_order_flatness(
-            params, batch, loss, rho, steps=cfg.r1_steps, init="gradient", generator=gen(3)
+        timed(
+            "r1",
+            f"R1 (ρ = {rho:g})",
+            lambda: metrics.first_order_flatness(
+                params, batch, loss, rho, steps=cfg.r1_steps, init="gradient", generator=gen(3)
+            ),
         )
-        out["r1"] = float(r1)
     figure = None
     if cfg.landscape and why_unmeasurable(params, batch, loss) is None:
-        curve = metrics.landscape_1d(params, batch, loss, generator=gen(4))
+        began = time.perf_counter()
+        curve = metrics.landscape_1d(params, batch, loss, points=LANDSCAPE_POINTS, generator=gen(4))
         figure = metrics.plot.plot_landscape(curve, title=f"{cfg.estimator}, step {step}")
+        if say is not None:
+            say(f"1-d landscape ({time.perf_counter() - began:.1f} s)")
     return out, figure

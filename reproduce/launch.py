@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Processes", "finish", "from_main", "start", "sum_over_ranks"]
+__all__ = ["Processes", "finish", "first_on_node", "from_main", "start", "sum_over_ranks"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,14 @@ class Processes:
     def main(self) -> bool:
         """Rank 0: the one process that writes logs, checkpoints and summaries."""
         return self.rank == 0
+
+
+def first_on_node() -> bool:
+    """Whether this process is the first of its node (``LOCAL_RANK`` 0, which torchrun sets; the
+    one process without torchrun), known before the process group is joined. It prints the
+    refusals and errors, which every process of a node meets alike: once per node, so once on one
+    node (rank 0) and once in each node's log of a job of several nodes."""
+    return os.environ.get("LOCAL_RANK", "0").strip() in ("", "0")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -64,9 +72,11 @@ def _device(requested: str, local_rank: int, world: int) -> torch.device:
                 f"--device={requested} under torchrun: each process takes cuda:LOCAL_RANK; "
                 "use --device=cuda (or auto) and CUDA_VISIBLE_DEVICES to choose the GPUs"
             )
-        if local_rank >= torch.cuda.device_count():
+        # the node's process count, alike on its every rank (LOCAL_RANK is not): all refuse alike
+        per_node = max(_env_int("LOCAL_WORLD_SIZE", 1), local_rank + 1)
+        if per_node > torch.cuda.device_count():
             raise ValueError(
-                f"LOCAL_RANK={local_rank} but this node has {torch.cuda.device_count()} GPUs: "
+                f"{per_node} processes on this node but it has {torch.cuda.device_count()} GPUs: "
                 "start at most that many processes per node (--nproc_per_node)"
             )
         return torch.device("cuda", local_rank)

@@ -8,8 +8,11 @@ summary. Checkpoints hold everything a resumed run needs to continue bit for bit
 state, the epoch's order and position, the epoch's sums and the RNG state. Rank 0 reads a checkpoint
 and hands it to the other ranks, so the nodes of a job need no shared disk.
 
-SIGINT and SIGTERM stop the loop at a step boundary (with several processes, at the next logging step,
-where the ranks agree to stop together) and write a checkpoint first.
+SIGINT and SIGTERM stop a run in any phase (:class:`StopFlag`): during start-up (data, model, the first
+step and its compilation) at once, nothing being saved yet; in training at the next step boundary (with
+several processes, at the next logging step, where the ranks agree to stop together), after writing a
+checkpoint; in an evaluation at the next batch and in the flatness metrics at the next H·v product,
+probe chunk or loss evaluation. A second signal ends the process at once.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import signal
 import sys
 import time
@@ -37,19 +41,29 @@ from reproduce import dali_data, gpu_data, report
 from reproduce import data as data_mod
 from reproduce.build import CORRECT, SetupError, fd_gam_warning, setup
 from reproduce.config import Config, as_dict, estimators_of, run_name
-from reproduce.evaluation import evaluate, flatness, inputs, to
-from reproduce.launch import Processes, from_main, sum_over_ranks
+from reproduce.evaluation import evaluate, flatness, flatness_plan, inputs, to
+from reproduce.launch import Processes, first_on_node, from_main, sum_over_ranks
 from reproduce.models import count_parameters
 
 __all__ = ["Diverged", "Interrupted", "RunLocked", "StopFlag", "like", "run"]
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM arrived; a checkpoint has been written."""
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived and the run stopped: ``where`` is the phase it stopped in, ``kept``
+    what it left on disk (the loop fills it in).
 
-    def __init__(self, signum: int):
-        super().__init__(f"stopped by signal {signal.Signals(signum).name}")
-        self.signum = signum
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except Exception`` on its way (a
+    compiler's, a data loader's) swallows or wraps it."""
+
+    def __init__(self, signum: int, where: str = ""):
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name}" + (f" during {where}" if where else ""))
+        self.signum, self.where, self.kept = signum, where, ""
+
+    @property
+    def code(self) -> int:
+        """The exit status: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
+        return 128 + self.signum
 
 
 class Diverged(Exception):
@@ -61,22 +75,54 @@ class Diverged(Exception):
 
 
 class StopFlag:
-    """Records SIGINT/SIGTERM instead of raising, so that the loop stops at a step boundary and saves."""
+    """Records SIGINT/SIGTERM, so that a run stops where what it has done can be kept.
+
+    In a phase entered with :meth:`during` and ``at_once`` (start-up: loading data, building the
+    model, the first step and its compilation, where nothing is saved yet) the signal raises
+    :class:`Interrupted` at once. Elsewhere it is recorded and the loop stops at the next step
+    boundary, evaluation batch or loss evaluation of the metrics (:meth:`check`), after writing
+    what it keeps. A second signal ends the process at once with 128 + its number (checkpoints are
+    written atomically, so the last one written stays whole)."""
 
     def __init__(self):
-        self.signum: int | None = None
+        self.signum: int | None = None  # the signal that stops the run (another rank's, too)
+        self.received = 0  # signals this process received
+        self.phase, self.at_once = "", False
 
     def __call__(self, signum, frame) -> None:
-        if self.signum is None:
-            print(
-                f"\n{signal.Signals(signum).name}: finishing the step, writing a checkpoint",
-                file=sys.stderr,
-            )
-        self.signum = signum
+        name = signal.Signals(signum).name
+        self.received += 1
+        if self.received > 1:
+            _say_once(f"{name} again: stopping now; the last checkpoint written stays", sys.stderr)
+            sys.stdout.flush()
+            os._exit(128 + signum)
+        self.signum = self.signum or signum
+        where = f" during {self.phase}" if self.phase else ""
+        _say_once(f"\n{name}{where}: stopping (once more to stop at once)")
+        if self.at_once:
+            self.check()
 
     def check(self) -> None:
+        """Raise :class:`Interrupted` if a signal arrived."""
         if self.signum is not None:
-            raise Interrupted(self.signum)
+            raise Interrupted(self.signum, self.phase)
+
+    def now(self, phase: str, at_once: bool = False) -> None:
+        """The run is in ``phase`` from here (named when it stops); with ``at_once``, a signal stops
+        it at once, and one that arrived before stops it here."""
+        self.phase, self.at_once = phase, at_once
+        if at_once:
+            self.check()
+
+    @contextlib.contextmanager
+    def during(self, phase: str, at_once: bool = False):
+        """:meth:`now` within the block; the phase before it comes back after it."""
+        before = self.phase, self.at_once
+        try:
+            self.now(phase, at_once)
+            yield self
+        finally:
+            self.phase, self.at_once = before
 
     def agreed(self, procs: Processes) -> int | None:
         """The signal that stops the job at this step boundary, the same on every rank: any rank's
@@ -103,6 +149,12 @@ class StopFlag:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+def _say_once(text: str, file=None) -> None:
+    """Print ``text`` from the first process of each node (:func:`reproduce.launch.first_on_node`)."""
+    if first_on_node():
+        print(text, file=file or sys.stdout, flush=True)
 
 
 def like(loaded, template, where: str = "state"):
@@ -230,14 +282,18 @@ def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, 
             lock = _lock(path.parent)
             saved = _prepare(cfg, name, path, procs.world)
             summary = _summary_path(path.parent)
+            done = None
             if saved is not None and saved["finished"] and summary.exists():
                 try:
-                    decision = ("finished", json.loads(summary.read_text()))
+                    done = json.loads(summary.read_text())
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     raise ckpt.CheckpointError(
                         f"{str(summary)!r} of this finished run is not readable JSON ({e}); "
                         "train it again with --overwrite"
                     ) from None
+            # a summary of another status: the end-of-run metrics were stopped; take them again
+            if isinstance(done, dict) and done.get("status") == "finished":
+                decision = ("finished", done)
             elif saved is not None:
                 decision = ("resume", saved)
         except RunLocked as e:
@@ -356,10 +412,21 @@ class _Run:
     def __init__(self, cfg: Config, name: str, stop: StopFlag, procs: Processes, run_dir: Path):
         self.cfg, self.name, self.stop, self.procs, self.run_dir = cfg, name, stop, procs, run_dir
         self.path = run_dir / "checkpoint.pt"
+        self.saved_step: int | None = None  # the step of the checkpoint on disk, this run's
+        self.trained = False  # the training is done: only the end-of-run metrics remain
 
     def say(self, text: str) -> None:
         if self.procs.main:
             print(text, flush=True)
+
+    def kept(self) -> str:
+        """What a run stopped now leaves on disk, in words."""
+        if self.saved_step is None:
+            return "nothing was saved yet"
+        where = f"kept: the checkpoint of step {self.saved_step} at {self.path}"
+        if self.trained:
+            return f"{where} (training done) and summary.json; --resume computes the end-of-run metrics"
+        return f"{where}; resume with --resume"
 
 
 def run(
@@ -378,23 +445,27 @@ def run(
 
     from reproduce.launch import start
 
-    procs = procs or start(cfg.device)
-    (name,) = estimators_of(cfg)
-    run_dir = run_dir or Path(cfg.logdir).expanduser() / run_name(cfg) / name
-    data = data or data_mod.load(cfg)
-    cfg = with_total_steps(cfg, len(data.train))
-    r = _Run(cfg, name, stop, procs, run_dir)
-    kind, saved, lock = _decide(cfg, name, r.path, procs)
-    try:
-        if kind in ("error", "locked"):
-            raise (RunLocked if kind == "locked" else ckpt.CheckpointError)(saved)
-        if kind == "finished":
-            r.say(f"[{name}] already finished; summary from {run_dir}")
-            return saved
-        return _train(r, data, saved if kind == "resume" else None)
-    finally:
-        if lock is not None:
-            lock.close()
+    with stop.during("start-up", at_once=True):  # until the first step is taken
+        procs = procs or start(cfg.device)
+        (name,) = estimators_of(cfg)
+        run_dir = run_dir or Path(cfg.logdir).expanduser() / run_name(cfg) / name
+        data = data or data_mod.load(cfg)
+        cfg = with_total_steps(cfg, len(data.train))
+        r = _Run(cfg, name, stop, procs, run_dir)
+        kind, saved, lock = _decide(cfg, name, r.path, procs)
+        try:
+            if kind in ("error", "locked"):
+                raise (RunLocked if kind == "locked" else ckpt.CheckpointError)(saved)
+            if kind == "finished":
+                r.say(f"[{name}] already finished; summary from {run_dir}")
+                return saved
+            return _train(r, data, saved if kind == "resume" else None)
+        except Interrupted as e:
+            e.kept = e.kept or r.kept()
+            raise
+        finally:
+            if lock is not None:
+                lock.close()
 
 
 def _train(r: _Run, data, saved) -> dict:
@@ -433,6 +504,7 @@ def _train(r: _Run, data, saved) -> dict:
         if procs.main:  # the saved sums are over all ranks: one rank carries them on
             accum = to(saved["accum"], device)
         pos, history, best = {**pos, **saved["position"]}, saved["history"], saved["best"]
+        r.saved_step = pos["global_step"]
         order = saved["data_order"]
         ckpt.set_rng_state(saved["rng"])
         r.say(
@@ -464,6 +536,7 @@ def _train(r: _Run, data, saved) -> dict:
                 "status": status,
             },
         )
+        r.saved_step = pos["global_step"]
 
     if procs.main:
         # Points after the checkpoint's step were written by the run that stopped and are written
@@ -488,8 +561,11 @@ def _train(r: _Run, data, saved) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
     compile_seconds = None
 
-    def summary(status: str, final: dict | None = None, why: str | None = None) -> dict:
-        """The run's summary.json (rank 0 writes it), also for a run that diverged."""
+    def summary(
+        status: str, final: dict | None = None, why: str | None = None, code: int = 0
+    ) -> dict:
+        """The run's summary.json (rank 0 writes it), also for a run that diverged or was stopped
+        by a signal; ``code`` is the exit status of train.py for this outcome."""
         overall = pos["global_step"] * cfg.batch_size / max(pos["train_seconds"], 1e-9)
         rate = meter.rate() or overall
         out = {
@@ -499,6 +575,7 @@ def _train(r: _Run, data, saved) -> dict:
             "warnings": warnings,
             # "chance_level": the final training accuracy is at chance (report.at_chance)
             "flags": report.flags(final, data.num_classes),
+            "exit_code": code,
             "epochs_done": pos["epoch"],
             "steps": pos["global_step"],
             "skipped_steps": int(state.skipped),
@@ -533,6 +610,7 @@ def _train(r: _Run, data, saved) -> dict:
     run_of_skips = torch.zeros((), dtype=torch.int64, device=device)  # consecutive skipped steps
     last_loss = None
     try:
+        stop.now("training")
         while pos["epoch"] < cfg.epochs:
             epoch = pos["epoch"]
             if order is None:
@@ -562,7 +640,12 @@ def _train(r: _Run, data, saved) -> dict:
                 if first_step and cfg.compile:
                     r.say(f"[{name}] compiling the step (first call)...")
                     began = time.perf_counter()
-                params, state, metrics = step(params, state, (x, y))
+                if first_step:  # nothing to save before it: a signal stops it at once
+                    compiling = " and its compilation" if cfg.compile else ""
+                    with stop.during(f"start-up (the first step{compiling})", at_once=True):
+                        params, state, metrics = step(params, state, (x, y))
+                else:
+                    params, state, metrics = step(params, state, (x, y))
                 if first_step and cfg.compile:
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
@@ -589,7 +672,7 @@ def _train(r: _Run, data, saved) -> dict:
                             f"--max_skipped={cfg.max_skipped}); lower --lr or check the data. "
                             f"The checkpoint holds the last finite parameters."
                         )
-                        raise Diverged(f"[{name}] {why}", summary(status="diverged", why=why))
+                        raise Diverged(f"[{name}] {why}", summary("diverged", why=why, code=3))
                 if cfg.max_steps and pos["global_step"] >= cfg.max_steps:
                     stopped = "max_steps"
                 if cfg.total_steps and pos["global_step"] >= cfg.total_steps:
@@ -651,7 +734,7 @@ def _train(r: _Run, data, saved) -> dict:
         why = diverged(cfg, params, state, pos["global_step"], last_loss)
         if why is not None:
             save(status="diverged")
-            raise Diverged(f"[{name}] diverged: {why}", summary(status="diverged", why=why))
+            raise Diverged(f"[{name}] diverged: {why}", summary("diverged", why=why, code=3))
         status = stopped or "finished"
         save(finished=status == "finished", status=status)
         if stopped == "max_steps":
@@ -661,9 +744,16 @@ def _train(r: _Run, data, saved) -> dict:
             )
         last = history[-1] if history and history[-1]["step"] == pos["global_step"] else None
         smoke = cfg.synthetic or 0 < cfg.max_steps < steps_per_epoch
+        r.trained = True
+        stop.now("the end-of-run metrics")
         final = _final_metrics(
             r, loss_fn, params, state, data, probe, writer, pos, last, eval_batches, smoke
         )
+    except Interrupted as e:
+        e.kept = r.kept()
+        if r.saved_step is not None:  # the summary of what is kept, with the reason and status
+            summary("interrupted", why=f"{e}; {e.kept}", code=e.code)
+        raise
     finally:
         epochs_bar.close()
         writer.close()
@@ -724,25 +814,34 @@ def _evaluations(r: _Run, splits: dict, params, buffers, loss_fn, eval_batches) 
 
 
 def _flatness(r: _Run, loss_fn, params, buffers, probe, writer, step: int) -> dict:
-    """The flatness metrics on rank 0 (the others go on to the next collective and wait there)."""
+    """The flatness metrics on rank 0 (the others go on to the next collective and wait there):
+    first a line of what they compute and their size, then a line per metric. A signal stops them
+    at the next loss evaluation."""
     import gamfunc.logging as tblog
 
     if not r.procs.main:
         return {}
     cfg = r.cfg
-    parts = [
-        f"λ_max (Lanczos, {cfg.eig_iters} products)" if cfg.eig_iters else "",
-        f"trace (Hutchinson, {cfg.trace_samples} probes)" if cfg.trace_samples else "",
-        f"R1 ({cfg.r1_steps} ascent steps)" if cfg.r1_steps else "",
-        "a 1-d landscape" if cfg.landscape else "",
-    ]
-    parts = [p for p in parts if p]
+    n = len(probe[1])
+    parts, size = flatness_plan(cfg, n)
     if not parts:
         return {}
-    n = len(probe[1])
-    r.say(f"[{r.name}] flatness at step {step} on {n} training examples: {', '.join(parts)}...")
+    r.say(
+        f"[{r.name}] flatness at step {step} on {n} training examples, about {size}: "
+        f"{', '.join(parts)}..."
+    )
     began = time.perf_counter()
-    values, figure = flatness(cfg, loss_fn, params, buffers, probe, r.procs.device, step)
+    values, figure = flatness(
+        cfg,
+        loss_fn,
+        params,
+        buffers,
+        probe,
+        r.procs.device,
+        step,
+        check=r.stop.check,
+        say=lambda line: r.say(f"[{r.name}]   {line}"),
+    )
     if figure is not None:
         figure.savefig(r.run_dir / f"landscape_step{step}.png", dpi=100)
         tblog.figure(writer, "flatness/landscape_1d", figure, step)
@@ -771,6 +870,7 @@ def _end_of_epoch(
     }
     buffers = state.buffers
     last = epoch + 1 == cfg.epochs
+    r.stop.now(f"the end of epoch {epoch + 1} (evaluation, metrics)")
     if (epoch + 1) % cfg.eval_every == 0 or last:
         splits = {
             "test": data.test,
@@ -782,6 +882,7 @@ def _end_of_epoch(
         if r.procs.world == 1:
             r.stop.check()
         record.update(_flatness(r, loss_fn, params, buffers, probe, writer, step))
+    r.stop.now("training")
     if cfg.histogram_every and (epoch + 1) % cfg.histogram_every == 0:
         tblog.histograms(writer, params, step)
     scalars = {k: v for k, v in record.items() if v is not None and k not in ("epoch", "step")}

@@ -50,7 +50,9 @@ Every run is ``<logdir>/<BASE>/<k1=v1,k2=v2>/seed=<s>/<estimator>/`` (a whole ``
 TensorBoard events, checkpoints, ``summary.json``), so ``tensorboard --logdir <logdir>/<BASE>`` shows
 the whole sweep. Rerunning the same command reuses each finished run whose saved configuration matches
 (its ``summary.json``; nothing is retrained) and continues unfinished ones from their checkpoints
-(``train.py --resume``), so a sweep stopped by Ctrl-C, a crash or a time limit goes on where it was.
+(``train.py --resume``, given only to runs that have one), so a sweep stopped by Ctrl-C, a crash or a
+time limit goes on where it was. A signal stops the runs that train (each writes its checkpoint),
+starts no other, and writes the tables.
 
 Selection reads the validation metric only: the cell with the highest mean over its seeds, among the
 cells whose every seed finished (ties, to 1e-9 points: the first in grid order). The test metric is carried beside it
@@ -306,6 +308,15 @@ def finished_summary(run: Run) -> dict | None:
     return summary
 
 
+def train_argv(run: Run) -> list[str]:
+    """``train.py``'s command line for ``run``: with ``--resume`` only where the run has a
+    checkpoint (it was stopped, or diverged), so that a run started afresh says nothing of resuming."""
+    argv = list(run.argv)
+    if not (run.run_dir / "checkpoint.pt").exists():
+        argv.remove("--resume")
+    return argv
+
+
 def _last_error(log: Path) -> str:
     """The line of a run's log that says why it failed: its last ``error:`` line, else its last line."""
     try:
@@ -343,11 +354,11 @@ class _Runner:
         if self.signum is not None:
             return None, "not started (stopped)"
         if self.in_process:
-            return train.main(list(run.argv)), ""
+            return train.main(train_argv(run)), ""
         gpu = self.slots.get()
         try:
             env = dict(os.environ)
-            argv = list(run.argv)
+            argv = train_argv(run)
             if gpu is not None:
                 env["CUDA_VISIBLE_DEVICES"] = str(gpu)
                 argv.append("--device=cuda")
@@ -398,23 +409,22 @@ def _execute(runs: list[Run], jobs: int, gpus: list[int] | None) -> tuple[dict, 
         if code is not None and code > 128:
             runner.signum = runner.signum or code - 128
 
-    if in_process:  # train.main installs its own signal handlers while it trains
-        try:
+    # In process, train.main installs its own handlers while it trains; these take a signal between
+    # runs, so that no new run starts and the tables are written.
+    handlers = {s: signal.signal(s, runner.stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if in_process:
             for i in range(total):
                 one(i)
                 if runner.signum is not None:
                     break
-        except KeyboardInterrupt:
-            runner.signum = signal.SIGINT
-        return done, runner.signum
-    handlers = {s: signal.signal(s, runner.stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(one, i) for i in range(total)]
-            while not all(f.done() for f in futures):
-                time.sleep(0.2)  # the main thread stays free to take signals
-            for f in futures:
-                f.result()
+        else:
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                futures = [pool.submit(one, i) for i in range(total)]
+                while not all(f.done() for f in futures):
+                    time.sleep(0.2)  # the main thread stays free to take signals
+                for f in futures:
+                    f.result()
     finally:
         for s, h in handlers.items():
             signal.signal(s, h)

@@ -23,14 +23,14 @@ A paper setting, an estimator, overrides (``--key=value``; ``--help`` lists ever
     python reproduce/train.py --preset=hp2.imagenet.resnet50 --data=/datasets/imagenet --compile --bf16 --channels_last
     torchrun --standalone --nproc_per_node=8 reproduce/train.py --preset=hp2.imagenet.resnet50 \
         --data=/datasets/imagenet --compile --bf16 --channels_last     # one node, 8 GPUs
-    python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels-last
-    python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val-fraction=0.1
+    python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels_last
+    python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val_fraction=0.1
     python reproduce/train.py --preset=time.cifar10.resnet18.gam10pct --data=~/data/cifar10
-    python reproduce/train.py --preset=hp2.imagenet.resnet50 --synthetic --max-steps=20   # smoke test
+    python reproduce/train.py --preset=hp2.imagenet.resnet50 --synthetic --max_steps=20   # smoke test
 
 Output goes to ``<logdir>/<name>/<estimator>/``: TensorBoard events, ``config.json`` (the resolved
 configuration), ``checkpoint.pt`` (every epoch, every ``checkpoint_every`` steps, and on SIGINT/SIGTERM),
-``best.pt`` (best validation accuracy, with ``--val-fraction``) and ``summary.json``; a comparison of
+``best.pt`` (best validation accuracy, with ``--val_fraction``) and ``summary.json``; a comparison of
 several estimators also writes ``<logdir>/<name>/comparison.json``. ``--resume`` continues a run
 exactly where its checkpoint left it (bit-exact on CPU).
 
@@ -42,7 +42,10 @@ checkpoints, signals), ``evaluation``, ``launch`` (processes), ``report`` (logs 
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
 a locked run folder or a disk that cannot be written (one line on stderr, no traceback), 3 when
-``--max_skipped`` consecutive steps were skipped (non-finite), 128 + signal number after SIGINT/SIGTERM (a final checkpoint is written first).
+``--max_skipped`` consecutive steps were skipped (non-finite), 128 + signal number after SIGINT/SIGTERM
+(130, 143), in any phase, within seconds: a checkpoint is written first where training has begun, and
+one line says what was kept; a second signal stops at once. ``summary.json`` records the outcome
+(``status``, ``reason``, ``exit_code``), also under ``torchrun``, which exits 1 whatever the status.
 """
 
 from __future__ import annotations
@@ -52,6 +55,19 @@ import errno
 import sys
 import warnings
 from pathlib import Path
+
+if __name__ == "__main__":  # a signal while the modules load: stop at once, nothing is written yet
+    import os
+    import signal
+
+    def _stop_loading(signum, frame):
+        if os.environ.get("LOCAL_RANK", "0") in ("", "0"):
+            name = signal.Signals(signum).name
+            print(f"stopped by {name} during start-up; nothing was saved yet", file=sys.stderr)
+        raise SystemExit(128 + signum)
+
+    for _s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(_s, _stop_loading)
 
 if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -110,6 +126,13 @@ def _help() -> str:
     return "\n".join(lines)
 
 
+def _error(text: str) -> None:
+    """A one-line error on stderr, printed by one process of each node (under torchrun every
+    process meets it alike and exits with the same status, quietly)."""
+    if launch.first_on_node():
+        print(f"error: {text}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -119,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = resolve(argv)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _error(str(e))
         return 2
     threads = torch.get_num_threads()
     if cfg.threads:
@@ -133,63 +156,75 @@ def main(argv: list[str] | None = None) -> int:
 def _main(cfg) -> int:
     # torch.func's forward-mode decompositions warn once that torch.jit.script is deprecated; harmless.
     warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
-    try:
-        procs = launch.start(cfg.device, cfg.dist_timeout)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    code = 1
-    try:
-        code = _train(cfg, procs)
-        return code
-    finally:
-        launch.finish(procs, completed=code == 0)
-
-
-def _train(cfg, procs: launch.Processes) -> int:
     stop = StopFlag()
+    with stop.installed(), stop.during("start-up", at_once=True):
+        try:
+            procs = launch.start(cfg.device, cfg.dist_timeout)
+        except ValueError as e:
+            _error(str(e))
+            return 2
+        except Interrupted as e:
+            return _stopped(e)
+        code = 1
+        try:
+            code = _train(cfg, procs, stop)
+            return code
+        finally:
+            launch.finish(procs, completed=code == 0)
+
+
+def _stopped(e: Interrupted) -> int:
+    """Print the one line of a run stopped by a signal (what it kept); its exit status."""
+    if launch.first_on_node():
+        print(f"{e}; {e.kept or 'nothing was saved yet'}", file=sys.stderr, flush=True)
+    return e.code
+
+
+def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
     summaries = []
     names = estimators_of(cfg)
     root = Path(cfg.logdir).expanduser() / run_name(cfg)
-    with stop.installed():
-        try:
-            data = data_mod.load(cfg)
-            if procs.main:
-                print(
-                    f"{cfg.preset}: {cfg.dataset}{' (synthetic)' if cfg.synthetic else ''}, {len(data.train)} train / "
-                    f"{len(data.val) if data.val else 0} val / {len(data.test)} test, model {cfg.model}, "
-                    f"{cfg.epochs} epochs"
-                    f"{f' (stopping at step {cfg.max_steps}, --max_steps)' if cfg.max_steps else ''}"
-                    f", logs in {root}",
-                    flush=True,
-                )
-            for name in names:
-                stop.check()
-                cfg_one = dataclasses.replace(cfg, estimator=name)
-                summaries.append(run(cfg_one, stop, data, root / name, procs))
-        except Interrupted as e:
-            if procs.main:
-                print(f"{e}; checkpoint written, resume with --resume", file=sys.stderr)
-            return 128 + e.signum
-        except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        except Diverged as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 3
-        except OSError as e:
-            where = f" {e.filename!r}" if e.filename else ""
-            if not _write_error(e, root):  # an image that cannot be read: a data error
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                print(f"error: cannot read the data{where}: {first}", file=sys.stderr)
-                return 2
-            # a full or read-only disk: the last checkpoint written stays
+    try:
+        data = data_mod.load(cfg)
+        if procs.main:
             print(
-                f"error: cannot write{where}: {e.strerror or e}; the last checkpoint written is "
-                "intact: free space (or fix permissions) and continue with --resume",
-                file=sys.stderr,
+                f"{cfg.preset}: {cfg.dataset}{' (synthetic)' if cfg.synthetic else ''}, {len(data.train)} train / "
+                f"{len(data.val) if data.val else 0} val / {len(data.test)} test, model {cfg.model}, "
+                f"{cfg.epochs} epochs"
+                f"{f' (stopping at step {cfg.max_steps}, --max_steps)' if cfg.max_steps else ''}"
+                f", logs in {root}",
+                flush=True,
             )
+        for name in names:
+            stop.check()
+            cfg_one = dataclasses.replace(cfg, estimator=name)
+            summaries.append(run(cfg_one, stop, data, root / name, procs))
+        stop.now("the comparison")  # done: a signal now lets the table be printed
+    except Interrupted as e:
+        return _stopped(e)
+    except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
+        _error(str(e))
+        return 2
+    except Diverged as e:
+        _error(str(e))
+        return 3
+    except OSError as e:
+        where = f" {e.filename!r}" if e.filename else ""
+        if not _write_error(e, root):  # an image that cannot be read: a data error
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _error(f"cannot read the data{where}: {first}")
             return 2
+        # a full or read-only disk: the last checkpoint written stays
+        _error(
+            f"cannot write{where}: {e.strerror or e}; the last checkpoint written is "
+            "intact: free space (or fix permissions) and continue with --resume"
+        )
+        return 2
+    except RuntimeError:
+        if stop.signum is None or procs.world == 1:
+            raise
+        # another rank stopped on the same signal and left the collective this one waits in
+        return _stopped(Interrupted(stop.signum, stop.phase))
     if procs.main:
         print()
         print(report.table(summaries))

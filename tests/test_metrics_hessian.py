@@ -343,3 +343,39 @@ def test_cuda_results_stay_on_cuda_and_match_cpu():
     assert all(t.device.type == "cuda" for t in density)
     _, vectors = metrics.top_eigenvalues(cuda, cuda_batch, tanh_ce, k=2, return_eigenvectors=True)
     assert all(v.device.type == "cuda" for d in vectors for v in d.values())
+
+
+class _Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_the_callback_sees_every_product_and_can_stop_the_eigenvalues(method):
+    params, batch = mlp(REG), (torch.randn(20, 5, dtype=F64), torch.randn(20, 5, dtype=F64))
+    loss = lambda p, b: F.mse_loss(torch.tanh(b[0] @ p["w1"].T + p["b1"]) @ p["w2"].T, b[1])  # noqa: E731
+    seen = []
+    metrics.top_eigenvalues(
+        params, batch, loss, iters=6, tol=1e-30, method=method, callback=seen.append
+    )
+    assert seen == list(range(1, 7))
+
+    def stop(done):
+        if done == 3:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        metrics.top_eigenvalues(params, batch, loss, iters=50, method=method, callback=stop)
+
+
+def test_the_callback_sees_every_chunk_of_trace_probes_and_can_stop_it():
+    params, batch = mlp(REG), (torch.randn(20, 5, dtype=F64), torch.randn(20, 5, dtype=F64))
+    loss = lambda p, b: F.mse_loss(torch.tanh(b[0] @ p["w1"].T + p["b1"]) @ p["w2"].T, b[1])  # noqa: E731
+    seen = []
+    metrics.hessian_trace(params, batch, loss, samples=25, chunk_size=10, callback=seen.append)
+    assert seen == [10, 20, 25]
+    with pytest.raises(_Stop):
+        metrics.hessian_trace(params, batch, loss, samples=25, chunk_size=10, callback=_raise)
+
+
+def _raise(done):
+    raise _Stop

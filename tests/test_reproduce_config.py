@@ -252,3 +252,32 @@ def test_a_proportional_rho_follows_the_epoch_lr_down_to_its_floor():
     want = [0.05 + (c.rho - 0.05) * v / c.lr for v in _authors_lr_per_step(c.lr, 5, 4)]
     torch.testing.assert_close([float(rho(torch.tensor(t))) for t in range(20)], want)
     assert min(want) > 0.05 and float(rho(torch.tensor(10**6))) == pytest.approx(0.05)
+
+
+@pytest.mark.parametrize(
+    ("typo", "first", "also"),
+    [
+        (
+            "hp2.cifar10.resnet81",
+            "hp1.cifar10.resnet18",
+            [],
+        ),  # a swap and a family of another table
+        ("hp1.cifar10.resent18", "hp1.cifar10.resnet18", []),
+        ("cifar10.resnet18", "hp1.cifar10.resnet18", []),  # the presets that end with it
+        ("resnet18", "hp1.cifar10.resnet18", ["hp1.cifar100.resnet18", "gnp.cifar100.resnet18"]),
+        ("hp2.imagenet.resnet05", "hp2.imagenet.resnet50", []),
+        ("mnist", "mnist1d", []),
+        ("noise.cifar10.resnet32.p30", "noise.cifar10.resnet32.p0", ["noise.cifar10.resnet32.p40"]),
+    ],
+)
+def test_an_unknown_preset_suggests_the_closest_of_its_family(typo, first, also):
+    with pytest.raises(ValueError, match="unknown preset") as e:
+        resolve([f"--preset={typo}"])
+    near = str(e.value).split("did you mean ")[1].split("?")[0].split(", ")
+    assert near[0] == first and set(also) <= set(near) and len(near) <= 5
+    assert "hp2.imagenet.vit_b32" not in near
+
+
+def test_an_unknown_preset_far_from_all_points_to_help():
+    with pytest.raises(ValueError, match=r"unknown preset 'xyz'; --help lists all \d+"):
+        resolve(["--preset=xyz"])

@@ -173,3 +173,29 @@ def test_held_out_labels_follow_the_training_classes(tmp_path):
     make_image_folder(tmp_path / "more", splits=("val",), classes=("ant", "dog"), per_class=2)
     with pytest.raises(D.DataError, match=r"classes that .* lacks \(dog\)"):
         D.load(resolve(["--preset=hp2.imagenet.resnet50", f"--data={tmp_path / 'more'}"]))
+
+
+def test_images_smaller_than_the_crop_or_not_square_are_resized_then_cropped(tmp_path):
+    """A CIFAR ImageFolder of 32×32, 20×20 and 40×24 images: every example, training (random crop
+    with padding) and evaluation (centre), comes out 3×32×32, the short side resized first; a
+    32×32 image is left as the plain pipeline leaves it."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    sizes = [(32, 32), (20, 20), (40, 24)]
+    for split in ("train", "test"):
+        for c in ("ant", "bee"):
+            (tmp_path / split / c).mkdir(parents=True)
+            for i, (h, w) in enumerate(sizes):
+                pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(tmp_path / split / c / f"{i}.png")
+    d = D.load(resolve(["--preset=hp1.cifar10.resnet18", f"--data={tmp_path}"]))
+    for ds in (d.train, d.test, d.probe):
+        assert all(ds[(j, 7)][0].shape == (3, 32, 32) for j in range(len(ds)))
+    x, _ = next(iter(D.eval_batches(d.test, 6)))
+    assert x.shape == (6, 3, 32, 32)
+    import torchvision.transforms.functional as TF
+
+    first = d.test.base.samples[0][0]
+    plain = TF.normalize(TF.to_tensor(Image.open(first).convert("RGB")), *D.MEAN_STD["cifar10"])
+    assert torch.equal(d.test[0][0], plain)

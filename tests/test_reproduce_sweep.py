@@ -2,6 +2,7 @@
 and a selection that reads the validation split only."""
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -279,3 +280,44 @@ def test_parallel_subprocesses_give_the_in_process_results(clean, tmp_path):
             final["test_acc"],
         )
         assert (tmp_path / "sweep.digits" / cell["cell"] / "seed=0" / "train.log").exists()
+
+
+def test_a_run_started_afresh_is_not_told_to_resume(tmp_path, monkeypatch, capsys):
+    """--resume goes only to a run with a checkpoint (one that was stopped): a fresh run prints no
+    line about resuming; the same run cut short is resumed."""
+    calls = count_trainings(monkeypatch)
+    args = ["--grid=rho=0.05", "--seeds=0", "--", f"--logdir={tmp_path}", *TRAIN_ARGS]
+    assert sweep.main(args) == 0
+    out = capsys.readouterr().out
+    assert "--resume" not in calls[0] and "--resume" not in out and "resum" not in out
+    (tmp_path / "sweep.digits" / "rho=0.05" / "seed=0" / "gam" / "summary.json").unlink()
+    assert sweep.main(args) == 0
+    assert "--resume" in calls[1] and "resumed from" in capsys.readouterr().out
+
+
+def test_a_signal_stops_a_sweep_within_seconds_and_keeps_the_checkpoint(tmp_path):
+    """SIGTERM while a run of an in-process sweep trains: that run writes its checkpoint, no other
+    run starts, the tables are written and the sweep exits 143."""
+    import signal
+    import subprocess
+
+    from reproduce import checkpoint as ckpt
+
+    train_args = [*TRAIN_ARGS, "--epochs=200", "--checkpoint_every=5"]
+    cmd = [sys.executable, str(Path(sweep.__file__)), "--grid=rho=0.05,0.1", "--seeds=0"]
+    cmd += ["--", f"--logdir={tmp_path}", *train_args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    path = tmp_path / "sweep.digits" / "rho=0.05" / "seed=0" / "gam" / "checkpoint.pt"
+    deadline = time.monotonic() + 60
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert path.exists(), proc.communicate()
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and time.monotonic() - sent < 5, err
+    assert "rerun the same command to continue" in err.splitlines()[-1]
+    assert ckpt.load(path)["status"] == "interrupted"
+    assert not (tmp_path / "sweep.digits" / "rho=0.1").exists()  # never started
+    assert (tmp_path / "sweep.digits" / "sweep.md").exists()

@@ -3,7 +3,9 @@ bit, stop together when one dies, and two "nodes" on localhost take the multi-no
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -164,3 +166,48 @@ def test_two_nodes_on_localhost_train_as_one_process(tmp_path):
     a, b = params(tmp_path / "nodes", "gam"), params(tmp_path / "one", "gam")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_refusal_and_a_divergence_are_printed_once_and_the_summary_keeps_the_status(tmp_path):
+    """torchrun exits 1 whatever its workers' status; it names the status in its report
+    ("exitcode : 2"). The one-line error comes once (from the first process of the node), and a
+    diverged run's summary.json keeps its real exit status, 3."""
+    bad = torchrun(*ARGS, "--epochs=-3", launcher=standalone(2))
+    assert bad.returncode == 1
+    assert bad.stderr.count("error: epochs must be") == 1, bad.stderr
+    assert re.search(r"exitcode\s*:\s*2\b", bad.stderr), bad.stderr
+
+    args = [*ARGS, "--estimator=sgd", "--lr=1e25", "--log_every=1", "--max_skipped=3"]
+    diverged = torchrun(f"--logdir={tmp_path}", *args, launcher=standalone(2))
+    assert diverged.returncode == 1
+    assert diverged.stderr.count("steps were all skipped") == 1, diverged.stderr
+    assert re.search(r"exitcode\s*:\s*3\b", diverged.stderr), diverged.stderr
+    s = json.loads((tmp_path / "digits" / "sgd" / "summary.json").read_text())
+    assert (s["status"], s["exit_code"]) == ("diverged", 3)
+
+
+def test_a_signal_to_torchrun_stops_every_rank_and_the_summary_says_143(tmp_path):
+    """torchrun passes SIGTERM on to its workers and exits 1; the workers checkpoint and stop,
+    one line says what was kept, and summary.json records the stop with exit status 143."""
+    logdir = tmp_path / "runs"
+    log = tmp_path / "job.log"
+    args = [f"--logdir={logdir}", *ARGS, "--estimator=sgd", "--epochs=100000"]
+    job = torchrun(*args, "--checkpoint_every=3", launcher=standalone(2), log=log)
+    run = logdir / "digits" / "sgd"
+    try:
+        deadline = time.monotonic() + 120
+        while not (run / "checkpoint.pt").exists() and time.monotonic() < deadline:
+            assert job.poll() is None, log.read_text()
+            time.sleep(0.2)
+        job.send_signal(signal.SIGTERM)
+        code = job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    text = log.read_text()
+    assert code == 1 and "SignalException" in text
+    assert text.count("stopped by SIGTERM during training; kept: the checkpoint") == 1, text
+    s = json.loads((run / "summary.json").read_text())
+    assert (s["status"], s["exit_code"]) == ("interrupted", 143)
+    assert ckpt.load(run / "checkpoint.pt")["position"]["global_step"] == s["steps"]

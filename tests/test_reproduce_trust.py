@@ -300,3 +300,30 @@ def test_a_run_stopped_by_max_steps_says_so_from_the_start_to_the_end(tmp_path, 
     assert "60 epochs (stopping at step 3, --max_steps)" in out.splitlines()[0]
     assert "[sgd] stopped at step 3 of 840 (--max_steps=3)" in out
     assert "a smoke run" not in out  # no metric asked for, none announced
+
+
+def test_an_unexpected_error_is_not_hidden_as_a_refusal(tmp_path, monkeypatch):
+    """A bug is no bad input: it is not turned into exit 2 and one line, but raised (as a script,
+    a traceback and exit 1: the "other" row of the README's exit statuses)."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in setup")
+
+    monkeypatch.setattr(loop, "setup", broken)
+    with pytest.raises(RuntimeError, match="a bug in setup"):
+        main(tmp_path, *DIGITS, "--max-steps=1")
+
+
+def test_the_readme_lists_every_exit_status_with_its_tests():
+    """The README's table of exit statuses has a row for 0, 2, 3, 130, 143 and other, and every test
+    it names exists."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "README.md").read_text()
+    rows = re.findall(r"^\| (\d+|other[^|]*) \|.*\|(.*)\|$", text, re.M)
+    assert [r[0].split()[0] for r in rows] == ["0", "2", "3", "130", "143", "other"]
+    tests = "".join(p.read_text() for p in (root / "tests").glob("test_*.py"))
+    for _, named in rows:
+        for name in re.findall(r"`(test_\w+?)(?:_\*)?`", named):
+            assert f"def {name}" in tests, name

@@ -154,6 +154,7 @@ def top_eigenvalues(
     return_eigenvectors: bool = False,
     buffers=None,
     mode: str = "eval",
+    callback: Callable[[int], None] | None = None,
 ):
     """The k largest eigenvalues λ_1 ≥ … ≥ λ_k of the Hessian H = ∇²L(θ), from H·v products only.
 
@@ -190,6 +191,8 @@ def top_eigenvalues(
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
         mode: "eval" (running statistics; PyHessian and the paper's Section 5.4 measure in eval
             mode) or "train" (batch statistics). Used only with ``buffers``.
+        callback: called after every H·v product with the number of products so far: to show
+            progress, or to stop a long run by raising (the exception propagates).
 
     Returns:
         A tensor of shape [k], descending, on the params' device and in their dtype; with
@@ -233,8 +236,15 @@ def top_eigenvalues(
     gen = make_generator(generator, params)
     x0 = flat(params)
 
+    products = 0
+
     def flat_matvec(x: Tensor) -> Tensor:
-        return flat(matvec(unflat(x, params))).to(x.dtype)
+        nonlocal products
+        out = flat(matvec(unflat(x, params))).to(x.dtype)
+        products += 1
+        if callback is not None:
+            callback(products)
+        return out
 
     def draw() -> Tensor:
         return gaussian(n, gen, x0)
@@ -353,6 +363,7 @@ def hessian_trace(
     return_stderr: bool = False,
     buffers=None,
     mode: str = "eval",
+    callback: Callable[[int], None] | None = None,
 ):
     """Hutchinson's estimate of tr(H), H = ∇²L(θ): the mean of zᵀHz over Rademacher probes z.
 
@@ -375,6 +386,8 @@ def hessian_trace(
         return_stderr: also return the standard error.
         buffers, mode: BatchNorm handling, as :func:`top_eigenvalues`; the paper (Section 5.4,
             following PyHessian) measures in ``"eval"`` mode, the default.
+        callback: called after every chunk of probes with the number of probes done: to show
+            progress, or to stop a long run by raising (the exception propagates).
 
     Returns:
         t̂, a 0-d tensor in the params' dtype; with ``return_stderr`` the pair ``(t̂, stderr)``
@@ -422,6 +435,8 @@ def hessian_trace(
             forms.append(torch.func.vmap(quadratic_form, randomness="same")(probes))
         else:
             forms.append(quadratic_form(probes[0]).reshape(1))
+        if callback is not None:
+            callback(start + len(probes))
     values = torch.cat(forms).to(x0.dtype)
     estimate = values.mean()
     if not return_stderr:

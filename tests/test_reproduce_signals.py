@@ -1,0 +1,129 @@
+"""SIGINT and SIGTERM stop reproduce/train.py in every phase within seconds, keep what is saved, exit
+128 + signal with one line saying what was kept; a second signal stops at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reproduce import checkpoint as ckpt
+from reproduce import train
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ["--preset=digits", "--estimator=sgd", "--progress=false", "--landscape=false"]
+NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
+
+
+def start(logdir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """train.py in a subprocess, its output in pipes."""
+    cmd = [sys.executable, str(ROOT / "reproduce" / "train.py"), f"--logdir={logdir}", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def signal_at(proc: subprocess.Popen, marker: str, signum: int) -> tuple[int, float, str]:
+    """Send ``signum`` once ``marker`` is printed; (exit status, seconds from signal to exit, stderr)."""
+    for line in proc.stdout:
+        if marker in line:
+            break
+    else:
+        pytest.fail(f"no {marker!r} in the output: {proc.communicate()}")
+    time.sleep(0.3)  # inside the phase the marker opens
+    proc.send_signal(signum)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, time.monotonic() - sent, err
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def run_dir(logdir: Path) -> Path:
+    return logdir / "digits" / "sgd"
+
+
+def test_a_signal_while_the_first_step_compiles_stops_at_once_and_keeps_the_checkpoint(tmp_path):
+    """Start-up (a resumed run compiling its first step): SIGTERM stops it within seconds, exit 143,
+    one line naming the checkpoint it resumed from, which stays whole."""
+    assert train.main([f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--max-steps=2"]) == 0
+    path = run_dir(tmp_path) / "checkpoint.pt"
+    proc = start(tmp_path, *DIGITS, *NO_FLATNESS, "--max-steps=6", "--resume", "--compile")
+    code, took, err = signal_at(proc, "compiling the step", signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM == 143 and took < 5, (took, err)
+    line = one_line(err)
+    assert line.startswith("stopped by SIGTERM during start-up (the first step and its compil")
+    assert f"kept: the checkpoint of step 2 at {path}" in line and "--resume" in line
+    assert ckpt.load(path)["position"]["global_step"] == 2
+
+
+def test_a_fresh_run_stopped_in_start_up_says_nothing_was_saved(tmp_path):
+    proc = start(tmp_path, *DIGITS, *NO_FLATNESS, "--max-steps=6", "--compile")
+    code, took, err = signal_at(proc, "compiling the step", signal.SIGINT)
+    assert code == 128 + signal.SIGINT == 130 and took < 5, (took, err)
+    assert one_line(err).endswith("; nothing was saved yet")
+    assert not (run_dir(tmp_path) / "checkpoint.pt").exists()
+
+
+def test_a_signal_during_the_end_of_run_metrics_stops_them_and_resume_takes_them(tmp_path):
+    """The metrics phase (Hutchinson with many probes, announced with its size): SIGINT stops it
+    between probes, exit 130; the checkpoint (training done) and an interrupted summary stay, and
+    --resume takes the metrics without training again."""
+    args = [*DIGITS, "--epochs=1", "--eig_iters=0", "--r1_steps=0"]
+    proc = start(tmp_path, *args, "--trace_samples=1000000")
+    code, took, err = signal_at(proc, "flatness at step 14", signal.SIGINT)
+    assert code == 130 and took < 5, (took, err)
+    line = one_line(err)
+    assert line.startswith("stopped by SIGINT during the end-of-run metrics; kept: the checkpoint")
+    assert "(training done)" in line and "--resume computes the end-of-run metrics" in line
+    s = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert (s["status"], s["exit_code"], s["steps"]) == ("interrupted", 130, 14)
+    assert ckpt.load(run_dir(tmp_path) / "checkpoint.pt")["finished"]
+    assert train.main([f"--logdir={tmp_path}", *args, "--trace_samples=3", "--resume"]) == 0
+    s = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    assert (s["status"], s["exit_code"], s["steps"]) == ("finished", 0, 14)
+    assert s["final"]["trace"] is not None
+
+
+def test_the_metrics_say_what_they_compute_and_report_each(tmp_path, capsys):
+    args = [*DIGITS, "--epochs=1", "--eig_iters=4", "--trace_samples=2", "--r1_steps=1"]
+    assert train.main([f"--logdir={tmp_path}", *args, "--landscape=true"]) == 0
+    out = capsys.readouterr().out
+    assert "about 8 H·v products and 51 loss evaluations: λ_max (Lanczos, at most 4" in out
+    for metric in ("λ_max = ", "trace = ", "R1 (ρ = 0.05) = ", "1-d landscape ("):
+        assert f"[sgd]   {metric}" in out, metric
+
+
+def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
+    """The first SIGTERM waits for a checkpoint write held open (the test hook); the second ends the
+    process at once, exit 143, and the checkpoint written before stays whole."""
+    assert train.main([f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--max-steps=2"]) == 0
+    path = run_dir(tmp_path) / "checkpoint.pt"
+    args = [*DIGITS, *NO_FLATNESS, "--max-steps=8", "--checkpoint_every=4", "--resume"]
+    proc = start(tmp_path, *args, env={ckpt.TEST_PAUSE_ENV: "60"})
+    deadline = time.monotonic() + 60
+    while not list(path.parent.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert proc.poll() is None  # the first signal waits for the write
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143 and time.monotonic() - sent < 3, err
+    assert "SIGTERM again: stopping now" in err and "Traceback" not in err
+    assert ckpt.load(path)["position"]["global_step"] == 2
