@@ -301,21 +301,25 @@ def main(argv=None) -> int:
         return 0
     modes = args.modes.split(",") if args.modes else (MODES if args.device != "cpu" else ["eager"])
     names = args.estimators.split(",")
-    # Whole-step compiles take longest: each of their cases is a group of its own, started first,
-    # the costliest estimators first, so that the pool's workers end together.
-    groups = []
-    for mode in sorted(modes, key=lambda m: MODES.index(m), reverse=True):
-        if mode == "step":
-            by_cost = sorted(names, key=lambda n: STEP_COST.index(n) if n in STEP_COST else 0)
-            parts = [[n] for n in by_cost]
-        else:
-            parts = [names]
-        groups += [
-            (f"{m}:{p}:{mode}", part)
-            for part in parts
-            for m in args.models.split(",")
-            for p in PRECISIONS
+
+    # Longest first, so that the pool's workers end together: a group of compiled passes (one
+    # compile per new pass, every estimator in turn), then each whole-step case in a group of its
+    # own, the costliest estimators first, then the eager groups.
+    def parts(mode):
+        if mode != "step":
+            return [names]
+        return [
+            [n] for n in sorted(names, key=lambda n: STEP_COST.index(n) if n in STEP_COST else 0)
         ]
+
+    order = [m for m in ("pass", "step", "eager") if m in modes]
+    groups = [
+        (f"{m}:{p}:{mode}", part)
+        for mode in order
+        for part in parts(mode)
+        for m in args.models.split(",")
+        for p in PRECISIONS
+    ]
     groups += [("extras", names)] if args.extras else []
     start = time.time()
     deadline = start + args.time_limit
