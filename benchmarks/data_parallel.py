@@ -11,7 +11,10 @@ wrapped in ``DistributedDataParallel``; ``sgd`` (the preset's base optimiser alo
 on N GPUs made data parallel in ``--perturbation=global`` and ``local``; ``train_<estimator>`` runs
 ``reproduce/train.py`` itself on in-memory synthetic data (60 steps), the loop and its data path
 included, its rate from the run's summary. A third field ``sync`` (``r50:gam_fd:sync``) runs the step
-with the non-finite guard of before, which read the step's finiteness on the host at every step.
+with the non-finite guard of before, which read the step's finiteness on the host at every step;
+``twin`` (``r50:sgd:twin``) first runs the 1-GPU step alone, then one independent copy of it on
+every GPU at once (no process group): a slowdown there comes from what the processes share on the
+host, not from the collectives.
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
 step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
@@ -399,6 +402,24 @@ def main(argv=None) -> int:
             print(_line(row, a.gpus), flush=True)
             save()
             continue
+        if guard == "twin":  # the 1-GPU step alone, then one copy on every GPU at once
+            one = _result(_launch(a, m, k, 1), 300)
+            twins = [
+                _launch(a, m, k, 1, env={"CUDA_VISIBLE_DEVICES": str(i)}) for i in range(a.gpus)
+            ]
+            copies = [_result(p, 300) for p in twins]
+            row = {"run": name, "perturbation": "none", "one": one, "copies": copies}
+            rates = [c.get("images_per_s") for c in copies]
+            if one.get("images_per_s") and all(rates):
+                row["copies_rate_ratio"] = round(min(rates) / one["images_per_s"], 3)
+            report["rows"].append(row)
+            print(
+                f"{name:16s} alone {one.get('ms_per_step')} ms; {a.gpus} copies at once "
+                f"{[c.get('ms_per_step') for c in copies]} ms",
+                flush=True,
+            )
+            save()
+            perts, guard = ["global"], ""
         one = _result(_launch(a, m, k, 1, guard=guard), 300)
         for pert in perts:
             prof = str(out.with_name(f"{out.stem}_profile_{name.replace(':', '_')}_{pert}.txt"))
