@@ -36,7 +36,7 @@ from torch import nn
 
 import gamfunc
 from gamfunc.metrics import hessian_trace, top_eigenvalues
-from gamfunc.metrics.hessian import bound_loss, hessian_operator
+from gamfunc.metrics._common import bound_loss, hessian_operator
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
 

@@ -130,3 +130,27 @@ def test_no_import_cycle():
     for start in sorted(graph):
         visit(start, [start])
     assert cycles == []
+
+
+def test_metric_modules_share_helpers_only_through_common():
+    """A metric module imports from another only that module's public names; what they share is in
+    ``gamfunc/metrics/_common.py``."""
+    private = []
+    for path in sorted((PACKAGE / "metrics").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                "gamfunc.metrics."
+            ):
+                continue
+            source = ROOT / (node.module.replace(".", "/") + ".py")
+            if source.name == "_common.py" or not source.exists():
+                continue
+            public = next(
+                ast.literal_eval(n.value)
+                for n in ast.parse(source.read_text()).body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+            )
+            private += [
+                f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name not in public
+            ]
+    assert private == []
