@@ -39,8 +39,8 @@ from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
 from gamfunc.optim import Optimizer, with_hyper
-from gamfunc.optim.schedules import value
 from gamfunc.regional import compile_passes
+from gamfunc.schedules import value
 
 __all__ = [
     "NONFINITE",

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 import gamfunc
-from gamfunc.optim import schedules
+from gamfunc import schedules
 from reproduce import checkpoint as ckpt
 from reproduce.config import Config
 from reproduce.launch import Processes

@@ -47,7 +47,7 @@ def test_every_core_dependency_is_imported_by_gamfunc():
 # below. The compile helpers (compile any function, nothing of steps) sit below the loss wrappers,
 # which compile their passes with them, and below the step, whose ``compile`` calls down to them.
 LAYERS = [
-    ("gamfunc.tree", "gamfunc.nn"),
+    ("gamfunc.tree", "gamfunc.nn", "gamfunc.schedules"),
     ("gamfunc.loss", "gamfunc.optim", "gamfunc.transforms"),
     ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),
@@ -95,6 +95,18 @@ def test_imports_only_run_downward():
             if layer(target) is not None and layer(target) > layer(name):
                 upward.append(f"{name} (layer {layer(name)}) imports {target} ({layer(target)})")
     assert upward == []
+
+
+def test_estimators_and_optimisers_know_nothing_of_each_other():
+    """Estimators read their schedules from ``gamfunc.schedules``, below both, never from optim."""
+    crossing = [
+        f"{module_name(path)} imports {target}"
+        for a, b in (("estimators", "optim"), ("optim", "estimators"))
+        for path in sorted((PACKAGE / a).rglob("*.py"))
+        for target in sorted(imported_modules(path))
+        if target == f"gamfunc.{b}" or target.startswith(f"gamfunc.{b}.")
+    ]
+    assert crossing == []
 
 
 def test_no_import_cycle():
