@@ -542,7 +542,7 @@ def make_step(
         estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
         loss_fn: ``loss_fn(params, batch)`` returning the loss; or, for models with BatchNorm,
-            ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see :func:`gamfunc.nn.functional`)
+            ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see :func:`gamfunc.nn.functionalize`)
             with the buffers given to ``step.init(params, buffers)``. Running statistics are then
             updated once per step, from the pass at θ; passes at perturbed points use batch statistics
             and their statistics are dropped.

@@ -3,7 +3,7 @@
 Every metric of :mod:`gamfunc.metrics` evaluates the loss the same way, through :func:`bound_loss`:
 
 * a plain ``loss_fn(params, batch)`` (a scalar, or ``(loss, aux)`` whose aux is ignored) is used as is;
-* with ``buffers=`` given, ``loss_fn`` is the buffered form of :func:`gamfunc.nn.functional`,
+* with ``buffers=`` given, ``loss_fn`` is the buffered form of :func:`gamfunc.nn.functionalize`,
   ``loss_fn(params, batch, buffers, train=bool) -> (loss, new_buffers)``, and ``mode`` picks
   BatchNorm's statistics: ``"eval"`` normalises with the running statistics in ``buffers``,
   ``"train"`` with the statistics of the batch. The new buffers are thrown away; the ones given are
