@@ -109,39 +109,67 @@ def test_estimators_and_optimisers_know_nothing_of_each_other():
     assert crossing == []
 
 
-def test_no_import_cycle():
-    """``import gamfunc`` imports no module in a cycle, within a layer either."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+def import_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports, function-level imports included (the
+    package's own ``__init__`` left out: it is the facade that re-exports every layer)."""
+    modules = {module_name(p): p for p in (ROOT / package).rglob("*.py")}
 
     def resolve(target: str) -> str | None:  # "gamfunc.tree.norm" -> "gamfunc.tree"
         while target and target not in modules:
             target = target.rpartition(".")[0]
         return target or None
 
-    graph = {
+    return {
         name: {
             m
             for t in imported_modules(path)
-            if t.startswith("gamfunc.")
-            and (m := resolve(t)) not in (None, name, "gamfunc")
+            if t.startswith(package + ".")
+            and (m := resolve(t)) not in (None, name, package)
             # a package's __init__ importing its own submodules is how it exposes them
             and not m.startswith(name + ".")
         }
         for name, path in modules.items()
-        if name != "gamfunc"
+        if name != package
     }
-    cycles = []
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every import cycle of ``graph``, as ``a -> b -> a``."""
+    found = []
 
     def visit(node, path):
         for nxt in sorted(graph.get(node, ())):
             if nxt in path:
-                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+                found.append(" -> ".join([*path[path.index(nxt) :], nxt]))
             elif len(path) < len(graph):
                 visit(nxt, [*path, nxt])
 
     for start in sorted(graph):
         visit(start, [start])
-    assert cycles == []
+    return found
+
+
+@pytest.mark.parametrize("package", ["gamfunc", "reproduce"])
+def test_no_import_cycle(package):
+    """``import gamfunc`` imports no module in a cycle, within a layer either; nor does any script
+    of ``reproduce/`` (``sweep`` and ``vmap_sweep`` share ``sweep_plan`` and ``sweep_table``)."""
+    assert cycles(import_graph(package)) == []
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a", "b -> a -> b"]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_gamfunc_imports_nothing_of_the_scripts():
+    """The library sits below ``reproduce/`` and ``benchmarks/``, which use it."""
+    found = [
+        f"{module_name(path)} imports {target}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for target in sorted(imported_modules(path))
+        if target.split(".")[0] in ("reproduce", "benchmarks")
+    ]
+    assert found == []
 
 
 def test_metric_modules_share_helpers_only_through_common():
