@@ -104,7 +104,7 @@ def main():
 
     torch.manual_seed(0)
     model, size = build(args.tiny)
-    loss_fn, params, buffers = gamfunc.nn.functional(model.to(device))
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model.to(device))
     params, buffers = broadcast((params, buffers))
     loss_fn = mixed(loss_fn, args.precision)
     g = torch.Generator(device=device).manual_seed(1000 + rank)

@@ -73,7 +73,7 @@ def build(name: str):
 
 
 def loss_of(model, bf16: bool, device):
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     if not bf16:
         return loss_fn, params, buffers
 

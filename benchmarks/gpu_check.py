@@ -120,7 +120,7 @@ def _rel(a, b) -> float:
 def reference(model: str, estimator: str, device: torch.device):
     """The float64 eager step: ``(update, loss)``."""
     net, (x, y) = build(model, device, torch.float64)
-    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     step = gamfunc.make_step(ESTIMATORS[estimator](), gamfunc.sgd(lr=0.1, momentum=0.9), loss_fn)
     new, _, m = step(params, step.init(params, buffers), (x, y))
     return _update(new, params), float(m["loss"])
@@ -134,7 +134,7 @@ def run_group(
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     net, batch = build(model, device)
-    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     loss = bf16(loss_fn) if precision == "bf16" else loss_fn
     if mode == "pass":  # one set of compiled passes for every estimator of the group
         loss = compile_passes(loss, mode="reduce-overhead" if device.type == "cuda" else None)
@@ -188,7 +188,7 @@ def extras(device: torch.device) -> list[dict]:
         row = {"model": "vit", "precision": precision, "mode": "eager", "estimator": "ensemble"}
         try:
             net, batch = build("vit", device)
-            loss_fn, params, _ = gamfunc.nn.functional(net)
+            loss_fn, params, _ = gamfunc.nn.functionalize(net)
             plain = _without_buffers(loss_fn)
             loss = bf16(plain) if precision == "bf16" else plain
             lrs = torch.tensor([0.05, 0.1, 0.2], device=device)
@@ -217,7 +217,7 @@ def extras(device: torch.device) -> list[dict]:
 
         torch.backends.cudnn.allow_tf32 = False
         net, batch = build("resnet", device)
-        loss_fn, params, buffers = gamfunc.nn.functional(copy.deepcopy(net))
+        loss_fn, params, buffers = gamfunc.nn.functionalize(copy.deepcopy(net))
         step = gamfunc.make_step(gamfunc.gam(0.05, 0.5), gamfunc.sgd(lr=0.1), loss_fn)
         want, _, _ = step(params, step.init(params, buffers), batch)
         opt = GAM(net, gamfunc.sgd(lr=0.1), rho=0.05, alpha=0.5)

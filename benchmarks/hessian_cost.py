@@ -36,7 +36,7 @@ from torch import nn
 
 import gamfunc
 from gamfunc.metrics import hessian_trace, top_eigenvalues
-from gamfunc.metrics.hessian import bound_loss, hessian_operator
+from gamfunc.metrics._common import bound_loss, hessian_operator
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
 
@@ -184,7 +184,7 @@ def main(argv=None) -> dict:
     inputs = torch.randn(args.batch, 3, side, side, generator=gen, device=device)
     targets = torch.randint(0, 10, (args.batch,), generator=gen, device=device)
     batch = (inputs, targets)
-    loss_fn, params, buffers = gamfunc.nn.functional(model, train=False)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model, train=False)
     n_params = sum(p.numel() for p in params.values())
     rows: list[dict] = []
 

@@ -59,7 +59,7 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(10, 32), nn.BatchNorm1d(32), nn.Tanh(), nn.Linear(32, 3))
 
-    loss_fn, params, buffers = gamfunc.nn.functional(model, F.cross_entropy)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model, F.cross_entropy)
     lr = schedules.cosine(0.1, total_steps=args.steps, warmup_steps=args.steps // 10)
     step = gamfunc.make_step(
         ESTIMATORS[args.estimator](),

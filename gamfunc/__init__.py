@@ -14,6 +14,7 @@ from gamfunc import (
     nn,
     precision,
     regional,
+    schedules,
     torch_optim,
     transforms,
     tree,
@@ -28,7 +29,6 @@ from gamfunc.optim import (
     adam,
     adamw,
     lion,
-    schedules,
     sgd,
 )
 from gamfunc.step import Step, StepState, make_step

@@ -209,7 +209,7 @@ def accumulate(loss_fn: Callable, micro_batches: int, *, split=None) -> Accumula
 
     Args:
         loss_fn: ``loss_fn(params, batch)`` (a mean over the examples of ``batch``), the buffered
-            form of :func:`gamfunc.nn.functional`, or :func:`gamfunc.precision.fp16` of either.
+            form of :func:`gamfunc.nn.functionalize`, or :func:`gamfunc.precision.fp16` of either.
         micro_batches: k >= 1; peak activation memory is that of N/k examples.
         split: ``split(batch, k) -> list``; default: :func:`split_batch` (dim 0 of every tensor).
 

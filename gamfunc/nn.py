@@ -15,6 +15,7 @@ __all__ = [
     "elementary_softmax",
     "float32_batchnorm",
     "functional",
+    "functionalize",
     "load",
     "mode",
 ]
@@ -36,7 +37,7 @@ def mode(model: nn.Module, train: bool):
             m.training = t
 
 
-def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = True):
+def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = True):
     """Split a module into ``(loss_fn, params, buffers)`` for gamfunc's pure functions.
 
     ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` with ``batch = (inputs, targets)`` and
@@ -61,7 +62,7 @@ def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = Tru
     Example:
         >>> import torch, gamfunc
         >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
-        >>> loss_fn, params, buffers = gamfunc.nn.functional(model)
+        >>> loss_fn, params, buffers = gamfunc.nn.functionalize(model)
         >>> step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1), loss_fn)
         >>> state = step.init(params, buffers)
         >>> batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
@@ -79,6 +80,10 @@ def functional(model: nn.Module, criterion=F.cross_entropy, *, train: bool = Tru
         return criterion(out, targets), new_buffers
 
     return loss_fn, params, buffers
+
+
+# The former name, kept working without a warning; it read like ``torch.nn.functional``.
+functional = functionalize
 
 
 def load(model: nn.Module, params, buffers=None) -> nn.Module:
@@ -126,7 +131,7 @@ def autocast_batchnorm(model: nn.Module) -> nn.Module:
     Hessian-vector products fail. Inside ``torch.func.jvp`` (or a compiled region) under autocast, the
     BatchNorm made here normalises its input in float32 and rounds the result to the input's dtype:
     the value torch's module returns (it also normalises in float32), and a derivative in the same
-    dtype. Anywhere else it is torch's module unchanged. :func:`functional` applies it.
+    dtype. Anywhere else it is torch's module unchanged. :func:`functionalize` applies it.
     ``SyncBatchNorm`` is left alone.
     """
     for m in model.modules():

@@ -33,7 +33,7 @@ it under autocast too: with autocast inside the loss alone, forward-mode AD thro
 meets float32 tangents of bfloat16 values (CUDA autocast's float32 ``log_softmax``, ``softmax``,
 ``layer_norm``; BatchNorm and LayerNorm's float32 weights on any device) and the next matrix product
 fails. Put autocast in these wrappers, not inside ``loss_fn``. BatchNorm inside forward-mode AD is
-handled by :func:`gamfunc.nn.autocast_batchnorm` (applied by :func:`gamfunc.nn.functional`).
+handled by :func:`gamfunc.nn.autocast_batchnorm` (applied by :func:`gamfunc.nn.functionalize`).
 
 Warning:
     ``torch.compile`` on CPU (inductor's C++ backend) fails to build reverse-over-reverse

@@ -39,8 +39,8 @@ from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
 from gamfunc.optim import Optimizer, with_hyper
-from gamfunc.optim.schedules import value
 from gamfunc.regional import compile_passes
+from gamfunc.schedules import value
 
 __all__ = [
     "NONFINITE",
@@ -542,7 +542,7 @@ def make_step(
         estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
         loss_fn: ``loss_fn(params, batch)`` returning the loss; or, for models with BatchNorm,
-            ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see :func:`gamfunc.nn.functional`)
+            ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see :func:`gamfunc.nn.functionalize`)
             with the buffers given to ``step.init(params, buffers)``. Running statistics are then
             updated once per step, from the pass at θ; passes at perturbed points use batch statistics
             and their statistics are dropped.

@@ -17,7 +17,7 @@ Switching a ``torch.optim`` loop::
 How the loss reaches the pure step:
 
 * ``step(batch)`` with ``batch = (inputs, targets)``: the loss is ``criterion(model(inputs), targets)``,
-  evaluated through ``torch.func.functional_call`` (:func:`gamfunc.nn.functional`). This form can be
+  evaluated through ``torch.func.functional_call`` (:func:`gamfunc.nn.functionalize`). This form can be
   compiled (``compile=True``).
 * ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
   model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
@@ -43,7 +43,7 @@ from torch.utils import _pytree as pytree
 
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
-from gamfunc.nn import functional
+from gamfunc.nn import functionalize
 from gamfunc.optim import Optimizer, with_hyper
 from gamfunc.step import StepState, as_dict, from_dict, make_step
 
@@ -137,7 +137,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         if not trainable:
             raise ValueError("model has no parameter with requires_grad=True to optimise")
         lr0, self._own_schedule = _probe_lr(optimizer, trainable)
-        module_loss, _, _ = functional(model, criterion)
+        module_loss, _, _ = functionalize(model, criterion)
         options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
         batch_step = make_step(
             estimator, optimizer, functools.partial(_as_is, module_loss, model), **options
@@ -387,7 +387,7 @@ class TorchBase(torch.optim.Optimizer):
                 if missing
                 else "base_optimizer holds tensors that are not the model's trainable parameters"
             )
-        module_loss, _, _ = functional(model, criterion)
+        module_loss, _, _ = functionalize(model, criterion)
         self._batch_loss = functools.partial(_as_is, module_loss, model)
         self._closure_loss = functools.partial(_closure_loss, _Holder(model))
         self._model, self._trainable, self._estimator = model, trainable, estimator

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 import gamfunc
-from gamfunc.optim import schedules
+from gamfunc import schedules
 from reproduce import checkpoint as ckpt
 from reproduce.config import Config
 from reproduce.launch import Processes
@@ -58,7 +58,7 @@ class SetupError(Exception):
 
 def classification_loss(model: nn.Module, label_smoothing: float = 0.0):
     """``loss_fn(params, batch, buffers, *, train=True) -> (loss, new_buffers)``: cross-entropy of
-    ``model`` through ``torch.func.functional_call`` (the buffered form of :func:`gamfunc.nn.functional`).
+    ``model`` through ``torch.func.functional_call`` (the buffered form of :func:`gamfunc.nn.functionalize`).
 
     The buffers are cloned inside (BatchNorm's running statistics update the clones), and the loss is
     computed on float32 logits. ``new_buffers`` carries one extra entry, ``CORRECT``: the number of

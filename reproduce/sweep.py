@@ -69,10 +69,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import itertools
 import json
-import math
 import os
 import queue
 import signal
@@ -82,13 +79,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reproduce import report, train
-from reproduce.config import Config, differences, estimators_of, parse_overrides, resolve, run_name
+from reproduce import train
+from reproduce.config import differences, parse_overrides
+from reproduce.sweep_plan import Cell, Run, SweepError, plan
+from reproduce.sweep_table import METRICS, aggregate, markdown, outcome, select, write_tables
 
 __all__ = [
     "METRICS",
@@ -105,40 +103,8 @@ __all__ = [
 
 TRAIN = Path(__file__).resolve().parent / "train.py"
 
-# metric -> (where in summary.json, the validation key, the test key read beside it, its description)
-METRICS = {
-    "val_acc": ("final", "val_acc", "test_acc", "the last epoch's validation accuracy"),
-    "best_val_acc": ("best_val", "val_acc", "test_acc", "the best epoch's validation accuracy"),
-}
 # fields the sweep sets itself, per run
 OWN = ("seed", "name", "resume", "overwrite")
-
-
-class SweepError(ValueError):
-    """The sweep cannot run as asked; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    """One combination of the grid's values: ``((key, text), ...)`` in grid order."""
-
-    values: tuple[tuple[str, str], ...]
-
-    @property
-    def label(self) -> str:
-        """``rho=0.05,alpha=0.1``: the cell's folder under the sweep's and its name in the tables."""
-        return ",".join(f"{k}={v}" for k, v in self.values) or "base"
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One ``train.py`` run of a sweep: a cell and a seed."""
-
-    cell: Cell
-    seed: int
-    argv: tuple[str, ...]  # train.py's command line (without a device)
-    config: Config  # its resolved configuration
-    run_dir: Path  # <logdir>/<name>/<estimator>: where summary.json is written
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -232,58 +198,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[tuple[st
     if opts.jobs < 1:
         raise SweepError(f"--jobs must be >= 1; got {opts.jobs}")
     return opts, rest, grid
-
-
-def plan(
-    rest: list[str], grid: list[tuple[str, list[str]]], seeds: list[int], name: str = ""
-) -> tuple[str, Path, list[Run]]:
-    """``(sweep name, sweep folder, runs)``: every cell × seed resolved and checked before any trains.
-
-    Runs are ordered seed by seed (every cell of the first seed, then the next), so a partial sweep
-    already compares every cell.
-
-    Raises:
-        SweepError: a value is invalid for its field, a cell trains other than one estimator, or there
-            is no validation split to select on.
-    """
-    try:
-        base_cfg = resolve(rest)
-    except ValueError as e:
-        raise SweepError(f"train.py arguments: {e}") from None
-    name = name or f"sweep.{run_name(base_cfg)}"
-    root = Path(base_cfg.logdir).expanduser() / name
-    cells = [
-        Cell(tuple(zip([k for k, _ in grid], combo, strict=True)))
-        for combo in itertools.product(*(vs for _, vs in grid))
-    ]
-    runs = []
-    for seed, cell in itertools.product(seeds, cells):
-        argv = (
-            *rest,
-            *(f"--{k}={v}" for k, v in cell.values),
-            f"--seed={seed}",
-            f"--name={name}/{cell.label}/seed={seed}",
-            "--resume",
-        )
-        try:
-            cfg = resolve(list(argv))
-        except ValueError as e:
-            raise SweepError(f"cell {cell.label}: {e}") from None
-        estimators = estimators_of(cfg)
-        if len(estimators) != 1:
-            raise SweepError(
-                f"a sweep trains one estimator per cell; got --estimator={cfg.estimator}: pass "
-                f"one after -- or compare them with --grid=estimator={','.join(estimators)}"
-            )
-        if cfg.val_fraction <= 0:
-            raise SweepError(
-                "the sweep selects on a validation split and this configuration has none: add "
-                "--val_fraction=0.1 after -- (the paper holds out 10% of the training set); the "
-                "test split is never used for selection"
-            )
-        run_dir = Path(cfg.logdir).expanduser() / run_name(cfg) / estimators[0]
-        runs.append(Run(cell, seed, argv, cfg, run_dir))
-    return name, root, runs
 
 
 def finished_summary(run: Run) -> dict | None:
@@ -431,180 +345,6 @@ def _execute(runs: list[Run], jobs: int, gpus: list[int] | None) -> tuple[dict, 
     return done, runner.signum
 
 
-def _mean_std(xs: list[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (n − 1; None for fewer than two values)."""
-    if not xs:
-        return None, None
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, None
-    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
-
-
-def aggregate(runs: list[Run], outcomes: dict[int, dict[str, Any]], seeds: list[int]) -> list[dict]:
-    """One row per cell: ``{"cell", "values", "seeds" {seed: outcome}, "n", "val_mean", "val_std",
-    "test_mean", "test_std", "status"}``.
-
-    ``outcomes[i]`` is run i's ``{"status", "val", "test", ...}``; status is ``complete`` when every
-    seed finished, else ``diverged``, ``failed`` or ``incomplete``.
-    """
-    rows: dict[Cell, dict] = {}
-    for i, run in enumerate(runs):
-        row = rows.setdefault(
-            run.cell, {"cell": run.cell.label, "values": dict(run.cell.values), "seeds": {}}
-        )
-        row["seeds"][str(run.seed)] = outcomes.get(i, {"status": "not run"})
-    for row in rows.values():
-        ok = [o for o in row["seeds"].values() if o["status"] == "finished"]
-        row["n"] = len(ok)
-        row["val_mean"], row["val_std"] = _mean_std([o["val"] for o in ok])
-        row["test_mean"], row["test_std"] = _mean_std(
-            [o["test"] for o in ok if o["test"] is not None]
-        )
-        statuses = {o["status"] for o in row["seeds"].values()}
-        row["status"] = (
-            "complete"
-            if len(ok) == len(seeds)
-            else next((s for s in ("diverged", "failed") if s in statuses), "incomplete")
-        )
-    return list(rows.values())
-
-
-def select(rows: list[dict]) -> dict | None:
-    """The cell of highest mean validation metric among complete cells (first in grid order on a
-    tie), or None. Reads ``val_mean`` only: the test metric plays no part."""
-    best = None
-    for row in rows:
-        # means equal up to float rounding (1e-9 points) count as a tie: the first cell stays
-        if row["status"] == "complete" and (
-            best is None or row["val_mean"] > best["val_mean"] + 1e-9
-        ):
-            best = row
-    return best
-
-
-def _pm(mean: float | None, std: float | None) -> str:
-    """``mean ± std`` to two decimals, ``–`` for a missing value."""
-    if mean is None:
-        return "–"
-    return f"{mean:.2f} ± {std:.2f}" if std is not None else f"{mean:.2f} ± –"
-
-
-def _test_name(metric: str) -> str:
-    """The name of the test value reported beside ``metric``."""
-    return "test_acc" if metric == "val_acc" else "test_acc at best val"
-
-
-def markdown(
-    rows: list[dict], keys: list[str], metric: str, chosen: dict | None, caption: str
-) -> str:
-    """The sweep's table in Markdown: one row per cell, mean ± std over seeds of ``metric`` and of the
-    test accuracy beside it, the selected cell marked."""
-    head = [*keys, "seeds", f"{metric} (%)", f"{_test_name(metric)} (%)", "note"]
-    lines = [
-        caption,
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---:|" * (len(head) - 1) + ":--|",
-    ]
-    for row in rows:
-        mark = (
-            "selected" if row is chosen else ("" if row["status"] == "complete" else row["status"])
-        )
-        cells = [
-            *(row["values"][k] for k in keys),
-            str(row["n"]),
-            _pm(row["val_mean"], row["val_std"]),
-            _pm(row["test_mean"], row["test_std"]),
-            mark,
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _outcome(run: Run, summary: dict | None, code: int | None, why: str, metric: str) -> dict:
-    """What the table needs of one run: status, the validation and test values, its folder."""
-    out: dict[str, Any] = {"run_dir": str(run.run_dir)}
-    if summary is None:
-        # exit 0 without a finished summary: stopped early by --max_steps
-        status = {0: "unfinished", 3: "diverged", None: "not run"}.get(code, "failed")
-        if code is not None and code > 128:
-            status = "stopped"
-        return out | {"status": status, "exit": code, "why": why or None}
-    where, val_key, test_key, _ = METRICS[metric]
-    record = summary.get(where) or {}
-    if record.get(val_key) is None:
-        raise SweepError(f"{run.run_dir}/summary.json has no {where}.{val_key}")
-    return out | {
-        "status": "finished",
-        "val": record[val_key],
-        "test": record.get(test_key),
-        "epoch": record.get("epoch"),
-    }
-
-
-def write_tables(
-    opts: argparse.Namespace,
-    rest: list[str],
-    grid: list[tuple[str, list[str]]],
-    name: str,
-    root: Path,
-    runs: list[Run],
-    outcomes: dict[int, dict[str, Any]],
-    counts: dict[str, int],
-    how: str = "",
-    extra: dict[str, Any] | None = None,
-) -> None:
-    """Aggregate ``outcomes`` (run index -> :func:`_outcome`), select on validation, write
-    ``sweep.md`` and ``sweep.json`` (to ``--out`` or ``root``) and print the table and the selection.
-
-    ``how`` ends the table's caption (how the runs were trained); ``extra`` joins the JSON."""
-    rows = aggregate(runs, outcomes, opts.seeds)
-    chosen = select(rows)
-    keys = [k for k, _ in grid]
-    est = runs[0].config.estimator if len({r.config.estimator for r in runs}) == 1 else "estimators"
-    caption = (
-        f"Sweep `{name}`: {est} on {runs[0].config.dataset}, seeds {', '.join(map(str, opts.seeds))}; "
-        f"mean ± sample std over seeds of {METRICS[opts.metric][3]} ({opts.metric}, selects) and "
-        f"of the test accuracy beside it (reported only).{how}"
-    )
-    table = markdown(rows, keys, opts.metric, chosen, caption)
-    out_dir = Path(opts.out).expanduser() if opts.out else root
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "sweep.md").write_text(table + "\n")
-    report.write_json(
-        out_dir / "sweep.json",
-        {
-            "name": name,
-            "metric": opts.metric,
-            "test_metric": _test_name(opts.metric),
-            "grid": dict(grid),
-            "seeds": opts.seeds,
-            "train_args": rest,
-            "runs": counts,
-            **(extra or {}),
-            "cells": rows,
-            "selected": chosen
-            and {
-                k: chosen[k]
-                for k in ("cell", "values", "val_mean", "val_std", "test_mean", "test_std")
-            },
-        },
-    )
-    print()
-    print(table)
-    print()
-    if chosen is not None:
-        print(
-            f"selected {' '.join(f'{k}={v}' for k, v in chosen['values'].items())}: {opts.metric} "
-            f"{_pm(chosen['val_mean'], chosen['val_std'])} ({chosen['n']} seeds); "
-            f"{_test_name(opts.metric)} beside it {_pm(chosen['test_mean'], chosen['test_std'])}"
-        )
-    else:
-        print("no cell finished every seed: nothing selected")
-    print(f"tables in {out_dir / 'sweep.md'} and {out_dir / 'sweep.json'}")
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep's command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -643,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             if summary is None and code == 0:
                 summary = finished_summary(run)
             failed |= code is not None and code not in (0, 3) and code < 128
-            outcomes[i] = _outcome(run, summary, code, why, opts.metric) | {"reused": i in reused}
+            outcomes[i] = outcome(run, summary, code, why, opts.metric) | {"reused": i in reused}
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

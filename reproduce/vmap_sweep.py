@@ -67,9 +67,11 @@ import torch
 
 from reproduce import checkpoint as ckpt
 from reproduce import data as data_mod
-from reproduce import launch, report, sweep, vmapped
+from reproduce import launch, report, vmapped
 from reproduce.config import Config, as_dict, differences, estimators_of, resolve, run_name
 from reproduce.loop import StopFlag
+from reproduce.sweep_plan import SweepError, plan
+from reproduce.sweep_table import outcome, write_tables
 
 __all__ = ["run"]
 
@@ -97,7 +99,7 @@ def _saved(path: Path, cfgs: list[Config], data_seed: int) -> dict | None:
                 break
     if diff:
         shown = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
-        raise sweep.SweepError(
+        raise SweepError(
             f"{str(path)!r} holds a vmapped sweep of other settings ({shown}); give the sweep "
             "another --name or remove that folder"
         )
@@ -140,18 +142,16 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
     try:
         base = resolve(rest)
     except ValueError as e:
-        return _error(sweep.SweepError(f"train.py arguments: {e}"))
+        return _error(SweepError(f"train.py arguments: {e}"))
     try:
-        name, root, runs = sweep.plan(
-            rest, grid, opts.seeds, opts.name or f"sweep.{run_name(base)}.vmap"
-        )
+        name, root, runs = plan(rest, grid, opts.seeds, opts.name or f"sweep.{run_name(base)}.vmap")
         cfgs = [r.config for r in runs]
         (estimator,) = estimators_of(cfgs[0])
         vmapped.check(cfgs, estimator)
         data_seed = opts.seeds[0] if opts.data_seed is None else opts.data_seed
         path = root / "vmap.pt"
         saved = _saved(path, cfgs, data_seed)
-    except (sweep.SweepError, vmapped.VmapError, ckpt.CheckpointError) as e:
+    except (SweepError, vmapped.VmapError, ckpt.CheckpointError) as e:
         return _error(e)
     reused = saved is not None and saved["finished"]
     if reused:
@@ -177,11 +177,11 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
     outcomes: dict[int, dict[str, Any]] = {}
     for i, r in enumerate(runs):
         if summaries is None:  # stopped: every member where the checkpoint left it
-            out = sweep._outcome(r, None, 128 + signum if signum else None, "", opts.metric)
+            out = outcome(r, None, 128 + signum if signum else None, "", opts.metric)
         elif summaries[i]["status"] == "diverged":
-            out = sweep._outcome(r, None, 3, "", opts.metric)
+            out = outcome(r, None, 3, "", opts.metric)
         else:
-            out = sweep._outcome(r, summaries[i], 0, "", opts.metric)
+            out = outcome(r, summaries[i], 0, "", opts.metric)
         outcomes[i] = out | {"run_dir": str(root), "reused": reused}
     if summaries is not None:
         report.write_json(root / "members.json", summaries)
@@ -191,7 +191,7 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
     how = f" All {n} runs trained as one vmapped step on the batches of seed {data_seed}."
     seconds = body["pos"]["seconds"] if body is not None else 0.0
     extra = {"vmap": {"members": n, "data_seed": data_seed, "train_seconds": round(seconds, 2)}}
-    sweep.write_tables(opts, rest, grid, name, root, runs, outcomes, counts, how, extra)
+    write_tables(opts, rest, grid, name, root, runs, outcomes, counts, how, extra)
     if signum is not None:
         print(f"stopped by signal {signum}; rerun the same command to continue", file=sys.stderr)
         return 128 + signum

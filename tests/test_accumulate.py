@@ -92,7 +92,7 @@ def bn_model():
 
 
 def test_batchnorm_statistics_are_the_size_weighted_mean_of_the_micro_batches():
-    loss_fn, params, buffers = gamfunc.nn.functional(bn_model())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(bn_model())
     batch = data(0, n=16)
     step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1), accumulate(loss_fn, 4))
     _, state, _ = step(params, step.init(params, buffers), batch)

@@ -50,7 +50,7 @@ def test_a_wrong_step_fails_the_check(monkeypatch):
 def _reference_with(make_step):
     def reference(model, estimator, device):
         net, batch = gpu_check.build(model, device, torch.float64)
-        loss_fn, params, buffers = gamfunc.nn.functional(net)
+        loss_fn, params, buffers = gamfunc.nn.functionalize(net)
         opt = gamfunc.sgd(lr=0.1, momentum=0.9)
         step = make_step(gpu_check.ESTIMATORS[estimator](), opt, loss_fn)
         new, _, m = step(params, step.init(params, buffers), batch)

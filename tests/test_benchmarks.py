@@ -336,7 +336,7 @@ def test_authors_gam_moves_along_accelerated_gam_in_the_official_convention():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(6, 3, 8, 8, generator=gen, dtype=torch.float64)
     y = torch.randint(0, 10, (6,), generator=gen)
-    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     hp = {"rho": 0.2, "rho_prime": 0.05, "alpha": 0.6, "beta": 0.3, "gamma": 0.5}
 
     def loss(p, batch):

@@ -41,7 +41,7 @@ def estimator(name):
 
 def compiled_equals_eager(device: torch.device, name: str, direct: bool = False) -> None:
     torch.manual_seed(0)
-    loss_fn, params, buffers = gamfunc.nn.functional(tiny_conv_bn().to(device))
+    loss_fn, params, buffers = gamfunc.nn.functionalize(tiny_conv_bn().to(device))
     gen = torch.Generator().manual_seed(1)
     batches = [
         (torch.randn(8, 3, 6, 6, generator=gen), torch.randint(0, 5, (8,), generator=gen))
@@ -120,7 +120,7 @@ def test_accelerated_gam_compiles_with_inductor_defaults_cuda():
     from reproduce.models import build_model
 
     torch._dynamo.reset()
-    loss_fn, params, buffers = gamfunc.nn.functional(build_model("resnet18", 10, 32).cuda())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(build_model("resnet18", 10, 32).cuda())
     step = gamfunc.make_step(estimator("gam_accelerated"), gamfunc.sgd(lr=0.1), loss_fn)
     batch = (torch.randn(16, 3, 32, 32, device="cuda"), torch.randint(0, 10, (16,), device="cuda"))
     with torch._inductor.config.patch(loop_ordering_after_fusion=True, fx_graph_cache=False):

@@ -115,7 +115,7 @@ INDUCTOR = {"gam_exact", "gam_fd", "gam_accelerated_paper"}
 def test_compiled_step_with_batchnorm_equals_eager(name):
     torch._dynamo.reset()
     model = tiny_bn_mlp()
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     step = gamfunc.make_step(ESTIMATORS[name](), gamfunc.sgd(lr=0.1, momentum=0.9), loss_fn)
     backend = "inductor" if name in INDUCTOR else "aot_eager"
     compiled = torch.compile(step, fullgraph=True, backend=backend)

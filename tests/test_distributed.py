@@ -118,7 +118,7 @@ def _scenarios(rank):
     )
     # BatchNorm: rank 1 starts from other parameters; broadcast makes them rank 0's.
     model = bn_model()
-    loss_fn, p0, b0 = gamfunc.nn.functional(model)
+    loss_fn, p0, b0 = gamfunc.nn.functionalize(model)
     if rank == 1:
         p0 = tree.scale(p0, 3.0)
     p0, b0 = broadcast((p0, b0))
@@ -245,7 +245,7 @@ def test_buckets_respect_the_cap_and_the_dtype():
 
 
 def test_broadcast_gives_every_rank_the_source_parameters(ranks):
-    _, p0, _ = gamfunc.nn.functional(bn_model())
+    _, p0, _ = gamfunc.nn.functionalize(bn_model())
     for r in range(WORLD):
         assert all(torch.equal(ranks[r]["broadcast"][k], p0[k]) for k in p0)
 
@@ -261,7 +261,7 @@ def test_batchnorm_ranks_keep_identical_params_and_running_stats(ranks, mode):
 
 @pytest.mark.parametrize("mode", ["global", "local"])
 def test_batchnorm_running_stats_are_the_mean_of_the_ranks_updates(ranks, mode):
-    loss_fn, params, buffers = gamfunc.nn.functional(bn_model())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(bn_model())
     per_rank = [loss_fn(params, shard(full_batch(0), r), buffers)[1] for r in range(WORLD)]
     after_one_step = ranks[0][f"bn/{mode}"][2]
     for k in ("1.running_mean", "1.running_var"):
@@ -315,7 +315,7 @@ def test_the_global_mean_step_reads_no_device_value_on_a_gpu(monkeypatch, estima
         torch.nn.Flatten(),
         torch.nn.Linear(64, 3),
     )
-    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     loss = Accumulated(loss_fn, 1, reduce=lambda trees, weight: trees)  # one rank's reduction
     batch = (torch.randn(6, 3, 6, 6), torch.randint(0, 3, (6,)))
     step = gamfunc.make_step(estimator, gamfunc.sgd(0.1, momentum=0.9), loss)
@@ -333,7 +333,7 @@ def test_the_guard_that_selects_on_the_device_skips_a_non_finite_step(monkeypatc
     state and buffers as they were, as the host branch does."""
     monkeypatch.setattr(gamfunc.step, "_branch_on_host", lambda finite: False)
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
-    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(0.1, momentum=0.9), loss_fn)
     state = step.init(params, buffers)
     bad = (torch.full((8, 4), float("nan")), torch.randint(0, 2, (8,)))

@@ -161,7 +161,7 @@ def test_batchnorm_members_keep_their_own_running_statistics():
     for seed in range(N):
         torch.manual_seed(seed)
         nets.append(BNNet().double())
-    module_loss, _, _ = gamfunc.nn.functional(nets[0])
+    module_loss, _, _ = gamfunc.nn.functionalize(nets[0])
     params = [{k: v.detach().clone() for k, v in n.named_parameters()} for n in nets]
     buffers = [{k: v.detach().clone() for k, v in n.named_buffers()} for n in nets]
 

@@ -93,7 +93,7 @@ def traced(fn, *args, share: bool):
 
 def setup(net):
     model = net()
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     batch = (torch.randn(4, 3, 6, 6, dtype=torch.float64), torch.randint(0, 5, (4,)))
     return loss_fn, params, buffers, batch
 

@@ -47,7 +47,7 @@ def test_every_core_dependency_is_imported_by_gamfunc():
 # below. The compile helpers (compile any function, nothing of steps) sit below the loss wrappers,
 # which compile their passes with them, and below the step, whose ``compile`` calls down to them.
 LAYERS = [
-    ("gamfunc.tree", "gamfunc.nn"),
+    ("gamfunc.tree", "gamfunc.nn", "gamfunc.schedules"),
     ("gamfunc.loss", "gamfunc.optim", "gamfunc.transforms"),
     ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),
@@ -97,36 +97,100 @@ def test_imports_only_run_downward():
     assert upward == []
 
 
-def test_no_import_cycle():
-    """``import gamfunc`` imports no module in a cycle, within a layer either."""
-    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+def test_estimators_and_optimisers_know_nothing_of_each_other():
+    """Estimators read their schedules from ``gamfunc.schedules``, below both, never from optim."""
+    crossing = [
+        f"{module_name(path)} imports {target}"
+        for a, b in (("estimators", "optim"), ("optim", "estimators"))
+        for path in sorted((PACKAGE / a).rglob("*.py"))
+        for target in sorted(imported_modules(path))
+        if target == f"gamfunc.{b}" or target.startswith(f"gamfunc.{b}.")
+    ]
+    assert crossing == []
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """module -> the modules of ``package`` it imports, function-level imports included (the
+    package's own ``__init__`` left out: it is the facade that re-exports every layer)."""
+    modules = {module_name(p): p for p in (ROOT / package).rglob("*.py")}
 
     def resolve(target: str) -> str | None:  # "gamfunc.tree.norm" -> "gamfunc.tree"
         while target and target not in modules:
             target = target.rpartition(".")[0]
         return target or None
 
-    graph = {
+    return {
         name: {
             m
             for t in imported_modules(path)
-            if t.startswith("gamfunc.")
-            and (m := resolve(t)) not in (None, name, "gamfunc")
+            if t.startswith(package + ".")
+            and (m := resolve(t)) not in (None, name, package)
             # a package's __init__ importing its own submodules is how it exposes them
             and not m.startswith(name + ".")
         }
         for name, path in modules.items()
-        if name != "gamfunc"
+        if name != package
     }
-    cycles = []
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Every import cycle of ``graph``, as ``a -> b -> a``."""
+    found = []
 
     def visit(node, path):
         for nxt in sorted(graph.get(node, ())):
             if nxt in path:
-                cycles.append(" -> ".join([*path[path.index(nxt) :], nxt]))
+                found.append(" -> ".join([*path[path.index(nxt) :], nxt]))
             elif len(path) < len(graph):
                 visit(nxt, [*path, nxt])
 
     for start in sorted(graph):
         visit(start, [start])
-    assert cycles == []
+    return found
+
+
+@pytest.mark.parametrize("package", ["gamfunc", "reproduce"])
+def test_no_import_cycle(package):
+    """``import gamfunc`` imports no module in a cycle, within a layer either; nor does any script
+    of ``reproduce/`` (``sweep`` and ``vmap_sweep`` share ``sweep_plan`` and ``sweep_table``)."""
+    assert cycles(import_graph(package)) == []
+
+
+def test_cycles_are_found():
+    assert cycles({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a", "b -> a -> b"]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_gamfunc_imports_nothing_of_the_scripts():
+    """The library sits below ``reproduce/`` and ``benchmarks/``, which use it."""
+    found = [
+        f"{module_name(path)} imports {target}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for target in sorted(imported_modules(path))
+        if target.split(".")[0] in ("reproduce", "benchmarks")
+    ]
+    assert found == []
+
+
+def test_metric_modules_share_helpers_only_through_common():
+    """A metric module imports from another only that module's public names; what they share is in
+    ``gamfunc/metrics/_common.py``."""
+    private = []
+    for path in sorted((PACKAGE / "metrics").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith(
+                "gamfunc.metrics."
+            ):
+                continue
+            source = ROOT / (node.module.replace(".", "/") + ".py")
+            if source.name == "_common.py" or not source.exists():
+                continue
+            public = next(
+                ast.literal_eval(n.value)
+                for n in ast.parse(source.read_text()).body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "__all__"
+            )
+            private += [
+                f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name not in public
+            ]
+    assert private == []

@@ -15,7 +15,7 @@ from gamfunc.loss import Pass, gradient_pass, unit_grad, with_grad_norm
 
 def bn_problem():
     torch.manual_seed(0)
-    loss_fn, params, buffers = gamfunc.nn.functional(TinyResNet())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(TinyResNet())
     return functools.partial(_bound, loss_fn, buffers), params, image_batch()
 
 

@@ -76,7 +76,7 @@ def test_m_equal_one_is_the_estimator():
 def test_in_a_step_with_batchnorm_statistics_are_the_sub_batch_mean():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3)).to(F64)
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     batch = data()
     est = m_sharpness(gamfunc.sam(0.1), M, vectorize=False)
     step = gamfunc.make_step(est, gamfunc.sgd(lr=0.1), loss_fn)
@@ -108,7 +108,7 @@ def test_the_constructor_runs_nothing():
 def test_vectorize_true_failure_names_the_way_out():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Linear(6, 3)).to(F64)
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     est = m_sharpness(gamfunc.sam(0.1), M, vectorize=True)
     with pytest.raises(RuntimeError, match="vectorize=False"):
         est(params, data(), lambda p, b: loss_fn(p, b, buffers))

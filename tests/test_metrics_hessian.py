@@ -300,7 +300,7 @@ METRICS = {
 
 @pytest.mark.parametrize("name", sorted(METRICS))
 def test_buffers_are_untouched_and_train_and_eval_modes_differ(name):
-    loss_fn, params, buffers = gamfunc.nn.functional(bn_model())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(bn_model())
     batch = classification_batch(n=16)
     before = {k: v.clone() for k, v in buffers.items()}
     before_params = {k: v.clone() for k, v in params.items()}
@@ -314,7 +314,7 @@ def test_buffers_are_untouched_and_train_and_eval_modes_differ(name):
 
 def test_eval_mode_equals_the_module_in_eval_mode():
     model = bn_model()
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     batch = classification_batch(n=16)
     model.eval()
 

@@ -121,7 +121,7 @@ def test_dtypes_under_autocast_are_torchs_and_exact_hvp_runs():
         for i in range(len(native)):
             x0 = native[: i + 1](x)
             assert ours[: i + 1](x).dtype == x0.dtype, i
-    loss_fn, params, buffers = gamfunc.nn.functional(ours)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(ours)
     batch = (x, torch.randint(0, 3, (8,)))
     v = {k: torch.randn_like(p) for k, p in params.items()}
 

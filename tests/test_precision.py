@@ -61,7 +61,7 @@ def test_low_precision_step_stays_within_tolerance_of_fp32(precision, name, hvp,
     # Every backend runs through BatchNorm under autocast (the wrappers run exact H·v's backward
     # pass under autocast); float32_batchnorm changes nothing in the fp32 reference.
     net = {"mlp": mlp, "bn_mlp": bn_mlp}.get(model, lambda: gamfunc.nn.float32_batchnorm(bn_mlp()))
-    loss_fn, params, buffers = gamfunc.nn.functional(net())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net())
     b = batch()
     ref, ref_state, ref_m = one_step(ESTIMATORS[name](hvp), loss_fn, params, buffers, b)
     new, state, m = one_step(ESTIMATORS[name](hvp), mixed(loss_fn, precision), params, buffers, b)
@@ -90,7 +90,7 @@ def test_exact_hvp_under_autocast_equals_the_fp32_product(precision, net):
     # Forward-mode AD through BatchNorm's and LayerNorm's backward returns float32 tangents for
     # low-precision values; the wrappers run that backward pass under autocast, so H·v runs and
     # stays within the format's rounding of the fp32 product (and of reverse-over-reverse).
-    loss_fn, params, buffers = gamfunc.nn.functional(net())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net())
     plain = lambda p, b: loss_fn(p, b, buffers)  # noqa: E731
     v = {k: torch.randn_like(t) for k, t in params.items()}
     v = tree.scale(v, 1 / tree.norm(v))  # a unit vector, as GAM's: S·H·v stays within fp16's range
@@ -107,7 +107,7 @@ def test_autocast_inside_a_plain_loss_fails_naming_the_wrappers():
     # torch.autocast inside loss_fn covers the forward pass but not the backward pass that exact
     # H·v differentiates (LayerNorm's tangent is float32 there on the CPU): the step raises before
     # it returns, naming the way out, and the caller's params stay.
-    loss_fn, params, buffers = gamfunc.nn.functional(ln_mlp())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(ln_mlp())
 
     def inner_autocast(p, b):
         with torch.autocast("cpu", torch.bfloat16):
@@ -135,7 +135,7 @@ def test_float32_batchnorm_changes_no_name_and_nothing_without_autocast():
 
 
 def test_low_precision_is_really_low():
-    loss_fn, params, buffers = gamfunc.nn.functional(mlp())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(mlp())
     d32, _ = gamfunc.gradient()(params, batch(), lambda p, b: loss_fn(p, b, buffers))
     d16, _ = gamfunc.gradient()(params, batch(), bf16(lambda p, b: loss_fn(p, b, buffers)))
     assert rel(d16, d32) > 1e-4  # bf16 arithmetic happened
@@ -155,7 +155,7 @@ def test_autocast_keeps_the_loss_in_the_params_dtype_and_validates_dtype():
 
 
 def test_fp16_loss_scale_rescues_gradients_that_underflow_without_it():
-    loss_fn, params, buffers = gamfunc.nn.functional(mlp())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(mlp())
 
     def tiny(p, b):  # a loss whose backward activations lie below fp16's smallest normal
         return 1e-6 * loss_fn(p, b, buffers)[0]
@@ -176,7 +176,7 @@ def overflowing_batch():
 
 @pytest.mark.parametrize("name", ["sam", "gam", "gam_accelerated"])
 def test_fp16_overflow_skips_the_step_and_halves_the_scale(name):
-    loss_fn, params, buffers = gamfunc.nn.functional(bn_mlp())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(bn_mlp())
     step = gamfunc.make_step(
         ESTIMATORS[name]("reverse"), gamfunc.adamw(lr=0.1), fp16(loss_fn, init_scale=1024.0)
     )
@@ -198,7 +198,7 @@ def _leaves(d):
 
 
 def test_fp16_scale_backs_off_from_a_scale_that_overflows_the_backward_pass():
-    loss_fn, params, buffers = gamfunc.nn.functional(mlp())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(mlp())
     step = gamfunc.make_step(
         gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), fp16(loss_fn, init_scale=2.0**40)
     )
@@ -215,7 +215,7 @@ def test_fp16_scale_backs_off_from_a_scale_that_overflows_the_backward_pass():
 
 
 def test_fp16_scale_grows_after_growth_interval_taken_steps():
-    loss_fn, params, buffers = gamfunc.nn.functional(mlp())
+    loss_fn, params, buffers = gamfunc.nn.functionalize(mlp())
     lf = accumulate(fp16(loss_fn, init_scale=8.0, growth_interval=3), 2)
     step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.01), lf)
     state = step.init(params, buffers)

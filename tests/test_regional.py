@@ -37,7 +37,7 @@ def conv_bn(dtype=torch.float64, device="cpu"):
         )
         for _ in range(4)
     ]
-    return (*gamfunc.nn.functional(model), batches)
+    return (*gamfunc.nn.functionalize(model), batches)
 
 
 def run(step, params, buffers, batches):

@@ -125,7 +125,7 @@ def test_vit_equals_torchvision_vit_with_the_same_weights():
 def test_vit_attention_supports_forward_mode_and_double_backward():
     """Exact GAM needs jvp(grad) and grad(grad): both H·v products agree with each other."""
     net = ViT(32, 32, 8, 1, 2, 16, 3).double()
-    loss_fn, params, buffers = gamfunc.nn.functional(net)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     batch = (torch.randn(4, 3, 32, 32, dtype=torch.float64), torch.tensor([0, 1, 2, 0]))
 
     def loss(p, b):

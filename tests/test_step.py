@@ -58,7 +58,7 @@ def test_every_k_uses_gam_on_every_kth_step_only():
 def test_batchnorm_running_stats_come_from_the_clean_pass_only():
     torch.manual_seed(0)
     model = TinyResNet()
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     batch = image_batch()
     before = tree.clone(buffers)
     for est in (gamfunc.gam(0.1, 0.5), gamfunc.gam(0.1, 0.5, hvp="fd"), gamfunc.sam(0.1)):

@@ -41,8 +41,8 @@ def lr_at(t):
 
 
 def pure_run(model, estimator, optimizer, data, base_lr, **options):
-    """The reference: make_step on gamfunc.nn.functional, lr written into the state at every step."""
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    """The reference: make_step on gamfunc.nn.functionalize, lr written into the state at every step."""
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     step = gamfunc.make_step(estimator, optimizer, loss_fn, **options)
     state, losses = step.init(params, buffers), []
     for t, b in enumerate(data):
@@ -460,7 +460,7 @@ def test_gam_with_adam_and_a_third_party_optimiser_as_the_base():
 
 
 def _loss_of(model):
-    loss_fn, _, buffers = gamfunc.nn.functional(model)
+    loss_fn, _, buffers = gamfunc.nn.functionalize(model)
     return lambda p, b: loss_fn(p, b, buffers)
 
 

@@ -14,7 +14,7 @@ import re
 from typing import NamedTuple
 
 import gamfunc
-from gamfunc.optim import schedules
+from gamfunc import schedules
 
 BASELINE = "torch_sgd"
 AUTHORS = "authors_gam"

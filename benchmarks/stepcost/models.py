@@ -100,9 +100,9 @@ def split_precision(token: str) -> tuple[str, bool]:
 
 
 def functional_loss(model: nn.Module, dtype: str):
-    """``gamfunc.nn.functional(model)``'s ``(loss_fn, params, buffers)``, the loss under
+    """``gamfunc.nn.functionalize(model)``'s ``(loss_fn, params, buffers)``, the loss under
     ``gamfunc.precision.bf16`` (autocast inside the loss, fp32 outside) for ``dtype="bf16"``."""
-    loss_fn, params, buffers = gamfunc.nn.functional(model)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model)
     if dtype == "bf16":
         loss_fn = precision.bf16(loss_fn)
     return loss_fn, params, buffers

@@ -100,7 +100,7 @@ class AuthorsStep:
 
 
 class Functional:
-    """A ``gamfunc.make_step`` step on ``gamfunc.nn.functional(model)``'s loss, eager or compiled
+    """A ``gamfunc.make_step`` step on ``gamfunc.nn.functionalize(model)``'s loss, eager or compiled
     (``step.compile(fullgraph=True, mode=..., scope=..., options=inductor)``, see :func:`split_mode`)."""
 
     def __init__(self, step, params, buffers, batch, mode, every, inductor=None):

@@ -6,7 +6,7 @@ from gamfunc import tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
-from gamfunc.optim.schedules import value
+from gamfunc.schedules import value
 
 __all__ = ["asam"]
 

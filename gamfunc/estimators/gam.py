@@ -6,7 +6,7 @@ from gamfunc import hvps, tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import gradient
 from gamfunc.loss import with_grad_norm
-from gamfunc.optim.schedules import value
+from gamfunc.schedules import value
 
 __all__ = ["gam"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gamfunc import hvps, tree
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import clean_info
-from gamfunc.optim.schedules import value
+from gamfunc.schedules import value
 
 __all__ = ["gnp"]
 

@@ -31,14 +31,8 @@ from torch import Tensor
 
 from gamfunc import hvps, tree
 from gamfunc.loss import check_params, gradient_pass, loss_and_aux
-from gamfunc.metrics.hessian import (
-    bound_loss,
-    flat,
-    gaussian,
-    make_generator,
-    top_eigenvalues,
-    unflat,
-)
+from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
+from gamfunc.metrics.hessian import top_eigenvalues
 from gamfunc.tree import Tree
 
 __all__ = ["first_order_flatness", "zeroth_order_flatness"]
@@ -75,7 +69,7 @@ def first_order_flatness(
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes.
         loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
-            when ``buffers`` is given (see :mod:`gamfunc.metrics.hessian`).
+            when ``buffers`` is given (see :mod:`gamfunc.metrics._common`).
         rho: ρ > 0, the radius.
         steps: ascent steps after the start (0 keeps the start).
         lr: step length as a fraction of ρ.

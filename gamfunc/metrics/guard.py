@@ -15,7 +15,7 @@ import logging
 import torch
 
 from gamfunc.loss import loss_and_aux
-from gamfunc.metrics.hessian import bound_loss
+from gamfunc.metrics._common import bound_loss
 
 __all__ = ["measurable", "why_unmeasurable"]
 

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.loss import check_params, loss_and_aux
-from gamfunc.metrics.hessian import bound_loss, make_generator, top_eigenvalues
+from gamfunc.metrics._common import bound_loss, make_generator
+from gamfunc.metrics.hessian import top_eigenvalues
 from gamfunc.tree import Tree
 
 __all__ = ["Landscape1D", "Landscape2D", "landscape_1d", "landscape_2d", "random_direction"]
@@ -97,7 +98,7 @@ def landscape_1d(
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes.
         loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
-            when ``buffers`` is given (see :mod:`gamfunc.metrics.hessian`).
+            when ``buffers`` is given (see :mod:`gamfunc.metrics._common`).
         direction: "random" (:func:`random_direction`), "hessian" (the unit eigenvector of the
             largest Hessian eigenvalue, by Lanczos), or a dict shaped like ``params``.
         span: (α_min, α_max).

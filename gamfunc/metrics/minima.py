@@ -9,7 +9,7 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.loss import check_params, loss_and_aux
-from gamfunc.metrics.hessian import bound_loss, flat, gaussian, make_generator, unflat
+from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
 from gamfunc.tree import Tree
 
 __all__ = ["MinimaDensity", "count_extrema", "minima_density"]
@@ -50,7 +50,7 @@ def minima_density(
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes (the paper uses the training loss).
         loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
-            when ``buffers`` is given (see :mod:`gamfunc.metrics.hessian`).
+            when ``buffers`` is given (see :mod:`gamfunc.metrics._common`).
         rho: ρ, the radius.
         directions: N.
         steps: M, the number of steps of norm ρ/M.

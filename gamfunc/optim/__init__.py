@@ -1,6 +1,6 @@
-"""Base optimisers (how to move along a direction) and schedules."""
+"""Base optimisers: how to move along a direction. ``schedules`` is :mod:`gamfunc.schedules`'s former name."""
 
-from gamfunc.optim import schedules
+from gamfunc.optim import schedules  # the name gamfunc.optim.schedules keeps working
 from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import AdamWState, adamw
 from gamfunc.optim.base import Optimizer, with_hyper

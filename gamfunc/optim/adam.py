@@ -5,7 +5,7 @@ from __future__ import annotations
 from gamfunc import tree
 from gamfunc.optim.adamw import adamw
 from gamfunc.optim.base import Mask, Optimizer, check_mask, check_nonnegative, masked_keys
-from gamfunc.optim.schedules import value
+from gamfunc.schedules import value
 
 __all__ = ["adam"]
 

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from gamfunc.optim.schedules import Schedule
+from gamfunc.schedules import Schedule
 from gamfunc.tree import Tree
 
 __all__ = [

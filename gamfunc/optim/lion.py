@@ -20,7 +20,7 @@ from gamfunc.optim.base import (
     learning_rate,
     masked_keys,
 )
-from gamfunc.optim.schedules import value
+from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["LionState", "lion"]

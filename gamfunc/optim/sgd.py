@@ -18,7 +18,7 @@ from gamfunc.optim.base import (
     learning_rate,
     masked_keys,
 )
-from gamfunc.optim.schedules import value
+from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["SGDState", "sgd"]
@@ -58,7 +58,7 @@ def sgd(
         θ ← θ − η·d
 
     Args:
-        lr: η, a float >= 0 or a schedule (:mod:`gamfunc.optim.schedules`).
+        lr: η, a float >= 0 or a schedule (:mod:`gamfunc.schedules`).
         momentum: μ >= 0.
         dampening: τ >= 0.
         nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).

@@ -1,0 +1,110 @@
+"""Schedules: pure functions of the step count t (a 0-d integer tensor) returning a 0-d tensor.
+
+Values are computed with tensor operations, so a compiled step that reads a schedule never recompiles
+as t advances. Any hyperparameter documented as "float or schedule" (``lr`` of the optimisers, ``rho``
+of the estimators) accepts one.
+
+Example:
+    >>> import torch
+    >>> from gamfunc import schedules
+    >>> lr = schedules.cosine(0.1, total_steps=100, warmup_steps=10)
+    >>> round(float(lr(torch.tensor(5))), 6)  # warm-up: (t + 1)/10 of the peak
+    0.06
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+Schedule = Callable[[Tensor], Tensor]
+
+__all__ = ["Schedule", "constant", "cosine", "inverse_sqrt", "proportional", "value"]
+
+
+def _f64(t: Tensor) -> Tensor:
+    return t.to(torch.float64)
+
+
+def constant(v: float) -> Schedule:
+    """v at every step."""
+
+    def schedule(t: Tensor) -> Tensor:
+        return torch.full((), v, dtype=torch.float64, device=t.device)
+
+    return schedule
+
+
+def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 0.0) -> Schedule:
+    """Linear warm-up from 0 to ``peak`` over ``warmup_steps``, then cosine decay to ``final`` at ``total_steps``.
+
+    v(t) = peak·(t+1)/w for t < w; else final + (peak − final)·(1 + cos(π·min(1, (t−w)/(T−w))))/2.
+    """
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be > 0; got {total_steps}")
+    if not 0 <= warmup_steps <= total_steps:
+        raise ValueError(f"warmup_steps must be in [0, total_steps]; got {warmup_steps}")
+    # Float constants: a 0-d float64 tensor and a Python float make one op, an int adds a promotion.
+    warmup, decay = float(warmup_steps), float(max(total_steps - warmup_steps, 1))
+
+    def schedule(t: Tensor) -> Tensor:
+        t = _f64(t)
+        progress = torch.clamp((t - warmup) / decay, 0.0, 1.0)
+        cos = final + (peak - final) * 0.5 * (1.0 + torch.cos(math.pi * progress))
+        if warmup_steps == 0:  # no step count is below 0
+            return cos
+        warm = peak * (t + 1.0) / warmup
+        return torch.where(t < warmup, warm, cos)
+
+    return schedule
+
+
+def inverse_sqrt(initial: float) -> Schedule:
+    """v(t) = v₀/√(t+1): ρ_t = ρ₀/√t and η_t = η₀/√t of paper Theorem 4.3 (t counted from 1)."""
+
+    def schedule(t: Tensor) -> Tensor:
+        return initial / torch.sqrt(_f64(t) + 1)
+
+    return schedule
+
+
+def proportional(initial: float, lr: Schedule, lr_initial: float, floor: float = 0.0) -> Schedule:
+    """ρ following the learning rate down to a floor: ρ(t) = ρ_min + (ρ₀ − ρ_min) · lr(t) / lr₀.
+
+    The authors' ``ProportionScheduler`` (github.com/xxgege/GAM, commit 694133d, ``gam/util.py``
+    l.23-62) with ``max_value`` = ρ₀ (``initial``), ``min_value`` = ρ_min (``floor``), ``max_lr`` =
+    lr₀ (``lr_initial``) and ``min_lr`` = 0, the value ``gam/optimizer_helper.py`` l.21-25 passes.
+    ``floor=0`` gives ρ₀ · lr(t) / lr₀; ``floor=initial`` a constant ρ₀ (their released setting).
+
+    Warning:
+        Their scheduler steps after each optimisation step, from the lr of that step, so the first
+        step of an epoch whose lr changed uses the previous epoch's value; here ρ(t) follows the lr
+        of step t itself. With their released ``min_value = max_value`` the two are the same.
+
+    Raises:
+        ValueError: ``lr_initial`` is zero, or ``floor`` is outside [0, ``initial``] (their
+            ``assert max_value >= min_value``, l.41).
+    """
+    if lr_initial == 0:
+        raise ValueError("lr_initial must be non-zero")
+    if not 0 <= floor <= initial:
+        raise ValueError(f"floor must be in [0, initial={initial}]; got {floor}")
+
+    def schedule(t: Tensor) -> Tensor:
+        if floor == 0:  # no floor: the same operations as before it existed
+            return initial * lr(t) / lr_initial
+        return floor + (initial - floor) * lr(t) / lr_initial
+
+    return schedule
+
+
+def value(h: float | Schedule, step: Tensor | None) -> float | Tensor:
+    """A hyperparameter's value at ``step``: the number itself, or the schedule evaluated at step."""
+    if not callable(h):
+        return h
+    if step is None:
+        step = torch.zeros((), dtype=torch.int64)
+    return h(step)
