@@ -348,6 +348,22 @@ def test_gamfunc_lr_schedule_reports_its_lr_and_refuses_a_torch_scheduler():
         opt.step(data[2])
 
 
+def test_a_scheduled_lr_through_a_chain_is_reported_as_the_lr_of_the_step_taken():
+    """The facade reads the lr used from the state (no probe update): param_groups' lr and
+    metrics["lr"] are the schedule's value at the step just taken, through a chain too."""
+    model = tanh_mlp()
+    lr = schedules.cosine(0.1, total_steps=6, warmup_steps=3)
+    chained = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=lr))
+    opt = FlatnessOptimizer(model, gamfunc.sam(0.05), chained)
+    assert opt.param_groups[0]["lr"] == float(lr(torch.tensor(0)))
+    for t, b in enumerate(batches(4)):
+        opt.step(b)
+        assert opt.param_groups[0]["lr"] == float(opt.metrics["lr"]) == float(lr(torch.tensor(t)))
+    opt.param_groups[0]["lr"] = 0.5
+    with pytest.raises(RuntimeError, match="schedule"):
+        opt.step(batches(1)[0])
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
