@@ -38,7 +38,7 @@ from gamfunc import tree
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Optimizer
+from gamfunc.optim import Optimizer, with_hyper
 from gamfunc.optim.schedules import value
 from gamfunc.regional import compile_passes
 
@@ -64,7 +64,8 @@ class StepState(NamedTuple):
     dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
     it (:mod:`gamfunc.ensemble`), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
     field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
-    :func:`as_dict`.
+    :func:`as_dict`. The older ``StepState(step, opt, skipped, ...)`` (or ``step=``) still builds a
+    state, with a ``DeprecationWarning``, writing ``step`` into ``opt.step``.
 
     Attributes:
         step: (a property) ``opt.step``, 0-d int64, the steps taken (skipped ones not counted): the
@@ -94,6 +95,35 @@ class StepState(NamedTuple):
     def step(self) -> Tensor:
         """The steps taken: the optimiser's step counter, ``opt.step``."""
         return self.opt.step
+
+
+_tuple_new = StepState.__new__
+
+
+def _new_state(cls, *args, **kwargs):
+    """``StepState(opt, skipped, ...)``; the form before the single counter,
+    ``StepState(step, opt, skipped, ...)`` or ``step=``, warns and writes ``step`` into
+    ``opt.step``, the count that form's step used."""
+    if "step" in kwargs:
+        step = kwargs.pop("step")
+    elif args and isinstance(args[0], Tensor):
+        step, args = args[0], args[1:]
+    else:
+        return _tuple_new(cls, *args, **kwargs)
+    warnings.warn(
+        "StepState(step, opt, ...) is deprecated: the step count is the optimiser's; use "
+        "StepState(opt, ...) with opt.step (gamfunc.optim.with_hyper(opt, step=...))",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    if "opt" in kwargs:
+        kwargs["opt"] = with_hyper(kwargs["opt"], step=step)
+    elif args:
+        args = (with_hyper(args[0], step=step), *args[1:])
+    return _tuple_new(cls, *args, **kwargs)
+
+
+StepState.__new__ = _new_state
 
 
 @runtime_checkable

@@ -196,6 +196,19 @@ def test_a_state_saved_with_two_counters_loads_with_a_deprecation_warning():
     assert int(restored.step) == 1 and int(restored.opt.step) == 1
 
 
+def test_the_old_constructor_with_a_step_warns_and_sets_the_optimisers_count():
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
+    state = step.init(mlp_params())
+    seven = torch.tensor(7)
+    with pytest.warns(DeprecationWarning, match=r"StepState\(step, opt, \.\.\.\) is deprecated"):
+        old = gamfunc.StepState(seven, state.opt, state.skipped)
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        by_name = gamfunc.StepState(step=seven, opt=state.opt, skipped=state.skipped)
+    for s in (old, by_name):
+        assert s.step is seven and s.opt.step is seven and s.skipped is state.skipped
+    assert gamfunc.StepState(state.opt, state.skipped).step is state.opt.step
+
+
 def test_a_nan_learning_rate_is_skipped_not_written_into_params():
     params, batch = mlp_params(), mlp_batch()
     nan_lr = lambda t: torch.full((), float("nan"), dtype=torch.float64)  # noqa: E731
