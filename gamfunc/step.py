@@ -5,9 +5,8 @@
 ``torch.compile``, ``torch.func.vmap`` and ``torch.utils._pytree``::
 
     StepState(
-        step,          # 0-d int64: steps taken (skipped ones not counted), the one step counter
-                       # read by the estimator's and the optimiser's schedules
-        opt,           # the optimiser's state: SGDState, AdamWState, ChainState (gamfunc.optim)
+        opt,           # the optimiser's state: SGDState, AdamWState, ChainState (gamfunc.optim);
+                       # its step (state.step) is the one step counter
         skipped,       # 0-d int64: steps skipped because the loss, direction or update was not finite
         buffers=(),    # BatchNorm running statistics (a dict), for a buffered loss_fn
         cycle=(),      # every > 1 only: 0-d int64 on the CPU, host copy of the step count
@@ -27,6 +26,7 @@ and :mod:`gamfunc.regional`; :func:`gamfunc.gam_step` lives in :mod:`gamfunc.con
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -64,14 +64,17 @@ class StepState(NamedTuple):
     dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
     it (:mod:`gamfunc.ensemble`), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
     field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
-    :func:`as_dict`.
+    :func:`as_dict`. The older ``StepState(step, opt, skipped, ...)`` (or ``step=``) still builds a
+    state, with a ``DeprecationWarning``, writing ``step`` into ``opt.step``.
 
     Attributes:
-        step: 0-d int64, steps taken (skipped ones not counted): the one step counter, read by the
-            estimator's schedules (ρ) and the optimiser's (lr, bias corrections).
+        step: (a property) ``opt.step``, 0-d int64, the steps taken (skipped ones not counted): the
+            one step counter, kept by the optimiser and read by the estimator's schedules (ρ) and
+            the optimiser's (lr, bias corrections).
         opt: the optimiser's state (:class:`~gamfunc.optim.sgd.SGDState`,
             :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`);
-            ``state.opt.lr`` is the learning rate (:func:`gamfunc.optim.base.with_hyper` sets it).
+            ``state.opt.lr`` is the learning rate of the last update (for a constant lr,
+            :func:`gamfunc.optim.base.with_hyper` sets the next one).
         skipped: 0-d int64, steps skipped because the loss, the direction or the update was not
             finite.
         buffers: a dict name -> tensor of BatchNorm running statistics, for a loss_fn of the
@@ -82,12 +85,45 @@ class StepState(NamedTuple):
             :class:`gamfunc.precision.LossScale` for fp16; ``()`` for a loss without state.
     """
 
-    step: Tensor
     opt: Any
     skipped: Tensor
     buffers: dict[str, Tensor] | tuple = ()
     cycle: Tensor | tuple = ()
     loss: Any = ()
+
+    @property
+    def step(self) -> Tensor:
+        """The steps taken: the optimiser's step counter, ``opt.step``."""
+        return self.opt.step
+
+
+_tuple_new = StepState.__new__
+
+
+def _new_state(cls, *args, **kwargs):
+    """``StepState(opt, skipped, ...)``; the form before the single counter,
+    ``StepState(step, opt, skipped, ...)`` or ``step=``, warns and writes ``step`` into
+    ``opt.step``, the count that form's step used."""
+    if "step" in kwargs:
+        step = kwargs.pop("step")
+    elif args and isinstance(args[0], Tensor):
+        step, args = args[0], args[1:]
+    else:
+        return _tuple_new(cls, *args, **kwargs)
+    warnings.warn(
+        "StepState(step, opt, ...) is deprecated: the step count is the optimiser's; use "
+        "StepState(opt, ...) with opt.step (gamfunc.optim.with_hyper(opt, step=...))",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    if "opt" in kwargs:
+        kwargs["opt"] = with_hyper(kwargs["opt"], step=step)
+    elif args:
+        args = (with_hyper(args[0], step=step), *args[1:])
+    return _tuple_new(cls, *args, **kwargs)
+
+
+StepState.__new__ = _new_state
 
 
 @runtime_checkable
@@ -147,7 +183,6 @@ class _StepImpl:
                 f"skipped); got {self.on_nonfinite!r}"
             )
         return StepState(
-            step=torch.zeros((), dtype=torch.int64, device=device),
             opt=self.optimizer.init(params),
             skipped=torch.zeros((), dtype=torch.int64, device=device),
             buffers=dict(buffers) if buffers is not None else (),
@@ -166,7 +201,7 @@ class _StepImpl:
         cycle = state.cycle
         branch = self.full if int(cycle) % self.every == 0 else self.plain
         new_params, new, metrics = branch(params, state._replace(cycle=()), batch)
-        new_state = StepState(new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss)
+        new_state = StepState(new.opt, new.skipped, new.buffers, cycle + 1, new.loss)
         self.schema, metrics = with_schema(self.schema, metrics)
         return new_params, new_state, metrics
 
@@ -219,22 +254,20 @@ def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
 def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
     buffered = isinstance(state.buffers, dict)
     loss = bind(loss_fn, state)
-    # One step counter, the steps taken: the estimator's schedules (ρ) and the optimiser's (lr, bias
-    # corrections) read the same t, so a skipped step moves neither.
+    # One step counter, the optimiser's: the estimator's schedules (ρ) and the optimiser's (lr, bias
+    # corrections) read the same t, so a skipped step (the old optimiser state kept) moves neither.
     step = state.step
     est = estimator.run(params, batch, loss, step=step)
-    opt_state = with_hyper(state.opt, step=step)
-    new_params, new_opt = optimizer.update(est.direction, opt_state, params)
+    new_params, new_opt = optimizer.update(est.direction, state.opt, params)
     metrics = dict(est.info)
     metrics["lr"] = new_opt.lr
     if "rho" in estimator.hparams:
         rho = value(estimator.hparams["rho"], step)
         metrics["rho"] = torch.as_tensor(rho, dtype=torch.float64, device=step.device)
     new_buffers = est.clean.aux if buffered else ()
-    new_step = step + 1
     # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
     # made by ``_replace`` from a compiled graph.
-    taken = StepState(new_step, new_opt, state.skipped, new_buffers, state.cycle, state.loss)
+    taken = StepState(new_opt, state.skipped, new_buffers, state.cycle, state.loss)
     if on_nonfinite == "ignore":
         return new_params, taken, metrics
     finite = (
@@ -253,14 +286,11 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     if not _branch_on_host(finite):  # no Python branch on a value
         new_params = tree.where(finite, new_params, params)
         new_opt = _select(finite, new_opt, state.opt)
-        new_step = step + finite.to(step.dtype)
         new_buffers = _select(finite, new_buffers, state.buffers)
     elif not bool(finite):
-        new_params, new_opt, new_step, new_buffers = params, state.opt, step, state.buffers
+        new_params, new_opt, new_buffers = params, state.opt, state.buffers
     loss_state, extra = next_state(loss_fn, state, finite)
-    new_state = StepState(
-        new_step, new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state
-    )
+    new_state = StepState(new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state)
     metrics["skipped"] = skipped
     metrics.update(extra)
     return new_params, new_state, metrics
@@ -323,8 +353,12 @@ def check_state(state, params) -> None:
         )
     if not isinstance(params, dict) or not params:
         check_params(params)
-    for name in ("step", "skipped"):
-        v = getattr(state, name)
+    if not hasattr(state.opt, "lr") or not hasattr(state.opt, "step"):
+        raise TypeError(
+            f"state.opt must be an optimiser's state (with step and lr), as optimizer.init(params) "
+            f"returns; got {type(state.opt).__name__}"
+        )
+    for name, v in (("opt.step", state.opt.step), ("skipped", state.skipped)):
         if not isinstance(v, Tensor) or v.dtype != torch.int64:
             got = f"a {v.dtype} tensor" if isinstance(v, Tensor) else type(v).__name__
             raise TypeError(
@@ -335,11 +369,6 @@ def check_state(state, params) -> None:
         raise TypeError(
             f"state.buffers must be a dict name -> tensor or () (no buffers); got "
             f"{type(state.buffers).__name__}"
-        )
-    if not hasattr(state.opt, "lr") or not hasattr(state.opt, "step"):
-        raise TypeError(
-            f"state.opt must be an optimiser's state (with step and lr), as optimizer.init(params) "
-            f"returns; got {type(state.opt).__name__}"
         )
     _check_like(state.opt, params, [], "state.opt")
 
@@ -400,7 +429,7 @@ def as_dict(state) -> Any:
     a transform's state, a loss scale) a dict of its fields, fields holding ``()`` (nothing) left out.
 
     For ``torch.save``: the result loads with ``torch.load(weights_only=True)`` and without gamfunc.
-    A step state of plain SGD becomes ``{"step": ..., "opt": {"step": ..., "lr": ...}, "skipped": ...}``
+    A step state of plain SGD becomes ``{"opt": {"step": ..., "lr": ...}, "skipped": ...}``
     (with ``"momentum_buffer"`` in ``"opt"`` for SGD with momentum, ``"buffers"`` for BatchNorm).
     :func:`from_dict` is the inverse.
 
@@ -410,7 +439,7 @@ def as_dict(state) -> Any:
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
         >>> state = step.init({"w": torch.zeros(3)})
         >>> sorted(as_dict(state)), sorted(as_dict(state)["opt"])
-        (['opt', 'skipped', 'step'], ['lr', 'step'])
+        (['opt', 'skipped'], ['lr', 'step'])
         >>> type(from_dict(as_dict(state), like=state)).__name__
         'StepState'
     """
@@ -434,10 +463,21 @@ def from_dict(saved, like, where: str = "state") -> Any:
     The names and shapes must be those of ``like`` (a field absent from ``saved`` is ``()``); the
     tensors are ``saved``'s, where they are (move them with ``torch.utils._pytree.tree_map``).
 
+    A step state saved before the optimiser's counter became the only one has its count twice, also
+    as ``saved["step"]``; that entry is dropped with a ``DeprecationWarning``.
+
     Raises:
         ValueError: in one line naming the field, where ``saved`` has other names, another
             structure or other shapes than ``like``.
     """
+    if isinstance(like, StepState) and isinstance(saved, dict) and "step" in saved:
+        warnings.warn(
+            f"{where} has an entry 'step', saved before the step count was kept in "
+            f"{where}['opt']['step'] only; it is ignored (save again with as_dict to drop it)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        saved = {k: v for k, v in saved.items() if k != "step"}
     if _is_record(like):
         kind = type(like).__name__
         if not isinstance(saved, dict):

@@ -44,7 +44,7 @@ from torch.utils import _pytree as pytree
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
-from gamfunc.optim import Optimizer, with_hyper
+from gamfunc.optim import Optimizer, lr_scheduled, with_hyper
 from gamfunc.step import StepState, as_dict, from_dict, make_step
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
@@ -136,7 +136,12 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not trainable:
             raise ValueError("model has no parameter with requires_grad=True to optimise")
-        lr0, self._own_schedule = _probe_lr(optimizer, trainable)
+        # The first lr and whether a schedule sets it, from the state the optimiser starts with, on
+        # one element per parameter (the names and numbers of dimensions a weight_decay_mask reads).
+        first = optimizer.init(
+            {k: torch.zeros((1,) * p.ndim, dtype=torch.float64) for k, p in trainable.items()}
+        )
+        lr0, self._own_schedule = float(first.lr), lr_scheduled(first)
         module_loss, _, _ = functionalize(model, criterion)
         options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
         batch_step = make_step(
@@ -232,8 +237,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         buffers = {k: b.detach() for k, b in self._model.named_buffers()}
         if self._state is None:
             self._state = run.init(params, None)
-        opt = with_hyper(self._state.opt, lr=self._lr_tensor(self._state.opt.lr))
-        state = self._state._replace(buffers=buffers, opt=opt)
+        state = self._state._replace(buffers=buffers, opt=self._with_group_lr(self._state.opt))
         new_params, new_state, metrics = run(params, state, data)
         with torch.no_grad():
             for k, p in self._trainable.items():
@@ -246,7 +250,9 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self.param_groups[0]["lr"] = self._lr_set = float(new_state.opt.lr)
         return metrics["loss"]
 
-    def _lr_tensor(self, current: Tensor) -> Tensor:
+    def _with_group_lr(self, opt_state):
+        """``opt_state`` with ``param_groups[0]["lr"]`` as the lr of the next update; a scheduled lr
+        is the schedule's, and the group then only reports the lr of the last update."""
         lr = self.param_groups[0]["lr"]
         if self._own_schedule:
             if lr != self._lr_set:
@@ -255,9 +261,12 @@ class FlatnessOptimizer(torch.optim.Optimizer):
                     "schedule, which sets it; give the optimiser a constant lr to drive it with "
                     "torch.optim.lr_scheduler"
                 )
-            return current
+            return opt_state
         # A new 0-d tensor, never an in-place write: earlier metrics and states may share the old one.
-        return torch.full((), float(lr), dtype=torch.float64, device=current.device)
+        device = opt_state.lr.device
+        return with_hyper(
+            opt_state, lr=torch.full((), float(lr), dtype=torch.float64, device=device)
+        )
 
 
 class GAM(FlatnessOptimizer):
@@ -548,22 +557,6 @@ def _check_batch(batch) -> None:
             "batch must be a pair (inputs, targets) for criterion(model(inputs), targets); "
             f"got {type(batch).__name__}. For other batches pass a closure returning the loss."
         )
-
-
-def _probe_lr(optimizer: Optimizer, params: dict[str, Tensor]) -> tuple[float, bool]:
-    """The optimiser's first lr, and whether a schedule (not ``state.lr``) sets it.
-
-    An update on a probe with ``state.lr`` moved away from its initial value: a constant-lr
-    optimiser uses (and returns) the moved value, a scheduled one returns its own. The probe has the
-    names and numbers of dimensions of ``params`` (what a ``weight_decay_mask`` reads) in one element
-    each, so it costs no memory worth counting.
-    """
-    probe = {k: torch.zeros((1,) * p.ndim, dtype=torch.float64) for k, p in params.items()}
-    state = optimizer.init(probe)
-    lr0 = state.lr
-    moved = lr0 + 1.0
-    _, after = optimizer.update(tree.zeros_like(probe), with_hyper(state, lr=moved), probe)
-    return float(lr0), not torch.equal(after.lr, moved)
 
 
 def _placed(saved, reference):

@@ -16,6 +16,10 @@ ESTIMATORS = {
     "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
         0.05, 0.01, 0.5, 0.5, 0.1, convention="official"
     ),
+    "gam_adaptive": lambda: gamfunc.gam(0.05, 0.1, adaptive=True),
+    "gam_accelerated_adaptive": lambda: gamfunc.gam_accelerated(
+        0.05, 0.01, 0.5, 0.5, 0.1, convention="official", adaptive=True
+    ),
 }
 
 OPTIMIZERS = {

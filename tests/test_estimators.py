@@ -123,6 +123,92 @@ def test_gam_accelerated_algorithm_2(setup, convention):
     assert rel_err(d, ref) < 1e-10
 
 
+def authors_gam_direction(params, batch, rho, rho_prime, alpha, beta, gamma, adaptive, eps=1e-12):
+    """What ``GAM.step`` of the authors' code leaves in ``p.grad``, one parameter tensor at a time.
+
+    Written from github.com/xxgege/GAM, commit 694133d, ``gam/gam.py``: ``step`` l.197-239,
+    ``perturb_weights`` l.47-76, ``grad_norm_ascent`` l.79-98, ``gradient_decompose`` l.109-135,
+    ``_grad_norm`` l.138-159. Their names: ``grad_rho`` = ρ', ``grad_norm_rho`` = ρ,
+    ``grad_beta_1`` = α, ``grad_beta_3`` = 1 − α, ``grad_beta_2`` = 1 − β, ``grad_gamma`` = γ.
+    """
+
+    def grad(p):
+        leaves = {k: v.detach().requires_grad_(True) for k, v in p.items()}
+        grads = torch.autograd.grad(mlp_loss(leaves, batch), list(leaves.values()))
+        return dict(zip(p, grads, strict=True))
+
+    def norm(g, p, weight_adaptive):
+        total = 0.0
+        for k in g:
+            total += torch.sum((g[k] * torch.abs(p[k])) ** 2 if weight_adaptive else g[k] ** 2)
+        return torch.sqrt(total)
+
+    def perturbation(g, p, radius):
+        scale = radius / (norm(g, p, adaptive) + eps)
+        e_w = {}
+        for k in g:
+            e_w[k] = g[k] * scale
+            if adaptive:
+                e_w[k] = e_w[k] * torch.pow(p[k], 2)
+        return e_w
+
+    theta = params
+    g0 = grad(theta)
+    e_w_0 = perturbation(g0, theta, rho_prime)
+    g1 = grad({k: theta[k] + e_w_0[k] for k in theta})
+    diff = {k: g1[k] - g0[k] for k in theta}
+    e_w_12 = perturbation(diff, theta, rho)
+    theta2 = {k: theta[k] + e_w_12[k] for k in theta}
+    g2 = grad(theta2)
+    e_w_2 = perturbation(g2, theta2, rho_prime)
+    g3 = grad({k: theta2[k] + e_w_2[k] for k in theta})
+    pro_m = {k: g0[k] + abs(1 - beta) * g2[k] for k in theta}
+    new = {k: alpha * g1[k] + (1 - alpha) * g3[k] for k in theta}
+    inner_prod = sum(torch.sum(pro_m[k] * new[k]) for k in theta)
+    new_norm, old_norm = norm(new, theta, False), norm(pro_m, theta, False)
+    cosine = inner_prod / (new_norm * old_norm + eps)
+    out = {}
+    for k in theta:
+        vertical = pro_m[k] - cosine * old_norm * new[k] / (new_norm + eps)
+        out[k] = new[k] - gamma * vertical
+    return flatten(out)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_gam_accelerated_official_equals_the_authors_step(setup, adaptive):
+    params, batch, _naive, _theta = setup
+    hp = {"rho": 0.1, "rho_prime": 0.02, "alpha": 0.6, "beta": 0.3, "gamma": 0.4}
+    est = gamfunc.gam_accelerated(**hp, convention="official", adaptive=adaptive)
+    d, _ = direction(est, params, batch)
+    ref = authors_gam_direction(params, batch, **hp, adaptive=adaptive)
+    assert rel_err(d, ref) < 1e-10
+    if adaptive:  # the per-element scale does move the direction
+        plain = authors_gam_direction(params, batch, **hp, adaptive=False)
+        assert rel_err(ref, plain) > 1e-3
+
+
+@pytest.mark.parametrize("hvp", ["exact", "reverse"])
+def test_adaptive_gam_ascends_in_the_scale_of_theta(setup, hvp):
+    """Algorithm 1 with the authors' adaptive ascent: θ_adv = θ + ρ·θ²·f/(‖|θ|·f‖ + ξ)."""
+    params, batch, naive, theta = setup
+    f = naive.grad_norm_grad(theta)
+    theta_adv = theta + RHO * theta**2 * f / ((theta.abs() * f).norm() + 1e-12)
+    ref = naive.grad(theta) + ALPHA * RHO * naive.grad_norm_grad(theta_adv)
+    d, info = direction(gamfunc.gam(RHO, ALPHA, hvp=hvp, adaptive=True), params, batch)
+    assert rel_err(d, ref) < 1e-10
+    assert torch.allclose(info["f_norm"], f.norm(), rtol=1e-10)
+    assert rel_err(ref, naive.gam(theta, RHO, ALPHA)) > 1e-3
+
+
+def test_adaptive_takes_a_bool():
+    for make in (
+        lambda: gamfunc.gam(RHO, ALPHA, adaptive=1),
+        lambda: gamfunc.gam_accelerated(0.1, 0.02, 0.6, 0.3, 0.4, adaptive="yes"),
+    ):
+        with pytest.raises(ValueError, match="adaptive"):
+            make()
+
+
 def test_conventions_differ_only_in_h_minus(setup):
     params, batch, _naive, _theta = setup
     hp = {"rho": 0.1, "rho_prime": 0.02, "alpha": 0.6, "beta": 0.3}

@@ -204,6 +204,47 @@ def test_with_hyper_replaces_step_and_lr_through_a_chain():
         with_hyper({"lr": lr}, lr=lr)
 
 
+def test_with_hyper_refuses_a_scheduled_lr_and_keeps_a_constant_one():
+    params = {"w": torch.ones(3)}
+    lr = schedules.cosine(0.1, total_steps=10)
+    five = torch.tensor(5.0, dtype=torch.float64)
+    factories = (gamfunc.sgd, gamfunc.adamw, gamfunc.adam, gamfunc.lion)
+    for make in factories:
+        for state in (make(lr=lr).init(params), gamfunc.chain(make(lr=lr)).init(params)):
+            with pytest.raises(ValueError, match=r"lr cannot be set.*schedule.*constant lr"):
+                with_hyper(state, lr=five)
+            assert int(with_hyper(state, step=torch.tensor(3)).step) == 3  # the step still may
+        opt = make(lr=0.1)
+        new, state = opt.update(params, with_hyper(opt.init(params), lr=five), params)
+        assert state.lr is five and not torch.equal(new["w"], params["w"])
+
+
+def test_state_lr_is_the_lr_of_the_last_update():
+    """``state.lr`` after an update is the schedule's value at the step that update took, η_{t−1}
+    for ``state.step`` = t, for every optimiser and through a chain; init holds the first one."""
+    params, data = mlp_params(), batches(6)
+    lr = schedules.cosine(0.1, total_steps=6, warmup_steps=3)
+    factories = (gamfunc.sgd, gamfunc.adamw, gamfunc.adam, gamfunc.lion)
+    for opt in [make(lr=lr) for make in factories] + [gamfunc.chain(gamfunc.sgd(lr=lr))]:
+        p, state = params, opt.init(params)
+        assert float(state.lr) == float(lr(torch.tensor(0)))
+        for t, b in enumerate(data):
+            p, state = opt.update(torch.func.grad(mlp_loss)(p, b), state, p)
+            assert int(state.step) == t + 1
+            assert float(state.lr) == float(lr(torch.tensor(t)))
+    # the same through a step, with a skipped step between: the lr of the last step taken
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=lr), mlp_loss)
+    p, state = params, step.init(params)
+    bad = (data[0][0] * float("nan"), data[0][1])
+    for b in (data[0], data[1], bad, data[2]):
+        p, state, metrics = step(p, state, b)
+        taken = int(state.step) - 1
+        assert float(state.opt.lr) == float(lr(torch.tensor(taken)))
+        if not int(metrics["skipped"]):
+            assert float(metrics["lr"]) == float(state.opt.lr)
+    assert int(state.skipped) == 1 and lr(torch.tensor(1)) != lr(torch.tensor(2))
+
+
 def test_optimisers_keep_float32():
     params = mlp_params(dtype=torch.float32)
     for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):

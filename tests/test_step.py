@@ -160,6 +160,55 @@ def test_rho_and_lr_stay_in_proportion_after_skipped_steps():
     assert float(metrics["rho"] / metrics["lr"]) == pytest.approx(0.5, rel=1e-12)
 
 
+def test_one_step_counter_through_skipped_steps_and_every_k():
+    """The optimiser's counter is the only one: ``state.step`` reads it, a skipped step moves it
+    not, ``every=k`` moves it on both branches, and the lr and ρ schedules see it."""
+    lr = schedules.cosine(0.1, total_steps=10, warmup_steps=4)
+    rho = schedules.proportional(0.05, lr, 0.1)
+    opt = gamfunc.chain(gamfunc.clip_by_global_norm(10.0), gamfunc.sgd(lr=lr, momentum=0.9))
+    step = gamfunc.make_step(gamfunc.sam(rho), opt, mlp_loss, every=2)
+    params, batch = mlp_params(), mlp_batch()
+    bad = (batch[0] * float("nan"), batch[1])
+    state = step.init(params)
+    taken = 0
+    for b in (batch, batch, bad, batch, bad, bad, batch, batch):
+        params, state, metrics = step(params, state, b)
+        taken += 1 - int(metrics["skipped"])
+        assert state.step is state.opt.step and state.opt.step is state.opt.opt.step
+        assert int(state.step) == taken
+        assert float(state.opt.lr) == float(lr(torch.tensor(taken - 1)))
+        if not int(metrics["skipped"]) and not metrics["rho"].isnan():
+            assert float(metrics["rho"]) == float(rho(torch.tensor(taken - 1)))
+    assert (taken, int(state.skipped), int(state.cycle)) == (5, 3, 8)
+    counters = [k for k in gamfunc.step.as_dict(state) if k == "step"]
+    assert counters == [] and "step" in gamfunc.step.as_dict(state)["opt"]["opt"]
+
+
+def test_a_state_saved_with_two_counters_loads_with_a_deprecation_warning():
+    from gamfunc.step import as_dict, from_dict
+
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
+    params = mlp_params()
+    params, state, _ = step(params, step.init(params), mlp_batch())
+    old = {"step": torch.tensor(1)} | as_dict(state)
+    with pytest.warns(DeprecationWarning, match="entry 'step'.*opt"):
+        restored = from_dict(old, like=step.init(params))
+    assert int(restored.step) == 1 and int(restored.opt.step) == 1
+
+
+def test_the_old_constructor_with_a_step_warns_and_sets_the_optimisers_count():
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
+    state = step.init(mlp_params())
+    seven = torch.tensor(7)
+    with pytest.warns(DeprecationWarning, match=r"StepState\(step, opt, \.\.\.\) is deprecated"):
+        old = gamfunc.StepState(seven, state.opt, state.skipped)
+    with pytest.warns(DeprecationWarning, match="deprecated"):
+        by_name = gamfunc.StepState(step=seven, opt=state.opt, skipped=state.skipped)
+    for s in (old, by_name):
+        assert s.step is seven and s.opt.step is seven and s.skipped is state.skipped
+    assert gamfunc.StepState(state.opt, state.skipped).step is state.opt.step
+
+
 def test_a_nan_learning_rate_is_skipped_not_written_into_params():
     params, batch = mlp_params(), mlp_batch()
     nan_lr = lambda t: torch.full((), float("nan"), dtype=torch.float64)  # noqa: E731
@@ -205,14 +254,14 @@ def test_the_state_is_a_typed_pytree():
     step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.adamw(1e-3), mlp_loss)
     state = step.init(params)
     assert type(state) is gamfunc.StepState and type(state.opt) is gamfunc.AdamWState
-    assert state._fields == ("step", "opt", "skipped", "buffers", "cycle", "loss")
+    assert state._fields == ("opt", "skipped", "buffers", "cycle", "loss")
     assert (state.buffers, state.cycle, state.loss) == ((), (), ())
     assert state.opt.exp_avg.keys() == params.keys()
     _, new_state, _ = step(params, state, batch)
     assert type(new_state) is gamfunc.StepState and int(new_state.step) == 1
-    # a pytree of tensors only: step, skipped, opt.step, opt.lr and the two moments
+    # a pytree of tensors only: skipped, opt.step, opt.lr and the two moments
     leaves, spec = torch.utils._pytree.tree_flatten(new_state)
-    assert all(isinstance(v, torch.Tensor) for v in leaves) and len(leaves) == 4 + 2 * len(params)
+    assert all(isinstance(v, torch.Tensor) for v in leaves) and len(leaves) == 3 + 2 * len(params)
     assert torch.utils._pytree.tree_unflatten(leaves, spec)._fields == state._fields
     buffered = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(0.1), mlp_loss, every=2)
     state = buffered.init(params, {"m": torch.zeros(2)})
@@ -228,9 +277,9 @@ def test_a_wrong_state_gets_a_one_line_error_naming_the_field():
     with pytest.raises(TypeError, match=r"state\.opt must be an optimiser's state.*NoneType"):
         step(params, state._replace(opt=None), batch)
     with pytest.raises(
-        TypeError, match=r"state\.step must be an int64 tensor; got a torch.float32"
+        TypeError, match=r"state\.opt\.step must be an int64 tensor; got a torch.float32"
     ):
-        step(params, state._replace(step=torch.tensor(0.0)), batch)
+        step(params, state._replace(opt=state.opt._replace(step=torch.tensor(0.0))), batch)
     with pytest.raises(TypeError, match=r"state\.skipped must be an int64 tensor; got int"):
         step(params, state._replace(skipped=0), batch)
     with pytest.raises(TypeError, match=r"state\.buffers must be a dict"):
@@ -258,7 +307,7 @@ def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_loa
     for i in range(3):
         params, state, _ = step(params, state, mlp_batch(seed=i))
     plain = as_dict(state)
-    assert set(plain) == {"step", "opt", "skipped", "cycle", "loss"}  # no "buffers": ()
+    assert set(plain) == {"opt", "skipped", "cycle", "loss"}  # no "buffers": ()
     assert set(plain["opt"]) == {"opt", "transforms"} and set(plain["loss"]) == set(
         LossScale._fields
     )

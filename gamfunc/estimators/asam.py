@@ -7,8 +7,9 @@ from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
 from gamfunc.schedules import value
+from gamfunc.tree import Tree
 
-__all__ = ["asam"]
+__all__ = ["adaptive_ascent", "asam"]
 
 
 def asam(rho, eta: float = 0.01, eps: float = 1e-12) -> Estimator:
@@ -28,10 +29,20 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12) -> Estimator:
 
     def run(params, batch, loss_fn, clean, step):
         clean = clean if clean is not None else gradient_pass(loss_fn, params, batch)
-        tg = tree.map(lambda p, g: (p.abs() + eta) * g, params, clean.grad)
-        t2g = tree.map(lambda p, v: (p.abs() + eta) * v, params, tg)
-        factor = value(rho, step) / (tree.norm(tg) + eps)
-        adv = gradient_pass(loss_fn, tree.axpy(factor, t2g, params), batch)
+        theta_adv = adaptive_ascent(params, clean.grad, value(rho, step), eta, eps)
+        adv = gradient_pass(loss_fn, theta_adv, batch)
         return Estimate(adv.grad, clean_info(clean) | {"perturbed_loss": adv.loss}, clean)
 
     return Estimator("asam", run, {"rho": rho, "eta": eta, "eps": eps})
+
+
+def adaptive_ascent(params: Tree, v: Tree, rho, eta, eps) -> Tree:
+    """θ + ε, ε = ρ·T²v/(‖T v‖ + ξ), T = |θ| + η elementwise: an ascent of radius ρ along v measured
+    in the scale of each parameter (ASAM, Kwon et al. 2021, Eq. 8; with η = 0 the ``adaptive=True``
+    perturbation of the GAM authors' code, see :func:`gamfunc.gam`).
+
+    ``rho`` is ρ (a number or 0-d tensor), ``eta`` η, ``eps`` ξ; T is taken at ``params``.
+    """
+    tv = tree.map(lambda p, g: (p.abs() + eta) * g, params, v)
+    t2v = tree.map(lambda p, x: (p.abs() + eta) * x, params, tv)
+    return tree.axpy(rho / (tree.norm(tv) + eps), t2v, params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gamfunc import hvps, tree
+from gamfunc.estimators.asam import adaptive_ascent
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
 from gamfunc.estimators.gradient import gradient
 from gamfunc.loss import with_grad_norm
@@ -19,6 +20,7 @@ def gam(
     oracle: Estimator | None = None,
     eps: float = 1e-12,
     theorem_norms: bool = False,
+    adaptive: bool = False,
 ) -> Estimator:
     """GAM (Zhang et al. 2023, Algorithm 1): descend L_oracle + α·R1_ρ, R1_ρ(θ) = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖.
 
@@ -35,6 +37,16 @@ def gam(
     from it (``gradient()`` and ``sam``): exact GAM with the plain oracle costs two gradients and two
     forward-mode passes; ``hvp="fd"`` costs four gradients (paper Appendix D).
 
+    With ``adaptive=True`` the ascent is measured per element in the scale of θ, as the authors'
+    ``GAM(adaptive=True)`` perturbs (github.com/xxgege/GAM, commit 694133d, ``gam/gam.py``
+    l.57-59, l.94-97: e_w = ρ·v/(‖|θ|·v‖ + ξ)·θ², the weighted norm of ``_grad_norm`` l.154-155)::
+
+        θ_adv  = θ + ρ·θ²·f/(‖|θ|·f‖ + ξ)                  # θ², |θ| elementwise
+
+    :func:`~gamfunc.estimators.asam.adaptive_ascent` with η = 0 (ASAM's T = |θ| + η). The
+    authors' code is Algorithm 2 (:func:`gamfunc.gam_accelerated`); here only the ascent to θ_adv
+    is scaled, not the Hessian-vector products (nor ``hvp="fd"``'s difference radius).
+
     Args:
         rho: ρ, radius of the ascent to θ_adv (float >= 0 or a schedule).
         alpha: α, weight of the first-order flatness (float >= 0 or a schedule). α = 0 gives the
@@ -50,6 +62,7 @@ def gam(
         theorem_norms: also report Theorem 4.3's two quantities in info (two tree norms more per
             step): ``overall_grad_sq`` = ‖∇L_overall(θ)‖², the squared norm of the direction, and
             ``penalty_grad_sq`` = ‖α·ρ_t·∇‖∇L(θ_adv)‖‖².
+        adaptive: scale the ascent to θ_adv per element by |θ| (the authors' ``adaptive=True``).
 
     Returns:
         An Estimator; its info adds ``f_norm`` = ‖f‖, ``adv_grad_norm`` = ‖∇L(θ_adv)‖ and ``adv_loss``
@@ -70,6 +83,8 @@ def gam(
     check_nonnegative("rho", rho)
     check_nonnegative("alpha", alpha)
     check_nonnegative("eps", eps)
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
     backend = hvps.get(hvp, fd_radius)
     oracle = gradient() if oracle is None else oracle
     if not isinstance(oracle, Estimator):
@@ -78,8 +93,11 @@ def gam(
     def run(params, batch, loss_fn, clean, step):
         rho_t = value(rho, step)
         f, clean = hvps.grad_norm_grad(loss_fn, params, batch, backend, eps=eps, clean=clean)
-        f_hat, f_norm = tree.normalize(f, eps)
-        theta_adv = tree.axpy(rho_t, f_hat, params)
+        if adaptive:
+            f_norm, theta_adv = tree.norm(f), adaptive_ascent(params, f, rho_t, 0.0, eps)
+        else:
+            f_hat, f_norm = tree.normalize(f, eps)
+            theta_adv = tree.axpy(rho_t, f_hat, params)
         f_adv, adv = hvps.grad_norm_grad(loss_fn, theta_adv, batch, backend, eps=eps)
         base = oracle.run(params, batch, loss_fn, clean=clean, step=step)
         weight = value(alpha, step) * rho_t
@@ -103,5 +121,6 @@ def gam(
         "fd_radius": fd_radius,
         "oracle": oracle.name,
         "eps": eps,
+        "adaptive": adaptive,
     }
     return Estimator("gam" if oracle.name == "gradient" else f"{oracle.name}+gam", run, hparams)

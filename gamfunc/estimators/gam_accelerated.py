@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gamfunc import tree
+from gamfunc.estimators.asam import adaptive_ascent
 from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative, check_unit
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad
@@ -21,6 +22,7 @@ def gam_accelerated(
     gamma: float,
     convention: str = "paper",
     eps: float = 1e-12,
+    adaptive: bool = False,
 ) -> Estimator:
     """Accelerated GAM (paper Algorithm 2): GAM + SAM from four gradients g0..g3.
 
@@ -37,6 +39,16 @@ def gam_accelerated(
         h− = g0 + |1 − β|·g2                             # convention="official"
         direction = h+ − γ·h−⊥,  h−⊥ = h− − ⟨h−, ĥ+⟩·ĥ+,  ĥ+ = h+/(‖h+‖ + ξ)
 
+    With ``adaptive=True`` each of the three ascents x + r·v/(‖v‖ + ξ) above (to θ1, θ2, θ3) is
+    measured per element in the scale of the point x it starts from, as the authors'
+    ``GAM(adaptive=True)`` does (github.com/xxgege/GAM, commit 694133d, ``gam/gam.py``:
+    ``perturb_weights`` l.57-59 and l.69-71, ``grad_norm_ascent`` l.94-97, with the weighted norm of
+    ``_grad_norm`` l.154-155)::
+
+        x + r·x²·v/(‖|x|·v‖ + ξ)                         # x², |x| elementwise; x = θ, θ, θ2
+
+    :func:`~gamfunc.estimators.asam.adaptive_ascent` with η = 0 (ASAM's T = |θ| + η).
+
     Warning:
         The authors' released code forms h− = g0 + |1 − β|·g2, not the paper's β·g0 + (1 − β)·g2.
         ``convention="official"`` reproduces the code, ``"paper"`` the text. In the code's names:
@@ -52,6 +64,7 @@ def gam_accelerated(
             count, as ρ and ρ' (:mod:`gamfunc.ensemble` gives each member its values as such).
         convention: "paper" or "official" (see Warning).
         eps: ξ.
+        adaptive: scale the ascents per element by |x| (the authors' ``adaptive=True``).
 
     Returns:
         An Estimator; its info adds ``adv_grad_norm`` = ‖g2‖ and ``adv_loss`` = L(θ2).
@@ -67,6 +80,12 @@ def gam_accelerated(
     check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
+
+    def ascend(x, v, v_hat, radius):
+        """x + r·v̂, or the authors' adaptive ascent from x."""
+        return adaptive_ascent(x, v, radius, 0.0, eps) if adaptive else tree.axpy(radius, v_hat, x)
 
     def run(params, batch, loss_fn, clean, step):
         rho_t, rho_p = value(rho, step), value(rho_prime, step)
@@ -74,11 +93,11 @@ def gam_accelerated(
         b0, b2 = (beta_t, 1 - beta_t) if convention == "paper" else (1.0, abs(1 - beta_t))
         g0 = clean if clean is not None else gradient_pass(loss_fn, params, batch)
         g0_hat, g0 = unit_grad(g0, eps)
-        g1 = gradient_pass(loss_fn, tree.axpy(rho_p, g0_hat, params), batch)
+        g1 = gradient_pass(loss_fn, ascend(params, g0.grad, g0_hat, rho_p), batch)
         h0 = tree.sub(g1.grad, g0.grad)
-        theta2 = tree.axpy(rho_t, tree.normalize(h0, eps)[0], params)
+        theta2 = ascend(params, h0, tree.normalize(h0, eps)[0], rho_t)
         g2_hat, g2 = unit_grad(gradient_pass(loss_fn, theta2, batch), eps)
-        g3 = gradient_pass(loss_fn, tree.axpy(rho_p, g2_hat, theta2), batch)
+        g3 = gradient_pass(loss_fn, ascend(theta2, g2.grad, g2_hat, rho_p), batch)
         h_plus = tree.lincomb((alpha_t, g1.grad), (1 - alpha_t, g3.grad))
         h_minus = tree.lincomb((b0, g0.grad), (b2, g2.grad))
         h_plus_hat, _ = tree.normalize(h_plus, eps)
@@ -88,5 +107,5 @@ def gam_accelerated(
         return Estimate(direction, info, g0)
 
     hparams = {"rho": rho, "rho_prime": rho_prime, "alpha": alpha, "beta": beta, "gamma": gamma}
-    hparams["eps"] = eps
+    hparams |= {"eps": eps, "adaptive": adaptive}
     return Estimator(f"gam_accelerated[{convention}]", run, hparams | {"convention": convention})

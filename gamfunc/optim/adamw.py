@@ -11,6 +11,7 @@ from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
     Optimizer,
+    ScheduledLR,
     check_betas,
     check_lr,
     check_mask,
@@ -23,7 +24,7 @@ from gamfunc.optim.base import (
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
-__all__ = ["AdamWState", "adamw"]
+__all__ = ["AdamWState", "ScheduledAdamWState", "adamw"]
 
 
 class AdamWState(NamedTuple):
@@ -31,7 +32,8 @@ class AdamWState(NamedTuple):
 
     Attributes:
         step: 0-d int64, updates done so far (t − 1 of the next update).
-        lr: 0-d float64, η of the last update (of the next one for a constant lr, which reads it).
+        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Optimizer` tells how a
+            constant lr is set through it).
         exp_avg: m, the first moment, a dict name -> tensor (``torch.optim.AdamW``'s names).
         exp_avg_sq: v, the second moment, a dict name -> tensor.
     """
@@ -40,6 +42,13 @@ class AdamWState(NamedTuple):
     lr: Tensor
     exp_avg: Tree
     exp_avg_sq: Tree
+
+
+class ScheduledAdamWState(AdamWState, ScheduledLR):
+    """An :class:`AdamWState` whose lr a schedule sets; :func:`~gamfunc.optim.base.with_hyper`
+    refuses to change it."""
+
+    __slots__ = ()
 
 
 def adamw(
@@ -83,12 +92,11 @@ def adamw(
     check_nonnegative(eps=eps, weight_decay=weight_decay)
     check_mask(weight_decay_mask, "weight_decay_mask")
     decays = callable(weight_decay) or weight_decay != 0
+    State = ScheduledAdamWState if callable(lr) else AdamWState
 
     def init(params):
         masked_keys(weight_decay_mask, params, "weight_decay_mask")
-        return AdamWState(
-            *hyper_state(params, lr), tree.zeros_like(params), tree.zeros_like(params)
-        )
+        return State(*hyper_state(params, lr), tree.zeros_like(params), tree.zeros_like(params))
 
     def decayed(p, params, factor):
         """θ·(1 − η·λ) on the parameters the mask selects, θ elsewhere (``p`` lists ``params``)."""
@@ -123,7 +131,7 @@ def adamw(
         denom = torch._foreach_div(denom, tree.scalar_like(torch.sqrt(1 - beta2**t), denom))
         r = torch._foreach_div(m, torch._foreach_add(denom, eps))
         p = torch._foreach_sub(p, torch._foreach_mul(r, tree.scalar_like(eta / (1 - beta1**t), r)))
-        new_state = AdamWState(
+        new_state = State(
             step, eta, dict(zip(keys, m, strict=True)), dict(zip(keys, v, strict=True))
         )
         return dict(zip(keys, p, strict=True)), new_state
@@ -140,6 +148,6 @@ def adamw(
             v[k] = torch.addcmul(state.exp_avg_sq[k] * beta2, g, g, value=1 - beta2)
             denom = torch.sqrt(v[k]) / torch.sqrt(1 - beta2**t) + eps
             new_p[k] = x - (m[k] / denom) * (eta / (1 - beta1**t))
-        return new_p, AdamWState(step, eta, m, v)
+        return new_p, State(step, eta, m, v)
 
     return Optimizer(init, update)

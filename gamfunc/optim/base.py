@@ -14,10 +14,12 @@ from gamfunc.tree import Tree
 __all__ = [
     "Mask",
     "Optimizer",
+    "ScheduledLR",
     "check_lr",
     "check_mask",
     "hyper_state",
     "learning_rate",
+    "lr_scheduled",
     "masked_keys",
     "with_hyper",
 ]
@@ -32,20 +34,51 @@ class Optimizer(NamedTuple):
     ``state`` is a NamedTuple of the optimiser's own type (:class:`~gamfunc.optim.sgd.SGDState`,
     :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`), a pytree of
     tensors for ``torch.compile`` and ``torch.func.vmap``. Every such state has ``state.step`` (0-d
-    int64, updates done so far) and ``state.lr`` (0-d float64, the learning rate of the last update,
-    or of the next one for a constant lr): fields, or, for a state that wraps another optimiser's in
-    its field ``opt`` (a chain's), properties reading through it. For a constant lr, a state with a
-    new 0-d tensor as its lr (:func:`with_hyper`) changes the learning rate without recompiling a
-    compiled step (this is how ``torch.optim.lr_scheduler`` drives the facade).
+    int64, updates done so far) and ``state.lr`` (0-d float64): fields, or, for a state that wraps
+    another optimiser's in its field ``opt`` (a chain's), properties reading through it.
+
+    ``state.lr`` is the learning rate of the last update, η_{t−1} for ``state.step`` = t: the
+    schedule's value at the step that update took, or the constant. In the state ``init`` returns
+    (no update yet) it is the η the first update will use. A constant lr is read from
+    ``state.lr`` by the update, so a state given a new 0-d tensor as its lr (:func:`with_hyper`)
+    moves with it, and the update returns it as the lr it used; this is how
+    ``torch.optim.lr_scheduler`` drives the facade, without recompiling a compiled step. A
+    scheduled lr is the schedule's alone: its state is a :class:`ScheduledLR` and
+    :func:`with_hyper` refuses to set it.
     """
 
     init: Callable[[Tree], Any]
     update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
 
 
+class ScheduledLR:
+    """Marks an optimiser state whose lr a schedule sets (e.g. ``ScheduledSGDState``): its ``lr``
+    reports the schedule's value at the last update, and :func:`with_hyper` will not change it."""
+
+    __slots__ = ()
+
+
+def lr_scheduled(state) -> bool:
+    """Whether a schedule sets ``state``'s lr: the state, or the one it wraps in its field ``opt``
+    (a chain's), is a :class:`ScheduledLR`."""
+    while not isinstance(state, ScheduledLR):
+        if "opt" not in getattr(state, "_fields", ()):
+            return False
+        state = state.opt
+    return True
+
+
 def with_hyper(state, **changes: Tensor):
     """``state`` with its ``step`` or ``lr`` replaced, wherever the optimiser keeps them: in its own
     fields, or in those of the state it wraps in its field ``opt`` (a chain's).
+
+    The new ``lr`` is the η of the next update, for an optimiser built with a constant lr.
+
+    Raises:
+        ValueError: ``lr`` is given for a state whose lr comes from a schedule (the update would
+            ignore it); build the optimiser with a new schedule, or with a constant lr to set it
+            here between steps.
+        TypeError: a name other than ``step`` and ``lr``, or a state without them.
 
     Example:
         >>> import torch, gamfunc
@@ -57,6 +90,12 @@ def with_hyper(state, **changes: Tensor):
     unknown = sorted(set(changes) - {"step", "lr"})
     if unknown:
         raise TypeError(f"with_hyper changes step and lr only; got {unknown}")
+    if "lr" in changes and lr_scheduled(state):
+        raise ValueError(
+            "lr cannot be set: this optimiser's lr is a schedule, which sets it at every update "
+            "(a new value here would be ignored); build the optimiser with a new schedule, or with "
+            "a constant lr to set it between steps"
+        )
     fields = getattr(state, "_fields", ())
     # the constructor, not ``_replace``: dynamo on torch < 2.13 cannot return a NamedTuple that
     # ``_replace`` made from a compiled graph
@@ -125,7 +164,8 @@ def hyper_state(params: Tree, lr: float | Schedule) -> tuple[Tensor, Tensor]:
 
 
 def learning_rate(lr: float | Schedule, state) -> Tensor:
-    """The lr of this update: the schedule at ``state.step``, else ``state.lr``."""
+    """η of this update: the schedule at ``state.step`` (the step this update takes), else
+    ``state.lr``. The update returns it as its state's ``lr``, the lr of the last update."""
     return scheduled(lr, state.step) if callable(lr) else state.lr
 
 

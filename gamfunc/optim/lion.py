@@ -11,6 +11,7 @@ from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
     Optimizer,
+    ScheduledLR,
     check_betas,
     check_lr,
     check_mask,
@@ -23,7 +24,7 @@ from gamfunc.optim.base import (
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
-__all__ = ["LionState", "lion"]
+__all__ = ["LionState", "ScheduledLionState", "lion"]
 
 
 class LionState(NamedTuple):
@@ -31,13 +32,21 @@ class LionState(NamedTuple):
 
     Attributes:
         step: 0-d int64, updates done so far.
-        lr: 0-d float64, η of the last update (of the next one for a constant lr).
+        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Optimizer` tells how a
+            constant lr is set through it).
         exp_avg: m, the momentum, a dict name -> tensor.
     """
 
     step: Tensor
     lr: Tensor
     exp_avg: Tree
+
+
+class ScheduledLionState(LionState, ScheduledLR):
+    """A :class:`LionState` whose lr a schedule sets; :func:`~gamfunc.optim.base.with_hyper`
+    refuses to change it."""
+
+    __slots__ = ()
 
 
 def lion(
@@ -80,10 +89,11 @@ def lion(
     check_nonnegative(weight_decay=weight_decay)
     check_mask(weight_decay_mask, "weight_decay_mask")
     decays = callable(weight_decay) or weight_decay != 0
+    State = ScheduledLionState if callable(lr) else LionState
 
     def init(params):
         masked_keys(weight_decay_mask, params, "weight_decay_mask")
-        return LionState(*hyper_state(params, lr), tree.zeros_like(params))
+        return State(*hyper_state(params, lr), tree.zeros_like(params))
 
     def update(direction, state, params):
         check_state_type(state, LionState, "lion")
@@ -98,6 +108,6 @@ def lion(
                 x = x * (1 - eta * lam)
             new_p[k] = x - eta * torch.sign(c)
             m[k] = torch.lerp(mk, d, 1 - beta2)
-        return new_p, LionState(state.step + 1, eta, m)
+        return new_p, State(state.step + 1, eta, m)
 
     return Optimizer(init, update)

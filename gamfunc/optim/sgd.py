@@ -11,6 +11,7 @@ from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
     Optimizer,
+    ScheduledLR,
     check_lr,
     check_mask,
     check_state_type,
@@ -21,7 +22,7 @@ from gamfunc.optim.base import (
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
-__all__ = ["SGDState", "sgd"]
+__all__ = ["SGDState", "ScheduledSGDState", "sgd"]
 
 
 class SGDState(NamedTuple):
@@ -29,7 +30,8 @@ class SGDState(NamedTuple):
 
     Attributes:
         step: 0-d int64, updates done so far (b ← d at step 0).
-        lr: 0-d float64, η of the last update (of the next one for a constant lr, which reads it).
+        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Optimizer` tells how a
+            constant lr is set through it).
         momentum_buffer: b, a dict name -> tensor (``torch.optim.SGD``'s name); ``()`` without
             momentum.
     """
@@ -37,6 +39,13 @@ class SGDState(NamedTuple):
     step: Tensor
     lr: Tensor
     momentum_buffer: Tree | tuple = ()
+
+
+class ScheduledSGDState(SGDState, ScheduledLR):
+    """An :class:`SGDState` whose lr a schedule sets; :func:`~gamfunc.optim.base.with_hyper` refuses
+    to change it."""
+
+    __slots__ = ()
 
 
 def sgd(
@@ -91,6 +100,7 @@ def sgd(
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError("nesterov requires momentum > 0 and dampening = 0")
     check_mask(weight_decay_mask, "weight_decay_mask")
+    State = ScheduledSGDState if callable(lr) else SGDState
 
     def decayed(direction, params, weight_decay):
         """d + λ·θ on the parameters the mask selects, d elsewhere."""
@@ -107,7 +117,7 @@ def sgd(
     def init(params):
         masked_keys(weight_decay_mask, params, "weight_decay_mask")
         step, lr0 = hyper_state(params, lr)
-        return SGDState(step, lr0, tree.zeros_like(params) if momentum != 0 else ())
+        return State(step, lr0, tree.zeros_like(params) if momentum != 0 else ())
 
     def update(direction, state, params):
         check_state_type(state, SGDState, "sgd")
@@ -123,6 +133,6 @@ def sgd(
             buf = tree.axpy(later * momentum, buf, taken)
             d = tree.axpy(momentum, buf, d) if nesterov else buf
         new_params = tree.sub(params, tree.scale(d, eta))
-        return new_params, SGDState(state.step + 1, eta, buf)
+        return new_params, State(state.step + 1, eta, buf)
 
     return Optimizer(init, update)
