@@ -54,6 +54,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
+from gamfunc.hvps import of_gradient, resolve
 from gamfunc.loss import Objective, Pass, gradient_pass
 from gamfunc.tree import Tree
 
@@ -165,12 +166,10 @@ class Accumulated(Objective):
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
         """Σ_i (n_i/N)·H_i·v with ``backend`` per micro-batch; v(g) is taken at the accumulated g."""
         parts, total = self.parts(batch)
-        if not isinstance(v, dict) and clean is None and len(parts) == 1:
+        if of_gradient(v) and clean is None and len(parts) == 1:
             return self._hvp_whole_batch(backend, params, batch, v, total)
-        if not isinstance(v, dict):
-            if clean is None:
-                clean = self.gradient_pass(params, batch)
-            v = v(clean.grad)
+        if of_gradient(v):
+            v, clean = resolve(v, clean if clean is not None else self.gradient_pass(params, batch))
         hv = acc = None
         for w, b in parts:
             part_hv, part_clean = backend(self.loss_fn, params, b, v)

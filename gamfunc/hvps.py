@@ -5,8 +5,8 @@ Every backend is a function::
     hvp(loss_fn, params, batch, v, *, clean=None) -> (Hv, clean)
 
 where ``v`` is a dict shaped like ``params``, or a callable ``v(g)`` of the gradient g = ∇L(θ) (so that
-g and H·v(g) come from one pass where the backend allows it; told apart by ``isinstance(v, dict)``, as
-dynamo on torch 2.11 cannot trace ``callable`` of a dict), and ``clean`` is the
+g and H·v(g) come from one pass where the backend allows it; :func:`of_gradient` tells them apart and
+:func:`resolve` turns either into a vector at a pass; the wrappers use the same two), and ``clean`` is the
 :class:`~gamfunc.loss.Pass` at θ (gradient, loss, aux). A ``clean`` handed in is reused, never
 recomputed, where the backend can; the one returned is always the pass at θ.
 
@@ -56,6 +56,9 @@ __all__ = [
     "get",
     "grad_norm_grad",
     "math_attention",
+    "of_gradient",
+    "read_through",
+    "resolve",
     "reverse",
 ]
 
@@ -76,10 +79,8 @@ def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None)
     """H·v by forward-over-reverse: ``torch.func.jvp(torch.func.grad(L), (θ,), (v,))``."""
     if isinstance(loss_fn, Objective):
         return loss_fn.hvp(exact, params, batch, v, clean)
-    if not isinstance(v, dict):
-        if clean is None:
-            clean = gradient_pass(loss_fn, params, batch)
-        v, clean = _vector(v, clean)
+    if of_gradient(v):
+        v, clean = resolve(v, clean if clean is not None else gradient_pass(loss_fn, params, batch))
     with math_attention():
         g, hv, (loss, aux) = _jvp_of_grad(loss_fn, params, batch, v)
     # The jvp's primal is ∇L(θ) again; a clean pass we already hold is kept, so that what is built
@@ -116,7 +117,7 @@ def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = Non
     del clean  # the vjp's forward pass yields ∇L(θ) anyway
     with math_attention():
         g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
-        v, clean = _vector(v, Pass(g, loss, aux))
+        v, clean = resolve(v, Pass(g, loss, aux))
         (hv,) = vjp_fn(v)
     return hv, clean
 
@@ -130,7 +131,7 @@ def fd(radius: float):
         # An Objective needs no special case: the two gradients below go through gradient_pass.
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        v, clean = _vector(v, clean)
+        v, clean = resolve(v, clean)
         g_r = gradient_pass(loss_fn, tree.axpy(radius, v, params), batch).grad
         return tree.scale(tree.sub(g_r, clean.grad), 1.0 / radius), clean
 
@@ -170,14 +171,29 @@ class Normalized:
         return tree.normalize(g, self.eps)[0]
 
 
-def _vector(v: Vector, p: Pass) -> tuple[Tree, Pass]:
-    """``v`` itself, or v(g) at the pass ``p`` (g = ``p.grad``); a :class:`Normalized` v leaves the
-    norm it takes in the returned pass, so that ‖g‖ is computed once."""
-    if isinstance(v, dict):
+def of_gradient(v: Vector) -> bool:
+    """Whether ``v`` is a function v(g) of the gradient g = ∇L(θ) rather than a fixed vector (a dict).
+
+    The one test of the vector protocol that every backend and every wrapper (:mod:`gamfunc.accumulate`,
+    :mod:`gamfunc.precision`, :mod:`gamfunc.regional`) uses: ``isinstance(v, dict)``, because dynamo
+    on torch 2.11 cannot trace ``callable`` of a dict."""
+    return not isinstance(v, dict)
+
+
+def resolve(v: Vector, p: Pass) -> tuple[Tree, Pass]:
+    """``(v, p)`` for a fixed v; ``(v(g), p)`` for a function of g = ``p.grad``. A :class:`Normalized`
+    v leaves the norm it takes in the returned pass, so that ‖g‖ is computed once."""
+    if not of_gradient(v):
         return v, p
     if isinstance(v, Normalized):
         return unit_grad(p, v.eps)
     return v(p.grad), p
+
+
+def read_through(v: Vector, fn: Callable[[Tree], Tree]) -> Vector:
+    """v(fn(g)): a function of the gradient that reads g through ``fn`` (for example a loss scale
+    taken off); a fixed v is returned as it is."""
+    return (lambda g: v(fn(g))) if of_gradient(v) else v
 
 
 def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-12, clean=None):

@@ -55,6 +55,7 @@ import torch
 from torch import Tensor
 
 from gamfunc import hvps, tree
+from gamfunc.hvps import of_gradient, read_through, resolve
 from gamfunc.loss import Objective, Pass, gradient_pass, loss_and_aux
 from gamfunc.tree import Tree
 
@@ -252,9 +253,9 @@ class LossScaled(Objective):
         return self._unscale_pass(gradient_pass(self._scaled, params, batch))
 
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
-        if not isinstance(v, dict) and clean is not None:
-            v = v(clean.grad)
-        v_scaled = v if isinstance(v, dict) else (lambda sg: v(self._unscale(sg)))
+        if of_gradient(v) and clean is not None:
+            v, clean = resolve(v, clean)
+        v_scaled = read_through(v, self._unscale)
         with self.loss_fn.context(backend, params):
             shv, sclean = backend(self._scaled, params, batch, v_scaled)
         return self._unscale(shv), clean if clean is not None else self._unscale_pass(sclean)

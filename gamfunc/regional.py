@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from gamfunc.compile import compile_with, fresh
-from gamfunc.hvps import Normalized
+from gamfunc.hvps import Normalized, of_gradient, resolve
 from gamfunc.loss import Objective, Pass, bind, gradient_pass, with_grad_norm
 from gamfunc.tree import Tree
 
@@ -75,10 +75,8 @@ class CompiledPasses(Objective):
         if isinstance(v, Normalized) and clean is None:
             hv, *out = self.compiled.point(backend, v)(self.state, params, batch)
             return hv, Pass(*out)
-        if not isinstance(v, dict):
-            if clean is None:
-                clean = self.gradient_pass(params, batch)
-            v = v(clean.grad)
+        if of_gradient(v):
+            v, clean = resolve(v, clean if clean is not None else self.gradient_pass(params, batch))
         hv, *out = self.compiled.hvp(backend)(self.state, params, batch, v)
         return hv, clean if clean is not None else Pass(*out)
 

@@ -1,13 +1,15 @@
 """HVP backends against the dense torch.func.hessian, and finite differences against exact."""
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err, relu_mlp_loss, unflatten
 
+import gamfunc
 from gamfunc import hvps, tree
-from gamfunc.loss import gradient_pass
+from gamfunc.loss import Pass, gradient_pass
 
 
 def dense_hessian(loss_fn, params, batch):
@@ -107,3 +109,25 @@ def test_math_attention_backend_makes_second_order_work_through_sdpa():
     e, _ = hvps.exact(loss_fn, params, q, v)
     r, _ = hvps.reverse(loss_fn, params, q, v)
     assert rel_err(e, r) < 1e-12
+
+
+def test_one_vector_protocol_resolves_fixed_vectors_and_functions_of_the_gradient():
+    g = {"a": torch.tensor([3.0, 4.0], dtype=torch.float64)}
+    p = Pass(g, torch.tensor(1.0, dtype=torch.float64), ())
+    fixed = {"a": torch.tensor([1.0, 2.0], dtype=torch.float64)}
+    assert not hvps.of_gradient(fixed) and hvps.of_gradient(hvps.Normalized(0.0))
+    assert hvps.resolve(fixed, p) == (fixed, p)
+    v, q = hvps.resolve(hvps.Normalized(1.0), p)
+    torch.testing.assert_close(v["a"], g["a"] / 6.0)  # g/(‖g‖ + ξ), ‖g‖ = 5, ξ = 1
+    torch.testing.assert_close(q.grad_norm, torch.tensor(5.0, dtype=torch.float64))
+    double = hvps.read_through(lambda x: {"a": x["a"] + 1}, lambda x: {"a": 2 * x["a"]})
+    torch.testing.assert_close(hvps.resolve(double, p)[0]["a"], 2 * g["a"] + 1)
+    assert hvps.read_through(fixed, lambda x: x) is fixed
+
+
+def test_the_wrappers_use_the_one_vector_protocol():
+    # Every wrapper tells a fixed v from v(g) through gamfunc.hvps, never by its own test.
+    root = Path(gamfunc.__file__).parent
+    for name in ("accumulate.py", "precision.py", "regional.py", "distributed.py"):
+        source = (root / name).read_text()
+        assert "isinstance(v, dict)" not in source and "v(clean.grad)" not in source, name
