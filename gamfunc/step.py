@@ -519,8 +519,10 @@ def from_dict(saved, like, where: str = "state") -> Any:
 
 def _all_finite(*trees) -> Tensor:
     """Whether every floating-point entry of ``trees`` (the new params and optimiser state) is
-    finite: the largest magnitude of each tensor (one ``_foreach`` kernel; a nan stays nan), then
-    one ``isfinite`` over those."""
+    finite: the largest magnitude of each tensor (a nan stays nan), one ``_foreach_norm`` per
+    (device, dtype) group, so that on a GPU each group is one kernel (a list that mixes dtypes or
+    devices, such as parameters with the optimiser's float64 lr, takes ``_foreach``'s per-tensor
+    path), then one ``isfinite`` per group."""
     leaves = [
         t
         for t in torch.utils._pytree.tree_leaves(trees)
@@ -529,18 +531,18 @@ def _all_finite(*trees) -> Tensor:
     if not leaves:
         return torch.ones((), dtype=torch.bool)
     device = leaves[0].device
-    if tree.vmapped(leaves):  # foreach kernels have no batching rule
-        maxima = [torch.linalg.vector_norm(t, float("inf")) for t in leaves]
-    else:
-        maxima = [m.to(device) for m in torch._foreach_norm(leaves, float("inf"))]
-    return torch.isfinite(torch.stack(_common(maxima))).all()
-
-
-def _common(parts: list[Tensor]) -> list[Tensor]:
-    dtype = parts[0].dtype
-    for p in parts[1:]:
-        dtype = torch.promote_types(dtype, p.dtype)
-    return [p.to(dtype) for p in parts]
+    vmapped = tree.vmapped(leaves)  # foreach kernels have no batching rule
+    groups: dict[tuple, list[Tensor]] = {}
+    for t in leaves:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    flags = []
+    for group in groups.values():
+        if vmapped:
+            maxima = [torch.linalg.vector_norm(t, float("inf")) for t in group]
+        else:
+            maxima = list(torch._foreach_norm(group, float("inf")))
+        flags.append(torch.isfinite(torch.stack(maxima)).all().to(device))
+    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
 
 def _norm(est) -> Tensor:

@@ -368,3 +368,27 @@ def test_the_metrics_schema_stays_fixed_under_every_k_with_a_skipped_step():
     assert torch.isnan(seen[1]["f_norm"]) and torch.isfinite(seen[3]["f_norm"])
     assert [int(m["skipped"]) for m in seen] == [0, 0, 0, 0, 1, 0]
     assert torch.stack([m["loss"] for m in seen]).shape == (6,)
+
+
+def test_the_finiteness_check_takes_one_foreach_kernel_per_dtype_and_device(monkeypatch):
+    # A list that mixes dtypes (the parameters and the optimiser's float64 lr) would send every
+    # tensor down _foreach_norm's per-tensor path on a GPU: one kernel per tensor, on the host's time.
+    from gamfunc import step as step_mod
+
+    calls = []
+    real = torch._foreach_norm
+
+    def recording(tensors, *args, **kwargs):
+        calls.append({(t.device, t.dtype) for t in tensors})
+        return real(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "_foreach_norm", recording)
+    params = {f"w{i}": torch.randn(3, dtype=torch.float32) for i in range(5)}
+    opt = gamfunc.sgd(lr=0.1, momentum=0.9).init(params)
+    assert bool(step_mod._all_finite(params, opt))
+    assert calls and all(len(kinds) == 1 for kinds in calls)
+    params["w3"] = params["w3"].clone().index_fill_(0, torch.tensor([1]), float("nan"))
+    assert not bool(step_mod._all_finite(params, opt))
+    opt_inf = opt._replace(lr=torch.tensor(float("inf"), dtype=torch.float64))
+    params["w3"] = torch.zeros(3)
+    assert not bool(step_mod._all_finite(params, opt_inf))
