@@ -109,7 +109,7 @@ def test_results_tables_equal_their_committed_json():
         render = evidence.TABLES[record["settings"]["command"]]
         assert tables(render(record))[0] == table, data
         checked += 1
-    assert checked >= 5  # minima, landscape, the GNP and SAM+GAM sweeps, the GAM variants
+    assert checked >= 6  # minima, landscape, the GNP and SAM+GAM sweeps, the ablation, GAM variants
 
 
 def test_every_committed_evidence_json_has_its_table():
@@ -161,6 +161,17 @@ def test_results_prose_numbers_equal_their_json():
     assert (
         f"the best cell, ρ = {best['rho']:g}, α = {best['alpha']:g} ({b[0]:.2f} and {b[1]:.2f}%), "
         f"is {b[0] - val[0]:.1f} and {b[1] - val[1]:.1f} points above SAM"
+    ) in text
+    full = json.loads((EVIDENCE / "ablation_full" / "ablation.json").read_text())["grid"]
+    first, second = sorted(full.values(), key=lambda c: -statistics.mean(c["val"]))[:2]
+
+    def pm(v):
+        return f"{statistics.mean(v):.1f} ± {statistics.stdev(v):.1f}"
+
+    assert (
+        f"Best on validation: ρ = {first['rho']:g}, α = {first['alpha']:g} "
+        f"(test {pm(first['test'])}%); the preset's ρ = {second['rho']:g}, α = {second['alpha']:g} "
+        f"is second ({pm(second['val'])}%, test {pm(second['test'])}%)"
     ) in text
     variants = json.loads((EVIDENCE / "variants" / "variants.json").read_text())["runs"]
     fast = [statistics.mean(r[k] for r in variants[f"accelerated, {c}"]) for c in ("paper", "official")
