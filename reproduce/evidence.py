@@ -506,13 +506,23 @@ def cmd_variants(opt) -> None:
             )  # fmt: skip
             keys = ("train_acc", "test_acc", "gap", "step_ms")
             out[label].append(dict({k: r[k] for k in keys}, seed=seed, lambda_max=float(lam[0])))
-    rows = [
-        [label, pm([r["test_acc"] for r in rs]), pm([r["gap"] for r in rs]),
-         pm([r["lambda_max"] for r in rs]), pm([r["step_ms"] for r in rs], 1)]
-        for label, rs in out.items()
-    ]  # fmt: skip
+    record = {"runs": out, "fd_radius": base.fd_radius}
+    write(opt.out, "variants", variants_table(record), record, opt)
+
+
+def variants_table(record: dict[str, Any]) -> str:
+    """The markdown table of ``variants``' JSON: test accuracy, gap, λ_max and ms/step per GAM
+    variant, mean ± std over seeds; the finite-difference row names its r."""
+    rows = []
+    for label, rs in record["runs"].items():
+        if label == "finite difference" and "fd_radius" in record:
+            label = f"{label} (r = {record['fd_radius']:g})"
+        rows.append(
+            [label, pm([r["test_acc"] for r in rs]), pm([r["gap"] for r in rs]),
+             pm([r["lambda_max"] for r in rs]), pm([r["step_ms"] for r in rs], 1)]
+        )  # fmt: skip
     header = ["GAM variant", "test acc %", "gap", "λ_max", "ms/step"]
-    write(opt.out, "variants", table(header, rows), {"runs": out}, opt)
+    return table(header, rows)
 
 
 # ---------------------------------------------------------------- finite-difference GAM on ReLU
@@ -671,7 +681,12 @@ SUBCOMMANDS = {
 
 # subcommand -> its markdown table from its JSON record (tests/test_docs.py recomputes the tables
 # of reproduce/RESULTS.md from the JSON committed under docs/evidence/ with these)
-TABLES = {"minima": minima_table, "landscape": landscape_table, "ablation": ablation_table}
+TABLES = {
+    "minima": minima_table,
+    "landscape": landscape_table,
+    "ablation": ablation_table,
+    "variants": variants_table,
+}
 
 REUSE = "runs/evidence/spectra/spectra.json"
 # the subcommands whose runs --vmap can train together (the others measure each run on its own)

@@ -109,7 +109,7 @@ def test_results_tables_equal_their_committed_json():
         render = evidence.TABLES[record["settings"]["command"]]
         assert tables(render(record))[0] == table, data
         checked += 1
-    assert checked >= 3  # minima, landscape, the GNP sweep
+    assert checked >= 6  # minima, landscape, the GNP and SAM+GAM sweeps, the ablation, GAM variants
 
 
 def test_every_committed_evidence_json_has_its_table():
@@ -155,6 +155,30 @@ def test_results_prose_numbers_equal_their_json():
     mean, std = statistics.mean(val), statistics.stdev(val)
     assert f"ablation.json)): {mean:.1f} ± {std:.1f}" in text
     assert f"above SAM ({val[0]:.2f} and {val[1]:.2f}%)" in text
+    grid = json.loads((EVIDENCE / "sam_gam_sweep" / "ablation.json").read_text())["grid"]
+    best = max(grid.values(), key=lambda c: statistics.mean(c["val"]))
+    b = best["val"]
+    assert (
+        f"the best cell, ρ = {best['rho']:g}, α = {best['alpha']:g} ({b[0]:.2f} and {b[1]:.2f}%), "
+        f"is {b[0] - val[0]:.1f} and {b[1] - val[1]:.1f} points above SAM"
+    ) in text
+    full = json.loads((EVIDENCE / "ablation_full" / "ablation.json").read_text())["grid"]
+    first, second = sorted(full.values(), key=lambda c: -statistics.mean(c["val"]))[:2]
+
+    def pm(v):
+        return f"{statistics.mean(v):.1f} ± {statistics.stdev(v):.1f}"
+
+    assert (
+        f"Best on validation: ρ = {first['rho']:g}, α = {first['alpha']:g} "
+        f"(test {pm(first['test'])}%); the preset's ρ = {second['rho']:g}, α = {second['alpha']:g} "
+        f"is second ({pm(second['val'])}%, test {pm(second['test'])}%)"
+    ) in text
+    variants = json.loads((EVIDENCE / "variants" / "variants.json").read_text())["runs"]
+    fast = [statistics.mean(r[k] for r in variants[f"accelerated, {c}"]) for c in ("paper", "official")
+            for k in ("test_acc", "lambda_max")]  # fmt: skip
+    test, lam = sorted(fast[0::2]), sorted(fast[1::2])
+    assert f"(test {int(test[0])}–{int(test[1])}%, λ_max {lam[0]:.1f}–{lam[1]:.1f})" in text
+    assert max(r["train_acc"] for r in variants["finite difference"]) < 11  # "collapsed to chance"
     minima = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
     for method, name in (("SGD", "SGD"), ("SAM", "SAM"), ("SGD+GAM", "SGD+GAM")):
         shares = [sum(x > 0 for x in r["minima"]) for r in minima[method]]

@@ -74,6 +74,9 @@ def test_quick_writes_finite_table_json_and_figures(command, tmp_path):
         for text in re.findall(r"-?\d+(?:\.\d+)?|nan|inf", cell):
             assert math.isfinite(float(text)), (command, cell)
 
+    if command in evidence.TABLES:  # the table that tests/test_docs.py recomputes from the JSON
+        assert evidence.TABLES[command](record) in md
+
     for name in FIGURES[command]:
         data = (tmp_path / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 1000, name
