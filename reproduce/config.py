@@ -8,7 +8,7 @@ and ``--key=value`` overrides.
 Presets (``PRESETS``, built by ``_presets`` below, whose comments say where each value comes from) are
 named after the paper's tables (Zhang et al., CVPR 2023, arXiv:2303.03108). The list of them, one row
 per family with its settings, is :func:`reproduce.preset_table.markdown`
-(``python -m reproduce.preset_table``; README.md's preset table is its output).
+(``python -m reproduce.preset_table``; docs/guides/reproduce.md's preset table is its output).
 
 Example:
     >>> from reproduce.config import resolve

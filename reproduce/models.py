@@ -536,7 +536,7 @@ VECTOR_MODELS = frozenset({"mlp", "mlp_gelu", "mlp_tanh", "cnn1d"})
 
 # The networks whose loss has kinks: ReLU (or max-pool) activations, where ∇L jumps as a
 # pre-activation crosses zero. A finite-difference H·v adds those jumps divided by its radius;
-# jvp's Hessian never sees them (README, "Exact vs finite-difference HVPs"). The others are smooth:
+# jvp's Hessian never sees them (docs/guides/concepts.md, "Exact vs finite-difference HVPs"). The others are smooth:
 # GELU (ViTs, Swin-T, mlp_gelu), tanh, SiLU and sigmoid (EfficientNet-B0).
 RELU_MODELS = frozenset(
     {

@@ -3,7 +3,7 @@
 A family is the presets that share their first name component and base optimiser (``hp1`` with SGD,
 ``hp1`` with AdamW, ...); its names are written as one pattern (``hp1.{cifar10,cifar100}.{resnet18,...}``)
 and its settings are what its presets set, each value followed by the name components it holds for
-where it differs inside the family. README.md's preset table is this module's output::
+where it differs inside the family. docs/guides/reproduce.md's preset table is this module's output::
 
     python -m reproduce.preset_table      # prints the table
 """

@@ -8,7 +8,7 @@ trains the MNIST-1D MLP (Greydanus 2020; 4,000 training and 1,000 test vectors g
 SGD and with SGD + GAM (ρ = 0.5, α = 1, chosen on a validation split), one after the other, and prints
 train and test accuracy, the generalisation gap, the top Hessian eigenvalue λ_max, the Hessian trace
 and R1 at the end. It should print (torch 2.14.1 on the CPU; other torch versions round differently
-and move the accuracies by a few tenths of a point; README.md's table is the committed run,
+and move the accuracies by a few tenths of a point; docs/guides/reproduce.md's table is the committed run,
 docs/evidence/main_job.json)::
 
     estimator                  train acc  test acc     gap     λ_max     trace        R1    img/s    time
@@ -35,7 +35,7 @@ several estimators also writes ``<logdir>/<name>/comparison.json``. ``--resume``
 exactly where its checkpoint left it (bit-exact on CPU).
 
 Under ``torchrun`` every process trains on its GPU (``LOCAL_RANK``) through ``gamfunc.distributed``;
-``--batch_size`` is the global batch and rank 0 alone writes the output (README: "ImageNet on many GPUs
+``--batch_size`` is the global batch and rank 0 alone writes the output (docs/guides/imagenet.md: "ImageNet on many GPUs
 and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step), ``loop`` (epochs,
 checkpoints, signals), ``evaluation``, ``launch`` (processes), ``report`` (logs and tables),
 ``data`` and ``gpu_data`` (input pipelines).

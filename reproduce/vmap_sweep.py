@@ -21,7 +21,7 @@ ends with::
 
 (one epoch is a smoke test; the looped sweep's numbers differ because its seed 1 runs draw their own
 validation split and batches). It pays where the model is small and one run leaves the
-device idle: the MNIST-1D and digits MLPs (README, "Sweeps and seeds", has the measured speed-up).
+device idle: the MNIST-1D and digits MLPs (docs/guides/reproduce.md, "Sweeps and seeds", has the measured speed-up).
 
 How its runs differ from ``reproduce/train.py``'s:
 

@@ -1,9 +1,9 @@
 """The documents say what the registry and the committed result files say.
 
-README.md's preset table is regenerated from ``reproduce.config.PRESETS``; reproduce/README.md names
-the source of every preset family; the main job's table and the evidence tables of
-reproduce/RESULTS.md are recomputed from their JSON under ``docs/evidence/``; numbers in prose are
-checked against the JSON they come from.
+docs/guides/reproduce.md's preset table is regenerated from ``reproduce.config.PRESETS``;
+reproduce/README.md names the source of every preset family; the main job's table (in the same guide)
+and the evidence tables of reproduce/RESULTS.md are recomputed from their JSON under
+``docs/evidence/``; numbers in prose are checked against the JSON they come from.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from reproduce.config import PRESETS
 from reproduce.preset_table import SOURCES, families, markdown
 
 ROOT = Path(__file__).resolve().parents[1]
+REPRODUCE_GUIDE = (ROOT / "docs" / "guides" / "reproduce.md").read_text()
+GUIDES = "".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
 README = (ROOT / "README.md").read_text()
 REPRODUCE_README = (ROOT / "reproduce" / "README.md").read_text()
 RESULTS = (ROOT / "reproduce" / "RESULTS.md").read_text()
@@ -40,9 +42,11 @@ def expand(pattern: str) -> list[str]:
     return ["".join(t) for t in itertools.product(*parts)]
 
 
-def test_readme_preset_table_is_generated_from_the_registry():
-    table = between(README, "<!-- preset table:", "<!-- end of preset table -->")
-    assert table == markdown(), "run: python -m reproduce.preset_table, paste into README.md"
+def test_preset_table_is_generated_from_the_registry():
+    table = between(REPRODUCE_GUIDE, "<!-- preset table:", "<!-- end of preset table -->")
+    assert table == markdown(), (
+        "run: python -m reproduce.preset_table, paste into docs/guides/reproduce.md"
+    )
 
 
 def test_every_preset_family_names_its_source():
@@ -115,19 +119,23 @@ def test_results_tables_equal_their_committed_json():
 def test_every_committed_evidence_json_has_its_table():
     cited = {d.strip("[]") for d, _ in data_of_tables(RESULTS) if d and d != "not kept"}
     cited |= set(re.findall(r"\((?:\.\./)?(docs/evidence/[^)]+\.json)\)", RESULTS + README))
+    # the guides under docs/ link to ../evidence/... (or ../../docs/evidence/...)
+    cited |= {
+        "docs/" + m for m in re.findall(r"\((?:\.\./)+(?:docs/)?(evidence/[^)]+\.json)\)", GUIDES)
+    }
     committed = {str(p.relative_to(ROOT)) for p in EVIDENCE.rglob("*.json")}
     assert committed <= cited, (
         f"JSON under docs/evidence/ that no document cites: {committed - cited}"
     )
 
 
-def test_readme_main_job_table_is_the_committed_run():
+def test_main_job_table_is_the_committed_run():
     """The table is ``report.table`` of docs/evidence/main_job.json (its 2-decimal rounding), and
     train.py's docstring shows the same rows."""
     report = pytest.importorskip("reproduce.report")
     summaries = json.loads((EVIDENCE / "main_job.json").read_text())
     expected = report.table(summaries)
-    section = README.split("### Main job", 1)[1]
+    section = REPRODUCE_GUIDE.split("## Main job", 1)[1]
     block = re.search(r"\n```\n(estimator .*?)\n```", section, flags=re.S)
     assert block is not None and block.group(1) == expected
     train_doc = (ROOT / "reproduce" / "train.py").read_text()
@@ -137,13 +145,13 @@ def test_readme_main_job_table_is_the_committed_run():
     assert [s["config"]["preset"] for s in summaries] == ["mnist1d", "mnist1d"]
 
 
-def test_readme_seed_accuracies_are_the_minima_runs():
-    """The seed 0-2 test accuracies in the README are those of evidence.py minima, whose seed-0 runs
+def test_seed_accuracies_are_the_minima_runs():
+    """The seed 0-2 test accuracies in docs/guides/reproduce.md are those of evidence.py minima, whose seed-0 runs
     are the main job's."""
     runs = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
     main = json.loads((EVIDENCE / "main_job.json").read_text())
     accs = {m: " / ".join(f"{r['test_acc']:.1f}" for r in runs[m]) for m in ("SGD", "SGD+GAM")}
-    assert f"SGD {accs['SGD']} and GAM {accs['SGD+GAM']}" in README.replace("\n", " ")
+    assert f"SGD {accs['SGD']} and GAM {accs['SGD+GAM']}" in REPRODUCE_GUIDE.replace("\n", " ")
     for summary, method in zip(main, ("SGD", "SGD+GAM"), strict=True):
         assert summary["final"]["test_acc"] == pytest.approx(runs[method][0]["test_acc"])
 
@@ -186,12 +194,12 @@ def test_results_prose_numbers_equal_their_json():
     assert all(max(r["minima"]) <= 1 for rs in minima.values() for r in rs)  # "more than one": none
 
 
-def test_readme_vmap_sweep_example_is_that_of_results():
-    """The README's looped-against-vmapped example is RESULTS.md's full ablation."""
+def test_vmap_sweep_example_is_that_of_results():
+    """docs/guides/reproduce.md's looped-against-vmapped example is RESULTS.md's full ablation."""
     said = re.search(
         r"chose ρ = ([\d.]+), α = ([\d.]+) both ways the same day, at ([\d.]+ ± [\d.]+)% "
         r"validation accuracy vmapped and ([\d.]+ ± [\d.]+)% looped",
-        README.replace("\n", " "),
+        REPRODUCE_GUIDE.replace("\n", " "),
     )
     assert said is not None
     rho, alpha, vmapped, looped = said.groups()

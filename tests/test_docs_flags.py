@@ -1,6 +1,6 @@
 """The documentation spells each flag of reproduce/train.py and reproduce/sweep.py as --help shows it.
 
-Every command for either script in the READMEs and docs/ (fenced code, with its continuation lines,
+Every command for either script in the READMEs and docs/ with its guides (fenced code, with its continuation lines,
 and inline code) is split into its flags: those after ``train.py``, those after ``sweep.py`` up to
 ``--`` (the sweep's own) and after it (train.py's). Flags of other tools on the same line (torchrun,
 python, pytest) come before the script and are not read."""
@@ -22,7 +22,7 @@ DOCS = [
     ROOT / "README.md",
     ROOT / "reproduce" / "README.md",
     ROOT / "benchmarks" / "README.md",
-    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "docs").rglob("*.md")),
 ]
 SCRIPT = re.compile(r"(?:^|[\s/`])(train|sweep)\.py(?=\s|$|`)")
 BETWEEN = ("|", "||", "&&", ";")  # the next command starts

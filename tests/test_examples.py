@@ -1,5 +1,6 @@
 """The worked examples under examples/ run and train. Each is loaded with runpy (no process start-up
-or second torch import) and its ``main(argv)`` is called on tiny data."""
+or second torch import) and its ``main(argv)`` is called on tiny data, from an empty temporary folder
+(anything an example writes lands there, never in the checkout)."""
 
 import re
 import runpy
@@ -9,6 +10,17 @@ import pytest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CHANCE = 100 / 3  # three classes, accuracy in percent
+
+
+@pytest.fixture(autouse=True)
+def _in_a_temporary_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def test_every_example_is_run_here():
+    here = Path(__file__).read_text()
+    scripts = [p.name for p in EXAMPLES.glob("*.py") if p.name != "__init__.py"]
+    assert scripts and all(f'"{name}"' in here for name in scripts), scripts
 
 
 def run(capsys, script, *argv):

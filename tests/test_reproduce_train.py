@@ -40,7 +40,7 @@ def main(logdir: Path, *args: str) -> int:
 
 
 def test_shortened_default_reaches_its_accuracy_and_prints_the_table(tmp_path, capsys):
-    """The main job cut to 20 of its 100 epochs. The full run (README) ends at SGD 100% train / 66.0%
+    """The main job cut to 20 of its 100 epochs. The full run (docs/guides/reproduce.md) ends at SGD 100% train / 66.0%
     test, λ_max 3.5; SGD+GAM 90.3% / 71.7%, λ_max 0.9."""
     args = ["--epochs=20", "--eig_iters=20", "--trace_samples=10", "--r1_steps=2"]
     assert main(tmp_path, *args) == 0

@@ -304,7 +304,7 @@ def test_a_run_stopped_by_max_steps_says_so_from_the_start_to_the_end(tmp_path, 
 
 def test_an_unexpected_error_is_not_hidden_as_a_refusal(tmp_path, monkeypatch):
     """A bug is no bad input: it is not turned into exit 2 and one line, but raised (as a script,
-    a traceback and exit 1: the "other" row of the README's exit statuses)."""
+    a traceback and exit 1: the "other" row of the exit statuses in docs/guides/failure.md)."""
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in setup")
@@ -314,13 +314,13 @@ def test_an_unexpected_error_is_not_hidden_as_a_refusal(tmp_path, monkeypatch):
         main(tmp_path, *DIGITS, "--max-steps=1")
 
 
-def test_the_readme_lists_every_exit_status_with_its_tests():
-    """The README's table of exit statuses has a row for 0, 2, 3, 130, 143 and other, and every test
+def test_the_docs_list_every_exit_status_with_its_tests():
+    """The table of exit statuses in docs/guides/failure.md has a row for 0, 2, 3, 130, 143 and other, and every test
     it names exists."""
     import re
 
     root = Path(__file__).resolve().parents[1]
-    text = (root / "README.md").read_text()
+    text = (root / "docs" / "guides" / "failure.md").read_text()
     rows = re.findall(r"^\| (\d+|other[^|]*) \|.*\|(.*)\|$", text, re.M)
     assert [r[0].split()[0] for r in rows] == ["0", "2", "3", "130", "143", "other"]
     tests = "".join(p.read_text() for p in (root / "tests").glob("test_*.py"))

@@ -142,8 +142,8 @@ def zeroth_order_flatness(
     ``fd_radius`` serve only the Lanczos run of ``init="auto"`` or ``"eigenvector"``.
 
     Args:
-        params, batch, loss_fn, rho, steps, lr, init, hvp, fd_radius, eps, generator,
-        return_point, buffers, mode: as :func:`first_order_flatness`.
+        params, batch, loss_fn, rho, steps, lr, init, hvp, fd_radius, eps, generator, return_point, buffers, mode: as
+            :func:`first_order_flatness`.
 
     Returns:
         The estimate of R0_ρ(θ) (0-d tensor, >= 0, a lower bound of the true value); with

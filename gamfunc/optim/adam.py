@@ -42,8 +42,8 @@ def adam(
         >>> opt = gamfunc.adam(lr=1e-3)
         >>> params = {"w": torch.ones(2)}
         >>> new, state = opt.update({"w": torch.ones(2)}, opt.init(params), params)
-        >>> [round(x, 4) for x in new["w"].tolist()]
-        [0.999, 0.999]
+        >>> tuple(round(x, 4) for x in new["w"].tolist())
+        (0.999, 0.999)
 
     References:
         Kingma and Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,

@@ -1,0 +1,137 @@
+"""The documentation site: its API reference covers every public name, and mkdocs builds it strictly.
+
+The pages under docs/reference/ are generated from ``__all__`` of ``gamfunc`` and of every module it
+exports (``python tests/test_docs_site.py`` writes them); each name is rendered from the module that
+defines it, so that a function and the submodule of the same name (``gamfunc.estimators.gam``) never
+hide one another.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "docs" / "reference"
+sys.path.insert(0, str(ROOT))
+
+import gamfunc  # noqa: E402
+
+OPTIONS = "    options:\n      show_root_heading: {}\n"
+
+
+def _modules(module: types.ModuleType) -> list[str]:
+    return [n for n in module.__all__ if isinstance(getattr(module, n), types.ModuleType)]
+
+
+def _path(module: types.ModuleType, name: str) -> str:
+    """Where ``module.name`` is defined (an alias such as ``ScheduledLR = Callable[...]``: where made)."""
+    obj = getattr(module, name)
+    where = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
+    if not where.startswith("gamfunc.") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        where = f"{module.__name__}.{name}"
+    return where
+
+
+def _on_module_pages() -> set[str]:
+    """The definitions that the pages of the exported modules render."""
+    out = set()
+    for m in [*_modules(gamfunc), "estimators", "optim"]:
+        module = getattr(gamfunc, m)
+        names = getattr(module, "__all__", None) or [
+            n
+            for n, o in vars(module).items()
+            if not n.startswith("_")
+            and (inspect.isclass(o) or inspect.isfunction(o))
+            and o.__module__ == module.__name__
+        ]
+        out |= {_path(module, n) for n in names}
+    return out
+
+
+def _names(module: types.ModuleType, elsewhere: set[str] = frozenset()) -> str:
+    """``::: path`` of every name of ``module.__all__`` that is no module, at its definition; a name
+    in ``elsewhere`` (rendered on another page) as a cross-reference to it."""
+    out, links = [], []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        if isinstance(obj, types.ModuleType):
+            continue
+        if _path(module, name) in elsewhere:
+            links.append(f"- [`{module.__name__}.{name}`][{_path(module, name)}]\n")
+            continue
+        out.append(f"::: {_path(module, name)}\n" + OPTIONS.format("true") + "\n")
+    if links:
+        out.append("## Exported from their modules\n\n" + "".join(links))
+    return "".join(out)
+
+
+def _module_page(module: types.ModuleType, level: str = "#") -> str:
+    head = f"{level} `{module.__name__}`\n\n"
+    if not hasattr(module, "__all__"):
+        return head + f"::: {module.__name__}\n" + OPTIONS.format("false")
+    text = head + f"::: {module.__name__}\n" + OPTIONS.format("false") + "      members: false\n\n"
+    text += _names(module)
+    for sub in _modules(module):
+        text += "\n" + _module_page(getattr(module, sub), "##")
+    return text
+
+
+def pages() -> dict[str, str]:
+    """File name under docs/reference/ -> its text."""
+    mods = [*_modules(gamfunc), "estimators", "optim"]
+    links = ", ".join(f"[`gamfunc.{m}`]({m}.md)" for m in mods)
+    out = {
+        "index.md": "# API reference\n\nGenerated from the docstrings: the names that "
+        "`gamfunc/__init__.py` exports (its `__all__`), each from the module that defines it. "
+        f"Each module it exports has its page: {links}.\n\n" + _names(gamfunc, _on_module_pages())
+    }
+    for m in mods:
+        out[f"{m}.md"] = _module_page(getattr(gamfunc, m))
+    return out
+
+
+def test_the_reference_pages_are_generated_from_all():
+    written = {p.name: p.read_text() for p in REFERENCE.glob("*.md")}
+    assert written == pages(), "run: python tests/test_docs_site.py"
+
+
+def test_the_site_lists_every_reference_page():
+    nav = (ROOT / "mkdocs.yml").read_text()
+    assert all(f"reference/{name}" in nav for name in pages())
+
+
+@pytest.mark.slow
+def test_mkdocs_builds_strictly(tmp_path):
+    """Broken links, anchors and docstring references fail the build; the site goes to tmp_path."""
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+    if mkdocs is None:
+        pytest.skip('needs mkdocs: pip install -e ".[docs]"')
+    out = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        env={
+            "NO_MKDOCS_2_WARNING": "1",
+            "PATH": str(Path(sys.executable).parent),
+            "HOME": str(tmp_path),
+        },
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert (tmp_path / "site" / "reference" / "index.html").is_file()
+
+
+if __name__ == "__main__":
+    REFERENCE.mkdir(exist_ok=True)
+    for old in REFERENCE.glob("*.md"):
+        old.unlink()
+    for name, text in pages().items():
+        (REFERENCE / name).write_text(text)
