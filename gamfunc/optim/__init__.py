@@ -1,9 +1,16 @@
-"""Base optimisers: how to move along a direction. ``schedules`` is :mod:`gamfunc.schedules`'s former name."""
+"""Base optimisers: how to move along a direction, as Transforms whose updates are the step. ``schedules`` is :mod:`gamfunc.schedules`'s former name."""
 
 from gamfunc.optim import schedules  # the name gamfunc.optim.schedules keeps working
 from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import AdamWState, ScheduledAdamWState, adamw
-from gamfunc.optim.base import Optimizer, ScheduledLR, lr_scheduled, with_hyper
+from gamfunc.optim.base import (
+    Optimizer,
+    ScheduledLR,
+    Transform,
+    apply_updates,
+    lr_scheduled,
+    with_hyper,
+)
 from gamfunc.optim.lion import LionState, ScheduledLionState, lion
 from gamfunc.optim.sgd import ScheduledSGDState, SGDState, sgd
 
@@ -16,8 +23,10 @@ __all__ = [
     "ScheduledLR",
     "ScheduledLionState",
     "ScheduledSGDState",
+    "Transform",
     "adam",
     "adamw",
+    "apply_updates",
     "lion",
     "lr_scheduled",
     "schedules",
