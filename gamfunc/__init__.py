@@ -30,6 +30,7 @@ from gamfunc.optim import (
     adamw,
     apply_updates,
     lion,
+    param_groups,
     sgd,
 )
 from gamfunc.step import Step, StepState, make_step
@@ -77,6 +78,7 @@ __all__ = [
     "make_step",
     "metrics",
     "nn",
+    "param_groups",
     "precision",
     "regional",
     "sam",

@@ -40,6 +40,7 @@ from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
 from gamfunc.optim import Optimizer, Transform, with_hyper
 from gamfunc.optim.base import move
+from gamfunc.optim.groups import GroupsState
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
 from gamfunc.transforms import ChainState
@@ -388,22 +389,29 @@ def _check_cycle(cycle, every: int) -> None:
         )
 
 
-def _check_like(node, params, checked: list, where: str) -> None:
-    """``checked`` is non-empty once one per-parameter dict has had its shapes compared."""
+def _check_like(node, params, checked: list, where: str, group: bool = False) -> None:
+    """``checked`` is non-empty once one per-parameter dict has had its shapes compared; inside a
+    :class:`~gamfunc.optim.groups.GroupsState` (``group``), a per-parameter dict may hold a part of
+    ``params``, a group's."""
+    if isinstance(node, GroupsState):
+        for i, s in enumerate(node.states):
+            _check_like(s, params, checked, f"{where}.states[{i}]", group=True)
+        return
     if isinstance(node, tuple):  # an optimiser's or a transform's state, a chain's transforms
         if _is_record(node):
             parts = [(f"{where}.{n}", v) for n, v in zip(node._fields, node, strict=True)]
         else:
             parts = [(f"{where}[{i}]", v) for i, v in enumerate(node)]
         for name, v in parts:
-            _check_like(v, params, checked, name)
+            _check_like(v, params, checked, name, group)
         return
     if not isinstance(node, dict) or not node:
         return
-    if node.keys() == params.keys():  # a per-parameter dict
-        if not checked:
+    part = group and node.keys() < params.keys()
+    if node.keys() == params.keys() or part:  # a per-parameter dict
+        if not checked or part:
             checked.append(where)
-            for k, v in params.items():
+            for k, v in ((k, params[k]) for k in node):
                 if node[k].shape != v.shape:
                     raise ValueError(
                         f"{where}[{k!r}] has shape {tuple(node[k].shape)} but params[{k!r}] has "
@@ -418,7 +426,7 @@ def _check_like(node, params, checked: list, where: str) -> None:
             f"entries {extra} not in params; make the state with step.init(params)"
         )
     for k, v in node.items():
-        _check_like(v, params, checked, f"{where}[{k!r}]")
+        _check_like(v, params, checked, f"{where}[{k!r}]", group)
 
 
 def _is_record(x) -> bool:

@@ -408,3 +408,151 @@ def test_a_mask_that_does_not_fit_the_params_fails_at_init(factory):
 def test_chain_rejects_bad_arguments(args, name):
     with pytest.raises(ValueError, match=name):
         gamfunc.chain(*args)
+
+
+# ---- transforms before, between and after the optimiser -------------------------------------------
+
+
+def clipped(d, max_norm):
+    """clip_grad_norm_'s arithmetic, written out on a dict."""
+    n = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(v) for v in d.values()]))
+    coef = torch.clamp(max_norm / (n + 1e-6), max=1.0)
+    return {k: v * coef for k, v in d.items()}
+
+
+def test_chain_with_transforms_before_between_and_after_the_optimizer_equals_a_loop():
+    """clip the direction (before), SGD with momentum and lr 1, clip the step (between), scale by
+    the learning rate (after), against the same arithmetic written out."""
+    params, data = mlp_params(), batches()
+    mu, eta, before, between = 0.9, 0.05, 0.8, 1.5
+    opt = gamfunc.chain(
+        gamfunc.clip_by_global_norm(before),
+        gamfunc.sgd(lr=1.0, momentum=mu),
+        gamfunc.clip_by_global_norm(between),
+        gamfunc.transforms.scale(eta),
+    )
+    ours, state = gamfunc_trajectory(opt, params, data)
+    theta, buf, clipped_steps = dict(params), None, 0
+    for batch in data:
+        d = clipped(grads_of(theta, batch), before)
+        buf = d if buf is None else {k: mu * buf[k] + d[k] for k in d}
+        step = clipped({k: -b for k, b in buf.items()}, between)
+        n = math.sqrt(sum(float((v**2).sum()) for v in buf.values()))
+        clipped_steps += n > between
+        theta = {k: theta[k] + eta * step[k] for k in theta}
+    assert 0 < clipped_steps < STEPS  # the clip of the step acts on some steps only
+    assert rel_err(flatten(ours), flatten(theta)) < 1e-12
+    assert int(state.step) == STEPS and type(state.opt) is gamfunc.SGDState
+    assert [type(s).__name__ for s in state.transforms] == ["ClipState", "ClipState", "tuple"]
+
+
+def test_weight_decay_as_a_transform_and_the_lr_at_the_end_equal_torch_sgd():
+    """chain(clip, add_decayed_weights, scale_by_learning_rate) = torch.optim.SGD with
+    clip_grad_norm_ and param groups; then the same with a scheduled lr through make_step."""
+    params, data = mlp_params(), batches(50)
+    mask = gamfunc.decay_mask(params)
+    kw = {"lr": 0.1, "weight_decay": 5e-2}
+    ref, _ = torch_trajectory(torch.optim.SGD, groups_of(mask, params, kw), params, data, MAX_NORM)
+    opt = gamfunc.chain(
+        gamfunc.clip_by_global_norm(MAX_NORM),
+        gamfunc.add_decayed_weights(5e-2, mask),
+        gamfunc.scale_by_learning_rate(0.1),
+    )
+    ours, state = gamfunc_trajectory(opt, params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-12
+    assert int(state.step) == 50 and float(state.lr) == 0.1
+    # a schedule at the end, in a step: η_t (d + λ θ) with η_t the schedule at t
+    lr = gamfunc.schedules.cosine(0.1, total_steps=50, warmup_steps=5)
+    opt = gamfunc.chain(gamfunc.add_decayed_weights(5e-2), gamfunc.scale_by_learning_rate(lr))
+    step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
+    p, s = params, step.init(params)
+    theta = dict(params)
+    for t, batch in enumerate(data):
+        p, s, metrics = step(p, s, batch)
+        g = grads_of(theta, batch)
+        eta = lr(torch.tensor(t))
+        theta = {k: theta[k] - eta * (g[k] + 5e-2 * theta[k]) for k in theta}
+        assert float(metrics["lr"]) == float(eta)
+    assert rel_err(flatten(p), flatten(theta)) < 1e-12
+    with pytest.raises(ValueError, match="lr cannot be set"):
+        with_hyper(s.opt, lr=torch.tensor(0.1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "arg"),
+    [
+        (gamfunc.add_decayed_weights, {"weight_decay": -1.0}, "weight_decay"),
+        (gamfunc.add_decayed_weights, {"weight_decay": 0.1, "mask": 3}, "mask"),
+        (gamfunc.scale_by_learning_rate, {"lr": -0.1}, "lr"),
+        (gamfunc.transforms.scale, {"factor": float("inf")}, "factor"),
+    ],
+)
+def test_new_transforms_reject_bad_hyperparameters(factory, kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        factory(**kwargs)
+
+
+# ---- parameter groups against torch.optim param groups ---------------------------------------------
+
+
+GROUP_CASES = [
+    (torch.optim.SGD, gamfunc.sgd, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-2}, 0.02),
+    (torch.optim.AdamW, gamfunc.adamw, {"lr": 1e-2, "weight_decay": 0.3}, 3e-3),
+    (torch.optim.Adam, gamfunc.adam, {"lr": 1e-2, "weight_decay": 0.05}, 3e-2),
+]
+
+
+@pytest.mark.parametrize(
+    ("torch_cls", "factory", "kwargs", "head_lr"),
+    GROUP_CASES,
+    ids=[f.__name__ for _, f, _, _ in GROUP_CASES],
+)
+def test_param_groups_equal_torch_optim_param_groups(torch_cls, factory, kwargs, head_lr):
+    params, data = mlp_params(), batches(50)
+    groups = {"b*": {"weight_decay": 0.0}, "*2": {"lr": head_lr}}
+    torch_groups = [
+        (["w1"], kwargs),
+        (["b1"], {**kwargs, "weight_decay": 0.0}),
+        (["w2"], {**kwargs, "lr": head_lr}),
+        (["b2"], {**kwargs, "weight_decay": 0.0, "lr": head_lr}),
+    ]
+    ref, _ = torch_trajectory(torch_cls, torch_groups, params, data)
+    opt = gamfunc.param_groups(groups, factory, **kwargs)
+    ours, state = gamfunc_trajectory(opt, params, data)
+    tol = 1e-12 if factory is gamfunc.sgd else 1e-10
+    for k in params:
+        assert rel_err(ours[k], ref[k]) < tol
+    assert type(state) is gamfunc.optim.GroupsState and len(state.states) == 4
+    assert int(state.step) == 50 and float(state.lr) == kwargs["lr"]
+
+
+def test_param_groups_in_a_step_scale_every_groups_lr_in_proportion():
+    params, data = mlp_params(), batches(3)
+    opt = gamfunc.param_groups({"*2": {"lr": 0.02}}, gamfunc.sgd, lr=0.1, momentum=0.9)
+    step = gamfunc.make_step(gamfunc.sam(0.05), opt, mlp_loss)
+    p, state = params, step.init(params)
+    for batch in data:
+        p, state, metrics = step(p, state, batch)
+    assert float(metrics["lr"]) == 0.1
+    half = with_hyper(state.opt, lr=torch.tensor(0.05, dtype=torch.float64))
+    assert [float(s.lr) for s in half.states] == pytest.approx([0.05, 0.01])
+    assert int(with_hyper(state.opt, step=torch.tensor(7)).states[1].step) == 7
+    # the facade drives it through its one param group
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    facade = FlatnessOptimizer(
+        model, gamfunc.sam(0.05), gamfunc.param_groups({"2.*": {"lr": 0.01}}, gamfunc.sgd, lr=0.1)
+    )
+    facade.step(mlp_batch(seed=0))
+    facade.param_groups[0]["lr"] = 0.05
+    facade.step(mlp_batch(seed=1))
+    assert [float(s.lr) for s in facade._state.opt.states] == pytest.approx([0.05, 0.005])
+
+
+def test_param_groups_reject_bad_options_naming_argument_and_pattern():
+    with pytest.raises(ValueError, match=r"weight_decay.*'\*\.bias'"):
+        gamfunc.param_groups({"*.bias": {"weight_decay": -1.0}}, gamfunc.adamw, lr=1e-3)
+    with pytest.raises(ValueError, match="groups"):
+        gamfunc.param_groups(["*.bias"], gamfunc.adamw)
+    with pytest.raises(ValueError, match="lr"):
+        gamfunc.param_groups({}, gamfunc.sgd, lr=-1.0)

@@ -11,11 +11,13 @@ from gamfunc.optim.base import (
     lr_scheduled,
     with_hyper,
 )
+from gamfunc.optim.groups import GroupsState, param_groups
 from gamfunc.optim.lion import LionState, ScheduledLionState, lion
 from gamfunc.optim.sgd import ScheduledSGDState, SGDState, sgd
 
 __all__ = [
     "AdamWState",
+    "GroupsState",
     "LionState",
     "Optimizer",
     "SGDState",
@@ -29,6 +31,7 @@ __all__ = [
     "apply_updates",
     "lion",
     "lr_scheduled",
+    "param_groups",
     "schedules",
     "sgd",
     "with_hyper",
