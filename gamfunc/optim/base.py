@@ -176,7 +176,8 @@ def lr_scheduled(state) -> bool:
 
 def with_hyper(state, **changes: Tensor):
     """``state`` with its ``step`` or ``lr`` replaced, wherever the optimiser keeps them: in its own
-    fields, or in those of the state it wraps in its field ``opt`` (a chain's).
+    fields, through the state's own ``with_hyper`` method (a chain's, param groups'), or in the state
+    it wraps in its field ``opt``.
 
     The new ``lr`` is the η of the next update, for an optimiser built with a constant lr.
 
