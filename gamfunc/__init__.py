@@ -28,11 +28,21 @@ from gamfunc.optim import (
     SGDState,
     adam,
     adamw,
+    apply_updates,
     lion,
+    param_groups,
     sgd,
 )
 from gamfunc.step import Step, StepState, make_step
-from gamfunc.transforms import ChainState, Transform, chain, clip_by_global_norm, decay_mask
+from gamfunc.transforms import (
+    ChainState,
+    Transform,
+    add_decayed_weights,
+    chain,
+    clip_by_global_norm,
+    decay_mask,
+    scale_by_learning_rate,
+)
 
 __version__ = "0.1.0"
 
@@ -49,6 +59,8 @@ __all__ = [
     "accumulate",
     "adam",
     "adamw",
+    "add_decayed_weights",
+    "apply_updates",
     "asam",
     "chain",
     "clip_by_global_norm",
@@ -66,9 +78,11 @@ __all__ = [
     "make_step",
     "metrics",
     "nn",
+    "param_groups",
     "precision",
     "regional",
     "sam",
+    "scale_by_learning_rate",
     "schedules",
     "sgd",
     "torch_optim",

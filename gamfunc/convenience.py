@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from gamfunc.estimators import gam
-from gamfunc.optim import Optimizer, sgd
+from gamfunc.optim import Transform, sgd
 from gamfunc.step import make_step
 
 __all__ = ["gam_step"]
@@ -30,7 +30,7 @@ def gam_step(
     rho,
     alpha,
     hvp: str = "exact",
-    optimizer: Optimizer | None = None,
+    optimizer: Transform | None = None,
     buffers=None,
     **kw,
 ):

@@ -38,9 +38,12 @@ from gamfunc import tree
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Optimizer, with_hyper
+from gamfunc.optim import Optimizer, Transform, with_hyper
+from gamfunc.optim.base import move
+from gamfunc.optim.groups import GroupsState
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
+from gamfunc.transforms import ChainState
 
 __all__ = [
     "NONFINITE",
@@ -138,7 +141,7 @@ class Step(Protocol):
     """
 
     estimator: Estimator
-    optimizer: Optimizer
+    optimizer: Transform
     loss_fn: Callable
     every: int
     base: Estimator
@@ -258,7 +261,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     # corrections) read the same t, so a skipped step (the old optimiser state kept) moves neither.
     step = state.step
     est = estimator.run(params, batch, loss, step=step)
-    new_params, new_opt = optimizer.update(est.direction, state.opt, params)
+    new_params, new_opt = move(optimizer, est.direction, state.opt, params)
     metrics = dict(est.info)
     metrics["lr"] = new_opt.lr
     if "rho" in estimator.hparams:
@@ -386,22 +389,29 @@ def _check_cycle(cycle, every: int) -> None:
         )
 
 
-def _check_like(node, params, checked: list, where: str) -> None:
-    """``checked`` is non-empty once one per-parameter dict has had its shapes compared."""
+def _check_like(node, params, checked: list, where: str, group: bool = False) -> None:
+    """``checked`` is non-empty once one per-parameter dict has had its shapes compared; inside a
+    :class:`~gamfunc.optim.groups.GroupsState` (``group``), a per-parameter dict may hold a part of
+    ``params``, a group's."""
+    if isinstance(node, GroupsState):
+        for i, s in enumerate(node.states):
+            _check_like(s, params, checked, f"{where}.states[{i}]", group=True)
+        return
     if isinstance(node, tuple):  # an optimiser's or a transform's state, a chain's transforms
         if _is_record(node):
             parts = [(f"{where}.{n}", v) for n, v in zip(node._fields, node, strict=True)]
         else:
             parts = [(f"{where}[{i}]", v) for i, v in enumerate(node)]
         for name, v in parts:
-            _check_like(v, params, checked, name)
+            _check_like(v, params, checked, name, group)
         return
     if not isinstance(node, dict) or not node:
         return
-    if node.keys() == params.keys():  # a per-parameter dict
-        if not checked:
+    part = group and node.keys() < params.keys()
+    if node.keys() == params.keys() or part:  # a per-parameter dict
+        if not checked or part:
             checked.append(where)
-            for k, v in params.items():
+            for k, v in ((k, params[k]) for k in node):
                 if node[k].shape != v.shape:
                     raise ValueError(
                         f"{where}[{k!r}] has shape {tuple(node[k].shape)} but params[{k!r}] has "
@@ -416,7 +426,7 @@ def _check_like(node, params, checked: list, where: str) -> None:
             f"entries {extra} not in params; make the state with step.init(params)"
         )
     for k, v in node.items():
-        _check_like(v, params, checked, f"{where}[{k!r}]")
+        _check_like(v, params, checked, f"{where}[{k!r}]", group)
 
 
 def _is_record(x) -> bool:
@@ -478,6 +488,8 @@ def from_dict(saved, like, where: str = "state") -> Any:
             stacklevel=2,
         )
         saved = {k: v for k, v in saved.items() if k != "step"}
+    if isinstance(like, ChainState) and isinstance(saved, dict) and "transforms" in saved:
+        saved = _chain_of_old_layout(saved, like, where)
     if _is_record(like):
         kind = type(like).__name__
         if not isinstance(saved, dict):
@@ -515,6 +527,23 @@ def from_dict(saved, like, where: str = "state") -> Any:
         got = f"shape {tuple(saved.shape)}" if isinstance(saved, Tensor) else type(saved).__name__
         raise ValueError(f"{where} has {got}; expected shape {tuple(like.shape)}")
     return saved
+
+
+def _chain_of_old_layout(saved: dict, like: ChainState, where: str) -> dict:
+    """A chain's state saved as ``{"opt": ..., "transforms": [...]}`` (the optimiser last, before
+    chains took their elements in any order) in today's layout, with a ``DeprecationWarning``."""
+    warnings.warn(
+        f"{where} is a chain's state saved as {{'opt', 'transforms'}}; chains now keep one state "
+        f"per element, {{'states': [...]}}: save again with as_dict",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    rest = list(saved.get("transforms", ()))
+    states = [
+        saved.get("opt") if i == len(like.states) - 1 else (rest.pop(0) if rest else ())
+        for i in range(len(like.states))
+    ]
+    return {"states": states}
 
 
 def _all_finite(*trees) -> Tensor:
@@ -567,7 +596,7 @@ def _select(cond: Tensor, new, old):
 
 def make_step(
     estimator: Estimator,
-    optimizer: Optimizer,
+    optimizer: Transform,
     loss_fn: Callable,
     *,
     every: int = 1,
@@ -576,8 +605,9 @@ def make_step(
 ) -> Step:
     """Join an estimator and a base optimiser into ``step(params, state, batch)``.
 
-    ``step`` computes ``direction, info = estimator(params, batch, loss_fn)`` and moves with
-    ``optimizer.update(direction, ...)``. ``metrics`` holds the estimator's info (``loss``,
+    ``step`` computes ``direction, info = estimator(params, batch, loss_fn)``, then
+    ``updates, opt_state = optimizer.update(direction, opt_state, params)`` and moves to
+    ``apply_updates(params, updates)``. ``metrics`` holds the estimator's info (``loss``,
     ``grad_norm``, ``f_norm``...), ``lr``, ``rho`` where the estimator has one, and ``skipped``.
 
     Args:
@@ -607,7 +637,7 @@ def make_step(
     """
     if not isinstance(estimator, Estimator):
         raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
-    if not isinstance(optimizer, Optimizer):
+    if not isinstance(optimizer, Transform | Optimizer):
         raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be an integer >= 1; got {every!r}")

@@ -44,7 +44,7 @@ from torch.utils import _pytree as pytree
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
-from gamfunc.optim import Optimizer, lr_scheduled, with_hyper
+from gamfunc.optim import Optimizer, Transform, lr_scheduled, with_hyper
 from gamfunc.step import StepState, as_dict, from_dict, make_step
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
@@ -63,7 +63,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     One step, with θ the module's trainable parameters and B its buffers::
 
         direction, info = estimator(θ, batch, loss_fn)        # e.g. GAM, paper Algorithm 1
-        θ, opt_state   = optimizer.update(direction, opt_state, θ)
+        u, opt_state   = optimizer.update(direction, opt_state, θ)
+        θ              = gamfunc.apply_updates(θ, u)
         B              = the buffers of the pass at θ           # BatchNorm: once per step
 
     and θ and B are copied back into the module in place, so the model stays usable as it is (eval,
@@ -123,7 +124,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         self,
         model: nn.Module,
         estimator: Estimator,
-        optimizer: Optimizer,
+        optimizer: Transform,
         criterion: Callable = F.cross_entropy,
         *,
         every: int = 1,
@@ -293,7 +294,7 @@ class GAM(FlatnessOptimizer):
     def __init__(
         self,
         model: nn.Module,
-        optimizer: Optimizer | None = None,
+        optimizer: Transform | None = None,
         *,
         rho,
         alpha: float,
@@ -329,7 +330,7 @@ class SAM(FlatnessOptimizer):
     def __init__(
         self,
         model: nn.Module,
-        optimizer: Optimizer | None = None,
+        optimizer: Transform | None = None,
         *,
         rho,
         criterion: Callable = F.cross_entropy,
@@ -530,7 +531,7 @@ def _check_options(cls: str, optimizer, options: dict) -> None:
 def _check_arguments(model, optimizer, criterion, compile, compile_options) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    if not isinstance(optimizer, Optimizer):
+    if not isinstance(optimizer, Transform | Optimizer):
         hint = ""
         if isinstance(optimizer, torch.optim.Optimizer) or (
             isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)

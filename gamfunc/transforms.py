@@ -1,57 +1,63 @@
-"""Transforms of the direction between an estimator and an optimiser: clipping, chained in optax's style.
+"""Transforms of a direction, and :func:`chain`, which composes them with optimisers in any order.
 
-A :class:`Transform` is a pair of pure functions like an optimiser's, ``init(params) -> state`` and
-``update(direction, state, params) -> (new_direction, new_state)``; a stateless one carries ``()``.
-:func:`chain` puts any number of them in front of an :class:`~gamfunc.optim.base.Optimizer` and is
-itself an Optimizer (its state a :class:`ChainState`), so :func:`gamfunc.make_step` and
-:mod:`gamfunc.torch_optim` take it unchanged::
+Everything here has the one contract of :class:`~gamfunc.optim.base.Transform` (optax's):
+``init(params) -> state`` and ``update(direction, state, params) -> (updates, new_state)``, the new
+parameters being ``gamfunc.apply_updates(params, updates)``. An optimiser is such a transform (its
+updates are its signed step, −η·…), so a chain can hold transforms before, between and after it::
 
-    estimator ─ direction ─▶ transform₁ ─▶ … ─▶ transformₙ ─▶ optimizer.update ─▶ params
+    estimator ─ d ─▶ clip_by_global_norm ─▶ sgd(lr=1, momentum) ─▶ scale(0.1) ─▶ u;  θ ← θ + u
 
-:func:`decay_mask` is the usual ``weight_decay_mask`` of :func:`gamfunc.sgd` and :func:`gamfunc.adamw`.
+:func:`add_decayed_weights` is coupled weight decay as a transform, :func:`scale_by_learning_rate`
+the learning rate at the end of a chain (η, or a schedule, with the step counter and lr of an
+optimiser), :func:`decay_mask` the usual ``weight_decay_mask``.
 
 Example:
     >>> import torch, gamfunc
     >>> opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1))
     >>> p = {"w": torch.zeros(2)}
-    >>> p, state = opt.update({"w": torch.tensor([3.0, 4.0])}, opt.init(p), p)
-    >>> p["w"], state.transforms[0].norm
+    >>> u, state = opt.update({"w": torch.tensor([3.0, 4.0])}, opt.init(p), p)
+    >>> gamfunc.apply_updates(p, u)["w"], state.transforms[0].norm
     (tensor([-0.0600, -0.0800]), tensor(5.))
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from gamfunc import tree
-from gamfunc.optim.base import Optimizer
-from gamfunc.tree import Tree
+from gamfunc.optim.base import (
+    Mask,
+    Optimizer,
+    ScheduledLR,
+    Transform,
+    as_transform,
+    check_lr,
+    check_mask,
+    hyper_state,
+    learning_rate,
+    lr_scheduled,
+    masked_keys,
+    with_hyper,
+)
 
 __all__ = [
     "ChainState",
     "ClipState",
+    "LRState",
+    "ScheduledLRState",
     "Transform",
+    "add_decayed_weights",
     "chain",
     "clip_by_global_norm",
     "decay_mask",
+    "scale",
+    "scale_by_learning_rate",
 ]
-
-
-class Transform(NamedTuple):
-    """``init(params) -> state``; ``update(direction, state, params) -> (new_direction, new_state)``.
-
-    ``state`` is a pytree of tensors, a NamedTuple such as :class:`ClipState` (``()`` for a
-    stateless transform). Neither function mutates its arguments, and ``update`` branches on no
-    tensor value, so a chain traces under ``torch.compile(fullgraph=True)``.
-    """
-
-    init: Callable[[Tree], Any]
-    update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
 
 
 class ClipState(NamedTuple):
@@ -66,18 +72,36 @@ class ClipState(NamedTuple):
 
 
 class ChainState(NamedTuple):
-    """The state of :func:`chain`: the optimiser's state and one state per transform.
+    """The state of :func:`chain`: one state per element, in the chain's order.
 
-    ``step`` and ``lr`` read through to the optimiser's, so ``state.lr`` is the learning rate
-    whatever the optimiser; :func:`gamfunc.optim.base.with_hyper` replaces them there.
+    The chain's step counter and learning rate are those of its first element that has them (its
+    optimiser, or :func:`scale_by_learning_rate`): ``state.step``, ``state.lr`` and ``state.opt``
+    (that element's state) read them, ``state.transforms`` gives the other elements' states in
+    order, and :func:`gamfunc.optim.with_hyper` sets ``lr`` there and ``step`` in every element
+    that counts steps.
 
     Attributes:
-        opt: the optimiser's state (e.g. :class:`~gamfunc.optim.adamw.AdamWState`).
-        transforms: the transforms' states, in the order of the chain (a tuple).
+        states: the elements' states (a tuple), e.g. ``(ClipState(...), SGDState(...))``.
     """
 
-    opt: Any
-    transforms: tuple
+    states: tuple
+
+    def _counting(self) -> list[int]:
+        return [i for i, s in enumerate(self.states) if _has_hyper(s)]
+
+    @property
+    def opt(self):
+        """The state of the first element with a step counter and an lr (the optimiser's)."""
+        counting = self._counting()
+        if not counting:
+            raise AttributeError("this chain has no optimiser: no element keeps step and lr")
+        return self.states[counting[0]]
+
+    @property
+    def transforms(self) -> tuple:
+        """The states of the other elements, in the chain's order."""
+        counting = self._counting()
+        return tuple(s for i, s in enumerate(self.states) if not counting or i != counting[0])
 
     @property
     def step(self) -> Tensor:
@@ -86,8 +110,28 @@ class ChainState(NamedTuple):
 
     @property
     def lr(self) -> Tensor:
-        """The optimiser's learning rate."""
+        """The optimiser's learning rate (of its last update)."""
         return self.opt.lr
+
+    def lr_scheduled(self) -> bool:
+        """Whether the optimiser's lr is a schedule's."""
+        return lr_scheduled(self.opt)
+
+    def with_hyper(self, **changes: Tensor) -> ChainState:
+        """This state with ``lr`` set in the optimiser's state and ``step`` in every counting one."""
+        counting = self._counting()
+        if not counting:
+            raise TypeError("this chain has no element with step and lr (no optimiser) to change")
+        states = list(self.states)
+        for n, i in enumerate(counting):
+            mine = changes if n == 0 else {k: v for k, v in changes.items() if k == "step"}
+            if mine:
+                states[i] = with_hyper(states[i], **mine)
+        return ChainState(tuple(states))
+
+
+def _has_hyper(state) -> bool:
+    return hasattr(state, "step") and hasattr(state, "lr")
 
 
 def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
@@ -147,22 +191,26 @@ def _norm_dtype(leaves: Iterable[Tensor]) -> torch.dtype:
     return dtype
 
 
-def chain(*transforms_and_optimizer: Transform | Optimizer) -> Optimizer:
-    """Transforms of the direction, applied in order, then an optimiser: one new optimiser.
+def chain(*elements: Transform) -> Transform:
+    """Transforms and optimisers applied in order, each to the updates of the one before: one Transform.
 
-    ``chain(t₁, …, tₙ, opt)`` moves by ``opt.update(tₙ(…t₁(d)…), …)``, as ``optax.chain`` does
-    with the optimiser as its last element. Its state is a :class:`ChainState`: the optimiser's
-    own (``.opt``) and the transforms' (``.transforms``, a tuple in the chain's order); ``.step``
-    and ``.lr`` read the optimiser's, so ``state.opt.lr`` in a step is the learning rate whatever
-    the optimiser. A chain given as the optimiser of another chain is flattened into it.
+    With d the direction and e₁ … eₙ the elements::
+
+        u₀ = d,   uᵢ = eᵢ.update(uᵢ₋₁, sᵢ, θ),   updates = uₙ
+
+    as ``optax.chain``. An optimiser may stand anywhere: transforms before it see the direction
+    (:func:`clip_by_global_norm`, :func:`add_decayed_weights` = coupled weight decay), those after
+    it see its signed step (:func:`scale`, a clip of the step). A chain is a Transform, so chains
+    nest; its state is a :class:`ChainState` (``.step``, ``.lr``: the first optimiser's).
 
     Args:
-        *transforms_and_optimizer: zero or more :class:`Transform` (e.g.
-            :func:`clip_by_global_norm`), then one :class:`~gamfunc.optim.base.Optimizer` (e.g.
-            :func:`gamfunc.adamw`).
+        *elements: one or more :class:`~gamfunc.optim.base.Transform` (optimisers included).
 
     Returns:
-        An :class:`~gamfunc.optim.base.Optimizer`.
+        A :class:`~gamfunc.optim.base.Transform`.
+
+    Raises:
+        ValueError: no element, or an element that is not a Transform (naming its index).
 
     Example:
         >>> import torch, gamfunc
@@ -174,38 +222,136 @@ def chain(*transforms_and_optimizer: Transform | Optimizer) -> Optimizer:
         >>> type(state.opt).__name__, type(state.opt.opt).__name__, float(state.opt.lr)
         ('ChainState', 'AdamWState', 0.001)
     """
-    if not transforms_and_optimizer or not isinstance(transforms_and_optimizer[-1], Optimizer):
-        last = (
-            type(transforms_and_optimizer[-1]).__name__ if transforms_and_optimizer else "nothing"
-        )
-        raise ValueError(
-            f"chain's last argument (optimizer) must be a gamfunc Optimizer such as "
-            f"gamfunc.sgd(...); got {last}"
-        )
-    *transforms, optimizer = transforms_and_optimizer
-    for i, t in enumerate(transforms):
-        if not isinstance(t, Transform):
+    if not elements:
+        raise ValueError("chain needs at least one element (a transform or an optimizer)")
+    for i, t in enumerate(elements):
+        if not isinstance(t, Transform | Optimizer):
             raise ValueError(
-                f"chain's arguments before the optimizer (transforms) must be gamfunc Transforms; "
-                f"transforms[{i}] is a {type(t).__name__}"
+                f"chain's elements must be gamfunc Transforms (optimisers included); "
+                f"elements[{i}] is a {type(t).__name__}"
             )
-    inner = getattr(optimizer.update, "chain", None)
-    if inner is not None:  # chain(a, chain(b, opt)) is chain(a, b, opt)
-        transforms, optimizer = [*transforms, *inner[0]], inner[1]
+    parts = tuple(as_transform(t) for t in elements)
 
     def init(params):
-        return ChainState(optimizer.init(params), tuple(t.init(params) for t in transforms))
+        return ChainState(tuple(t.init(params) for t in parts))
 
     def update(direction, state, params):
         new_states = []
-        for t, s in zip(transforms, state.transforms, strict=True):
+        for t, s in zip(parts, state.states, strict=True):
             direction, s = t.update(direction, s, params)
             new_states.append(s)
-        new_params, new_opt = optimizer.update(direction, state.opt, params)
-        return new_params, ChainState(new_opt, tuple(new_states))
+        return direction, ChainState(tuple(new_states))
 
-    update.chain = (tuple(transforms), optimizer)
-    return Optimizer(init, update)
+    return Transform(init, update)
+
+
+def scale(factor: float) -> Transform:
+    """Multiply the updates by a constant: u ← c·u, c = ``factor`` (stateless).
+
+    After an optimiser it scales its step, e.g. an lr multiplier for some parameters
+    (:func:`gamfunc.param_groups` does that with a separate optimiser per group instead).
+
+    Args:
+        factor: c, a finite number.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> s = gamfunc.transforms.scale(0.5)
+        >>> s.update({"w": torch.ones(2)}, s.init({}), {})[0]
+        {'w': tensor([0.5000, 0.5000])}
+    """
+    _check_number("factor", factor, positive=False, signed=True)
+
+    def init(params):
+        return ()
+
+    def update(direction, state, params):
+        return tree.scale(direction, factor), state
+
+    return Transform(init, update)
+
+
+def add_decayed_weights(weight_decay: float, mask: Mask = None) -> Transform:
+    """Coupled (L2) weight decay as a transform: u ← u + λ·θ where the mask is true (stateless).
+
+    Before :func:`gamfunc.sgd` it is ``torch.optim.SGD``'s ``weight_decay``; between a scaling of
+    the direction and :func:`scale_by_learning_rate` it is decoupled decay (AdamW's form). λ is
+    ``weight_decay``.
+
+    Args:
+        weight_decay: λ >= 0.
+        mask: which parameters decay, as the ``weight_decay_mask`` of :func:`gamfunc.sgd`: None
+            (all), a dict name -> bool naming every parameter, or ``(name, tensor) -> bool``.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> wd = gamfunc.add_decayed_weights(0.1)
+        >>> p = {"w": torch.ones(2)}
+        >>> wd.update({"w": torch.zeros(2)}, wd.init(p), p)[0]
+        {'w': tensor([0.1000, 0.1000])}
+    """
+    _check_number("weight_decay", weight_decay, positive=False)
+    check_mask(mask, "mask")
+
+    def init(params):
+        masked_keys(mask, params, "mask")
+        return ()
+
+    def update(direction, state, params):
+        keys = masked_keys(mask, params, "mask")
+        if weight_decay == 0 or not keys:
+            return direction, state
+        some = tree.axpy(
+            weight_decay, {k: params[k] for k in keys}, {k: direction[k] for k in keys}
+        )
+        return direction | some, state
+
+    return Transform(init, update)
+
+
+class LRState(NamedTuple):
+    """The state of :func:`scale_by_learning_rate`: a step counter and the lr of the last update,
+    as an optimiser's (:class:`~gamfunc.optim.base.Transform` tells how they are used)."""
+
+    step: Tensor
+    lr: Tensor
+
+
+class ScheduledLRState(LRState, ScheduledLR):
+    """An :class:`LRState` whose lr a schedule sets."""
+
+    __slots__ = ()
+
+
+def scale_by_learning_rate(lr) -> Transform:
+    """The learning rate at the end of a chain: u ← −η_t·u, η_t = ``lr`` at the step t.
+
+    It keeps a step counter and the lr of its last update, as an optimiser does, so a chain ending
+    in it is an optimiser for :func:`gamfunc.make_step` and the facades: ``chain(clip,
+    add_decayed_weights(λ), scale_by_learning_rate(η))`` is ``torch.optim.SGD(lr=η,
+    weight_decay=λ)`` after clipping, and ``with_hyper(state, lr=...)`` sets a constant η.
+
+    Args:
+        lr: η, a float >= 0 or a schedule (:mod:`gamfunc.schedules`).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> opt = gamfunc.scale_by_learning_rate(0.1)
+        >>> p = {"w": torch.ones(2)}
+        >>> opt.update({"w": torch.ones(2)}, opt.init(p), p)[0]
+        {'w': tensor([-0.1000, -0.1000])}
+    """
+    check_lr(lr)
+    State = ScheduledLRState if callable(lr) else LRState
+
+    def init(params):
+        return State(*hyper_state(params, lr))
+
+    def update(direction, state, params):
+        eta = learning_rate(lr, state)
+        return tree.scale(direction, -eta), State(state.step + 1, eta)
+
+    return Transform(init, update)
 
 
 def decay_mask(params: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]) -> dict[str, bool]:
@@ -240,8 +386,10 @@ def decay_mask(params: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]) -> d
     return {k: v.ndim >= 2 for k, v in items}
 
 
-def _check_number(name: str, v, *, positive: bool) -> None:
+def _check_number(name: str, v, *, positive: bool, signed: bool = False) -> None:
     ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    if ok and signed:
+        return
     if not ok or (v <= 0 if positive else v < 0):
-        bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name} must be a finite number {bound}; got {v!r}")
+        bound = "" if signed else " > 0" if positive else " >= 0"
+        raise ValueError(f"{name} must be a finite number{bound}; got {v!r}")

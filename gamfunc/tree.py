@@ -26,6 +26,7 @@ __all__ = [
     "Tree",
     "add",
     "axpy",
+    "check_keys",
     "clone",
     "lincomb",
     "map",
@@ -45,7 +46,8 @@ def _pack(keys, values) -> Tree:
     return dict(zip(keys, values, strict=True))
 
 
-def _check_keys(a: Tree, b: Tree) -> None:
+def check_keys(a: Tree, b: Tree) -> None:
+    """A ValueError naming the keys that are in one of ``a`` and ``b`` but not the other."""
     if a.keys() != b.keys():
         raise ValueError(
             f"parameter dicts have different keys: {sorted(a.keys() ^ b.keys())} "
@@ -57,7 +59,7 @@ def map(fn, *trees: Tree) -> Tree:
     """Apply ``fn`` leaf-wise: ``{k: fn(a[k], b[k], ...)}``."""
     first = trees[0]
     for other in trees[1:]:
-        _check_keys(first, other)
+        check_keys(first, other)
     return {k: fn(*(t[k] for t in trees)) for k in first}
 
 
@@ -73,7 +75,7 @@ def zeros_like(a: Tree) -> Tree:
 
 def add(a: Tree, b: Tree) -> Tree:
     """a + b."""
-    _check_keys(a, b)
+    check_keys(a, b)
     if _vmapped(a) or _vmapped(b):
         return {k: v + b[k] for k, v in a.items()}
     return _pack(a.keys(), torch._foreach_add(list(a.values()), [b[k] for k in a]))
@@ -81,7 +83,7 @@ def add(a: Tree, b: Tree) -> Tree:
 
 def sub(a: Tree, b: Tree) -> Tree:
     """a − b."""
-    _check_keys(a, b)
+    check_keys(a, b)
     if _vmapped(a) or _vmapped(b):
         return {k: v - b[k] for k, v in a.items()}
     return _pack(a.keys(), torch._foreach_sub(list(a.values()), [b[k] for k in a]))
@@ -104,7 +106,7 @@ def scale(a: Tree, s: Scalar) -> Tree:
 
 def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
     """s · x + y (BLAS's axpy); a tensor ``s`` meets half-precision leaves in float32 (:func:`scale`)."""
-    _check_keys(x, y)
+    check_keys(x, y)
     ys = [y[k] for k in x]
     if isinstance(s, Tensor) and _half(x):
         return {k: _times(v, s) + y[k] for k, v in x.items()}
@@ -134,7 +136,7 @@ def lincomb(*terms: tuple[Scalar, Tree]) -> Tree:
 
 def vdot(a: Tree, b: Tree) -> Tensor:
     """⟨a, b⟩ = Σ_k Σ_i a[k]_i · b[k]_i, a 0-d tensor."""
-    _check_keys(a, b)
+    check_keys(a, b)
     parts = [torch.sum(_wide(x) * _wide(b[k])) for k, x in a.items()]
     return torch.stack(_common_dtype(parts)).sum()
 
@@ -192,7 +194,7 @@ def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:
 
 def where(cond: Tensor, a: Tree, b: Tree) -> Tree:
     """Leaf-wise ``torch.where(cond, a, b)`` for a 0-d boolean ``cond``, without a Python branch."""
-    _check_keys(a, b)
+    check_keys(a, b)
     return {k: torch.where(cond, x, b[k]) for k, x in a.items()}
 
 

@@ -198,7 +198,7 @@ def build_estimator(
     return table[name](), base
 
 
-def build_optimizer(cfg: Config, lr, params: dict[str, Tensor] | None = None) -> gamfunc.Optimizer:
+def build_optimizer(cfg: Config, lr, params: dict[str, Tensor] | None = None) -> gamfunc.Transform:
     """SGD with momentum (coupled weight decay) or AdamW (decoupled), with ``lr`` a float or schedule;
     with ``no_decay_1d``, no weight decay on 1-d tensors (biases, normalisation weights); with
     ``clip_norm > 0``, the direction clipped to that global norm first."""

@@ -29,7 +29,8 @@ def gamfunc_trajectory(opt, params, batches):
     state = opt.init(params)
     for batch in batches:
         g = torch.func.grad(mlp_loss)(params, batch)
-        params, state = opt.update(g, state, params)
+        updates, state = opt.update(g, state, params)
+        params = gamfunc.apply_updates(params, updates)
     return params, state
 
 
@@ -170,7 +171,8 @@ def test_lr_written_into_state_takes_effect():
     params, data = mlp_params(), batches(2)
     opt = gamfunc.sgd(lr=0.1)
     state = with_hyper(opt.init(params), lr=torch.tensor(0.0, dtype=torch.float64))
-    new, _ = opt.update(torch.func.grad(mlp_loss)(params, data[0]), state, params)
+    u, _ = opt.update(torch.func.grad(mlp_loss)(params, data[0]), state, params)
+    new = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], params[k]) for k in params)
 
 
@@ -215,7 +217,8 @@ def test_with_hyper_refuses_a_scheduled_lr_and_keeps_a_constant_one():
                 with_hyper(state, lr=five)
             assert int(with_hyper(state, step=torch.tensor(3)).step) == 3  # the step still may
         opt = make(lr=0.1)
-        new, state = opt.update(params, with_hyper(opt.init(params), lr=five), params)
+        u, state = opt.update(params, with_hyper(opt.init(params), lr=five), params)
+        new = gamfunc.apply_updates(params, u)
         assert state.lr is five and not torch.equal(new["w"], params["w"])
 
 
@@ -229,7 +232,8 @@ def test_state_lr_is_the_lr_of_the_last_update():
         p, state = params, opt.init(params)
         assert float(state.lr) == float(lr(torch.tensor(0)))
         for t, b in enumerate(data):
-            p, state = opt.update(torch.func.grad(mlp_loss)(p, b), state, p)
+            u, state = opt.update(torch.func.grad(mlp_loss)(p, b), state, p)
+            p = gamfunc.apply_updates(p, u)
             assert int(state.step) == t + 1
             assert float(state.lr) == float(lr(torch.tensor(t)))
     # the same through a step, with a skipped step between: the lr of the last step taken
@@ -248,7 +252,8 @@ def test_state_lr_is_the_lr_of_the_last_update():
 def test_optimisers_keep_float32():
     params = mlp_params(dtype=torch.float32)
     for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):
-        new, _state = opt.update(params, opt.init(params), params)
+        u, _state = opt.update(params, opt.init(params), params)
+        new = gamfunc.apply_updates(params, u)
         assert all(v.dtype == torch.float32 for v in new.values())
 
 
@@ -258,7 +263,8 @@ def test_optimisers_keep_float32_for_a_0d_parameter():
     for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):
         p, state = params, opt.init(params)
         for _ in range(2):
-            p, state = opt.update(params, state, p)
+            u, state = opt.update(params, state, p)
+            p = gamfunc.apply_updates(p, u)
         assert all(v.dtype == torch.float32 for v in p.values())
         buffers = [v for b in state if isinstance(b, dict) for v in b.values()]
         assert buffers and all(v.dtype == torch.float32 for v in buffers)
@@ -325,3 +331,58 @@ def test_proportional_schedule_has_the_authors_floor():
 def test_invalid_hyperparameters_name_the_argument(factory, kwargs, name):
     with pytest.raises(ValueError, match=name):
         factory(**kwargs)
+
+
+# ---- the one contract: updates, apply_updates, and the deprecated params-returning form ------------
+
+
+def test_apply_updates_adds_keeps_dtype_and_checks_names():
+    params = {"w": torch.tensor([1.0, 2.0]), "t": torch.tensor(3.0, dtype=torch.float64)}
+    updates = {"w": torch.tensor([0.5, -2.0]), "t": torch.tensor(-1.0, dtype=torch.float64)}
+    before = {k: v.clone() for k, v in params.items()}
+    new = gamfunc.apply_updates(params, updates)
+    assert new["w"].tolist() == [1.5, 0.0] and float(new["t"]) == 2.0
+    assert all(torch.equal(params[k], before[k]) for k in params)
+    wide = gamfunc.apply_updates(params, {**updates, "w": updates["w"].double()})
+    assert wide["w"].dtype == torch.float32
+    with pytest.raises(ValueError, match=r"missing \['t'\]"):
+        gamfunc.apply_updates(params, {"w": updates["w"]})
+
+
+def test_sgd_updates_are_minus_lr_times_the_direction_bit_for_bit():
+    params, g = mlp_params(), mlp_params(seed=4)
+    u, _ = gamfunc.sgd(lr=0.1).update(g, gamfunc.sgd(lr=0.1).init(params), params)
+    assert all(torch.equal(u[k], -(0.1 * g[k])) for k in params)
+    new = gamfunc.apply_updates(params, u)
+    assert all(torch.equal(new[k], params[k] - 0.1 * g[k]) for k in params)
+
+
+def old_style(opt):
+    """The former contract: ``update`` returns the new params."""
+
+    def update(direction, state, params):
+        u, state = opt.update(direction, state, params)
+        return gamfunc.apply_updates(params, u), state
+
+    with pytest.warns(DeprecationWarning, match="apply_updates"):
+        return gamfunc.Optimizer(opt.init, update)
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: gamfunc.sgd(lr=0.1, momentum=0.9), lambda: gamfunc.adamw(lr=1e-2)]
+)
+def test_deprecated_params_returning_optimizer_warns_and_gives_identical_steps(make):
+    params, data = mlp_params(), batches(10)
+    new_form = gamfunc.make_step(gamfunc.sam(0.05), make(), mlp_loss)
+    old_form = gamfunc.make_step(gamfunc.sam(0.05), old_style(make()), mlp_loss)
+    p1, s1, p2, s2 = params, new_form.init(params), params, old_form.init(params)
+    for b in data:
+        p1, s1, _ = new_form(p1, s1, b)
+        p2, s2, _ = old_form(p2, s2, b)
+    assert all(torch.equal(p1[k], p2[k]) for k in params)
+    # in a chain, its updates are new − θ: the same trajectory to rounding
+    chained = gamfunc.chain(gamfunc.clip_by_global_norm(0.8), old_style(make()))
+    reference = gamfunc.chain(gamfunc.clip_by_global_norm(0.8), make())
+    ours, _ = gamfunc_trajectory(chained, params, data)
+    want, _ = gamfunc_trajectory(reference, params, data)
+    assert rel_err(flatten(ours), flatten(want)) < 1e-12

@@ -23,7 +23,8 @@ def test_step_is_estimator_then_optimizer():
         params, gamfunc.make_step(est, opt, mlp_loss).init(params), batch
     )
     d, _info = est(params, batch, mlp_loss)
-    ref, _ = opt.update(d, opt.init(params), params)
+    u, _ = opt.update(d, opt.init(params), params)
+    ref = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], ref[k]) for k in params)
     for key in ("loss", "grad_norm", "f_norm", "adv_grad_norm", "lr", "rho", "skipped"):
         assert key in metrics and metrics[key].ndim == 0
@@ -51,7 +52,8 @@ def test_every_k_uses_gam_on_every_kth_step_only():
     ref, state = params, opt.init(params)
     for i, b in enumerate(data):
         d, _ = (gam if i % 3 == 0 else grad)(ref, b, mlp_loss)
-        ref, state = opt.update(d, state, ref)
+        u, state = opt.update(d, state, ref)
+        ref = gamfunc.apply_updates(ref, u)
     assert all(torch.equal(p[k], ref[k]) for k in params)
 
 
@@ -181,7 +183,7 @@ def test_one_step_counter_through_skipped_steps_and_every_k():
             assert float(metrics["rho"]) == float(rho(torch.tensor(taken - 1)))
     assert (taken, int(state.skipped), int(state.cycle)) == (5, 3, 8)
     counters = [k for k in gamfunc.step.as_dict(state) if k == "step"]
-    assert counters == [] and "step" in gamfunc.step.as_dict(state)["opt"]["opt"]
+    assert counters == [] and "step" in gamfunc.step.as_dict(state)["opt"]["states"][-1]
 
 
 def test_a_state_saved_with_two_counters_loads_with_a_deprecation_warning():
@@ -308,9 +310,7 @@ def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_loa
         params, state, _ = step(params, state, mlp_batch(seed=i))
     plain = as_dict(state)
     assert set(plain) == {"opt", "skipped", "cycle", "loss"}  # no "buffers": ()
-    assert set(plain["opt"]) == {"opt", "transforms"} and set(plain["loss"]) == set(
-        LossScale._fields
-    )
+    assert set(plain["opt"]) == {"states"} and set(plain["loss"]) == set(LossScale._fields)
     torch.save(plain, tmp_path / "state.pt")
     loaded = torch.load(tmp_path / "state.pt", weights_only=True)
     restored = from_dict(loaded, like=step.init(params))
@@ -392,3 +392,21 @@ def test_the_finiteness_check_takes_one_foreach_kernel_per_dtype_and_device(monk
     opt_inf = opt._replace(lr=torch.tensor(float("inf"), dtype=torch.float64))
     params["w3"] = torch.zeros(3)
     assert not bool(step_mod._all_finite(params, opt_inf))
+
+
+def test_a_chain_state_saved_in_the_former_layout_loads_with_a_warning():
+    from gamfunc.step import as_dict, from_dict
+
+    params = mlp_params()
+    opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
+    step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
+    _, state, _ = step(params, step.init(params), mlp_batch())
+    saved = as_dict(state)
+    clip, sgd = saved["opt"]["states"]
+    old = {**saved, "opt": {"opt": sgd, "transforms": [clip]}}
+    with pytest.warns(DeprecationWarning, match="states"):
+        restored = from_dict(old, like=step.init(params))
+    (got, got_spec), (want, want_spec) = (
+        torch.utils._pytree.tree_flatten(t) for t in (restored, state)
+    )
+    assert got_spec == want_spec and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

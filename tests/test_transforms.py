@@ -116,7 +116,8 @@ def torch_trajectory(opt_cls, groups, params, data, *max_norms):
 def gamfunc_trajectory(opt, params, data):
     state = opt.init(params)
     for batch in data:
-        params, state = opt.update(grads_of(params, batch), state, params)
+        updates, state = opt.update(grads_of(params, batch), state, params)
+        params = gamfunc.apply_updates(params, updates)
     return params, state
 
 
@@ -156,7 +157,7 @@ def test_chain_without_transforms_is_the_optimizer():
     assert state.transforms == () and type(state.opt) is type(plain_state)
 
 
-def test_two_clips_in_order_and_nested_chains_flatten():
+def test_two_clips_in_order_and_nested_chains_compose():
     params, data = mlp_params(), batches(10)
     flat = gamfunc.chain(
         gamfunc.clip_by_global_norm(0.9), gamfunc.clip_by_global_norm(0.3), gamfunc.sgd(lr=0.1)
@@ -168,9 +169,11 @@ def test_two_clips_in_order_and_nested_chains_flatten():
     a, _ = gamfunc_trajectory(flat, params, data)
     b, sb = gamfunc_trajectory(nested, params, data)
     assert all(torch.equal(a[k], b[k]) for k in params)
-    assert len(sb.transforms) == 2 and type(sb.opt) is gamfunc.SGDState
+    inner = sb.states[1]  # a chain is a Transform: nested, not flattened
+    assert type(inner) is gamfunc.ChainState and type(sb.opt) is gamfunc.ChainState
+    assert type(inner.opt) is gamfunc.SGDState and sb.step is inner.opt.step
     # the second clip sees the first one's output: a norm of at most 0.9
-    assert float(sb.transforms[1].norm) <= 0.9 + 1e-12
+    assert float(inner.transforms[0].norm) <= 0.9 + 1e-12
     ref, _ = torch_trajectory(torch.optim.SGD, [(ALL, {"lr": 0.1})], params, data, 0.9, 0.3)
     assert rel_err(flatten(a), flatten(ref)) < 1e-12
 
@@ -183,7 +186,8 @@ def test_chain_keeps_the_optimizer_state_and_lr_written_into_state_takes_effect(
     assert state.opt.momentum_buffer.keys() == params.keys()
     assert type(state.transforms[0]) is ClipState
     state = with_hyper(state, lr=torch.tensor(0.0, dtype=torch.float64))
-    new, new_state = opt.update(grads_of(params, data[0]), state, params)
+    u, new_state = opt.update(grads_of(params, data[0]), state, params)
+    new = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], params[k]) for k in params)
     assert int(new_state.step) == 1 and float(new_state.lr) == 0.0
 
@@ -234,16 +238,14 @@ def test_torch_optim_facade_takes_a_chain_and_round_trips_its_state():
     for batch in data[:2]:
         opt.step(batch)
     saved = opt.state_dict()
-    assert set(saved["state"]["opt"]["transforms"][0]) == {"norm"}
-    assert set(saved["state"]["opt"]["opt"]) == {"step", "lr", "momentum_buffer"}
+    assert set(saved["state"]["opt"]["states"][0]) == {"norm"}
+    assert set(saved["state"]["opt"]["states"][1]) == {"step", "lr", "momentum_buffer"}
     twin = FlatnessOptimizer(
         model, gamfunc.sam(0.05), gamfunc.chain(gamfunc.clip_by_global_norm(0.5), inner)
     )
     twin.load_state_dict(saved)
     restored = twin.state_dict()["state"]["opt"]
-    assert torch.equal(
-        restored["transforms"][0]["norm"], saved["state"]["opt"]["transforms"][0]["norm"]
-    )
+    assert torch.equal(restored["states"][0]["norm"], saved["state"]["opt"]["states"][0]["norm"])
     opt.param_groups[0]["lr"] = 0.05
     opt.step(data[2])
     assert float(opt.metrics["lr"]) == 0.05
@@ -398,12 +400,159 @@ def test_a_mask_that_does_not_fit_the_params_fails_at_init(factory):
 @pytest.mark.parametrize(
     ("args", "name"),
     [
-        ((), "optimizer"),
-        ((gamfunc.clip_by_global_norm(1.0),), "optimizer"),
-        ((gamfunc.sgd(lr=0.1), gamfunc.sgd(lr=0.1)), r"transforms\[0\]"),
-        ((gamfunc.clip_by_global_norm(1.0), lambda d: d, gamfunc.sgd(lr=0.1)), r"transforms\[1\]"),
+        ((), "at least one element"),
+        ((gamfunc.clip_by_global_norm(1.0), lambda d: d, gamfunc.sgd(lr=0.1)), r"elements\[1\]"),
+        ((torch.optim.SGD,), r"elements\[0\]"),
     ],
 )
 def test_chain_rejects_bad_arguments(args, name):
     with pytest.raises(ValueError, match=name):
         gamfunc.chain(*args)
+
+
+# ---- transforms before, between and after the optimiser -------------------------------------------
+
+
+def clipped(d, max_norm):
+    """clip_grad_norm_'s arithmetic, written out on a dict."""
+    n = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(v) for v in d.values()]))
+    coef = torch.clamp(max_norm / (n + 1e-6), max=1.0)
+    return {k: v * coef for k, v in d.items()}
+
+
+def test_chain_with_transforms_before_between_and_after_the_optimizer_equals_a_loop():
+    """clip the direction (before), SGD with momentum and lr 1, clip the step (between), scale by
+    the learning rate (after), against the same arithmetic written out."""
+    params, data = mlp_params(), batches()
+    mu, eta, before, between = 0.9, 0.05, 0.8, 1.5
+    opt = gamfunc.chain(
+        gamfunc.clip_by_global_norm(before),
+        gamfunc.sgd(lr=1.0, momentum=mu),
+        gamfunc.clip_by_global_norm(between),
+        gamfunc.transforms.scale(eta),
+    )
+    ours, state = gamfunc_trajectory(opt, params, data)
+    theta, buf, clipped_steps = dict(params), None, 0
+    for batch in data:
+        d = clipped(grads_of(theta, batch), before)
+        buf = d if buf is None else {k: mu * buf[k] + d[k] for k in d}
+        step = clipped({k: -b for k, b in buf.items()}, between)
+        n = math.sqrt(sum(float((v**2).sum()) for v in buf.values()))
+        clipped_steps += n > between
+        theta = {k: theta[k] + eta * step[k] for k in theta}
+    assert 0 < clipped_steps < STEPS  # the clip of the step acts on some steps only
+    assert rel_err(flatten(ours), flatten(theta)) < 1e-12
+    assert int(state.step) == STEPS and type(state.opt) is gamfunc.SGDState
+    assert [type(s).__name__ for s in state.transforms] == ["ClipState", "ClipState", "tuple"]
+
+
+def test_weight_decay_as_a_transform_and_the_lr_at_the_end_equal_torch_sgd():
+    """chain(clip, add_decayed_weights, scale_by_learning_rate) = torch.optim.SGD with
+    clip_grad_norm_ and param groups; then the same with a scheduled lr through make_step."""
+    params, data = mlp_params(), batches(50)
+    mask = gamfunc.decay_mask(params)
+    kw = {"lr": 0.1, "weight_decay": 5e-2}
+    ref, _ = torch_trajectory(torch.optim.SGD, groups_of(mask, params, kw), params, data, MAX_NORM)
+    opt = gamfunc.chain(
+        gamfunc.clip_by_global_norm(MAX_NORM),
+        gamfunc.add_decayed_weights(5e-2, mask),
+        gamfunc.scale_by_learning_rate(0.1),
+    )
+    ours, state = gamfunc_trajectory(opt, params, data)
+    assert rel_err(flatten(ours), flatten(ref)) < 1e-12
+    assert int(state.step) == 50 and float(state.lr) == 0.1
+    # a schedule at the end, in a step: η_t (d + λ θ) with η_t the schedule at t
+    lr = gamfunc.schedules.cosine(0.1, total_steps=50, warmup_steps=5)
+    opt = gamfunc.chain(gamfunc.add_decayed_weights(5e-2), gamfunc.scale_by_learning_rate(lr))
+    step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
+    p, s = params, step.init(params)
+    theta = dict(params)
+    for t, batch in enumerate(data):
+        p, s, metrics = step(p, s, batch)
+        g = grads_of(theta, batch)
+        eta = lr(torch.tensor(t))
+        theta = {k: theta[k] - eta * (g[k] + 5e-2 * theta[k]) for k in theta}
+        assert float(metrics["lr"]) == float(eta)
+    assert rel_err(flatten(p), flatten(theta)) < 1e-12
+    with pytest.raises(ValueError, match="lr cannot be set"):
+        with_hyper(s.opt, lr=torch.tensor(0.1, dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    ("factory", "kwargs", "arg"),
+    [
+        (gamfunc.add_decayed_weights, {"weight_decay": -1.0}, "weight_decay"),
+        (gamfunc.add_decayed_weights, {"weight_decay": 0.1, "mask": 3}, "mask"),
+        (gamfunc.scale_by_learning_rate, {"lr": -0.1}, "lr"),
+        (gamfunc.transforms.scale, {"factor": float("inf")}, "factor"),
+    ],
+)
+def test_new_transforms_reject_bad_hyperparameters(factory, kwargs, arg):
+    with pytest.raises(ValueError, match=arg):
+        factory(**kwargs)
+
+
+# ---- parameter groups against torch.optim param groups ---------------------------------------------
+
+
+GROUP_CASES = [
+    (torch.optim.SGD, gamfunc.sgd, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-2}, 0.02),
+    (torch.optim.AdamW, gamfunc.adamw, {"lr": 1e-2, "weight_decay": 0.3}, 3e-3),
+    (torch.optim.Adam, gamfunc.adam, {"lr": 1e-2, "weight_decay": 0.05}, 3e-2),
+]
+
+
+@pytest.mark.parametrize(
+    ("torch_cls", "factory", "kwargs", "head_lr"),
+    GROUP_CASES,
+    ids=[f.__name__ for _, f, _, _ in GROUP_CASES],
+)
+def test_param_groups_equal_torch_optim_param_groups(torch_cls, factory, kwargs, head_lr):
+    params, data = mlp_params(), batches(50)
+    groups = {"b*": {"weight_decay": 0.0}, "*2": {"lr": head_lr}}
+    torch_groups = [
+        (["w1"], kwargs),
+        (["b1"], {**kwargs, "weight_decay": 0.0}),
+        (["w2"], {**kwargs, "lr": head_lr}),
+        (["b2"], {**kwargs, "weight_decay": 0.0, "lr": head_lr}),
+    ]
+    ref, _ = torch_trajectory(torch_cls, torch_groups, params, data)
+    opt = gamfunc.param_groups(groups, factory, **kwargs)
+    ours, state = gamfunc_trajectory(opt, params, data)
+    tol = 1e-12 if factory is gamfunc.sgd else 1e-10
+    for k in params:
+        assert rel_err(ours[k], ref[k]) < tol
+    assert type(state) is gamfunc.optim.GroupsState and len(state.states) == 4
+    assert int(state.step) == 50 and float(state.lr) == kwargs["lr"]
+
+
+def test_param_groups_in_a_step_scale_every_groups_lr_in_proportion():
+    params, data = mlp_params(), batches(3)
+    opt = gamfunc.param_groups({"*2": {"lr": 0.02}}, gamfunc.sgd, lr=0.1, momentum=0.9)
+    step = gamfunc.make_step(gamfunc.sam(0.05), opt, mlp_loss)
+    p, state = params, step.init(params)
+    for batch in data:
+        p, state, metrics = step(p, state, batch)
+    assert float(metrics["lr"]) == 0.1
+    half = with_hyper(state.opt, lr=torch.tensor(0.05, dtype=torch.float64))
+    assert [float(s.lr) for s in half.states] == pytest.approx([0.05, 0.01])
+    assert int(with_hyper(state.opt, step=torch.tensor(7)).states[1].step) == 7
+    # the facade drives it through its one param group
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    facade = FlatnessOptimizer(
+        model, gamfunc.sam(0.05), gamfunc.param_groups({"2.*": {"lr": 0.01}}, gamfunc.sgd, lr=0.1)
+    )
+    facade.step(mlp_batch(seed=0))
+    facade.param_groups[0]["lr"] = 0.05
+    facade.step(mlp_batch(seed=1))
+    assert [float(s.lr) for s in facade._state.opt.states] == pytest.approx([0.05, 0.005])
+
+
+def test_param_groups_reject_bad_options_naming_argument_and_pattern():
+    with pytest.raises(ValueError, match=r"weight_decay.*'\*\.bias'"):
+        gamfunc.param_groups({"*.bias": {"weight_decay": -1.0}}, gamfunc.adamw, lr=1e-3)
+    with pytest.raises(ValueError, match="groups"):
+        gamfunc.param_groups(["*.bias"], gamfunc.adamw)
+    with pytest.raises(ValueError, match="lr"):
+        gamfunc.param_groups({}, gamfunc.sgd, lr=-1.0)

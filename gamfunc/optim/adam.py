@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gamfunc import tree
 from gamfunc.optim.adamw import adamw
-from gamfunc.optim.base import Mask, Optimizer, check_mask, check_nonnegative, masked_keys
+from gamfunc.optim.base import Mask, Transform, check_mask, check_nonnegative, masked_keys
 from gamfunc.schedules import value
 
 __all__ = ["adam"]
@@ -16,7 +16,7 @@ def adam(
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     weight_decay_mask: Mask = None,
-) -> Optimizer:
+) -> Transform:
     """Adam, the update of ``torch.optim.Adam`` (weight decay added to the direction) as a pure function.
 
     With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, ε = ``eps``, λ = ``weight_decay``, t the
@@ -25,7 +25,7 @@ def adam(
         d ← d + λ·θ                                        (where the mask is true)
         m ← β₁·m + (1 − β₁)·d
         v ← β₂·v + (1 − β₂)·d²
-        θ ← θ − η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)
+        u = −η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)          (the updates: θ ← θ + u)
 
     It is :func:`gamfunc.adamw` without decoupled decay, on the decayed direction; its state is an
     :class:`gamfunc.optim.AdamWState`.
@@ -41,8 +41,8 @@ def adam(
         >>> import torch, gamfunc
         >>> opt = gamfunc.adam(lr=1e-3)
         >>> params = {"w": torch.ones(2)}
-        >>> new, state = opt.update({"w": torch.ones(2)}, opt.init(params), params)
-        >>> tuple(round(x, 4) for x in new["w"].tolist())
+        >>> updates, state = opt.update({"w": torch.ones(2)}, opt.init(params), params)
+        >>> tuple(round(x, 4) for x in gamfunc.apply_updates(params, updates)["w"].tolist())
         (0.999, 0.999)
 
     References:
@@ -66,4 +66,4 @@ def adam(
             direction = direction | some
         return inner.update(direction, state, params)
 
-    return Optimizer(init, update)
+    return Transform(init, update)

@@ -10,8 +10,8 @@ from torch import Tensor
 from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
-    Optimizer,
     ScheduledLR,
+    Transform,
     check_betas,
     check_lr,
     check_mask,
@@ -32,7 +32,7 @@ class AdamWState(NamedTuple):
 
     Attributes:
         step: 0-d int64, updates done so far (t − 1 of the next update).
-        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Optimizer` tells how a
+        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Transform` tells how a
             constant lr is set through it).
         exp_avg: m, the first moment, a dict name -> tensor (``torch.optim.AdamW``'s names).
         exp_avg_sq: v, the second moment, a dict name -> tensor.
@@ -57,16 +57,18 @@ def adamw(
     eps: float = 1e-8,
     weight_decay: float = 1e-2,
     weight_decay_mask: Mask = None,
-) -> Optimizer:
+) -> Transform:
     """Adam with decoupled weight decay, the update of ``torch.optim.AdamW`` as a pure function.
 
     With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, ε = ``eps``, λ = ``weight_decay``, t the
     step counted from 1::
 
-        θ ← θ·(1 − η·λ)                                    (where the mask is true)
         m ← β₁·m + (1 − β₁)·d
         v ← β₂·v + (1 − β₂)·d²
-        θ ← θ − η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)
+        u = −η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε) − η·λ·θ     (λ·θ where the mask is true)
+
+    the updates, so that θ + u (:func:`gamfunc.apply_updates`) is ``torch.optim.AdamW``'s
+    θ·(1 − η·λ) − η/(1 − β₁ᵗ) · m / (…) up to the rounding of the sum.
 
     Args:
         lr: η, float >= 0 or a schedule.
@@ -81,7 +83,7 @@ def adamw(
             masked-out one with ``weight_decay=0``.
 
     Returns:
-        An Optimizer; its state is an :class:`AdamWState`.
+        A :class:`~gamfunc.optim.base.Transform`; its state is an :class:`AdamWState`.
 
     References:
         Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019,
@@ -98,18 +100,18 @@ def adamw(
         masked_keys(weight_decay_mask, params, "weight_decay_mask")
         return State(*hyper_state(params, lr), tree.zeros_like(params), tree.zeros_like(params))
 
-    def decayed(p, params, factor):
-        """θ·(1 − η·λ) on the parameters the mask selects, θ elsewhere (``p`` lists ``params``)."""
+    def decay(u, params, eta_wd):
+        """u − η·λ·θ on the parameters the mask selects, u elsewhere (``u`` lists ``params``)."""
         chosen = masked_keys(weight_decay_mask, params, "weight_decay_mask")
-        if len(chosen) == len(p):
-            return torch._foreach_mul(p, tree.scalar_like(factor, p))
+        if len(chosen) == len(u):
+            p = list(params.values())
+            return torch._foreach_sub(u, torch._foreach_mul(p, tree.scalar_like(eta_wd, p)))
         if not chosen:
-            return p
+            return u
         some = [params[k] for k in chosen]
-        scaled = dict(
-            zip(chosen, torch._foreach_mul(some, tree.scalar_like(factor, some)), strict=True)
-        )
-        return [scaled.get(k, v) for k, v in params.items()]
+        decayed = torch._foreach_mul(some, tree.scalar_like(eta_wd, some))
+        by_name = dict(zip(chosen, decayed, strict=True))
+        return [x - by_name[k] if k in by_name else x for k, x in zip(params, u, strict=True)]
 
     def update(direction, state, params):
         check_state_type(state, AdamWState, "adamw")
@@ -122,32 +124,32 @@ def adamw(
         wd = value(weight_decay, state.step)
         if tree.vmapped([*p, *d, eta, wd]):  # foreach kernels have no batching rule
             return _per_tensor(direction, state, params, eta, wd, step, t)
-        if decays:
-            p = decayed(p, params, 1 - eta * wd)
         m = torch._foreach_lerp([state.exp_avg[k] for k in keys], d, 1 - beta1)
         v = [state.exp_avg_sq[k] for k in keys]
         v = torch._foreach_addcmul(torch._foreach_mul(v, beta2), d, d, value=1 - beta2)
         denom = torch._foreach_sqrt(v)
         denom = torch._foreach_div(denom, tree.scalar_like(torch.sqrt(1 - beta2**t), denom))
         r = torch._foreach_div(m, torch._foreach_add(denom, eps))
-        p = torch._foreach_sub(p, torch._foreach_mul(r, tree.scalar_like(eta / (1 - beta1**t), r)))
+        u = torch._foreach_mul(r, tree.scalar_like(-eta / (1 - beta1**t), r))
+        if decays:
+            u = decay(u, params, eta * wd)
         new_state = State(
             step, eta, dict(zip(keys, m, strict=True)), dict(zip(keys, v, strict=True))
         )
-        return dict(zip(keys, p, strict=True)), new_state
+        return dict(zip(keys, u, strict=True)), new_state
 
     def _per_tensor(direction, state, params, eta, wd, step, t):
         """The same update tensor by tensor (under ``torch.func.vmap``)."""
         chosen = set(masked_keys(weight_decay_mask, params, "weight_decay_mask"))
-        new_p, m, v = {}, {}, {}
+        u, m, v = {}, {}, {}
         for k, x in params.items():
             g = direction[k]
-            if decays and k in chosen:
-                x = x * (1 - eta * wd)
             m[k] = torch.lerp(state.exp_avg[k], g, 1 - beta1)
             v[k] = torch.addcmul(state.exp_avg_sq[k] * beta2, g, g, value=1 - beta2)
             denom = torch.sqrt(v[k]) / torch.sqrt(1 - beta2**t) + eps
-            new_p[k] = x - (m[k] / denom) * (eta / (1 - beta1**t))
-        return new_p, State(step, eta, m, v)
+            u[k] = (m[k] / denom) * (-eta / (1 - beta1**t))
+            if decays and k in chosen:
+                u[k] = u[k] - x * (eta * wd)
+        return u, State(step, eta, m, v)
 
-    return Optimizer(init, update)
+    return Transform(init, update)

@@ -1,13 +1,16 @@
-"""What a base optimiser is: a pair of pure functions, ``init`` and ``update``."""
+"""The one contract of optimisers and transforms: ``init`` and ``update`` returning updates, and
+:func:`apply_updates`."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from gamfunc import tree
 from gamfunc.schedules import Schedule
 from gamfunc.tree import Tree
 
@@ -15,12 +18,16 @@ __all__ = [
     "Mask",
     "Optimizer",
     "ScheduledLR",
+    "Transform",
+    "apply_updates",
+    "as_transform",
     "check_lr",
     "check_mask",
     "hyper_state",
     "learning_rate",
     "lr_scheduled",
     "masked_keys",
+    "move",
     "with_hyper",
 ]
 
@@ -28,14 +35,22 @@ Mask = Mapping[str, bool] | Callable[[str, Tensor], bool] | None
 """Which parameters an option applies to: None (all), a dict name -> bool, or ``(name, tensor) -> bool``."""
 
 
-class Optimizer(NamedTuple):
-    """``init(params) -> state``; ``update(direction, state, params) -> (new_params, new_state)``.
+class Transform(NamedTuple):
+    """The one contract of everything that turns a direction into a move: optimisers and transforms.
 
-    ``state`` is a NamedTuple of the optimiser's own type (:class:`~gamfunc.optim.sgd.SGDState`,
-    :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`), a pytree of
-    tensors for ``torch.compile`` and ``torch.func.vmap``. Every such state has ``state.step`` (0-d
-    int64, updates done so far) and ``state.lr`` (0-d float64): fields, or, for a state that wraps
-    another optimiser's in its field ``opt`` (a chain's), properties reading through it.
+    ``init(params) -> state``; ``update(direction, state, params) -> (updates, new_state)``, and the
+    new parameters are ``apply_updates(params, updates)``, θ ← θ + u (optax's
+    ``GradientTransformation``). An optimiser (:func:`gamfunc.sgd`, :func:`gamfunc.adamw`, ...) is a
+    transform whose updates are its whole signed step, u = −η·(its update rule); a transform such as
+    :func:`gamfunc.clip_by_global_norm` changes the direction it is given. So :func:`gamfunc.chain`
+    puts any of them before, between or after an optimiser, and the result is again a Transform.
+
+    ``state`` is a NamedTuple of tensors (:class:`~gamfunc.optim.sgd.SGDState`,
+    :class:`~gamfunc.transforms.ClipState`, ``()`` for a stateless transform), a pytree for
+    ``torch.compile`` and ``torch.func.vmap``. Neither function mutates its arguments, and ``update``
+    branches on no tensor value. An optimiser's state has ``state.step`` (0-d int64, updates done so
+    far) and ``state.lr`` (0-d float64); a chain's reads them through to the first element that has
+    them.
 
     ``state.lr`` is the learning rate of the last update, η_{t−1} for ``state.step`` = t: the
     schedule's value at the step that update took, or the constant. In the state ``init`` returns
@@ -45,10 +60,98 @@ class Optimizer(NamedTuple):
     ``torch.optim.lr_scheduler`` drives the facade, without recompiling a compiled step. A
     scheduled lr is the schedule's alone: its state is a :class:`ScheduledLR` and
     :func:`with_hyper` refuses to set it.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> opt = gamfunc.sgd(lr=0.1)
+        >>> params = {"w": torch.ones(2)}
+        >>> updates, state = opt.update({"w": torch.ones(2)}, opt.init(params), params)
+        >>> updates["w"], gamfunc.apply_updates(params, updates)["w"]
+        (tensor([-0.1000, -0.1000]), tensor([0.9000, 0.9000]))
     """
 
     init: Callable[[Tree], Any]
     update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
+
+
+def apply_updates(params: Tree, updates: Tree) -> Tree:
+    """θ + u for every parameter: the new parameters from a :class:`Transform`'s updates.
+
+    Each sum is cast back to the parameter's dtype (an update of another dtype does not promote the
+    parameter). ``params`` is not modified.
+
+    Raises:
+        ValueError: ``updates`` has other names than ``params``.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> gamfunc.apply_updates({"w": torch.ones(2)}, {"w": torch.tensor([0.5, -1.0])})
+        {'w': tensor([1.5000, 0.0000])}
+    """
+    if updates.keys() != params.keys():
+        missing = sorted(params.keys() - updates.keys())
+        extra = sorted(updates.keys() - params.keys())
+        raise ValueError(f"updates must have the names of params: missing {missing}, extra {extra}")
+    keys = list(params)
+    p, u = [params[k] for k in keys], [updates[k] for k in keys]
+    if all(a.dtype == b.dtype for a, b in zip(p, u, strict=True)) and not tree.vmapped([*p, *u]):
+        return dict(zip(keys, torch._foreach_add(p, u), strict=True))
+    return {k: (params[k] + updates[k]).to(params[k].dtype) for k in keys}
+
+
+class Optimizer(NamedTuple):
+    """Deprecated: the former contract, ``update(direction, state, params) -> (new_params, state)``.
+
+    Build a :class:`Transform` instead, whose ``update`` returns updates that
+    :func:`apply_updates` adds to the parameters. An ``Optimizer`` still works wherever an
+    optimiser is taken (:func:`gamfunc.make_step`, :func:`gamfunc.chain`, the facades of
+    :mod:`gamfunc.torch_optim`), with a ``DeprecationWarning`` when it is built: a step moves to
+    its ``new_params`` as before; inside a chain its updates are ``new_params − params``.
+    """
+
+    init: Callable[[Tree], Any]
+    update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
+
+
+_optimizer_new = Optimizer.__new__
+
+
+def _deprecated_optimizer(cls, *args, **kwargs):
+    warnings.warn(
+        "gamfunc.Optimizer(init, update) with an update returning new params is deprecated: "
+        "build a gamfunc.Transform whose update returns updates (new = gamfunc.apply_updates("
+        "params, updates)); every gamfunc optimiser is one",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return _optimizer_new(cls, *args, **kwargs)
+
+
+Optimizer.__new__ = _deprecated_optimizer
+
+
+def as_transform(opt: Transform | Optimizer) -> Transform:
+    """``opt`` under the contract of :class:`Transform`; a deprecated :class:`Optimizer`'s updates are
+    ``new_params − params``."""
+    if isinstance(opt, Transform):
+        return opt
+    if not isinstance(opt, Optimizer):
+        raise TypeError(f"expected a gamfunc Transform; got {type(opt).__name__}")
+
+    def update(direction, state, params):
+        new_params, new_state = opt.update(direction, state, params)
+        return tree.sub(new_params, params), new_state
+
+    return Transform(opt.init, update)
+
+
+def move(opt: Transform | Optimizer, direction: Tree, state, params: Tree) -> tuple[Tree, Any]:
+    """``(new_params, new_state)`` of one update: ``apply_updates`` of a Transform's updates, or
+    the new params of a deprecated :class:`Optimizer` as it returns them."""
+    if isinstance(opt, Optimizer):
+        return opt.update(direction, state, params)
+    updates, new_state = opt.update(direction, state, params)
+    return apply_updates(params, updates), new_state
 
 
 class ScheduledLR:
@@ -60,8 +163,11 @@ class ScheduledLR:
 
 def lr_scheduled(state) -> bool:
     """Whether a schedule sets ``state``'s lr: the state, or the one it wraps in its field ``opt``
-    (a chain's), is a :class:`ScheduledLR`."""
+    (a chain's), is a :class:`ScheduledLR`. A state that holds others (a chain's, param groups')
+    answers through its own method ``lr_scheduled()``."""
     while not isinstance(state, ScheduledLR):
+        if callable(getattr(state, "lr_scheduled", None)):
+            return state.lr_scheduled()
         if "opt" not in getattr(state, "_fields", ()):
             return False
         state = state.opt
@@ -70,7 +176,8 @@ def lr_scheduled(state) -> bool:
 
 def with_hyper(state, **changes: Tensor):
     """``state`` with its ``step`` or ``lr`` replaced, wherever the optimiser keeps them: in its own
-    fields, or in those of the state it wraps in its field ``opt`` (a chain's).
+    fields, through the state's own ``with_hyper`` method (a chain's, param groups'), or in the state
+    it wraps in its field ``opt``.
 
     The new ``lr`` is the η of the next update, for an optimiser built with a constant lr.
 
@@ -96,6 +203,8 @@ def with_hyper(state, **changes: Tensor):
             "(a new value here would be ignored); build the optimiser with a new schedule, or with "
             "a constant lr to set it between steps"
         )
+    if callable(getattr(state, "with_hyper", None)):  # a chain's, param groups'
+        return state.with_hyper(**changes)
     fields = getattr(state, "_fields", ())
     # the constructor, not ``_replace``: dynamo on torch < 2.13 cannot return a NamedTuple that
     # ``_replace`` made from a compiled graph

@@ -10,8 +10,8 @@ from torch import Tensor
 from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
-    Optimizer,
     ScheduledLR,
+    Transform,
     check_betas,
     check_lr,
     check_mask,
@@ -32,7 +32,7 @@ class LionState(NamedTuple):
 
     Attributes:
         step: 0-d int64, updates done so far.
-        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Optimizer` tells how a
+        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Transform` tells how a
             constant lr is set through it).
         exp_avg: m, the momentum, a dict name -> tensor.
     """
@@ -54,13 +54,14 @@ def lion(
     betas: tuple[float, float] = (0.9, 0.99),
     weight_decay: float = 0.0,
     weight_decay_mask: Mask = None,
-) -> Optimizer:
+) -> Transform:
     """Lion: the sign of an interpolated momentum, with decoupled weight decay (paper Algorithm 2).
 
     With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, λ = ``weight_decay``::
 
         c ← β₁·m + (1 − β₁)·d
-        θ ← θ − η·(sign(c) + λ·θ)                          (λ·θ where the mask is true)
+        u = −η·(sign(c) + λ·θ)                             (λ·θ where the mask is true)
+        θ ← θ + u                                          (gamfunc.apply_updates)
         m ← β₂·m + (1 − β₂)·d
 
     Lion's step has the same size in every coordinate, so its lr is usually 3-10× smaller than
@@ -76,8 +77,8 @@ def lion(
         >>> import torch, gamfunc
         >>> opt = gamfunc.lion(lr=0.1)
         >>> params = {"w": torch.zeros(2)}
-        >>> new, state = opt.update({"w": torch.tensor([3.0, -0.5])}, opt.init(params), params)
-        >>> new["w"].tolist()
+        >>> u, state = opt.update({"w": torch.tensor([3.0, -0.5])}, opt.init(params), params)
+        >>> gamfunc.apply_updates(params, u)["w"].tolist()
         [-0.10000000149011612, 0.10000000149011612]
 
     References:
@@ -100,14 +101,14 @@ def lion(
         eta = learning_rate(lr, state)
         chosen = set(masked_keys(weight_decay_mask, params, "weight_decay_mask"))
         lam = value(weight_decay, state.step)
-        new_p, m = {}, {}
+        u, m = {}, {}
         for k, x in params.items():
             d, mk = direction[k], state.exp_avg[k]
             c = torch.lerp(mk, d, 1 - beta1)
+            u[k] = -eta * torch.sign(c)
             if decays and k in chosen:
-                x = x * (1 - eta * lam)
-            new_p[k] = x - eta * torch.sign(c)
+                u[k] = u[k] - (eta * lam) * x
             m[k] = torch.lerp(mk, d, 1 - beta2)
-        return new_p, State(state.step + 1, eta, m)
+        return u, State(state.step + 1, eta, m)
 
-    return Optimizer(init, update)
+    return Transform(init, update)

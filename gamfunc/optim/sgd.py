@@ -10,8 +10,8 @@ from torch import Tensor
 from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
-    Optimizer,
     ScheduledLR,
+    Transform,
     check_lr,
     check_mask,
     check_state_type,
@@ -30,7 +30,7 @@ class SGDState(NamedTuple):
 
     Attributes:
         step: 0-d int64, updates done so far (b ← d at step 0).
-        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Optimizer` tells how a
+        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Transform` tells how a
             constant lr is set through it).
         momentum_buffer: b, a dict name -> tensor (``torch.optim.SGD``'s name); ``()`` without
             momentum.
@@ -55,7 +55,7 @@ def sgd(
     nesterov: bool = False,
     weight_decay: float = 0.0,
     weight_decay_mask: Mask = None,
-) -> Optimizer:
+) -> Transform:
     """Stochastic gradient descent, the update of ``torch.optim.SGD`` as a pure function.
 
     With d the direction from an estimator, λ = ``weight_decay``, μ = ``momentum``, τ = ``dampening``,
@@ -64,7 +64,7 @@ def sgd(
         d ← d + λ·θ                                         (where the mask is true)
         b ← d at the first step, else μ·b + (1 − τ)·d      (if μ ≠ 0)
         d ← d + μ·b if nesterov else b                      (if μ ≠ 0)
-        θ ← θ − η·d
+        u = −η·d                       (the updates; θ ← θ + u is gamfunc.apply_updates)
 
     Args:
         lr: η, a float >= 0 or a schedule (:mod:`gamfunc.schedules`).
@@ -80,14 +80,15 @@ def sgd(
             masked-out one with ``weight_decay=0``.
 
     Returns:
-        An :class:`~gamfunc.optim.base.Optimizer`; its state is an :class:`SGDState`.
+        A :class:`~gamfunc.optim.base.Transform`; its updates are u = −η·d, its state an
+        :class:`SGDState`.
 
     Example:
         >>> import torch, gamfunc
         >>> opt = gamfunc.sgd(lr=0.1, momentum=0.9)
         >>> p = {"w": torch.ones(2)}
-        >>> p, s = opt.update({"w": torch.ones(2)}, opt.init(p), p)
-        >>> p["w"]
+        >>> u, s = opt.update({"w": torch.ones(2)}, opt.init(p), p)
+        >>> gamfunc.apply_updates(p, u)["w"]
         tensor([0.9000, 0.9000])
     """
     check_lr(lr)
@@ -121,6 +122,7 @@ def sgd(
 
     def update(direction, state, params):
         check_state_type(state, SGDState, "sgd")
+        tree.check_keys(params, direction)
         eta = learning_rate(lr, state)
         decays = callable(weight_decay) or weight_decay != 0
         d = decayed(direction, params, value(weight_decay, state.step)) if decays else direction
@@ -132,7 +134,7 @@ def sgd(
             taken = d if dampening == 0 else tree.scale(d, torch.rsub(later, 1.0, alpha=dampening))
             buf = tree.axpy(later * momentum, buf, taken)
             d = tree.axpy(momentum, buf, d) if nesterov else buf
-        new_params = tree.sub(params, tree.scale(d, eta))
-        return new_params, State(state.step + 1, eta, buf)
+        # −(η·d), so that θ + u is θ − η·d to the last bit, as torch.optim.SGD
+        return tree.scale(d, -eta), State(state.step + 1, eta, buf)
 
-    return Optimizer(init, update)
+    return Transform(init, update)

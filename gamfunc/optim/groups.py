@@ -1,0 +1,155 @@
+"""Parameter groups: per-group hyperparameters of one base optimiser, chosen by name patterns."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from gamfunc.optim.base import Transform, lr_scheduled, with_hyper
+from gamfunc.tree import Tree
+
+__all__ = ["GroupsState", "param_groups"]
+
+
+class GroupsState(NamedTuple):
+    """The state of :func:`param_groups`: one optimiser state per group, in the order in which the
+    groups' first parameters come in ``params``.
+
+    ``step`` and ``lr`` are the first group's. :func:`gamfunc.optim.with_hyper` sets ``step`` in
+    every group and ``lr`` in proportion: group g's lr becomes ``lr · lr_scales[g]``, its lr over the
+    first group's at ``init``, as ``torch.optim.lr_scheduler`` scales every param group.
+
+    Attributes:
+        states: the groups' optimiser states, each over the parameters of its group.
+        lr_scales: 0-d float64 tensors, each group's initial lr over the first group's.
+    """
+
+    states: tuple
+    lr_scales: tuple
+
+    @property
+    def step(self) -> Tensor:
+        """The step counter (every group's is the same)."""
+        return self.states[0].step
+
+    @property
+    def lr(self) -> Tensor:
+        """The first group's learning rate (of its last update)."""
+        return self.states[0].lr
+
+    def lr_scheduled(self) -> bool:
+        """Whether a schedule sets some group's lr."""
+        return any(lr_scheduled(s) for s in self.states)
+
+    def with_hyper(self, **changes: Tensor) -> GroupsState:
+        """``step`` set in every group, ``lr`` in every group times its scale."""
+        states = []
+        for s, c in zip(self.states, self.lr_scales, strict=True):
+            mine = dict(changes)
+            if "lr" in mine:
+                mine["lr"] = mine["lr"] * c.to(mine["lr"].device)
+            states.append(with_hyper(s, **mine))
+        return GroupsState(tuple(states), self.lr_scales)
+
+
+def param_groups(
+    groups: Mapping[str, Mapping[str, Any]], base: Callable[..., Transform], **defaults
+) -> Transform:
+    """One base optimiser with other hyperparameters for the parameters whose names match a pattern.
+
+    Each parameter gets ``base(**(defaults | o₁ | o₂ | …))``, oᵢ the options of every pattern its
+    name matches (``fnmatch``: ``*`` any text, ``?`` one character), in the order of ``groups``, a
+    later one winning. Parameters with the same matches form one group with one optimiser over
+    them, so per group the updates are those of ``base`` alone::
+
+        u[k] = base_g(k).update(d[G], s_G, θ[G])[k],   G = the group of parameter k
+
+    which is ``torch.optim``'s param groups: equal to ``torch.optim.X([{"params": ..., **o}, ...],
+    **defaults)`` over 50 steps in float64. ``"*.bias"`` with ``weight_decay=0.0`` reuses the idea of
+    :func:`gamfunc.decay_mask` through names instead of dimensions.
+
+    Args:
+        groups: pattern -> keyword arguments of ``base`` (``lr``, ``weight_decay``, ``momentum``,
+            ``betas``... anything ``base`` takes, schedules included).
+        base: an optimiser factory, e.g. :func:`gamfunc.adamw`, or any callable returning a
+            :class:`~gamfunc.optim.base.Transform` (a ``functools.partial``).
+        **defaults: the keyword arguments of every group.
+
+    Returns:
+        A :class:`~gamfunc.optim.base.Transform`; its state is a :class:`GroupsState`.
+
+    Raises:
+        ValueError: ``groups`` is not a dict of pattern -> dict, or ``base`` rejects a group's
+            options (naming the argument and the pattern).
+
+    Warning:
+        ρ per group is not supported: an estimator's perturbation is ρ·g/‖g‖ with one norm over every
+        parameter, and GAM's ∇‖∇L‖ is taken through that same perturbation; a per-group ρ changes
+        the perturbation's geometry inside every estimator (as ASAM's scaling does), not an
+        optimiser option. Use :func:`gamfunc.asam` for a per-parameter scale of the ascent.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> params = {"body.weight": torch.ones(2, 2), "body.bias": torch.ones(2), "head.weight": torch.ones(2)}
+        >>> opt = gamfunc.param_groups(
+        ...     {"*.bias": dict(weight_decay=0.0), "head.*": dict(lr=0.01)},
+        ...     gamfunc.adamw, lr=1e-3, weight_decay=0.05,
+        ... )
+        >>> state = opt.init(params)
+        >>> len(state.states), [float(s.lr) for s in state.states]
+        (3, [0.001, 0.001, 0.01])
+    """
+    if not isinstance(groups, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, Mapping) for k, v in groups.items()
+    ):
+        raise ValueError("groups must be a dict pattern -> dict of the base optimiser's options")
+    if not callable(base):
+        raise ValueError(f"base must be an optimiser factory such as gamfunc.adamw; got {base!r}")
+    patterns = list(groups)
+    built: dict[tuple[int, ...], Transform] = {}
+
+    def optimizer(matches: tuple[int, ...]) -> Transform:
+        if matches not in built:  # the same options build the same optimiser: made once
+            options = dict(defaults)
+            for i in matches:
+                options.update(groups[patterns[i]])
+            try:
+                built[matches] = base(**options)
+            except ValueError as e:
+                where = ", ".join(repr(patterns[i]) for i in matches) or "the defaults"
+                raise ValueError(f"{e} (param group {where})") from None
+        return built[matches]
+
+    for i in range(len(patterns)):  # bad options fail here, at construction
+        optimizer((i,))
+    optimizer(())
+
+    def split(params: Tree) -> list[tuple[Transform, list[str]]]:
+        """The groups of ``params``: (optimiser, names), in the order of their first names."""
+        names: dict[tuple[int, ...], list[str]] = {}
+        for k in params:
+            matches = tuple(i for i, p in enumerate(patterns) if fnmatch.fnmatchcase(k, p))
+            names.setdefault(matches, []).append(k)
+        return [(optimizer(m), ks) for m, ks in names.items()]
+
+    def init(params):
+        states = tuple(opt.init({k: params[k] for k in ks}) for opt, ks in split(params))
+        first = states[0].lr
+        scales = tuple(
+            torch.where(first == 0, torch.ones_like(first), s.lr / first) for s in states
+        )
+        return GroupsState(states, scales)
+
+    def update(direction, state, params):
+        updates, states = {}, []
+        for (opt, ks), s in zip(split(params), state.states, strict=True):
+            u, s = opt.update({k: direction[k] for k in ks}, s, {k: params[k] for k in ks})
+            updates.update(u)
+            states.append(s)
+        return {k: updates[k] for k in params}, GroupsState(tuple(states), state.lr_scales)
+
+    return Transform(init, update)
