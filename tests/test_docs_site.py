@@ -72,14 +72,25 @@ def _names(module: types.ModuleType, elsewhere: set[str] = frozenset()) -> str:
     return "".join(out)
 
 
-def _module_page(module: types.ModuleType, level: str = "#") -> str:
+def _home(path: str, pages: list[str]) -> str | None:
+    """The page that renders the definition at ``path``: that of the deepest exported module whose
+    name begins it (``gamfunc.optim.base.Transform``: ``optim``), None if no page's does."""
+    found = [m for m in pages if path.startswith(f"gamfunc.{m}.")]
+    return max(found, key=len) if found else None
+
+
+def _module_page(module: types.ModuleType, level: str = "#", page: str = "") -> str:
     head = f"{level} `{module.__name__}`\n\n"
     if not hasattr(module, "__all__"):
         return head + f"::: {module.__name__}\n" + OPTIONS.format("false")
     text = head + f"::: {module.__name__}\n" + OPTIONS.format("false") + "      members: false\n\n"
-    text += _names(module)
+    mods = [*_modules(gamfunc), "estimators", "optim"]
+    # a definition re-exported here from another page's module (gamfunc.transforms.Transform, made
+    # in gamfunc.optim.base) is rendered once, there, and linked here
+    foreign = {p for p in _on_module_pages() if _home(p, mods) not in (None, page)}
+    text += _names(module, foreign)
     for sub in _modules(module):
-        text += "\n" + _module_page(getattr(module, sub), "##")
+        text += "\n" + _module_page(getattr(module, sub), "##", page)
     return text
 
 
@@ -93,7 +104,7 @@ def pages() -> dict[str, str]:
         f"Each module it exports has its page: {links}.\n\n" + _names(gamfunc, _on_module_pages())
     }
     for m in mods:
-        out[f"{m}.md"] = _module_page(getattr(gamfunc, m))
+        out[f"{m}.md"] = _module_page(getattr(gamfunc, m), page=m)
     return out
 
 
