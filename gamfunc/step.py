@@ -15,7 +15,8 @@
 
 ``()`` marks an absent field: an empty pytree node, so that a state stays a pytree of tensors under
 ``vmap``. :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and back, for
-``torch.save`` and ``torch.load(weights_only=True)``.
+``torch.save`` and ``torch.load(weights_only=True)``; the state, its checks and that form live in
+:mod:`gamfunc.state` (its names are also this module's).
 
 A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through the
 protocol declared there (``bind``, ``init_state``, ``next_state``, forwarded by every wrapper):
@@ -26,9 +27,8 @@ and :mod:`gamfunc.regional`; :func:`gamfunc.gam_step` lives in :mod:`gamfunc.con
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -38,12 +38,11 @@ from gamfunc import tree
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Optimizer, Transform, with_hyper
+from gamfunc.optim import Optimizer, Transform
 from gamfunc.optim.base import move
-from gamfunc.optim.groups import GroupsState
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
-from gamfunc.transforms import ChainState
+from gamfunc.state import StepState, as_dict, check_cycle, check_state, from_dict
 
 __all__ = [
     "NONFINITE",
@@ -58,75 +57,6 @@ __all__ = [
 
 NONFINITE = ("skip", "raise", "ignore")
 SCOPES = ("step", "pass")
-
-
-class StepState(NamedTuple):
-    """The state a step carries from one call to the next; made by ``step.init(params)``.
-
-    A NamedTuple, hence a pytree of tensors: ``torch.compile`` guards on its fields' shapes and
-    dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
-    it (:mod:`gamfunc.ensemble`), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
-    field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
-    :func:`as_dict`. The older ``StepState(step, opt, skipped, ...)`` (or ``step=``) still builds a
-    state, with a ``DeprecationWarning``, writing ``step`` into ``opt.step``.
-
-    Attributes:
-        step: (a property) ``opt.step``, 0-d int64, the steps taken (skipped ones not counted): the
-            one step counter, kept by the optimiser and read by the estimator's schedules (ρ) and
-            the optimiser's (lr, bias corrections).
-        opt: the optimiser's state (:class:`~gamfunc.optim.sgd.SGDState`,
-            :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`);
-            ``state.opt.lr`` is the learning rate of the last update (for a constant lr,
-            :func:`gamfunc.optim.base.with_hyper` sets the next one).
-        skipped: 0-d int64, steps skipped because the loss, the direction or the update was not
-            finite.
-        buffers: a dict name -> tensor of BatchNorm running statistics, for a loss_fn of the
-            buffered form (``step.init(params, buffers)``); ``()`` otherwise.
-        cycle: for ``every > 1`` only, a 0-d int64 on the CPU: a host copy of the step count that
-            picks the estimator without a device synchronisation; ``()`` otherwise.
-        loss: the loss wrapper's own state (:meth:`gamfunc.loss.Objective.init_state`), e.g.
-            :class:`gamfunc.precision.LossScale` for fp16; ``()`` for a loss without state.
-    """
-
-    opt: Any
-    skipped: Tensor
-    buffers: dict[str, Tensor] | tuple = ()
-    cycle: Tensor | tuple = ()
-    loss: Any = ()
-
-    @property
-    def step(self) -> Tensor:
-        """The steps taken: the optimiser's step counter, ``opt.step``."""
-        return self.opt.step
-
-
-_tuple_new = StepState.__new__
-
-
-def _new_state(cls, *args, **kwargs):
-    """``StepState(opt, skipped, ...)``; the form before the single counter,
-    ``StepState(step, opt, skipped, ...)`` or ``step=``, warns and writes ``step`` into
-    ``opt.step``, the count that form's step used."""
-    if "step" in kwargs:
-        step = kwargs.pop("step")
-    elif args and isinstance(args[0], Tensor):
-        step, args = args[0], args[1:]
-    else:
-        return _tuple_new(cls, *args, **kwargs)
-    warnings.warn(
-        "StepState(step, opt, ...) is deprecated: the step count is the optimiser's; use "
-        "StepState(opt, ...) with opt.step (gamfunc.optim.with_hyper(opt, step=...))",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    if "opt" in kwargs:
-        kwargs["opt"] = with_hyper(kwargs["opt"], step=step)
-    elif args:
-        args = (with_hyper(args[0], step=step), *args[1:])
-    return _tuple_new(cls, *args, **kwargs)
-
-
-StepState.__new__ = _new_state
 
 
 @runtime_checkable
@@ -196,7 +126,7 @@ class _StepImpl:
 
     def __call__(self, params, state, batch):
         check_state(state, params)
-        _check_cycle(state.cycle, self.every)
+        check_cycle(state.cycle, self.every)
         if self.every == 1:
             return self.full(params, state, batch)
         # The choice reads a host-side copy of the step count, so it costs no device
@@ -332,218 +262,6 @@ def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
             out[k] = torch.full((), fill, dtype=dtype, device=device)
     out |= {k: v for k, v in metrics.items() if k not in out}  # anything not a tensor, as it is
     return schema, out
-
-
-def check_state(state, params) -> None:
-    """Raise a one-line error, naming the field, unless ``state`` is a step state made for ``params``.
-
-    Checked: that ``state`` is a :class:`StepState` whose counters are 0-d tensors and whose
-    ``buffers`` are a dict or ``()``; the names of every per-parameter dict of the optimiser state
-    (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
-    ``params``, and the shapes of the first such dict (a state made for other parameters has them
-    all wrong), so that a state made for other shapes is not broadcast against them. Python only,
-    on types, names and shapes, a few microseconds a step; a compiled step traces it once.
-    """
-    if not isinstance(state, StepState):
-        hint = (
-            " (step states are no longer dicts: state['opt']['lr'] is now state.opt.lr)"
-            if isinstance(state, dict)
-            else ""
-        )
-        raise TypeError(
-            f"state must be the StepState that step.init(params) returns; got "
-            f"{type(state).__name__}{hint}"
-        )
-    if not isinstance(params, dict) or not params:
-        check_params(params)
-    if not hasattr(state.opt, "lr") or not hasattr(state.opt, "step"):
-        raise TypeError(
-            f"state.opt must be an optimiser's state (with step and lr), as optimizer.init(params) "
-            f"returns; got {type(state.opt).__name__}"
-        )
-    for name, v in (("opt.step", state.opt.step), ("skipped", state.skipped)):
-        if not isinstance(v, Tensor) or v.dtype != torch.int64:
-            got = f"a {v.dtype} tensor" if isinstance(v, Tensor) else type(v).__name__
-            raise TypeError(
-                f"state.{name} must be an int64 tensor; got {got}; make the state with "
-                f"step.init(params)"
-            )
-    if not (isinstance(state.buffers, dict) or _empty(state.buffers)):
-        raise TypeError(
-            f"state.buffers must be a dict name -> tensor or () (no buffers); got "
-            f"{type(state.buffers).__name__}"
-        )
-    _check_like(state.opt, params, [], "state.opt")
-
-
-def _check_cycle(cycle, every: int) -> None:
-    if every > 1 and not isinstance(cycle, Tensor):
-        raise ValueError(
-            f"state.cycle is {cycle!r}, but a step with every={every} needs the host step count "
-            f"there; make the state with this step's init(params)"
-        )
-    if every == 1 and not _empty(cycle):
-        raise ValueError(
-            "state.cycle is set, but this step has every=1: the state was made by a step with "
-            "every > 1; make it with this step's init(params)"
-        )
-
-
-def _check_like(node, params, checked: list, where: str, group: bool = False) -> None:
-    """``checked`` is non-empty once one per-parameter dict has had its shapes compared; inside a
-    :class:`~gamfunc.optim.groups.GroupsState` (``group``), a per-parameter dict may hold a part of
-    ``params``, a group's."""
-    if isinstance(node, GroupsState):
-        for i, s in enumerate(node.states):
-            _check_like(s, params, checked, f"{where}.states[{i}]", group=True)
-        return
-    if isinstance(node, tuple):  # an optimiser's or a transform's state, a chain's transforms
-        if _is_record(node):
-            parts = [(f"{where}.{n}", v) for n, v in zip(node._fields, node, strict=True)]
-        else:
-            parts = [(f"{where}[{i}]", v) for i, v in enumerate(node)]
-        for name, v in parts:
-            _check_like(v, params, checked, name, group)
-        return
-    if not isinstance(node, dict) or not node:
-        return
-    part = group and node.keys() < params.keys()
-    if node.keys() == params.keys() or part:  # a per-parameter dict
-        if not checked or part:
-            checked.append(where)
-            for k, v in ((k, params[k]) for k in node):
-                if node[k].shape != v.shape:
-                    raise ValueError(
-                        f"{where}[{k!r}] has shape {tuple(node[k].shape)} but params[{k!r}] has "
-                        f"{tuple(v.shape)}; make the state with step.init(params)"
-                    )
-        return
-    if node.keys() & params.keys() and all(isinstance(v, Tensor) for v in node.values()):
-        missing = sorted(params.keys() - node.keys())
-        extra = sorted(node.keys() - params.keys())
-        raise ValueError(
-            f"{where} was made for other parameters: no entry for {missing}, "
-            f"entries {extra} not in params; make the state with step.init(params)"
-        )
-    for k, v in node.items():
-        _check_like(v, params, checked, f"{where}[{k!r}]", group)
-
-
-def _is_record(x) -> bool:
-    """Whether ``x`` is a NamedTuple (a typed state)."""
-    return isinstance(x, tuple) and isinstance(getattr(x, "_fields", None), tuple)
-
-
-def as_dict(state) -> Any:
-    """``state`` in plain containers: every NamedTuple in it (a :class:`StepState`, an optimiser's or
-    a transform's state, a loss scale) a dict of its fields, fields holding ``()`` (nothing) left out.
-
-    For ``torch.save``: the result loads with ``torch.load(weights_only=True)`` and without gamfunc.
-    A step state of plain SGD becomes ``{"opt": {"step": ..., "lr": ...}, "skipped": ...}``
-    (with ``"momentum_buffer"`` in ``"opt"`` for SGD with momentum, ``"buffers"`` for BatchNorm).
-    :func:`from_dict` is the inverse.
-
-    Example:
-        >>> import torch, gamfunc
-        >>> loss_fn = lambda p, b: (p["w"] ** 2).sum()
-        >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
-        >>> state = step.init({"w": torch.zeros(3)})
-        >>> sorted(as_dict(state)), sorted(as_dict(state)["opt"])
-        (['opt', 'skipped'], ['lr', 'step'])
-        >>> type(from_dict(as_dict(state), like=state)).__name__
-        'StepState'
-    """
-    if _is_record(state):
-        return {k: as_dict(v) for k, v in zip(state._fields, state, strict=True) if not _empty(v)}
-    if isinstance(state, dict):
-        return {k: as_dict(v) for k, v in state.items()}
-    if isinstance(state, tuple | list):
-        return type(state)(as_dict(v) for v in state)
-    return state
-
-
-def _empty(v) -> bool:
-    return isinstance(v, tuple) and not _is_record(v) and not v
-
-
-def from_dict(saved, like, where: str = "state") -> Any:
-    """What :func:`as_dict` made, with the types of ``like`` again: a fresh state of the same step,
-    ``step.init(params)``, gives them.
-
-    The names and shapes must be those of ``like`` (a field absent from ``saved`` is ``()``); the
-    tensors are ``saved``'s, where they are (move them with ``torch.utils._pytree.tree_map``).
-
-    A step state saved before the optimiser's counter became the only one has its count twice, also
-    as ``saved["step"]``; that entry is dropped with a ``DeprecationWarning``.
-
-    Raises:
-        ValueError: in one line naming the field, where ``saved`` has other names, another
-            structure or other shapes than ``like``.
-    """
-    if isinstance(like, StepState) and isinstance(saved, dict) and "step" in saved:
-        warnings.warn(
-            f"{where} has an entry 'step', saved before the step count was kept in "
-            f"{where}['opt']['step'] only; it is ignored (save again with as_dict to drop it)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        saved = {k: v for k, v in saved.items() if k != "step"}
-    if isinstance(like, ChainState) and isinstance(saved, dict) and "transforms" in saved:
-        saved = _chain_of_old_layout(saved, like, where)
-    if _is_record(like):
-        kind = type(like).__name__
-        if not isinstance(saved, dict):
-            raise ValueError(
-                f"{where} must be a dict of the fields of {kind} {list(like._fields)}; got "
-                f"{type(saved).__name__}"
-            )
-        extra = sorted(str(k) for k in saved if k not in like._fields)
-        if extra:
-            raise ValueError(
-                f"{where} has entries {extra} that {kind} has not {list(like._fields)}"
-            )
-        values = []
-        for name, ref in zip(like._fields, like, strict=True):
-            if name not in saved and not _empty(ref):
-                raise ValueError(f"{where} has no entry {name!r}, which {kind} needs")
-            values.append(from_dict(saved.get(name, ()), ref, f"{where}.{name}"))
-        return type(like)(*values)
-    if isinstance(like, dict):
-        if not isinstance(saved, dict) or saved.keys() != like.keys():
-            got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
-            raise ValueError(f"{where} has keys {got}; expected {sorted(like)}")
-        return {k: from_dict(saved[k], v, f"{where}[{k!r}]") for k, v in like.items()}
-    if isinstance(like, tuple | list):
-        if not isinstance(saved, tuple | list) or len(saved) != len(like):
-            got = (
-                f"{len(saved)} entries" if isinstance(saved, tuple | list) else type(saved).__name__
-            )
-            raise ValueError(f"{where} has {got}; expected {len(like)}")
-        return type(like)(
-            from_dict(s, r, f"{where}[{i}]")
-            for i, (s, r) in enumerate(zip(saved, like, strict=True))
-        )
-    if isinstance(like, Tensor) and not (isinstance(saved, Tensor) and saved.shape == like.shape):
-        got = f"shape {tuple(saved.shape)}" if isinstance(saved, Tensor) else type(saved).__name__
-        raise ValueError(f"{where} has {got}; expected shape {tuple(like.shape)}")
-    return saved
-
-
-def _chain_of_old_layout(saved: dict, like: ChainState, where: str) -> dict:
-    """A chain's state saved as ``{"opt": ..., "transforms": [...]}`` (the optimiser last, before
-    chains took their elements in any order) in today's layout, with a ``DeprecationWarning``."""
-    warnings.warn(
-        f"{where} is a chain's state saved as {{'opt', 'transforms'}}; chains now keep one state "
-        f"per element, {{'states': [...]}}: save again with as_dict",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    rest = list(saved.get("transforms", ()))
-    states = [
-        saved.get("opt") if i == len(like.states) - 1 else (rest.pop(0) if rest else ())
-        for i in range(len(like.states))
-    ]
-    return {"states": states}
 
 
 def _all_finite(*trees) -> Tensor:

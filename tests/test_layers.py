@@ -59,6 +59,7 @@ LAYERS = [
         "gamfunc.regional",
         "gamfunc.m_sharpness",
     ),
+    ("gamfunc.state",),
     ("gamfunc.step",),
     ("gamfunc.convenience", "gamfunc.torch_optim", "gamfunc.logging", "gamfunc.ensemble"),
 ]

@@ -149,7 +149,5 @@ def test_a_typed_step_state_round_trips_through_a_checkpoint(tmp_path):
     assert got_spec == want_spec
     assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True))
     other = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(0.1), loss_fn, every=2)
-    with pytest.raises(
-        ckpt.CheckpointError, match=r"state\.opt has entries \['opt', 'transforms'\]"
-    ):
+    with pytest.raises(ckpt.CheckpointError, match=r"state\.opt has entries \['states'\]"):
         like(ckpt.load(tmp_path / "c.pt")["state"], other.init(params, {"m": torch.ones(2)}))
