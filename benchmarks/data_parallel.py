@@ -81,7 +81,7 @@ def _config(model: str, kind: str, per_gpu: int, world: int, perturbation: str, 
 
 def _data(cfg):
     """The preset's shapes without its data: ``(data with an ImageNet-sized epoch, input shape)``."""
-    from reproduce import data as data_mod
+    from reproduce.data import sets as data_mod
 
     small = data_mod.load(
         dataclasses.replace(cfg, synthetic_size=4, label_noise=0.0, val_fraction=0.0)

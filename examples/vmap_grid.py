@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         "--repeats", type=int, default=3, help="timed steps of the vmap/loop comparison"
     )
     args = ap.parse_args(argv)
-    from reproduce.data import _mnist1d
+    from reproduce.data.sets import _mnist1d
     from reproduce.report import at_chance
 
     train, test = _mnist1d()

@@ -51,10 +51,10 @@ import torch
 
 from gamfunc import hvps, metrics, tree
 from gamfunc.loss import gradient_pass
-from reproduce import data as data_mod
 from reproduce import report, vmapped
 from reproduce.build import setup
 from reproduce.config import resolve
+from reproduce.data import sets as data_mod
 from reproduce.evaluation import evaluate
 
 __all__ = ["METHODS", "SUBCOMMANDS", "TABLES", "main", "method_config", "train"]

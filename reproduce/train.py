@@ -38,7 +38,7 @@ Under ``torchrun`` every process trains on its GPU (``LOCAL_RANK``) through ``ga
 ``--batch_size`` is the global batch and rank 0 alone writes the output (docs/guides/imagenet.md: "ImageNet on many GPUs
 and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step), ``loop`` (epochs,
 checkpoints, signals), ``evaluation``, ``launch`` (processes), ``report`` (logs and tables),
-``data`` and ``gpu_data`` (input pipelines).
+``data`` (input pipelines).
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
 a locked run folder or a disk that cannot be written (one line on stderr, no traceback), 3 when
@@ -75,7 +75,6 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 import torch
 
 from reproduce import checkpoint as ckpt
-from reproduce import data as data_mod
 from reproduce import launch, report
 from reproduce.build import (
     CORRECT,
@@ -96,6 +95,7 @@ from reproduce.config import (
     resolve,
     run_name,
 )
+from reproduce.data import sets as data_mod
 from reproduce.evaluation import evaluate
 from reproduce.loop import Diverged, Interrupted, StopFlag, run
 

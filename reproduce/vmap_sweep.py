@@ -66,9 +66,9 @@ from typing import Any
 import torch
 
 from reproduce import checkpoint as ckpt
-from reproduce import data as data_mod
 from reproduce import launch, report, vmapped
 from reproduce.config import Config, as_dict, differences, estimators_of, resolve, run_name
+from reproduce.data import sets as data_mod
 from reproduce.loop import StopFlag
 from reproduce.sweep_plan import SweepError, plan
 from reproduce.sweep_table import outcome, write_tables

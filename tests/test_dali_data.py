@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 pytest.importorskip("nvidia.dali")
 
-from reproduce import data as D
-from reproduce.dali_data import DaliJpegLoader, jpeg_size, uniforms
+from reproduce.data import sets as D
+from reproduce.data.dali import DaliJpegLoader, jpeg_size, uniforms
 from tests.test_gpu_data import imagenet, jpeg_folder
 
 

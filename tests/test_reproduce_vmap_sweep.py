@@ -15,10 +15,10 @@ from helpers import poison_digits_test_labels
 
 from gamfunc.ensemble import unstack
 from reproduce import checkpoint as ckpt
-from reproduce import data as data_mod
 from reproduce import sweep, train, vmapped
 from reproduce.build import setup
 from reproduce.config import resolve
+from reproduce.data import sets as data_mod
 
 TRAIN_ARGS = [
     "--preset=digits",
