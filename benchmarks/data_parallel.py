@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reproduce.report import dumps, write_json
+from reproduce.run.report import dumps, write_json
 
 __all__ = ["PRESETS", "efficiency", "main"]
 
@@ -202,7 +202,7 @@ def _profile(step, batch, device, path: Path) -> dict:
 
 def worker(a) -> None:
     os.environ.update(NCCL_ENV)
-    from reproduce import launch
+    from reproduce.run import launch
 
     procs = launch.start("auto")
     cuda = procs.device.type == "cuda"

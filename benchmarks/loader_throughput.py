@@ -92,7 +92,7 @@ def main() -> None:
             name = f"folder_{arg}_workers"
         out[f"{name}_images_per_s"] = round(rate(loader, keys, args.batch, args.warmup, device))
         print(name, out[f"{name}_images_per_s"], flush=True)
-    from reproduce.report import dumps, write_json  # after the path is set
+    from reproduce.run.report import dumps, write_json  # after the path is set
 
     print(dumps(out))
     if args.out:

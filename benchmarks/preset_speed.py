@@ -50,12 +50,12 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 
 import torch
 
-from reproduce import launch
 from reproduce.build import compile_scope, setup
 from reproduce.config import PRESETS, Config, estimators_of, resolve
 from reproduce.data import sets as data_mod
-from reproduce.evaluation import inputs
-from reproduce.report import write_json
+from reproduce.run import launch
+from reproduce.run.evaluation import inputs
+from reproduce.run.report import write_json
 
 __all__ = ["TRAIN_EXAMPLES", "main", "measure", "parse_presets", "run_images"]
 

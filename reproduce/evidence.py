@@ -51,11 +51,11 @@ import torch
 
 from gamfunc import hvps, metrics, tree
 from gamfunc.loss import gradient_pass
-from reproduce import report
 from reproduce.build import setup
 from reproduce.config import resolve
 from reproduce.data import sets as data_mod
-from reproduce.evaluation import evaluate
+from reproduce.run import report
+from reproduce.run.evaluation import evaluate
 from reproduce.sweeps import vmapped
 
 __all__ = ["METHODS", "SUBCOMMANDS", "TABLES", "main", "method_config", "train"]

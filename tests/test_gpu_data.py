@@ -113,7 +113,7 @@ def test_loader_choice_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
 
     from reproduce.build import SetupError
     from reproduce.data import dali
-    from reproduce.loop import _loaders
+    from reproduce.run.loop import _loaders
 
     root = jpeg_folder(tmp_path, per_class=2)
     cpu = SimpleNamespace(device=torch.device("cpu"), world=1)

@@ -60,7 +60,7 @@ def test_reproduce_flatness_batches_give_the_one_batch_metrics(monkeypatch):
     from reproduce.build import setup
     from reproduce.config import resolve
     from reproduce.data import sets as D
-    from reproduce.evaluation import flatness
+    from reproduce.run.evaluation import flatness
 
     base = ["--preset=digits", "--estimator=sgd", "--eig_iters=20", "--trace_samples=5"]
     base += ["--r1_steps=2", "--landscape=false", "--flatness_samples=200"]

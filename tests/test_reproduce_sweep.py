@@ -304,7 +304,7 @@ def test_a_signal_stops_a_sweep_within_seconds_and_keeps_the_checkpoint(tmp_path
     import signal
     import subprocess
 
-    from reproduce import checkpoint as ckpt
+    from reproduce.run import checkpoint as ckpt
 
     train_args = [*TRAIN_ARGS, "--epochs=200", "--checkpoint_every=5"]
     cmd = [sys.executable, str(Path(sweep.__file__)), "--grid=rho=0.05,0.1", "--seeds=0"]

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_reproduce_data import make_image_folder
 
-from reproduce import build, report, train
-from reproduce import checkpoint as ckpt
+from reproduce import build, train
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,11 +14,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import poison_digits_test_labels
 
 from gamfunc.ensemble import unstack
-from reproduce import checkpoint as ckpt
 from reproduce import sweep, train
 from reproduce.build import setup
 from reproduce.config import resolve
 from reproduce.data import sets as data_mod
+from reproduce.run import checkpoint as ckpt
 from reproduce.sweeps import vmapped
 from reproduce.sweeps.plan import plan
 

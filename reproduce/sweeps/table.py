@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from reproduce import report
+from reproduce.run import report
 from reproduce.sweeps.plan import Cell, Run, SweepError
 
 __all__ = ["METRICS", "aggregate", "markdown", "outcome", "select", "write_tables"]

@@ -65,11 +65,11 @@ from typing import Any
 
 import torch
 
-from reproduce import checkpoint as ckpt
-from reproduce import launch, report
 from reproduce.config import Config, as_dict, differences, estimators_of, resolve, run_name
 from reproduce.data import sets as data_mod
-from reproduce.loop import StopFlag
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import launch, report
+from reproduce.run.loop import StopFlag
 from reproduce.sweeps import vmapped
 from reproduce.sweeps.plan import SweepError, plan
 from reproduce.sweeps.table import outcome, write_tables

@@ -177,7 +177,7 @@ class Members:
 @torch.no_grad()
 def evaluate(loss_fn, params, examples, batch_size: int, device) -> dict[str, Tensor]:
     """Each member's mean loss and top-1 accuracy (%) over ``examples`` in eval mode, as tensors of
-    N values (``reproduce.evaluation.evaluate`` of every member, in one vmapped pass per batch)."""
+    N values (``reproduce.run.evaluation.evaluate`` of every member, in one vmapped pass per batch)."""
 
     def one(p, x, y):
         loss, aux = loss_fn(p, (x, y), {}, train=False)

@@ -36,15 +36,15 @@ from torch.utils import _pytree as pytree
 
 from gamfunc.step import as_dict as plain
 from gamfunc.step import from_dict
-from reproduce import checkpoint as ckpt
-from reproduce import report
 from reproduce.build import CORRECT, SetupError, fd_gam_warning, setup
 from reproduce.config import Config, as_dict, estimators_of, run_name
 from reproduce.data import dali, nvjpeg
 from reproduce.data import sets as data_mod
-from reproduce.evaluation import evaluate, flatness, flatness_plan, inputs, to
-from reproduce.launch import Processes, first_on_node, from_main, sum_over_ranks
 from reproduce.models import count_parameters
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import report
+from reproduce.run.evaluation import evaluate, flatness, flatness_plan, inputs, to
+from reproduce.run.launch import Processes, first_on_node, from_main, sum_over_ranks
 
 __all__ = ["Diverged", "Interrupted", "RunLocked", "StopFlag", "like", "run"]
 
@@ -153,7 +153,7 @@ class StopFlag:
 
 
 def _say_once(text: str, file=None) -> None:
-    """Print ``text`` from the first process of each node (:func:`reproduce.launch.first_on_node`)."""
+    """Print ``text`` from the first process of each node (:func:`reproduce.run.launch.first_on_node`)."""
     if first_on_node():
         print(text, file=file or sys.stdout, flush=True)
 
@@ -444,7 +444,7 @@ def run(
         CheckpointError, DataError, SetupError: the run cannot start as configured.
     """
 
-    from reproduce.launch import start
+    from reproduce.run.launch import start
 
     with stop.during("start-up", at_once=True):  # until the first step is taken
         procs = procs or start(cfg.device)
