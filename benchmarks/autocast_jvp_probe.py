@@ -167,7 +167,7 @@ def main():
     a = ap.parse_args()
     rows = probe(a.device)
     if a.out:
-        from reproduce.report import write_json  # after the path is set
+        from reproduce.run.report import write_json  # after the path is set
 
         write_json(a.out, rows)
 

@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reproduce.report import dumps, write_json
+from reproduce.run.report import dumps, write_json
 
 __all__ = ["PRESETS", "efficiency", "main"]
 
@@ -81,7 +81,7 @@ def _config(model: str, kind: str, per_gpu: int, world: int, perturbation: str, 
 
 def _data(cfg):
     """The preset's shapes without its data: ``(data with an ImageNet-sized epoch, input shape)``."""
-    from reproduce import data as data_mod
+    from reproduce.data import sets as data_mod
 
     small = data_mod.load(
         dataclasses.replace(cfg, synthetic_size=4, label_noise=0.0, val_fraction=0.0)
@@ -202,7 +202,7 @@ def _profile(step, batch, device, path: Path) -> dict:
 
 def worker(a) -> None:
     os.environ.update(NCCL_ENV)
-    from reproduce import launch
+    from reproduce.run import launch
 
     procs = launch.start("auto")
     cuda = procs.device.type == "cuda"

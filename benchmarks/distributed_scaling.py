@@ -175,7 +175,7 @@ def main():
             cost = f"{r['cost_vs_sgd']:.2f}" if r["cost_vs_sgd"] else "-"
             print(f"{r['estimator']:<10} {r['mode']:<7} {r['step_ms']:>9.1f} "
                   f"{r['images_per_s_per_gpu']:>10.0f} {r['efficiency']:>10.2f} {cost:>6}")  # fmt: skip
-        from reproduce.report import dumps, write_json  # after the path is set
+        from reproduce.run.report import dumps, write_json  # after the path is set
 
         print(dumps(record, indent=None))
         if args.out:

@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
         for row, ways in table.items():
             print(f"  {row:12s} " + " ".join(f"{ways[w]:7.3f}" for w in WAYS))
     if a.out:
-        from reproduce.report import write_json  # after the path is set
+        from reproduce.run.report import write_json  # after the path is set
 
         write_json(a.out, result)
     return result

@@ -242,7 +242,7 @@ def main(argv=None) -> dict:
         "rows": rows,
     }
     if a.out:
-        from reproduce.report import write_json  # after the path is set
+        from reproduce.run.report import write_json  # after the path is set
 
         write_json(a.out, result)
     return result

@@ -49,7 +49,7 @@ import gamfunc
 from gamfunc import tree
 from gamfunc.precision import bf16
 from gamfunc.regional import compile_passes
-from reproduce.report import dumps, write_json
+from reproduce.run.report import dumps, write_json
 
 __all__ = ["ESTIMATORS", "MODES", "PRECISIONS", "TOLERANCE", "main", "run_group"]
 

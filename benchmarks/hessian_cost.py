@@ -301,7 +301,7 @@ def main(argv=None) -> dict:
         hv = "" if r["hvps"] is None else str(r["hvps"])
         print(f"{r['method']:<62} {seconds:>9} {ratio:>7} {hv:>5}  {_shown(r['value'])}")
     if args.out:
-        from reproduce.report import write_json  # after the path is set
+        from reproduce.run.report import write_json  # after the path is set
 
         write_json(args.out, result)
     return result

@@ -122,7 +122,7 @@ def main() -> None:
         rows += [single, multi]
         out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}
         if args.out:
-            from reproduce.report import write_json  # after the path is set
+            from reproduce.run.report import write_json  # after the path is set
 
             write_json(args.out, out)
     print(

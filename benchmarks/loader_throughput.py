@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduce import dali_data, gpu_data
-from reproduce import data as data_mod
 from reproduce.config import resolve
+from reproduce.data import dali, nvjpeg
+from reproduce.data import sets as data_mod
 
 
 def rate(loader, keys, batch: int, warmup: int, device) -> float:
@@ -71,7 +71,7 @@ def main() -> None:
     for spec in args.pipelines:
         kind, arg, *extra = spec.split(":")
         if kind.startswith("dali"):
-            loader = dali_data.DaliJpegLoader(
+            loader = dali.DaliJpegLoader(
                 data.train,
                 args.batch,
                 device,
@@ -83,7 +83,7 @@ def main() -> None:
             )
             name = f"{kind}_hw_{arg}" + ("_fancy_upsampling" if extra else "")
         elif kind == "nvjpeg":
-            loader = gpu_data.GpuJpegLoader(
+            loader = nvjpeg.GpuJpegLoader(
                 data.train, args.batch, device, threads=args.threads, decode_threads=int(arg)
             )
             name = f"gpu_nvjpeg_{arg}_decode_threads"
@@ -92,7 +92,7 @@ def main() -> None:
             name = f"folder_{arg}_workers"
         out[f"{name}_images_per_s"] = round(rate(loader, keys, args.batch, args.warmup, device))
         print(name, out[f"{name}_images_per_s"], flush=True)
-    from reproduce.report import dumps, write_json  # after the path is set
+    from reproduce.run.report import dumps, write_json  # after the path is set
 
     print(dumps(out))
     if args.out:

@@ -50,19 +50,22 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 
 import torch
 
-from reproduce import data as data_mod
-from reproduce import launch
 from reproduce.build import compile_scope, setup
 from reproduce.config import PRESETS, Config, estimators_of, resolve
-from reproduce.evaluation import inputs
-from reproduce.report import write_json
+from reproduce.data import sets as data_mod
+from reproduce.run import launch
+from reproduce.run.evaluation import inputs
+from reproduce.run.report import write_json
 
 __all__ = ["TRAIN_EXAMPLES", "main", "measure", "parse_presets", "run_images"]
 
 # Training examples of each data set: the split train.py trains on (before --val_fraction).
 TRAIN_EXAMPLES: dict[str, tuple[int, str]] = {
     "mnist1d": (4_000, "Greydanus 2020, the mnist1d package's standard 4,000/1,000 split"),
-    "digits": (1_437, "scikit-learn's 1,797 8x8 digits, reproduce/data.py's stratified 80% split"),
+    "digits": (
+        1_437,
+        "scikit-learn's 1,797 8x8 digits, reproduce/data/sets.py's stratified 80% split",
+    ),
     "cifar10": (50_000, "Krizhevsky 2009, CIFAR-10 training set"),
     "cifar100": (50_000, "Krizhevsky 2009, CIFAR-100 training set"),
     "imagenet": (1_281_167, "ILSVRC-2012 training set, Russakovsky et al. 2015"),

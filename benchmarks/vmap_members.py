@@ -99,7 +99,7 @@ def main() -> None:
             f"{r['members']:>8}{r['vmapped_ms']:>12}{r['looped_ms']:>12}{r['looped_over_vmapped']:>10}"
         )
     if args.out:
-        from reproduce.report import write_json  # after the path is set
+        from reproduce.run.report import write_json  # after the path is set
 
         write_json(args.out, out)
 

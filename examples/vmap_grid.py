@@ -5,7 +5,7 @@ with momentum 0.9 under GAM, ρ ∈ {0.1, 0.5, 1} × α ∈ {0.1, 0.3, 1} × see
 parameters, momentum buffers and hyperparameters are stacked along a leading axis, so one call of
 ``gamfunc.ensemble.vmap_step`` trains all of them on the same batch. It prints the test accuracy of
 each cell (mean ± std over seeds), its training accuracy, marked "(chance)" where it ended at chance
-(at most 1.5 × 1/10: ``reproduce.report.at_chance``; ρ = 1, α = 1 ends there after one epoch as after
+(at most 1.5 × 1/10: ``reproduce.run.report.at_chance``; ρ = 1, α = 1 ends there after one epoch as after
 five, past the cliff at ρ·α ≥ 1 of reproduce/RESULTS.md's ablation), and the time of a vmapped step
 against a loop over the 45 members.
 
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
         "--repeats", type=int, default=3, help="timed steps of the vmap/loop comparison"
     )
     args = ap.parse_args(argv)
-    from reproduce.data import _mnist1d
-    from reproduce.report import at_chance
+    from reproduce.data.sets import _mnist1d
+    from reproduce.run.report import at_chance
 
     train, test = _mnist1d()
     cells = list(itertools.product(RHOS, ALPHAS))

@@ -21,10 +21,10 @@ from torch.func import functional_call
 
 import gamfunc
 from gamfunc import schedules
-from reproduce import checkpoint as ckpt
 from reproduce.config import Config
-from reproduce.launch import Processes
 from reproduce.models import MODELS, RELU_MODELS, VECTOR_MODELS, build_model, new_head
+from reproduce.run import checkpoint as ckpt
+from reproduce.run.launch import Processes
 
 __all__ = [
     "CORRECT",

@@ -75,7 +75,7 @@ class Config:
     # --- what to train
     preset: str = "mnist1d"  # the preset these values started from (see PRESETS)
     dataset: str = "mnist1d"  # mnist1d | digits | cifar10 | cifar100 | imagenet
-    data: str = ""  # root folder of cifar10/cifar100/imagenet (layouts: reproduce/data.py)
+    data: str = ""  # root folder of cifar10/cifar100/imagenet (layouts: reproduce/data/sets.py)
     download: bool = False  # let torchvision download CIFAR into --data (else nothing downloads)
     synthetic: bool = False  # random inputs of the data's shape (smoke tests only)
     synthetic_size: int = 256  # training examples of --synthetic data (test set: a quarter of it)

@@ -19,7 +19,7 @@ test vectors), so every number here can be re-made without a download. Each subc
     python reproduce/evidence.py ablation --vmap   # the grid × seeds as one vmapped step per estimator
 
 ``--vmap`` (``ablation``, ``accuracy``, ``noise``) trains the runs of one estimator together, as the
-members of one vmapped step (:mod:`reproduce.vmapped`): the seeds differ in initialisation, and every
+members of one vmapped step (:mod:`reproduce.sweeps.vmapped`): the seeds differ in initialisation, and every
 run sees the validation split and batches of seed 0 (without ``--vmap`` each seed draws its own), so
 the numbers differ from the looped table's by that, not by method. ``ms/step`` is then the vmapped
 step's time over its members. reproduce/RESULTS.md has the wall time of both.
@@ -51,11 +51,12 @@ import torch
 
 from gamfunc import hvps, metrics, tree
 from gamfunc.loss import gradient_pass
-from reproduce import data as data_mod
-from reproduce import report, vmapped
 from reproduce.build import setup
 from reproduce.config import resolve
-from reproduce.evaluation import evaluate
+from reproduce.data import sets as data_mod
+from reproduce.run import report
+from reproduce.run.evaluation import evaluate
+from reproduce.sweeps import vmapped
 
 __all__ = ["METHODS", "SUBCOMMANDS", "TABLES", "main", "method_config", "train"]
 
@@ -142,7 +143,7 @@ def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
 
 def train_together(cfgs, name: str) -> list[dict[str, Any]]:
     """The runs ``cfgs`` of estimator ``name`` (differing in seed, lr, ρ, α) as one vmapped step
-    (:func:`reproduce.vmapped.train`), every run on the split and batches of ``cfgs[0]``'s seed.
+    (:func:`reproduce.sweeps.vmapped.train`), every run on the split and batches of ``cfgs[0]``'s seed.
     Returns :func:`train`'s records without params: accuracies, gap, seconds, and ``step_ms``, the
     vmapped step's time over the number of runs."""
     cfgs = [dataclasses.replace(c, eval_train=True) for c in cfgs]

@@ -42,7 +42,7 @@ Arguments before ``--`` are the sweep's; those after it go to every ``reproduce/
 * ``--vmap``: every cell × seed as a member of one vmapped step, trained together in this process
   on one device, for models small enough that one run leaves the device idle (MNIST-1D, digits):
   a table of the same form (other numbers: the members share one seed's data), from
-  ``reproduce/vmap_sweep.py``, whose docstring says what the grid may vary
+  ``reproduce/sweeps/vmap_grid.py``, whose docstring says what the grid may vary
   there (lr, rho, alpha, sam_rho, rho_prime), which batches the members share (those of
   ``--data_seed=S``, default the first seed) and what a rerun reuses.
 
@@ -68,40 +68,18 @@ checkpoint first; rerun the command to continue).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
-import queue
-import signal
-import subprocess
 import sys
-import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reproduce import train
-from reproduce.config import differences, parse_overrides
-from reproduce.sweep_plan import Cell, Run, SweepError, plan
-from reproduce.sweep_table import METRICS, aggregate, markdown, outcome, select, write_tables
+from reproduce.config import parse_overrides
+from reproduce.sweeps.grid import execute, finished_summary
+from reproduce.sweeps.plan import SweepError, plan
+from reproduce.sweeps.table import METRICS, outcome, write_tables
 
-__all__ = [
-    "METRICS",
-    "Cell",
-    "Run",
-    "aggregate",
-    "main",
-    "markdown",
-    "parse",
-    "plan",
-    "select",
-    "write_tables",
-]
-
-TRAIN = Path(__file__).resolve().parent / "train.py"
+__all__ = ["main", "parse"]
 
 # fields the sweep sets itself, per run
 OWN = ("seed", "name", "resume", "overwrite")
@@ -200,151 +178,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], list[tuple[st
     return opts, rest, grid
 
 
-def finished_summary(run: Run) -> dict | None:
-    """The run's ``summary.json`` if the run finished, else None.
-
-    Raises:
-        SweepError: the folder holds a finished run of another configuration (never reused silently).
-    """
-    path = run.run_dir / "summary.json"
-    if not path.exists():
-        return None
-    summary = json.loads(path.read_text())
-    if summary.get("status") != "finished":
-        return None
-    diff = differences(summary.get("config", {}), run.config)
-    if diff:
-        shown = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
-        raise SweepError(
-            f"{str(run.run_dir)!r} holds a finished run of other settings ({shown}); give the "
-            "sweep another --name or remove that folder"
-        )
-    return summary
-
-
-def train_argv(run: Run) -> list[str]:
-    """``train.py``'s command line for ``run``: with ``--resume`` only where the run has a
-    checkpoint (it was stopped, or diverged), so that a run started afresh says nothing of resuming."""
-    argv = list(run.argv)
-    if not (run.run_dir / "checkpoint.pt").exists():
-        argv.remove("--resume")
-    return argv
-
-
-def _last_error(log: Path) -> str:
-    """The line of a run's log that says why it failed: its last ``error:`` line, else its last line."""
-    try:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        lines = []
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    return (errors or lines or ["(no output)"])[-1]
-
-
-class _Runner:
-    """Starts runs in this process (one slot, no GPU) or as subprocesses (one per slot) and forwards
-    SIGINT/SIGTERM to running subprocesses, which then checkpoint and stop."""
-
-    def __init__(self, slots: list[int | None], in_process: bool):
-        self.in_process = in_process
-        self.slots: queue.Queue = queue.Queue()
-        for s in slots:
-            self.slots.put(s)
-        self.children: set[subprocess.Popen] = set()
-        self.lock = threading.Lock()
-        self.signum: int | None = None
-
-    def stop(self, signum, frame) -> None:
-        """Signal handler: no new runs start; running subprocesses get the signal."""
-        self.signum = self.signum or signum
-        with self.lock:
-            for p in self.children:
-                with contextlib.suppress(OSError):
-                    p.send_signal(signum)
-
-    def __call__(self, run: Run) -> tuple[int | None, str]:
-        """Train ``run``; its exit status (None: not started, the sweep is stopping) and, if it
-        failed, the line saying why."""
-        if self.signum is not None:
-            return None, "not started (stopped)"
-        if self.in_process:
-            return train.main(train_argv(run)), ""
-        gpu = self.slots.get()
-        try:
-            env = dict(os.environ)
-            argv = train_argv(run)
-            if gpu is not None:
-                env["CUDA_VISIBLE_DEVICES"] = str(gpu)
-                argv.append("--device=cuda")
-            log = run.run_dir.parent / "train.log"
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "a") as f:
-                with self.lock:
-                    if self.signum is not None:
-                        return None, "not started (stopped)"
-                    p = subprocess.Popen(
-                        [sys.executable, str(TRAIN), *argv],
-                        stdout=f,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                    )
-                    self.children.add(p)
-                code = p.wait()
-                with self.lock:
-                    self.children.discard(p)
-            if code < 0:  # killed by a signal before train.py handled it (while importing)
-                code = 128 - code
-            return code, (_last_error(log) + f" (log: {log})" if code else "")
-        finally:
-            self.slots.put(gpu)
-
-
-def _execute(runs: list[Run], jobs: int, gpus: list[int] | None) -> tuple[dict, int | None]:
-    """Train every run not finished yet; ``({run index: (exit status, why)}, stopping signal)``."""
-    in_process = jobs == 1 and gpus is None
-    runner = _Runner(gpus if gpus is not None else [None] * jobs, in_process)
-    done: dict[int, tuple[int, str]] = {}
-    total = len(runs)
-
-    def one(i: int) -> None:
-        run = runs[i]
-        began = time.perf_counter()
-        code, why = runner(run)
-        done[i] = (code, why)
-        if code is not None:
-            what = {0: "finished", 3: "diverged"}.get(code, f"failed (exit {code}): {why}")
-            if code > 128:
-                what = f"stopped by signal {code - 128}; rerun the sweep to continue"
-            print(
-                f"[sweep {len(done)}/{total}] {run.cell.label} seed={run.seed}: {what} "
-                f"({time.perf_counter() - began:.0f} s)",
-                flush=True,
-            )
-        if code is not None and code > 128:
-            runner.signum = runner.signum or code - 128
-
-    # In process, train.main installs its own handlers while it trains; these take a signal between
-    # runs, so that no new run starts and the tables are written.
-    handlers = {s: signal.signal(s, runner.stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        if in_process:
-            for i in range(total):
-                one(i)
-                if runner.signum is not None:
-                    break
-        else:
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(one, i) for i in range(total)]
-                while not all(f.done() for f in futures):
-                    time.sleep(0.2)  # the main thread stays free to take signals
-                for f in futures:
-                    f.result()
-    finally:
-        for s, h in handlers.items():
-            signal.signal(s, h)
-    return done, runner.signum
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the sweep's command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
@@ -356,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if opts.vmap:
-        from reproduce import vmap_sweep
+        from reproduce.sweeps import vmap_grid
 
-        return vmap_sweep.run(opts, rest, grid)
+        return vmap_grid.run(opts, rest, grid)
     try:
         name, root, runs = plan(rest, grid, opts.seeds, opts.name)
         reused = {i: s for i, r in enumerate(runs) if (s := finished_summary(r)) is not None}
@@ -372,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(reused)} finished (reused), {len(todo)} to train, {opts.jobs} at a time",
         flush=True,
     )
-    done, signum = _execute([runs[i] for i in todo], opts.jobs, opts.gpus)
+    done, signum = execute([runs[i] for i in todo], opts.jobs, opts.gpus)
     results = {todo[j]: r for j, r in done.items()}
     outcomes = {}
     failed = False

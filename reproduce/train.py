@@ -36,9 +36,9 @@ exactly where its checkpoint left it (bit-exact on CPU).
 
 Under ``torchrun`` every process trains on its GPU (``LOCAL_RANK``) through ``gamfunc.distributed``;
 ``--batch_size`` is the global batch and rank 0 alone writes the output (docs/guides/imagenet.md: "ImageNet on many GPUs
-and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step), ``loop`` (epochs,
-checkpoints, signals), ``evaluation``, ``launch`` (processes), ``report`` (logs and tables),
-``data`` and ``gpu_data`` (input pipelines).
+and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step); ``run/``: ``loop``
+(epochs, checkpoints, signals), ``checkpoint``, ``evaluation``, ``launch`` (processes), ``report`` (logs
+and tables); ``data/`` (input pipelines).
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
 a locked run folder or a disk that cannot be written (one line on stderr, no traceback), 3 when
@@ -74,9 +74,6 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 
 import torch
 
-from reproduce import checkpoint as ckpt
-from reproduce import data as data_mod
-from reproduce import launch, report
 from reproduce.build import (
     CORRECT,
     SetupError,
@@ -96,8 +93,11 @@ from reproduce.config import (
     resolve,
     run_name,
 )
-from reproduce.evaluation import evaluate
-from reproduce.loop import Diverged, Interrupted, StopFlag, run
+from reproduce.data import sets as data_mod
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import launch, report
+from reproduce.run.evaluation import evaluate
+from reproduce.run.loop import Diverged, Interrupted, StopFlag, run
 
 __all__ = [
     "CORRECT",

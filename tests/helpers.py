@@ -165,7 +165,7 @@ def as_flat(params):
 def poison_digits_test_labels(monkeypatch) -> None:
     """Make the digits preset's test labels all wrong (never the true class), its training set as it
     is: a selection on the validation split must not notice."""
-    from reproduce import data as data_mod
+    from reproduce.data import sets as data_mod
 
     real = data_mod._digits.__wrapped__  # the lru_cache of the clean data stays as it is
 

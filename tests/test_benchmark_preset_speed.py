@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from benchmarks import preset_markdown, preset_speed
-from reproduce import data as data_mod
 from reproduce.config import DATASETS, resolve
+from reproduce.data import sets as data_mod
 
 ROW_FIELDS = {
     "preset",

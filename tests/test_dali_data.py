@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 pytest.importorskip("nvidia.dali")
 
-from reproduce import data as D
-from reproduce.dali_data import DaliJpegLoader, jpeg_size, uniforms
+from reproduce.data import sets as D
+from reproduce.data.dali import DaliJpegLoader, jpeg_size, uniforms
 from tests.test_gpu_data import imagenet, jpeg_folder
 
 
@@ -114,8 +114,8 @@ def test_dali_evaluation_keeps_the_last_partial_batch(tmp_path):
 def test_train_py_with_the_dali_loader_resumes_bit_exact(tmp_path, capsys):
     """reproduce/train.py on a JPEG folder through --loader=dali (DALI's CPU decoder here): it says
     which loader runs, and 2 steps, a stop, and 2 more give the parameters of 4 steps at once."""
-    from reproduce import checkpoint as ckpt
     from reproduce import train
+    from reproduce.run import checkpoint as ckpt
 
     root = jpeg_folder(tmp_path / "data")
     args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--model=vit_s32", "--loader=dali"]

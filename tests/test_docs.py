@@ -132,7 +132,7 @@ def test_every_committed_evidence_json_has_its_table():
 def test_main_job_table_is_the_committed_run():
     """The table is ``report.table`` of docs/evidence/main_job.json (its 2-decimal rounding), and
     train.py's docstring shows the same rows."""
-    report = pytest.importorskip("reproduce.report")
+    report = pytest.importorskip("reproduce.run.report")
     summaries = json.loads((EVIDENCE / "main_job.json").read_text())
     expected = report.table(summaries)
     section = REPRODUCE_GUIDE.split("## Main job", 1)[1]

@@ -86,7 +86,7 @@ def test_commands_are_split_by_script():
     assert got == [("train", "--preset"), ("train", "--max_steps")]
     got = flags_of("python reproduce/sweep.py --grid=rho=1,2 --seeds=0 -- --epochs=1")
     assert got == [("sweep", "--grid"), ("sweep", "--seeds"), ("train", "--epochs")]
-    assert flags_of("python reproduce/vmap_sweep.py --grid=x") == []
+    assert flags_of("python reproduce/sweeps/vmap_grid.py --grid=x") == []
     assert flags_of("pip install --user x && python train.py --seed=1") == [("train", "--seed")]
 
 

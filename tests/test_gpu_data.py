@@ -11,9 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduce import data as D
-from reproduce import gpu_data
 from reproduce.config import resolve
+from reproduce.data import nvjpeg
+from reproduce.data import sets as D
 
 
 def jpeg_folder(root: Path, per_class: int = 6, classes: int = 3) -> Path:
@@ -77,7 +77,7 @@ def test_crop_and_flip_draws_what_torchvision_draws_under_the_seed():
             shape = torch.empty(1, 1, 1).expand(3, height, width)
             want = T.RandomResizedCrop.get_params(shape, [0.08, 1.0], [3 / 4, 4 / 3])
             flip = bool(torch.rand(1) < 0.5)
-        assert gpu_data.crop_and_flip(seed, height, width) == (*want, flip)
+        assert nvjpeg.crop_and_flip(seed, height, width) == (*want, flip)
 
 
 @pytest.mark.gpu
@@ -86,12 +86,12 @@ def test_gpu_loader_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
     """The same examples, crops and flips as torchvision's CPU transforms (parameters drawn under the
     same per-example seeds), to the rounding of two JPEG decoders and two resampling filters."""
     device = torch.device("cuda")
-    assert gpu_data.available(device)
+    assert nvjpeg.available(device)
     data = imagenet(jpeg_folder(tmp_path))
     ds = data.train if train else data.test
     order = torch.arange(len(ds)) if not train else D.epoch_order(len(ds), 3, 0)
     keys = D.epoch_keys(order, 0, 6, seed=3, epoch=0) if train else [(j, None) for j in range(12)]
-    gpu = gpu_data.GpuJpegLoader(ds, 6, device, train=train)
+    gpu = nvjpeg.GpuJpegLoader(ds, 6, device, train=train)
     got = list(gpu.batches(keys))
     cpu = D.FolderLoader(ds, 6).batches(keys) if train else D.eval_batches(ds, 6)
     want = list(cpu)[: len(got)]
@@ -111,13 +111,13 @@ def test_loader_choice_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
     installed, asked for by name, are refused in one line that names the fallback."""
     from types import SimpleNamespace
 
-    from reproduce import dali_data
     from reproduce.build import SetupError
-    from reproduce.loop import _loaders
+    from reproduce.data import dali
+    from reproduce.run.loop import _loaders
 
     root = jpeg_folder(tmp_path, per_class=2)
     cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
-    monkeypatch.setattr(dali_data, "available", lambda: False)
+    monkeypatch.setattr(dali, "available", lambda: False)
     for loader in ("dali", "dali_exact", "gpu"):
         cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", f"--loader={loader}"])
         with pytest.raises(SetupError, match=f"--loader={loader} needs .*use --loader=folder"):

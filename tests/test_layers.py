@@ -153,7 +153,7 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
 @pytest.mark.parametrize("package", ["gamfunc", "reproduce"])
 def test_no_import_cycle(package):
     """``import gamfunc`` imports no module in a cycle, within a layer either; nor does any script
-    of ``reproduce/`` (``sweep`` and ``vmap_sweep`` share ``sweep_plan`` and ``sweep_table``)."""
+    of ``reproduce/`` (``sweep`` and ``sweeps.vmap_grid`` share ``sweeps.plan`` and ``sweeps.table``)."""
     assert cycles(import_graph(package)) == []
 
 

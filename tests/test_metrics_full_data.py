@@ -57,10 +57,10 @@ def test_reproduce_flatness_batches_give_the_one_batch_metrics(monkeypatch):
     """reproduce's --flatness_batch: the metrics of 200 digits over batches of 64 equal those of one
     batch of 200 (float32 rounding apart)."""
     pytest.importorskip("sklearn")
-    from reproduce import data as D
     from reproduce.build import setup
     from reproduce.config import resolve
-    from reproduce.evaluation import flatness
+    from reproduce.data import sets as D
+    from reproduce.run.evaluation import flatness
 
     base = ["--preset=digits", "--estimator=sgd", "--eig_iters=20", "--trace_samples=5"]
     base += ["--r1_steps=2", "--landscape=false", "--flatness_samples=200"]

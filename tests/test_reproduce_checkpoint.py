@@ -1,4 +1,4 @@
-"""reproduce/checkpoint.py: atomic writes, digests that catch corruption, config refusal, RNG state."""
+"""reproduce/run/checkpoint.py: atomic writes, digests that catch corruption, config refusal, RNG state."""
 
 import sys
 from pathlib import Path
@@ -9,8 +9,8 @@ import torch
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # reproduce/ lives at the repository root
-from reproduce import checkpoint as ckpt
 from reproduce.config import as_dict, resolve
+from reproduce.run import checkpoint as ckpt
 
 
 def body(seed: int = 0) -> dict:
@@ -125,8 +125,8 @@ def test_a_typed_step_state_round_trips_through_a_checkpoint(tmp_path):
     import gamfunc
     from gamfunc.precision import LossScale, fp16
     from gamfunc.step import as_dict
-    from reproduce.evaluation import to
-    from reproduce.loop import like
+    from reproduce.run.evaluation import to
+    from reproduce.run.loop import like
 
     loss_fn = fp16(lambda p, b, buffers: (((b[0] @ p["w"] - b[1]) ** 2).mean(), buffers))
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.adamw(1e-2))

@@ -1,4 +1,4 @@
-"""reproduce/data.py: data sets, label noise, splits, resumable order, augmentation, clear errors."""
+"""reproduce/data/sets.py: data sets, label noise, splits, resumable order, augmentation, clear errors."""
 
 import random
 import sys
@@ -11,8 +11,8 @@ import torch
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # reproduce/ lives at the repository root
-from reproduce import data as D
 from reproduce.config import resolve
+from reproduce.data import sets as D
 
 
 def make_image_folder(

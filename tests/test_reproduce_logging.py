@@ -52,7 +52,7 @@ def test_scalars_reject_tensors_with_several_elements(tmp_path):
 
 
 def test_the_final_table_stays_aligned_with_long_labels_and_names_sams_own_radius():
-    from reproduce import report
+    from reproduce.run import report
 
     base = {"final": {"train_acc": 90.0, "test_acc": 80.0}, "best_val": None}
     base |= {"images_per_s": 100.0, "train_seconds": 3.0}

@@ -14,9 +14,9 @@ sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # reproduce/ lives at the repository root
 import gamfunc
-from reproduce import data as D
 from reproduce import train
 from reproduce.config import PRESETS, resolve
+from reproduce.data import sets as D
 from reproduce.models import count_parameters
 
 FIRST_PRESET_OF_MODEL = {}

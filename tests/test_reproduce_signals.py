@@ -15,8 +15,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduce import checkpoint as ckpt
 from reproduce import train
+from reproduce.run import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ["--preset=digits", "--estimator=sgd", "--progress=false", "--landscape=false"]

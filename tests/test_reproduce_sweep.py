@@ -17,6 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import poison_digits_test_labels
 
 from reproduce import sweep, train
+from reproduce.sweeps import grid
+from reproduce.sweeps.plan import Cell, Run
+from reproduce.sweeps.table import aggregate, markdown, select
 
 TRAIN_ARGS = [
     "--preset=digits",
@@ -146,9 +149,9 @@ def _outcome(val, test, status="finished"):
 
 
 def test_selection_reads_the_validation_metric_only():
-    cells = [sweep.Cell((("rho", r),)) for r in ("0.05", "0.1", "0.2")]
+    cells = [Cell((("rho", r),)) for r in ("0.05", "0.1", "0.2")]
     runs = [
-        sweep.Run(c, s, (), None, Path(f"{c.label}/{s}")) for s in (0, 1) for c in cells
+        Run(c, s, (), None, Path(f"{c.label}/{s}")) for s in (0, 1) for c in cells
     ]  # seed-major, as plan() orders them
     outcomes = {
         0: _outcome(80.0, 99.0),  # best on test, worst on validation
@@ -158,15 +161,15 @@ def test_selection_reads_the_validation_metric_only():
         4: _outcome(91.0, 50.0),
         5: {"status": "diverged"},  # 0.2 has the best single validation value but diverged once
     }
-    rows = sweep.aggregate(runs, outcomes, [0, 1])
+    rows = aggregate(runs, outcomes, [0, 1])
     assert [r["status"] for r in rows] == ["complete", "complete", "diverged"]
     assert rows[1]["val_mean"] == 90.5 and rows[1]["val_std"] == pytest.approx(0.5**0.5)
     assert rows[2]["n"] == 1 and rows[2]["val_std"] is None
-    assert sweep.select(rows) is rows[1]
+    assert select(rows) is rows[1]
     # the test values may be anything at all: the same row is chosen
     poisoned = {i: o | {"test": -o.get("test", 0)} for i, o in outcomes.items()}
-    assert sweep.select(sweep.aggregate(runs, poisoned, [0, 1]))["cell"] == "rho=0.1"
-    md = sweep.markdown(rows, ["rho"], "val_acc", rows[1], "caption")
+    assert select(aggregate(runs, poisoned, [0, 1]))["cell"] == "rho=0.1"
+    md = markdown(rows, ["rho"], "val_acc", rows[1], "caption")
     assert "| 0.2 | 1 | 95.00 ± – | 99.00 ± – | diverged |" in md
 
 
@@ -253,12 +256,12 @@ class FakeProcess:
 
 def test_gpus_run_one_subprocess_per_listed_gpu(tmp_path, monkeypatch):
     FakeProcess.running, FakeProcess.seen, FakeProcess.most = {}, [], {}
-    monkeypatch.setattr(sweep.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(grid.subprocess, "Popen", FakeProcess)
     assert run_sweep(tmp_path, "--gpus=0,1") == 0
     assert len(FakeProcess.seen) == 8
     assert FakeProcess.most == {"0": 1, "1": 1}
     for _, cmd in FakeProcess.seen:
-        assert cmd[:2] == [sys.executable, str(sweep.TRAIN)] and cmd[-1] == "--device=cuda"
+        assert cmd[:2] == [sys.executable, str(grid.TRAIN)] and cmd[-1] == "--device=cuda"
     table, _ = tables(tmp_path)
     assert {c["status"] for c in table["cells"]} == {"incomplete"}  # no summary was written
     assert table["selected"] is None
@@ -301,7 +304,7 @@ def test_a_signal_stops_a_sweep_within_seconds_and_keeps_the_checkpoint(tmp_path
     import signal
     import subprocess
 
-    from reproduce import checkpoint as ckpt
+    from reproduce.run import checkpoint as ckpt
 
     train_args = [*TRAIN_ARGS, "--epochs=200", "--checkpoint_every=5"]
     cmd = [sys.executable, str(Path(sweep.__file__)), "--grid=rho=0.05,0.1", "--seeds=0"]

@@ -18,8 +18,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduce import checkpoint as ckpt
 from reproduce import train
+from reproduce.run import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = ["--preset=digits", "--progress=false", "--landscape=false", "--eig_iters=0"]

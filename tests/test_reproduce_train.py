@@ -18,8 +18,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_reproduce_data import make_image_folder
 
-from reproduce import build, report, train
-from reproduce import checkpoint as ckpt
+from reproduce import build, train
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -553,8 +554,8 @@ def test_compiled_exact_gam_writes_the_norms_in_elementary_operations():
     """--compile with exact GAM on a BatchNorm net: the model's norms become elementary (so that the
     compiled step computes each point's gradient once), and a note says so; without --compile, or
     with the finite-difference estimator, the model keeps torch's modules."""
-    from reproduce import data as D
     from reproduce.config import resolve
+    from reproduce.data import sets as D
 
     args = ["--preset=noise.cifar10.resnet32.p0", "--synthetic", "--synthetic_size=64"]
     args += ["--batch_size=32"]

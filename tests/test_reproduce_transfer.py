@@ -11,9 +11,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduce import checkpoint as ckpt
 from reproduce import train
 from reproduce.config import PRESETS, resolve
+from reproduce.run import checkpoint as ckpt
 
 pytest.importorskip("torchvision")
 

@@ -18,8 +18,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reproduce import checkpoint as ckpt
-from reproduce import loop, report, train
+from reproduce import train
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import loop, report
 
 QUIET = ["--progress=false", "--landscape=false"]
 NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]

@@ -1,5 +1,5 @@
-"""reproduce/sweep.py --vmap: a grid × seeds trained as one vmapped step (reproduce/vmap_sweep.py and
-reproduce/vmapped.py): the sweep's table, each member equal to its own run on the same batches, a
+"""reproduce/sweep.py --vmap: a grid × seeds trained as one vmapped step (reproduce/sweeps/vmap_grid.py and
+reproduce/sweeps/vmapped.py): the sweep's table, each member equal to its own run on the same batches, a
 selection blind to the test labels, reuse and resumption, one-line refusals naming the field."""
 
 import json
@@ -14,11 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import poison_digits_test_labels
 
 from gamfunc.ensemble import unstack
-from reproduce import checkpoint as ckpt
-from reproduce import data as data_mod
-from reproduce import sweep, train, vmapped
+from reproduce import sweep, train
 from reproduce.build import setup
 from reproduce.config import resolve
+from reproduce.data import sets as data_mod
+from reproduce.run import checkpoint as ckpt
+from reproduce.sweeps import vmapped
+from reproduce.sweeps.plan import plan
 
 TRAIN_ARGS = [
     "--preset=digits",
@@ -84,7 +86,7 @@ def test_each_member_equals_its_own_run_on_the_same_batches(clean):
     batches of the data seed; every member's parameters equal it to float rounding."""
     members = unstack(ckpt.load(clean / NAME / "vmap.pt")["params"])
     grid = [("rho", ["0.05", "0.1"]), ("alpha", ["0.1", "1"])]
-    cfgs = [r.config for r in sweep.plan(TRAIN_ARGS, grid, [0, 1], "x")[2]]  # the sweep's order
+    cfgs = [r.config for r in plan(TRAIN_ARGS, grid, [0, 1], "x")[2]]  # the sweep's order
     data = data_mod.load(cfgs[0])  # seed 0: the data seed
     for got, cfg in zip(members, cfgs, strict=True):
         t = setup(cfg, "gam", data, torch.device("cpu"))

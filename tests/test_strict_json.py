@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from reproduce import report
+from reproduce.run import report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,11 +47,11 @@ def test_non_finite_values_are_written_as_null(tmp_path):
 
 
 def test_every_writer_goes_through_the_one_helper():
-    """No module of the project writes JSON but through reproduce.report (write_json, dumps)."""
+    """No module of the project writes JSON but through reproduce.run.report (write_json, dumps)."""
     offenders = []
     for folder in ("gamfunc", "reproduce", "benchmarks", "examples"):
         for path in (ROOT / folder).rglob("*.py"):
-            if path == ROOT / "reproduce" / "report.py":
+            if path == ROOT / "reproduce" / "run" / "report.py":
                 continue
             for i, line in enumerate(path.read_text().splitlines(), 1):
                 if re.search(r"\bjson\.dumps?\(", line):

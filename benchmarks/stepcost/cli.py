@@ -18,7 +18,7 @@ from benchmarks.stepcost.models import MODELS, split_precision
 from benchmarks.stepcost.pool import Precompiler, run_cache_dir
 from benchmarks.stepcost.report import metadata, table, vs_fp32
 from benchmarks.stepcost.timing import release
-from reproduce.report import write_json
+from reproduce.run.report import write_json
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # first jvp, from torch._decomp
 warnings.filterwarnings("ignore", message=".*Profiler clears events.*")  # --profile, torch 2.11

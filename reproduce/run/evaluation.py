@@ -1,7 +1,7 @@
 """Evaluation of a run: loss, top-1 and top-5 accuracy over a split, and the flatness metrics.
 
-With several processes each rank evaluates its own share of the split (:func:`reproduce.data.shard`)
-and the sums are added over ranks (:func:`reproduce.launch.sum_over_ranks`), so the numbers are those
+With several processes each rank evaluates its own share of the split (:func:`reproduce.data.sets.shard`)
+and the sums are added over ranks (:func:`reproduce.run.launch.sum_over_ranks`), so the numbers are those
 of the whole split, as one process would report them.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from reproduce import data as data_mod
 from reproduce.build import CORRECT, TOP5
 from reproduce.config import Config
-from reproduce.launch import Processes, sum_over_ranks
+from reproduce.data import sets as data_mod
+from reproduce.run.launch import Processes, sum_over_ranks
 
 __all__ = ["Scores", "evaluate", "flatness", "flatness_plan", "inputs", "to"]
 

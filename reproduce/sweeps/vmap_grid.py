@@ -4,7 +4,7 @@
         --preset=digits --estimator=gam --val_fraction=0.2 --epochs=1 --progress=false
 
 trains the 8 runs of the sweep's own example (2 × 2 cells × seeds 0 and 1) as the 8 members of one
-:func:`gamfunc.ensemble.vmap_step`, in this process on one device (:mod:`reproduce.vmapped`), and writes
+:func:`gamfunc.ensemble.vmap_step`, in this process on one device (:mod:`reproduce.sweeps.vmapped`), and writes
 a table of the same form as the sweep without ``--vmap`` (not the same numbers: see "Data order"
 below) to ``runs/sweep.digits.vmap/sweep.md`` and ``sweep.json``: mean ± std over seeds, the cell
 selected on the validation split only, the test accuracy beside it and never compared. With torch 2.14.1 on the CPU (about 9 seconds on 2 cores) it
@@ -65,13 +65,14 @@ from typing import Any
 
 import torch
 
-from reproduce import checkpoint as ckpt
-from reproduce import data as data_mod
-from reproduce import launch, report, vmapped
 from reproduce.config import Config, as_dict, differences, estimators_of, resolve, run_name
-from reproduce.loop import StopFlag
-from reproduce.sweep_plan import SweepError, plan
-from reproduce.sweep_table import outcome, write_tables
+from reproduce.data import sets as data_mod
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import launch, report
+from reproduce.run.loop import StopFlag
+from reproduce.sweeps import vmapped
+from reproduce.sweeps.plan import SweepError, plan
+from reproduce.sweeps.table import outcome, write_tables
 
 __all__ = ["run"]
 

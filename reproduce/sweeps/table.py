@@ -1,6 +1,6 @@
 """A sweep's table: the runs' outcomes as mean ± std over seeds per cell, the cell selected on validation.
 
-Shared by ``reproduce/sweep.py`` and ``reproduce/vmap_sweep.py``; it writes ``sweep.md`` and
+Shared by ``reproduce/sweep.py`` and ``reproduce/sweeps/vmap_grid.py``; it writes ``sweep.md`` and
 ``sweep.json``.
 """
 
@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from reproduce import report
-from reproduce.sweep_plan import Cell, Run, SweepError
+from reproduce.run import report
+from reproduce.sweeps.plan import Cell, Run, SweepError
 
 __all__ = ["METRICS", "aggregate", "markdown", "outcome", "select", "write_tables"]
 

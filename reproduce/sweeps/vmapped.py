@@ -5,7 +5,7 @@ N runs of ``reproduce/train.py``'s configuration (N :class:`~reproduce.config.Co
 :func:`gamfunc.ensemble.vmap_step`: their parameters are stacked along a leading axis and every step
 moves all of them at once, each with its own lr, ρ, α, ... (a grid flattened). The pieces are
 train.py's own (:mod:`reproduce.build`: model, loss, estimator, optimiser and learning-rate schedule;
-:mod:`reproduce.data`: split, batch order), so each member's parameters equal those of a run of its
+:mod:`reproduce.data.sets`: split, batch order), so each member's parameters equal those of a run of its
 configuration alone on the same batches, to float rounding (tests/test_reproduce_vmap_sweep.py).
 
 What is shared and what differs:
@@ -43,7 +43,6 @@ from torch.utils import _pytree as pytree
 
 import gamfunc
 from gamfunc.ensemble import stack, vmap_step
-from reproduce import data as data_mod
 from reproduce.build import (
     CORRECT,
     build_estimator,
@@ -54,6 +53,7 @@ from reproduce.build import (
     training_loss,
 )
 from reproduce.config import Config, as_dict, differences
+from reproduce.data import sets as data_mod
 from reproduce.models import build_model
 
 __all__ = ["PER_MEMBER", "Members", "VmapError", "check", "evaluate", "fresh_position", "train"]
@@ -177,7 +177,7 @@ class Members:
 @torch.no_grad()
 def evaluate(loss_fn, params, examples, batch_size: int, device) -> dict[str, Tensor]:
     """Each member's mean loss and top-1 accuracy (%) over ``examples`` in eval mode, as tensors of
-    N values (``reproduce.evaluation.evaluate`` of every member, in one vmapped pass per batch)."""
+    N values (``reproduce.run.evaluation.evaluate`` of every member, in one vmapped pass per batch)."""
 
     def one(p, x, y):
         loss, aux = loss_fn(p, (x, y), {}, train=False)

@@ -36,14 +36,15 @@ from torch.utils import _pytree as pytree
 
 from gamfunc.step import as_dict as plain
 from gamfunc.step import from_dict
-from reproduce import checkpoint as ckpt
-from reproduce import dali_data, gpu_data, report
-from reproduce import data as data_mod
 from reproduce.build import CORRECT, SetupError, fd_gam_warning, setup
 from reproduce.config import Config, as_dict, estimators_of, run_name
-from reproduce.evaluation import evaluate, flatness, flatness_plan, inputs, to
-from reproduce.launch import Processes, first_on_node, from_main, sum_over_ranks
+from reproduce.data import dali, nvjpeg
+from reproduce.data import sets as data_mod
 from reproduce.models import count_parameters
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import report
+from reproduce.run.evaluation import evaluate, flatness, flatness_plan, inputs, to
+from reproduce.run.launch import Processes, first_on_node, from_main, sum_over_ranks
 
 __all__ = ["Diverged", "Interrupted", "RunLocked", "StopFlag", "like", "run"]
 
@@ -152,7 +153,7 @@ class StopFlag:
 
 
 def _say_once(text: str, file=None) -> None:
-    """Print ``text`` from the first process of each node (:func:`reproduce.launch.first_on_node`)."""
+    """Print ``text`` from the first process of each node (:func:`reproduce.run.launch.first_on_node`)."""
     if first_on_node():
         print(text, file=file or sys.stdout, flush=True)
 
@@ -317,12 +318,12 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
     per_rank = cfg.batch_size // procs.world
     jpeg = data.name == "imagenet" and cfg.augment == "basic"
     kind = "folder" if cfg.loader == "auto" else cfg.loader
-    if kind.startswith("dali") and not (jpeg and dali_data.available()):
+    if kind.startswith("dali") and not (jpeg and dali.available()):
         raise SetupError(
             f"--loader={kind} needs ImageNet folder data, --augment=basic and NVIDIA DALI "
             "(pip install '.[imagenet]'); use --loader=folder"
         )
-    if kind == "gpu" and not (jpeg and gpu_data.available(procs.device)):
+    if kind == "gpu" and not (jpeg and nvjpeg.available(procs.device)):
         raise SetupError(
             "--loader=gpu needs ImageNet folder data, --augment=basic and a CUDA device whose "
             "torchvision decodes JPEG (nvJPEG); use --loader=folder"
@@ -330,12 +331,12 @@ def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
     if kind != "folder":
         size = data.image_size
         if kind == "gpu":
-            make = functools.partial(gpu_data.GpuJpegLoader, size=size)
+            make = functools.partial(nvjpeg.GpuJpegLoader, size=size)
             how = "torchvision nvJPEG decoding, augmentation on the GPU"
         else:
             crops = "dali" if kind == "dali" else "exact"
             make = functools.partial(
-                dali_data.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
+                dali.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
             )
             decoder = "GPU" if procs.device.type == "cuda" else "CPU"
             how = f"DALI, decoding and augmentation on the {decoder}, " + (
@@ -443,7 +444,7 @@ def run(
         CheckpointError, DataError, SetupError: the run cannot start as configured.
     """
 
-    from reproduce.launch import start
+    from reproduce.run.launch import start
 
     with stop.during("start-up", at_once=True):  # until the first step is taken
         procs = procs or start(cfg.device)

@@ -1,6 +1,6 @@
 """A sweep's plan: every cell of the grid × every seed, resolved into ``train.py`` runs before any trains.
 
-Shared by ``reproduce/sweep.py`` (a run per process) and ``reproduce/vmap_sweep.py`` (every run in
+Shared by ``reproduce/sweep.py`` (a run per process) and ``reproduce/sweeps/vmap_grid.py`` (every run in
 one vmapped step).
 """
 

@@ -1,7 +1,7 @@
 """ImageNet JPEG folders decoded and augmented by NVIDIA DALI (the ``[imagenet]`` extra).
 
 :class:`DaliJpegLoader` serves the batches of an epoch's (example, augmentation seed) keys, this
-rank's part of the global order as :class:`reproduce.data.FolderLoader` serves them, through a DALI
+rank's part of the global order as :class:`reproduce.data.sets.FolderLoader` serves them, through a DALI
 pipeline. DALI's ``mixed`` decoder decodes on the GPU: its hardware JPEG engines take a share of
 each batch (``hw_decoder_load``; A100, H100 and H200 have them) and nvJPEG's CUDA decoder the rest.
 The augmentation (RandomResizedCrop 224 with scale (0.08, 1) and ratio (3/4, 4/3), a horizontal
@@ -18,7 +18,7 @@ flip with probability 1/2, the ImageNet normalisation; for evaluation the shorte
 * ``crops="exact"`` (``--loader=dali_exact``): DataLoader worker processes (:class:`Encoded`) read
   each file, read its size from the JPEG header and draw its crop window and flip under the
   example's seed exactly as torchvision's CPU transforms draw them
-  (:func:`reproduce.gpu_data.crop_and_flip`), and hand each batch's files over as one shared tensor
+  (:func:`reproduce.data.nvjpeg.crop_and_flip`), and hand each batch's files over as one shared tensor
   (:func:`collate`); DALI decodes and resizes each window (linear, antialiased, one resampling). The
   batches are the CPU pipeline's to the decoders' rounding, and a resumed run is bit-exact; the
   Python work per image, about 0.1-0.2 ms in a worker, bounds the rate.
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from reproduce.gpu_data import _LOG_RATIO, MEAN, SCALE, STD, _resize_shorter, crop_and_flip
+from reproduce.data.nvjpeg import _LOG_RATIO, MEAN, SCALE, STD, _resize_shorter, crop_and_flip
 
 __all__ = ["DaliJpegLoader", "available"]
 
@@ -60,7 +60,7 @@ def jpeg_size(data: bytes) -> tuple[int, int]:
 
 
 class DaliJpegLoader:
-    """Batches ``(images, labels)`` of an ImageFolder-based :class:`reproduce.data.Examples`, decoded
+    """Batches ``(images, labels)`` of an ImageFolder-based :class:`reproduce.data.sets.Examples`, decoded
     and augmented by DALI.
 
     Args:
@@ -237,7 +237,7 @@ class DaliJpegLoader:
     def _exact(self, keys, n: int):
         """The exact pipeline, fed by a DataLoader whose workers read the files and draw the crops
         (:class:`Encoded`) ``read_ahead`` batches ahead, each batch's files in one shared tensor."""
-        from reproduce.data import FolderLoader
+        from reproduce.data.sets import FolderLoader
 
         if self._reader is None:
             encoded = Encoded(self.ds, self.train, self.size)
