@@ -21,7 +21,7 @@ from pathlib import Path
 
 from reproduce import train
 from reproduce.config import differences
-from reproduce.sweeps.plan import Run, SweepError
+from reproduce.sweeps.plan import Run, other_settings
 
 __all__ = ["TRAIN", "execute", "finished_summary", "train_argv"]
 
@@ -42,11 +42,7 @@ def finished_summary(run: Run) -> dict | None:
         return None
     diff = differences(summary.get("config", {}), run.config)
     if diff:
-        shown = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
-        raise SweepError(
-            f"{str(run.run_dir)!r} holds a finished run of other settings ({shown}); give the "
-            "sweep another --name or remove that folder"
-        )
+        raise other_settings(run.run_dir, "a finished run", diff)
     return summary
 
 

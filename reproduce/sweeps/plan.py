@@ -12,7 +12,7 @@ from pathlib import Path
 
 from reproduce.config import Config, estimators_of, resolve, run_name
 
-__all__ = ["Cell", "Run", "SweepError", "plan"]
+__all__ = ["Cell", "Run", "SweepError", "other_settings", "plan"]
 
 
 class SweepError(ValueError):
@@ -40,6 +40,16 @@ class Run:
     argv: tuple[str, ...]  # train.py's command line (without a device)
     config: Config  # its resolved configuration
     run_dir: Path  # <logdir>/<name>/<estimator>: where summary.json is written
+
+
+def other_settings(where: Path, what: str, diff: dict) -> SweepError:
+    """The refusal of a folder that holds ``what`` (a finished run, a vmapped sweep) made with other
+    settings: ``diff`` maps each differing field to (its value there, its value here)."""
+    shown = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
+    return SweepError(
+        f"{str(where)!r} holds {what} of other settings ({shown}); give the sweep another --name "
+        "or remove that folder"
+    )
 
 
 def plan(

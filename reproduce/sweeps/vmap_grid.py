@@ -71,7 +71,7 @@ from reproduce.run import checkpoint as ckpt
 from reproduce.run import launch, report
 from reproduce.run.loop import StopFlag
 from reproduce.sweeps import vmapped
-from reproduce.sweeps.plan import SweepError, plan
+from reproduce.sweeps.plan import SweepError, other_settings, plan
 from reproduce.sweeps.table import outcome, write_tables
 
 __all__ = ["run"]
@@ -99,11 +99,7 @@ def _saved(path: Path, cfgs: list[Config], data_seed: int) -> dict | None:
             if diff:
                 break
     if diff:
-        shown = ", ".join(f"{k}: {a!r} there, {b!r} here" for k, (a, b) in diff.items())
-        raise SweepError(
-            f"{str(path)!r} holds a vmapped sweep of other settings ({shown}); give the sweep "
-            "another --name or remove that folder"
-        )
+        raise other_settings(path, "a vmapped sweep", diff)
     return saved
 
 
