@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -91,12 +92,27 @@ def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None)
 _DTYPE_MISMATCH = ("same dtype", "should be the same")
 
 
+@functools.cache
+def _load_jvp_decompositions() -> None:
+    """Load torch's forward-mode decompositions (``torch._decomp.decompositions_for_jvp``), which
+    the first ``torch.func.jvp`` of a process imports, with the one warning that import gives
+    silenced: on recent torch it calls ``torch.jit.script``, which warns ``FutureWarning: torch.jit.script
+    is deprecated`` at the user's first exact H·v about code that is torch's, not theirs."""
+    load = getattr(torch.autograd.forward_ad, "_maybe_load_decompositions", None)
+    if load is None:
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
+        load()
+
+
 def _jvp_of_grad(loss_fn, params: Tree, batch, v: Tree):
     """``torch.func.jvp`` of ∇L at θ along v, its dtype-mismatch errors explained (eager only: under
     ``torch.compile`` the same failure surfaces while tracing)."""
     jvp = functools.partial(torch.func.jvp, grad_fn(loss_fn, batch), (params,), (v,), has_aux=True)
     if torch.compiler.is_compiling():
         return jvp()
+    _load_jvp_decompositions()
     try:
         return jvp()
     except RuntimeError as e:

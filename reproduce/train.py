@@ -53,7 +53,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import sys
-import warnings
 from pathlib import Path
 
 if __name__ == "__main__":  # a signal while the modules load: stop at once, nothing is written yet
@@ -154,8 +153,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(cfg) -> int:
-    # torch.func's forward-mode decompositions warn once that torch.jit.script is deprecated; harmless.
-    warnings.filterwarnings("ignore", message=".*torch.jit.script.*", category=FutureWarning)
     stop = StopFlag()
     with stop.installed(), stop.during("start-up", at_once=True):
         try:

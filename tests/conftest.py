@@ -1,17 +1,15 @@
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
 
 
 # A test module that cannot be imported for want of a package of an extra (reproduce/ imports them
 # at its top) is skipped with the package named, not a collection error: the suite runs with [dev].
-from helpers import OPTIONAL  # noqa: E402
+from helpers import OPTIONAL
 
 
 class _SkipWithoutExtras(pytest.Module):

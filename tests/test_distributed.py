@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import warnings
 
 import pytest
 import torch
@@ -83,7 +82,6 @@ def reduce_inputs(rank):
 
 def _worker(rank, port, outdir):
     torch.set_num_threads(1)
-    warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD
     )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,8 +9,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gamfunc import metrics
-
-warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
 
 F64 = torch.float64
 

@@ -4,7 +4,6 @@ metric."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -12,8 +11,6 @@ import torch.nn.functional as F
 
 import gamfunc
 from gamfunc import metrics
-
-warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
 
 F64 = torch.float64
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
 
 from gamfunc import metrics
 from gamfunc.metrics.minima import count_extrema
-
-warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
 
 F64 = torch.float64
 

@@ -1,7 +1,6 @@
 """reproduce/models.py: every network builds, has the published size, and runs under torch.func."""
 
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -132,9 +131,7 @@ def test_vit_attention_supports_forward_mode_and_double_backward():
         return loss_fn(p, b, buffers)[0]
 
     v = {k: torch.randn_like(t) for k, t in params.items()}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.jit.script.*")
-        hv_fwd, _ = gamfunc.hvps.exact(loss, params, batch, v)
+    hv_fwd, _ = gamfunc.hvps.exact(loss, params, batch, v)
     hv_rev, _ = gamfunc.hvps.reverse(loss, params, batch, v)
     for k in params:
         torch.testing.assert_close(hv_fwd[k], hv_rev[k], rtol=1e-9, atol=1e-11)
