@@ -14,7 +14,8 @@ included, its rate from the run's summary. A third field ``sync`` (``r50:gam_fd:
 with the non-finite guard of before, which read the step's finiteness on the host at every step;
 ``twin`` (``r50:sgd:twin``) first runs the 1-GPU step alone, then one independent copy of it on
 every GPU at once (no process group): a slowdown there comes from what the processes share on the
-host, not from the collectives.
+host, not from the collectives; ``graph`` (``r50:gam_fd:graph``) runs the same step replayed as a
+CUDA graph (:func:`gamfunc.cuda_graph`, all-reduces included), on 1 GPU and on N.
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
 step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
@@ -22,8 +23,8 @@ step alone: compute, collectives and whatever the step synchronises. Each row is
 images/s ÷ (N × 1-GPU images/s). Before the timing, every row's step is compiled once on all N
 GPUs (a few rows at once), filling one inductor cache, so that the timed runs load their graphs. The
 NCCL all-reduce bus bandwidth at 25 MB and 100 MB comes first. Each timed run also gives the host's
-time to issue one step (``host_ms_per_step``: near ``ms_per_step``, the step is bound by the host),
-and one step of each N-GPU row is profiled (``torch.profiler``, rank 0): its GPU time by kind (NCCL,
+time to issue one step (``host_ms_per_step``: near ``ms_per_step``, the step is bound by the host)
+and the median and range of ``--windows`` timed windows of ``--steps`` steps each, and one step of each N-GPU row is profiled (``torch.profiler``, rank 0): its GPU time by kind (NCCL,
 compute, copies), its host waits, and its operators by GPU and by host time.
 """
 
@@ -53,7 +54,10 @@ __all__ = ["PRESETS", "efficiency", "main"]
 # digits: a small preset for the driver's own test on the CPU
 PRESETS = {"r50": "hp2.imagenet.resnet50", "vit": "hp2.imagenet.vit_s32", "digits": "digits"}
 KINDS = ("ddp", "sgd", "gam_fd", "gam")
-DEFAULT_RUNS = "r50:ddp,r50:sgd,r50:gam_fd,r50:gam,vit:ddp,vit:sgd,vit:gam"
+DEFAULT_RUNS = (
+    "r50:ddp,r50:sgd:graph,r50:gam_fd:graph,r50:sgd,r50:gam_fd,"
+    "vit:ddp,vit:sgd:graph,vit:gam:graph,r50:gam:graph"
+)
 WARM_AT_ONCE = 3  # rows compiled at once (GPU memory: ResNet-50 exact GAM alone takes 37 GiB)
 NCCL_ENV = {
     "NCCL_NVLS_ENABLE": "0",
@@ -90,15 +94,18 @@ def _data(cfg):
     return dataclasses.replace(small, train=range(1_281_167)), shape
 
 
-def _gamfunc_step(cfg, kind, procs, data):
-    """train.py's step for ``cfg`` (reproduce.build.setup), as a function of one batch."""
+def _gamfunc_step(cfg, kind, procs, data, graphed=False):
+    """train.py's step for ``cfg`` (reproduce.build.setup), as a function of one batch; ``graphed``:
+    replayed as a CUDA graph (:func:`gamfunc.cuda_graph`)."""
+    import gamfunc
     from reproduce.build import setup
 
     t = setup(cfg, kind, data, procs)
     box = {"params": t.params, "state": t.state}
+    run = gamfunc.cuda_graph(t.step) if graphed else t.step
 
     def step(batch):
-        box["params"], box["state"], _ = t.step(box["params"], box["state"], batch)
+        box["params"], box["state"], _ = run(box["params"], box["state"], batch)
 
     return step
 
@@ -220,7 +227,7 @@ def worker(a) -> None:
         if a.kind == "ddp":
             step = _ddp_step(cfg, procs, data)
         else:
-            step = _gamfunc_step(cfg, a.kind, procs, data)
+            step = _gamfunc_step(cfg, a.kind, procs, data, graphed=a.guard == "graph")
         g = torch.Generator().manual_seed(procs.rank)
         x = torch.randn(a.batch, *shape, generator=g).to(procs.device)
         if cfg.channels_last:
@@ -233,20 +240,25 @@ def worker(a) -> None:
         for _ in range(a.warmup):
             step(batch)
         if a.steps:
-            if procs.world > 1:
-                dist.barrier(device_ids=[procs.device.index] if cuda else None)
-            _sync(procs)
-            began, host = time.perf_counter(), 0.0
-            for _ in range(a.steps):
-                t = time.perf_counter()
-                step(batch)
-                host += time.perf_counter() - t
-            _sync(procs)
-            ms = torch.tensor((time.perf_counter() - began) * 1e3 / a.steps, device=procs.device)
+            windows, host = [], 0.0
+            for _ in range(a.windows):
+                if procs.world > 1:
+                    dist.barrier(device_ids=[procs.device.index] if cuda else None)
+                _sync(procs)
+                began = time.perf_counter()
+                for _ in range(a.steps):
+                    t = time.perf_counter()
+                    step(batch)
+                    host += time.perf_counter() - t
+                _sync(procs)
+                windows.append((time.perf_counter() - began) * 1e3 / a.steps)
+            ms = torch.tensor(windows, device=procs.device)
             # the host's time to issue a step: near ms_per_step, the step is bound by the host
-            result["host_ms_per_step"] = round(host * 1e3 / a.steps, 2)
-            if procs.world > 1:  # the slowest rank sets the pace
+            result["host_ms_per_step"] = round(host * 1e3 / (a.steps * a.windows), 2)
+            if procs.world > 1:  # the slowest rank sets the pace, window by window
                 dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+            result["window_ms"] = [round(float(w), 2) for w in ms]
+            ms = ms.median()
             result["ms_per_step"] = round(float(ms), 2)
             result["images_per_s"] = round(a.batch * procs.world / float(ms) * 1e3, 1)
             if cuda:
@@ -315,6 +327,7 @@ def _launch(
         str(a.steps if steps is None else steps),
     ]
     cmd += ["--warmup", str(a.warmup if warmup is None else warmup), "--profile", profile]
+    cmd += ["--windows", str(a.windows)]
     return subprocess.Popen(
         cmd,
         stdout=subprocess.PIPE,
@@ -343,7 +356,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 2, help="processes")
     ap.add_argument("--runs", default=DEFAULT_RUNS)
     ap.add_argument("--batch", type=int, default=128, help="images per GPU")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
+    ap.add_argument("--windows", type=int, default=3, help="timed windows; the median is reported")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument(
         "--time_limit", type=float, default=540, help="seconds; rows not started are not run"
@@ -387,7 +401,8 @@ def main(argv=None) -> int:
     save()
     for m, k, guard in runs:
         name = f"{m}:{k}" + (f":{guard}" if guard else "")
-        perts = ["global", "local"] if k.startswith("gam") and not guard else ["global"]
+        both = k.startswith("gam") and guard in ("", "graph")
+        perts = ["global", "local"] if both else ["global"]
         if time.time() > deadline:
             report["rows"].append({"run": name, "error": "not run: time limit"})
             continue

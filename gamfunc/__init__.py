@@ -6,6 +6,7 @@ pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 
 from gamfunc import (
     accumulate,
+    cuda_graphs,
     distributed,
     ensemble,
     hvps,
@@ -20,6 +21,7 @@ from gamfunc import (
     tree,
 )
 from gamfunc.convenience import gam_step
+from gamfunc.cuda_graphs import cuda_graph
 from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradient, sam
 from gamfunc.optim import (
     AdamWState,
@@ -64,6 +66,8 @@ __all__ = [
     "asam",
     "chain",
     "clip_by_global_norm",
+    "cuda_graph",
+    "cuda_graphs",
     "decay_mask",
     "distributed",
     "ensemble",

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from .graph_sharing import SHARE_EQUAL_WORK
 
-__all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh"]
+__all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh", "fresh_copies"]
 
 
 def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[Callable], Callable]:
@@ -55,17 +55,27 @@ def cudagraph_safe(fn):
     def call(*args):
         torch.compiler.cudagraph_mark_step_begin()
         leaves, spec = torch.utils._pytree.tree_flatten(fn(*args))
-        groups: dict[tuple, list[int]] = {}  # a foreach kernel needs one dtype and one device
-        for i, t in enumerate(leaves):
-            if isinstance(t, Tensor) and t.is_cuda:
-                groups.setdefault((t.dtype, t.device), []).append(i)
-        for group in groups.values():
-            copies = torch._foreach_mul([leaves[i] for i in group], 1)
-            for i, copy in zip(group, copies, strict=True):
-                leaves[i] = copy
-        return torch.utils._pytree.tree_unflatten(leaves, spec)
+        return torch.utils._pytree.tree_unflatten(fresh_copies(leaves), spec)
 
     return call
+
+
+def fresh_copies(leaves: list) -> list:
+    """``leaves`` with each CUDA tensor replaced by a copy of its own, one ``_foreach`` kernel per
+    (dtype, device) group (a boolean tensor is cloned on its own); anything else as it is."""
+    out = list(leaves)
+    groups: dict[tuple, list[int]] = {}  # a foreach kernel needs one dtype and one device
+    for i, t in enumerate(out):
+        if isinstance(t, Tensor) and t.is_cuda:
+            groups.setdefault((t.dtype, t.device), []).append(i)
+    for (dtype, _), group in groups.items():
+        tensors = [out[i] for i in group]
+        copies = (
+            [t.clone() for t in tensors] if dtype == torch.bool else torch._foreach_mul(tensors, 1)
+        )
+        for i, copy in zip(group, copies, strict=True):
+            out[i] = copy
+    return out
 
 
 def fresh(fn):

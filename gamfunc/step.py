@@ -196,7 +196,12 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     metrics["lr"] = new_opt.lr
     if "rho" in estimator.hparams:
         rho = value(estimator.hparams["rho"], step)
-        metrics["rho"] = torch.as_tensor(rho, dtype=torch.float64, device=step.device)
+        # a fill, not a copy of a host value: a step captured in a CUDA graph copies nothing in
+        metrics["rho"] = (
+            rho.to(torch.float64)
+            if isinstance(rho, Tensor)
+            else torch.full((), rho, dtype=torch.float64, device=step.device)
+        )
     new_buffers = est.clean.aux if buffered else ()
     # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
     # made by ``_replace`` from a compiled graph.

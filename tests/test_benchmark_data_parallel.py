@@ -4,6 +4,7 @@ efficiency, and the efficiency is the ratio the README defines."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -38,3 +39,8 @@ def test_rows_on_two_cpu_processes(tmp_path):
         assert r["one"]["world"] == 1 and r["many"]["world"] == 2
         want = data_parallel.efficiency(r["many"]["images_per_s"], r["one"]["images_per_s"], 2)
         assert r["efficiency"] == pytest.approx(want, abs=1e-3)
+        for run in (r["one"], r["many"]):  # the median of three timed windows
+            assert len(run["window_ms"]) == 3
+            assert run["ms_per_step"] == pytest.approx(
+                statistics.median(run["window_ms"]), abs=0.01
+            )

@@ -61,7 +61,13 @@ LAYERS = [
     ),
     ("gamfunc.state",),
     ("gamfunc.step",),
-    ("gamfunc.convenience", "gamfunc.torch_optim", "gamfunc.logging", "gamfunc.ensemble"),
+    (
+        "gamfunc.convenience",
+        "gamfunc.torch_optim",
+        "gamfunc.logging",
+        "gamfunc.ensemble",
+        "gamfunc.cuda_graphs",
+    ),
 ]
 
 
