@@ -107,6 +107,9 @@ def _gamfunc_step(cfg, kind, procs, data, graphed=False):
     def step(batch):
         box["params"], box["state"], _ = run(box["params"], box["state"], batch)
 
+    # NCCL's communicators cannot be destroyed while a graph holds them (gamfunc.cuda_graphs)
+    step.release = (lambda: gamfunc.cuda_graphs.release(run)) if graphed else (lambda: None)
+
     return step
 
 
@@ -269,6 +272,8 @@ def worker(a) -> None:
                     result["profile"] = prof
     if procs.main:
         print("RESULT " + dumps(result, indent=None), flush=True)
+    if a.kind != "busbw":
+        getattr(step, "release", lambda: None)()
     launch.finish(procs, completed=True)
 
 
@@ -340,10 +345,13 @@ def _launch(
 def _result(proc, timeout) -> dict:
     try:
         out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired:  # a result printed before a hang still counts
         proc.kill()
         out, _ = proc.communicate()
-        return {"error": "timed out"}
+        found = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        return (
+            {**json.loads(found[0][7:]), "exit": "timed out"} if found else {"error": "timed out"}
+        )
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -363,6 +371,7 @@ def main(argv=None) -> int:
         "--time_limit", type=float, default=540, help="seconds; rows not started are not run"
     )
     ap.add_argument("--out", default="data_parallel.json")
+    ap.add_argument("--run_timeout", type=float, default=180, help="seconds for one timed run")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="r50", help=argparse.SUPPRESS)
     ap.add_argument("--kind", default="sgd", help=argparse.SUPPRESS)
@@ -419,11 +428,11 @@ def main(argv=None) -> int:
             save()
             continue
         if guard == "twin":  # the 1-GPU step alone, then one copy on every GPU at once
-            one = _result(_launch(a, m, k, 1), 300)
+            one = _result(_launch(a, m, k, 1), a.run_timeout)
             twins = [
                 _launch(a, m, k, 1, env={"CUDA_VISIBLE_DEVICES": str(i)}) for i in range(a.gpus)
             ]
-            copies = [_result(p, 300) for p in twins]
+            copies = [_result(p, a.run_timeout) for p in twins]
             row = {"run": name, "perturbation": "none", "one": one, "copies": copies}
             rates = [c.get("images_per_s") for c in copies]
             if one.get("images_per_s") and all(rates):
@@ -436,10 +445,10 @@ def main(argv=None) -> int:
             )
             save()
             perts, guard = ["global"], ""
-        one = _result(_launch(a, m, k, 1, guard=guard), 300)
+        one = _result(_launch(a, m, k, 1, guard=guard), a.run_timeout)
         for pert in perts:
             prof = str(out.with_name(f"{out.stem}_profile_{name.replace(':', '_')}_{pert}.txt"))
-            many = _result(_launch(a, m, k, a.gpus, pert, profile=prof, guard=guard), 300)
+            many = _result(_launch(a, m, k, a.gpus, pert, profile=prof, guard=guard), a.run_timeout)
             row = {"run": name, "perturbation": pert, "one": one, "many": many}
             if "images_per_s" in one and "images_per_s" in many:
                 row["efficiency"] = round(

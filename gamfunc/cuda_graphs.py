@@ -15,6 +15,10 @@ batch in and the results out, so the function stays pure: the caller's tensors a
 the tensors it returns are its own. Parameters and state that the caller passes back unchanged (the
 same tensors, not modified in place since: their version counters say so) are not copied in again;
 the graph itself writes its new parameters and state into its inputs.
+
+Under ``torch.distributed`` with NCCL, :func:`release` the step's graphs before
+``destroy_process_group()``: NCCL cannot destroy a communicator that a live graph still holds, and
+that call would hang (pytorch/pytorch#115388).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from torch.utils import _pytree as pytree
 from gamfunc.compile import fresh_copies
 from gamfunc.step import Step, _new_step
 
-__all__ = ["cuda_graph"]
+__all__ = ["cuda_graph", "release"]
 
 
 def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
@@ -41,7 +45,8 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
         warmup: eager calls of each input signature before its capture (at least 1).
 
     Returns:
-        A step of the same configuration; ``init`` is the original's.
+        A step of the same configuration; ``init`` is the original's. Under NCCL, :func:`release`
+        it before ``destroy_process_group()``.
 
     Raises:
         ValueError: ``warmup`` < 1, or ``step`` was made with ``on_nonfinite="raise"`` (which reads
@@ -73,6 +78,23 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
     graphed = _new_step(*args, branches=branches)
     graphed.init = step.init
     return graphed
+
+
+def release(step: Step) -> None:
+    """Drop every graph that :func:`cuda_graph` captured for ``step``, and their memory; the next
+    call warms up and captures again. Call it before ``torch.distributed.destroy_process_group()``
+    (see the module's docstring)."""
+    branches = [getattr(step.impl, name, None) for name in ("full", "plain")]
+    graphed = [b for b in branches if isinstance(b, _Graphed)]
+    if not graphed:
+        raise TypeError("release takes a step made by gamfunc.cuda_graph")
+    if any(c.graph is not None for b in graphed for c in b.captures.values()):
+        torch.cuda.synchronize()
+    for branch in graphed:
+        for capture in branch.captures.values():
+            if capture.graph is not None:
+                capture.graph.reset()
+        branch.captures.clear()
 
 
 def _signature(leaves: list) -> tuple:

@@ -64,6 +64,8 @@ def test_refuses_what_a_graph_cannot_do():
     raising = gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(0.1), loss_fn, on_nonfinite="raise")
     with pytest.raises(ValueError, match="on_nonfinite"):
         gamfunc.cuda_graph(raising)
+    with pytest.raises(TypeError, match="cuda_graph"):
+        gamfunc.cuda_graphs.release(step)
     graphed = gamfunc.cuda_graph(step)
     state = graphed.init(params, buffers)
     before = {k: v.clone() for k, v in params.items()}
@@ -145,3 +147,7 @@ def test_graphed_step_is_pure():
     for _ in range(2):
         assert_same(step(params, ref_state, small)[0], graphed(params, state, small)[0])
     assert len(graphed.impl.full.captures) == 2
+    gamfunc.cuda_graphs.release(graphed)  # every graph dropped; the next calls capture anew
+    assert not graphed.impl.full.captures
+    for _ in range(2):
+        assert_same(step(params, ref_state, small)[0], graphed(params, state, small)[0])
