@@ -8,63 +8,37 @@ summary. Checkpoints hold everything a resumed run needs to continue bit for bit
 state, the epoch's order and position, the epoch's sums and the RNG state. Rank 0 reads a checkpoint
 and hands it to the other ranks, so the nodes of a job need no shared disk.
 
-SIGINT and SIGTERM stop a run in any phase (:class:`StopFlag`): during start-up (data, model, the first
-step and its compilation) at once, nothing being saved yet; in training at the next step boundary (with
-several processes, at the next logging step, where the ranks agree to stop together), after writing a
-checkpoint; in an evaluation at the next batch and in the flatness metrics at the next H·v product,
-probe chunk or loss evaluation. A second signal ends the process at once.
+SIGINT and SIGTERM stop a run in any phase, after it writes what it can keep
+(:mod:`reproduce.run.signals`); :mod:`reproduce.run.loaders` chooses what feeds it its batches.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import json
-import os
-import signal
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc.step import as_dict as plain
 from gamfunc.step import from_dict
-from reproduce.build import CORRECT, SetupError, fd_gam_warning, setup
+from reproduce.build import CORRECT, fd_gam_warning, setup
 from reproduce.config import Config, as_dict, estimators_of, run_name
-from reproduce.data import dali, nvjpeg
 from reproduce.data import sets as data_mod
 from reproduce.models import count_parameters
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import report
 from reproduce.run.evaluation import evaluate, flatness, flatness_plan, inputs, to
-from reproduce.run.launch import Processes, first_on_node, from_main, sum_over_ranks
+from reproduce.run.launch import Processes, from_main, sum_over_ranks
+from reproduce.run.loaders import loaders
+from reproduce.run.signals import Interrupted, StopFlag, until_stopped
 
 __all__ = ["Diverged", "Interrupted", "RunLocked", "StopFlag", "like", "run"]
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived and the run stopped: ``where`` is the phase it stopped in, ``kept``
-    what it left on disk (the loop fills it in).
-
-    A ``BaseException``, as ``KeyboardInterrupt`` is, so that no ``except Exception`` on its way (a
-    compiler's, a data loader's) swallows or wraps it."""
-
-    def __init__(self, signum: int, where: str = ""):
-        name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name}" + (f" during {where}" if where else ""))
-        self.signum, self.where, self.kept = signum, where, ""
-
-    @property
-    def code(self) -> int:
-        """The exit status: 128 + the signal's number (130 for SIGINT, 143 for SIGTERM)."""
-        return 128 + self.signum
 
 
 class Diverged(Exception):
@@ -73,89 +47,6 @@ class Diverged(Exception):
     def __init__(self, message: str, summary: dict | None = None):
         super().__init__(message)
         self.summary = summary
-
-
-class StopFlag:
-    """Records SIGINT/SIGTERM, so that a run stops where what it has done can be kept.
-
-    In a phase entered with :meth:`during` and ``at_once`` (start-up: loading data, building the
-    model, the first step and its compilation, where nothing is saved yet) the signal raises
-    :class:`Interrupted` at once. Elsewhere it is recorded and the loop stops at the next step
-    boundary, evaluation batch or loss evaluation of the metrics (:meth:`check`), after writing
-    what it keeps. A second signal ends the process at once with 128 + its number (checkpoints are
-    written atomically, so the last one written stays whole)."""
-
-    def __init__(self):
-        self.signum: int | None = None  # the signal that stops the run (another rank's, too)
-        self.received = 0  # signals this process received
-        self.phase, self.at_once = "", False
-
-    def __call__(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        self.received += 1
-        if self.received > 1:
-            _say_once(f"{name} again: stopping now; the last checkpoint written stays", sys.stderr)
-            sys.stdout.flush()
-            os._exit(128 + signum)
-        self.signum = self.signum or signum
-        where = f" during {self.phase}" if self.phase else ""
-        _say_once(f"\n{name}{where}: stopping (once more to stop at once)")
-        if self.at_once:
-            self.check()
-
-    def check(self) -> None:
-        """Raise :class:`Interrupted` if a signal arrived."""
-        if self.signum is not None:
-            raise Interrupted(self.signum, self.phase)
-
-    def now(self, phase: str, at_once: bool = False) -> None:
-        """The run is in ``phase`` from here (named when it stops); with ``at_once``, a signal stops
-        it at once, and one that arrived before stops it here."""
-        self.phase, self.at_once = phase, at_once
-        if at_once:
-            self.check()
-
-    @contextlib.contextmanager
-    def during(self, phase: str, at_once: bool = False):
-        """:meth:`now` within the block; the phase before it comes back after it."""
-        before = self.phase, self.at_once
-        try:
-            self.now(phase, at_once)
-            yield self
-        finally:
-            self.phase, self.at_once = before
-
-    def agreed(self, procs: Processes) -> int | None:
-        """The signal that stops the job at this step boundary, the same on every rank: any rank's
-        (a collective: every rank calls it at the same steps)."""
-        if procs.world == 1:
-            return self.signum
-        flag = torch.tensor([self.signum or 0], dtype=torch.int64, device=procs.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        signum = int(flag)
-        if signum and self.signum is None:
-            self.signum = signum
-        return signum or None
-
-    @contextlib.contextmanager
-    def installed(self):
-        signals = (signal.SIGINT, signal.SIGTERM)
-        try:
-            old = {s: signal.signal(s, self) for s in signals}
-        except ValueError:  # not the main thread: leave signals alone
-            yield self
-            return
-        try:
-            yield self
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
-
-
-def _say_once(text: str, file=None) -> None:
-    """Print ``text`` from the first process of each node (:func:`reproduce.run.launch.first_on_node`)."""
-    if first_on_node():
-        print(text, file=file or sys.stdout, flush=True)
 
 
 def like(loaded, template, where: str = "state"):
@@ -304,63 +195,6 @@ def _decide(cfg: Config, name: str, path: Path, procs: Processes) -> tuple[str, 
     return (*from_main(procs, decision), lock)
 
 
-def _loaders(cfg: Config, data: data_mod.Data, procs: Processes):
-    """``(train loader, eval batches of a split, its name)`` for folder data sets.
-
-    ``--loader=dali``: DALI reads, decodes (hardware JPEG decoder and nvJPEG) and augments on the
-    GPU, its crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
-    and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
-    read and draw; ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``:
-    DataLoader workers on the CPU, which ``auto`` takes: in training it is the fastest measured so
-    far (benchmarks/RESULTS.md, "ImageNet input pipelines"). In-memory data needs none."""
-    if data.train.tensors() is not None:
-        return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
-    per_rank = cfg.batch_size // procs.world
-    jpeg = data.name == "imagenet" and cfg.augment == "basic"
-    kind = "folder" if cfg.loader == "auto" else cfg.loader
-    if kind.startswith("dali") and not (jpeg and dali.available()):
-        raise SetupError(
-            f"--loader={kind} needs ImageNet folder data, --augment=basic and NVIDIA DALI "
-            "(pip install '.[imagenet]'); use --loader=folder"
-        )
-    if kind == "gpu" and not (jpeg and nvjpeg.available(procs.device)):
-        raise SetupError(
-            "--loader=gpu needs ImageNet folder data, --augment=basic and a CUDA device whose "
-            "torchvision decodes JPEG (nvJPEG); use --loader=folder"
-        )
-    if kind != "folder":
-        size = data.image_size
-        if kind == "gpu":
-            make = functools.partial(nvjpeg.GpuJpegLoader, size=size)
-            how = "torchvision nvJPEG decoding, augmentation on the GPU"
-        else:
-            crops = "dali" if kind == "dali" else "exact"
-            make = functools.partial(
-                dali.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
-            )
-            decoder = "GPU" if procs.device.type == "cuda" else "CPU"
-            how = f"DALI, decoding and augmentation on the {decoder}, " + (
-                "crops computed in DALI" if crops == "dali" else "torchvision's crops"
-            )
-
-        def gpu_eval(ds):
-            return make(ds, cfg.eval_batch_size, procs.device, train=False).eval_batches()
-
-        train = make(data.train, per_rank, procs.device)
-        return train, gpu_eval, f"{train.name} ({how})"
-    pin = procs.device.type == "cuda"
-    train = data_mod.FolderLoader(data.train, per_rank, cfg.workers, pin)
-
-    def folder_eval(ds):
-        return data_mod.eval_batches(ds, cfg.eval_batch_size, cfg.workers, pin)
-
-    return (
-        train,
-        folder_eval,
-        f"folder (DataLoader, {cfg.workers} persistent workers, CPU decoding)",
-    )
-
-
 def _zero_accum(device) -> dict[str, Tensor]:
     z = lambda dt: torch.zeros((), dtype=dt, device=device)  # noqa: E731
     return {
@@ -389,22 +223,6 @@ def _global(accum: dict[str, Tensor], procs: Processes) -> dict[str, Tensor]:
     """The epoch's sums over all ranks (a collective)."""
     keys = list(accum)
     return dict(zip(keys, sum_over_ranks(procs, [accum[k] for k in keys]), strict=True))
-
-
-def _until_stopped(batches: Iterable, stop: StopFlag):
-    """``batches``, ending early without an error if loading fails after a signal arrived (the same
-    SIGINT/SIGTERM may have stopped the DataLoader's worker processes)."""
-    it = iter(batches)
-    while True:
-        try:
-            item = next(it)
-        except StopIteration:
-            return
-        except Exception:
-            if stop.signum is None:
-                raise
-            return
-        yield item
 
 
 class _Run:
@@ -481,7 +299,7 @@ def _train(r: _Run, data, saved) -> dict:
     t = setup(cfg, name, data, procs)
     model, loss_fn, step, params, state = t.model, t.loss_fn, t.step, t.params, t.state
     steps_per_epoch, world, rank = t.steps_per_epoch, procs.world, procs.rank
-    train_loader, eval_batches, loader_name = _loaders(cfg, data, procs)
+    train_loader, eval_batches, loader_name = loaders(cfg, data, procs)
     r.say(f"[{name}] data: {loader_name}; {world} process(es), global batch {cfg.batch_size}")
     for note in t.notes:
         r.say(f"[{name}] {note}")
@@ -636,7 +454,7 @@ def _train(r: _Run, data, saved) -> dict:
             )
             clock = time.perf_counter()
             meter.mark()
-            for x, y in _until_stopped(batches, stop):
+            for x, y in until_stopped(batches, stop):
                 x, y = inputs(x, device, cfg.channels_last), y.to(device, non_blocking=True)
                 if first_step and cfg.compile:
                     r.say(f"[{name}] compiling the step (first call)...")
