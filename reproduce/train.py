@@ -37,8 +37,9 @@ exactly where its checkpoint left it (bit-exact on CPU).
 Under ``torchrun`` every process trains on its GPU (``LOCAL_RANK``) through ``gamfunc.distributed``;
 ``--batch_size`` is the global batch and rank 0 alone writes the output (docs/guides/imagenet.md: "ImageNet on many GPUs
 and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step); ``run/``: ``loop``
-(epochs, checkpoints, signals), ``checkpoint``, ``evaluation``, ``launch`` (processes), ``report`` (logs
-and tables); ``data/`` (input pipelines).
+(start-up, epochs, end) over ``epoch``, ``records``, ``summary``, ``resume``, ``signals``, ``loaders``;
+``checkpoint``, ``evaluation``, ``launch`` (processes), ``report`` (logs and tables); ``data/`` (input
+pipelines).
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
 a locked run folder or a disk that cannot be written (one line on stderr, no traceback), 3 when

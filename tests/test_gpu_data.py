@@ -113,7 +113,7 @@ def test_loader_choice_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
 
     from reproduce.build import SetupError
     from reproduce.data import dali
-    from reproduce.run.loop import _loaders
+    from reproduce.run.loaders import loaders
 
     root = jpeg_folder(tmp_path, per_class=2)
     cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
@@ -121,7 +121,7 @@ def test_loader_choice_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
     for loader in ("dali", "dali_exact", "gpu"):
         cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", f"--loader={loader}"])
         with pytest.raises(SetupError, match=f"--loader={loader} needs .*use --loader=folder"):
-            _loaders(cfg, D.load(cfg), cpu)
+            loaders(cfg, D.load(cfg), cpu)
     cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", "--workers=0"])
-    train, _, name = _loaders(cfg, D.load(cfg), cpu)
+    train, _, name = loaders(cfg, D.load(cfg), cpu)
     assert isinstance(train, D.FolderLoader) and name.startswith("folder")

@@ -163,6 +163,37 @@ def test_no_import_cycle(package):
     assert cycles(import_graph(package)) == []
 
 
+# The modules of reproduce/run/, lowest first (docs/ARCHITECTURE.md): each imports only from those
+# before it, the training loop's parts included.
+RUN_ORDER = [
+    "checkpoint",
+    "launch",
+    "report",
+    "evaluation",
+    "loaders",
+    "signals",
+    "context",
+    "resume",
+    "records",
+    "summary",
+    "epoch",
+    "loop",
+]
+
+
+def test_the_training_run_imports_one_way():
+    graph = import_graph("reproduce")
+    order = [f"reproduce.run.{m}" for m in RUN_ORDER]
+    assert sorted(m for m in graph if m.startswith("reproduce.run.")) == sorted(order)
+    upward = [
+        f"{m} imports {target}"
+        for i, m in enumerate(order)
+        for target in sorted(graph[m])
+        if target in order[i:]
+    ]
+    assert upward == []
+
+
 def test_cycles_are_found():
     assert cycles({"a": {"b"}, "b": {"a"}}) == ["a -> b -> a", "b -> a -> b"]
     assert cycles({"a": {"b"}, "b": set()}) == []

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce import train
 from reproduce.run import checkpoint as ckpt
-from reproduce.run import loop, report
+from reproduce.run import loop, report, resume
 
 QUIET = ["--progress=false", "--landscape=false"]
 NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
@@ -99,7 +99,7 @@ def test_rerunning_a_finished_run_is_refused_and_overwrite_starts_clean(tmp_path
 
 def test_a_second_process_cannot_train_into_a_locked_run_folder(tmp_path, capsys):
     run = out_dir(tmp_path)
-    held = loop._lock(run)
+    held = resume.lock(run)
     try:
         assert main(tmp_path, *DIGITS, "--epochs=1") == 2
         err = one_line_error(capsys)

@@ -69,7 +69,7 @@ from reproduce.config import Config, as_dict, differences, estimators_of, resolv
 from reproduce.data import sets as data_mod
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import launch, report
-from reproduce.run.loop import StopFlag
+from reproduce.run.signals import StopFlag
 from reproduce.sweeps import vmapped
 from reproduce.sweeps.plan import SweepError, other_settings, plan
 from reproduce.sweeps.table import outcome, write_tables

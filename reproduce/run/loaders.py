@@ -1,0 +1,70 @@
+"""Which loader feeds a run its batches: in memory, DataLoader workers, torchvision's nvJPEG or DALI."""
+
+from __future__ import annotations
+
+import functools
+
+from reproduce.build import SetupError
+from reproduce.config import Config
+from reproduce.data import dali, nvjpeg
+from reproduce.data import sets as data_mod
+from reproduce.run.launch import Processes
+
+__all__ = ["loaders"]
+
+
+def loaders(cfg: Config, data: data_mod.Data, procs: Processes):
+    """``(train loader, eval batches of a split, its name)`` for folder data sets.
+
+    ``--loader=dali``: DALI reads, decodes (hardware JPEG decoder and nvJPEG) and augments on the
+    GPU, its crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
+    and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
+    read and draw; ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``:
+    DataLoader workers on the CPU, which ``auto`` takes: in training it is the fastest measured so
+    far (benchmarks/RESULTS.md, "ImageNet input pipelines"). In-memory data needs none."""
+    if data.train.tensors() is not None:
+        return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
+    per_rank = cfg.batch_size // procs.world
+    jpeg = data.name == "imagenet" and cfg.augment == "basic"
+    kind = "folder" if cfg.loader == "auto" else cfg.loader
+    if kind.startswith("dali") and not (jpeg and dali.available()):
+        raise SetupError(
+            f"--loader={kind} needs ImageNet folder data, --augment=basic and NVIDIA DALI "
+            "(pip install '.[imagenet]'); use --loader=folder"
+        )
+    if kind == "gpu" and not (jpeg and nvjpeg.available(procs.device)):
+        raise SetupError(
+            "--loader=gpu needs ImageNet folder data, --augment=basic and a CUDA device whose "
+            "torchvision decodes JPEG (nvJPEG); use --loader=folder"
+        )
+    if kind != "folder":
+        size = data.image_size
+        if kind == "gpu":
+            make = functools.partial(nvjpeg.GpuJpegLoader, size=size)
+            how = "torchvision nvJPEG decoding, augmentation on the GPU"
+        else:
+            crops = "dali" if kind == "dali" else "exact"
+            make = functools.partial(
+                dali.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
+            )
+            decoder = "GPU" if procs.device.type == "cuda" else "CPU"
+            how = f"DALI, decoding and augmentation on the {decoder}, " + (
+                "crops computed in DALI" if crops == "dali" else "torchvision's crops"
+            )
+
+        def gpu_eval(ds):
+            return make(ds, cfg.eval_batch_size, procs.device, train=False).eval_batches()
+
+        train = make(data.train, per_rank, procs.device)
+        return train, gpu_eval, f"{train.name} ({how})"
+    pin = procs.device.type == "cuda"
+    train = data_mod.FolderLoader(data.train, per_rank, cfg.workers, pin)
+
+    def folder_eval(ds):
+        return data_mod.eval_batches(ds, cfg.eval_batch_size, cfg.workers, pin)
+
+    return (
+        train,
+        folder_eval,
+        f"folder (DataLoader, {cfg.workers} persistent workers, CPU decoding)",
+    )

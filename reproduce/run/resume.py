@@ -1,0 +1,215 @@
+"""A run's checkpoint: what it holds, how a run starts from it, and writing it.
+
+At start-up rank 0 decides (:func:`decide`) whether the run resumes its checkpoint, starts afresh or
+is already finished, and hands its decision, with the checkpoint, to the other ranks, so that the
+nodes of a job need no shared disk; :func:`resume` turns that into the run's :class:`Progress`.
+:func:`write_checkpoint` writes the progress (atomically): parameters, step state, the epoch's order and
+position, the epoch's sums and the RNG state, all a resumed run needs to continue bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils import _pytree as pytree
+
+from gamfunc.step import as_dict as plain
+from gamfunc.step import from_dict
+from reproduce.config import Config, as_dict
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import report
+from reproduce.run.context import Progress, Run, global_sums, zero_accum
+from reproduce.run.evaluation import to
+from reproduce.run.launch import from_main
+
+__all__ = ["CHECKPOINT_FIELDS", "RunLocked", "decide", "like", "lock", "resume", "write_checkpoint"]
+
+# What a checkpoint of this loop holds (the body `write_checkpoint` writes); one without them is refused.
+CHECKPOINT_FIELDS = frozenset(
+    {"config", "params", "state", "accum", "position", "data_order", "history", "best", "rng"}
+)
+CHECKPOINT_FIELDS |= {"finished", "status"}
+
+
+class RunLocked(ckpt.CheckpointError):
+    """Another process is training into the same run folder."""
+
+
+def like(loaded, template, where: str = "state"):
+    """``loaded`` (plain dicts, as a checkpoint holds them: :func:`gamfunc.step.as_dict`) with the
+    structure of ``template`` (a dict of tensors, or a fresh :class:`gamfunc.StepState`) and each
+    tensor on the device and in the memory layout (strides) of its counterpart there: a checkpoint
+    resumes in the layout of the resuming run, whether or not the run that wrote it used
+    ``channels_last``. The values are copied bit for bit.
+
+    Raises:
+        CheckpointError: names or shapes differ (the message names the entry).
+    """
+    try:
+        loaded = from_dict(loaded, template, where)
+    except ValueError as e:
+        raise ckpt.CheckpointError(f"checkpoint does not match the model: {e}") from None
+    return pytree.tree_map(_placed, loaded, template)
+
+
+def _placed(loaded, template):
+    if not isinstance(template, Tensor):
+        return loaded
+    t = loaded.to(template.device)
+    if t.stride() != template.stride():
+        t = torch.empty_like(template, dtype=t.dtype).copy_(t)
+    return t
+
+
+def write_checkpoint(r: Run, p: Progress, finished: bool = False, status: str = "running") -> None:
+    """Write ``p`` to ``r.path`` (a collective: every rank calls it; rank 0 writes, atomically, and
+    records the step it saved in ``r.saved_step``)."""
+    sums = global_sums(p.accum, r.procs)
+    if not r.procs.main:
+        return
+    ckpt.save(
+        r.path,
+        {
+            "config": as_dict(r.cfg),
+            "params": to(p.params, "cpu"),
+            "state": plain(to(p.state, "cpu")),
+            "accum": to(sums, "cpu"),
+            "position": dict(p.pos),
+            "data_order": p.order,
+            "history": p.history,
+            "best": p.best,
+            "rng": ckpt.rng_state(),
+            "finished": finished,
+            "status": status,
+        },
+    )
+    r.saved_step = p.pos["global_step"]
+
+
+def resume(r: Run, saved: dict | None, params, state) -> Progress:
+    """The progress the run starts from: ``saved`` (the checkpoint body of :func:`decide`) in the
+    structure and layout of the fresh ``params`` and ``state``, with its RNG state; or, with
+    ``saved`` None, the start of the first epoch, the seed set and ``config.json`` written."""
+    cfg, procs = r.cfg, r.procs
+    pos = {"epoch": 0, "batch": 0, "global_step": 0, "train_seconds": 0.0, "world": procs.world}
+    pos |= {"timed_images": 0, "timed_seconds": 0.0}
+    p = Progress(params, state, zero_accum(procs.device), pos, [], None, None)
+    if saved is None:
+        torch.manual_seed(cfg.seed)
+        if procs.main:
+            report.write_json(r.run_dir / "config.json", as_dict(cfg))
+        return p
+    p.params = like(saved["params"], params, "params")
+    p.state = like(saved["state"], state, "state")
+    if procs.main:  # the saved sums are over all ranks: one rank carries them on
+        p.accum = to(saved["accum"], procs.device)
+    p.pos, p.history, p.best = {**pos, **saved["position"]}, saved["history"], saved["best"]
+    r.saved_step = p.pos["global_step"]
+    p.order = saved["data_order"]
+    ckpt.set_rng_state(saved["rng"])
+    r.say(
+        f"[{r.name}] resumed from {r.path} at epoch {p.pos['epoch']}, batch {p.pos['batch']} "
+        f"(step {p.pos['global_step']})"
+    )
+    return p
+
+
+def decide(r: Run) -> tuple[str, Any, Any]:
+    """Rank 0's decision, on every rank: ("resume", body), ("fresh", None), ("finished", summary)
+    or ("error" | "locked", message); and rank 0's lock on the run folder (None elsewhere)."""
+    decision: tuple[str, Any] = ("fresh", None)
+    held = None
+    if r.procs.main:
+        try:
+            held = lock(r.run_dir)
+            saved = _prepare(r.cfg, r.name, r.path, r.procs.world)
+            summary = r.summary_path
+            done = None
+            if saved is not None and saved["finished"] and summary.exists():
+                try:
+                    done = json.loads(summary.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise ckpt.CheckpointError(
+                        f"{str(summary)!r} of this finished run is not readable JSON ({e}); "
+                        "train it again with --overwrite"
+                    ) from None
+            # a summary of another status: the end-of-run metrics were stopped; take them again
+            if isinstance(done, dict) and done.get("status") == "finished":
+                decision = ("finished", done)
+            elif saved is not None:
+                decision = ("resume", saved)
+        except RunLocked as e:
+            decision = ("locked", str(e))
+        except ckpt.CheckpointError as e:
+            decision = ("error", str(e))
+    return (*from_main(r.procs, decision), held)
+
+
+def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
+    """The checkpoint body to resume from, or None to start afresh; refuses to clobber an unfinished
+    run, and to resume with another number of processes."""
+    if path.exists() and cfg.resume:
+        saved = ckpt.load(path)
+        missing = sorted(
+            CHECKPOINT_FIELDS - set(saved) if isinstance(saved, dict) else CHECKPOINT_FIELDS
+        )
+        if missing or not isinstance(saved.get("position"), dict):
+            raise ckpt.CheckpointError(
+                f"{str(path)!r} is not a checkpoint of reproduce/train.py (it lacks "
+                f"{', '.join(missing) or 'a position'}); start afresh with --overwrite"
+            )
+        ckpt.check_config(saved["config"], cfg, path)
+        was = saved["position"].get("world", 1)
+        if was != world:
+            raise ckpt.CheckpointError(
+                f"{str(path)!r} was written by {was} process(es); resume it with {was} "
+                f"(torchrun --nproc_per_node and --nnodes giving WORLD_SIZE={was}), not {world}"
+            )
+        return saved
+    if cfg.resume:
+        print(f"[{name}] --resume: no checkpoint at {path} yet, starting afresh", flush=True)
+    elif cfg.overwrite:
+        _clear(path.parent)
+    elif path.exists():
+        try:
+            finished = ckpt.load(path).get("finished", False)
+        except ckpt.CheckpointError:
+            finished = False
+        what = (
+            "a finished run: pass --resume to reuse its summary"
+            if finished
+            else ("an unfinished run: pass --resume to continue it")
+        )
+        raise ckpt.CheckpointError(f"{str(path)!r} holds {what} or --overwrite to start over")
+    return None
+
+
+def _clear(run_dir: Path) -> None:
+    """Remove a run's outputs before ``--overwrite`` trains it again: TensorBoard events, summary and
+    pictures. Checkpoints stay until the new run replaces them (atomically), so a new run killed
+    early leaves the old one's last state."""
+    for pattern in ("events.out.tfevents.*", "summary.json", "*.png"):
+        for f in run_dir.glob(pattern):
+            f.unlink(missing_ok=True)
+
+
+def lock(run_dir: Path):
+    """An exclusive lock on ``run_dir`` (a ``.lock`` file, released when the process ends), or
+    :class:`RunLocked`."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held for the whole run
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise RunLocked(
+            f"another process is training into {str(run_dir)!r}; wait for it to end, or choose "
+            "another --logdir or --name"
+        ) from None
+    return f
