@@ -27,6 +27,11 @@ How the loss reaches the pure step:
 * ``step(closure, batch=batch)``: what trainers such as Lightning pass (their closure runs hooks). The
   closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is ignored,
   and the step is computed from ``batch``.
+
+The module is kept whole, although long: its two shells, :class:`FlatnessOptimizer` (a gamfunc base
+optimiser) and :class:`TorchBase` (a ``torch.optim`` one), share how ``step`` reads its arguments,
+the loss over the module and the argument checks, and :class:`GAM` and :class:`SAM` build either
+one; most of its length is their documentation.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_main_job_table_is_the_committed_run():
 
 
 def test_seed_accuracies_are_the_minima_runs():
-    """The seed 0-2 test accuracies in docs/guides/reproduce.md are those of evidence.py minima, whose seed-0 runs
+    """The seed 0-2 test accuracies in docs/guides/reproduce.md are those of reproduce.evidence minima, whose seed-0 runs
     are the main job's."""
     runs = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
     main = json.loads((EVIDENCE / "main_job.json").read_text())

@@ -1,4 +1,4 @@
-"""reproduce/evidence.py: every subcommand's --quick mode writes its table, JSON and figures, all finite."""
+"""reproduce.evidence: every subcommand's --quick mode writes its table, JSON and figures, all finite."""
 
 from __future__ import annotations
 
@@ -6,6 +6,9 @@ import argparse
 import json
 import math
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,6 +70,7 @@ def test_quick_writes_finite_table_json_and_figures(command, tmp_path):
     assert values, "the JSON holds no numbers"
     assert all(math.isfinite(v) for v in values)
     assert record["seconds"] > 0 and record["settings"]["quick"] is True
+    assert record["command"].startswith(f"python -m reproduce.evidence {command} --quick")
 
     cells = table_cells(md)
     assert cells, "the markdown holds no table"
@@ -105,6 +109,21 @@ def test_help_prints_percent_signs(capsys):
         with pytest.raises(SystemExit):
             evidence.main([command, "--help"])
         assert "option_strings" not in capsys.readouterr().out
+
+
+def test_runs_as_a_module():
+    """``python -m reproduce.evidence`` is the command line (the package's ``__main__``)."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "reproduce.evidence", "--help"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: python -m reproduce.evidence")
+    assert all(command in out.stdout for command in evidence.SUBCOMMANDS)
 
 
 def test_sam_gam_takes_its_own_rho_and_alpha():

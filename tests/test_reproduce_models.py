@@ -1,4 +1,4 @@
-"""reproduce/models.py: every network builds, has the published size, and runs under torch.func."""
+"""reproduce/models/: every network builds, has the published size, and runs under torch.func."""
 
 import sys
 from pathlib import Path

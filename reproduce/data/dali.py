@@ -1,7 +1,7 @@
 """ImageNet JPEG folders decoded and augmented by NVIDIA DALI (the ``[imagenet]`` extra).
 
 :class:`DaliJpegLoader` serves the batches of an epoch's (example, augmentation seed) keys, this
-rank's part of the global order as :class:`reproduce.data.sets.FolderLoader` serves them, through a DALI
+rank's part of the global order as :class:`reproduce.data.batches.FolderLoader` serves them, through a DALI
 pipeline. DALI's ``mixed`` decoder decodes on the GPU: its hardware JPEG engines take a share of
 each batch (``hw_decoder_load``; A100, H100 and H200 have them) and nvJPEG's CUDA decoder the rest.
 The augmentation (RandomResizedCrop 224 with scale (0.08, 1) and ratio (3/4, 4/3), a horizontal
@@ -60,7 +60,7 @@ def jpeg_size(data: bytes) -> tuple[int, int]:
 
 
 class DaliJpegLoader:
-    """Batches ``(images, labels)`` of an ImageFolder-based :class:`reproduce.data.sets.Examples`, decoded
+    """Batches ``(images, labels)`` of an ImageFolder-based :class:`reproduce.data.examples.Examples`, decoded
     and augmented by DALI.
 
     Args:
@@ -237,7 +237,7 @@ class DaliJpegLoader:
     def _exact(self, keys, n: int):
         """The exact pipeline, fed by a DataLoader whose workers read the files and draw the crops
         (:class:`Encoded`) ``read_ahead`` batches ahead, each batch's files in one shared tensor."""
-        from reproduce.data.sets import FolderLoader
+        from reproduce.data.batches import FolderLoader
 
         if self._reader is None:
             encoded = Encoded(self.ds, self.train, self.size)

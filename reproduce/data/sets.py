@@ -1,4 +1,4 @@
-"""Data sets, augmentations and a resumable batch order for ``reproduce/train.py``.
+"""The data sets and augmentations of ``reproduce/train.py``, label noise and the validation split.
 
 ``load(cfg) -> Data`` gives the training, validation (held out from the training set when
 ``val_fraction > 0``), test and probe (training examples with the evaluation transform, for the
@@ -26,21 +26,36 @@ CIFAR-10 or ImageNet policy) are torchvision's, added to ``basic``.
 Determinism: the order of epoch e is ``randperm`` under a generator seeded by (seed, e), and example k
 of that epoch is augmented under its own seed (seed, e, k), whatever the worker that loads it. A run
 resumed at any batch therefore sees exactly the batches an uninterrupted run sees.
+
+The containers (``TensorData``, ``Examples``, ``Data``, the errors) are in
+:mod:`reproduce.data.examples`, the batch order and the loaders in :mod:`reproduce.data.batches`;
+this module re-exports their names, so ``from reproduce.data import sets`` reaches all of them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
+
+from reproduce.data.batches import (
+    FolderLoader,
+    epoch_keys,
+    epoch_order,
+    eval_batches,
+    generator,
+    sample_seed,
+    shard,
+    shard_positions,
+    stack,
+    train_batches,
+)
+from reproduce.data.examples import Data, DataError, DataNotFound, Examples, TensorData, to_device
 
 __all__ = [
     "Cutout",
@@ -85,79 +100,6 @@ NATIVE = {  # (input side or length, classes) of each data set
 }
 
 
-class DataError(ValueError):
-    """The data cannot be used as configured; the message says why."""
-
-
-class DataNotFound(DataError, FileNotFoundError):
-    """The data set is not where ``--data`` points; the message names the path and the expected layout."""
-
-
-class TensorData(Dataset):
-    """An in-memory data set of inputs ``x`` and integer labels ``y``."""
-
-    def __init__(self, x: Tensor, y: Tensor):
-        if len(x) != len(y):
-            raise ValueError(f"x and y must have the same length; got {len(x)} and {len(y)}")
-        self.x, self.y = x, y
-        self.targets = y.tolist()
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    def __getitem__(self, i: int):
-        return self.x[i], self.y[i]
-
-
-class Examples(Dataset):
-    """``base[indices[j]]`` with label ``labels[j]``, passed through ``transform``.
-
-    An index may be ``(j, seed)``: the transform then draws its randomness from ``torch.manual_seed(seed)``
-    inside a forked RNG, so the augmentation of an example depends only on that seed.
-    """
-
-    def __init__(self, base: Dataset, indices: Tensor, labels: Tensor, transform=None):
-        self.base, self.indices, self.labels, self.transform = base, indices, labels, transform
-        # all of the base in order: tensors() can hand out the base's own tensors, no copy
-        self._whole = len(indices) == len(base) and bool(
-            torch.equal(indices.cpu(), torch.arange(len(base)))
-        )
-
-    def __len__(self) -> int:
-        return len(self.indices)
-
-    def __getitem__(self, key):
-        j, seed = key if isinstance(key, tuple) else (key, None)
-        x, _ = self.base[int(self.indices[j])]
-        if self.transform is not None:
-            if seed is None:
-                x = self.transform(x)
-            else:
-                with torch.random.fork_rng(devices=[]):
-                    torch.manual_seed(seed)
-                    x = self.transform(x)
-        return x, self.labels[j]
-
-    def tensors(self) -> tuple[Tensor, Tensor] | None:
-        """``(inputs, labels)`` as two tensors when the base is in memory and nothing is transformed."""
-        if isinstance(self.base, TensorData) and self.transform is None:
-            return (self.base.x if self._whole else self.base.x[self.indices]), self.labels
-        return None
-
-
-@dataclass(frozen=True)
-class Data:
-    """What a run trains and evaluates on."""
-
-    name: str  # data set name
-    train: Examples  # training examples (noisy labels if label_noise > 0), augmented
-    val: Examples | None  # held-out part of the training set, evaluation transform
-    test: Examples  # the test set, evaluation transform
-    probe: Examples  # the training examples with the evaluation transform
-    num_classes: int
-    image_size: int
-
-
 class Cutout:
     """Zero a ``size``×``size`` square at a uniformly random centre (clipped at the border) of a CHW tensor.
 
@@ -182,58 +124,6 @@ class Cutout:
         return f"Cutout(size={self.size})"
 
 
-def to_device(data: Data, device: torch.device | str) -> Data:
-    """``data`` with its in-memory parts (MNIST-1D, digits, synthetic) moved to ``device`` once, so
-    that batches are gathered there; folder data sets are left to the DataLoader."""
-    if torch.device(device).type == "cpu":
-        return data
-
-    moved: dict[int, TensorData] = {}  # one copy of a base shared by train, val and probe
-
-    def move(ds: Examples | None) -> Examples | None:
-        if ds is None or ds.tensors() is None:
-            return ds
-        if id(ds.base) not in moved:
-            moved[id(ds.base)] = TensorData(ds.base.x.to(device), ds.base.y.to(device))
-        return Examples(moved[id(ds.base)], ds.indices.to(device), ds.labels.to(device))
-
-    return dataclasses.replace(
-        data,
-        train=move(data.train),
-        val=move(data.val),
-        test=move(data.test),
-        probe=move(data.probe),
-    )
-
-
-# ---------------------------------------------------------------- pure helpers
-
-
-def _mix(*parts: int) -> int:
-    """A 63-bit seed from several integers (splitmix-style), so nearby inputs give unrelated seeds."""
-    h = 0x9E3779B97F4A7C15
-    for p in parts:
-        h = (h ^ (int(p) + 0x9E3779B97F4A7C15 + (h << 6) + (h >> 2))) & 0xFFFFFFFFFFFFFFFF
-        h = (h * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-        h ^= h >> 31
-    return h & 0x7FFFFFFFFFFFFFFF
-
-
-def generator(*parts: int) -> torch.Generator:
-    """A CPU generator seeded by the given integers."""
-    return torch.Generator().manual_seed(_mix(*parts))
-
-
-def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
-    """The order of the n training examples in ``epoch``: a permutation that depends on (seed, epoch) only."""
-    return torch.randperm(n, generator=generator(seed, epoch, 1))
-
-
-def sample_seed(seed: int, epoch: int, position: int) -> int:
-    """The augmentation seed of the example at ``position`` of ``epoch``."""
-    return _mix(seed, epoch, position, 2)
-
-
 def flip_labels(labels: Tensor, fraction: float, num_classes: int, gen: torch.Generator) -> Tensor:
     """Symmetric label noise: round(fraction·n) labels, chosen at random, each replaced by a uniformly
     drawn *other* class (Appendix C.2; Jiang et al. 2020). Returns a new tensor."""
@@ -251,146 +141,6 @@ def split_indices(n: int, fraction: float, gen: torch.Generator) -> tuple[Tensor
     perm = torch.randperm(n, generator=gen)
     k = round(fraction * n)
     return perm[k:].sort().values, perm[:k].sort().values
-
-
-def stack(ds: Examples, indices: Tensor) -> tuple[Tensor, Tensor]:
-    """The examples ``ds[j]``, j in ``indices``, as one batch ``(inputs, labels)``."""
-    fast = ds.tensors()
-    if fast is not None:
-        return fast[0][indices], fast[1][indices]
-    xs, ys = zip(*(ds[int(j)] for j in indices), strict=True)
-    return torch.stack(xs), torch.as_tensor(ys)
-
-
-def shard_positions(batch: int, batch_size: int, rank: int = 0, world: int = 1) -> Tensor:
-    """The positions in the epoch's order of this rank's part of global batch ``batch``.
-
-    Global batch b is positions b·B .. (b+1)·B − 1 of the epoch's order (B = ``batch_size``); rank r of
-    W takes the r-th of its W equal consecutive parts. The ranks' parts, concatenated in rank order,
-    are the batch one process would take."""
-    per = batch_size // world
-    return torch.arange(per) + batch * batch_size + rank * per
-
-
-def shard(ds: Examples, rank: int, world: int) -> Examples:
-    """Rank ``rank``'s share of ``ds`` for evaluation: every ``world``-th example from ``rank`` on
-    (the shares of all ranks cover ``ds`` once)."""
-    if world == 1:
-        return ds
-    return Examples(ds.base, ds.indices[rank::world], ds.labels[rank::world], ds.transform)
-
-
-class _Keys(torch.utils.data.Sampler):
-    """The (index, augmentation seed) keys of one epoch's part, replaced before each epoch, so that one
-    DataLoader (and its persistent workers) serves every epoch."""
-
-    def __init__(self):
-        self.keys: list[tuple[int, int]] = []
-
-    def __iter__(self):
-        return iter(self.keys)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-
-class FolderLoader:
-    """Batches of a folder data set (decoded and augmented on the CPU) through one DataLoader whose
-    worker processes persist from epoch to epoch and prefetch ``prefetch`` batches each. ``ds`` may be
-    any data set indexed by (index, seed) keys, batched by ``collate_fn``."""
-
-    name = "folder"
-
-    def __init__(
-        self,
-        ds: Dataset,
-        batch_size: int,
-        workers: int = 0,
-        pin_memory=False,
-        prefetch=4,
-        *,
-        collate_fn=None,
-        drop_last: bool = True,
-    ):
-        self.ds, self.batch_size, self.sampler = ds, batch_size, _Keys()
-        extra = dict(persistent_workers=True, prefetch_factor=prefetch) if workers else {}
-        self.loader = DataLoader(
-            ds,
-            batch_size=batch_size,
-            sampler=self.sampler,
-            num_workers=workers,
-            pin_memory=pin_memory,
-            drop_last=drop_last,
-            collate_fn=collate_fn,
-            generator=torch.Generator().manual_seed(
-                0
-            ),  # worker seeds; the global RNG stays untouched
-            **extra,
-        )
-
-    def batches(self, keys: list[tuple[int, int]]) -> Iterator[tuple[Tensor, Tensor]]:
-        self.sampler.keys = keys
-        yield from self.loader
-
-
-def epoch_keys(
-    order: Tensor, start: int, batch_size: int, *, seed: int, epoch: int, rank=0, world=1
-) -> list[tuple[int, int]]:
-    """This rank's (example index, augmentation seed) keys for batches ``start, start+1, ...`` of an
-    epoch visiting the examples in ``order`` (the last partial global batch is dropped)."""
-    steps = len(order) // batch_size
-    keys = []
-    for b in range(start, steps):
-        for k in shard_positions(b, batch_size, rank, world).tolist():
-            keys.append((int(order[k]), sample_seed(seed, epoch, k)))
-    return keys
-
-
-def train_batches(
-    ds: Examples,
-    order: Tensor,
-    start: int,
-    batch_size: int,
-    *,
-    seed: int,
-    epoch: int,
-    workers: int = 0,
-    pin_memory: bool = False,
-    rank: int = 0,
-    world: int = 1,
-    loader=None,
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """This rank's batches ``start, start+1, ...`` of an epoch visiting ``ds`` in ``order`` (the last
-    partial global batch is dropped): ``batch_size // world`` examples each, the rank's part of the
-    global batch (:func:`shard_positions`), each example augmented under the seed of its position.
-
-    ``loader`` (a :class:`FolderLoader` or a GPU loader of ``ds``) serves folder data sets; without
-    one a fresh DataLoader is made."""
-    steps = len(order) // batch_size
-    fast = ds.tensors()
-    if fast is not None:
-        x, y = fast
-        for b in range(start, steps):
-            idx = order[shard_positions(b, batch_size, rank, world).to(order.device)]
-            yield x[idx], y[idx]
-        return
-    keys = epoch_keys(order, start, batch_size, seed=seed, epoch=epoch, rank=rank, world=world)
-    if loader is None:
-        loader = FolderLoader(ds, batch_size // world, workers, pin_memory)
-    yield from loader.batches(keys)
-
-
-def eval_batches(
-    ds: Examples, batch_size: int, workers: int = 0, pin_memory: bool = False
-) -> Iterator[tuple[Tensor, Tensor]]:
-    """All of ``ds`` in order, in batches of ``batch_size``."""
-    fast = ds.tensors()
-    if fast is not None:
-        x, y = fast
-        for i in range(0, len(y), batch_size):
-            yield x[i : i + batch_size], y[i : i + batch_size]
-        return
-    yield from DataLoader(ds, batch_size=batch_size, num_workers=workers, pin_memory=pin_memory)
 
 
 # ---------------------------------------------------------------- data sets

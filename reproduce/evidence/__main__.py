@@ -1,0 +1,8 @@
+"""``python -m reproduce.evidence <subcommand> ...``: run one claim (see :mod:`reproduce.evidence`)."""
+
+import sys
+
+from reproduce.evidence.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The command line of :mod:`reproduce.evidence`: one subcommand per claim module, the options they
+share with their full and ``--quick`` values, and :func:`main`."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from reproduce.evidence.ablation import ablation_table, cmd_ablation
+from reproduce.evidence.accuracy import cmd_accuracy
+from reproduce.evidence.common import METHODS
+from reproduce.evidence.fd import cmd_fd
+from reproduce.evidence.landscape import cmd_landscape, landscape_table
+from reproduce.evidence.minima import cmd_minima, minima_table
+from reproduce.evidence.noise import cmd_noise
+from reproduce.evidence.spectra import cmd_spectra
+from reproduce.evidence.variants import cmd_variants, variants_table
+
+PROG = "python -m reproduce.evidence"
+DESCRIPTION = (
+    "The paper's claims measured in miniature on MNIST-1D: one subcommand per table or figure."
+)
+
+SUBCOMMANDS = {
+    "spectra": cmd_spectra,
+    "accuracy": cmd_accuracy,
+    "noise": cmd_noise,
+    "minima": cmd_minima,
+    "landscape": cmd_landscape,
+    "ablation": cmd_ablation,
+    "variants": cmd_variants,
+    "fd": cmd_fd,
+}
+
+# subcommand -> its markdown table from its JSON record (tests/test_docs.py recomputes the tables
+# of reproduce/RESULTS.md from the JSON committed under docs/evidence/ with these)
+TABLES = {
+    "minima": minima_table,
+    "landscape": landscape_table,
+    "ablation": ablation_table,
+    "variants": variants_table,
+}
+
+REUSE = "runs/evidence/spectra/spectra.json"
+# the subcommands whose runs --vmap can train together (the others measure each run on its own)
+VMAP = ("ablation", "accuracy", "noise")
+
+# (full, --quick) values of the shared options.
+DEFAULTS = dict(
+    model=("mlp", "mlp"),
+    epochs=(100, 2),
+    seeds=(5, 1),
+    k=(50, 5),
+    iters=(150, 20),
+    trace_samples=(100, 5),
+    probe=(1000, 200),
+    directions=(100, 10),
+    points=(21, 5),
+    rhos=("0,0.1,0.5,1", "0,0.5"),
+    alphas=("0.3,1,3", "1"),
+    levels=("0.2,0.4,0.6,0.8", "0.4"),
+    radii=("0.1,0.01,0.001,0.0001", "0.01,0.001"),
+)
+# Full values that differ per subcommand: each full run stays under 30 minutes on one thread.
+FULL = {"ablation": dict(seeds=3), "noise": dict(seeds=3), "fd": dict(seeds=3)}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, func in SUBCOMMANDS.items():
+        summary = (func.__doc__ or name).split("\n")[0]
+        # argparse %-formats help strings: a bare % (as in "20/40/60/80%") must be doubled
+        s = sub.add_parser(name, help=summary.replace("%", "%%"), description=summary)
+        s.set_defaults(func=func)
+        s.add_argument(
+            "--quick",
+            action="store_true",
+            help="2 epochs, 1 seed, small metrics: under a minute (for tests)",
+        )
+        s.add_argument("--out", default=None, help="output folder (runs/evidence/<subcommand>)")
+        s.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
+        s.add_argument(
+            "--gnp-alpha", type=float, default=0.1, help="α of GNP (0.1: best on validation)"
+        )
+        s.add_argument("--radius", type=float, default=0.1, help="ρ of minima density")
+        s.add_argument("--methods", default=",".join(METHODS),
+                       help="spectra, accuracy: the methods to train (a comma list)")  # fmt: skip
+        s.add_argument("--gam", default=None,
+                       help="ρ,α of GAM in SGD+GAM (default: 0.5,1)")  # fmt: skip
+        s.add_argument("--sam-gam", default=None,
+                       help="ρ,α of GAM in SAM+GAM (default: GAM's 0.5,1)")  # fmt: skip
+        s.add_argument("--sam-rho", type=float, default=0.0,
+                       help="ablation: SAM+GAM around a SAM oracle of this ρ (0: plain GAM)")  # fmt: skip
+        s.add_argument("--reuse", default=REUSE,
+                       help="accuracy: take the runs of this spectra JSON if it exists")  # fmt: skip
+        for key, (full, _) in DEFAULTS.items():
+            s.add_argument(f"--{key.replace('_', '-')}", type=type(full), default=None)
+        if name in VMAP:
+            s.add_argument("--vmap", action="store_true",
+                           help="train each estimator's runs as one vmapped step (seed 0's data)")  # fmt: skip
+        else:
+            s.set_defaults(vmap=False)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the subcommand of ``argv`` (default: the command line's); 0 when it has written its files."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    opt = parser().parse_args(argv)
+    opt.started = time.perf_counter()
+    opt.command_line = f"{PROG} {shlex.join(argv)}"  # what the JSON records as its command
+    for key, (full, quick) in DEFAULTS.items():
+        full = FULL.get(opt.command, {}).get(key, full)
+        if getattr(opt, key) is None:
+            setattr(opt, key, quick if opt.quick else full)
+    opt.methods = [m.strip() for m in opt.methods.split(",") if m.strip()]
+    unknown = [m for m in opt.methods if m not in METHODS]
+    if unknown or not opt.methods:
+        raise ValueError(
+            f"--methods must name some of {list(METHODS)}; got {unknown or opt.methods}"
+        )
+    for key in ("gam", "sam_gam"):
+        text = getattr(opt, key)
+        if text is not None:
+            try:
+                rho, alpha = (float(x) for x in text.split(","))
+            except ValueError:
+                raise ValueError(f"--{key.replace('_', '-')} takes ρ,α; got {text!r}") from None
+            if not (rho >= 0 and alpha >= 0):
+                raise ValueError(f"--{key.replace('_', '-')} takes ρ,α >= 0; got {text!r}")
+            setattr(opt, key, (rho, alpha))
+    if opt.threads:
+        torch.set_num_threads(opt.threads)
+    opt.out = Path(opt.out or f"runs/evidence/{opt.command}")
+    opt.out.mkdir(parents=True, exist_ok=True)
+    if (opt.quick or opt.vmap) and opt.reuse == REUSE:
+        opt.reuse = ""  # --quick never reads a full run's results, --vmap trains its own
+    opt.func(opt)
+    return 0

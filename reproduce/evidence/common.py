@@ -1,0 +1,195 @@
+"""What every claim shares: the methods and their configs, training one config on MNIST-1D (alone
+or vmapped with others), the metrics' fixed batch and loss, and writing a claim's table and JSON.
+
+``METHODS`` holds the five methods of :mod:`reproduce.evidence` with the config fields each sets
+(the estimator names of :func:`reproduce.build.setup`); every claim module builds its configs with
+:func:`method_config` on :func:`base_config` and trains them with :func:`train`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gamfunc import metrics
+from reproduce.build import setup
+from reproduce.config import resolve
+from reproduce.data import sets as data_mod
+from reproduce.run import report
+from reproduce.run.evaluation import evaluate
+from reproduce.sweeps import vmapped
+
+# Estimator of reproduce.train.build_estimator and the config fields each method sets.
+GAM = dict(rho=0.5, alpha=1.0)
+SAM_RHO = 0.2
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {
+    "SGD": ("sgd", {}),
+    "SGD+GAM": ("gam", GAM),
+    "SAM": ("sam", dict(rho=SAM_RHO)),
+    "SAM+GAM": ("sam+gam", dict(**GAM, sam_rho=SAM_RHO)),
+    "GNP": ("gnp", {}),  # alpha from --gnp-alpha
+}
+FOUR = ("SGD", "SGD+GAM", "SAM", "SAM+GAM")
+
+
+# ---------------------------------------------------------------- configs
+
+
+def method_config(base, method: str, seed: int, gnp_alpha: float, sam_gam=None, gam=None, **extra):
+    """``(estimator name, Config)`` of ``method`` (a key of METHODS) with ``seed`` and ``extra``;
+    ``gam = (ρ, α)`` replaces GAM's ρ, α in SGD+GAM, ``sam_gam = (ρ, α)`` those of SAM+GAM (whose
+    SAM oracle keeps ρ = SAM_RHO)."""
+    name, fields = METHODS[method]
+    fields = dict(fields)
+    if method == "GNP":
+        fields["alpha"] = gnp_alpha
+    if method == "SAM+GAM" and sam_gam is not None:
+        fields["rho"], fields["alpha"] = sam_gam
+    if method == "SGD+GAM" and gam is not None:
+        fields["rho"], fields["alpha"] = gam
+    return name, dataclasses.replace(base, seed=seed, **fields, **extra)
+
+
+def base_config(opt, **extra):
+    """The ``mnist1d`` preset with the model, epochs and threads of ``opt`` (no TensorBoard, no flatness)."""
+    cfg = resolve([f"--model={opt.model}", f"--epochs={opt.epochs}"])
+    return dataclasses.replace(cfg, **extra)
+
+
+# ---------------------------------------------------------------- training
+
+
+def probe_batch(examples, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``size`` examples of ``examples`` as one batch (the fixed batch of every metric)."""
+    x, y = examples.tensors()
+    return x[:size], y[:size]
+
+
+def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
+    """Train estimator ``name`` under ``cfg`` on MNIST-1D; ``on_epoch(epoch, params, buffers, loss_fn)``
+    runs after each epoch. Returns params, buffers, loss_fn, accuracies, seconds and seconds per step."""
+    device = torch.device("cpu")
+    data = data_mod.load(cfg)
+    t = setup(cfg, name, data, device)
+    params, state = t.params, t.state
+    steps, seconds = 0, 0.0
+    for epoch in range(cfg.epochs):
+        order = data_mod.epoch_order(len(data.train), cfg.seed, epoch)
+        batches = data_mod.train_batches(
+            data.train, order, 0, cfg.batch_size, seed=cfg.seed, epoch=epoch
+        )
+        clock = time.perf_counter()
+        for batch in batches:
+            params, state, _ = t.step(params, state, batch)
+            steps += 1
+        seconds += time.perf_counter() - clock
+        if on_epoch is not None:
+            on_epoch(epoch, params, state.buffers, t.loss_fn)
+    buffers = state.buffers
+
+    def acc(examples):
+        if examples is None:
+            return None
+        batches = data_mod.eval_batches(examples, cfg.eval_batch_size)
+        return evaluate(t.loss_fn, params, buffers, batches, device)["acc"]
+
+    train_acc, test_acc, val_acc = acc(data.probe), acc(data.test), acc(data.val)
+    return dict(
+        params=params,
+        buffers=buffers,
+        loss_fn=t.loss_fn,
+        data=data,
+        train_acc=train_acc,
+        test_acc=test_acc,
+        val_acc=val_acc,
+        gap=train_acc - test_acc,
+        seconds=seconds,
+        step_ms=1000 * seconds / max(steps, 1),
+        skipped=int(state.skipped),
+    )
+
+
+def train_together(cfgs, name: str) -> list[dict[str, Any]]:
+    """The runs ``cfgs`` of estimator ``name`` (differing in seed, lr, ρ, α) as one vmapped step
+    (:func:`reproduce.sweeps.vmapped.train`), every run on the split and batches of ``cfgs[0]``'s seed.
+    Returns :func:`train`'s records without params: accuracies, gap, seconds, and ``step_ms``, the
+    vmapped step's time over the number of runs."""
+    cfgs = [dataclasses.replace(c, eval_train=True) for c in cfgs]
+    data = data_mod.load(cfgs[0])
+    seed = cfgs[0].seed
+    body = vmapped.train(cfgs, name, data, "cpu", data_seed=seed, say=lambda line: None)
+    seconds, steps = body["pos"]["seconds"], max(body["pos"]["step"], 1)
+    out = []
+    for summary in body["summaries"]:
+        f = summary["final"]
+        out.append(
+            dict(
+                train_acc=f["train_eval_acc"],
+                test_acc=f["test_acc"],
+                val_acc=f.get("val_acc"),
+                gap=f["train_eval_acc"] - f["test_acc"],
+                seconds=seconds,
+                step_ms=1000 * seconds / steps / len(cfgs),
+                skipped=sum(h["skipped_steps"] for h in summary["history"]),
+            )
+        )
+    return out
+
+
+def eval_loss(loss_fn, buffers):
+    """``L(params, batch)`` in eval mode with the running statistics ``buffers`` (for the metrics)."""
+    return lambda p, b: loss_fn(p, b, buffers, train=False)[0]
+
+
+def flatness(params, buffers, loss_fn, batch, opt, seed: int) -> dict[str, Any]:
+    """Top-k Hessian eigenvalues (Lanczos) and Hutchinson trace on ``batch``."""
+    loss = eval_loss(loss_fn, buffers)
+    gen = lambda k: data_mod.generator(seed, 11, k)  # noqa: E731
+    eig = metrics.top_eigenvalues(params, batch, loss, k=opt.k, iters=opt.iters, generator=gen(1))
+    tr = metrics.hessian_trace(params, batch, loss, samples=opt.trace_samples, generator=gen(2))
+    return dict(eigenvalues=[float(v) for v in eig], trace=float(tr))
+
+
+# ---------------------------------------------------------------- tables and output
+
+
+def mean_std(values) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    std = float(t.std()) if len(t) > 1 else 0.0
+    return float(t.mean()), std
+
+
+def pm(values, digits: int = 2) -> str:
+    m, s = mean_std(values)
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, name: str, md: str, record: dict[str, Any], opt) -> None:
+    """``<out>/<name>.md`` (the table, the command, run time, device) and ``<out>/<name>.json``."""
+    seconds = time.perf_counter() - opt.started
+    record = dict(record, command=opt.command_line, seconds=seconds)
+    skip = ("func", "started", "out", "command_line")
+    record["settings"] = {k: v for k, v in vars(opt).items() if k not in skip}
+    record["device"] = f"CPU, torch threads: {torch.get_num_threads()}"
+    head = (
+        f"# {name}\n\n`{record['command']}` — {record['seconds']:.0f} s on {record['device']}\n\n"
+    )
+    (out / f"{name}.md").write_text(head + md)
+    report.write_json(out / f"{name}.json", record)
+    print(head + md, flush=True)
+
+
+def png(name: str) -> str:
+    return name.replace("+", "_").replace(" ", "_").lower()
