@@ -372,4 +372,11 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
     if scope:
         what = "each gradient and H·v pass" if scope == "pass" else "the whole step"
         notes.append(f"compile: {what} (scope={scope}), on the first step")
+    if cfg.cuda_graph:
+        if device.type != "cuda":
+            raise SetupError(
+                f"--cuda_graph replays CUDA graphs and needs a GPU; the device is {device}"
+            )
+        step = gamfunc.cuda_graph(step)
+        notes.append("cuda_graph: each step replayed as one CUDA graph from the fourth step on")
     return Training(model, loss_fn, step, params, state, steps_per_epoch, notes)

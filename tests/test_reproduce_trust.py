@@ -328,3 +328,10 @@ def test_the_docs_list_every_exit_status_with_its_tests():
     for _, named in rows:
         for name in re.findall(r"`(test_\w+?)(?:_\*)?`", named):
             assert f"def {name}" in tests, name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
+def test_cuda_graph_without_a_gpu_is_refused_in_one_line(tmp_path, capsys):
+    assert main(tmp_path, *DIGITS, "--cuda_graph", "--device=cpu") == 2
+    err = one_line_error(capsys)
+    assert "--cuda_graph" in err and "GPU" in err

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+import gamfunc
 from reproduce.build import fd_gam_warning, setup
 from reproduce.config import Config, as_dict, estimators_of, run_name
 from reproduce.data import sets as data_mod
@@ -101,6 +102,8 @@ def _train(r: Run, data, saved: dict | None) -> dict:
     finally:
         s.epochs_bar.close()
         parts.writer.close()
+        if r.cfg.cuda_graph:  # before the process group goes: NCCL cannot destroy a graph's comm
+            gamfunc.cuda_graphs.release(parts.step)
     return summary(r, parts, p, s, status, final=final)
 
 
