@@ -386,3 +386,21 @@ def test_deprecated_params_returning_optimizer_warns_and_gives_identical_steps(m
     ours, _ = gamfunc_trajectory(chained, params, data)
     want, _ = gamfunc_trajectory(reference, params, data)
     assert rel_err(flatten(ours), flatten(want)) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: gamfunc.sgd(lr=0.1, momentum=0.9), lambda: gamfunc.adamw(lr=1e-2)]
+)
+def test_the_former_params_returning_form_warns_and_moves_as_apply_updates(make):
+    """``opt.update_params``: the contract of before (new params, not updates) for one release."""
+    opt, params = make(), mlp_params()
+    state_new = state_old = opt.init(params)
+    p_new = p_old = params
+    for b in batches(5):
+        g = torch.func.grad(mlp_loss)(p_new, b)
+        u, state_new = opt.update(g, state_new, p_new)
+        p_new = gamfunc.apply_updates(p_new, u)
+        with pytest.warns(DeprecationWarning, match="apply_updates"):
+            p_old, state_old = opt.update_params(g, state_old, p_old)
+    assert all(torch.equal(p_new[k], p_old[k]) for k in params)
+    assert int(state_old.step) == int(state_new.step) == 5

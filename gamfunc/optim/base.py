@@ -73,6 +73,20 @@ class Transform(NamedTuple):
     init: Callable[[Tree], Any]
     update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
 
+    def update_params(self, direction: Tree, state, params: Tree) -> tuple[Tree, Any]:
+        """Deprecated: the former form of ``update``, ``(new_params, new_state)``; it goes in the
+        next release. Write ``updates, state = opt.update(direction, state, params)`` and
+        ``params = gamfunc.apply_updates(params, updates)``."""
+        warnings.warn(
+            "opt.update_params(direction, state, params) -> (new_params, state) is the former "
+            "contract and is deprecated: use updates, state = opt.update(direction, state, "
+            "params); params = gamfunc.apply_updates(params, updates)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        updates, new_state = self.update(direction, state, params)
+        return apply_updates(params, updates), new_state
+
 
 def apply_updates(params: Tree, updates: Tree) -> Tree:
     """θ + u for every parameter: the new parameters from a :class:`Transform`'s updates.
