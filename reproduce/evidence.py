@@ -303,6 +303,27 @@ def cmd_spectra(opt) -> None:
     write(opt.out, "spectra", md, {"runs": runs}, opt)
 
 
+def spectra_table(record: dict[str, Any]) -> str:
+    """The markdown tables of ``spectra``'s JSON (the text ``spectra`` prints): λ_max, the mean of
+    the top k and the trace at mid-training and at the end per method, mean ± std over seeds, then
+    the accuracy table of the same runs."""
+    rows = []
+    for m, rs in record["runs"].items():
+        cells = [m]
+        for phase in ("mid", "end"):
+            cells += [
+                pm([r[phase]["eigenvalues"][0] for r in rs]),
+                pm([sum(r[phase]["eigenvalues"]) / len(r[phase]["eigenvalues"]) for r in rs]),
+                pm([r[phase]["trace"] for r in rs], 1),
+            ]
+        rows.append(cells)
+    k = record["settings"]["k"]
+    header = ["method"] + [
+        f"{c} ({p})" for p in ("mid", "end") for c in ("λ_max", f"mean top-{k}", "trace")
+    ]
+    return table(header, rows) + "\n" + accuracy_table(record)
+
+
 def cmd_accuracy(opt) -> None:
     """Train/test accuracy and generalisation gap of the five methods (Table cifar2)."""
     source = Path(opt.reuse) if opt.reuse else None
@@ -313,6 +334,12 @@ def cmd_accuracy(opt) -> None:
     write(opt.out, "accuracy", table(ACC_HEADER, accuracy_rows(runs)), {"runs": runs}, opt)
 
 
+def accuracy_table(record: dict[str, Any]) -> str:
+    """The markdown table of ``accuracy``'s JSON (or of ``spectra``'s runs): train and test
+    accuracy, gap and ms/step per method."""
+    return table(ACC_HEADER, accuracy_rows(record["runs"]))
+
+
 def cmd_noise(opt) -> None:
     """Test accuracy under 20/40/60/80% label noise (Appendix C.2)."""
     levels = [float(x) for x in opt.levels.split(",")]
@@ -320,6 +347,16 @@ def cmd_noise(opt) -> None:
     header = ["label noise"] + [f"{m} test %" for m in FOUR]
     rows = [[lvl] + [pm([r["test_acc"] for r in by[m]]) for m in FOUR] for lvl, by in runs.items()]
     write(opt.out, "noise", table(header, rows), {"runs": runs}, opt)
+
+
+def noise_table(record: dict[str, Any]) -> str:
+    """The markdown table of ``noise``'s JSON: test accuracy per label-noise level and method."""
+    header = ["label noise"] + [f"{m} test %" for m in FOUR]
+    rows = [
+        [lvl] + [pm([r["test_acc"] for r in by[m]]) for m in FOUR]
+        for lvl, by in record["runs"].items()
+    ]
+    return table(header, rows)
 
 
 MINIMA_METHODS = ("SGD", "SAM", "SGD+GAM")
@@ -669,6 +706,51 @@ def cmd_fd(opt) -> None:
     write(opt.out, "fd", md, record, opt)
 
 
+def fd_table(record: dict[str, Any]) -> str:
+    """The markdown of ``fd``'s JSON: the training table (accuracy, dead units, λ_max) and, per
+    model, the error of fd H·v along exact GAM (the same text ``fd`` prints)."""
+    settings = record["settings"]
+    radii = [float(x) for x in settings["radii"].split(",")]
+    epochs = settings["epochs"]
+    early = min(max(epochs // 10, 1), epochs) - 1
+    rows = [
+        [label, pm([r["train_acc"] for r in rs], 1), pm([r["test_acc"] for r in rs], 1),
+         pm([r["dead"][early][1] for r in rs], 1), pm([r["dead"][-1][0] for r in rs], 1),
+         pm([r["dead"][-1][1] for r in rs], 1), pm([r["lambda_max"] for r in rs])]
+        for label, rs in record["runs"].items()
+    ]  # fmt: skip
+    header = [
+        "GAM (ρ = 0.5, α = 1)", "train acc %", "test acc %", f"dead layer 2 % (epoch {early + 1})",
+        "dead layer 1 % (end)", "dead layer 2 % (end)", "λ_max",
+    ]  # fmt: skip
+    md = "Training (dead: pre-activation <= 0 on every probe example):\n\n" + table(header, rows)
+    for model, by_epoch in record["hvp_error"].items():
+        rows = []
+        for epoch, batches in by_epoch.items():
+            cells = [epoch]
+            for r in radii:
+                e = [b[str(r)] for b in batches]
+                cos = float(torch.tensor([x["cos"] for x in e], dtype=torch.float64).median())
+                ratio = float(torch.tensor([x["ratio"] for x in e], dtype=torch.float64).median())
+                cells.append(
+                    f"{cos:.2f} / {ratio:.2f} / {max(x['ratio'] for x in e):.1f} / "
+                    f"{sum(x['flips'] for x in e) / len(e):.1f}"
+                )
+            rows.append(cells)
+        points = sum(map(len, by_epoch.values()))
+        push = [
+            f"{sum(b[str(r)]['push'] for bs in by_epoch.values() for b in bs) / points:+.2f}"
+            for r in radii
+        ]
+        rows.append(["push (mean)", *push])
+        md += (
+            f"\n{model}, along exact GAM (seed 0), at θ_adv on {settings['probe'] // 100} batches "
+            "of 100: median cos / median ‖fd‖/‖exact‖ / max ‖fd‖/‖exact‖ / sign flips per batch:\n\n"
+            + table(["epoch"] + [f"r = {r:g}" for r in radii], rows)
+        )
+    return md
+
+
 SUBCOMMANDS = {
     "spectra": cmd_spectra,
     "accuracy": cmd_accuracy,
@@ -683,6 +765,10 @@ SUBCOMMANDS = {
 # subcommand -> its markdown table from its JSON record (tests/test_docs.py recomputes the tables
 # of reproduce/RESULTS.md from the JSON committed under docs/evidence/ with these)
 TABLES = {
+    "spectra": spectra_table,
+    "accuracy": accuracy_table,
+    "noise": noise_table,
+    "fd": fd_table,
     "minima": minima_table,
     "landscape": landscape_table,
     "ablation": ablation_table,

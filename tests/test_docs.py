@@ -111,7 +111,8 @@ def test_results_tables_equal_their_committed_json():
             continue
         record = json.loads((ROOT / data.strip("[]")).read_text())
         render = evidence.TABLES[record["settings"]["command"]]
-        assert tables(render(record))[0] == table, data
+        # a renderer may give several tables (fd: training, then H·v error per model)
+        assert table in tables(render(record)), data
         checked += 1
     assert checked >= 6  # minima, landscape, the GNP and SAM+GAM sweeps, the ablation, GAM variants
 
