@@ -195,6 +195,50 @@ def test_results_prose_numbers_equal_their_json():
     assert all(max(r["minima"]) <= 1 for rs in minima.values() for r in rs)  # "more than one": none
 
 
+def signed(x: float, digits: int = 1) -> str:
+    """``x`` with its sign, a minus sign (U+2212) for negatives, as the prose writes it."""
+    return f"{x:+.{digits}f}".replace("-", "\u2212")
+
+
+def test_results_spectra_prose_equals_its_json():
+    text = RESULTS.replace("\n", " ")
+    runs = json.loads((EVIDENCE / "spectra5" / "spectra.json").read_text())["runs"]
+    tuned = json.loads((EVIDENCE / "sam_gam_tuned" / "spectra.json").read_text())["runs"]["SAM+GAM"]
+
+    def mean(rs, key, phase=None):
+        return statistics.mean(r[phase][key] if phase else r[key] for r in rs)
+
+    def lam(rs):
+        return statistics.mean(r["end"]["eigenvalues"][0] for r in rs)
+
+    gam, sgd, sam = runs["SGD+GAM"], runs["SGD"], runs["SAM"]
+    assert (
+        f"(λ_max {lam(gam):.2f} vs {lam(sgd):.2f} for SGD, {lam(sam):.2f} for SAM at the end; "
+        f"trace {mean(gam, 'trace', 'end'):.1f} vs {mean(sgd, 'trace', 'end'):.1f} and "
+        f"{mean(sam, 'trace', 'end'):.1f})"
+    ) in text
+    assert (
+        f"ends exactly where SAM does (λ_max {lam(tuned):.2f} vs {lam(sam):.2f}, "
+        f"trace {mean(tuned, 'trace', 'end'):.1f} vs {mean(sam, 'trace', 'end'):.1f})"
+    ) in text
+    test = {m: mean(rs, "test_acc") for m, rs in runs.items()}
+    assert (
+        f"SGD+GAM improves test accuracy by {test['SGD+GAM'] - test['SGD']:.0f} points over SGD "
+        f"and {test['SGD+GAM'] - test['SAM']:.0f} over SAM"
+    ) in text
+    assert f"underfits ({mean(runs['SAM+GAM'], 'train_acc'):.0f}% train)" in text
+    acc = [r["test_acc"] for r in tuned]
+    paired = ", ".join(
+        signed(t["test_acc"] - s["test_acc"]) for t, s in zip(tuned, sam, strict=True)
+    )
+    assert (
+        f"it reaches {statistics.mean(acc):.2f} ± {statistics.stdev(acc):.2f}%, "
+        f"{statistics.mean(acc) - test['SAM']:.2f} points above SAM; paired by seed the differences "
+        f"are {paired} points"
+    ) in text
+    assert f"SGD+GAM alone ({test['SGD+GAM']:.2f}%)" in text
+
+
 def test_vmap_sweep_example_is_that_of_results():
     """docs/guides/reproduce.md's looped-against-vmapped example is RESULTS.md's full ablation."""
     said = re.search(
