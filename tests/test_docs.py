@@ -267,3 +267,44 @@ def test_vmap_sweep_example_is_that_of_results():
         f"above, of the same day, chose {cell(looped[0])} and had {cell(looped[1])} second "
         f"({pm(looped[1]['val'])}%)"
     ) in text
+
+
+def test_results_fd_prose_equals_its_json():
+    text = " ".join(RESULTS.split())  # the list items are indented
+    record = json.loads((EVIDENCE / "fd" / "fd.json").read_text())
+    runs = record["runs"]
+
+    def mean(label, key):
+        return statistics.mean(r[key] for r in runs[label])
+
+    exact, fd = "mlp_gelu, exact", "mlp_gelu, fd r = 0.001"
+    assert f"({mean(exact, 'test_acc'):.1f} vs {mean(fd, 'test_acc'):.1f}%)" in text
+    assert f"({mean(fd, 'step_ms'):.1f} vs {mean(exact, 'step_ms'):.1f} ms in this run" in text
+    dead = runs["mlp, fd r = 0.001"][0]["dead"]
+    epochs = (1, 3, 5, 7, 9, 11)
+    assert (
+        f"(r = 1e-3, seed 0: {', '.join(f'{dead[e - 1][1]:.0f}' for e in epochs)}% dead after "
+        f"epochs {', '.join(map(str, epochs))};"
+    ) in text
+    small = [r for label in ("mlp, fd r = 0.001", "mlp, fd r = 0.0001") for r in runs[label]]
+    large = [r for label in ("mlp, fd r = 0.1", "mlp, fd r = 0.01") for r in runs[label]]
+    end = [r["dead"][-1][1] for r in small]
+    assert f"{min(end):.0f}–{max(end):.0f}% at the end, {len(small)} runs)" in text
+    assert all(r["dead"][-1][0] == 0 for rs in runs.values() for r in rs)  # "the first layer never"
+    worst = max(d[1] for r in large for d in r["dead"])
+    end = [r["dead"][-1][1] for r in large]
+    assert (
+        f"with r ≥ 1e-2 at most {worst:.0f}% die at any epoch and {min(end):.0f}–{max(end):.0f}% "
+        "at the end"
+    ) in text
+    train = [r["train_acc"] for r in small]
+    assert f"(train accuracy {min(train):.0f}–{max(train):.0f}%;" in text
+    lam = sorted(r["lambda_max"] for r in small)
+    assert f"in 4 of the 6 runs its λ_max is {statistics.mean(lam[:4]):.2f}" in text
+    assert max(lam[:4]) - min(lam[:4]) < 0.005
+    assert f"(the other two end at {lam[4]:.2f} and {lam[5]:.2f})" in text
+    radii = [float(x) for x in record["settings"]["radii"].split(",")]
+    points = [b for bs in record["hvp_error"]["mlp"].values() for b in bs]
+    push = {r: statistics.mean(b[str(r)]["push"] for b in points) for r in radii}
+    assert f"(push {push[1e-3]:+.2f} to {push[0.1]:+.2f} for r ≥ 1e-3)" in text
+    assert push[1e-3] <= push[1e-2] <= push[0.1]
