@@ -308,3 +308,38 @@ def test_results_fd_prose_equals_its_json():
     push = {r: statistics.mean(b[str(r)]["push"] for b in points) for r in radii}
     assert f"(push {push[1e-3]:+.2f} to {push[0.1]:+.2f} for r ≥ 1e-3)" in text
     assert push[1e-3] <= push[1e-2] <= push[0.1]
+
+
+def test_results_noise_prose_equals_its_json():
+    text = " ".join(RESULTS.split())
+    runs = json.loads((EVIDENCE / "noise_full" / "noise.json").read_text())["runs"]
+    clean = json.loads((EVIDENCE / "spectra5" / "spectra.json").read_text())["runs"]
+    levels = list(runs)
+
+    def spread(method, level, digits=0):
+        train = [r["train_acc"] for r in runs[level][method]]
+        return f"{min(train):.{digits}f}–{max(train):.{digits}f}%"
+
+    def test(method, level):
+        return statistics.mean(r["test_acc"] for r in runs[level][method])
+
+    sgd = [r["train_acc"] for level in levels for r in runs[level]["SGD"]]
+    assert f"SGD {min(sgd):.1f}–{max(sgd):.0f}% at every level" in text
+    gam = ", ".join(f"{spread('SGD+GAM', lvl)} at {lvl}" for lvl in levels)
+    assert f"SGD+GAM {gam}; SAM {spread('SAM', levels[0], 1)}, " in text
+    assert ", ".join(spread("SAM", lvl) for lvl in levels[1:]) + "." in text
+    loss = [
+        statistics.mean(r["test_acc"] for r in clean["SGD"]) - test("SGD", lvl) for lvl in levels
+    ]
+    assert f"loses {min(loss):.0f}–{max(loss):.0f} points of test accuracy" in text
+    assert f"(it fits {spread('SGD+GAM', '20%')} of the 20%-noise training labels" in text
+    over = [test("SGD+GAM", lvl) - test(m, lvl) for m in ("SGD", "SAM") for lvl in levels[:2]]
+    assert (
+        f"(+{over[0]:.0f} and +{over[1]:.0f} points over SGD, +{over[2]:.0f} and +{over[3]:.0f} "
+        "over SAM)"
+    ) in text
+    late = [r["train_acc"] for lvl in levels[2:] for r in runs[lvl]["SGD+GAM"]]
+    assert f"(train accuracy {min(late):.0f}–{max(late):.0f}%, test at or below SGD)" in text
+    assert all(test("SGD+GAM", lvl) <= test("SGD", lvl) for lvl in levels[2:])
+    margin = [test("SAM+GAM", lvl) - test("SAM", lvl) for lvl in levels]
+    assert f"SAM+GAM, tuned, is {min(margin):.1f}–{max(margin):.1f} points above SAM" in text
