@@ -343,3 +343,23 @@ def test_results_noise_prose_equals_its_json():
     assert all(test("SGD+GAM", lvl) <= test("SGD", lvl) for lvl in levels[2:])
     margin = [test("SAM+GAM", lvl) - test("SAM", lvl) for lvl in levels]
     assert f"SAM+GAM, tuned, is {min(margin):.1f}–{max(margin):.1f} points above SAM" in text
+
+
+def test_results_cnn_validation_prose_equals_its_json():
+    text = " ".join(RESULTS.split())
+
+    def grid(name: str) -> dict:
+        return json.loads((EVIDENCE / name / "ablation.json").read_text())["grid"]
+
+    def pm(v) -> str:
+        return f"{statistics.mean(v):.1f} ± {statistics.stdev(v):.1f}"
+
+    (sgd,), (sam,) = grid("cnn1d_sgd").values(), grid("cnn1d_sam").values()
+    assert f"SGD: {pm(sgd['val'])}; SAM ρ = 0.2: {pm(sam['val'])}." in text
+    cells = [*grid("cnn1d_gam_small").values(), *grid("cnn1d_gam_large").values()]
+    best = max(cells, key=lambda c: statistics.mean(c["val"]))
+    weakest = min(cells, key=lambda c: c["rho"] * c["alpha"])
+    assert best is weakest
+    assert f"the best cell, ρ = {best['rho']:g}, α = {best['alpha']:g}, is the weakest term" in text
+    # "every GAM term costs validation accuracy": every cell is below SGD
+    assert all(statistics.mean(c["val"]) < statistics.mean(sgd["val"]) for c in cells)
