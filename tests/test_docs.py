@@ -363,3 +363,75 @@ def test_results_cnn_validation_prose_equals_its_json():
     assert f"the best cell, ρ = {best['rho']:g}, α = {best['alpha']:g}, is the weakest term" in text
     # "every GAM term costs validation accuracy": every cell is below SGD
     assert all(statistics.mean(c["val"]) < statistics.mean(sgd["val"]) for c in cells)
+
+
+def test_results_cnn_spectra_prose_equals_its_json():
+    text = " ".join(RESULTS.split())
+    runs = json.loads((EVIDENCE / "spectra_cnn1d" / "spectra.json").read_text())["runs"]
+    tuned = json.loads((EVIDENCE / "spectra_cnn1d_gam_tuned" / "spectra.json").read_text())
+    tuned = tuned["runs"]["SGD+GAM"]
+    mlp = json.loads((EVIDENCE / "spectra5" / "spectra.json").read_text())["runs"]
+
+    def mean(rs, key):
+        return statistics.mean(r[key] for r in rs)
+
+    def lam(rs):
+        return statistics.mean(r["end"]["eigenvalues"][0] for r in rs)
+
+    def trace(rs):
+        return statistics.mean(r["end"]["trace"] for r in rs)
+
+    def pm(rs, key):
+        v = [r[key] for r in rs]
+        return f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}"
+
+    sgd, sam, gnp = runs["SGD"], runs["SAM"], runs["GNP"]
+    assert (
+        f"(SGD {mean(sgd, 'test_acc'):.0f}% vs the MLP's {mean(mlp['SGD'], 'test_acc'):.0f}%)"
+    ) in text
+    low, high = sorted((trace(sam), trace(gnp)))
+    gain = sorted(mean(rs, "test_acc") - mean(sgd, "test_acc") for rs in (sam, gnp))
+    assert (
+        f"lower λ_max from {lam(sgd):.2f} to {lam(sam):.2f} and {lam(gnp):.2f} and the trace from "
+        f"{trace(sgd):.0f} to {low:.0f}–{high:.0f} and add {gain[0]:.1f}–{gain[1]:.1f} points"
+    ) in text
+    gam = [runs[m] for m in ("SGD+GAM", "SAM+GAM")]
+    means = [mean(rs, k) for rs in gam for k in ("train_acc", "test_acc")]
+    each = [r[k] for rs in gam for r in rs for k in ("train_acc", "test_acc")]
+    assert (
+        f"does not train: {min(means):.0f}–{max(means):.0f}% accuracy (the rows' means; "
+        f"{min(each):.0f}–{max(each):.0f}% per run)"
+    ) in text
+    tops = sorted(
+        r[p]["eigenvalues"][0]
+        for m in ("SGD+GAM", "SAM+GAM")
+        for r in runs[m]
+        for p in ("mid", "end")
+    )
+    assert f"λ_max {tops[0]:.2f}–{tops[-2]:.2f} ({tops[-1]:.2f} for one" in text
+    near = [  # eigenvalues within 0.01 of 1/10, per spectrum whose top is near 1/10 too
+        sum(abs(v - 0.1) <= 0.01 for v in r[p]["eigenvalues"])
+        for rs in gam
+        for r in rs
+        for p in ("mid", "end")
+        if r[p]["eigenvalues"][0] < 0.2
+    ]
+    assert set(near) == {9} and f"(9 per seed in the other {len(near)} spectra:" in text
+    paired = [t["test_acc"] - s["test_acc"] for t, s in zip(tuned, sgd, strict=True)]
+    assert (
+        f"(test {pm(tuned, 'test_acc')} vs {pm(sgd, 'test_acc')}%; paired by seed "
+        f"{signed(min(paired))} to {signed(max(paired))} points)"
+    ) in text
+    assert all(
+        t["end"]["eigenvalues"][0] < s["end"]["eigenvalues"][0]
+        for t, s in zip(tuned, sgd, strict=True)
+    )  # "lower on every seed"
+    assert (
+        f"(λ_max {lam(tuned):.2f} vs {lam(sgd):.2f} at the end, lower on every seed; "
+        f"trace {trace(tuned):.0f} vs {trace(sgd):.0f})"
+    ) in text
+    assert (
+        f"(λ_max {lam(sam):.2f} and {lam(gnp):.2f}, trace {trace(sam):.0f} and {trace(gnp):.0f})"
+    ) in text
+    ahead = sorted(mean(rs, "test_acc") - mean(tuned, "test_acc") for rs in (sam, gnp))
+    assert f"which are also {ahead[0]:.1f}–{ahead[1]:.1f} points more accurate" in text
