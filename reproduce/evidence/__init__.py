@@ -67,14 +67,15 @@ from reproduce.evidence.fd import (
     ACTIVATION_OF,
     cmd_fd,
     dead_units,
+    fd_table,
     hidden_preactivations,
     hvp_error,
 )
-from reproduce.evidence.grid import ACC_HEADER, accuracy_rows, run_grid
+from reproduce.evidence.grid import ACC_HEADER, accuracy_rows, accuracy_table, run_grid
 from reproduce.evidence.landscape import cmd_landscape, landscape_table
 from reproduce.evidence.minima import MINIMA_METHODS, cmd_minima, minima_table
-from reproduce.evidence.noise import cmd_noise
-from reproduce.evidence.spectra import cmd_spectra
+from reproduce.evidence.noise import cmd_noise, noise_table
+from reproduce.evidence.spectra import cmd_spectra, spectra_table
 from reproduce.evidence.variants import VARIANTS, cmd_variants, variants_table
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "VMAP",
     "ablation_table",
     "accuracy_rows",
+    "accuracy_table",
     "base_config",
     "cmd_ablation",
     "cmd_accuracy",
@@ -105,6 +107,7 @@ __all__ = [
     "cmd_variants",
     "dead_units",
     "eval_loss",
+    "fd_table",
     "flatness",
     "hidden_preactivations",
     "hvp_error",
@@ -113,11 +116,13 @@ __all__ = [
     "mean_std",
     "method_config",
     "minima_table",
+    "noise_table",
     "parser",
     "pm",
     "png",
     "probe_batch",
     "run_grid",
+    "spectra_table",
     "table",
     "train",
     "train_together",

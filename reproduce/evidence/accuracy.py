@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from reproduce.evidence.common import table, write
-from reproduce.evidence.grid import ACC_HEADER, accuracy_rows, run_grid
+from reproduce.evidence.common import write
+from reproduce.evidence.grid import accuracy_table, run_grid
 
 
 def cmd_accuracy(opt) -> None:
@@ -17,4 +17,4 @@ def cmd_accuracy(opt) -> None:
         runs = json.loads(source.read_text())["runs"]
     else:
         runs = run_grid(opt, opt.methods, spectra=False)
-    write(opt.out, "accuracy", table(ACC_HEADER, accuracy_rows(runs)), {"runs": runs}, opt)
+    write(opt.out, "accuracy", accuracy_table({"runs": runs}), {"runs": runs}, opt)

@@ -14,11 +14,12 @@ import torch
 from reproduce.evidence.ablation import ablation_table, cmd_ablation
 from reproduce.evidence.accuracy import cmd_accuracy
 from reproduce.evidence.common import METHODS
-from reproduce.evidence.fd import cmd_fd
+from reproduce.evidence.fd import cmd_fd, fd_table
+from reproduce.evidence.grid import accuracy_table
 from reproduce.evidence.landscape import cmd_landscape, landscape_table
 from reproduce.evidence.minima import cmd_minima, minima_table
-from reproduce.evidence.noise import cmd_noise
-from reproduce.evidence.spectra import cmd_spectra
+from reproduce.evidence.noise import cmd_noise, noise_table
+from reproduce.evidence.spectra import cmd_spectra, spectra_table
 from reproduce.evidence.variants import cmd_variants, variants_table
 
 PROG = "python -m reproduce.evidence"
@@ -40,6 +41,10 @@ SUBCOMMANDS = {
 # subcommand -> its markdown table from its JSON record (tests/test_docs.py recomputes the tables
 # of reproduce/RESULTS.md from the JSON committed under docs/evidence/ with these)
 TABLES = {
+    "spectra": spectra_table,
+    "accuracy": accuracy_table,
+    "noise": noise_table,
+    "fd": fd_table,
     "minima": minima_table,
     "landscape": landscape_table,
     "ablation": ablation_table,

@@ -4,6 +4,7 @@ finite-difference H·v against the exact one, on ReLU and GELU MLPs."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import torch
@@ -119,45 +120,56 @@ def cmd_fd(opt) -> None:
                     dict({k: res[k] for k in keys}, seed=seed, dead=dead, lambda_max=float(lam[0]))
                 )
                 print(f"{label} seed {seed}: test {res['test_acc']:.1f}%", flush=True)
-    early = min(max(opt.epochs // 10, 1), opt.epochs) - 1
+    record = {
+        "runs": runs,
+        "hvp_error": {m: {str(k): v for k, v in e.items()} for m, e in errors.items()},
+    }
+    settings = {"radii": opt.radii, "epochs": opt.epochs, "probe": opt.probe}
+    # the table of the JSON as it is read back (radii as string keys)
+    md = fd_table({**json.loads(json.dumps(record)), "settings": settings})
+    write(opt.out, "fd", md, record, opt)
+
+
+def fd_table(record: dict[str, Any]) -> str:
+    """The markdown of ``fd``'s JSON: the training table (accuracy, dead units, λ_max) and, per
+    model, the error of fd H·v along exact GAM (the same text ``fd`` prints)."""
+    settings = record["settings"]
+    radii = [float(x) for x in settings["radii"].split(",")]
+    epochs = settings["epochs"]
+    early = min(max(epochs // 10, 1), epochs) - 1
     rows = [
         [label, pm([r["train_acc"] for r in rs], 1), pm([r["test_acc"] for r in rs], 1),
          pm([r["dead"][early][1] for r in rs], 1), pm([r["dead"][-1][0] for r in rs], 1),
          pm([r["dead"][-1][1] for r in rs], 1), pm([r["lambda_max"] for r in rs])]
-        for label, rs in runs.items()
+        for label, rs in record["runs"].items()
     ]  # fmt: skip
     header = [
         "GAM (ρ = 0.5, α = 1)", "train acc %", "test acc %", f"dead layer 2 % (epoch {early + 1})",
         "dead layer 1 % (end)", "dead layer 2 % (end)", "λ_max",
     ]  # fmt: skip
     md = "Training (dead: pre-activation <= 0 on every probe example):\n\n" + table(header, rows)
-
-    def med(values) -> float:
-        return float(torch.tensor(values, dtype=torch.float64).median())
-
-    for model, by_epoch in errors.items():
+    for model, by_epoch in record["hvp_error"].items():
         rows = []
         for epoch, batches in by_epoch.items():
-            cells = [f"{epoch}"]
+            cells = [epoch]
             for r in radii:
-                e = [b[r] for b in batches]
+                e = [b[str(r)] for b in batches]
+                cos = float(torch.tensor([x["cos"] for x in e], dtype=torch.float64).median())
+                ratio = float(torch.tensor([x["ratio"] for x in e], dtype=torch.float64).median())
                 cells.append(
-                    f"{med([x['cos'] for x in e]):.2f} / {med([x['ratio'] for x in e]):.2f} / "
-                    f"{max(x['ratio'] for x in e):.1f} / {sum(x['flips'] for x in e) / len(e):.1f}"
+                    f"{cos:.2f} / {ratio:.2f} / {max(x['ratio'] for x in e):.1f} / "
+                    f"{sum(x['flips'] for x in e) / len(e):.1f}"
                 )
             rows.append(cells)
+        points = sum(map(len, by_epoch.values()))
         push = [
-            f"{sum(b[r]['push'] for bs in by_epoch.values() for b in bs) / sum(map(len, by_epoch.values())):+.2f}"
+            f"{sum(b[str(r)]['push'] for bs in by_epoch.values() for b in bs) / points:+.2f}"
             for r in radii
         ]
         rows.append(["push (mean)", *push])
         md += (
-            f"\n{model}, along exact GAM (seed 0), at θ_adv on {opt.probe // 100} batches of 100: "
-            "median cos / median ‖fd‖/‖exact‖ / max ‖fd‖/‖exact‖ / sign flips per batch:\n\n"
+            f"\n{model}, along exact GAM (seed 0), at θ_adv on {settings['probe'] // 100} batches "
+            "of 100: median cos / median ‖fd‖/‖exact‖ / max ‖fd‖/‖exact‖ / sign flips per batch:\n\n"
             + table(["epoch"] + [f"r = {r:g}" for r in radii], rows)
         )
-    record = {
-        "runs": runs,
-        "hvp_error": {m: {str(k): v for k, v in e.items()} for m, e in errors.items()},
-    }
-    write(opt.out, "fd", md, record, opt)
+    return md

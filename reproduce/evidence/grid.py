@@ -13,6 +13,7 @@ from reproduce.evidence.common import (
     method_config,
     pm,
     probe_batch,
+    table,
     train,
     train_together,
 )
@@ -64,3 +65,9 @@ def accuracy_rows(runs) -> list[list[str]]:
 
 
 ACC_HEADER = ["method", "train acc %", "test acc %", "gap (train − test)", "ms/step"]
+
+
+def accuracy_table(record: dict[str, Any]) -> str:
+    """The markdown table of ``accuracy``'s JSON (or of ``spectra``'s runs): train and test
+    accuracy, gap and ms/step per method."""
+    return table(ACC_HEADER, accuracy_rows(record["runs"]))
