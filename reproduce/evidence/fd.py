@@ -4,7 +4,6 @@ finite-difference H·v against the exact one, on ReLU and GELU MLPs."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any
 
 import torch
@@ -120,13 +119,14 @@ def cmd_fd(opt) -> None:
                     dict({k: res[k] for k in keys}, seed=seed, dead=dead, lambda_max=float(lam[0]))
                 )
                 print(f"{label} seed {seed}: test {res['test_acc']:.1f}%", flush=True)
-    record = {
-        "runs": runs,
-        "hvp_error": {m: {str(k): v for k, v in e.items()} for m, e in errors.items()},
+    # epochs and radii as string keys, as the JSON is read back
+    read_back = {
+        m: {str(k): [{str(r): x for r, x in b.items()} for b in bs] for k, bs in e.items()}
+        for m, e in errors.items()
     }
+    record = {"runs": runs, "hvp_error": read_back}
     settings = {"radii": opt.radii, "epochs": opt.epochs, "probe": opt.probe}
-    # the table of the JSON as it is read back (radii as string keys)
-    md = fd_table({**json.loads(json.dumps(record)), "settings": settings})
+    md = fd_table({**record, "settings": settings})
     write(opt.out, "fd", md, record, opt)
 
 
