@@ -43,6 +43,15 @@ def trajectory(step, params, buffers, batches):
     return out
 
 
+def assert_same_trajectory(step, graphed, params, buffers, batches):
+    for want, got in zip(
+        trajectory(step, params, buffers, batches),
+        trajectory(graphed, params, buffers, batches),
+        strict=True,
+    ):
+        assert_same(want, got)
+
+
 def assert_same(a, b):
     flat_a, spec_a = torch.utils._pytree.tree_flatten(a)
     flat_b, spec_b = torch.utils._pytree.tree_flatten(b)
@@ -90,12 +99,7 @@ def test_graphed_step_equals_the_step(name, scope):
     if scope:
         step = step.compile(scope=scope)
     graphed = gamfunc.cuda_graph(step, warmup=2)
-    for want, got in zip(
-        trajectory(step, params, buffers, batches),
-        trajectory(graphed, params, buffers, batches),
-        strict=True,
-    ):
-        assert_same(want, got)
+    assert_same_trajectory(step, graphed, params, buffers, batches)
 
 
 @pytest.mark.gpu
@@ -104,12 +108,7 @@ def test_every_k_replays_each_branch_and_keeps_the_schema():
     loss_fn, params, buffers, batches = loss_on("cuda")
     step = gamfunc.make_step(gamfunc.gam(0.05, 0.5, hvp="fd"), gamfunc.sgd(0.1), loss_fn, every=3)
     graphed = gamfunc.cuda_graph(step, warmup=1)
-    for want, got in zip(
-        trajectory(step, params, buffers, batches),
-        trajectory(graphed, params, buffers, batches),
-        strict=True,
-    ):
-        assert_same(want, got)
+    assert_same_trajectory(step, graphed, params, buffers, batches)
     assert len(graphed.impl.full.captures) == len(graphed.impl.plain.captures) == 1
 
 
