@@ -177,8 +177,8 @@ class _Capture:
                     for n, i in zip(carried, self.inputs[: self.carried], strict=True)
                 )
                 if same:
-                    targets = [(i, n) for i, n in zip(self.inputs, carried, strict=False)]
-                    targets = [(i, n) for i, n in targets if i is not n]
+                    pairs = zip(self.inputs[: self.carried], carried, strict=True)
+                    targets = [(i, n) for i, n in pairs if i is not n]
                     if targets:
                         torch._foreach_copy_([i for i, _ in targets], [n for _, n in targets])
         except RuntimeError as e:
