@@ -2,6 +2,9 @@
 
     python benchmarks/data_parallel.py --gpus 2 --out dp.json          # every row, about 10 minutes
     python benchmarks/data_parallel.py --gpus 2 --runs r50:ddp,r50:gam_fd --out dp.json
+    python benchmarks/data_parallel.py --gpus 2,4 --runs r50:sgd:graph --out dp.json  # 1, 2, 4 GPUs
+    python benchmarks/data_parallel.py --gpus 2 --runs r50:train_sgd:graph \
+        --data /tmp/imagenet-synth --loader dali --out dp.json    # the data path's cost
 
 Rows (``--runs``, ``model:kind``): ``r50`` is ``hp2.imagenet.resnet50`` (bf16, channels-last, SGD),
 ``vit`` is ``hp2.imagenet.vit_s32`` (bf16, AdamW); ``ddp`` is the anchor: the ``nn.Module`` compiled
@@ -10,7 +13,9 @@ wrapped in ``DistributedDataParallel``; ``sgd`` (the preset's base optimiser alo
 ``gam`` (exact) are the steps ``reproduce/train.py --compile`` builds (:func:`reproduce.build.setup`),
 on N GPUs made data parallel in ``--perturbation=global`` and ``local``; ``train_<estimator>`` runs
 ``reproduce/train.py`` itself on in-memory synthetic data (60 steps), the loop and its data path
-included, its rate from the run's summary. A third field ``sync`` (``r50:gam_fd:sync``) runs the step
+included, its rate from the run's summary (``r50:train_gam_fd:graph``: with ``--cuda_graph``); with
+``--data`` (a JPEG folder, ``benchmarks/jpeg_folder.py``) each N-GPU train run is repeated on the folder
+through ``--loader``, and ``data_path_cost`` = 1 − its images/s ÷ the in-memory images/s. A third field ``sync`` (``r50:gam_fd:sync``) runs the step
 with the non-finite guard of before, which read the step's finiteness on the host at every step;
 ``twin`` (``r50:sgd:twin``) first runs the 1-GPU step alone, then one independent copy of it on
 every GPU at once (no process group): a slowdown there comes from what the processes share on the
@@ -19,7 +24,7 @@ CUDA graph (:func:`gamfunc.cuda_graph`, all-reduces included), on 1 GPU and on N
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
 step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
-(the plain step: no process group, no wrapper) and on N, each by ``torchrun``; efficiency is N-GPU
+(the plain step: no process group, no wrapper) and on N (each N of ``--gpus 2,4``), each by ``torchrun``; efficiency is N-GPU
 images/s ÷ (N × 1-GPU images/s). Before the timing, every row's step is compiled once on all N
 GPUs (a few rows at once), filling one inductor cache, so that the timed runs load their graphs. The
 NCCL all-reduce bus bandwidth at 25 MB and 100 MB comes first. Each timed run also gives the host's
@@ -291,21 +296,22 @@ def _torchrun(gpus: int) -> list[str]:
     ]
 
 
-def _train_py(a, model, estimator, gpus, timeout) -> dict:
-    """``reproduce/train.py`` itself, in-memory synthetic data, as a user runs it: images/s from its
-    summary (the rate after the first logging interval)."""
+def _train_py(a, model, estimator, gpus, timeout, graph=False, folder=False) -> dict:
+    """``reproduce/train.py`` itself, as a user runs it: images/s from its summary (the rate after the
+    first logging interval). In-memory synthetic data, or with ``folder`` the JPEG folder ``--data``
+    through ``--loader``; ``graph``: ``--cuda_graph``."""
     logdir = Path(tempfile.mkdtemp(prefix="dp_train_"))
     cmd = _torchrun(gpus)
     cmd += [str(Path(__file__).resolve().parents[1] / "reproduce" / "train.py")]
-    cmd += [f"--preset={PRESETS[model]}", f"--estimator={estimator}", "--synthetic", "--bf16"]
-    cmd += [
-        "--synthetic_size=4096",
-        "--compile",
-        f"--batch_size={a.batch * gpus}",
-        "--max_steps=60",
-    ]
+    cmd += [f"--preset={PRESETS[model]}", f"--estimator={estimator}"]
+    cmd += ["--bf16", "--compile"] if torch.cuda.is_available() else []  # the CPU: the test alone
+    if folder:
+        cmd += [f"--data={a.data}", f"--loader={a.loader}", f"--workers={a.workers}"]
+    else:
+        cmd += ["--synthetic", "--synthetic_size=4096"]
+    cmd += [f"--batch_size={a.batch * gpus}", f"--max_steps={a.train_steps}"]
     cmd += ["--log_every=10", "--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
-    cmd += ["--progress=false", "--landscape=false"]
+    cmd += ["--progress=false", "--landscape=false"] + (["--cuda_graph"] if graph else [])
     cmd += [f"--logdir={logdir}"] + (["--channels_last"] if model == "r50" else [])
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -315,7 +321,27 @@ def _train_py(a, model, estimator, gpus, timeout) -> dict:
     if done.returncode or not found:
         return {"error": f"exit {done.returncode}: " + done.stdout[-300:] + done.stderr[-300:]}
     s = json.loads(found[0].read_text())
-    return {k: s.get(k) for k in ("images_per_s", "compile_seconds", "peak_memory_gib", "loader")}
+    keys = ("images_per_s", "compile_seconds", "peak_memory_gib", "loader", "steps")
+    return {"world": gpus, **{k: s.get(k) for k in keys}}
+
+
+def _train_rows(a, name, model, est, graph) -> list[dict]:
+    """A ``train_<estimator>`` row: train.py on 1 GPU and on each N in memory, and with ``--data``
+    on the folder through ``--loader`` too: ``data_path_cost`` is 1 − its rate ÷ the in-memory rate."""
+    one = _train_py(a, model, est, 1, a.run_timeout, graph) if a.train_one else {"skipped": True}
+    rows = []
+    for n in a.gpus:
+        many = _train_py(a, model, est, n, a.run_timeout, graph)
+        row = {"run": name, "gpus": n, "perturbation": "global", "one": one, "many": many}
+        if one.get("images_per_s") and many.get("images_per_s"):
+            row["efficiency"] = round(efficiency(many["images_per_s"], one["images_per_s"], n), 3)
+        if a.data:
+            row["folder"] = _train_py(a, model, est, n, a.run_timeout, graph, folder=True)
+            if row["folder"].get("images_per_s") and many.get("images_per_s"):
+                cost = 1 - row["folder"]["images_per_s"] / many["images_per_s"]
+                row["data_path_cost"] = round(cost, 3)
+        rows.append(row)
+    return rows
 
 
 def _launch(
@@ -359,9 +385,22 @@ def _result(proc, timeout) -> dict:
     return {"error": " | ".join(tail)[-600:]}
 
 
+def _counts(text: str) -> list[int]:
+    """``--gpus``: one process count, or several (``2,4``), each timed against the same 1-GPU run."""
+    counts = [int(v) for v in text.split(",") if v]
+    if not counts or any(n < 2 for n in counts):
+        raise argparse.ArgumentTypeError(f"--gpus needs counts of 2 or more, got {text!r}")
+    return sorted(set(counts))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--gpus", type=int, default=torch.cuda.device_count() or 2, help="processes")
+    ap.add_argument(
+        "--gpus",
+        type=_counts,
+        default=[max(torch.cuda.device_count(), 2)],
+        help="processes: N, or N1,N2,... (each timed against the same 1-GPU run)",
+    )
     ap.add_argument("--runs", default=DEFAULT_RUNS)
     ap.add_argument("--batch", type=int, default=128, help="images per GPU")
     ap.add_argument("--steps", type=int, default=20, help="steps per timed window")
@@ -372,6 +411,17 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--out", default="data_parallel.json")
     ap.add_argument("--run_timeout", type=float, default=180, help="seconds for one timed run")
+    ap.add_argument("--data", default="", help="train rows: also a JPEG folder through --loader")
+    ap.add_argument("--loader", default="dali", help="train rows with --data: train.py's --loader")
+    ap.add_argument("--workers", type=int, default=8, help="train rows with --data: --workers")
+    ap.add_argument("--train_steps", type=int, default=60, help="train rows: --max_steps")
+    ap.add_argument(
+        "--train_one",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train rows: the 1-GPU run too (for the efficiency)",
+    )
+    ap.add_argument("--warm_at_once", type=int, default=WARM_AT_ONCE, help="rows compiled at once")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="r50", help=argparse.SUPPRESS)
     ap.add_argument("--kind", default="sgd", help=argparse.SUPPRESS)
@@ -391,20 +441,21 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     report = {"device": device, "gpus": a.gpus, "torch": torch.__version__}
     report["per_gpu_batch"], report["rows"] = a.batch, []
+    most = max(a.gpus)
 
     def save():
         write_json(out, report)
 
     busbw = torch.cuda.is_available() and a.busbw
-    report["busbw"] = _result(_launch(a, "r50", "busbw", a.gpus), 300) if busbw else {}
-    print(f"NCCL all-reduce bus bandwidth on {a.gpus} GPUs: {report['busbw']}", flush=True)
+    report["busbw"] = {n: _result(_launch(a, "r50", "busbw", n), 300) for n in a.gpus if busbw}
+    print(f"NCCL all-reduce bus bandwidth: {report['busbw']}", flush=True)
     # Compile every row's step once on all the GPUs (a graph is cached per device), a few rows at
     # a time in parallel, into one inductor cache that the timed runs then load.
     warmed = sorted({(m, k) for m, k, _ in runs if not k.startswith("train")})
     report["compile"] = {}
-    for i in range(0, len(warmed), WARM_AT_ONCE):
-        part = warmed[i : i + WARM_AT_ONCE]
-        warm = [_launch(a, m, k, a.gpus, steps=0, warmup=0) for m, k in part]
+    for i in range(0, len(warmed), a.warm_at_once):
+        part = warmed[i : i + a.warm_at_once]
+        warm = [_launch(a, m, k, most, steps=0, warmup=0) for m, k in part]
         for (m, k), p in zip(part, warm, strict=True):
             report["compile"][f"{m}:{k}"] = _result(p, 420)
     save()
@@ -416,60 +467,61 @@ def main(argv=None) -> int:
             report["rows"].append({"run": name, "error": "not run: time limit"})
             continue
         if k.startswith("train"):  # train.py end to end: train_gam_fd is --estimator=gam_fd
-            est = k.removeprefix("train_")
-            one, many = _train_py(a, m, est, 1, 240), _train_py(a, m, est, a.gpus, 240)
-            row = {"run": name, "perturbation": "global", "one": one, "many": many}
-            if one.get("images_per_s") and many.get("images_per_s"):
-                row["efficiency"] = round(
-                    efficiency(many["images_per_s"], one["images_per_s"], a.gpus), 3
-                )
-            report["rows"].append(row)
-            print(_line(row, a.gpus), flush=True)
+            for row in _train_rows(a, name, m, k.removeprefix("train_"), guard == "graph"):
+                report["rows"].append(row)
+                print(_line(row), flush=True)
             save()
             continue
         if guard == "twin":  # the 1-GPU step alone, then one copy on every GPU at once
             one = _result(_launch(a, m, k, 1), a.run_timeout)
-            twins = [
-                _launch(a, m, k, 1, env={"CUDA_VISIBLE_DEVICES": str(i)}) for i in range(a.gpus)
-            ]
+            twins = [_launch(a, m, k, 1, env={"CUDA_VISIBLE_DEVICES": str(i)}) for i in range(most)]
             copies = [_result(p, a.run_timeout) for p in twins]
-            row = {"run": name, "perturbation": "none", "one": one, "copies": copies}
+            row = {"run": name, "gpus": most, "perturbation": "none", "one": one, "copies": copies}
             rates = [c.get("images_per_s") for c in copies]
             if one.get("images_per_s") and all(rates):
                 row["copies_rate_ratio"] = round(min(rates) / one["images_per_s"], 3)
             report["rows"].append(row)
             print(
-                f"{name:16s} alone {one.get('ms_per_step')} ms; {a.gpus} copies at once "
+                f"{name:16s} alone {one.get('ms_per_step')} ms; {most} copies at once "
                 f"{[c.get('ms_per_step') for c in copies]} ms",
                 flush=True,
             )
             save()
             perts, guard = ["global"], ""
         one = _result(_launch(a, m, k, 1, guard=guard), a.run_timeout)
-        for pert in perts:
-            prof = str(out.with_name(f"{out.stem}_profile_{name.replace(':', '_')}_{pert}.txt"))
-            many = _result(_launch(a, m, k, a.gpus, pert, profile=prof, guard=guard), a.run_timeout)
-            row = {"run": name, "perturbation": pert, "one": one, "many": many}
-            if "images_per_s" in one and "images_per_s" in many:
-                row["efficiency"] = round(
-                    efficiency(many["images_per_s"], one["images_per_s"], a.gpus), 3
-                )
-            report["rows"].append(row)
-            print(_line(row, a.gpus), flush=True)
-            save()
+        for n in a.gpus:
+            for pert in perts:
+                tag = f"{name.replace(':', '_')}_{pert}" + (f"_{n}gpus" if len(a.gpus) > 1 else "")
+                prof = str(out.with_name(f"{out.stem}_profile_{tag}.txt")) if n == most else ""
+                many = _result(_launch(a, m, k, n, pert, profile=prof, guard=guard), a.run_timeout)
+                row = {"run": name, "gpus": n, "perturbation": pert, "one": one, "many": many}
+                if "images_per_s" in one and "images_per_s" in many:
+                    row["efficiency"] = round(
+                        efficiency(many["images_per_s"], one["images_per_s"], n), 3
+                    )
+                report["rows"].append(row)
+                print(_line(row), flush=True)
+                save()
     save()
     return 0
 
 
-def _line(row: dict, n: int) -> str:
-    one, many = row["one"], row["many"]
-    if "efficiency" not in row:
+def _line(row: dict) -> str:
+    one, many, n = row["one"], row["many"], row["gpus"]
+    if "efficiency" not in row and "data_path_cost" not in row:
         return f"{row['run']:12s} {row['perturbation']:6s} error: {one.get('error') or many.get('error')}"
     prof = many.get("profile", {})
+    folder = row.get("folder")
     return (
-        f"{row['run']:12s} {row['perturbation']:6s} 1 GPU {one['images_per_s']:8.1f} img/s  "
-        f"{n} GPUs {many['images_per_s']:8.1f} img/s  efficiency {row['efficiency']:.3f}  "
-        f"profile {prof.get('device_ms')} host sync {prof.get('host_sync_ms')} ms"
+        f"{row['run']:12s} {row['perturbation']:6s} 1 GPU {one.get('images_per_s')} img/s  "
+        f"{n} GPUs {many['images_per_s']:8.1f} img/s  efficiency {row.get('efficiency')}  "
+        + (
+            f"profile {prof.get('device_ms')} host sync {prof.get('host_sync_ms')} ms"
+            if prof
+            else ""
+        )
+        + (f"folder {folder.get('images_per_s') or folder.get('error')}" if folder else "")
+        + (f" data path cost {row['data_path_cost']:.3f}" if "data_path_cost" in row else "")
     )
 
 

@@ -3,6 +3,7 @@ efficiency, and the efficiency is the ratio the README defines."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 
@@ -44,3 +45,40 @@ def test_rows_on_two_cpu_processes(tmp_path):
             assert run["ms_per_step"] == pytest.approx(
                 statistics.median(run["window_ms"]), abs=0.01
             )
+
+
+def test_gpu_counts_are_two_or_more():
+    assert data_parallel._counts("4,2,4") == [2, 4]
+    with pytest.raises(argparse.ArgumentTypeError, match="--gpus"):
+        data_parallel._counts("1,2")
+
+
+def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, tmp_path):
+    """A train row: train.py on 1 GPU and on each N in memory, and on the folder through the loader
+    with --data; the data path's cost is 1 − folder rate ÷ in-memory rate at the same N."""
+    rates = {(1, False): 100.0, (2, False): 190.0, (4, False): 360.0, (2, True): 171.0}
+    rates[(4, True)] = 360.0
+    calls = []
+
+    def train_py(a, model, est, gpus, timeout, graph=False, folder=False):
+        calls.append((model, est, gpus, graph, folder))
+        return {"world": gpus, "images_per_s": rates[(gpus, folder)]}
+
+    monkeypatch.setattr(data_parallel, "_train_py", train_py)
+    out = tmp_path / "dp.json"
+    args = ["--gpus", "2,4", "--runs", "r50:train_gam_fd:graph", "--data", str(tmp_path)]
+    assert data_parallel.main([*args, "--no-busbw", "--out", str(out)]) == 0
+    assert calls == [
+        ("r50", "gam_fd", n, True, f) for n, f in [(1, 0), (2, 0), (2, 1), (4, 0), (4, 1)]
+    ]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["gpus"] for r in rows] == [2, 4]
+    assert [r["efficiency"] for r in rows] == [0.95, 0.9]
+    assert [r["data_path_cost"] for r in rows] == [0.1, 0.0]
+
+    calls.clear()  # without the 1-GPU run: no efficiency, the folder's cost all the same
+    assert data_parallel.main([*args, "--no-busbw", "--no-train_one", "--out", str(out)]) == 0
+    assert (1, False) not in [(c[2], c[4]) for c in calls]
+    rows = json.loads(out.read_text())["rows"]
+    assert ["efficiency" in r for r in rows] == [False, False]
+    assert [r["data_path_cost"] for r in rows] == [0.1, 0.0]
