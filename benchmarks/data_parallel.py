@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -151,6 +152,13 @@ def _ddp_step(cfg, procs, data):
     return step
 
 
+def _say(procs, text: str) -> None:
+    if (
+        procs.main
+    ):  # progress in the run's log, so that a run stopped from outside says how far it got
+        print(text, flush=True)
+
+
 def _sync(procs) -> None:
     if procs.device.type == "cuda":
         torch.cuda.synchronize(procs.device)
@@ -245,6 +253,7 @@ def worker(a) -> None:
         step(batch)
         _sync(procs)
         result["first_step_s"] = round(time.perf_counter() - began, 1)
+        _say(procs, f"first step (building, compiling, capturing) {result['first_step_s']} s")
         for _ in range(a.warmup):
             step(batch)
         if a.steps:
@@ -260,6 +269,7 @@ def worker(a) -> None:
                     host += time.perf_counter() - t
                 _sync(procs)
                 windows.append((time.perf_counter() - began) * 1e3 / a.steps)
+                _say(procs, f"window {len(windows)}: {windows[-1]:.2f} ms per step")
             ms = torch.tensor(windows, device=procs.device)
             # the host's time to issue a step: near ms_per_step, the step is bound by the host
             result["host_ms_per_step"] = round(host * 1e3 / (a.steps * a.windows), 2)
@@ -313,13 +323,15 @@ def _train_py(a, model, estimator, gpus, timeout, graph=False, folder=False) -> 
     cmd += ["--log_every=10", "--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
     cmd += ["--progress=false", "--landscape=false"] + (["--cuda_graph"] if graph else [])
     cmd += [f"--logdir={logdir}"] + (["--channels_last"] if model == "r50" else [])
+    log = _log_path(a, f"train_{model}_{estimator}_{gpus}gpu" + ("_folder" if folder else ""))
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        with log.open("w") as f:
+            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return {"error": "timed out"}
+        return {"error": "timed out", "log": log.name}
     found = list(logdir.rglob("summary.json"))
     if done.returncode or not found:
-        return {"error": f"exit {done.returncode}: " + done.stdout[-300:] + done.stderr[-300:]}
+        return {"error": f"exit {done.returncode}: " + _tail(log), "log": log.name}
     s = json.loads(found[0].read_text())
     keys = ("images_per_s", "compile_seconds", "peak_memory_gib", "loader", "steps")
     return {"world": gpus, **{k: s.get(k) for k in keys}}
@@ -359,30 +371,46 @@ def _launch(
     ]
     cmd += ["--warmup", str(a.warmup if warmup is None else warmup), "--profile", profile]
     cmd += ["--windows", str(a.windows)]
-    return subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **(env or {})},
-    )
+    log = _log_path(a, f"{model}_{kind}" + (f"_{guard}" if guard else "") + f"_{gpus}gpu_{pert}")
+    with log.open("w") as f:  # the child writes on; a run stopped from outside leaves its log
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+    proc.log = log
+    return proc
+
+
+_LOGS = itertools.count()
+
+
+def _log_path(a, label: str) -> Path:
+    """Where one run's output goes: ``<out>_logs/<number>_<label>.log``, numbered in launch order."""
+    out = Path(a.out)
+    folder = out.with_name(f"{out.stem}_logs")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{next(_LOGS):02d}_{label}.log"
+
+
+def _tail(log: Path, lines: int = 4) -> str:
+    text = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    return " | ".join(text[-lines:])[-600:]
 
 
 def _result(proc, timeout) -> dict:
+    """The ``RESULT`` line of a run's log; a result printed before a hang still counts."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # a result printed before a hang still counts
+        proc.wait(timeout=timeout)
+        stopped = False
+    except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-        found = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        return (
-            {**json.loads(found[0][7:]), "exit": "timed out"} if found else {"error": "timed out"}
-        )
-    for line in out.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    tail = [ln for ln in out.splitlines() if ln.strip()][-4:]
-    return {"error": " | ".join(tail)[-600:]}
+        proc.wait()
+        stopped = True
+    found = [
+        ln for ln in proc.log.read_text(errors="replace").splitlines() if ln.startswith("RESULT ")
+    ]
+    if found:
+        return {**json.loads(found[0][7:]), **({"exit": "timed out"} if stopped else {})}
+    return {"error": "timed out" if stopped else _tail(proc.log), "log": proc.log.name}
 
 
 def _counts(text: str) -> list[int]:

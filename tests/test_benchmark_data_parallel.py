@@ -36,6 +36,14 @@ def test_rows_on_two_cpu_processes(tmp_path):
     assert twin["copies_rate_ratio"] == pytest.approx(
         slowest / twin["one"]["images_per_s"], abs=1e-3
     )
+    # every run's output in a log of its own, in launch order, with its progress and its result
+    logs = sorted((tmp_path / "dp_logs").glob("*.log"))
+    assert [p.name[:2] for p in logs] == [f"{i:02d}" for i in range(len(logs))]
+    timed = [
+        p.read_text() for p in logs if "RESULT" in p.read_text() and "window 3:" in p.read_text()
+    ]
+    # ddp: 1 and 2 GPUs; gam_fd: 1, 2 global, 2 local; twin: alone, 2 copies, then 1 and 2 GPUs
+    assert len(timed) == 2 + 3 + 5
     for r in rows[:3] + rows[4:]:
         assert r["one"]["world"] == 1 and r["many"]["world"] == 2
         want = data_parallel.efficiency(r["many"]["images_per_s"], r["one"]["images_per_s"], 2)
