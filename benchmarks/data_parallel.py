@@ -55,7 +55,7 @@ import torch.nn.functional as F
 
 from reproduce.run.report import dumps, write_json
 
-__all__ = ["PRESETS", "efficiency", "main"]
+__all__ = ["PRESETS", "efficiency", "hours", "main", "project", "projections"]
 
 # digits: a small preset for the driver's own test on the CPU
 PRESETS = {"r50": "hp2.imagenet.resnet50", "vit": "hp2.imagenet.vit_s32", "digits": "digits"}
@@ -75,6 +75,57 @@ NCCL_ENV = {
 def efficiency(rate_n: float, rate_1: float, n: int) -> float:
     """N-GPU images/s ÷ (N × 1-GPU images/s)."""
     return rate_n / (n * rate_1)
+
+
+IMAGENET_TRAIN = 1_281_167
+
+
+def project(points: dict[int, float], n: int) -> float:
+    """A projection, not a measurement: the efficiency at ``n`` GPUs from measured ``{gpus:
+    efficiency}``. The step's time beyond the 1-GPU step, t₁(1/e − 1) at the largest measured count
+    m, is taken as exposed all-reduce time, which a ring all-reduce at the same bus bandwidth scales
+    by 2(n−1)/n ÷ 2(m−1)/m (×1.17 from 4 GPUs to 8, ×1.75 from 2 to 8); the compute per GPU is the
+    same at any count."""
+    m = max(points)
+    exposed = (1 / points[m] - 1) * ((n - 1) / n) / ((m - 1) / m)
+    return 1 / (1 + exposed)
+
+
+def hours(rate_1: float, eff: float, n: int, epochs: int, examples: int = IMAGENET_TRAIN) -> float:
+    """Wall-clock hours of ``epochs`` passes over ``examples`` on ``n`` GPUs, each GPU alone at
+    ``rate_1`` images/s and together at efficiency ``eff`` (evaluation and compilation left out)."""
+    return epochs * examples / (n * rate_1 * eff) / 3600
+
+
+def projections(paths: list[str], n: int = 8) -> list[dict]:
+    """For each row (run, perturbation) of the reports at ``paths``: its measured efficiencies by
+    GPU count, the 1-GPU rate of the report with the most GPUs, the efficiency projected (:func:`project`)
+    to ``n`` GPUs, and the hours of 90 epochs (ResNet-50's recipe) and 300 (ViT's) at that rate."""
+    rows: dict[tuple, dict] = {}
+    for path in paths:
+        for r in json.loads(Path(path).read_text())["rows"]:
+            if "efficiency" not in r:
+                continue
+            gpus = r.get("gpus", r["many"].get("world"))
+            row = rows.setdefault((r["run"], r["perturbation"]), {"efficiency": {}})
+            row["efficiency"][gpus] = r["efficiency"]
+            if gpus >= max(row["efficiency"]):
+                row["rate_1"] = r["one"]["images_per_s"]
+    out = []
+    for (run, pert), row in rows.items():
+        eff = project(row["efficiency"], n)
+        out.append(
+            {
+                "run": run,
+                "perturbation": pert,
+                **row,
+                f"projected_efficiency_{n}": round(eff, 3),
+                f"projected_images_per_s_{n}": round(n * row["rate_1"] * eff),
+                "hours_90_epochs": round(hours(row["rate_1"], eff, n, 90), 2),
+                "hours_300_epochs": round(hours(row["rate_1"], eff, n, 300), 2),
+            }
+        )
+    return out
 
 
 # ---------------------------------------------------------------- one process of a row
@@ -450,6 +501,13 @@ def main(argv=None) -> int:
         help="train rows: the 1-GPU run too (for the efficiency)",
     )
     ap.add_argument("--warm_at_once", type=int, default=WARM_AT_ONCE, help="rows compiled at once")
+    ap.add_argument(
+        "--project",
+        nargs="+",
+        metavar="REPORT",
+        help="print each row's efficiency and wall-clock projected to --to GPUs from these reports",
+    )
+    ap.add_argument("--to", type=int, default=8, help="--project: GPUs")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="r50", help=argparse.SUPPRESS)
     ap.add_argument("--kind", default="sgd", help=argparse.SUPPRESS)
@@ -460,6 +518,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.worker:
         worker(a)
+        return 0
+    if a.project:
+        for row in projections(a.project, a.to):
+            print(dumps(row, indent=None))
         return 0
     os.environ.update(NCCL_ENV)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="dp_inductor_"))

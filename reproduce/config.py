@@ -140,7 +140,7 @@ class Config:
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
     cuda_graph: bool = False  # replay each step, update and all-reduces included, as one CUDA graph
-    loader: str = "auto"  # image folders: dali | dali_exact | gpu (nvJPEG) | folder | auto (folder)
+    loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else folder)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
     # --- logging and evaluation

@@ -125,3 +125,16 @@ def test_loader_choice_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
     cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", "--workers=0"])
     train, _, name = loaders(cfg, D.load(cfg), cpu)
     assert isinstance(train, D.FolderLoader) and name.startswith("folder")
+
+
+def test_auto_takes_dali_only_with_a_gpu_dali_and_imagenet_jpegs(monkeypatch):
+    from reproduce.data import dali
+    from reproduce.run.loaders import auto_loader
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.setattr(dali, "available", lambda: True)
+    assert auto_loader(True, cuda) == "dali"
+    assert auto_loader(True, cpu) == "folder"  # without a GPU, the DataLoader as before
+    assert auto_loader(False, cuda) == "folder"  # another data set, or another augmentation
+    monkeypatch.setattr(dali, "available", lambda: False)
+    assert auto_loader(True, cuda) == "folder"
