@@ -502,6 +502,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--warm_at_once", type=int, default=WARM_AT_ONCE, help="rows compiled at once")
     ap.add_argument(
+        "--perturbations",
+        type=lambda t: [m for m in t.split(",") if m],
+        default=["global", "local"],
+        help="GAM rows: the modes timed on N GPUs (global,local)",
+    )
+    ap.add_argument(
         "--project",
         nargs="+",
         metavar="REPORT",
@@ -552,7 +558,7 @@ def main(argv=None) -> int:
     for m, k, guard in runs:
         name = f"{m}:{k}" + (f":{guard}" if guard else "")
         both = k.startswith("gam") and guard in ("", "graph")
-        perts = ["global", "local"] if both else ["global"]
+        perts = a.perturbations if both else ["global"]
         if time.time() > deadline:
             report["rows"].append({"run": name, "error": "not run: time limit"})
             continue
