@@ -545,15 +545,26 @@ def main(argv=None) -> int:
     busbw = torch.cuda.is_available() and a.busbw
     report["busbw"] = {n: _result(_launch(a, "r50", "busbw", n), 300) for n in a.gpus if busbw}
     print(f"NCCL all-reduce bus bandwidth: {report['busbw']}", flush=True)
-    # Compile every row's step once on all the GPUs (a graph is cached per device), a few rows at
-    # a time in parallel, into one inductor cache that the timed runs then load.
-    warmed = sorted({(m, k) for m, k, _ in runs if not k.startswith("train")})
+    # Compile every row's step once on all the GPUs (a graph is cached per device), a few at a time
+    # in parallel, into one inductor cache that the timed runs then load. GAM compiles in both modes:
+    # global mode's passes take the global gradient from outside (a gradient pass, an H·v pass),
+    # local mode and the 1-GPU step form g and H·g/‖g‖ in one point pass of their own.
+    warmed = sorted(
+        {
+            (m, k, pert)
+            for m, k, _ in runs
+            if not k.startswith("train")
+            for pert in (("global", "local") if k.startswith("gam") else ("global",))
+        }
+    )
     report["compile"] = {}
     for i in range(0, len(warmed), a.warm_at_once):
         part = warmed[i : i + a.warm_at_once]
-        warm = [_launch(a, m, k, most, steps=0, warmup=0) for m, k in part]
-        for (m, k), p in zip(part, warm, strict=True):
-            report["compile"][f"{m}:{k}"] = _result(p, 420)
+        warm = [_launch(a, m, k, most, pert, steps=0, warmup=0) for m, k, pert in part]
+        for (m, k, pert), p in zip(part, warm, strict=True):
+            report["compile"][f"{m}:{k}" + ("" if pert == "global" else f":{pert}")] = _result(
+                p, 420
+            )
     save()
     for m, k, guard in runs:
         name = f"{m}:{k}" + (f":{guard}" if guard else "")
