@@ -163,8 +163,13 @@ SECOND_ORDER = (exact, reverse)
 
 
 def get(hvp: str, fd_radius: float = 1e-3):
-    """The backend named ``hvp`` ("exact", "reverse" or "fd"); raises ValueError naming ``hvp``."""
+    """The backend named ``hvp`` ("exact", "reverse" or "fd"); raises ValueError naming ``hvp``.
+
+    For ``"exact"`` it loads torch's forward-mode decompositions now, outside any compiled region
+    (:func:`_load_jvp_decompositions`): traced under ``torch.compile``, the first ``jvp`` would import
+    them inside the trace, where the warning that import gives reaches the user."""
     if hvp == "exact":
+        _load_jvp_decompositions()
         return exact
     if hvp == "reverse":
         return reverse

@@ -135,16 +135,19 @@ def test_the_wrappers_use_the_one_vector_protocol():
         assert "isinstance(v, dict)" not in source and "v(clean.grad)" not in source, name
 
 
-def test_the_first_exact_hvp_of_a_process_warns_nothing():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_first_exact_hvp_of_a_process_warns_nothing(compiled):
     """torch imports its forward-mode decompositions at a process's first jvp, and on recent torch
     that import warns that ``torch.jit.script`` is deprecated; gamfunc's first exact GAM step, in a
-    fresh process with every warning an error, must not pass that warning on to the user."""
+    fresh process with every warning an error, eager or compiled by pass (where the jvp is first
+    traced), must not pass that warning on to the user."""
+    compile_ = ".compile(scope='pass', backend='eager')" if compiled else ""
     code = (
         "import warnings, torch, gamfunc\n"
         "warnings.simplefilter('error')\n"
         "loss = lambda p, b: ((b[0] @ p['w']).tanh() - b[1]).pow(2).mean()\n"
         "params = {'w': torch.randn(3, 2)}\n"
-        "step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(0.1), loss)\n"
+        f"step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(0.1), loss){compile_}\n"
         "step(params, step.init(params), (torch.randn(4, 3), torch.randn(4, 2)))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
