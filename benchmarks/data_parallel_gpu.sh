@@ -8,7 +8,7 @@
 # dali:     a synthetic JPEG folder, then train.py --cuda_graph on 2 GPUs in memory and through
 #           --loader=dali, for SGD and fd GAM: the data path's cost
 # loader:   --loader=dali's pipeline alone at 128 images a batch, with 0, 65% and all of each batch
-#           on the hardware JPEG decoder
+#           on the hardware JPEG decoder, and with each crop's window decoded alone (roi_decode)
 # anchor:   bus bandwidth, DDP and the graphed SGD/AdamW steps (ResNet-50, ViT-S/32) on every GPU
 # r50exact: ResNet-50 exact GAM, graphed, on every GPU, global mode (PERTS=global,local for both: its
 #           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew)
@@ -37,7 +37,8 @@ for what in "$@"; do
         --loader dali --no-train_one --no-busbw --run_timeout 200 --out "$OUT/dp_dali.json") ;;
     loader)
       (dali_path; python3 benchmarks/loader_throughput.py --data "$D" --batch 128 \
-        --pipelines dali:0 dali:0.65 dali:1.0 --threads 8 --out "$OUT/loader_dali_128.json") ;;
+        --pipelines dali:0 dali:0.65 dali:1.0 dali_roi:0.65 dali_roi:1.0 --threads 8 \
+        --out "$OUT/loader_dali_128.json") ;;
     anchor)
       $DP --gpus "$N" --runs r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph \
         --warm_at_once 4 --time_limit 420 --run_timeout 150 --out "$OUT/dp_anchor.json" ;;

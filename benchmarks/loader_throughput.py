@@ -4,7 +4,7 @@ Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the t
 ``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
 of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends.
 A pipeline is ``dali:HW_LOAD`` (DALI reading and drawing the crops, that share of each batch to
-the hardware JPEG decoder), ``dali_exact:HW_LOAD`` (DALI decoding the crops torchvision draws; a
+the hardware JPEG decoder; ``dali_roi:HW_LOAD`` the same decoding only each crop's window), ``dali_exact:HW_LOAD`` (DALI decoding the crops torchvision draws; a
 ``:fancy`` suffix adds libjpeg-turbo's chroma upsampling),
 ``nvjpeg:DECODE_THREADS`` (torchvision's nvJPEG) or ``folder:WORKERS`` (DataLoader workers).
 
@@ -80,6 +80,7 @@ def main() -> None:
                 fancy_upsampling="fancy" in extra,
                 crops="exact" if kind == "dali_exact" else "dali",
                 workers=args.workers,
+                roi_decode=kind == "dali_roi",
             )
             name = f"{kind}_hw_{arg}" + ("_fancy_upsampling" if extra else "")
         elif kind == "nvjpeg":
