@@ -15,8 +15,8 @@ on N GPUs made data parallel in ``--perturbation=global`` and ``local``; ``train
 ``reproduce/train.py`` itself on in-memory synthetic data (60 steps), the loop and its data path
 included, its rate from the run's summary (``r50:train_gam_fd:graph``: with ``--cuda_graph``); with
 ``--data`` (a JPEG folder, ``benchmarks/jpeg_folder.py``) each N-GPU train run is repeated on the folder
-through ``--loader``, and ``data_path_cost`` = 1 − its images/s ÷ the in-memory images/s. A third field ``sync`` (``r50:gam_fd:sync``) runs the step
-with the non-finite guard of before, which read the step's finiteness on the host at every step;
+through ``--loader``, and ``data_path_cost`` = 1 − its images/s ÷ the in-memory images/s. A third
+field ``sync`` (``r50:gam_fd:sync``) runs the step with the non-finite guard of before, which read the step's finiteness on the host at every step;
 ``twin`` (``r50:sgd:twin``) first runs the 1-GPU step alone, then one independent copy of it on
 every GPU at once (no process group): a slowdown there comes from what the processes share on the
 host, not from the collectives; ``graph`` (``r50:gam_fd:graph``) runs the same step replayed as a
@@ -24,19 +24,21 @@ CUDA graph (:func:`gamfunc.cuda_graph`, all-reduces included), on 1 GPU and on N
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
 step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
-(the plain step: no process group, no wrapper) and on N (each N of ``--gpus 2,4``), each by ``torchrun``; efficiency is N-GPU
-images/s ÷ (N × 1-GPU images/s). Before the timing, every row's step is compiled once on all N
-GPUs (a few rows at once), filling one inductor cache, so that the timed runs load their graphs. The
-NCCL all-reduce bus bandwidth at 25 MB and 100 MB comes first. Each timed run also gives the host's
-time to issue one step (``host_ms_per_step``: near ``ms_per_step``, the step is bound by the host)
-and the median and range of ``--windows`` timed windows of ``--steps`` steps each, and one step of each N-GPU row is profiled (``torch.profiler``, rank 0): its GPU time by kind (NCCL,
-compute, copies), its host waits, and its operators by GPU and by host time.
+(the plain step: no process group, no wrapper) and on N (each N of ``--gpus 2,4``), each a
+``torchrun`` of :mod:`benchmarks.dp_worker`, its output in ``<out>_logs/``; efficiency is N-GPU
+images/s ÷ (N × 1-GPU images/s). Before the timing, every row's step is compiled once on all N GPUs
+(a few at once; GAM in both modes), filling one inductor cache that the timed runs load. The NCCL
+all-reduce bus bandwidth at 25 MB and 100 MB comes first. Each timed run also gives the host's time
+to issue one step (``host_ms_per_step``: near ``ms_per_step``, the step is bound by the host) and
+the median and range of ``--windows`` timed windows of ``--steps`` steps each, and one step of each
+N-GPU row is profiled (``torch.profiler``, rank 0): its GPU time by kind (NCCL, compute, copies),
+its host waits, and its operators by GPU and by host time. :mod:`benchmarks.dp_projection` projects
+the reports to more GPUs.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
 import os
@@ -50,297 +52,24 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
 
-from reproduce.run.report import dumps, write_json
+from benchmarks.dp_worker import NCCL_ENV, PRESETS
+from reproduce.run.report import write_json
 
-__all__ = ["PRESETS", "efficiency", "hours", "main", "project", "projections"]
+__all__ = ["efficiency", "main"]
 
-# digits: a small preset for the driver's own test on the CPU
-PRESETS = {"r50": "hp2.imagenet.resnet50", "vit": "hp2.imagenet.vit_s32", "digits": "digits"}
 KINDS = ("ddp", "sgd", "gam_fd", "gam")
 DEFAULT_RUNS = (
     "r50:ddp,r50:sgd:graph,r50:gam_fd:graph,r50:sgd,r50:gam_fd,"
     "vit:ddp,vit:sgd:graph,vit:gam:graph,r50:gam:graph"
 )
 WARM_AT_ONCE = 3  # rows compiled at once (GPU memory: ResNet-50 exact GAM alone takes 37 GiB)
-NCCL_ENV = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
+WORKER = str(Path(__file__).with_name("dp_worker.py"))
 
 
 def efficiency(rate_n: float, rate_1: float, n: int) -> float:
     """N-GPU images/s ÷ (N × 1-GPU images/s)."""
     return rate_n / (n * rate_1)
-
-
-IMAGENET_TRAIN = 1_281_167
-
-
-def project(points: dict[int, float], n: int) -> float:
-    """A projection, not a measurement: the efficiency at ``n`` GPUs from measured ``{gpus:
-    efficiency}``. The step's time beyond the 1-GPU step, t₁(1/e − 1) at the largest measured count
-    m, is taken as exposed all-reduce time, which a ring all-reduce at the same bus bandwidth scales
-    by 2(n−1)/n ÷ 2(m−1)/m (×1.17 from 4 GPUs to 8, ×1.75 from 2 to 8); the compute per GPU is the
-    same at any count."""
-    m = max(points)
-    exposed = (1 / points[m] - 1) * ((n - 1) / n) / ((m - 1) / m)
-    return 1 / (1 + exposed)
-
-
-def hours(rate_1: float, eff: float, n: int, epochs: int, examples: int = IMAGENET_TRAIN) -> float:
-    """Wall-clock hours of ``epochs`` passes over ``examples`` on ``n`` GPUs, each GPU alone at
-    ``rate_1`` images/s and together at efficiency ``eff`` (evaluation and compilation left out)."""
-    return epochs * examples / (n * rate_1 * eff) / 3600
-
-
-def projections(paths: list[str], n: int = 8) -> list[dict]:
-    """For each row (run, perturbation) of the reports at ``paths``: its measured efficiencies by
-    GPU count, the 1-GPU rate of the report with the most GPUs, the efficiency projected (:func:`project`)
-    to ``n`` GPUs, and the hours of 90 epochs (ResNet-50's recipe) and 300 (ViT's) at that rate."""
-    rows: dict[tuple, dict] = {}
-    for path in paths:
-        for r in json.loads(Path(path).read_text())["rows"]:
-            if "efficiency" not in r:
-                continue
-            gpus = r.get("gpus", r["many"].get("world"))
-            row = rows.setdefault((r["run"], r["perturbation"]), {"efficiency": {}})
-            row["efficiency"][gpus] = r["efficiency"]
-            if gpus >= max(row["efficiency"]):
-                row["rate_1"] = r["one"]["images_per_s"]
-    out = []
-    for (run, pert), row in rows.items():
-        eff = project(row["efficiency"], n)
-        out.append(
-            {
-                "run": run,
-                "perturbation": pert,
-                **row,
-                f"projected_efficiency_{n}": round(eff, 3),
-                f"projected_images_per_s_{n}": round(n * row["rate_1"] * eff),
-                "hours_90_epochs": round(hours(row["rate_1"], eff, n, 90), 2),
-                "hours_300_epochs": round(hours(row["rate_1"], eff, n, 300), 2),
-            }
-        )
-    return out
-
-
-# ---------------------------------------------------------------- one process of a row
-
-
-def _config(model: str, kind: str, per_gpu: int, world: int, perturbation: str, cuda: bool):
-    from reproduce.config import resolve
-
-    args = [f"--preset={PRESETS.get(model, model)}", f"--estimator={kind}", "--synthetic"]
-    args += [f"--batch_size={per_gpu * world}", f"--perturbation={perturbation}"]
-    args += ["--bf16", "--compile"] if cuda else []  # the CPU runs only the driver's own test
-    return resolve(args + (["--channels_last"] if model == "r50" else []))
-
-
-def _data(cfg):
-    """The preset's shapes without its data: ``(data with an ImageNet-sized epoch, input shape)``."""
-    from reproduce.data import sets as data_mod
-
-    small = data_mod.load(
-        dataclasses.replace(cfg, synthetic_size=4, label_noise=0.0, val_fraction=0.0)
-    )
-    shape = tuple(small.train.tensors()[0].shape[1:])
-    return dataclasses.replace(small, train=range(1_281_167)), shape
-
-
-def _gamfunc_step(cfg, kind, procs, data, graphed=False):
-    """train.py's step for ``cfg`` (reproduce.build.setup), as a function of one batch; ``graphed``:
-    replayed as a CUDA graph (:func:`gamfunc.cuda_graph`)."""
-    import gamfunc
-    from reproduce.build import setup
-
-    t = setup(cfg, kind, data, procs)
-    box = {"params": t.params, "state": t.state}
-    run = gamfunc.cuda_graph(t.step) if graphed else t.step
-
-    def step(batch):
-        box["params"], box["state"], _ = run(box["params"], box["state"], batch)
-
-    # NCCL's communicators cannot be destroyed while a graph holds them (gamfunc.cuda_graphs)
-    step.release = (lambda: gamfunc.cuda_graphs.release(run)) if graphed else (lambda: None)
-
-    return step
-
-
-def _ddp_step(cfg, procs, data):
-    """The anchor: the module compiled, DDP on several processes, eager torch.optim."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from reproduce.build import channels_last
-    from reproduce.models import build_model
-
-    model = build_model(cfg.model, data.num_classes, data.image_size, seed=cfg.seed)
-    model = model.to(procs.device)
-    if cfg.channels_last:
-        channels_last(model)
-    if cfg.base == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    else:
-        opt = torch.optim.SGD(
-            model.parameters(), lr=cfg.lr, momentum=0.9, weight_decay=cfg.weight_decay
-        )
-    cuda = procs.device.type == "cuda"
-    ids = [procs.device.index] if cuda else None
-    net = DDP(model, device_ids=ids) if procs.world > 1 else model
-    net = torch.compile(net) if cfg.compile else net
-
-    def step(batch):
-        x, y = batch
-        with torch.autocast(procs.device.type, torch.bfloat16, enabled=cfg.bf16):
-            loss = F.cross_entropy(net(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return step
-
-
-def _say(procs, text: str) -> None:
-    if (
-        procs.main
-    ):  # progress in the run's log, so that a run stopped from outside says how far it got
-        print(text, flush=True)
-
-
-def _sync(procs) -> None:
-    if procs.device.type == "cuda":
-        torch.cuda.synchronize(procs.device)
-
-
-def _bus_bandwidth(procs, sizes_mb=(25, 100), iters=20) -> dict:
-    """NCCL all-reduce bus bandwidth, GB/s: size × 2(n−1)/n ÷ time (nccl-tests' definition)."""
-    out = {}
-    n = procs.world
-    for mb in sizes_mb:
-        x = torch.ones(int(mb * 2**20) // 4, device=procs.device)
-        for _ in range(5):
-            dist.all_reduce(x)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            dist.all_reduce(x)
-        end.record()
-        end.synchronize()
-        seconds = start.elapsed_time(end) / 1e3 / iters
-        out[f"{mb}MB"] = round(x.numel() * 4 * 2 * (n - 1) / n / seconds / 1e9, 1)
-    return out
-
-
-def _profile(step, batch, device, path: Path) -> dict:
-    """One profiled step: GPU time by kind and the host's waits for the device."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step(batch)
-        torch.cuda.synchronize(device)
-    events = prof.key_averages()
-    by_device = events.table(sort_by="self_cuda_time_total", row_limit=30)
-    by_host = events.table(sort_by="self_cpu_time_total", row_limit=40)
-    path.write_text(f"By GPU time\n{by_device}\n\nBy host time\n{by_host}\n")
-
-    def device_us(e):
-        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-
-    kinds = {"nccl": 0.0, "copy": 0.0, "compute": 0.0}
-    waits, calls = 0.0, {}
-    for e in events:
-        name = e.key
-        # the device's own events (kernels, copies): an operator's row repeats its kernels' time
-        us = device_us(e) if "CUDA" in str(getattr(e, "device_type", "")) else 0.0
-        if "nccl" in name.lower():
-            kinds["nccl"] += us
-        elif "Memcpy" in name or "Memset" in name:
-            kinds["copy"] += us
-        elif us:
-            kinds["compute"] += us
-        if name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
-            waits += e.cpu_time_total
-        if name in ("c10d::allreduce_", "nccl:all_reduce", "aten::_local_scalar_dense"):
-            calls[name] = e.count
-    return {
-        "device_ms": {k: round(v / 1e3, 2) for k, v in kinds.items()},
-        "host_sync_ms": round(waits / 1e3, 2),
-        "calls": calls,
-    }
-
-
-def worker(a) -> None:
-    os.environ.update(NCCL_ENV)
-    from reproduce.run import launch
-
-    procs = launch.start("auto")
-    cuda = procs.device.type == "cuda"
-    if a.guard == "sync":  # the guard of before: read `finite` on the host, branch eagerly
-        import gamfunc.step
-
-        gamfunc.step._branch_on_host = lambda finite: not torch.compiler.is_compiling()
-    result: dict = {"world": procs.world}
-    if a.kind == "busbw":
-        result["busbw_GBps"] = _bus_bandwidth(procs)
-    else:
-        kind = a.kind if a.kind != "ddp" else "sgd"
-        cfg = _config(a.model, kind, a.batch, procs.world, a.pert, cuda)
-        data, shape = _data(cfg)
-        if a.kind == "ddp":
-            step = _ddp_step(cfg, procs, data)
-        else:
-            step = _gamfunc_step(cfg, a.kind, procs, data, graphed=a.guard == "graph")
-        g = torch.Generator().manual_seed(procs.rank)
-        x = torch.randn(a.batch, *shape, generator=g).to(procs.device)
-        if cfg.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        batch = (x, torch.randint(data.num_classes, (a.batch,), generator=g).to(procs.device))
-        began = time.perf_counter()
-        step(batch)
-        _sync(procs)
-        result["first_step_s"] = round(time.perf_counter() - began, 1)
-        _say(procs, f"first step (building, compiling, capturing) {result['first_step_s']} s")
-        for _ in range(a.warmup):
-            step(batch)
-        if a.steps:
-            windows, host = [], 0.0
-            for _ in range(a.windows):
-                if procs.world > 1:
-                    dist.barrier(device_ids=[procs.device.index] if cuda else None)
-                _sync(procs)
-                began = time.perf_counter()
-                for _ in range(a.steps):
-                    t = time.perf_counter()
-                    step(batch)
-                    host += time.perf_counter() - t
-                _sync(procs)
-                windows.append((time.perf_counter() - began) * 1e3 / a.steps)
-                _say(procs, f"window {len(windows)}: {windows[-1]:.2f} ms per step")
-            ms = torch.tensor(windows, device=procs.device)
-            # the host's time to issue a step: near ms_per_step, the step is bound by the host
-            result["host_ms_per_step"] = round(host * 1e3 / (a.steps * a.windows), 2)
-            if procs.world > 1:  # the slowest rank sets the pace, window by window
-                dist.all_reduce(ms, op=dist.ReduceOp.MAX)
-            result["window_ms"] = [round(float(w), 2) for w in ms]
-            ms = ms.median()
-            result["ms_per_step"] = round(float(ms), 2)
-            result["images_per_s"] = round(a.batch * procs.world / float(ms) * 1e3, 1)
-            if cuda:
-                result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-            if a.profile and procs.world > 1 and cuda:
-                prof = _profile(step, batch, procs.device, Path(a.profile))
-                if procs.main:
-                    result["profile"] = prof
-    if procs.main:
-        print("RESULT " + dumps(result, indent=None), flush=True)
-    if a.kind != "busbw":
-        getattr(step, "release", lambda: None)()
-    launch.finish(procs, completed=True)
 
 
 # ---------------------------------------------------------------- the driver
@@ -411,7 +140,7 @@ def _launch(
     a, model, kind, gpus, pert="global", steps=None, warmup=None, profile="", env=None, guard=""
 ):
     cmd = _torchrun(gpus)
-    cmd += [__file__, "--worker", "--model", model, "--kind", kind, "--pert", pert]
+    cmd += [WORKER, "--model", model, "--kind", kind, "--pert", pert]
     cmd += [
         "--guard",
         guard,
@@ -507,28 +236,8 @@ def main(argv=None) -> int:
         default=["global", "local"],
         help="GAM rows: the modes timed on N GPUs (global,local)",
     )
-    ap.add_argument(
-        "--project",
-        nargs="+",
-        metavar="REPORT",
-        help="print each row's efficiency and wall-clock projected to --to GPUs from these reports",
-    )
-    ap.add_argument("--to", type=int, default=8, help="--project: GPUs")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--model", default="r50", help=argparse.SUPPRESS)
-    ap.add_argument("--kind", default="sgd", help=argparse.SUPPRESS)
-    ap.add_argument("--pert", default="global", help=argparse.SUPPRESS)
-    ap.add_argument("--profile", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--guard", default="", help=argparse.SUPPRESS)
     ap.add_argument("--busbw", action=argparse.BooleanOptionalAction, default=True)
     a = ap.parse_args(argv)
-    if a.worker:
-        worker(a)
-        return 0
-    if a.project:
-        for row in projections(a.project, a.to):
-            print(dumps(row, indent=None))
-        return 0
     os.environ.update(NCCL_ENV)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="dp_inductor_"))
     deadline = time.time() + a.time_limit

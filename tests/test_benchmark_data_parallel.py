@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from benchmarks import data_parallel
+from benchmarks import data_parallel, dp_projection
 
 
 def test_efficiency_is_n_gpu_rate_over_n_times_one():
@@ -94,13 +94,13 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
 
 def test_projection_scales_the_exposed_time_as_a_ring_all_reduce():
     # at the measured count the projection is the measurement
-    assert data_parallel.project({2: 0.9, 4: 0.8}, 4) == pytest.approx(0.8)
+    assert dp_projection.project({2: 0.9, 4: 0.8}, 4) == pytest.approx(0.8)
     # 2 → 8: the time beyond the 1-GPU step (1/0.5 − 1 = 1) grows by 2·7/8 ÷ 2·1/2 = 1.75
-    assert data_parallel.project({2: 0.5}, 8) == pytest.approx(1 / 2.75)
+    assert dp_projection.project({2: 0.5}, 8) == pytest.approx(1 / 2.75)
     # 4 → 8 from the largest count only
-    assert data_parallel.project({2: 0.1, 4: 0.8}, 8) == pytest.approx(1 / (1 + 0.25 * 7 / 6))
+    assert dp_projection.project({2: 0.1, 4: 0.8}, 8) == pytest.approx(1 / (1 + 0.25 * 7 / 6))
     # 90 epochs of ImageNet on 8 GPUs of 1,000 images/s each, at efficiency 0.5
-    assert data_parallel.hours(1000.0, 0.5, 8, 90) == pytest.approx(90 * 1_281_167 / 4000 / 3600)
+    assert dp_projection.hours(1000.0, 0.5, 8, 90) == pytest.approx(90 * 1_281_167 / 4000 / 3600)
 
 
 def test_projections_read_every_report_and_take_the_largest_count(tmp_path):
@@ -111,8 +111,8 @@ def test_projections_read_every_report_and_take_the_largest_count(tmp_path):
         return str(path)
 
     paths = [report(tmp_path / "a.json", 4, 0.8, 900.0), report(tmp_path / "b.json", 2, 0.9, 1e3)]
-    (row,) = data_parallel.projections(paths, 8)
+    (row,) = dp_projection.projections(paths, 8)
     assert row["efficiency"] == {4: 0.8, 2: 0.9} and row["rate_1"] == 900.0
-    eff = data_parallel.project({4: 0.8}, 8)
+    eff = dp_projection.project({4: 0.8}, 8)
     assert row["projected_efficiency_8"] == pytest.approx(eff, abs=1e-3)
-    assert row["hours_90_epochs"] == pytest.approx(data_parallel.hours(900.0, eff, 8, 90), abs=0.01)
+    assert row["hours_90_epochs"] == pytest.approx(dp_projection.hours(900.0, eff, 8, 90), abs=0.01)
