@@ -137,8 +137,10 @@ def _bus_bandwidth(procs, sizes_mb=(25, 100), iters=20) -> dict:
     return out
 
 
-def _profile(step, batch, device, path: Path) -> dict:
-    """One profiled step: GPU time by kind and the host's waits for the device."""
+def _profile(step, batch, device, path: Path | None) -> dict:
+    """One profiled step: GPU time by kind and the host's waits for the device; its tables written to
+    ``path`` (rank 0's only: every rank profiles, since the step's collectives need them all, and an
+    NCCL kernel's time on a rank includes its wait for slower ranks)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize(device)
@@ -148,7 +150,8 @@ def _profile(step, batch, device, path: Path) -> dict:
     events = prof.key_averages()
     by_device = events.table(sort_by="self_cuda_time_total", row_limit=30)
     by_host = events.table(sort_by="self_cpu_time_total", row_limit=40)
-    path.write_text(f"By GPU time\n{by_device}\n\nBy host time\n{by_host}\n")
+    if path is not None:
+        path.write_text(f"By GPU time\n{by_device}\n\nBy host time\n{by_host}\n")
 
     def device_us(e):
         return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
@@ -235,7 +238,7 @@ def worker(a) -> None:
             if cuda:
                 result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             if a.profile and procs.world > 1 and cuda:
-                prof = _profile(step, batch, procs.device, Path(a.profile))
+                prof = _profile(step, batch, procs.device, Path(a.profile) if procs.main else None)
                 if procs.main:
                     result["profile"] = prof
     if procs.main:
