@@ -10,8 +10,8 @@
 # loader:   --loader=dali's pipeline alone at 128 images a batch, with 0, 65% and all of each batch
 #           on the hardware JPEG decoder, and with each crop's window decoded alone (roi_decode)
 # anchor:   bus bandwidth, DDP and the graphed SGD/AdamW steps (ResNet-50, ViT-S/32) on every GPU
-# r50exact: ResNet-50 exact GAM, graphed, on every GPU, global mode (PERTS=global,local for both: its
-#           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew)
+# r50exact: ResNet-50 exact GAM, graphed, on every GPU, global and local (PERTS=global for one): its
+#           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew
 # r50fd:    ResNet-50 fd GAM, graphed, global and local, on every GPU
 # vitexact: ViT-S/32 exact GAM, graphed, global and local, on every GPU
 set -uo pipefail
@@ -43,8 +43,11 @@ for what in "$@"; do
       $DP --gpus "$N" --runs r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph \
         --warm_at_once 4 --time_limit 420 --run_timeout 150 --out "$OUT/dp_anchor.json" ;;
     r50exact)
-      $DP --gpus "$N" --runs r50:gam:graph --no-busbw --run_timeout 300 \
-        --perturbations "${PERTS:-global}" --out "$OUT/dp_r50exact.json" ;;
+      # both modes compile at once where a GPU holds two of its 37 GiB warm-ups (H200), else in turn
+      W=$([ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ] \
+        && echo 2 || echo 1)
+      $DP --gpus "$N" --runs r50:gam:graph --no-busbw --run_timeout 300 --warm_at_once "$W" \
+        --perturbations "${PERTS:-global,local}" --out "$OUT/dp_r50exact.json" ;;
     r50fd)
       $DP --gpus "$N" --runs r50:gam_fd:graph --no-busbw --run_timeout 150 --out "$OUT/dp_r50fd.json" ;;
     vitexact)
