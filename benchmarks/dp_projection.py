@@ -1,5 +1,6 @@
-"""Data-parallel efficiency and wall-clock projected to more GPUs than were measured (a projection,
-not a measurement), from the reports of ``benchmarks/data_parallel.py``.
+"""Data-parallel efficiency and wall-clock projected to more GPUs than were measured.
+
+From the reports of ``benchmarks/data_parallel.py``: a projection, not a measurement (:func:`project`).
 
     python benchmarks/dp_projection.py benchmarks/results/data_parallel_4xh200_run6_anchor.json \\
         benchmarks/results/data_parallel_2xh200_run5_graph.json --to 8
