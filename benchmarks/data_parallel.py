@@ -56,7 +56,7 @@ import torch
 from benchmarks.dp_worker import NCCL_ENV, PRESETS
 from reproduce.run.report import write_json
 
-__all__ = ["efficiency", "main"]
+__all__ = ["efficiency", "loader_args", "main"]
 
 KINDS = ("ddp", "sgd", "gam_fd", "gam")
 DEFAULT_RUNS = (
@@ -86,24 +86,32 @@ def _torchrun(gpus: int) -> list[str]:
     ]
 
 
-def _train_py(a, model, estimator, gpus, timeout, graph=False, folder=False) -> dict:
+def loader_args(setting: str) -> list[str]:
+    """train.py's arguments for one ``--loader`` setting: a loader, then options joined by ``+``
+    (``dali+dali_roi+dali_hw_load=1.0`` is ``--loader=dali --dali_roi --dali_hw_load=1.0``)."""
+    loader, *options = setting.split("+")
+    return [f"--loader={loader}"] + [f"--{o}" for o in options]
+
+
+def _train_py(a, model, estimator, gpus, timeout, graph=False, folder="") -> dict:
     """``reproduce/train.py`` itself, as a user runs it: images/s from its summary (the rate after the
-    first logging interval). In-memory synthetic data, or with ``folder`` the JPEG folder ``--data``
-    through ``--loader``; ``graph``: ``--cuda_graph``."""
+    first logging interval). In-memory synthetic data, or with ``folder`` (a ``--loader`` setting)
+    the JPEG folder ``--data`` through that loader; ``graph``: ``--cuda_graph``."""
     logdir = Path(tempfile.mkdtemp(prefix="dp_train_"))
     cmd = _torchrun(gpus)
     cmd += [str(Path(__file__).resolve().parents[1] / "reproduce" / "train.py")]
     cmd += [f"--preset={PRESETS[model]}", f"--estimator={estimator}"]
     cmd += ["--bf16", "--compile"] if torch.cuda.is_available() else []  # the CPU: the test alone
     if folder:
-        cmd += [f"--data={a.data}", f"--loader={a.loader}", f"--workers={a.workers}"]
+        cmd += [f"--data={a.data}", *loader_args(folder), f"--workers={a.workers}"]
     else:
         cmd += ["--synthetic", "--synthetic_size=4096"]
     cmd += [f"--batch_size={a.batch * gpus}", f"--max_steps={a.train_steps}"]
     cmd += ["--log_every=10", "--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
     cmd += ["--progress=false", "--landscape=false"] + (["--cuda_graph"] if graph else [])
     cmd += [f"--logdir={logdir}"] + (["--channels_last"] if model == "r50" else [])
-    log = _log_path(a, f"train_{model}_{estimator}_{gpus}gpu" + ("_folder" if folder else ""))
+    where = f"_{folder.replace('+', '_').replace('=', '')}" if folder else ""
+    log = _log_path(a, f"train_{model}_{estimator}_{gpus}gpu{where}")
     try:
         with log.open("w") as f:
             done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
@@ -119,20 +127,26 @@ def _train_py(a, model, estimator, gpus, timeout, graph=False, folder=False) -> 
 
 def _train_rows(a, name, model, est, graph) -> list[dict]:
     """A ``train_<estimator>`` row: train.py on 1 GPU and on each N in memory, and with ``--data``
-    on the folder through ``--loader`` too: ``data_path_cost`` is 1 − its rate ÷ the in-memory rate."""
+    on the folder through each ``--loader`` setting too, a row each: ``data_path_cost`` is 1 − its
+    rate ÷ the in-memory rate at the same N."""
     one = _train_py(a, model, est, 1, a.run_timeout, graph) if a.train_one else {"skipped": True}
     rows = []
     for n in a.gpus:
         many = _train_py(a, model, est, n, a.run_timeout, graph)
-        row = {"run": name, "gpus": n, "perturbation": "global", "one": one, "many": many}
-        if one.get("images_per_s") and many.get("images_per_s"):
-            row["efficiency"] = round(efficiency(many["images_per_s"], one["images_per_s"], n), 3)
-        if a.data:
-            row["folder"] = _train_py(a, model, est, n, a.run_timeout, graph, folder=True)
-            if row["folder"].get("images_per_s") and many.get("images_per_s"):
-                cost = 1 - row["folder"]["images_per_s"] / many["images_per_s"]
-                row["data_path_cost"] = round(cost, 3)
-        rows.append(row)
+        for setting in a.loader.split(",") if a.data else [""]:
+            row = {"run": name, "gpus": n, "perturbation": "global", "one": one, "many": many}
+            if one.get("images_per_s") and many.get("images_per_s"):
+                row["efficiency"] = round(
+                    efficiency(many["images_per_s"], one["images_per_s"], n), 3
+                )
+            if setting:
+                row["loader"] = setting
+                row["folder"] = _train_py(a, model, est, n, a.run_timeout, graph, folder=setting)
+                if row["folder"].get("images_per_s") and many.get("images_per_s"):
+                    cost = 1 - row["folder"]["images_per_s"] / many["images_per_s"]
+                    row["data_path_cost"] = round(cost, 3)
+            rows.append(row)
+            print(_line(row), flush=True)
     return rows
 
 
@@ -220,7 +234,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="data_parallel.json")
     ap.add_argument("--run_timeout", type=float, default=180, help="seconds for one timed run")
     ap.add_argument("--data", default="", help="train rows: also a JPEG folder through --loader")
-    ap.add_argument("--loader", default="dali", help="train rows with --data: train.py's --loader")
+    ap.add_argument(
+        "--loader",
+        default="dali",
+        help="train rows with --data: train.py's --loader, options joined by + "
+        "(dali+dali_roi+dali_hw_load=1.0); several settings, comma-separated, a row each",
+    )
     ap.add_argument("--workers", type=int, default=8, help="train rows with --data: --workers")
     ap.add_argument("--train_steps", type=int, default=60, help="train rows: --max_steps")
     ap.add_argument(
@@ -283,9 +302,7 @@ def main(argv=None) -> int:
             report["rows"].append({"run": name, "error": "not run: time limit"})
             continue
         if k.startswith("train"):  # train.py end to end: train_gam_fd is --estimator=gam_fd
-            for row in _train_rows(a, name, m, k.removeprefix("train_"), guard == "graph"):
-                report["rows"].append(row)
-                print(_line(row), flush=True)
+            report["rows"] += _train_rows(a, name, m, k.removeprefix("train_"), guard == "graph")
             save()
             continue
         if guard == "twin":  # the 1-GPU step alone, then one copy on every GPU at once
@@ -336,7 +353,7 @@ def _line(row: dict) -> str:
             if prof
             else ""
         )
-        + (f"folder {folder.get('images_per_s') or folder.get('error')}" if folder else "")
+        + (f"{row['loader']} {folder.get('images_per_s') or folder.get('error')}" if folder else "")
         + (f" data path cost {row['data_path_cost']:.3f}" if "data_path_cost" in row else "")
     )
 

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # The data-parallel table on one GPU machine, in stages that each fit one call (results to $OUT):
-#   bash benchmarks/data_parallel_gpu.sh site tests dali      # one call, about 8 minutes
-#   bash benchmarks/data_parallel_gpu.sh anchor               # one call each, about 8 minutes
+#   bash benchmarks/data_parallel_gpu.sh r50exact pack                    # one call, about 9 minutes
+#   bash benchmarks/data_parallel_gpu.sh r50fd vitexact pack              # one call, about 8 minutes
+#   bash benchmarks/data_parallel_gpu.sh site check dali loader tests pack  # one call, about 9 minutes
 # site:     DALI and what it needs, carried in parts as .whl/*/site.part.* (benchmarks/README.md),
 #           unpacked into /tmp/site
+# check:    the GPU check (benchmarks/gpu_check.py) in the background on the last GPU and the last
+#           3/8 of the cores; the stages after it run on the other cores
 # tests:    the GPU tests of the CUDA graphs and of the DALI loader
 # dali:     a synthetic JPEG folder, then train.py --cuda_graph on 2 GPUs in memory and through
-#           --loader=dali, for SGD and fd GAM: the data path's cost
+#           --loader=dali: SGD with each of DALI's settings (the hardware decoder's share, each crop's
+#           window decoded alone), then fd GAM for 200 steps with the setting SGD ran fastest with
 # loader:   --loader=dali's pipeline alone at 128 images a batch, with 0, 65% and all of each batch
 #           on the hardware JPEG decoder, and with each crop's window decoded alone (roi_decode)
 # anchor:   bus bandwidth, DDP and the graphed SGD/AdamW steps (ResNet-50, ViT-S/32) on every GPU
@@ -14,13 +18,22 @@
 #           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew
 # r50fd:    ResNet-50 fd GAM, graphed, global and local, on every GPU
 # vitexact: ViT-S/32 exact GAM, graphed, global and local, on every GPU
+#           (the GAM stages time 3 windows of 65 steps after 5: 200 steps on 1 GPU and on N)
+# pack:     waits for the check to end
+# After each stage its runs' logs and profiles go into $OUT/logs_<stage>.tgz (few files come back).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-dp}  # shared by the stages
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/out}; D=${DATA:-/tmp/imagenet-synth}; N=$(nvidia-smi -L | wc -l)
-DP="python3 benchmarks/data_parallel.py"
+PIN=""; DP="python3 benchmarks/data_parallel.py"; GAM="--steps 65 --no-busbw"
 dali_path() { [ -d /tmp/site/nvidia/dali ] && export PYTHONPATH=$PYTHONPATH:/tmp/site; }
+folder() { [ -d "$D/val" ] || python3 benchmarks/jpeg_folder.py --out "$D" --train 20000 --val 2000; }
+pack_logs() {  # the logs and profiles that stage $1 left in $OUT, in one file
+  local found; found=$(cd "$OUT" && ls -d ./*_logs ./*_profile_*.txt 2>/dev/null)
+  [ -z "$found" ] || { tar czf "$OUT/logs_$1.tgz" -C "$OUT" $found && (cd "$OUT" && rm -rf $found); }
+}
+SETTINGS=dali,dali+dali_roi,dali+dali_hw_load=1.0,dali+dali_roi+dali_hw_load=1.0
 for what in "$@"; do
   echo "== $what ($(date +%T))"
   case $what in
@@ -28,15 +41,29 @@ for what in "$@"; do
       nvidia-smi -L; python3 -c "import torch; print(torch.__version__)"
       mkdir -p /tmp/site && cat .whl/*/site.part.* | xz -d | tar x -C /tmp/site || exit 1
       dali_path && python3 -c "import nvidia.dali as d, torch; print('DALI', d.__version__)" ;;
+    check)
+      C=$(nproc); LO=$((C * 5 / 8))
+      (export CUDA_VISIBLE_DEVICES=$((N - 1)); taskset -c "$LO-$((C - 1))" python3 \
+        benchmarks/gpu_check.py --out "$OUT/gpu_check.json" >"$OUT/gpu_check.log" 2>&1) &
+      PIN="taskset -c 0-$((LO - 1))"; DP="$PIN $DP"; N=$((N - 1)) ;;
     tests)
-      python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py 2>&1 | tail -5
-      (dali_path; python3 -m pytest -q -p no:cacheprovider tests/test_dali_data.py 2>&1 | tail -8) ;;
+      $PIN python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py 2>&1 | tail -5
+      (dali_path; $PIN python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_dali_data.py \
+        2>&1 | tail -8) ;;
     dali)
-      [ -d "$D/val" ] || python3 benchmarks/jpeg_folder.py --out "$D" --train 20000 --val 2000
-      (dali_path; $DP --gpus 2 --runs r50:train_sgd:graph,r50:train_gam_fd:graph --data "$D" \
-        --loader dali --no-train_one --no-busbw --run_timeout 200 --out "$OUT/dp_dali.json") ;;
+      folder
+      (dali_path; $DP --gpus 2 --runs r50:train_sgd:graph --data "$D" --loader "$SETTINGS" \
+        --no-train_one --no-busbw --run_timeout 150 --out "$OUT/dp_dali_sgd.json"
+      best=$(python3 -c "import json, sys; rows = json.load(open(sys.argv[1]))['rows']
+ok = [r for r in rows if r.get('folder', {}).get('images_per_s')]
+print(max(ok, key=lambda r: r['folder']['images_per_s'])['loader'] if ok else 'dali')" \
+        "$OUT/dp_dali_sgd.json")
+      echo "fd GAM through $best"
+      $DP --gpus 2 --runs r50:train_gam_fd:graph --data "$D" --loader "$best" --train_steps 200 \
+        --no-train_one --no-busbw --run_timeout 200 --out "$OUT/dp_dali_gam_fd.json") ;;
     loader)
-      (dali_path; python3 benchmarks/loader_throughput.py --data "$D" --batch 128 \
+      folder
+      (dali_path; $PIN python3 benchmarks/loader_throughput.py --data "$D" --batch 128 \
         --pipelines dali:0 dali:0.65 dali:1.0 dali_roi:0.65 dali_roi:1.0 --threads 8 \
         --out "$OUT/loader_dali_128.json") ;;
     anchor)
@@ -46,12 +73,15 @@ for what in "$@"; do
       # both modes compile at once where a GPU holds two of its 37 GiB warm-ups (H200), else in turn
       W=$([ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ] \
         && echo 2 || echo 1)
-      $DP --gpus "$N" --runs r50:gam:graph --no-busbw --run_timeout 300 --warm_at_once "$W" \
+      $DP --gpus "$N" --runs r50:gam:graph $GAM --run_timeout 300 --warm_at_once "$W" \
         --perturbations "${PERTS:-global,local}" --out "$OUT/dp_r50exact.json" ;;
     r50fd)
-      $DP --gpus "$N" --runs r50:gam_fd:graph --no-busbw --run_timeout 150 --out "$OUT/dp_r50fd.json" ;;
+      $DP --gpus "$N" --runs r50:gam_fd:graph $GAM --run_timeout 150 --out "$OUT/dp_r50fd.json" ;;
     vitexact)
-      $DP --gpus "$N" --runs vit:gam:graph --no-busbw --run_timeout 200 --out "$OUT/dp_vitexact.json" ;;
+      $DP --gpus "$N" --runs vit:gam:graph $GAM --run_timeout 200 --out "$OUT/dp_vitexact.json" ;;
+    pack)
+      wait; ls "$OUT" ;;
     *) echo "unknown stage $what"; exit 2 ;;
   esac
+  pack_logs "$what"
 done

@@ -64,10 +64,13 @@ def _gamfunc_step(cfg, kind, procs, data, graphed=False):
     run = gamfunc.cuda_graph(t.step) if graphed else t.step
 
     def step(batch):
-        box["params"], box["state"], _ = run(box["params"], box["state"], batch)
+        box["params"], box["state"], box["metrics"] = run(box["params"], box["state"], batch)
 
     # NCCL's communicators cannot be destroyed while a graph holds them (gamfunc.cuda_graphs)
     step.release = (lambda: gamfunc.cuda_graphs.release(run)) if graphed else (lambda: None)
+    # the last step's loss and the steps skipped so far (read on the host: outside the timing)
+    step.loss = lambda: round(float(box["metrics"]["loss"]), 4)
+    step.skipped = lambda: int(box["state"].skipped)
 
     return step
 
@@ -209,6 +212,8 @@ def worker(a) -> None:
         step(batch)
         _sync(procs)
         result["first_step_s"] = round(time.perf_counter() - began, 1)
+        if hasattr(step, "loss"):
+            result["first_loss"] = step.loss()
         _say(procs, f"first step (building, compiling, capturing) {result['first_step_s']} s")
         for _ in range(a.warmup):
             step(batch)
@@ -237,6 +242,9 @@ def worker(a) -> None:
             result["images_per_s"] = round(a.batch * procs.world / float(ms) * 1e3, 1)
             if cuda:
                 result["peak_memory_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+            if hasattr(step, "loss"):  # the steps taken, and that they trained
+                result["steps_taken"] = 1 + a.warmup + a.windows * a.steps
+                result["last_loss"], result["skipped"] = step.loss(), step.skipped()
             if a.profile and procs.world > 1 and cuda:
                 prof = _profile(step, batch, procs.device, Path(a.profile) if procs.main else None)
                 if procs.main:

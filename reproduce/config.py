@@ -141,6 +141,10 @@ class Config:
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
     cuda_graph: bool = False  # replay each step, update and all-reduces included, as one CUDA graph
     loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else folder)
+    dali_hw_load: float = (
+        0.65  # --loader=dali*: the share of each batch for the hardware JPEG decoder
+    )
+    dali_roi: bool = False  # --loader=dali: decode only each crop's window (pixels differ slightly)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
     # --- logging and evaluation
@@ -168,8 +172,8 @@ class Config:
 
 # Fields that may differ between a checkpoint and the run resuming it: they change where output goes,
 # how much is logged or how fast it runs, never the trajectory (device, compile and
-# channels_last change rounding only; so does the loader, except that --loader=dali computes crops
-# of its own).
+# channels_last change rounding only; so do the loader and its decoders, except that --loader=dali
+# computes crops of its own and --dali_roi decodes their windows alone).
 RESUME_FREE = frozenset(
     {
         "data",
@@ -203,6 +207,8 @@ RESUME_FREE = frozenset(
         "compile_scope",
         "cuda_graph",
         "loader",
+        "dali_hw_load",
+        "dali_roi",
         "dist_timeout",
         "resume",
         "overwrite",
@@ -347,6 +353,8 @@ def validate(cfg: Config) -> None:
         "a finite number >= 0",
         cfg.clip_norm,
     )
+    hw = cfg.dali_hw_load
+    _check(0 <= hw <= 1, "dali_hw_load", "a share in [0, 1]", hw)
     _check(cfg.dist_timeout >= 1, "dist_timeout", "an integer >= 1 (seconds)", cfg.dist_timeout)
     names = estimators_of(cfg)
     _check(bool(names), "estimator", f"one or more of {ESTIMATORS}", cfg.estimator)

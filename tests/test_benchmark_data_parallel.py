@@ -44,6 +44,10 @@ def test_rows_on_two_cpu_processes(tmp_path):
     ]
     # ddp: 1 and 2 GPUs; gam_fd: 1, 2 global, 2 local; twin: alone, 2 copies, then 1 and 2 GPUs
     assert len(timed) == 2 + 3 + 5
+    for r in rows[1:3]:  # gamfunc's runs say how many steps they took, and that they trained
+        for run in (r["one"], r["many"]):
+            assert run["steps_taken"] == 1 + 1 + 3 * 2 and run["skipped"] == 0
+            assert run["last_loss"] < run["first_loss"]
     for r in rows[:3] + rows[4:]:
         assert r["one"]["world"] == 1 and r["many"]["world"] == 2
         want = data_parallel.efficiency(r["many"]["images_per_s"], r["one"]["images_per_s"], 2)
@@ -64,11 +68,11 @@ def test_gpu_counts_are_two_or_more():
 def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, tmp_path):
     """A train row: train.py on 1 GPU and on each N in memory, and on the folder through the loader
     with --data; the data path's cost is 1 − folder rate ÷ in-memory rate at the same N."""
-    rates = {(1, False): 100.0, (2, False): 190.0, (4, False): 360.0, (2, True): 171.0}
-    rates[(4, True)] = 360.0
+    rates = {(1, ""): 100.0, (2, ""): 190.0, (4, ""): 360.0, (2, "dali"): 171.0}
+    rates[(4, "dali")] = 360.0
     calls = []
 
-    def train_py(a, model, est, gpus, timeout, graph=False, folder=False):
+    def train_py(a, model, est, gpus, timeout, graph=False, folder=""):
         calls.append((model, est, gpus, graph, folder))
         return {"world": gpus, "images_per_s": rates[(gpus, folder)]}
 
@@ -77,7 +81,8 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
     args = ["--gpus", "2,4", "--runs", "r50:train_gam_fd:graph", "--data", str(tmp_path)]
     assert data_parallel.main([*args, "--no-busbw", "--out", str(out)]) == 0
     assert calls == [
-        ("r50", "gam_fd", n, True, f) for n, f in [(1, 0), (2, 0), (2, 1), (4, 0), (4, 1)]
+        ("r50", "gam_fd", n, True, f)
+        for n, f in [(1, ""), (2, ""), (2, "dali"), (4, ""), (4, "dali")]
     ]
     rows = json.loads(out.read_text())["rows"]
     assert [r["gpus"] for r in rows] == [2, 4]
@@ -86,10 +91,31 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
 
     calls.clear()  # without the 1-GPU run: no efficiency, the folder's cost all the same
     assert data_parallel.main([*args, "--no-busbw", "--no-train_one", "--out", str(out)]) == 0
-    assert (1, False) not in [(c[2], c[4]) for c in calls]
+    assert (1, "") not in [(c[2], c[4]) for c in calls]
     rows = json.loads(out.read_text())["rows"]
     assert ["efficiency" in r for r in rows] == [False, False]
     assert [r["data_path_cost"] for r in rows] == [0.1, 0.0]
+
+    # several loader settings: the in-memory run once, the folder once through each, a row each
+    rates[(2, "dali+dali_roi")] = 152.0
+    calls.clear()
+    more = ["--gpus", "2", "--loader", "dali,dali+dali_roi", "--no-train_one"]
+    assert data_parallel.main([*args[2:], *more, "--no-busbw", "--out", str(out)]) == 0
+    assert [c[2:] for c in calls] == [(2, True, ""), (2, True, "dali"), (2, True, "dali+dali_roi")]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["loader"], r["data_path_cost"]) for r in rows] == [
+        ("dali", 0.1),
+        ("dali+dali_roi", 0.2),
+    ]
+
+
+def test_a_loader_setting_is_train_py_s_loader_and_its_options():
+    assert data_parallel.loader_args("dali") == ["--loader=dali"]
+    assert data_parallel.loader_args("dali+dali_roi+dali_hw_load=1.0") == [
+        "--loader=dali",
+        "--dali_roi",
+        "--dali_hw_load=1.0",
+    ]
 
 
 def test_projection_scales_the_exposed_time_as_a_ring_all_reduce():

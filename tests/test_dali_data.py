@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 pytest.importorskip("nvidia.dali")
 
+from reproduce.config import resolve
 from reproduce.data import sets as D
 from reproduce.data.dali import DaliJpegLoader, jpeg_size, uniforms
 from tests.test_gpu_data import imagenet, jpeg_folder
@@ -163,6 +164,26 @@ def test_train_py_with_the_dali_loader_resumes_bit_exact(tmp_path, capsys):
         assert torch.equal(v, parts["params"][k]), k
 
 
+def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
+    """``--dali_hw_load`` and ``--dali_roi`` reach the training loader, and its name says so; a
+    share outside [0, 1] is refused, naming the argument."""
+    from types import SimpleNamespace
+
+    from reproduce.run.loaders import loaders
+
+    root = jpeg_folder(tmp_path, per_class=2)
+    cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
+    args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--loader=dali"]
+    cfg = resolve([*args, "--dali_hw_load=1.0", "--dali_roi"])
+    train, _, name = loaders(cfg, D.load(cfg), cpu)
+    assert train.hw_decoder_load == 1.0 and train.roi_decode and "window decoded alone" in name
+    cfg = resolve(args)
+    train, _, name = loaders(cfg, D.load(cfg), cpu)
+    assert train.hw_decoder_load == 0.65 and not train.roi_decode and "window" not in name
+    with pytest.raises(ValueError, match="dali_hw_load"):
+        resolve([*args, "--dali_hw_load=1.5"])
+
+
 def test_jpeg_size_reads_the_header(tmp_path):
     from PIL import Image
 
@@ -186,6 +207,7 @@ def test_dali_gpu_decoder_with_exact_crops_makes_the_batches_of_the_cpu_pipeline
     got, want = batches(tmp_path, train, torch.device("cuda"))
     for (gx, gy), (wx, wy) in zip(got, want, strict=True):
         assert gx.device.type == "cuda" and gx.shape == wx.shape == (6, 3, 224, 224)
+        assert gy.device.type == "cuda" and gy.dtype == torch.int64
         assert torch.equal(gy.cpu(), wy)
         for g, w in zip(gx.cpu(), wx, strict=True):
             assert float(torch.corrcoef(torch.stack([g.flatten(), w.flatten()]))[0, 1]) > 0.98
@@ -197,4 +219,5 @@ def test_dali_gpu_pipeline_reads_the_order_of_the_cpu_pipeline(tmp_path):
     got, want = batches(tmp_path, True, torch.device("cuda"), crops="dali")
     for (gx, gy), (_, wy) in zip(got, want, strict=True):
         assert gx.device.type == "cuda" and gx.shape == (6, 3, 224, 224)
+        assert gy.device.type == "cuda" and gy.dtype == torch.int64
         assert torch.equal(gy.cpu(), wy)

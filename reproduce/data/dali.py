@@ -144,6 +144,11 @@ class DaliJpegLoader:
             images, dtype=types.FLOAT, output_layout="CHW", mean=mean, std=std, **kwargs
         )
 
+    def _labels(self, labels):
+        """The labels as the pipeline returns them: on the GPU with the mixed decoder, so that no
+        batch waits for a copy from pageable host memory (which synchronises the training stream)."""
+        return labels.gpu() if self.decoder == "mixed" else labels
+
     def _pipeline(self, graph):
         from nvidia.dali import pipeline_def
 
@@ -176,7 +181,7 @@ class DaliJpegLoader:
                 interp_type=types.INTERP_LINEAR,
                 antialias=True,
             )
-            return self._normalise(images, mirror=flip[0]), labels
+            return self._normalise(images, mirror=flip[0]), self._labels(labels)
 
         return self._pipeline(graph)
 
@@ -222,7 +227,7 @@ class DaliJpegLoader:
                 **roi,
             )
             flip = fn.cast(u[4] < 0.5, dtype=types.INT32)
-            return self._normalise(images, mirror=flip), y
+            return self._normalise(images, mirror=flip), self._labels(y)
 
         return self._pipeline(graph)
 
@@ -237,13 +242,16 @@ class DaliJpegLoader:
         dali = self.crops == "dali" and self.train  # evaluation draws nothing: always exact
         pipe = self._dali_pipeline(keys) if dali else self._exact(keys, n)
         pipe.build()
+        # The GPU outputs are bound to the training stream, not synchronised with the host: a
+        # batch's copy waits on the GPU for DALI's work, and the host runs on to the next step.
+        stream = torch.cuda.current_stream(self.device) if self.decoder == "mixed" else None
         try:
             for b in range(n):
-                images, labels = pipe.run()
+                images, labels = pipe.run(stream)
                 count = min(self.batch_size, len(keys) - b * self.batch_size)
-                x = self._to_torch(images)[:count]
-                y = torch.from_numpy(labels.as_array().reshape(-1)[:count].astype(np.int64))
-                yield x, y.to(self.device, non_blocking=True)
+                x = self._to_torch(images, stream)[:count]
+                y = self._to_torch(labels, stream).reshape(-1)[:count]
+                yield x, y.to(torch.int64)
         finally:
             del pipe
 
@@ -269,17 +277,18 @@ class DaliJpegLoader:
 
         return self._exact_pipeline(source)
 
-    def _to_torch(self, images) -> Tensor:
-        tensor = images.as_tensor()
-        out = torch.empty(tensor.shape(), dtype=torch.float32, device=self.device)
+    def _to_torch(self, outputs, stream) -> Tensor:
+        """A batch of DALI's outputs as one tensor on ``self.device``; from the GPU, copied on
+        ``stream`` after DALI's work there."""
+        tensor = outputs.as_tensor()
         if self.decoder == "mixed":
-            from nvidia.dali.plugin.pytorch import feed_ndarray
+            from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
-            stream = torch.cuda.current_stream(self.device)
+            dtype = to_torch_type[tensor.dtype]
+            out = torch.empty(tensor.shape(), dtype=dtype, device=self.device)
             feed_ndarray(tensor, out, cuda_stream=stream)
-        else:
-            out.copy_(torch.from_numpy(images.as_array()))
-        return out
+            return out
+        return torch.from_numpy(np.array(outputs.as_array())).to(self.device)
 
     def eval_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """All of ``ds`` in order, with the evaluation transform."""

@@ -54,12 +54,20 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes):
         else:
             crops = "dali" if kind == "dali" else "exact"
             make = functools.partial(
-                dali.DaliJpegLoader, size=size, crops=crops, workers=cfg.workers
+                dali.DaliJpegLoader,
+                size=size,
+                crops=crops,
+                workers=cfg.workers,
+                hw_decoder_load=cfg.dali_hw_load,
+                roi_decode=cfg.dali_roi,
             )
             decoder = "GPU" if procs.device.type == "cuda" else "CPU"
             how = f"DALI, decoding and augmentation on the {decoder}, " + (
                 "crops computed in DALI" if crops == "dali" else "torchvision's crops"
             )
+            if procs.device.type == "cuda":
+                how += f", {cfg.dali_hw_load:.0%} on the hardware decoder"
+            how += ", each crop's window decoded alone" if cfg.dali_roi and crops == "dali" else ""
 
         def gpu_eval(ds):
             return make(ds, cfg.eval_batch_size, procs.device, train=False).eval_batches()
