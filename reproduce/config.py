@@ -141,10 +141,8 @@ class Config:
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
     cuda_graph: bool = False  # replay each step, update and all-reduces included, as one CUDA graph
     loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else folder)
-    dali_hw_load: float = (
-        0.65  # --loader=dali*: the share of each batch for the hardware JPEG decoder
-    )
-    dali_roi: bool = False  # --loader=dali: decode only each crop's window (pixels differ slightly)
+    dali_hw_load: float = 1.0  # --loader=dali*: the share of each batch on the hardware decoder
+    dali_roi: bool = True  # --loader=dali: decode each crop's window alone (false: whole images)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
     # --- logging and evaluation

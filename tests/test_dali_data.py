@@ -70,8 +70,8 @@ def test_roi_decoding_makes_the_crops_of_whole_image_decoding(tmp_path, device):
     data = imagenet(jpeg_folder(tmp_path))
     keys = D.epoch_keys(D.epoch_order(len(data.train), 3, 0), 0, 6, seed=3, epoch=0)
     device = torch.device(device)
-    whole = list(DaliJpegLoader(data.train, 6, device).batches(keys))
-    roi = list(DaliJpegLoader(data.train, 6, device, roi_decode=True).batches(keys))
+    whole = list(DaliJpegLoader(data.train, 6, device, roi_decode=False).batches(keys))
+    roi = list(DaliJpegLoader(data.train, 6, device).batches(keys))
     for (wx, wy), (rx, ry) in zip(whole, roi, strict=True):
         assert torch.equal(wy, ry) and rx.shape == wx.shape
         assert not torch.equal(rx, wx)  # the windows did decode alone
@@ -174,10 +174,10 @@ def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
     root = jpeg_folder(tmp_path, per_class=2)
     cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
     args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--loader=dali"]
-    cfg = resolve([*args, "--dali_hw_load=1.0", "--dali_roi"])
+    cfg = resolve(args)  # by default: all on the hardware decoder, each window decoded alone
     train, _, name = loaders(cfg, D.load(cfg), cpu)
     assert train.hw_decoder_load == 1.0 and train.roi_decode and "window decoded alone" in name
-    cfg = resolve(args)
+    cfg = resolve([*args, "--dali_hw_load=0.65", "--dali_roi=false"])
     train, _, name = loaders(cfg, D.load(cfg), cpu)
     assert train.hw_decoder_load == 0.65 and not train.roi_decode and "window" not in name
     with pytest.raises(ValueError, match="dali_hw_load"):
