@@ -2,7 +2,9 @@
 # The data-parallel table on one GPU machine, in stages that each fit one call (results to $OUT):
 #   bash benchmarks/data_parallel_gpu.sh r50exact pack                    # one call, about 9 minutes
 #   bash benchmarks/data_parallel_gpu.sh r50fd vitexact pack              # one call, about 8 minutes
-#   bash benchmarks/data_parallel_gpu.sh site check dali loader tests pack  # one call, about 9 minutes
+#   bash benchmarks/data_parallel_gpu.sh site check dali tests loader pack  # one call, about 9 minutes
+#   bash benchmarks/data_parallel_gpu.sh anchor pack                      # one call, about 8 minutes
+# (4 × H200, run 7 of benchmarks/RESULTS.md; vitexact needs a call of its own there)
 # site:     DALI and what it needs, carried in parts as .whl/*/site.part.* (benchmarks/README.md),
 #           unpacked into /tmp/site
 # check:    the GPU check (benchmarks/gpu_check.py) in the background on the last GPU and the last
@@ -33,7 +35,8 @@ pack_logs() {  # the logs and profiles that stage $1 left in $OUT, in one file
   local found; found=$(cd "$OUT" && ls -d ./*_logs ./*_profile_*.txt 2>/dev/null)
   [ -z "$found" ] || { tar czf "$OUT/logs_$1.tgz" -C "$OUT" $found && (cd "$OUT" && rm -rf $found); }
 }
-SETTINGS=dali,dali+dali_roi,dali+dali_hw_load=1.0,dali+dali_roi+dali_hw_load=1.0
+# DALI's settings: the hardware decoder's share 0.65 or all (the default), whole images or windows (the default)
+SETTINGS=dali+dali_hw_load=0.65+dali_roi=false,dali+dali_hw_load=0.65,dali+dali_roi=false,dali
 for what in "$@"; do
   echo "== $what ($(date +%T))"
   case $what in
