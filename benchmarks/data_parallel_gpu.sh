@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The data-parallel table on one GPU machine, in stages that each fit one call (results to $OUT):
 #   bash benchmarks/data_parallel_gpu.sh r50exact pack                    # one call, about 9 minutes
-#   bash benchmarks/data_parallel_gpu.sh r50fd vitexact pack              # one call, about 8 minutes
+#   bash benchmarks/data_parallel_gpu.sh r50fd pack                       # one call, about 4 minutes
 #   bash benchmarks/data_parallel_gpu.sh site check dali tests loader pack  # one call, about 9 minutes
 #   bash benchmarks/data_parallel_gpu.sh anchor pack                      # one call, about 8 minutes
-# (4 × H200, run 7 of benchmarks/RESULTS.md; vitexact needs a call of its own there)
+#   bash benchmarks/data_parallel_gpu.sh vitexact pack                    # one call, about 8 minutes
+# (4 × H200, run 7 of benchmarks/RESULTS.md)
 # site:     DALI and what it needs, carried in parts as .whl/*/site.part.* (benchmarks/README.md),
 #           unpacked into /tmp/site
 # check:    the GPU check (benchmarks/gpu_check.py) in the background on the last GPU and the last
@@ -12,9 +13,11 @@
 # tests:    the GPU tests of the CUDA graphs and of the DALI loader
 # dali:     a synthetic JPEG folder, then train.py --cuda_graph on 2 GPUs in memory and through
 #           --loader=dali: SGD with each of DALI's settings (the hardware decoder's share, each crop's
-#           window decoded alone), then fd GAM for 200 steps with the setting SGD ran fastest with
+#           window decoded alone), then fd GAM with the setting SGD ran fastest with; 70 steps, so
+#           that no run crosses an epoch of the 20,000 images (an epoch start builds a new pipeline)
 # loader:   --loader=dali's pipeline alone at 128 images a batch, with 0, 65% and all of each batch
-#           on the hardware JPEG decoder, and with each crop's window decoded alone (roi_decode)
+#           on the hardware JPEG decoder, and with each crop's window decoded alone (roi_decode), and
+#           the seconds an epoch start takes each
 # anchor:   bus bandwidth, DDP and the graphed SGD/AdamW steps (ResNet-50, ViT-S/32) on every GPU
 # r50exact: ResNet-50 exact GAM, graphed, on every GPU, global and local (PERTS=global for one): its
 #           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew
@@ -62,7 +65,7 @@ ok = [r for r in rows if r.get('folder', {}).get('images_per_s')]
 print(max(ok, key=lambda r: r['folder']['images_per_s'])['loader'] if ok else 'dali')" \
         "$OUT/dp_dali_sgd.json")
       echo "fd GAM through $best"
-      $DP --gpus 2 --runs r50:train_gam_fd:graph --data "$D" --loader "$best" --train_steps 200 \
+      $DP --gpus 2 --runs r50:train_gam_fd:graph --data "$D" --loader "$best" --train_steps 70 \
         --no-train_one --no-busbw --run_timeout 200 --out "$OUT/dp_dali_gam_fd.json") ;;
     loader)
       folder
@@ -81,7 +84,9 @@ print(max(ok, key=lambda r: r['folder']['images_per_s'])['loader'] if ok else 'd
     r50fd)
       $DP --gpus "$N" --runs r50:gam_fd:graph $GAM --run_timeout 150 --out "$OUT/dp_r50fd.json" ;;
     vitexact)
-      $DP --gpus "$N" --runs vit:gam:graph $GAM --run_timeout 200 --out "$OUT/dp_vitexact.json" ;;
+      # the two modes compiled in turn: at once on 4 GPUs, global mode's first step passed 278 s
+      $DP --gpus "$N" --runs vit:gam:graph $GAM --run_timeout 200 --warm_at_once 1 \
+        --out "$OUT/dp_vitexact.json" ;;
     pack)
       wait; ls "$OUT" ;;
     *) echo "unknown stage $what"; exit 2 ;;

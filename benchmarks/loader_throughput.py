@@ -2,7 +2,9 @@
 
 Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the training examples as
 ``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
-of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends.
+of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends;
+then the seconds from a new epoch's ``batches()`` to its first batch (``*_epoch_start_s``: what each
+epoch start costs a run, a DALI pipeline built and filled included).
 A pipeline is ``dali:HW_LOAD`` (DALI reading and drawing the crops, that share of each batch to
 the hardware JPEG decoder; ``dali_roi:HW_LOAD`` the same decoding only each crop's window), ``dali_exact:HW_LOAD`` (DALI decoding the crops torchvision draws; a
 ``:fancy`` suffix adds libjpeg-turbo's chroma upsampling),
@@ -40,6 +42,20 @@ def rate(loader, keys, batch: int, warmup: int, device) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return n / (time.perf_counter() - start)
+
+
+def epoch_start(loader, keys, device) -> float:
+    """Seconds from a new epoch's ``batches()`` to its first batch, after a first epoch has run."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    it = iter(loader.batches(keys))
+    next(it)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    it.close()
+    return seconds
 
 
 def main() -> None:
@@ -92,7 +108,8 @@ def main() -> None:
             loader = data_mod.FolderLoader(data.train, args.batch, int(arg), device.type == "cuda")
             name = f"folder_{arg}_workers"
         out[f"{name}_images_per_s"] = round(rate(loader, keys, args.batch, args.warmup, device))
-        print(name, out[f"{name}_images_per_s"], flush=True)
+        out[f"{name}_epoch_start_s"] = round(epoch_start(loader, keys, device), 3)
+        print(name, out[f"{name}_images_per_s"], out[f"{name}_epoch_start_s"], flush=True)
     from reproduce.run.report import dumps, write_json  # after the path is set
 
     print(dumps(out))
