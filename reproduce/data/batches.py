@@ -125,9 +125,8 @@ class FolderLoader:
             pin_memory=pin_memory,
             drop_last=drop_last,
             collate_fn=collate_fn,
-            generator=torch.Generator().manual_seed(
-                0
-            ),  # worker seeds; the global RNG stays untouched
+            # worker seeds from a generator of their own: the global RNG stays untouched
+            generator=torch.Generator().manual_seed(0),
             **extra,
         )
 
