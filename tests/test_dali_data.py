@@ -221,3 +221,93 @@ def test_dali_gpu_pipeline_reads_the_order_of_the_cpu_pipeline(tmp_path):
         assert gx.device.type == "cuda" and gx.shape == (6, 3, 224, 224)
         assert gy.device.type == "cuda" and gy.dtype == torch.int64
         assert torch.equal(gy.cpu(), wy)
+
+
+@pytest.mark.parametrize(
+    "crops,train,device",
+    [
+        ("dali", True, "cpu"),
+        ("exact", True, "cpu"),
+        ("exact", False, "cpu"),
+        pytest.param("dali", True, "cuda", marks=pytest.mark.gpu),
+        pytest.param("exact", False, "cuda", marks=pytest.mark.gpu),
+    ],
+)
+def test_one_pipeline_serves_every_epoch(tmp_path, crops, train, device):
+    """A loader builds its pipeline once and resets it at each next epoch: epochs of other orders,
+    one left after its first batch, one begun while an earlier one is still held, each give the
+    batches of a fresh loader, and the epoch left behind refuses to run on."""
+    data = imagenet(jpeg_folder(tmp_path))
+    ds, device = (data.train if train else data.test), torch.device(device)
+
+    def keys(epoch):  # evaluation: the split from example `epoch` on (a partial last batch)
+        if not train:
+            return [(j, None) for j in range(epoch, len(ds))]
+        return D.epoch_keys(D.epoch_order(len(ds), 3, epoch), 0, 6, seed=3, epoch=epoch)
+
+    def fresh(epoch):
+        return list(DaliJpegLoader(ds, 6, device, train=train, crops=crops).batches(keys(epoch)))
+
+    def same(got, want):
+        assert len(got) == len(want) > 0
+        for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+            assert torch.equal(gx, wx) and torch.equal(gy, wy)
+
+    loader = DaliJpegLoader(ds, 6, device, train=train, crops=crops)
+    same(list(loader.batches(keys(0))), fresh(0))
+    pipe = loader._pipe
+    left = loader.batches(keys(1))
+    same([next(left)], fresh(1)[:1])
+    left.close()
+    held = loader.batches(keys(2))
+    same([next(held)], fresh(2)[:1])
+    for epoch in (3, 4):
+        same(list(loader.batches(keys(epoch))), fresh(epoch))
+    with pytest.raises(RuntimeError, match="a later epoch of this loader has started"):
+        next(held)
+    assert loader._pipe is pipe  # built once
+
+
+def test_a_dropped_loader_frees_its_pipeline_at_once(tmp_path):
+    """No reference cycle keeps a pipeline (and its threads) alive after its loader: a garbage
+    collection in a forked DataLoader worker would otherwise destroy the pipeline it inherited."""
+    import gc
+    import weakref
+
+    data = imagenet(jpeg_folder(tmp_path, per_class=2))
+    keys = D.epoch_keys(D.epoch_order(len(data.train), 3, 0), 0, 2, seed=3, epoch=0)
+    gc.disable()
+    try:
+        for crops in ("dali", "exact"):
+            loader = DaliJpegLoader(data.train, 2, torch.device("cpu"), crops=crops)
+            epoch = loader.batches(keys)
+            next(epoch)
+            epoch.close()
+            pipe = weakref.ref(loader._pipe)
+            del loader, epoch
+            assert pipe() is None, crops
+    finally:
+        gc.enable()
+
+
+def test_each_split_is_evaluated_by_one_loader_again_and_again(tmp_path, monkeypatch):
+    """train.py's evaluation through DALI keeps a loader (and its pipeline) per split: one pipeline
+    built for each split, and a second evaluation gives the first one's batches."""
+    from types import SimpleNamespace
+
+    from reproduce.run.loaders import loaders
+
+    built = []
+    build = DaliJpegLoader._exact_pipeline
+    monkeypatch.setattr(DaliJpegLoader, "_exact_pipeline", lambda s: built.append(s) or build(s))
+    root = jpeg_folder(tmp_path, per_class=3)
+    args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--loader=dali", "--workers=0"]
+    cfg = resolve(args)
+    data = D.load(cfg)
+    _, evaluate, _ = loaders(cfg, data, SimpleNamespace(device=torch.device("cpu"), world=1))
+    first, train = list(evaluate(data.test)), list(evaluate(data.train))
+    again = list(evaluate(data.test))
+    assert len(first) == len(again) > 0 and sum(len(y) for _, y in train) == len(data.train)
+    assert len(built) == 2
+    for (fx, fy), (ax, ay) in zip(first, again, strict=True):
+        assert torch.equal(fx, ax) and torch.equal(fy, ay)

@@ -117,6 +117,10 @@ class DaliJpegLoader:
         self.paths = [p for p, _ in ds.base.samples]
         self.workers = workers
         self._reader = None  # crops="exact": the DataLoader of encoded examples, made on first use
+        self._pipe = None  # the pipeline, built on first use and kept from one epoch to the next
+        self._feed = Feed()  # the batches its external source reads in this epoch
+        self._epoch = 0  # the calls of batches() so far: only the newest may run the pipeline
+        self._open = False  # an epoch of the pipeline not yet brought to its end
 
     # ------------------------------------------------------------ the pipelines
     def _decode(self, jpegs, **window):
@@ -165,7 +169,7 @@ class DaliJpegLoader:
             exec_dynamic=True,
         )()
 
-    def _exact_pipeline(self, source):
+    def _exact_pipeline(self):
         """External windows: the window (top, left, bottom, right) resized to size² in one
         resampling; for evaluation the same sampling positions and filter as resizing the whole
         image and cropping its centre."""
@@ -173,7 +177,7 @@ class DaliJpegLoader:
 
         def graph():
             jpegs, labels, window, flip = fn.external_source(
-                source=source, num_outputs=4, batch=True
+                source=self._feed, num_outputs=4, batch=True
             )
             images = fn.resize(
                 self._decode(jpegs),
@@ -188,26 +192,21 @@ class DaliJpegLoader:
 
         return self._pipeline(graph)
 
-    def _dali_pipeline(self, keys):
-        """DALI's reader over the keys' files in order; each crop window and flip computed in the
-        pipeline from the image's size and five uniform numbers hashed from the example's seed
-        (:func:`uniforms`): RandomResizedCrop's area fraction in (0.08, 1) and log aspect ratio in
-        (log 3/4, log 4/3), the window clamped to the image (torchvision draws again, up to ten
-        times, where this clamps), its corner uniform over the positions left, a flip with
-        probability 1/2."""
+    def _dali_pipeline(self):
+        """The keys' files read in order on DALI's threads; each crop window and flip computed in
+        the pipeline from the image's size and five uniform numbers hashed from the example's seed
+        (:func:`uniforms`, fed with the paths by :meth:`_dali_feed`): RandomResizedCrop's area
+        fraction in (0.08, 1) and log aspect ratio in (log 3/4, log 4/3), the window clamped to the
+        image (torchvision draws again, up to ten times, where this clamps), its corner uniform over
+        the positions left, a flip with probability 1/2."""
         from nvidia.dali import fn, types
         from nvidia.dali import math as dmath
 
-        rows = torch.tensor([j for j, _ in keys])
-        files = [self.paths[i] for i in self.ds.indices.cpu()[rows].tolist()]
-        labels = self.ds.labels.cpu()[rows].tolist()
-        draws = uniforms(np.array([seed for _, seed in keys], dtype=np.uint64), 5)
-        batches = iter(np.split(draws, range(self.batch_size, len(keys), self.batch_size)))
         (log_lo, log_hi), (a_lo, a_hi) = _LOG_RATIO, SCALE
 
         def graph():
-            jpegs, y = fn.readers.file(files=files, labels=labels, random_shuffle=False)
-            u = fn.external_source(source=lambda: list(next(batches)), batch=True)
+            paths, y, u = fn.external_source(source=self._feed, num_outputs=3, batch=True)
+            jpegs = fn.io.file.read(paths)
             shape = fn.cast(fn.peek_image_shape(jpegs), dtype=types.FLOAT)
             height, width = shape[0], shape[1]
             area = height * width * (a_lo + (a_hi - a_lo) * u[0])
@@ -234,33 +233,22 @@ class DaliJpegLoader:
 
         return self._pipeline(graph)
 
-    # ------------------------------------------------------------ the stream of batches
-    def batches(self, keys: list[tuple[int, int | None]]) -> Iterator[tuple[Tensor, Tensor]]:
-        """The batches of ``keys`` ((index into ``ds``, augmentation seed) pairs), ``batch_size``
-        each, the last partial one dropped in training and kept in evaluation."""
-        n = len(keys) // self.batch_size if self.train else -(-len(keys) // self.batch_size)
-        if n == 0:
-            return
-        keys = keys[: n * self.batch_size]
-        dali = self.crops == "dali" and self.train  # evaluation draws nothing: always exact
-        pipe = self._dali_pipeline(keys) if dali else self._exact(keys, n)
-        pipe.build()
-        # The GPU outputs are bound to the training stream, not synchronised with the host: a
-        # batch's copy waits on the GPU for DALI's work, and the host runs on to the next step.
-        stream = torch.cuda.current_stream(self.device) if self.decoder == "mixed" else None
-        try:
-            for b in range(n):
-                images, labels = pipe.run(stream)
-                count = min(self.batch_size, len(keys) - b * self.batch_size)
-                x = self._to_torch(images, stream)[:count]
-                y = self._to_torch(labels, stream).reshape(-1)[:count]
-                yield x, y.to(torch.int64)
-        finally:
-            del pipe
+    def _dali_feed(self, keys) -> Iterator[list]:
+        """The batches of ``keys`` as :meth:`_dali_pipeline` reads them: each file's path (UTF-8
+        bytes), its label, the example's five uniform numbers."""
+        rows = torch.tensor([j for j, _ in keys])
+        files = [self.paths[i] for i in self.ds.indices.cpu()[rows].tolist()]
+        labels = self.ds.labels.cpu()[rows].numpy().astype(np.int64)
+        draws = uniforms(np.array([seed for _, seed in keys], dtype=np.uint64), 5)
+        for start in range(0, len(keys), self.batch_size):
+            part = slice(start, start + self.batch_size)
+            paths = [np.frombuffer(f.encode(), np.uint8) for f in files[part]]
+            yield [paths, labels[part, None], draws[part]]
 
-    def _exact(self, keys, n: int):
-        """The exact pipeline, fed by a DataLoader whose workers read the files and draw the crops
-        (:class:`Encoded`) ``read_ahead`` batches ahead, each batch's files in one shared tensor."""
+    def _exact_feed(self, keys) -> Iterator[list]:
+        """The batches of ``keys`` as :meth:`_exact_pipeline` reads them, from a DataLoader whose
+        workers read the files and draw the crops (:class:`Encoded`) ``read_ahead`` batches ahead,
+        each batch's files in one shared tensor; the workers persist from one epoch to the next."""
         from reproduce.data.batches import FolderLoader
 
         if self._reader is None:
@@ -273,12 +261,65 @@ class DaliJpegLoader:
                 collate_fn=collate,
                 drop_last=self.train,
             )
-        batches = iter(self._reader.batches(keys))
+        return (columns(batch) for batch in self._reader.batches(keys))
 
-        def source():
-            return columns(next(batches))  # StopIteration ends DALI's epoch
+    # ------------------------------------------------------------ the stream of batches
+    def batches(self, keys: list[tuple[int, int | None]]) -> Iterator[tuple[Tensor, Tensor]]:
+        """The batches of ``keys`` ((index into ``ds``, augmentation seed) pairs), ``batch_size``
+        each, the last partial one dropped in training and kept in evaluation.
 
-        return self._exact_pipeline(source)
+        One pipeline serves every epoch: built at the first, it is reset at each next one (its
+        decoders, buffers and threads kept), so that an epoch starts as fast as a batch is made."""
+        n = len(keys) // self.batch_size if self.train else -(-len(keys) // self.batch_size)
+        if n == 0:
+            return
+        keys = keys[: n * self.batch_size]
+        dali = self.crops == "dali" and self.train  # evaluation draws nothing: always exact
+        if self._open:  # an earlier epoch's batches, left unfinished, still held
+            self._end_epoch()
+        self._epoch += 1
+        epoch = self._epoch
+        self._feed.batches = self._dali_feed(keys) if dali else self._exact_feed(keys)
+        if self._pipe is None:
+            self._pipe = self._dali_pipeline() if dali else self._exact_pipeline()
+            self._pipe.build()
+        else:
+            self._pipe.reset()
+        pipe, self._open = self._pipe, True
+        # The GPU outputs are bound to the training stream, not synchronised with the host: a
+        # batch's copy waits on the GPU for DALI's work, and the host runs on to the next step.
+        stream = torch.cuda.current_stream(self.device) if self.decoder == "mixed" else None
+        try:
+            for b in range(n):
+                if self._epoch != epoch:
+                    raise RuntimeError("a later epoch of this loader has started")
+                images, labels = pipe.run(stream)
+                count = min(self.batch_size, len(keys) - b * self.batch_size)
+                x = self._to_torch(images, stream)[:count]
+                y = self._to_torch(labels, stream).reshape(-1)[:count]
+                yield x, y.to(torch.int64)
+        except GeneratorExit:  # the epoch left early
+            if self._epoch == epoch:
+                self._end_epoch()
+            raise
+        except BaseException:  # a pipeline that failed is not used again
+            if self._epoch == epoch:
+                self._pipe, self._open = None, False
+            raise
+        self._end_epoch()
+
+    def _end_epoch(self) -> None:
+        """Bring the pipeline to its epoch's end, ready for a reset: the feed emptied, the batches
+        it had read ahead (when the epoch was left early) run and dropped. A pipeline that fails
+        here is dropped, and the next epoch builds a new one."""
+        self._feed.batches, self._open = iter(()), False
+        try:
+            while True:
+                self._pipe.run()
+        except StopIteration:
+            pass
+        except Exception:
+            self._pipe = None
 
     def _to_torch(self, outputs, stream) -> Tensor:
         """A batch of DALI's outputs as one tensor on ``self.device``; from the GPU, copied on
@@ -296,6 +337,19 @@ class DaliJpegLoader:
     def eval_batches(self) -> Iterator[tuple[Tensor, Tensor]]:
         """All of ``ds`` in order, with the evaluation transform."""
         return self.batches([(j, None) for j in range(len(self.ds))])
+
+
+class Feed:
+    """What a pipeline's external source reads: the next of this epoch's ``batches``;
+    ``StopIteration`` ends DALI's epoch. The pipeline holds this, not its loader, so that no cycle
+    keeps a dropped loader's pipeline (and its threads) alive until a garbage collection, which a
+    forked DataLoader worker could run on the pipeline it inherited."""
+
+    def __init__(self):
+        self.batches: Iterator[list] = iter(())
+
+    def __call__(self) -> list:
+        return next(self.batches)
 
 
 class Encoded(torch.utils.data.Dataset):

@@ -69,8 +69,12 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes):
                 how += f", {cfg.dali_hw_load:.0%} on the hardware decoder"
             how += ", each crop's window decoded alone" if cfg.dali_roi and crops == "dali" else ""
 
+        evaluators = {}  # a loader per split, its pipeline kept from one evaluation to the next
+
         def gpu_eval(ds):
-            return make(ds, cfg.eval_batch_size, procs.device, train=False).eval_batches()
+            if id(ds) not in evaluators:
+                evaluators[id(ds)] = ds, make(ds, cfg.eval_batch_size, procs.device, train=False)
+            return evaluators[id(ds)][1].eval_batches()
 
         train = make(data.train, per_rank, procs.device)
         return train, gpu_eval, f"{train.name} ({how})"
