@@ -149,6 +149,7 @@ class Config:
     logdir: str = "runs"  # TensorBoard logs, checkpoints and summaries go to logdir/name/estimator
     name: str = ""  # run name; empty: the preset's name
     log_every: int = 10  # steps between TensorBoard scalar writes
+    profile_steps: int = 0  # steps profiled after the first log_every (into profile.txt)
     eval_every: int = 1  # epochs between test (and validation) evaluations
     eval_train: bool = False  # also evaluate on the whole training set at every evaluation
     flatness_every: int = 0  # epochs between λ_max/trace/R1/landscape logs (0: only at the end)
@@ -189,6 +190,7 @@ RESUME_FREE = frozenset(
         "logdir",
         "name",
         "log_every",
+        "profile_steps",
         "eval_every",
         "eval_train",
         "flatness_every",
@@ -393,6 +395,7 @@ def validate(cfg: Config) -> None:
         "workers",
         "threads",
         "flatness_every",
+        "profile_steps",
         "histogram_every",
         "checkpoint_every",
         "eig_iters",

@@ -22,6 +22,7 @@ from reproduce.build import CORRECT
 from reproduce.config import Config
 from reproduce.data import sets as data_mod
 from reproduce.run.launch import Processes, sum_over_ranks
+from reproduce.run.profiling import StepProfiler
 from reproduce.run.report import Meter
 from reproduce.run.signals import StopFlag
 
@@ -91,6 +92,7 @@ class Session:
     first_step: bool = True  # the next step is this process's first (and compiles)
     compile_seconds: float | None = None
     last_loss: Tensor | None = None
+    profiler: StepProfiler | None = None  # --profile_steps
 
 
 def zero_accum(device) -> dict[str, Tensor]:

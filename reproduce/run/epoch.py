@@ -77,7 +77,10 @@ def _steps(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
     s.meter.mark()
     for x, y in until_stopped(batches, stop):
         x, y = inputs(x, device, cfg.channels_last), y.to(device, non_blocking=True)
+        s.profiler.before(pos["global_step"])
         metrics = _step(r, parts, p, s, (x, y))
+        if s.profiler.after():
+            s.meter.mark()  # the profiled steps are not timed
         accumulate(p.accum, metrics, p.state, len(y))
         s.last_loss = metrics["loss"]
         if "skipped" in metrics:
@@ -102,6 +105,7 @@ def _steps(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
             clock = time.perf_counter()
             s.meter.mark()
     bar.close()
+    s.profiler.close()  # a profile that the run's end cut short
     pos["train_seconds"] += time.perf_counter() - clock
     return stopped
 

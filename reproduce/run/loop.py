@@ -31,6 +31,7 @@ from reproduce.run.context import Parts, Progress, Run, Session
 from reproduce.run.epoch import epoch
 from reproduce.run.launch import Processes
 from reproduce.run.loaders import loaders
+from reproduce.run.profiling import StepProfiler
 from reproduce.run.resume import RunLocked, decide, like, resume
 from reproduce.run.signals import Interrupted, StopFlag
 from reproduce.run.summary import Diverged, end_of_run, summary
@@ -169,4 +170,6 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     run_of_skips = torch.zeros((), dtype=torch.int64, device=device)
-    return parts, p, Session(meter, epochs_bar, run_of_skips)
+    path = r.run_dir / "profile.txt" if procs.main else None
+    profiler = StepProfiler(cfg.profile_steps, cfg.log_every, device, path)
+    return parts, p, Session(meter, epochs_bar, run_of_skips, profiler=profiler)
