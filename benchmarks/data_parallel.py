@@ -42,6 +42,7 @@ import argparse
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,6 +111,7 @@ def _train_py(a, model, estimator, gpus, timeout, graph=False, folder="") -> dic
     cmd += ["--log_every=10", "--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
     cmd += ["--progress=false", "--landscape=false"] + (["--cuda_graph"] if graph else [])
     cmd += [f"--logdir={logdir}"] + (["--channels_last"] if model == "r50" else [])
+    cmd += [f"--profile_steps={a.train_profile}"] if a.train_profile else []
     where = f"_{folder.replace('+', '_').replace('=', '')}" if folder else ""
     log = _log_path(a, f"train_{model}_{estimator}_{gpus}gpu{where}")
     try:
@@ -121,7 +123,11 @@ def _train_py(a, model, estimator, gpus, timeout, graph=False, folder="") -> dic
     if done.returncode or not found:
         return {"error": f"exit {done.returncode}: " + _tail(log), "log": log.name}
     s = json.loads(found[0].read_text())
-    keys = ("images_per_s", "compile_seconds", "peak_memory_gib", "loader", "steps")
+    keys = ("images_per_s", "compile_seconds", "peak_memory_gib", "loader", "steps", "profile")
+    table = found[0].with_name("profile.txt")
+    if table.exists():  # beside the report, as the worker's profiles are
+        out = Path(a.out)
+        shutil.copy(table, out.with_name(f"{out.stem}_profile_{log.stem.split('_', 1)[1]}.txt"))
     return {"world": gpus, **{k: s.get(k) for k in keys}}
 
 
@@ -242,6 +248,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--workers", type=int, default=8, help="train rows with --data: --workers")
     ap.add_argument("--train_steps", type=int, default=60, help="train rows: --max_steps")
+    ap.add_argument(
+        "--train_profile",
+        type=int,
+        default=0,
+        help="train rows: --profile_steps (the tables beside --out as <stem>_profile_train_*.txt)",
+    )
     ap.add_argument(
         "--train_one",
         action=argparse.BooleanOptionalAction,

@@ -2,22 +2,22 @@
 # The data-parallel table on one GPU machine, in stages that each fit one call (results to $OUT):
 #   bash benchmarks/data_parallel_gpu.sh r50exact pack                    # one call, about 9 minutes
 #   bash benchmarks/data_parallel_gpu.sh r50fd pack                       # one call, about 4 minutes
-#   bash benchmarks/data_parallel_gpu.sh site check dali tests loader pack  # one call, about 9 minutes
+#   bash benchmarks/data_parallel_gpu.sh site check dali tests loader pack  # one call, about 7 minutes
 #   bash benchmarks/data_parallel_gpu.sh anchor pack                      # one call, about 8 minutes
 #   bash benchmarks/data_parallel_gpu.sh vitexact pack                    # one call, about 8 minutes
-# (4 × H200, run 7 of benchmarks/RESULTS.md)
+# (4 × H200, runs 7 and 8 of benchmarks/RESULTS.md; GPUS=2 times the GAM stages on 1 and 2 GPUs)
 # site:     DALI and what it needs, carried in parts as .whl/*/site.part.* (benchmarks/README.md),
 #           unpacked into /tmp/site
 # check:    the GPU check (benchmarks/gpu_check.py) in the background on the last GPU and the last
 #           3/8 of the cores; the stages after it run on the other cores
 # tests:    the GPU tests of the CUDA graphs and of the DALI loader
 # dali:     a synthetic JPEG folder, then train.py --cuda_graph on 2 GPUs in memory and through
-#           --loader=dali: SGD with each of DALI's settings (the hardware decoder's share, each crop's
-#           window decoded alone), then fd GAM with the setting SGD ran fastest with; 70 steps, so
-#           that no run crosses an epoch of the 20,000 images (an epoch start builds a new pipeline)
-# loader:   --loader=dali's pipeline alone at 128 images a batch, with 0, 65% and all of each batch
-#           on the hardware JPEG decoder, and with each crop's window decoded alone (roi_decode), and
-#           the seconds an epoch start takes each
+#           --loader=dali (its defaults, or DALI_SETTINGS: --loader settings, comma-separated), 5
+#           steps of each run profiled: SGD for 60 steps, then fd GAM for 200, across two epoch
+#           starts of the 20,000 images
+# loader:   --loader=dali's pipeline alone at 128 images a batch, all of each batch on the hardware
+#           JPEG decoder, each crop's window decoded alone (roi_decode) or the whole image, and the
+#           seconds the first epoch's start and a later one's take
 # anchor:   bus bandwidth, DDP and the graphed SGD/AdamW steps (ResNet-50, ViT-S/32) on every GPU
 # r50exact: ResNet-50 exact GAM, graphed, on every GPU, global and local (PERTS=global for one): its
 #           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew
@@ -30,7 +30,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-dp}  # shared by the stages
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}
-OUT=${OUT:-/tmp/out}; D=${DATA:-/tmp/imagenet-synth}; N=$(nvidia-smi -L | wc -l)
+OUT=${OUT:-/tmp/out}; D=${DATA:-/tmp/imagenet-synth}; N=$(nvidia-smi -L | wc -l); G=${GPUS:-$N}
 PIN=""; DP="python3 benchmarks/data_parallel.py"; GAM="--steps 65 --no-busbw"
 dali_path() { [ -d /tmp/site/nvidia/dali ] && export PYTHONPATH=$PYTHONPATH:/tmp/site; }
 folder() { [ -d "$D/val" ] || python3 benchmarks/jpeg_folder.py --out "$D" --train 20000 --val 2000; }
@@ -38,8 +38,7 @@ pack_logs() {  # the logs and profiles that stage $1 left in $OUT, in one file
   local found; found=$(cd "$OUT" && ls -d ./*_logs ./*_profile_*.txt 2>/dev/null)
   [ -z "$found" ] || { tar czf "$OUT/logs_$1.tgz" -C "$OUT" $found && (cd "$OUT" && rm -rf $found); }
 }
-# DALI's settings: the hardware decoder's share 0.65 or all (the default), whole images or windows (the default)
-SETTINGS=dali+dali_hw_load=0.65+dali_roi=false,dali+dali_hw_load=0.65,dali+dali_roi=false,dali
+SETTINGS=${DALI_SETTINGS:-dali}  # run 7 compared dali+dali_hw_load=0.65, dali+dali_roi=false, ...
 for what in "$@"; do
   echo "== $what ($(date +%T))"
   case $what in
@@ -51,7 +50,7 @@ for what in "$@"; do
       C=$(nproc); LO=$((C * 5 / 8))
       (export CUDA_VISIBLE_DEVICES=$((N - 1)); taskset -c "$LO-$((C - 1))" python3 \
         benchmarks/gpu_check.py --out "$OUT/gpu_check.json" >"$OUT/gpu_check.log" 2>&1) &
-      PIN="taskset -c 0-$((LO - 1))"; DP="$PIN $DP"; N=$((N - 1)) ;;
+      PIN="taskset -c 0-$((LO - 1))"; DP="$PIN $DP"; N=$((N - 1)); G=$((G < N ? G : N)) ;;
     tests)
       $PIN python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py 2>&1 | tail -5
       (dali_path; $PIN python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_dali_data.py \
@@ -59,18 +58,14 @@ for what in "$@"; do
     dali)
       folder
       (dali_path; $DP --gpus 2 --runs r50:train_sgd:graph --data "$D" --loader "$SETTINGS" \
-        --no-train_one --no-busbw --run_timeout 150 --out "$OUT/dp_dali_sgd.json"
-      best=$(python3 -c "import json, sys; rows = json.load(open(sys.argv[1]))['rows']
-ok = [r for r in rows if r.get('folder', {}).get('images_per_s')]
-print(max(ok, key=lambda r: r['folder']['images_per_s'])['loader'] if ok else 'dali')" \
-        "$OUT/dp_dali_sgd.json")
-      echo "fd GAM through $best"
-      $DP --gpus 2 --runs r50:train_gam_fd:graph --data "$D" --loader "$best" --train_steps 70 \
-        --no-train_one --no-busbw --run_timeout 200 --out "$OUT/dp_dali_gam_fd.json") ;;
+        --no-train_one --no-busbw --run_timeout 150 --train_profile 5 --out "$OUT/dp_dali_sgd.json"
+      $DP --gpus 2 --runs r50:train_gam_fd:graph --data "$D" --loader "$SETTINGS" \
+        --train_steps 200 --train_profile 5 --no-train_one --no-busbw --run_timeout 200 \
+        --out "$OUT/dp_dali_gam_fd.json") ;;
     loader)
       folder
       (dali_path; $PIN python3 benchmarks/loader_throughput.py --data "$D" --batch 128 \
-        --pipelines dali:0 dali:0.65 dali:1.0 dali_roi:0.65 dali_roi:1.0 --threads 8 \
+        --pipelines dali_roi:1.0 dali:1.0 --threads 8 \
         --out "$OUT/loader_dali_128.json") ;;
     anchor)
       $DP --gpus "$N" --runs r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph \
@@ -79,13 +74,13 @@ print(max(ok, key=lambda r: r['folder']['images_per_s'])['loader'] if ok else 'd
       # both modes compile at once where a GPU holds two of its 37 GiB warm-ups (H200), else in turn
       W=$([ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ] \
         && echo 2 || echo 1)
-      $DP --gpus "$N" --runs r50:gam:graph $GAM --run_timeout 300 --warm_at_once "$W" \
+      $DP --gpus "$G" --runs r50:gam:graph $GAM --run_timeout 300 --warm_at_once "$W" \
         --perturbations "${PERTS:-global,local}" --out "$OUT/dp_r50exact.json" ;;
     r50fd)
-      $DP --gpus "$N" --runs r50:gam_fd:graph $GAM --run_timeout 150 --out "$OUT/dp_r50fd.json" ;;
+      $DP --gpus "$G" --runs r50:gam_fd:graph $GAM --run_timeout 150 --out "$OUT/dp_r50fd.json" ;;
     vitexact)
       # the two modes compiled in turn: at once on 4 GPUs, global mode's first step passed 278 s
-      $DP --gpus "$N" --runs vit:gam:graph $GAM --run_timeout 200 --warm_at_once 1 \
+      $DP --gpus "$G" --runs vit:gam:graph $GAM --run_timeout 200 --warm_at_once 1 \
         --out "$OUT/dp_vitexact.json" ;;
     pack)
       wait; ls "$OUT" ;;

@@ -3,8 +3,9 @@
 Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the training examples as
 ``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
 of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends;
-then the seconds from a new epoch's ``batches()`` to its first batch (``*_epoch_start_s``: what each
-epoch start costs a run, a DALI pipeline built and filled included).
+and the seconds from an epoch's ``batches()`` to its first batch: the first epoch's
+(``*_first_epoch_start_s``: a DALI pipeline built and filled, DataLoader workers started) and a
+later one's (``*_epoch_start_s``: what each next epoch start costs a run).
 A pipeline is ``dali:HW_LOAD`` (DALI reading and drawing the crops, that share of each batch to
 the hardware JPEG decoder; ``dali_roi:HW_LOAD`` the same decoding only each crop's window), ``dali_exact:HW_LOAD`` (DALI decoding the crops torchvision draws; a
 ``:fancy`` suffix adds libjpeg-turbo's chroma upsampling),
@@ -45,7 +46,7 @@ def rate(loader, keys, batch: int, warmup: int, device) -> float:
 
 
 def epoch_start(loader, keys, device) -> float:
-    """Seconds from a new epoch's ``batches()`` to its first batch, after a first epoch has run."""
+    """Seconds from a new epoch's ``batches()`` to its first batch; the epoch is then left."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     start = time.perf_counter()
@@ -107,9 +108,10 @@ def main() -> None:
         else:
             loader = data_mod.FolderLoader(data.train, args.batch, int(arg), device.type == "cuda")
             name = f"folder_{arg}_workers"
+        first = out[f"{name}_first_epoch_start_s"] = round(epoch_start(loader, keys, device), 3)
         out[f"{name}_images_per_s"] = round(rate(loader, keys, args.batch, args.warmup, device))
         out[f"{name}_epoch_start_s"] = round(epoch_start(loader, keys, device), 3)
-        print(name, out[f"{name}_images_per_s"], out[f"{name}_epoch_start_s"], flush=True)
+        print(name, out[f"{name}_images_per_s"], first, out[f"{name}_epoch_start_s"], flush=True)
     from reproduce.run.report import dumps, write_json  # after the path is set
 
     print(dumps(out))

@@ -142,3 +142,16 @@ def test_projections_read_every_report_and_take_the_largest_count(tmp_path):
     eff = dp_projection.project({4: 0.8}, 8)
     assert row["projected_efficiency_8"] == pytest.approx(eff, abs=1e-3)
     assert row["hours_90_epochs"] == pytest.approx(dp_projection.hours(900.0, eff, 8, 90), abs=0.01)
+
+
+def test_a_train_row_profiled_keeps_its_profile_beside_the_report(tmp_path):
+    """--train_profile: train.py profiles that many steps; their summary comes back in the run's
+    result and their tables beside the report."""
+    from types import SimpleNamespace
+
+    out = tmp_path / "dp.json"
+    a = SimpleNamespace(out=str(out), batch=8, train_steps=14, train_profile=2, data="", workers=0)
+    run = data_parallel._train_py(a, "digits", "gam_fd", 1, 300)
+    assert run["steps"] == 14 and run["profile"]["steps"] == 2
+    (table,) = tmp_path.glob("dp_profile_train_digits_gam_fd_1gpu*.txt")
+    assert table.read_text().startswith("2 steps after step 10")
