@@ -124,10 +124,11 @@ def _train_py(a, model, estimator, gpus, timeout, graph=False, folder="") -> dic
         return {"error": f"exit {done.returncode}: " + _tail(log), "log": log.name}
     s = json.loads(found[0].read_text())
     keys = ("images_per_s", "compile_seconds", "peak_memory_gib", "loader", "steps", "profile")
-    table = found[0].with_name("profile.txt")
+    table, trace = found[0].with_name("profile.txt"), found[0].with_name("profile_trace.json.gz")
     if table.exists():  # beside the report, as the worker's profiles are
-        out = Path(a.out)
-        shutil.copy(table, out.with_name(f"{out.stem}_profile_{log.stem.split('_', 1)[1]}.txt"))
+        out, tag = Path(a.out), log.stem.split("_", 1)[1]
+        shutil.copy(table, out.with_name(f"{out.stem}_profile_{tag}.txt"))
+        shutil.copy(trace, out.with_name(f"{out.stem}_trace_{tag}.json.gz"))
     return {"world": gpus, **{k: s.get(k) for k in keys}}
 
 
@@ -170,7 +171,7 @@ def _launch(
         str(a.steps if steps is None else steps),
     ]
     cmd += ["--warmup", str(a.warmup if warmup is None else warmup), "--profile", profile]
-    cmd += ["--windows", str(a.windows)]
+    cmd += ["--windows", str(a.windows), "--stacks_after", str(a.stacks_after)]
     log = _log_path(a, f"{model}_{kind}" + (f"_{guard}" if guard else "") + f"_{gpus}gpu_{pert}")
     with log.open("w") as f:  # the child writes on; a run stopped from outside leaves its log
         proc = subprocess.Popen(
@@ -252,7 +253,8 @@ def main(argv=None) -> int:
         "--train_profile",
         type=int,
         default=0,
-        help="train rows: --profile_steps (the tables beside --out as <stem>_profile_train_*.txt)",
+        help="train rows: --profile_steps (beside --out: <stem>_profile_train_*.txt, its tables, "
+        "and <stem>_trace_train_*.json.gz, its timeline)",
     )
     ap.add_argument(
         "--train_one",
@@ -261,6 +263,12 @@ def main(argv=None) -> int:
         help="train rows: the 1-GPU run too (for the efficiency)",
     )
     ap.add_argument("--warm_at_once", type=int, default=WARM_AT_ONCE, help="rows compiled at once")
+    ap.add_argument(
+        "--stacks_after",
+        type=float,
+        default=240,
+        help="seconds into a run's first step after which each rank prints its threads' stacks",
+    )
     ap.add_argument(
         "--perturbations",
         type=lambda t: [m for m in t.split(",") if m],
@@ -351,22 +359,31 @@ def main(argv=None) -> int:
     return 0
 
 
+def _profiled(prof: dict | None) -> str:
+    """A run's profile in a few words: GPU time by kind, the wall-clock step, the host's waits."""
+    if not prof:
+        return ""
+    wall = f" wall {prof['wall_ms']} ms" if "wall_ms" in prof else ""
+    waits = prof.get("host_sync_ms", prof.get("host_wait_ms"))
+    return f"profile {prof.get('device_ms')}{wall} host waits {waits} ms  "
+
+
 def _line(row: dict) -> str:
     one, many, n = row["one"], row["many"], row["gpus"]
     if "efficiency" not in row and "data_path_cost" not in row:
         return f"{row['run']:12s} {row['perturbation']:6s} error: {one.get('error') or many.get('error')}"
-    prof = many.get("profile", {})
     folder = row.get("folder")
     return (
         f"{row['run']:12s} {row['perturbation']:6s} 1 GPU {one.get('images_per_s')} img/s  "
         f"{n} GPUs {many['images_per_s']:8.1f} img/s  efficiency {row.get('efficiency')}  "
+        + _profiled(many.get("profile"))
         + (
-            f"profile {prof.get('device_ms')} host sync {prof.get('host_sync_ms')} ms"
-            if prof
+            f"{row['loader']} {folder.get('images_per_s') or folder.get('error')} img/s  "
+            + _profiled(folder.get("profile"))
+            if folder
             else ""
         )
-        + (f"{row['loader']} {folder.get('images_per_s') or folder.get('error')}" if folder else "")
-        + (f" data path cost {row['data_path_cost']:.3f}" if "data_path_cost" in row else "")
+        + (f"data path cost {row['data_path_cost']:.3f}" if "data_path_cost" in row else "")
     )
 
 

@@ -25,7 +25,8 @@
 # vitexact: ViT-S/32 exact GAM, graphed, global and local, on every GPU
 #           (the GAM stages time 3 windows of 65 steps after 5: 200 steps on 1 GPU and on N)
 # pack:     waits for the check to end
-# After each stage its runs' logs and profiles go into $OUT/logs_<stage>.tgz (few files come back).
+# After each stage its runs' logs, profiles and timelines go into $OUT/logs_<stage>.tgz (few files
+# come back).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-dp}  # shared by the stages
@@ -35,7 +36,7 @@ PIN=""; DP="python3 benchmarks/data_parallel.py"; GAM="--steps 65 --no-busbw"
 dali_path() { [ -d /tmp/site/nvidia/dali ] && export PYTHONPATH=$PYTHONPATH:/tmp/site; }
 folder() { [ -d "$D/val" ] || python3 benchmarks/jpeg_folder.py --out "$D" --train 20000 --val 2000; }
 pack_logs() {  # the logs and profiles that stage $1 left in $OUT, in one file
-  local found; found=$(cd "$OUT" && ls -d ./*_logs ./*_profile_*.txt 2>/dev/null)
+  local found; found=$(cd "$OUT" && ls -d ./*_logs ./*_profile_*.txt ./*_trace_*.json.gz 2>/dev/null)
   [ -z "$found" ] || { tar czf "$OUT/logs_$1.tgz" -C "$OUT" $found && (cd "$OUT" && rm -rf $found); }
 }
 SETTINGS=${DALI_SETTINGS:-dali}  # run 7 compared dali+dali_hw_load=0.65, dali+dali_roi=false, ...

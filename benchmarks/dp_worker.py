@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import os
 import sys
 import time
@@ -209,9 +210,13 @@ def worker(a) -> None:
             x = x.contiguous(memory_format=torch.channels_last)
         batch = (x, torch.randint(data.num_classes, (a.batch,), generator=g).to(procs.device))
         began = time.perf_counter()
+        if a.stacks_after:  # where every thread of a first step that hangs is, in the log
+            faulthandler.dump_traceback_later(a.stacks_after)
         step(batch)
         _sync(procs)
+        faulthandler.cancel_dump_traceback_later()
         result["first_step_s"] = round(time.perf_counter() - began, 1)
+        print(f"rank {procs.rank}: first step {result['first_step_s']} s", flush=True)
         if hasattr(step, "loss"):
             result["first_loss"] = step.loss()
         _say(procs, f"first step (building, compiling, capturing) {result['first_step_s']} s")
@@ -267,6 +272,12 @@ def main(argv=None) -> int:
     ap.add_argument("--windows", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--profile", default="", help="where the profile of one step goes")
+    ap.add_argument(
+        "--stacks_after",
+        type=float,
+        default=0,
+        help="seconds into the first step after which each rank prints its threads' stacks (0: never)",
+    )
     worker(ap.parse_args(argv))
     return 0
 

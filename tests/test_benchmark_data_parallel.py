@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
 from benchmarks import data_parallel, dp_projection
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_efficiency_is_n_gpu_rate_over_n_times_one():
@@ -155,3 +158,22 @@ def test_a_train_row_profiled_keeps_its_profile_beside_the_report(tmp_path):
     assert run["steps"] == 14 and run["profile"]["steps"] == 2
     (table,) = tmp_path.glob("dp_profile_train_digits_gam_fd_1gpu*.txt")
     assert table.read_text().startswith("2 steps after step 10")
+    assert len(list(tmp_path.glob("dp_trace_train_digits_gam_fd_1gpu*.json.gz"))) == 1
+
+
+def test_a_first_step_past_its_time_prints_every_threads_stack():
+    """--stacks_after: a first step still running after that many seconds prints where each thread
+    is (a hung or slow compile then says where it was); one that ends in time prints nothing."""
+    import subprocess
+    import sys
+
+    def run(after):
+        cmd = [sys.executable, "benchmarks/dp_worker.py", "--model", "digits", "--kind", "gam_fd"]
+        cmd += ["--batch", "8", "--steps", "0", "--warmup", "0", "--stacks_after", str(after)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 0, done.stderr
+        return done.stdout + done.stderr
+
+    late = run(0.001)
+    assert "most recent call first" in late and "rank 0: first step" in late
+    assert "most recent call first" not in run(60)

@@ -1,5 +1,6 @@
 """--profile_steps: steps of reproduce/train.py under torch.profiler, summarised by kind of work."""
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -48,6 +49,8 @@ def test_train_py_profiles_the_steps_asked_for_and_trains_as_without(tmp_path):
     folder, s = run("profiled", "--profile_steps=3")
     assert s["profile"]["steps"] == 3 and s["profile"]["wall_ms"] > 0
     assert (folder / "profile.txt").read_text().startswith("3 steps after step 2")
+    with gzip.open(folder / "profile_trace.json.gz", "rt") as f:  # the timeline, for Perfetto
+        assert any(e.get("name") == "aten::mm" for e in json.load(f)["traceEvents"])
     plain, p = run("plain")
     assert p["profile"] is None and not (plain / "profile.txt").exists()
     a = ckpt.load(folder / "checkpoint.pt")["params"]

@@ -3,7 +3,9 @@ loader's work on the GPU beside it included.
 
 The ``n`` steps after the first logging interval (compiled and warm) are profiled on every process
 (a step's collectives need them all); the main process writes the tables by GPU time and by host
-time to ``profile.txt`` in the run's folder and keeps a summary for ``summary.json``: per step, the
+time to ``profile.txt`` in the run's folder, the timeline of every thread and stream to
+``profile_trace.json.gz`` (Perfetto or chrome://tracing open it), and keeps a summary for
+``summary.json``: per step, the
 wall-clock time between two synchronisations, the GPU time of the loader's kernels (DALI's and
 nvJPEG's), of NCCL, of copies and of the rest, and the host's time waiting for the device. The
 profiled steps are left out of the run's images/s.
@@ -11,6 +13,9 @@ profiled steps are left out of the run's images/s.
 
 from __future__ import annotations
 
+import gzip
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,13 +66,24 @@ class StepProfiler:
             return
         seconds = self._sync() - self.began
         self.prof.__exit__(None, None, None)
-        events, self.prof = self.prof.key_averages(), None
+        prof, self.prof = self.prof, None
+        events = prof.key_averages()
         self.summary = summarise(events, self.steps, seconds)
         if self.path is not None:
             by_device = events.table(sort_by="self_cuda_time_total", row_limit=40)
             by_host = events.table(sort_by="self_cpu_time_total", row_limit=40)
             head = f"{self.steps} steps after step {self.first}: {self.summary}\n\n"
             self.path.write_text(f"{head}By GPU time\n{by_device}\n\nBy host time\n{by_host}\n")
+            self._trace(prof)
+
+    def _trace(self, prof) -> None:
+        """The timeline, gzipped beside the tables."""
+        with tempfile.TemporaryDirectory() as tmp:
+            raw = Path(tmp) / "trace.json"
+            prof.export_chrome_trace(str(raw))
+            target = self.path.with_name("profile_trace.json.gz")
+            with raw.open("rb") as src, gzip.open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
 
 
 def _device_us(event) -> float:
