@@ -169,6 +169,7 @@ RUN_ORDER = [
     "checkpoint",
     "launch",
     "report",
+    "profiling",
     "evaluation",
     "loaders",
     "signals",
