@@ -199,3 +199,27 @@ def test_images_smaller_than_the_crop_or_not_square_are_resized_then_cropped(tmp
     first = d.test.base.samples[0][0]
     plain = TF.normalize(TF.to_tensor(Image.open(first).convert("RGB")), *D.MEAN_STD["cifar10"])
     assert torch.equal(d.test[0][0], plain)
+
+
+def test_in_memory_batches_take_their_positions_on_the_datas_device(monkeypatch):
+    """Each batch of data held on a device is gathered there from positions made there: no index
+    crosses from the host (on CUDA such a copy waits for the device, so the host could not queue
+    the next step while one runs)."""
+    from reproduce.data import batches
+
+    assert batches.shard_positions(3, 8, 1, 2, device="meta").device.type == "meta"
+    assert batches.shard_positions(3, 8, 1, 2).tolist() == [28, 29, 30, 31]
+    made = []
+    real = batches.shard_positions
+
+    def spy(*args):
+        made.append(args[4] if len(args) > 4 else None)
+        return real(*args)
+
+    monkeypatch.setattr(batches, "shard_positions", spy)
+    data = D.load(resolve(["--preset=digits"]))
+    order = D.epoch_order(len(data.train), 0, 0)
+    got = list(D.train_batches(data.train, order, 0, 32, seed=0, epoch=0, rank=1, world=2))
+    assert len(got) == len(made) == len(order) // 32 and set(made) == {order.device}
+    x, _ = data.train.tensors()
+    assert torch.equal(got[2][0], x[order[2 * 32 + 16 : 3 * 32]])

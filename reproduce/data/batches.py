@@ -65,14 +65,18 @@ def stack(ds: Examples, indices: Tensor) -> tuple[Tensor, Tensor]:
     return torch.stack(xs), torch.as_tensor(ys)
 
 
-def shard_positions(batch: int, batch_size: int, rank: int = 0, world: int = 1) -> Tensor:
-    """The positions in the epoch's order of this rank's part of global batch ``batch``.
+def shard_positions(
+    batch: int, batch_size: int, rank: int = 0, world: int = 1, device=None
+) -> Tensor:
+    """The positions in the epoch's order of this rank's part of global batch ``batch``, made on
+    ``device`` (no copy from the host, which would wait for the device).
 
     Global batch b is positions b·B .. (b+1)·B − 1 of the epoch's order (B = ``batch_size``); rank r of
     W takes the r-th of its W equal consecutive parts. The ranks' parts, concatenated in rank order,
     are the batch one process would take."""
     per = batch_size // world
-    return torch.arange(per) + batch * batch_size + rank * per
+    start = batch * batch_size + rank * per
+    return torch.arange(start, start + per, device=device)
 
 
 def shard(ds: Examples, rank: int, world: int) -> Examples:
@@ -173,7 +177,7 @@ def train_batches(
     if fast is not None:
         x, y = fast
         for b in range(start, steps):
-            idx = order[shard_positions(b, batch_size, rank, world).to(order.device)]
+            idx = order[shard_positions(b, batch_size, rank, world, order.device)]
             yield x[idx], y[idx]
         return
     keys = epoch_keys(order, start, batch_size, seed=seed, epoch=epoch, rank=rank, world=world)
