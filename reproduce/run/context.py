@@ -89,10 +89,10 @@ class Session:
     meter: Meter  # images per second (it adds the timed totals to ``Progress.pos``)
     epochs_bar: Any  # the progress bar of epochs
     run_of_skips: Tensor  # consecutive skipped steps
+    profiler: StepProfiler  # --profile_steps (none asked: it profiles nothing)
     first_step: bool = True  # the next step is this process's first (and compiles)
     compile_seconds: float | None = None
     last_loss: Tensor | None = None
-    profiler: StepProfiler | None = None  # --profile_steps
 
 
 def zero_accum(device) -> dict[str, Tensor]:

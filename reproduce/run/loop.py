@@ -172,4 +172,4 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     run_of_skips = torch.zeros((), dtype=torch.int64, device=device)
     path = r.run_dir / "profile.txt" if procs.main else None
     profiler = StepProfiler(cfg.profile_steps, cfg.log_every, device, path)
-    return parts, p, Session(meter, epochs_bar, run_of_skips, profiler=profiler)
+    return parts, p, Session(meter, epochs_bar, run_of_skips, profiler)

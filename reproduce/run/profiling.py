@@ -5,10 +5,9 @@ The ``n`` steps after the first logging interval (compiled and warm) are profile
 (a step's collectives need them all); the main process writes the tables by GPU time and by host
 time to ``profile.txt`` in the run's folder, the timeline of every thread and stream to
 ``profile_trace.json.gz`` (Perfetto or chrome://tracing open it), and keeps a summary for
-``summary.json``: per step, the
-wall-clock time between two synchronisations, the GPU time of the loader's kernels (DALI's and
-nvJPEG's), of NCCL, of copies and of the rest, and the host's time waiting for the device. The
-profiled steps are left out of the run's images/s.
+``summary.json``: per step, the wall-clock time between two synchronisations, the GPU time of the
+loader's kernels (DALI's and nvJPEG's), of NCCL, of copies and of the rest, and the host's time
+waiting for the device. The profiled steps are left out of the run's images/s.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def summary(
         "perturbation": cfg.perturbation if world > 1 else None,
         "loader": parts.loader,
         "compile_seconds": s.compile_seconds,
-        "profile": s.profiler.summary if s.profiler else None,
+        "profile": s.profiler.summary,
         "peak_memory_gib": (
             round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             if device.type == "cuda"
