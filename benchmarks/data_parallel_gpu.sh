@@ -2,9 +2,9 @@
 # The data-parallel table on one GPU machine, in stages that each fit one call (results to $OUT):
 #   bash benchmarks/data_parallel_gpu.sh r50exact pack                    # one call, about 9 minutes
 #   bash benchmarks/data_parallel_gpu.sh r50fd pack                       # one call, about 4 minutes
-#   bash benchmarks/data_parallel_gpu.sh site check dali tests loader pack  # one call, about 7 minutes
+#   bash benchmarks/data_parallel_gpu.sh site check loader dali tests pack  # one call, about 9 minutes
 #   bash benchmarks/data_parallel_gpu.sh anchor pack                      # one call, about 8 minutes
-#   bash benchmarks/data_parallel_gpu.sh vitexact pack                    # one call, about 8 minutes
+#   bash benchmarks/data_parallel_gpu.sh vitexact pack                    # one call, 9 minutes or more
 # (4 × H200, runs 7 and 8 of benchmarks/RESULTS.md; GPUS=2 times the GAM stages on 1 and 2 GPUs)
 # site:     DALI and what it needs, carried in parts as .whl/*/site.part.* (benchmarks/README.md),
 #           unpacked into /tmp/site
