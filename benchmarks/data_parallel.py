@@ -364,8 +364,7 @@ def _profiled(prof: dict | None) -> str:
     if not prof:
         return ""
     wall = f" wall {prof['wall_ms']} ms" if "wall_ms" in prof else ""
-    waits = prof.get("host_sync_ms", prof.get("host_wait_ms"))
-    return f"profile {prof.get('device_ms')}{wall} host waits {waits} ms  "
+    return f"profile {prof.get('device_ms')}{wall} host waits {prof.get('host_wait_ms')} ms  "
 
 
 def _line(row: dict) -> str:

@@ -142,45 +142,28 @@ def _bus_bandwidth(procs, sizes_mb=(25, 100), iters=20) -> dict:
 
 
 def _profile(step, batch, device, path: Path | None) -> dict:
-    """One profiled step: GPU time by kind and the host's waits for the device; its tables written to
+    """One profiled step: GPU time by kind and the host's waits for the device
+    (:func:`reproduce.run.profiling.summarise`), and the collectives called; its tables written to
     ``path`` (rank 0's only: every rank profiles, since the step's collectives need them all, and an
     NCCL kernel's time on a rank includes its wait for slower ranks)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from reproduce.run.profiling import summarise
+
     torch.cuda.synchronize(device)
+    began = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step(batch)
         torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - began
     events = prof.key_averages()
     by_device = events.table(sort_by="self_cuda_time_total", row_limit=30)
     by_host = events.table(sort_by="self_cpu_time_total", row_limit=40)
     if path is not None:
         path.write_text(f"By GPU time\n{by_device}\n\nBy host time\n{by_host}\n")
-
-    def device_us(e):
-        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
-
-    kinds = {"nccl": 0.0, "copy": 0.0, "compute": 0.0}
-    waits, calls = 0.0, {}
-    for e in events:
-        name = e.key
-        # the device's own events (kernels, copies): an operator's row repeats its kernels' time
-        us = device_us(e) if "CUDA" in str(getattr(e, "device_type", "")) else 0.0
-        if "nccl" in name.lower():
-            kinds["nccl"] += us
-        elif "Memcpy" in name or "Memset" in name:
-            kinds["copy"] += us
-        elif us:
-            kinds["compute"] += us
-        if name in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"):
-            waits += e.cpu_time_total
-        if name in ("c10d::allreduce_", "nccl:all_reduce", "aten::_local_scalar_dense"):
-            calls[name] = e.count
-    return {
-        "device_ms": {k: round(v / 1e3, 2) for k, v in kinds.items()},
-        "host_sync_ms": round(waits / 1e3, 2),
-        "calls": calls,
-    }
+    collectives = ("c10d::allreduce_", "nccl:all_reduce", "aten::_local_scalar_dense")
+    calls = {e.key: e.count for e in events if e.key in collectives}
+    return {**summarise(events, 1, seconds), "calls": calls}
 
 
 def worker(a) -> None:
