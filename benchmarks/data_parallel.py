@@ -263,6 +263,7 @@ def main(argv=None) -> int:
         help="train rows: the 1-GPU run too (for the efficiency)",
     )
     ap.add_argument("--warm_at_once", type=int, default=WARM_AT_ONCE, help="rows compiled at once")
+    ap.add_argument("--warm_timeout", type=float, default=420, help="seconds for one warm-up")
     ap.add_argument(
         "--stacks_after",
         type=float,
@@ -294,7 +295,8 @@ def main(argv=None) -> int:
     report["busbw"] = {n: _result(_launch(a, "r50", "busbw", n), 300) for n in a.gpus if busbw}
     print(f"NCCL all-reduce bus bandwidth: {report['busbw']}", flush=True)
     # Compile every row's step once on all the GPUs (a graph is cached per device), a few at a time
-    # in parallel, into one inductor cache that the timed runs then load. GAM compiles in both modes:
+    # in parallel, into one inductor cache that the timed runs then load. GAM compiles in the modes
+    # timed (--perturbations):
     # global mode's passes take the global gradient from outside (a gradient pass, an H·v pass),
     # local mode and the 1-GPU step form g and H·g/‖g‖ in one point pass of their own.
     warmed = sorted(
@@ -302,7 +304,7 @@ def main(argv=None) -> int:
             (m, k, pert)
             for m, k, _ in runs
             if not k.startswith("train")
-            for pert in (("global", "local") if k.startswith("gam") else ("global",))
+            for pert in (a.perturbations if k.startswith("gam") else ("global",))
         }
     )
     report["compile"] = {}
@@ -311,7 +313,7 @@ def main(argv=None) -> int:
         warm = [_launch(a, m, k, most, pert, steps=0, warmup=0) for m, k, pert in part]
         for (m, k, pert), p in zip(part, warm, strict=True):
             report["compile"][f"{m}:{k}" + ("" if pert == "global" else f":{pert}")] = _result(
-                p, 420
+                p, a.warm_timeout
             )
     save()
     for m, k, guard in runs:

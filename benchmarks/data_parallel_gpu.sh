@@ -2,29 +2,35 @@
 # The data-parallel table on one GPU machine, in stages that each fit one call (results to $OUT):
 #   bash benchmarks/data_parallel_gpu.sh r50exact pack                    # one call, about 9 minutes
 #   bash benchmarks/data_parallel_gpu.sh r50fd pack                       # one call, about 4 minutes
-#   bash benchmarks/data_parallel_gpu.sh site check loader dali tests pack  # one call, about 9 minutes
-#   bash benchmarks/data_parallel_gpu.sh anchor pack                      # one call, about 8 minutes
+#   bash benchmarks/data_parallel_gpu.sh site check dalitests loader dali pack  # one call, 9 minutes
+#   bash benchmarks/data_parallel_gpu.sh tests anchor pack                # one call, about 8 minutes
 #   bash benchmarks/data_parallel_gpu.sh vitexact pack                    # one call, 9 minutes or more
-# (4 × H200, runs 7 and 8 of benchmarks/RESULTS.md; GPUS=2 times the GAM stages on 1 and 2 GPUs)
+# (4 × H200, runs 7 to 9 of benchmarks/RESULTS.md; GPUS=2 times the GAM stages and the anchor on 1
+# and 2 GPUs, PERTS=global or local GAM in that mode alone)
 # site:     DALI and what it needs, carried in parts as .whl/*/site.part.* (benchmarks/README.md),
 #           unpacked into /tmp/site
 # check:    the GPU check (benchmarks/gpu_check.py) in the background on the last GPU and the last
 #           3/8 of the cores; the stages after it run on the other cores
-# tests:    the GPU tests of the CUDA graphs and of the DALI loader
+# tests:    the GPU tests of the CUDA graphs
+# dalitests: the GPU tests of the DALI loader, in the background on the GPU before the check's
 # dali:     a synthetic JPEG folder, then train.py --cuda_graph on 2 GPUs in memory and through
 #           --loader=dali (its defaults, or DALI_SETTINGS: --loader settings, comma-separated), 5
 #           steps of each run profiled: SGD for 60 steps, then fd GAM for 200, across two epoch
 #           starts of the 20,000 images
 # loader:   --loader=dali's pipeline alone at 128 images a batch, all of each batch on the hardware
 #           JPEG decoder, each crop's window decoded alone (roi_decode) or the whole image, and the
-#           seconds the first epoch's start and a later one's take
+#           seconds the first epoch's start and a later one's take; then each feeding a 25 ms
+#           stand-in step (the batch handed over on a side stream, or with roi_decode on the
+#           consumer's stream too), 5 fed steps profiled
 # anchor:   bus bandwidth, DDP and the graphed SGD/AdamW steps (ResNet-50, ViT-S/32) on every GPU
+#           (or GPUS)
 # r50exact: ResNet-50 exact GAM, graphed, on every GPU, global and local (PERTS=global for one): its
 #           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew
 # r50fd:    ResNet-50 fd GAM, graphed, global and local, on every GPU
-# vitexact: ViT-S/32 exact GAM, graphed, global and local, on every GPU
+# vitexact: ViT-S/32 exact GAM, graphed, global and local (or PERTS), on every GPU; a warm-up
+#           still in its first step after 120 s prints its threads' stacks, and ends at 200 s
 #           (the GAM stages time 3 windows of 65 steps after 5: 200 steps on 1 GPU and on N)
-# pack:     waits for the check to end
+# pack:     waits for the check and the DALI tests to end, their logs into logs_pack.tgz
 # After each stage its runs' logs, profiles and timelines go into $OUT/logs_<stage>.tgz (few files
 # come back).
 set -uo pipefail
@@ -53,9 +59,12 @@ for what in "$@"; do
         benchmarks/gpu_check.py --out "$OUT/gpu_check.json" >"$OUT/gpu_check.log" 2>&1) &
       PIN="taskset -c 0-$((LO - 1))"; DP="$PIN $DP"; N=$((N - 1)); G=$((G < N ? G : N)) ;;
     tests)
-      $PIN python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py 2>&1 | tail -5
-      (dali_path; $PIN python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_dali_data.py \
-        2>&1 | tail -8) ;;
+      $PIN python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_cuda_graphs.py 2>&1 | tail -5 ;;
+    dalitests)
+      C=$(nproc)
+      (dali_path; export CUDA_VISIBLE_DEVICES=$((N - 1)); taskset -c "$((C / 2))-$((C * 5 / 8 - 1))" \
+        python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_dali_data.py \
+        >"$OUT/dali_tests.log" 2>&1) & ;;
     dali)
       folder
       (dali_path; $DP --gpus 2 --runs r50:train_sgd:graph --data "$D" --loader "$SETTINGS" \
@@ -66,10 +75,10 @@ for what in "$@"; do
     loader)
       folder
       (dali_path; $PIN python3 benchmarks/loader_throughput.py --data "$D" --batch 128 \
-        --pipelines dali_roi:1.0 dali:1.0 --threads 8 \
-        --out "$OUT/loader_dali_128.json") ;;
+        --pipelines dali_roi:1.0 dali_roi:1.0:stream dali:1.0 --threads 8 --batches 60 \
+        --load_ms 25 --trace "$OUT/loader_logs" --out "$OUT/loader_dali_128.json") ;;
     anchor)
-      $DP --gpus "$N" --runs r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph \
+      $DP --gpus "$G" --runs r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph \
         --warm_at_once 4 --time_limit 420 --run_timeout 150 --out "$OUT/dp_anchor.json" ;;
     r50exact)
       # both modes compile at once where a GPU holds two of its 37 GiB warm-ups (H200), else in turn
@@ -82,9 +91,13 @@ for what in "$@"; do
     vitexact)
       # the two modes compiled in turn: at once on 4 GPUs, global mode's first step passed 278 s
       $DP --gpus "$G" --runs vit:gam:graph $GAM --run_timeout 200 --warm_at_once 1 \
+        --warm_timeout 200 --stacks_after 120 --perturbations "${PERTS:-global,local}" \
         --out "$OUT/dp_vitexact.json" ;;
     pack)
-      wait; ls "$OUT" ;;
+      wait; mkdir -p "$OUT/pack_logs"
+      for f in gpu_check.log dali_tests.log; do
+        [ -f "$OUT/$f" ] && { echo "-- $f"; tail -4 "$OUT/$f"; mv "$OUT/$f" "$OUT/pack_logs/"; }
+      done; ls "$OUT" ;;
     *) echo "unknown stage $what"; exit 2 ;;
   esac
   pack_logs "$what"

@@ -177,3 +177,32 @@ def test_a_first_step_past_its_time_prints_every_threads_stack():
     late = run(0.001)
     assert "most recent call first" in late and "rank 0: first step" in late
     assert "most recent call first" not in run(60)
+
+
+def test_the_warm_up_compiles_the_modes_timed_alone(monkeypatch, tmp_path):
+    """GAM's warm-up compiles only the modes of --perturbations, each within --warm_timeout."""
+    launched, waited = [], []
+
+    def launch(a, model, kind, gpus, pert="global", steps=None, warmup=None, **_):
+        launched.append((model, kind, gpus, pert, steps))
+        return (model, kind, pert)
+
+    def result(proc, timeout):
+        waited.append(timeout)
+        return {"world": 1, "images_per_s": 10.0}
+
+    monkeypatch.setattr(data_parallel, "_launch", launch)
+    monkeypatch.setattr(data_parallel, "_result", result)
+    args = ["--gpus", "2", "--runs", "vit:gam:graph,r50:sgd:graph", "--no-busbw"]
+    args += ["--perturbations", "local", "--warm_timeout", "77", "--out", str(tmp_path / "d.json")]
+    assert data_parallel.main(args) == 0
+    warm = [(m, k, p) for m, k, n, p, steps in launched if steps == 0]
+    assert warm == [("r50", "sgd", "global"), ("vit", "gam", "local")]
+    assert waited[:2] == [77, 77]
+    timed = [(m, k, n, p) for m, k, n, p, steps in launched if steps is None]
+    assert timed == [
+        ("vit", "gam", 1, "global"),
+        ("vit", "gam", 2, "local"),
+        ("r50", "sgd", 1, "global"),
+        ("r50", "sgd", 2, "global"),
+    ]
