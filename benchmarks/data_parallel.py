@@ -268,7 +268,7 @@ def main(argv=None) -> int:
         "--stacks_after",
         type=float,
         default=240,
-        help="seconds into a run's first step after which each rank prints its threads' stacks",
+        help="seconds into a run's first step after which each rank prints its main thread's stack",
     )
     ap.add_argument(
         "--perturbations",

@@ -20,15 +20,15 @@
 # loader:   --loader=dali's pipeline alone at 128 images a batch, all of each batch on the hardware
 #           JPEG decoder, each crop's window decoded alone (roi_decode) or the whole image, and the
 #           seconds the first epoch's start and a later one's take; then each feeding a 25 ms
-#           stand-in step (the batch handed over on a side stream, or with roi_decode on the
-#           consumer's stream too), 5 fed steps profiled
+#           stand-in step, 5 fed steps profiled, on a stream of its own and (roi_decode) on CUDA's
+#           legacy default stream
 # anchor:   bus bandwidth, DDP and the graphed SGD/AdamW steps (ResNet-50, ViT-S/32) on every GPU
 #           (or GPUS)
 # r50exact: ResNet-50 exact GAM, graphed, on every GPU, global and local (PERTS=global for one): its
 #           passes compile in about 4 minutes on 4 GPUs at once, and each process traces them anew
 # r50fd:    ResNet-50 fd GAM, graphed, global and local, on every GPU
 # vitexact: ViT-S/32 exact GAM, graphed, global and local (or PERTS), on every GPU; a warm-up
-#           still in its first step after 120 s prints its threads' stacks, and ends at 200 s
+#           still in its first step after 120 s prints its main thread's stack, and ends at 200 s
 #           (the GAM stages time 3 windows of 65 steps after 5: 200 steps on 1 GPU and on N)
 # pack:     waits for the check and the DALI tests to end, their logs into logs_pack.tgz
 # After each stage its runs' logs, profiles and timelines go into $OUT/logs_<stage>.tgz (few files
@@ -74,9 +74,11 @@ for what in "$@"; do
         --out "$OUT/dp_dali_gam_fd.json") ;;
     loader)
       folder
-      (dali_path; $PIN python3 benchmarks/loader_throughput.py --data "$D" --batch 128 \
-        --pipelines dali_roi:1.0 dali_roi:1.0:stream dali:1.0 --threads 8 --batches 60 \
-        --load_ms 25 --trace "$OUT/loader_logs" --out "$OUT/loader_dali_128.json") ;;
+      (dali_path; L="python3 benchmarks/loader_throughput.py --data $D --batch 128 --threads 8"
+      $PIN $L --pipelines dali_roi:1.0 dali:1.0 --batches 60 --load_ms 25 \
+        --trace "$OUT/loader_logs" --out "$OUT/loader_dali_128.json"
+      $PIN $L --pipelines dali_roi:1.0 --batches 60 --load_ms 25 --default_stream \
+        --trace "$OUT/loader_default_logs" --out "$OUT/loader_dali_128_default_stream.json") ;;
     anchor)
       $DP --gpus "$G" --runs r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph \
         --warm_at_once 4 --time_limit 420 --run_timeout 150 --out "$OUT/dp_anchor.json" ;;

@@ -10,7 +10,9 @@ import argparse
 import dataclasses
 import faulthandler
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -166,6 +168,19 @@ def _profile(step, batch, device, path: Path | None) -> dict:
     return {**summarise(events, 1, seconds), "calls": calls}
 
 
+def _stack_later(seconds: float) -> threading.Timer:
+    """After ``seconds`` (unless cancelled), the main thread's stack into the log: where a first
+    step that hangs or compiles long is. The main thread is interrupted by a signal and prints its
+    own stack (faulthandler); walking the frames of threads that run on, as
+    ``faulthandler.dump_traceback_later`` does, crashed compiling processes (SIGSEGV)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=False)
+    main = threading.main_thread().ident
+    timer = threading.Timer(seconds, signal.pthread_kill, (main, signal.SIGUSR1))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def worker(a) -> None:
     os.environ.update(NCCL_ENV)
     from reproduce.run import launch
@@ -193,11 +208,11 @@ def worker(a) -> None:
             x = x.contiguous(memory_format=torch.channels_last)
         batch = (x, torch.randint(data.num_classes, (a.batch,), generator=g).to(procs.device))
         began = time.perf_counter()
-        if a.stacks_after:  # where every thread of a first step that hangs is, in the log
-            faulthandler.dump_traceback_later(a.stacks_after)
+        late = _stack_later(a.stacks_after) if a.stacks_after else None
         step(batch)
         _sync(procs)
-        faulthandler.cancel_dump_traceback_later()
+        if late is not None:
+            late.cancel()
         result["first_step_s"] = round(time.perf_counter() - began, 1)
         print(f"rank {procs.rank}: first step {result['first_step_s']} s", flush=True)
         if hasattr(step, "loss"):
@@ -259,7 +274,7 @@ def main(argv=None) -> int:
         "--stacks_after",
         type=float,
         default=0,
-        help="seconds into the first step after which each rank prints its threads' stacks (0: never)",
+        help="seconds into the first step after which each rank prints its main thread's stack (0: never)",
     )
     worker(ap.parse_args(argv))
     return 0

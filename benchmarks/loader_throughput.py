@@ -9,16 +9,16 @@ later one's (``*_epoch_start_s``: what each next epoch start costs a run).
 A pipeline is ``dali:HW_LOAD`` (DALI reading and drawing the crops, that share of each batch to
 the hardware JPEG decoder; ``dali_roi:HW_LOAD`` the same decoding only each crop's window), ``dali_exact:HW_LOAD`` (DALI decoding the crops torchvision draws; a
 ``:fancy`` suffix adds libjpeg-turbo's chroma upsampling),
-``nvjpeg:DECODE_THREADS`` (torchvision's nvJPEG) or ``folder:WORKERS`` (DataLoader workers); a
-``:stream`` suffix hands DALI's batches over on the consumer's stream rather than a side stream
-(``DaliJpegLoader(handoff=...)``).
+``nvjpeg:DECODE_THREADS`` (torchvision's nvJPEG) or ``folder:WORKERS`` (DataLoader workers).
 
 With ``--load_ms``, each pipeline also feeds a stand-in for a training step: a CUDA graph of matrix
 products about that long, each batch copied into its input first (as ``--cuda_graph`` runs a step).
 ``load_ms`` is that step alone on one batch again and again, ``*_loaded_ms`` the step fed by the
 pipeline, ``*_loaded_cost`` the share the pipeline adds, ``*_next_ms`` the host's time in the
 pipeline per batch; ``--trace DIR`` profiles 5 fed steps per pipeline (:mod:`reproduce.run.profiling`:
-``DIR/<pipeline>/profile.txt`` and the timeline beside it).
+``DIR/<pipeline>/profile.txt`` and the timeline beside it). Everything runs on a stream of its own,
+as ``train.py`` does (:func:`reproduce.run.launch.own_stream`); ``--default_stream`` keeps CUDA's
+legacy default stream instead, which the decoders' blocking streams take turns with.
 
     python benchmarks/loader_throughput.py --data /tmp/imagenet-synth --out benchmarks/results/loader.json
 """
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from reproduce.config import resolve
 from reproduce.data import dali, nvjpeg
 from reproduce.data import sets as data_mod
+from reproduce.run import launch
 from reproduce.run.profiling import StepProfiler
 
 
@@ -167,16 +168,24 @@ def main(argv=None) -> None:
     ap.add_argument(
         "--trace", default="", help="with --load_ms: profile 5 fed steps into this folder"
     )
+    ap.add_argument(
+        "--default_stream",
+        action="store_true",
+        help="run on CUDA's legacy default stream, not a stream of its own",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={args.data}"])
     data = data_mod.load(cfg)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and not args.default_stream:
+        launch.own_stream(device)
     order = data_mod.epoch_order(len(data.train), 0, 0)
     need = (args.batches + args.warmup) * args.batch
     keys = data_mod.epoch_keys(order[:need], 0, args.batch, seed=0, epoch=0)
     out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
     out["batch"], out["torch"], out["cpus"] = args.batch, torch.__version__, os.cpu_count()
+    out["stream"] = "default" if args.default_stream else "own"
     if args.load_ms:
         shape = (args.batch, 3, 224, 224)
         run, out["load_products"] = stand_in(args.load_ms, shape, device)
@@ -198,9 +207,8 @@ def main(argv=None) -> None:
                 crops="exact" if kind == "dali_exact" else "dali",
                 workers=args.workers,
                 roi_decode=kind == "dali_roi",
-                handoff="stream" if "stream" in extra else "side",
             )
-            name = f"{kind}_hw_{arg}" + "".join(f"_{e}" for e in extra)
+            name = f"{kind}_hw_{arg}" + ("_fancy_upsampling" if extra else "")
         elif kind == "nvjpeg":
             loader = nvjpeg.GpuJpegLoader(
                 data.train, args.batch, device, threads=args.threads, decode_threads=int(arg)

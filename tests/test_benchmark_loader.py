@@ -29,12 +29,13 @@ def test_each_pipeline_feeds_the_stand_in_and_its_steps_are_profiled(tmp_path):
     root = jpeg_folder(tmp_path / "data", per_class=8)
     out, trace = tmp_path / "loader.json", tmp_path / "traces"
     argv = ["--data", str(root), "--batch", "2", "--batches", "8", "--warmup", "2"]
-    argv += ["--pipelines", "dali:1.0", "dali:1.0:stream", "--threads", "2"]
+    argv += ["--pipelines", "dali:1.0", "dali_roi:1.0", "--threads", "2"]
     argv += ["--load_ms", "5", "--trace", str(trace), "--out", str(out)]
     bench.main(argv)
     got = json.loads(out.read_text())
     assert got["load_ms"] > 0 and got["load_products"] >= 1
-    for name in ("dali_hw_1.0", "dali_hw_1.0_stream"):
+    assert got["stream"] == "own"
+    for name in ("dali_hw_1.0", "dali_roi_hw_1.0"):
         assert got[f"{name}_images_per_s"] > 0
         assert got[f"{name}_loaded_ms"] > 0 and got[f"{name}_next_ms"] >= 0
         cost = got[f"{name}_loaded_ms"] / got["load_ms"] - 1

@@ -197,8 +197,6 @@ def test_a_mixed_decoder_needs_a_gpu():
         DaliJpegLoader(data, 4, torch.device("cpu"), decoder="mixed")
     with pytest.raises(ValueError, match="crops must be 'dali' or 'exact'"):
         DaliJpegLoader(data, 4, torch.device("cpu"), crops="torchvision")
-    with pytest.raises(ValueError, match="handoff must be 'side' or 'stream'"):
-        DaliJpegLoader(data, 4, torch.device("cpu"), handoff="host")
 
 
 @pytest.mark.gpu
@@ -223,31 +221,6 @@ def test_dali_gpu_pipeline_reads_the_order_of_the_cpu_pipeline(tmp_path):
         assert gx.device.type == "cuda" and gx.shape == (6, 3, 224, 224)
         assert gy.device.type == "cuda" and gy.dtype == torch.int64
         assert torch.equal(gy.cpu(), wy)
-
-
-@pytest.mark.gpu
-def test_both_handoffs_give_the_same_batches_behind_a_busy_stream(tmp_path):
-    """A batch handed over on a side stream reaches the consumer's stream intact while that stream
-    is still busy (its memory kept until the consumer is done): the batches of the consumer's own
-    stream, bit for bit, each read after a long queue of work on it."""
-    data = imagenet(jpeg_folder(tmp_path))
-    keys = D.epoch_keys(D.epoch_order(len(data.train), 3, 0), 0, 6, seed=3, epoch=0)
-    cuda = torch.device("cuda")
-    a = torch.randn(2048, 2048, device=cuda)
-
-    def epoch(handoff):
-        out = []
-        for x, y in DaliJpegLoader(data.train, 6, cuda, handoff=handoff).batches(keys):
-            for _ in range(50):  # the consumer's stream busy when the next batch comes
-                a.copy_(torch.tanh(a @ a))
-            out.append((x.clone(), y.clone()))
-        torch.cuda.synchronize()
-        return out
-
-    side, stream = epoch("side"), epoch("stream")
-    assert len(side) == len(stream) == 3
-    for (sx, sy), (tx, ty) in zip(side, stream, strict=True):
-        assert torch.equal(sx, tx) and torch.equal(sy, ty)
 
 
 @pytest.mark.parametrize(

@@ -138,3 +138,23 @@ def test_auto_takes_dali_only_with_a_gpu_dali_and_imagenet_jpegs(monkeypatch):
     assert auto_loader(False, cuda) == "folder"  # another data set, or another augmentation
     monkeypatch.setattr(dali, "available", lambda: False)
     assert auto_loader(True, cuda) == "folder"
+
+
+@pytest.mark.gpu
+def test_a_run_works_on_a_stream_of_its_own_after_the_work_queued_before():
+    """launch.start leaves CUDA's legacy default stream (which the decoders' blocking streams
+    take turns with) for a stream of the process's own, ordered after what was already queued."""
+    from reproduce.run import launch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    default = torch.cuda.default_stream(device)
+    x = torch.zeros(1 << 20, device=device)
+    torch.cuda._sleep(100_000_000)  # the default stream busy
+    x.fill_(1.0)
+    try:
+        procs = launch.start("cuda")
+        own = torch.cuda.current_stream(procs.device)
+        assert own != default and own.cuda_stream != 0
+        assert float(x.sum()) == x.numel()  # read on the new stream, after the fill
+    finally:
+        torch.cuda.set_stream(default)

@@ -23,6 +23,11 @@ flip with probability 1/2, the ImageNet normalisation; for evaluation the shorte
   batches are the CPU pipeline's to the decoders' rounding, and a resumed run is bit-exact; the
   Python work per image, about 0.1-0.2 ms in a worker, bounds the rate.
 
+On the GPU a batch is handed over on the consumer's current stream, which should be a stream of
+its own (:func:`reproduce.run.launch.own_stream`, as ``train.py`` runs), not CUDA's legacy default
+stream: DALI's streams are blocking streams, whose every operation the legacy stream would wait
+for and hold back, so that decoding and the training step would take turns rather than overlap.
+
 With ``decoder="cpu"`` the same pipelines run on the CPU (DALI's CPU decoder, libjpeg-turbo as in
 PIL): no GPU needed, which is how their tests run without one.
 """
@@ -83,11 +88,6 @@ class DaliJpegLoader:
             sides rounded to whole pixels) rather than the whole image, then resize the window: less
             decoding and resampling per image on the training GPU, slightly different pixels
             (``False``: the whole image decoded, the window resized from it).
-        handoff: how a batch decoded on the GPU reaches the consumer's stream: ``"side"`` (DALI's
-            outputs bound to a stream of the loader's and copied out there, the consumer's stream
-            waiting for the copy: DALI's buffers are released in that stream's order, never behind
-            the training step) or ``"stream"`` (bound to the consumer's current stream and copied
-            there, so that DALI's buffers are released behind the step that consumes them).
     """
 
     def __init__(
@@ -106,7 +106,6 @@ class DaliJpegLoader:
         fancy_upsampling: bool = False,
         crops: str = "dali",
         roi_decode: bool = True,
-        handoff: str = "side",
     ):
         self.device = torch.device(device)
         self.decoder = decoder or ("mixed" if self.device.type == "cuda" else "cpu")
@@ -116,15 +115,12 @@ class DaliJpegLoader:
             raise ValueError("decoder='mixed' needs a CUDA device")
         if crops not in ("dali", "exact"):
             raise ValueError(f"crops must be 'dali' or 'exact', got {crops!r}")
-        if handoff not in ("side", "stream"):
-            raise ValueError(f"handoff must be 'side' or 'stream', got {handoff!r}")
         self.crops, self.name = crops, "dali" if crops == "dali" else "dali_exact"
         self.ds, self.batch_size, self.train, self.size = ds, batch_size, train, size
         self.threads, self.read_ahead, self.hw_decoder_load = threads, read_ahead, hw_decoder_load
         self.fancy_upsampling, self.roi_decode = fancy_upsampling, roi_decode
         self.paths = [p for p, _ in ds.base.samples]
-        self.workers, self.handoff = workers, handoff
-        self._side = None  # handoff="side": the stream DALI's outputs are copied out on
+        self.workers = workers
         self._reader = None  # crops="exact": the DataLoader of encoded examples, made on first use
         self._pipe = None  # the pipeline, built on first use and kept from one epoch to the next
         self._feed = Feed()  # the batches its external source reads in this epoch
@@ -295,13 +291,18 @@ class DaliJpegLoader:
         else:
             self._pipe.reset()
         pipe, self._open = self._pipe, True
+        # The GPU outputs are bound to the training stream, not synchronised with the host: a
+        # batch's copy waits on the GPU for DALI's work, and the host runs on to the next step.
+        stream = torch.cuda.current_stream(self.device) if self.decoder == "mixed" else None
         try:
             for b in range(n):
                 if self._epoch != epoch:
                     raise RuntimeError("a later epoch of this loader has started")
+                images, labels = pipe.run(stream)
                 count = min(self.batch_size, len(keys) - b * self.batch_size)
-                x, y = self._next(pipe)
-                yield x[:count], y.reshape(-1)[:count].to(torch.int64)
+                x = self._to_torch(images, stream)[:count]
+                y = self._to_torch(labels, stream).reshape(-1)[:count]
+                yield x, y.to(torch.int64)
         except GeneratorExit:  # the epoch left early
             if self._epoch == epoch:
                 self._end_epoch()
@@ -324,29 +325,6 @@ class DaliJpegLoader:
             pass
         except Exception:
             self._pipe = None
-
-    def _next(self, pipe) -> tuple[Tensor, Tensor]:
-        """The pipeline's next batch as tensors on ``self.device``, ready on the current stream.
-        From the GPU nothing waits on the host: the copies wait on the GPU for DALI's work, and the
-        consumer's stream for the copies."""
-        if self.decoder != "mixed":
-            images, labels = pipe.run()
-            return self._to_torch(images, None), self._to_torch(labels, None)
-        consumer = torch.cuda.current_stream(self.device)
-        if self.handoff == "stream":
-            images, labels = pipe.run(consumer)
-            return self._to_torch(images, consumer), self._to_torch(labels, consumer)
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        side = self._side
-        with torch.cuda.stream(side):
-            images, labels = pipe.run(side)
-            x, y = self._to_torch(images, side), self._to_torch(labels, side)
-            del images, labels  # DALI's buffers, released in the side stream's order
-        consumer.wait_stream(side)
-        x.record_stream(consumer)
-        y.record_stream(consumer)
-        return x, y
 
     def _to_torch(self, outputs, stream) -> Tensor:
         """A batch of DALI's outputs as one tensor on ``self.device``; from the GPU, copied on

@@ -4,7 +4,8 @@
 process it starts; :func:`start` reads them, picks the device (``cuda:LOCAL_RANK`` where CUDA is
 available and not ruled out by ``--device``, else the CPU) and joins the process group (NCCL on CUDA,
 gloo on the CPU). Without ``WORLD_SIZE`` (or with 1) nothing is initialised and the run is one
-process, exactly as before.
+process, exactly as before. On a GPU the process's work runs on a stream of its own
+(:func:`own_stream`), not CUDA's legacy default stream.
 
 The collectives the training loop needs beyond the step's own (:mod:`gamfunc.distributed`) are here:
 :func:`sum_over_ranks` for the epoch's counts and the evaluation, :func:`from_main` to hand a Python
@@ -26,7 +27,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Processes", "finish", "first_on_node", "from_main", "start", "sum_over_ranks"]
+__all__ = [
+    "Processes",
+    "finish",
+    "first_on_node",
+    "from_main",
+    "own_stream",
+    "start",
+    "sum_over_ranks",
+]
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,21 @@ def _device(requested: str, local_rank: int, world: int) -> torch.device:
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
+def own_stream(device: torch.device) -> torch.cuda.Stream:
+    """Make a stream of this thread's own the current one on ``device``, and return it.
+
+    PyTorch otherwise runs on CUDA's legacy default stream, which waits for the work queued on
+    every blocking stream and makes them wait for its own. A decoder's streams are such streams
+    (DALI's: copies from pinned memory, colour conversion): each of a batch's operations would
+    wait for the training step queued before it, and the next step for them, so that decoding and
+    training take turns rather than overlap. ``torch.cuda.Stream`` streams are non-blocking: they
+    wait only for what they are told to."""
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # work already queued comes first
+    torch.cuda.set_stream(stream)
+    return stream
+
+
 def start(requested_device: str = "auto", timeout_s: float = 1800.0) -> Processes:
     """This process's place in the job, with the process group joined when ``WORLD_SIZE > 1``.
 
@@ -97,13 +121,12 @@ def start(requested_device: str = "auto", timeout_s: float = 1800.0) -> Processe
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
     device = _device(requested_device, local_rank, world)
-    if world <= 1:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        return Processes(0, 1, 0, device, "")
-    backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        own_stream(device)
+    if world <= 1:
+        return Processes(0, 1, 0, device, "")
+    backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return Processes(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
