@@ -25,8 +25,8 @@ flip with probability 1/2, the ImageNet normalisation; for evaluation the shorte
 
 On the GPU a batch is handed over on the consumer's current stream, which should be a stream of
 its own (:func:`reproduce.run.launch.own_stream`, as ``train.py`` runs), not CUDA's legacy default
-stream: DALI's streams are blocking streams, whose every operation the legacy stream would wait
-for and hold back, so that decoding and the training step would take turns rather than overlap.
+stream: beside a step on the legacy stream, DALI's GPU work ran only in the step's gaps, so that
+decoding and training took turns rather than overlapped.
 
 With ``decoder="cpu"`` the same pipelines run on the CPU (DALI's CPU decoder, libjpeg-turbo as in
 PIL): no GPU needed, which is how their tests run without one.

@@ -97,11 +97,11 @@ def own_stream(device: torch.device) -> torch.cuda.Stream:
     """Make a stream of this thread's own the current one on ``device``, and return it.
 
     PyTorch otherwise runs on CUDA's legacy default stream, which waits for the work queued on
-    every blocking stream and makes them wait for its own. A decoder's streams are such streams
-    (DALI's: copies from pinned memory, colour conversion): each of a batch's operations would
-    wait for the training step queued before it, and the next step for them, so that decoding and
-    training take turns rather than overlap. ``torch.cuda.Stream`` streams are non-blocking: they
-    wait only for what they are told to."""
+    every blocking stream and makes them wait for its own. Decoders may work on such streams:
+    profiled beside a training step on the legacy stream, DALI's copies from pinned memory and
+    colour conversion ran only in the step's gaps, each gap opening when the step ended, so that
+    decoding and training took turns rather than overlapped (``benchmarks/RESULTS.md``, run 9).
+    ``torch.cuda.Stream`` streams are non-blocking: they wait only for what they are told to."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))  # work already queued comes first
     torch.cuda.set_stream(stream)
