@@ -163,22 +163,35 @@ def test_a_train_row_profiled_keeps_its_profile_beside_the_report(tmp_path):
 
 def test_a_first_step_past_its_time_prints_where_its_main_thread_is():
     """--stacks_after: a first step still running after that many seconds prints its main thread's
-    stack (a hung or slow compile then says where it was) and runs on; one that ends in time prints
-    nothing."""
+    stack once (a hung or slow compile then says where it was) and runs on; a cancelled one, and a
+    worker's first step that ends in time, print nothing."""
     import subprocess
     import sys
 
-    def run(after):
-        cmd = [sys.executable, "benchmarks/dp_worker.py", "--model", "digits", "--kind", "gam_fd"]
-        cmd += ["--batch", "8", "--steps", "0", "--warmup", "0", "--stacks_after", str(after)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
-        assert done.returncode == 0, done.stderr
-        return done.stdout + done.stderr
+    code = (
+        "import time\n"
+        "from benchmarks.dp_worker import _stack_later\n"
+        "def first_step():\n"
+        "    time.sleep(1.0)\n"
+        "_stack_later(0.05)\n"
+        "first_step()\n"
+        "_stack_later(0.5).cancel()\n"
+        "time.sleep(1.0)\n"
+        "print('done')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+    assert done.stderr.count("most recent call first") == 1
+    assert "in first_step" in done.stderr
 
-    late = run(0.001)
-    assert "most recent call first" in late and "rank 0: first step" in late
-    assert "dp_worker.py" in late.split("most recent call first", 1)[1]
-    assert "most recent call first" not in run(60)
+    cmd = [sys.executable, "benchmarks/dp_worker.py", "--model", "digits", "--kind", "gam_fd"]
+    cmd += ["--batch", "8", "--steps", "0", "--warmup", "0", "--stacks_after", "60"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "rank 0: first step" in done.stdout
+    assert "most recent call first" not in done.stdout + done.stderr
 
 
 def test_the_warm_up_compiles_the_modes_timed_alone(monkeypatch, tmp_path):
