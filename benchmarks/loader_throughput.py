@@ -189,7 +189,7 @@ def main(argv=None) -> None:
     if args.load_ms:
         shape = (args.batch, 3, 224, 224)
         run, out["load_products"] = stand_in(args.load_ms, shape, device)
-        first = torch.zeros(shape, device=device)
+        first = torch.randn(shape, device=device)
         steps = args.batches
         out["load_ms"] = round(
             _seconds(lambda: [run(first) for _ in range(steps)], device) * 1e3 / steps, 3
