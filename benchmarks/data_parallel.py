@@ -27,7 +27,8 @@ step alone: compute, collectives and whatever the step synchronises. Each row is
 (the plain step: no process group, no wrapper) and on N (each N of ``--gpus 2,4``), each a
 ``torchrun`` of :mod:`benchmarks.dp_worker`, its output in ``<out>_logs/``; efficiency is N-GPU
 images/s ÷ (N × 1-GPU images/s). Before the timing, every row's step is compiled once on all N GPUs
-(a few at once; GAM in both modes), filling one inductor cache that the timed runs load. The NCCL
+(a few at once; GAM in the modes of ``--perturbations``), filling one inductor cache that the
+timed runs load. The NCCL
 all-reduce bus bandwidth at 25 MB and 100 MB comes first. Each timed run also gives the host's time
 to issue one step (``host_ms_per_step``: near ``ms_per_step``, the step is bound by the host) and
 the median and range of ``--windows`` timed windows of ``--steps`` steps each, and one step of each
@@ -54,6 +55,7 @@ if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc`
 
 import torch
 
+from benchmarks import trace_gaps
 from benchmarks.dp_worker import NCCL_ENV, PRESETS
 from reproduce.run.report import write_json
 
@@ -125,11 +127,25 @@ def _train_py(a, model, estimator, gpus, timeout, graph=False, folder="") -> dic
     s = json.loads(found[0].read_text())
     keys = ("images_per_s", "compile_seconds", "peak_memory_gib", "loader", "steps", "profile")
     table, trace = found[0].with_name("profile.txt"), found[0].with_name("profile_trace.json.gz")
+    timeline = {}
     if table.exists():  # beside the report, as the worker's profiles are
         out, tag = Path(a.out), log.stem.split("_", 1)[1]
         shutil.copy(table, out.with_name(f"{out.stem}_profile_{tag}.txt"))
         shutil.copy(trace, out.with_name(f"{out.stem}_trace_{tag}.json.gz"))
-    return {"world": gpus, **{k: s.get(k) for k in keys}}
+        timeline = _timeline(trace)
+    return {"world": gpus, **{k: s.get(k) for k in keys}, **timeline}
+
+
+def _timeline(trace: Path) -> dict:
+    """The profiled steps' timeline in a few numbers (:mod:`benchmarks.trace_gaps`): how long the
+    training stream stood idle, and how much of the other streams' work (a loader's) ran beside it;
+    nothing for a timeline without GPU work."""
+    try:
+        g = trace_gaps.gaps(trace_gaps.load(trace))
+    except ValueError:
+        return {}
+    keep = ("span_ms", "busy_ms", "gaps_over_min_ms", "other_streams_ms")
+    return {"timeline": {k: g[k] for k in (*keep, "other_streams_overlapping_ms")}}
 
 
 def _train_rows(a, name, model, est, graph) -> list[dict]:
@@ -369,6 +385,17 @@ def _profiled(prof: dict | None) -> str:
     return f"profile {prof.get('device_ms')}{wall} host waits {prof.get('host_wait_ms')} ms  "
 
 
+def _idle(run: dict) -> str:
+    """A profiled train.py run's timeline in a few words."""
+    t = run.get("timeline")
+    if not t:
+        return ""
+    return (
+        f"training stream idle {t['gaps_over_min_ms']} of {t['span_ms']} ms, other streams "
+        f"{t['other_streams_ms']} ms ({t['other_streams_overlapping_ms']} beside it)  "
+    )
+
+
 def _line(row: dict) -> str:
     one, many, n = row["one"], row["many"], row["gpus"]
     if "efficiency" not in row and "data_path_cost" not in row:
@@ -378,9 +405,11 @@ def _line(row: dict) -> str:
         f"{row['run']:12s} {row['perturbation']:6s} 1 GPU {one.get('images_per_s')} img/s  "
         f"{n} GPUs {many['images_per_s']:8.1f} img/s  efficiency {row.get('efficiency')}  "
         + _profiled(many.get("profile"))
+        + _idle(many)
         + (
             f"{row['loader']} {folder.get('images_per_s') or folder.get('error')} img/s  "
             + _profiled(folder.get("profile"))
+            + _idle(folder)
             if folder
             else ""
         )

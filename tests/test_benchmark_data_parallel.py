@@ -159,6 +159,26 @@ def test_a_train_row_profiled_keeps_its_profile_beside_the_report(tmp_path):
     (table,) = tmp_path.glob("dp_profile_train_digits_gam_fd_1gpu*.txt")
     assert table.read_text().startswith("2 steps after step 10")
     assert len(list(tmp_path.glob("dp_trace_train_digits_gam_fd_1gpu*.json.gz"))) == 1
+    assert "timeline" not in run  # a CPU run's timeline holds no GPU stream
+
+
+def test_a_profiled_run_says_how_long_its_training_stream_stood_idle(tmp_path):
+    from tests.test_benchmark_trace_gaps import _trace
+
+    got = data_parallel._timeline(_trace(tmp_path))
+    assert got == {
+        "timeline": {
+            "span_ms": 5.0,
+            "busy_ms": 2.9,
+            "gaps_over_min_ms": 2.0,
+            "other_streams_ms": 1.5,
+            "other_streams_overlapping_ms": 0.2,
+        }
+    }
+    row = {"run": "r50:train_sgd:graph", "perturbation": "global", "gpus": 2, "one": {}}
+    row |= {"many": {"images_per_s": 10.0, **got}, "data_path_cost": 0.1}
+    line = data_parallel._line(row)
+    assert "training stream idle 2.0 of 5.0 ms, other streams 1.5 ms (0.2 beside it)" in line
 
 
 def test_a_first_step_past_its_time_prints_where_its_main_thread_is():
