@@ -42,30 +42,29 @@ from reproduce.run import launch
 from reproduce.run.profiling import StepProfiler
 
 
+def _clock(device) -> float:
+    """The host's clock once ``device`` has finished the work queued on it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def rate(loader, keys, batch: int, warmup: int, device) -> float:
     it = iter(loader.batches(keys))
     for _ in range(warmup):
         next(it)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start, n = time.perf_counter(), 0
+    start, n = _clock(device), 0
     for x, _ in it:
         n += len(x)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return n / (time.perf_counter() - start)
+    return n / (_clock(device) - start)
 
 
 def epoch_start(loader, keys, device) -> float:
     """Seconds from a new epoch's ``batches()`` to its first batch; the epoch is then left."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start = _clock(device)
     it = iter(loader.batches(keys))
     next(it)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
+    seconds = _clock(device) - start
     it.close()
     return seconds
 
@@ -107,13 +106,9 @@ def stand_in(ms: float, shape: tuple[int, ...], device: torch.device):
 
 
 def _seconds(fn, device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start = _clock(device)
     fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+    return _clock(device) - start
 
 
 def loaded(loader, keys, run, warmup: int, device, profiler=None) -> tuple[float, float]:
@@ -126,18 +121,14 @@ def loaded(loader, keys, run, warmup: int, device, profiler=None) -> tuple[float
     timed, wait, count = len(keys) // loader.batch_size - warmup, 0.0, 0
     if profiler is not None:
         timed -= profiler.n
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
+    start = _clock(device)
     while count < timed:
         began = time.perf_counter()
         x, _ = next(it)
         wait += time.perf_counter() - began
         run(x)
         count += 1
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    seconds = time.perf_counter() - start
+    seconds = _clock(device) - start
     if profiler is not None:
         for step, (x, _) in enumerate(it):
             profiler.before(step)
