@@ -18,7 +18,7 @@ pipeline, ``*_loaded_cost`` the share the pipeline adds, ``*_next_ms`` the host'
 pipeline per batch; ``--trace DIR`` profiles 5 fed steps per pipeline (:mod:`reproduce.run.profiling`:
 ``DIR/<pipeline>/profile.txt`` and the timeline beside it). Everything runs on a stream of its own,
 as ``train.py`` does (:func:`reproduce.run.launch.own_stream`); ``--default_stream`` keeps CUDA's
-legacy default stream instead, which the decoders' blocking streams take turns with.
+legacy default stream instead (``benchmarks/RESULTS.md``, run 10: DALI costs a step the same on either).
 
     python benchmarks/loader_throughput.py --data /tmp/imagenet-synth --out benchmarks/results/loader.json
 """

@@ -223,6 +223,40 @@ def test_dali_gpu_pipeline_reads_the_order_of_the_cpu_pipeline(tmp_path):
         assert torch.equal(gy.cpu(), wy)
 
 
+@pytest.mark.gpu
+def test_a_batch_taken_on_a_stream_of_its_own_is_ready_on_that_stream(tmp_path):
+    """train.py takes its batches on a non-blocking stream of its own (``launch.own_stream``): each
+    batch, read on that stream at once while CUDA's legacy default stream is kept busy, is the batch
+    taken on the default stream. A copy the consumer's stream did not wait for would be read before
+    it is made."""
+    data = imagenet(jpeg_folder(tmp_path))
+    keys = D.epoch_keys(D.epoch_order(len(data.train), 3, 0), 0, 6, seed=3, epoch=0)
+    cuda = torch.device("cuda")
+    loader = DaliJpegLoader(data.train, 6, cuda, crops="exact")
+    want = [(x.cpu(), y.cpu()) for x, y in loader.batches(keys)]
+    square = torch.randn(4096, 4096, device=cuda)
+    product = torch.empty_like(square)
+
+    def keep_default_stream_busy():  # some tens of milliseconds of matrix products
+        with torch.cuda.stream(torch.cuda.default_stream(cuda)):
+            for _ in range(20):
+                torch.mm(square, square, out=product)
+
+    own, got = torch.cuda.Stream(cuda), []
+    with torch.cuda.stream(own):
+        epoch = DaliJpegLoader(data.train, 6, cuda, crops="exact").batches(keys)
+        while True:
+            keep_default_stream_busy()
+            batch = next(epoch, None)
+            if batch is None:
+                break
+            got.append((batch[0].clone(), batch[1].clone()))
+    torch.cuda.synchronize(cuda)
+    assert len(got) == len(want) == 3
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert torch.equal(gx.cpu(), wx) and torch.equal(gy.cpu(), wy)
+
+
 @pytest.mark.parametrize(
     "crops,train,device",
     [

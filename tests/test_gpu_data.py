@@ -142,8 +142,8 @@ def test_auto_takes_dali_only_with_a_gpu_dali_and_imagenet_jpegs(monkeypatch):
 
 @pytest.mark.gpu
 def test_a_run_works_on_a_stream_of_its_own_after_the_work_queued_before():
-    """launch.start leaves CUDA's legacy default stream (which the decoders' blocking streams
-    take turns with) for a stream of the process's own, ordered after what was already queued."""
+    """launch.start leaves CUDA's legacy default stream (which waits for every blocking stream's
+    work) for a stream of the process's own, ordered after what was already queued."""
     from reproduce.run import launch
 
     device = torch.device("cuda", torch.cuda.current_device())

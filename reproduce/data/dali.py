@@ -23,10 +23,12 @@ flip with probability 1/2, the ImageNet normalisation; for evaluation the shorte
   batches are the CPU pipeline's to the decoders' rounding, and a resumed run is bit-exact; the
   Python work per image, about 0.1-0.2 ms in a worker, bounds the rate.
 
-On the GPU a batch is handed over on the consumer's current stream, which should be a stream of
-its own (:func:`reproduce.run.launch.own_stream`, as ``train.py`` runs), not CUDA's legacy default
-stream: beside a step on the legacy stream, DALI's GPU work ran only in the step's gaps, so that
-decoding and training took turns rather than overlapped.
+On the GPU a batch is handed over on the consumer's current stream (``train.py``'s is a stream of
+its own, :func:`reproduce.run.launch.own_stream`): the copy waits on the GPU for DALI's work, the
+host does not. Beside a training step, DALI's hardware decoding advances only in the step's gaps:
+its decoding thread waits in ``cudaEventSynchronize`` from early in a step until the step's kernels
+end, on the legacy default stream or a stream of its own, with the batch handed over on the
+consumer's stream or a side stream (``benchmarks/RESULTS.md``, run 10).
 
 With ``decoder="cpu"`` the same pipelines run on the CPU (DALI's CPU decoder, libjpeg-turbo as in
 PIL): no GPU needed, which is how their tests run without one.

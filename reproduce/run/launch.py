@@ -97,11 +97,11 @@ def own_stream(device: torch.device) -> torch.cuda.Stream:
     """Make a stream of this thread's own the current one on ``device``, and return it.
 
     PyTorch otherwise runs on CUDA's legacy default stream, which waits for the work queued on
-    every blocking stream and makes them wait for its own. Decoders may work on such streams:
-    profiled beside a training step on the legacy stream, DALI's copies from pinned memory and
-    colour conversion ran only in the step's gaps, each gap opening when the step ended, so that
-    decoding and training took turns rather than overlapped (``benchmarks/RESULTS.md``, run 9).
-    ``torch.cuda.Stream`` streams are non-blocking: they wait only for what they are told to."""
+    every blocking stream and makes them wait for its own, so that a library's work on streams of
+    its own (a decoder's) is ordered with the step's. ``torch.cuda.Stream`` streams are
+    non-blocking: they wait only for what they are told to. (DALI's decoding beside a step was not
+    the legacy stream's doing: it takes turns with the step on either, ``benchmarks/RESULTS.md``,
+    run 10.)"""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))  # work already queued comes first
     torch.cuda.set_stream(stream)
