@@ -6,14 +6,17 @@
 #   bash benchmarks/data_parallel_gpu.sh tests anchor pack                # one call, about 8 minutes
 #   bash benchmarks/data_parallel_gpu.sh vitexact pack                    # one call, 9 minutes or more
 # (4 × H200, runs 7 and 8 of benchmarks/RESULTS.md; GPUS=2 times the GAM stages and the anchor on 1
-# and 2 GPUs, PERTS=global or local GAM in that mode alone.) On a machine of 2 GPUs (run 9) the
-# check shares the last GPU with the stage after it: give it a GAM stage, whose warm-up (compiling,
-# little GPU work) outlasts the check, and leave it out of the DALI call:
-#   GPUS=2 bash benchmarks/data_parallel_gpu.sh check r50exact pack
+# and 2 GPUs, PERTS=global or local GAM in that mode alone.) On a machine of 2 GPUs (runs 9 and
+# 10) the check shares the last GPU with the stage after it: give it a GAM stage, whose warm-up
+# (compiling, little GPU work) outlasts the check, and leave it out of the anchor and the DALI call:
+#   GPUS=2 PERTS=local CHECK_LIMIT=300 bash benchmarks/data_parallel_gpu.sh check vitexact pack
+#   GPUS=2 bash benchmarks/data_parallel_gpu.sh anchor pack   # 8 minutes for 3 rows with a cold cache
 #   bash benchmarks/data_parallel_gpu.sh site dalitests loader dali pack
+# ANCHOR_RUNS=vit:sgd:graph runs the anchor's rows named (a row cut by the call's limit: 2 minutes).
 # site:     DALI and what it needs, carried in parts as .whl/*/site.part.* (benchmarks/README.md),
 #           unpacked into /tmp/site
-# check:    the GPU check (benchmarks/gpu_check.py) in the background on the last GPU and the last
+# check:    the GPU check (benchmarks/gpu_check.py; no case starts after CHECK_LIMIT s, default
+#           420) in the background on the last GPU and the last
 #           3/8 of the cores; the stages after it run on the other cores, and on more than 2 GPUs
 #           on the other GPUs
 # tests:    the GPU tests of the CUDA graphs
@@ -35,6 +38,7 @@
 # vitexact: ViT-S/32 exact GAM, graphed, global and local (or PERTS), on every GPU; a warm-up
 #           still in its first step after 120 s prints its main thread's stack, and ends at 200 s
 #           (the GAM stages time 3 windows of 65 steps after 5: 200 steps on 1 GPU and on N)
+# leftover: packs the logs of a stage cut short from outside (timeout 480 bash … vitexact; bash … leftover)
 # pack:     waits for the check and the DALI tests to end, their logs into logs_pack.tgz
 # After each stage its runs' logs, profiles and timelines go into $OUT/logs_<stage>.tgz (few files
 # come back).
@@ -61,7 +65,8 @@ for what in "$@"; do
     check)
       C=$(nproc); LO=$((C * 5 / 8))
       (export CUDA_VISIBLE_DEVICES=$((N - 1)); taskset -c "$LO-$((C - 1))" python3 \
-        benchmarks/gpu_check.py --out "$OUT/gpu_check.json" >"$OUT/gpu_check.log" 2>&1) &
+        benchmarks/gpu_check.py --time_limit "${CHECK_LIMIT:-420}" --out "$OUT/gpu_check.json" \
+        >"$OUT/gpu_check.log" 2>&1) &
       PIN="taskset -c 0-$((LO - 1))"; DP="$PIN $DP"
       [ "$N" -gt 2 ] && { N=$((N - 1)); G=$((G < N ? G : N)); } ;;
     tests)
@@ -86,7 +91,7 @@ for what in "$@"; do
       $PIN $L --pipelines dali_roi:1.0 --batches 60 --load_ms 25 --default_stream \
         --trace "$OUT/loader_default_logs" --out "$OUT/loader_dali_128_default_stream.json") ;;
     anchor)
-      $DP --gpus "$G" --runs r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph \
+      $DP --gpus "$G" --runs "${ANCHOR_RUNS:-r50:ddp,r50:sgd:graph,vit:ddp,vit:sgd:graph}" \
         --warm_at_once 4 --time_limit 420 --run_timeout 150 --out "$OUT/dp_anchor.json" ;;
     r50exact)
       # both modes compile at once where a GPU holds two of its 37 GiB warm-ups (H200), else in turn
@@ -106,6 +111,7 @@ for what in "$@"; do
       for f in gpu_check.log dali_tests.log; do
         [ -f "$OUT/$f" ] && { echo "-- $f"; tail -4 "$OUT/$f"; mv "$OUT/$f" "$OUT/pack_logs/"; }
       done; ls "$OUT" ;;
+    leftover) ;;  # only the logs that a stage cut short (by `timeout`) left in $OUT
     *) echo "unknown stage $what"; exit 2 ;;
   esac
   pack_logs "$what"

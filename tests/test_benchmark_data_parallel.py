@@ -241,3 +241,26 @@ def test_the_warm_up_compiles_the_modes_timed_alone(monkeypatch, tmp_path):
         ("r50", "sgd", 1, "global"),
         ("r50", "sgd", 2, "global"),
     ]
+
+
+def test_the_gpu_script_packs_what_a_stage_cut_short_left_and_refuses_unknown_stages(tmp_path):
+    """``data_parallel_gpu.sh leftover`` (after a stage stopped by ``timeout``) puts the logs,
+    profiles and traces left in $OUT into one file, so that few files come back; the results stay."""
+    import subprocess
+    import tarfile
+
+    (tmp_path / "dp_anchor_logs").mkdir()
+    (tmp_path / "dp_anchor_logs" / "00_r50_ddp_1gpu_global.log").write_text("first step 52.4 s\n")
+    (tmp_path / "dp_anchor_profile_r50_ddp_global.txt").write_text("profile\n")
+    (tmp_path / "dp_anchor.json").write_text("{}")
+    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}
+    script = str(ROOT / "benchmarks" / "data_parallel_gpu.sh")
+    done = subprocess.run(["bash", script, "leftover"], cwd=ROOT, env=env, capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp_anchor.json", "logs_leftover.tgz"]
+    with tarfile.open(tmp_path / "logs_leftover.tgz") as tar:
+        names = sorted(n.removeprefix("./") for n in tar.getnames())
+    assert "dp_anchor_logs/00_r50_ddp_1gpu_global.log" in names
+    assert "dp_anchor_profile_r50_ddp_global.txt" in names
+    wrong = subprocess.run(["bash", script, "anchr"], cwd=ROOT, env=env, capture_output=True)
+    assert wrong.returncode == 2 and b"unknown stage anchr" in wrong.stdout
