@@ -26,7 +26,8 @@
 #           steps of each run profiled: SGD for 60 steps, then fd GAM for 200, across two epoch
 #           starts of the 20,000 images
 # loader:   --loader=dali's pipeline alone at 128 images a batch, all of each batch on the hardware
-#           JPEG decoder, each crop's window decoded alone (roi_decode) or the whole image, and the
+#           JPEG decoder, half of it, or none (nvJPEG's CUDA decoder, whose kernels may run beside a
+#           step's), each crop's window decoded alone (roi_decode) or the whole image, and the
 #           seconds the first epoch's start and a later one's take; then each feeding a 25 ms
 #           stand-in step, 5 fed steps profiled, on a stream of its own and (roi_decode) on CUDA's
 #           legacy default stream
@@ -86,7 +87,7 @@ for what in "$@"; do
     loader)
       folder
       (dali_path; L="python3 benchmarks/loader_throughput.py --data $D --batch 128 --threads 8"
-      $PIN $L --pipelines dali_roi:1.0 dali:1.0 --batches 60 --load_ms 25 \
+      $PIN $L --pipelines dali_roi:1.0 dali_roi:0.5 dali_roi:0.0 dali:1.0 --batches 60 --load_ms 25 \
         --trace "$OUT/loader_logs" --out "$OUT/loader_dali_128.json"
       $PIN $L --pipelines dali_roi:1.0 --batches 60 --load_ms 25 --default_stream \
         --trace "$OUT/loader_default_logs" --out "$OUT/loader_dali_128_default_stream.json") ;;
