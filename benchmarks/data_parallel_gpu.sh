@@ -39,7 +39,8 @@
 # vitexact: ViT-S/32 exact GAM, graphed, global and local (or PERTS), on every GPU; a warm-up
 #           still in its first step after 120 s prints its main thread's stack, and ends at 200 s
 #           (the GAM stages time 3 windows of 65 steps after 5: 200 steps on 1 GPU and on N)
-# leftover: packs the logs of a stage cut short from outside (timeout 480 bash … vitexact; bash … leftover)
+# leftover: packs the logs of a stage cut short from outside
+#           (timeout 480 bash … vitexact; bash … leftover)
 # pack:     waits for the check and the DALI tests to end, their logs into logs_pack.tgz
 # After each stage its runs' logs, profiles and timelines go into $OUT/logs_<stage>.tgz (few files
 # come back).
