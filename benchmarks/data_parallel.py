@@ -144,8 +144,14 @@ def _timeline(trace: Path) -> dict:
         g = trace_gaps.gaps(trace_gaps.load(trace))
     except ValueError:
         return {}
-    keep = ("span_ms", "busy_ms", "gaps_over_min_ms", "other_streams_ms")
-    return {"timeline": {k: g[k] for k in (*keep, "other_streams_overlapping_ms")}}
+    keep = (
+        "span_ms",
+        "busy_ms",
+        "gaps_over_min_ms",
+        "other_streams_ms",
+        "other_streams_overlapping_ms",
+    )
+    return {"timeline": {k: g[k] for k in keep}}
 
 
 def _train_rows(a, name, model, est, graph) -> list[dict]:
