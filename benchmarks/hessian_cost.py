@@ -240,7 +240,7 @@ def main(argv=None) -> dict:
         counts=True,
         base="self",
     )
-    counter = Counting(gamfunc.hvps.exact)
+    counter = Counting(gamfunc.hvps.exact())
 
     def lanczos(hvp, tol=args.lanczos_tol, method="lanczos"):
         return lambda: top_eigenvalues(

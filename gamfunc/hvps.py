@@ -1,6 +1,6 @@
 """Hessian-vector products behind one signature, and ∇‖∇L‖ = H·g/‖g‖ built on any of them.
 
-Every backend is a function::
+Every backend is a value that is called as::
 
     hvp(loss_fn, params, batch, v, *, clean=None) -> (Hv, clean)
 
@@ -10,14 +10,18 @@ g and H·v(g) come from one pass where the backend allows it; :func:`of_gradient
 :class:`~gamfunc.loss.Pass` at θ (gradient, loss, aux). A ``clean`` handed in is reused, never
 recomputed, where the backend can; the one returned is always the pass at θ.
 
-Backends (``hvp=`` everywhere in gamfunc):
+Backends (``hvp=`` everywhere in gamfunc takes one of these values, or its name as a shorthand):
 
-* ``"exact"``: forward-over-reverse, H·v = ∂/∂ε ∇L(θ + εv)|₀ by ``torch.func.jvp`` of ``torch.func.grad``.
-  Costs about one gradient plus one forward-mode pass.
-* ``"reverse"``: reverse-over-reverse, H·v = ∇⟨∇L(θ), v⟩ by ``torch.func.vjp`` of ``torch.func.grad``
-  (the Hessian is symmetric). For operations without forward-mode AD.
-* ``"fd"``: the finite difference of paper Appendix D, H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``fd_radius``.
-  Costs one gradient beyond ∇L(θ).
+* ``exact()`` (``"exact"``): forward-over-reverse, H·v = ∂/∂ε ∇L(θ + εv)|₀ by ``torch.func.jvp`` of
+  ``torch.func.grad``. Costs about one gradient plus one forward-mode pass.
+* ``reverse()`` (``"reverse"``): reverse-over-reverse, H·v = ∇⟨∇L(θ), v⟩ by ``torch.func.vjp`` of
+  ``torch.func.grad`` (the Hessian is symmetric). For operations without forward-mode AD.
+* ``fd(radius=r)`` (``"fd"``: r = :data:`DEFAULT_RADIUS`, 1e-3): the finite difference of paper
+  Appendix D, H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r. Costs one gradient beyond ∇L(θ).
+
+Each is a frozen dataclass: equal backends compare equal and hash alike (so a compiled pass of
+:mod:`gamfunc.regional` is made once per backend), and the repr is the call that builds it,
+``fd(radius=0.001)``. Any function of the signature above is a backend too.
 
 Warning:
     On ReLU or max-pool networks the finite difference does not converge to the autodiff product as
@@ -39,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import warnings
 from collections.abc import Callable
 
@@ -50,8 +55,12 @@ from gamfunc.tree import Tree
 
 __all__ = [
     "BACKENDS",
+    "DEFAULT_RADIUS",
     "SECOND_ORDER",
+    "Exact",
+    "FiniteDifference",
     "Normalized",
+    "Reverse",
     "exact",
     "fd",
     "get",
@@ -74,19 +83,6 @@ def math_attention():
     except ImportError:  # pragma: no cover - torch < 2.3
         return contextlib.nullcontext()
     return sdpa_kernel([SDPBackend.MATH])
-
-
-def exact(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
-    """H·v by forward-over-reverse: ``torch.func.jvp(torch.func.grad(L), (θ,), (v,))``."""
-    if isinstance(loss_fn, Objective):
-        return loss_fn.hvp(exact, params, batch, v, clean)
-    if of_gradient(v):
-        v, clean = resolve(v, clean if clean is not None else gradient_pass(loss_fn, params, batch))
-    with math_attention():
-        g, hv, (loss, aux) = _jvp_of_grad(loss_fn, params, batch, v)
-    # The jvp's primal is ∇L(θ) again; a clean pass we already hold is kept, so that what is built
-    # on it (the oracle of GAM) sees the very same gradient as the plain estimator would.
-    return hv, clean if clean is not None else Pass(g, loss, aux)
 
 
 _DTYPE_MISMATCH = ("same dtype", "should be the same")
@@ -126,56 +122,168 @@ def _jvp_of_grad(loss_fn, params: Tree, batch, v: Tree):
         ) from e
 
 
-def reverse(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
-    """H·v by reverse-over-reverse: ``torch.func.vjp(torch.func.grad(L), θ)`` applied to v."""
-    if isinstance(loss_fn, Objective):
-        return loss_fn.hvp(reverse, params, batch, v, clean)
-    del clean  # the vjp's forward pass yields ∇L(θ) anyway
-    with math_attention():
-        g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
-        v, clean = resolve(v, Pass(g, loss, aux))
-        (hv,) = vjp_fn(v)
-    return hv, clean
+@dataclasses.dataclass(frozen=True, repr=False)
+class Exact:
+    """H·v by forward-over-reverse: ``torch.func.jvp(torch.func.grad(L), (θ,), (v,))``. Built by
+    :func:`exact`."""
+
+    def __call__(self, loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
+        if isinstance(loss_fn, Objective):
+            return loss_fn.hvp(self, params, batch, v, clean)
+        if of_gradient(v):
+            v, clean = resolve(
+                v, clean if clean is not None else gradient_pass(loss_fn, params, batch)
+            )
+        with math_attention():
+            g, hv, (loss, aux) = _jvp_of_grad(loss_fn, params, batch, v)
+        # The jvp's primal is ∇L(θ) again; a clean pass we already hold is kept, so that what is
+        # built on it (the oracle of GAM) sees the very same gradient as the plain estimator would.
+        return hv, clean if clean is not None else Pass(g, loss, aux)
+
+    def __repr__(self) -> str:
+        return "exact()"
 
 
-def fd(radius: float):
-    """The finite-difference backend of radius r: H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r."""
-    if not radius > 0:
-        raise ValueError(f"fd_radius must be > 0; got {radius}")
+@dataclasses.dataclass(frozen=True, repr=False)
+class Reverse:
+    """H·v by reverse-over-reverse: ``torch.func.vjp(torch.func.grad(L), θ)`` applied to v. Built by
+    :func:`reverse`."""
 
-    def fd_hvp(loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
+    def __call__(self, loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
+        if isinstance(loss_fn, Objective):
+            return loss_fn.hvp(self, params, batch, v, clean)
+        del clean  # the vjp's forward pass yields ∇L(θ) anyway
+        with math_attention():
+            g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
+            v, clean = resolve(v, Pass(g, loss, aux))
+            (hv,) = vjp_fn(v)
+        return hv, clean
+
+    def __repr__(self) -> str:
+        return "reverse()"
+
+
+@dataclasses.dataclass(frozen=True, repr=False)
+class FiniteDifference:
+    """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by :func:`fd`, which checks r."""
+
+    radius: float
+
+    def __call__(self, loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
         # An Objective needs no special case: the two gradients below go through gradient_pass.
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
         v, clean = resolve(v, clean)
-        g_r = gradient_pass(loss_fn, tree.axpy(radius, v, params), batch).grad
-        return tree.scale(tree.sub(g_r, clean.grad), 1.0 / radius), clean
+        g_r = gradient_pass(loss_fn, tree.axpy(self.radius, v, params), batch).grad
+        return tree.scale(tree.sub(g_r, clean.grad), 1.0 / self.radius), clean
 
-    fd_hvp.__name__ = f"fd(radius={radius})"
-    return fd_hvp
+    def __repr__(self) -> str:
+        return f"fd(radius={self.radius!r})"
+
+
+def exact() -> Exact:
+    """The forward-over-reverse backend: H·v = ∂/∂ε ∇L(θ + εv)|₀, about one gradient plus one
+    forward-mode pass. ``hvp="exact"`` is short for it.
+
+    Returns:
+        The backend value ``exact()``, equal to every other ``exact()``.
+    """
+    return Exact()
+
+
+def reverse() -> Reverse:
+    """The reverse-over-reverse backend: H·v = ∇⟨∇L(θ), v⟩, for operations without forward-mode AD.
+    ``hvp="reverse"`` is short for it.
+
+    Returns:
+        The backend value ``reverse()``, equal to every other ``reverse()``.
+    """
+    return Reverse()
+
+
+DEFAULT_RADIUS = 1e-3
+"""r of :func:`fd` when none is given, and of ``hvp="fd"`` in :func:`gamfunc.gam` and the metrics.
+
+:func:`gamfunc.gnp` takes 10·r: its difference of two gradients is weighted by α/r where GAM's is
+weighted by α·ρ/r with ρ ≈ 0.05, so a ten times larger r amplifies the gradients' rounding about
+as much (α·ρ/r = 5 in GAM, α/r = 10 in GNP for α = 0.1, ρ = 0.05)."""
+
+
+def fd(radius: float = DEFAULT_RADIUS) -> FiniteDifference:
+    """The finite-difference backend of paper Appendix D: H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r.
+
+    One gradient beyond ∇L(θ). On smooth networks the error is O(r); on ReLU networks see the
+    module's warning. ``hvp="fd"`` is short for ``fd()``, except in :func:`gamfunc.gnp`
+    (``fd(radius=1e-2)``, see :data:`DEFAULT_RADIUS`).
+
+    Args:
+        radius: r > 0, finite; :data:`DEFAULT_RADIUS` (1e-3) by default.
+
+    Returns:
+        The backend value ``fd(radius=r)``; two are equal when their radii are.
+
+    Raises:
+        ValueError: ``radius`` is not a finite number > 0.
+    """
+    return FiniteDifference(_radius("radius", radius))
+
+
+def _radius(name: str, r) -> float:
+    if isinstance(r, bool) or not isinstance(r, int | float) or not (0 < r < math.inf):
+        raise ValueError(f"{name} must be a finite number > 0; got {r!r}")
+    return float(r)
 
 
 BACKENDS = ("exact", "reverse", "fd")
+"""The names ``hvp=`` takes as shorthands for :func:`exact`, :func:`reverse` and :func:`fd`."""
 
-# The backends that differentiate the backward pass of L (the wrappers of gamfunc.precision run it
-# under autocast for them).
-SECOND_ORDER = (exact, reverse)
+SECOND_ORDER = (Exact(), Reverse())
+"""The backends that differentiate the backward pass of L (the wrappers of :mod:`gamfunc.precision`
+run it under autocast for them)."""
 
 
-def get(hvp: str, fd_radius: float = 1e-3):
-    """The backend named ``hvp`` ("exact", "reverse" or "fd"); raises ValueError naming ``hvp``.
+def get(hvp="exact", fd_radius: float | None = None, *, default_radius: float = DEFAULT_RADIUS):
+    """The backend ``hvp=`` names: a name of :data:`BACKENDS` or a backend (a value such as
+    ``fd(radius=1e-3)``, or any function of the backends' signature), as it is.
 
-    For ``"exact"`` it loads torch's forward-mode decompositions now, outside any compiled region
-    (:func:`_load_jvp_decompositions`): traced under ``torch.compile``, the first ``jvp`` would import
-    them inside the trace, where the warning that import gives reaches the user."""
-    if hvp == "exact":
+    For ``exact()`` it loads torch's forward-mode decompositions now, outside any compiled region
+    (:func:`_load_jvp_decompositions`): traced under ``torch.compile``, the first
+    ``jvp`` would load them inside the trace, where the warning that gives reaches the user.
+
+    Args:
+        hvp: "exact", "reverse", "fd" or a backend.
+        fd_radius: r for ``hvp="fd"`` (``default_radius`` where None); ignored by "exact" and
+            "reverse". With a backend it must be None or agree with it.
+        default_radius: r of ``hvp="fd"`` without ``fd_radius``.
+
+    Returns:
+        The backend: ``"fd"`` gives ``fd(radius=fd_radius or default_radius)``.
+
+    Raises:
+        ValueError: ``hvp`` is neither a name of :data:`BACKENDS` nor callable; ``fd_radius`` is not
+            a finite number > 0, or it disagrees with a backend value (only ``fd(radius=fd_radius)``
+            agrees).
+    """
+    if isinstance(hvp, str):
+        if hvp not in BACKENDS:
+            raise ValueError(
+                f"hvp must be one of {BACKENDS} or a backend of gamfunc.hvps; got {hvp!r}"
+            )
+        if hvp == "fd":
+            return FiniteDifference(
+                _radius("fd_radius", default_radius if fd_radius is None else fd_radius)
+            )
+        hvp = exact() if hvp == "exact" else reverse()
+    elif not callable(hvp):
+        raise ValueError(f"hvp must be one of {BACKENDS} or a backend of gamfunc.hvps; got {hvp!r}")
+    elif fd_radius is not None and hvp != FiniteDifference(_radius("fd_radius", fd_radius)):
+        raise ValueError(
+            f"fd_radius={fd_radius!r} disagrees with hvp={hvp!r}: give the radius in one place, "
+            "as hvp=gamfunc.hvps.fd(radius=...)"
+        )
+    if isinstance(hvp, Exact):
         _load_jvp_decompositions()
-        return exact
-    if hvp == "reverse":
-        return reverse
-    if hvp == "fd":
-        return fd(fd_radius)
-    raise ValueError(f"hvp must be one of {BACKENDS}; got {hvp!r}")
+    return hvp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,14 +325,30 @@ def read_through(v: Vector, fn: Callable[[Tree], Tree]) -> Vector:
     return (lambda g: v(fn(g))) if of_gradient(v) else v
 
 
-def grad_norm_grad(loss_fn, params: Tree, batch, hvp=exact, *, eps: float = 1e-12, clean=None):
+def grad_norm_grad(loss_fn, params: Tree, batch, hvp="exact", *, eps: float = 1e-12, clean=None):
     """f = ∇‖∇L‖(θ) ≈ H(θ)·g/(‖g‖ + ξ), g = ∇L(θ) (paper Eq. 6; ξ is ``eps``).
 
-    Returns ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g), carrying ‖g‖ as its
-    ``grad_norm``. With a ``clean`` handed in, v = g/(‖g‖ + ξ) is formed from it and the backend
-    gets a vector; without, the backend gets :class:`Normalized` and forms g itself, in the same
-    pass as H·v where it can (``reverse``: the vjp whose forward yields g), and ‖g‖ once.
+    With a ``clean`` handed in, v = g/(‖g‖ + ξ) is formed from it and the backend gets a vector;
+    without, the backend gets :class:`Normalized` and forms g itself, in the same pass as H·v where
+    it can (``reverse()``: the vjp whose forward yields g), and ‖g‖ once.
+
+    Args:
+        loss_fn: the loss (plain, buffered-and-bound, or an Objective).
+        params: θ.
+        batch: the batch ``loss_fn`` takes.
+        hvp: a backend, or its name (:func:`get`).
+        eps: ξ.
+        clean: the pass at θ, where the caller has it.
+
+    Returns:
+        ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g), carrying ‖g‖ as its
+        ``grad_norm``.
+
+    Raises:
+        ValueError: ``hvp`` is not a backend (:func:`get`).
     """
+    if isinstance(hvp, str) or not callable(hvp):
+        hvp = get(hvp)
     if clean is not None:
         v, clean = unit_grad(clean, eps)
         f, _ = hvp(loss_fn, params, batch, v, clean=clean)

@@ -101,6 +101,48 @@ def test_gam_fd_converges_to_exact_as_radius_shrinks(setup):
     assert err[2] < 1e-5
 
 
+# Each backend value and the name that is its shorthand, per estimator (GNP's "fd" is r = 1e-2).
+VALUE_FORMS = [
+    ("gam", {"hvp": "exact"}, {"hvp": gamfunc.hvps.exact()}),
+    ("gam", {"hvp": "reverse"}, {"hvp": gamfunc.hvps.reverse()}),
+    ("gam", {"hvp": "fd"}, {"hvp": gamfunc.hvps.fd(radius=1e-3)}),
+    ("gam", {"hvp": "fd", "fd_radius": 1e-2}, {"hvp": gamfunc.hvps.fd(radius=1e-2)}),
+    ("gnp", {"hvp": "fd"}, {"hvp": gamfunc.hvps.fd(radius=1e-2)}),
+    ("gnp", {"hvp": "fd", "fd_radius": 1e-3}, {"hvp": gamfunc.hvps.fd()}),
+    ("gnp", {"hvp": "exact"}, {"hvp": gamfunc.hvps.exact()}),
+    ("gnp", {"hvp": "reverse"}, {"hvp": gamfunc.hvps.reverse()}),
+]
+
+
+def build(name, **kw):
+    return gamfunc.gam(RHO, ALPHA, **kw) if name == "gam" else gamfunc.gnp(ALPHA, **kw)
+
+
+@pytest.mark.parametrize(("name", "short", "value"), VALUE_FORMS)
+def test_a_backend_value_equals_its_name_exactly(name, short, value):
+    params, batch = mlp_params(), mlp_batch()
+    by_name, by_value = build(name, **short), build(name, **value)
+    assert by_name.hparams == by_value.hparams
+    d_name, info_name = by_name(params, batch, mlp_loss)
+    d_value, info_value = by_value(params, batch, mlp_loss)
+    assert all(torch.equal(d_name[k], d_value[k]) for k in params)
+    assert info_name.keys() == info_value.keys()
+    assert all(torch.equal(info_name[k], info_value[k]) for k in info_name)
+
+
+@pytest.mark.parametrize("name", ["gam", "gnp"])
+def test_a_backend_value_and_a_radius_that_disagrees_name_fd_radius(name):
+    fd = gamfunc.hvps.fd(radius=1e-2)
+    assert build(name, hvp=fd, fd_radius=1e-2).hparams["hvp"] == fd
+    for bad in ({"hvp": fd, "fd_radius": 1e-3}, {"hvp": gamfunc.hvps.exact(), "fd_radius": 1e-3}):
+        with pytest.raises(ValueError, match="fd_radius"):
+            build(name, **bad)
+    with pytest.raises(ValueError, match="hvp"):
+        build(name, hvp="dense")
+    with pytest.raises(ValueError, match="hvp"):
+        build(name, hvp=1e-3)
+
+
 @pytest.mark.parametrize("hvp", ["exact", "fd"])
 def test_sam_plus_gam(setup, hvp):
     params, batch, naive, theta = setup

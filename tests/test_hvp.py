@@ -1,5 +1,6 @@
 """HVP backends against the dense torch.func.hessian, and finite differences against exact."""
 
+import dataclasses
 import itertools
 import subprocess
 import sys
@@ -19,7 +20,7 @@ def dense_hessian(loss_fn, params, batch):
     return torch.func.hessian(lambda t: loss_fn(unflatten(t, params), batch))(flat)
 
 
-@pytest.mark.parametrize("backend", [hvps.exact, hvps.reverse])
+@pytest.mark.parametrize("backend", [hvps.exact(), hvps.reverse()])
 def test_hvp_equals_dense_hessian_product(backend):
     params, batch = mlp_params(), mlp_batch()
     v = {k: torch.randn_like(t) for k, t in params.items()}
@@ -56,8 +57,10 @@ def test_grad_norm_grad_is_gradient_of_gradient_norm(name):
 def test_finite_difference_error_is_linear_in_radius_on_a_smooth_model():
     params, batch = mlp_params(), mlp_batch()
     v = tree.normalize(mlp_params(seed=7))[0]
-    exact, _ = hvps.exact(mlp_loss, params, batch, v)
-    errors = [rel_err(hvps.fd(r)(mlp_loss, params, batch, v)[0], exact) for r in (1e-2, 1e-3, 1e-4)]
+    exact, _ = hvps.exact()(mlp_loss, params, batch, v)
+    errors = [
+        rel_err(hvps.fd(radius=r)(mlp_loss, params, batch, v)[0], exact) for r in (1e-2, 1e-3, 1e-4)
+    ]
     # O(r): each tenfold smaller radius gives a roughly tenfold smaller error.
     for big, small in itertools.pairwise(errors):
         assert 5 < big / small < 20
@@ -68,8 +71,8 @@ def test_finite_difference_differs_from_exact_across_relu_kinks():
     """On ReLU nets autodiff's Hessian ignores kinks, so fd need not converge to exact (documented)."""
     params, batch = mlp_params(), mlp_batch(n=64)
     v = tree.normalize({k: torch.randn_like(t) for k, t in params.items()})[0]
-    exact, _ = hvps.exact(relu_mlp_loss, params, batch, v)
-    reverse, _ = hvps.reverse(relu_mlp_loss, params, batch, v)
+    exact, _ = hvps.exact()(relu_mlp_loss, params, batch, v)
+    reverse, _ = hvps.reverse()(relu_mlp_loss, params, batch, v)
     assert rel_err(reverse, exact) < 1e-12
     fd = hvps.fd(0.5)(relu_mlp_loss, params, batch, v)[0]
     assert rel_err(fd, exact) > 1e-3
@@ -95,6 +98,62 @@ def test_unknown_backend_names_the_argument():
         hvps.get("fd", fd_radius=0.0)
 
 
+def test_backends_are_values_that_read_as_the_call_that_builds_them():
+    assert [repr(b) for b in (hvps.exact(), hvps.reverse(), hvps.fd(radius=1e-3))] == [
+        "exact()",
+        "reverse()",
+        "fd(radius=0.001)",
+    ]
+    assert hvps.fd() == hvps.fd(radius=hvps.DEFAULT_RADIUS) == hvps.fd(1e-3)
+    assert hvps.fd(radius=1) == hvps.fd(radius=1.0) and hvps.fd(1e-2) != hvps.fd(1e-3)
+    assert hvps.exact() == hvps.exact() != hvps.reverse()
+    assert len({hvps.exact(), hvps.exact(), hvps.fd(1e-3), hvps.fd(1e-3)}) == 2
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        hvps.fd(1e-3).radius = 1.0
+
+
+def test_names_are_shorthands_for_the_default_values():
+    assert hvps.get("exact") == hvps.exact() and hvps.get("reverse") == hvps.reverse()
+    assert hvps.get("fd") == hvps.fd() and hvps.get("fd", 1e-2) == hvps.fd(radius=1e-2)
+    assert hvps.get("fd", default_radius=1e-2) == hvps.fd(radius=1e-2)
+    assert hvps.get("exact", fd_radius=1e-2) == hvps.exact()  # r serves only "fd"
+    fd = hvps.fd(radius=1e-2)
+    assert hvps.get(fd) is fd and hvps.get(fd, fd_radius=1e-2) is fd
+    assert hvps.get(mlp_loss) is mlp_loss  # any function of the backends' signature
+
+
+@pytest.mark.parametrize("radius", [0, -1e-3, float("nan"), float("inf"), "1e-3", True, None])
+def test_a_bad_radius_names_radius(radius):
+    with pytest.raises(ValueError, match="radius"):
+        hvps.fd(radius=radius)
+    with pytest.raises(ValueError, match="fd_radius" if radius is not None else "hvp"):
+        hvps.get("fd" if radius is not None else radius, fd_radius=radius)
+
+
+def test_a_backend_value_with_a_radius_that_disagrees_names_fd_radius():
+    for hvp in (hvps.fd(radius=1e-2), hvps.exact(), hvps.reverse()):
+        with pytest.raises(ValueError, match="fd_radius"):
+            hvps.get(hvp, fd_radius=1e-3)
+    with pytest.raises(ValueError, match="hvp"):
+        hvps.get(0.001)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("exact", hvps.exact()), ("reverse", hvps.reverse()), ("fd", hvps.fd())],
+)
+def test_metrics_and_grad_norm_grad_take_a_value_as_its_name(name, value):
+    params, batch = mlp_params(), mlp_batch()
+    f_name, _ = hvps.grad_norm_grad(mlp_loss, params, batch, name)
+    f_value, _ = hvps.grad_norm_grad(mlp_loss, params, batch, value)
+    assert all(torch.equal(f_name[k], f_value[k]) for k in params)
+    gen = lambda: torch.Generator().manual_seed(0)  # noqa: E731
+    top = gamfunc.metrics.top_eigenvalues
+    a = top(params, batch, mlp_loss, k=1, iters=5, hvp=name, generator=gen())
+    b = top(params, batch, mlp_loss, k=1, iters=5, hvp=value, generator=gen())
+    assert torch.equal(a, b)
+
+
 def test_math_attention_backend_makes_second_order_work_through_sdpa():
     torch.manual_seed(0)
     q = torch.randn(2, 2, 5, 4, dtype=torch.float64)
@@ -108,8 +167,8 @@ def test_math_attention_backend_makes_second_order_work_through_sdpa():
         return a.pow(2).sum()
 
     v = {k: torch.randn_like(t) for k, t in params.items()}
-    e, _ = hvps.exact(loss_fn, params, q, v)
-    r, _ = hvps.reverse(loss_fn, params, q, v)
+    e, _ = hvps.exact()(loss_fn, params, q, v)
+    r, _ = hvps.reverse()(loss_fn, params, q, v)
     assert rel_err(e, r) < 1e-12
 
 

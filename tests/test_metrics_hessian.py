@@ -242,7 +242,7 @@ def test_vmap_trace_equals_a_python_loop_over_the_same_probes(hvp):
     forms = []
     for _ in range(samples):  # the documented draw: one ±1 vector of all parameters per probe
         z = (2 * torch.randint(0, 2, (n,), generator=g) - 1).to(F64)
-        hv, _ = gamfunc.hvps.exact(tanh_ce, params, batch, unflatten(z, params))
+        hv, _ = gamfunc.hvps.exact()(tanh_ce, params, batch, unflatten(z, params))
         forms.append(flatten(hv) @ z)
     forms = torch.stack(forms)
     estimate, stderr = metrics.hessian_trace(

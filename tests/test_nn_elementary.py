@@ -130,8 +130,8 @@ def test_dtypes_under_autocast_are_torchs_and_exact_hvp_runs():
             out, new = loss_fn(p, b, buffers)
         return out.float(), new
 
-    hv16, _ = hvps.exact(loss, params, batch, v)
-    hv32, _ = hvps.exact(lambda p, b: loss_fn(p, b, buffers), params, batch, v)
+    hv16, _ = hvps.exact()(loss, params, batch, v)
+    hv32, _ = hvps.exact()(lambda p, b: loss_fn(p, b, buffers), params, batch, v)
     num = sum((hv16[k].float() - hv32[k]).norm() ** 2 for k in v) ** 0.5
     den = sum(hv32[k].norm() ** 2 for k in v) ** 0.5
     assert num / den < 0.25

@@ -94,9 +94,9 @@ def test_exact_hvp_under_autocast_equals_the_fp32_product(precision, net):
     plain = lambda p, b: loss_fn(p, b, buffers)  # noqa: E731
     v = {k: torch.randn_like(t) for k, t in params.items()}
     v = tree.scale(v, 1 / tree.norm(v))  # a unit vector, as GAM's: S·H·v stays within fp16's range
-    want, _ = gamfunc.hvps.exact(plain, params, batch(), v)
+    want, _ = gamfunc.hvps.exact()(plain, params, batch(), v)
     low = mixed(plain, precision)
-    for backend in (gamfunc.hvps.exact, gamfunc.hvps.reverse):
+    for backend in (gamfunc.hvps.exact(), gamfunc.hvps.reverse()):
         got, clean = backend(low, params, batch(), v)
         assert all(got[k].dtype == torch.float32 for k in got)
         assert rel(got, want) < TOL * UNIT_ROUNDOFF[precision]

@@ -131,8 +131,8 @@ def test_vit_attention_supports_forward_mode_and_double_backward():
         return loss_fn(p, b, buffers)[0]
 
     v = {k: torch.randn_like(t) for k, t in params.items()}
-    hv_fwd, _ = gamfunc.hvps.exact(loss, params, batch, v)
-    hv_rev, _ = gamfunc.hvps.reverse(loss, params, batch, v)
+    hv_fwd, _ = gamfunc.hvps.exact()(loss, params, batch, v)
+    hv_rev, _ = gamfunc.hvps.reverse()(loss, params, batch, v)
     for k in params:
         torch.testing.assert_close(hv_fwd[k], hv_rev[k], rtol=1e-9, atol=1e-11)
     assert gamfunc.tree.norm(hv_fwd) > 0

@@ -15,8 +15,8 @@ __all__ = ["gam"]
 def gam(
     rho,
     alpha,
-    hvp: str = "exact",
-    fd_radius: float = 1e-3,
+    hvp="exact",
+    fd_radius: float | None = None,
     oracle: Estimator | None = None,
     eps: float = 1e-12,
     theorem_norms: bool = False,
@@ -35,7 +35,7 @@ def gam(
     The Hessian is never formed: each H·v is a Hessian-vector product from the ``hvp`` backend
     (:mod:`gamfunc.hvps`). ∇L(θ) is computed once and shared with the oracle when the oracle starts
     from it (``gradient()`` and ``sam``): exact GAM with the plain oracle costs two gradients and two
-    forward-mode passes; ``hvp="fd"`` costs four gradients (paper Appendix D).
+    forward-mode passes; ``hvp=hvps.fd()`` costs four gradients (paper Appendix D).
 
     With ``adaptive=True`` the ascent is measured per element in the scale of θ, as the authors'
     ``GAM(adaptive=True)`` perturbs (github.com/xxgege/GAM, commit 694133d, ``gam/gam.py``
@@ -51,12 +51,12 @@ def gam(
         rho: ρ, radius of the ascent to θ_adv (float >= 0 or a schedule).
         alpha: α, weight of the first-order flatness (float >= 0 or a schedule). α = 0 gives the
             oracle's direction.
-        hvp: "exact" (forward-over-reverse), "reverse" (reverse-over-reverse) or "fd".
-        fd_radius: r of the finite difference H·v ≈ (∇L(θ + r·v) − ∇L(θ))/r, for ``hvp="fd"``.
-            GNP's default is 1e-2, ten times this: both directions carry the difference of two
-            gradients divided by r, times α·ρ here and α in GNP, so r is chosen where that factor
-            amplifies the gradients' rounding about equally (α·ρ/r = 5 here, α/r = 10 in GNP for
-            α = 0.1, ρ = 0.05), with GNP's r as in Zhao et al.'s form.
+        hvp: the H·v backend (:mod:`gamfunc.hvps`): ``hvps.exact()`` (forward-over-reverse),
+            ``hvps.reverse()`` (reverse-over-reverse), ``hvps.fd(radius=r)``, or the names "exact",
+            "reverse", "fd" for ``exact()``, ``reverse()``, ``fd()`` (r = ``hvps.DEFAULT_RADIUS``,
+            1e-3, where α·ρ/r = 5 amplifies the gradients' rounding for α = 0.1, ρ = 0.05).
+        fd_radius: r for ``hvp="fd"``; ``hvp="fd", fd_radius=r`` is ``hvp=hvps.fd(radius=r)``.
+            None: ``hvps.DEFAULT_RADIUS``.
         oracle: the estimator of ∇L_oracle; ``gradient()`` by default, ``sam(rho)`` gives SAM + GAM.
         eps: ξ.
         theorem_norms: also report Theorem 4.3's two quantities in info (two tree norms more per
@@ -67,6 +67,11 @@ def gam(
     Returns:
         An Estimator; its info adds ``f_norm`` = ‖f‖, ``adv_grad_norm`` = ‖∇L(θ_adv)‖ and ``adv_loss``
         (and with ``theorem_norms`` the two squared norms above).
+
+    Raises:
+        ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool, or
+            ``hvp`` / ``fd_radius`` is not a backend (:func:`gamfunc.hvps.get`).
+        TypeError: ``oracle`` is not an estimator.
 
     Example:
         >>> import torch, gamfunc
@@ -117,8 +122,7 @@ def gam(
     hparams = {
         "rho": rho,
         "alpha": alpha,
-        "hvp": hvp,
-        "fd_radius": fd_radius,
+        "hvp": backend,
         "oracle": oracle.name,
         "eps": eps,
         "adaptive": adaptive,

@@ -9,27 +9,37 @@ from gamfunc.schedules import value
 
 __all__ = ["gnp"]
 
+RADIUS = 1e-2
+"""r of GNP's ``hvp="fd"``: ten times :data:`gamfunc.hvps.DEFAULT_RADIUS` (see :func:`gnp`)."""
 
-def gnp(alpha, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-12) -> Estimator:
+
+def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> Estimator:
     """Gradient norm penalty (Zhao et al. 2022): direction = ∇L(θ) + α·H(θ)·g/(‖g‖ + ξ), g = ∇L(θ).
 
     This is ∇(L + α‖∇L‖)(θ) (paper Eq. 6), GAM of Algorithm 1 without the ascent to θ_adv. With
-    ``hvp="fd"`` it is Zhao et al.'s form
+    ``hvp=hvps.fd(radius=r)`` it is Zhao et al.'s form
 
-        (1 − α/r)·∇L(θ) + (α/r)·∇L(θ + r·g/‖g‖),   r = ``fd_radius``,
+        (1 − α/r)·∇L(θ) + (α/r)·∇L(θ + r·g/‖g‖),
 
     two gradients per step.
 
     Args:
         alpha: α, the weight of the gradient-norm penalty (float >= 0 or a schedule).
-        hvp: "fd" (default, as Zhao et al.), "exact" or "reverse"; see :mod:`gamfunc.hvps`.
-        fd_radius: r of the finite difference. GAM's default is 1e-3: GNP weights the gradient
-            difference by α/r, GAM by α·ρ/r with ρ ≈ 0.05, so GNP takes a larger r for the same
-            amplification of the gradients' rounding (see :func:`gamfunc.gam`).
+        hvp: the H·v backend (:mod:`gamfunc.hvps`): ``hvps.fd(radius=r)``, ``hvps.exact()``,
+            ``hvps.reverse()``, or the names "exact", "reverse" and "fd" (default, as Zhao et
+            al.). Here "fd" is ``hvps.fd(radius=1e-2)``, ten times ``hvps.DEFAULT_RADIUS``: GNP
+            weights the gradient difference by α/r, GAM by α·ρ/r with ρ ≈ 0.05, so GNP takes a
+            larger r for the same amplification of the gradients' rounding (α/r = 10 for α = 0.1).
+        fd_radius: r for ``hvp="fd"``; ``hvp="fd", fd_radius=r`` is ``hvp=hvps.fd(radius=r)``.
+            None: 1e-2.
         eps: ξ.
 
     Returns:
         An Estimator; its info adds ``f_norm`` = ‖H·g/‖g‖‖.
+
+    Raises:
+        ValueError: ``alpha`` or ``eps`` is negative, or ``hvp`` / ``fd_radius`` is not a backend
+            (:func:`gamfunc.hvps.get`).
 
     Warning:
         GNP's α and GAM's are on different scales: GAM's penalty term is α·ρ·∇‖∇L‖(θ_adv), so GNP with
@@ -41,11 +51,11 @@ def gnp(alpha, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-12) -> 
     """
     check_nonnegative("alpha", alpha)
     check_nonnegative("eps", eps)
-    backend = hvps.get(hvp, fd_radius)
+    backend = hvps.get(hvp, fd_radius, default_radius=RADIUS)
 
     def run(params, batch, loss_fn, clean, step):
         f, clean = hvps.grad_norm_grad(loss_fn, params, batch, backend, eps=eps, clean=clean)
         direction = tree.axpy(value(alpha, step), f, clean.grad)
         return Estimate(direction, clean_info(clean) | {"f_norm": tree.norm(f)}, clean)
 
-    return Estimator("gnp", run, {"alpha": alpha, "hvp": hvp, "fd_radius": fd_radius, "eps": eps})
+    return Estimator("gnp", run, {"alpha": alpha, "hvp": backend, "eps": eps})

@@ -77,13 +77,14 @@ def rademacher(n: int, generator: torch.Generator, like: Tensor) -> Tensor:
 def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float = 1e-3):
     """``v -> H(θ)·v`` at the fixed point θ = ``params``, for dict-shaped v (vmap-able).
 
-    ``hvp`` is a backend name of :func:`gamfunc.hvps.get` or a backend function. For ``"reverse"`` the
+    ``hvp`` is a backend of :mod:`gamfunc.hvps` or its name (:func:`gamfunc.hvps.get`). For ``reverse()`` the
     gradient is linearised once (``torch.func.vjp`` of ``torch.func.grad``) and its pullback reused
     for every product: each H·v then costs one backward pass through the gradient's graph instead of
-    a forward, a backward and that pass (the graph is kept in memory meanwhile). ``"fd"`` computes
+    a forward, a backward and that pass (the graph is kept in memory meanwhile). ``fd(radius=r)`` computes
     ∇L(θ) once and rescales v to unit norm, so that the radius r is a distance in parameter space.
     """
-    if hvp == "reverse" and not isinstance(loss, Objective):
+    backend = hvp if callable(hvp) else hvps.get(hvp, fd_radius)
+    if isinstance(backend, hvps.Reverse) and not isinstance(loss, Objective):
         with hvps.math_attention():
             _g, pullback, _aux = torch.func.vjp(grad_fn(loss, batch), params, has_aux=True)
 
@@ -92,8 +93,7 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float = 
 
         return reverse_matvec
 
-    backend = hvp if callable(hvp) else hvps.get(hvp, fd_radius)
-    if hvp != "fd":
+    if not isinstance(backend, hvps.FiniteDifference):
 
         def matvec(v: Tree) -> Tree:
             return backend(loss, params, batch, v)[0]

@@ -47,10 +47,10 @@ def hvp_error(model: str, params, batch, loss, rho: float, radii) -> dict[float,
     cosine, norm ratio ‖fd‖/‖exact‖, the number of (example, unit) pre-activations whose sign flips
     between θ_adv and θ_adv + r·v, and ``push``: the mean over the second layer's biases of fd − exact,
     in units of the rms of exact's (> 0: a descent step lowers those biases, i.e. turns units off)."""
-    f, _ = hvps.grad_norm_grad(loss, params, batch, hvps.exact)
+    f, _ = hvps.grad_norm_grad(loss, params, batch, hvps.exact())
     adv = tree.axpy(rho, tree.normalize(f)[0], params)
     v = tree.normalize(gradient_pass(loss, adv, batch).grad)[0]
-    exact, _ = hvps.exact(loss, adv, batch, v)
+    exact, _ = hvps.exact()(loss, adv, batch, v)
     signs = [z > 0 for z in hidden_preactivations(model, adv, batch[0])]
     out = {}
     for r in radii:
