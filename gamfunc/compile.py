@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ._compat import mode_options
 from .graph_sharing import SHARE_EQUAL_WORK
 
 __all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh", "fresh_copies"]
@@ -28,9 +29,10 @@ def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[C
     if kwargs["backend"] == "inductor":
         options = dict(kwargs.pop("options", None) or {})
         if mode is not None:
-            options = {**torch._inductor.list_mode_options(mode), **options}
+            options = {**mode_options(mode), **options}
         options.update(INDUCTOR_WORKAROUNDS)
-        options.setdefault("post_grad_custom_pre_pass", SHARE_EQUAL_WORK)
+        if SHARE_EQUAL_WORK is not None:
+            options.setdefault("post_grad_custom_pre_pass", SHARE_EQUAL_WORK)
         kwargs["options"] = options
     elif mode is not None:
         kwargs["mode"] = mode

@@ -23,7 +23,8 @@ convolution kernels do not: ``jvp`` copies its primal θ contiguous, so its conv
 weights than the gradient pass's (a point then costs 4 gradient passes).
 
 :func:`gamfunc.compile.compile_with` installs the pass in every inductor compile as
-``post_grad_custom_pre_pass`` unless the caller sets that option.
+``post_grad_custom_pre_pass`` unless the caller sets that option, on every torch that has inductor's
+``CustomGraphPass`` (with one logged line where it has not, and no pass).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import operator
 
 import torch
 from torch import fx
+
+from gamfunc._compat import custom_graph_pass, mutates
 
 __all__ = ["SHARE_EQUAL_WORK", "share_equal_work"]
 
@@ -49,6 +52,7 @@ _RESHAPES = {
     aten.alias.default,
 }
 _COMMUTATIVE = (aten.add.Tensor, aten.mul.Tensor)
+_OP_OVERLOAD = type(aten.add.Tensor)  # the class of every aten and prims operation
 
 
 def _val(node):
@@ -64,8 +68,7 @@ def _same_layout(a: fx.Node, b: fx.Node) -> bool:
 
 
 def _mutates(node: fx.Node) -> bool:
-    schema = getattr(node.target, "_schema", None)
-    return schema is not None and schema.is_mutable
+    return mutates(node.target)
 
 
 def _random(node: fx.Node) -> bool:
@@ -80,7 +83,7 @@ def _mergeable(node: fx.Node) -> bool:
         return False
     if node.target is operator.getitem:
         return True
-    return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace in (
+    return isinstance(node.target, _OP_OVERLOAD) and node.target.namespace in (
         "aten",
         "prims",
     )
@@ -145,22 +148,6 @@ def share_equal_work(graph: fx.Graph) -> None:
     graph.eliminate_dead_code()
 
 
-def _as_inductor_pass(fn):
-    """``fn`` as a pass inductor's FX-graph cache can key (a ``CustomGraphPass`` where torch has it)."""
-    try:
-        from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
-    except ImportError:  # pragma: no cover - torch < 2.6 takes a plain callable
-        return fn
-
-    class _Pass(CustomGraphPass):
-        def __call__(self, graph: fx.Graph) -> None:
-            fn(graph)
-
-        def uuid(self):
-            return get_hash_for_files((__file__,))
-
-    return _Pass()
-
-
-SHARE_EQUAL_WORK = _as_inductor_pass(share_equal_work)
-""":func:`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes."""
+SHARE_EQUAL_WORK = custom_graph_pass(share_equal_work, __file__)
+""":func:`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes; None
+where torch has no such form (:func:`gamfunc._compat.custom_graph_pass`), and then no pass runs."""

@@ -44,12 +44,12 @@ import contextlib
 import dataclasses
 import functools
 import math
-import warnings
 from collections.abc import Callable
 
 import torch
 
 from gamfunc import tree
+from gamfunc._compat import load_jvp_decompositions
 from gamfunc.loss import Objective, Pass, grad_fn, gradient_pass, unit_grad, with_grad_norm
 from gamfunc.tree import Tree
 
@@ -88,27 +88,13 @@ def math_attention():
 _DTYPE_MISMATCH = ("same dtype", "should be the same")
 
 
-@functools.cache
-def _load_jvp_decompositions() -> None:
-    """Load torch's forward-mode decompositions (``torch._decomp.decompositions_for_jvp``), which
-    the first ``torch.func.jvp`` of a process imports, with the one warning that import gives
-    silenced: on recent torch it calls ``torch.jit.script``, which warns ``FutureWarning: torch.jit.script
-    is deprecated`` at the user's first exact H·v about code that is torch's, not theirs."""
-    load = getattr(torch.autograd.forward_ad, "_maybe_load_decompositions", None)
-    if load is None:
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
-        load()
-
-
 def _jvp_of_grad(loss_fn, params: Tree, batch, v: Tree):
     """``torch.func.jvp`` of ∇L at θ along v, its dtype-mismatch errors explained (eager only: under
     ``torch.compile`` the same failure surfaces while tracing)."""
     jvp = functools.partial(torch.func.jvp, grad_fn(loss_fn, batch), (params,), (v,), has_aux=True)
     if torch.compiler.is_compiling():
         return jvp()
-    _load_jvp_decompositions()
+    load_jvp_decompositions()
     try:
         return jvp()
     except RuntimeError as e:
@@ -247,7 +233,7 @@ def get(hvp="exact", fd_radius: float | None = None, *, default_radius: float = 
     ``fd(radius=1e-3)``, or any function of the backends' signature), as it is.
 
     For ``exact()`` it loads torch's forward-mode decompositions now, outside any compiled region
-    (:func:`_load_jvp_decompositions`): traced under ``torch.compile``, the first
+    (:func:`gamfunc._compat.load_jvp_decompositions`): traced under ``torch.compile``, the first
     ``jvp`` would load them inside the trace, where the warning that gives reaches the user.
 
     Args:
@@ -282,7 +268,7 @@ def get(hvp="exact", fd_radius: float | None = None, *, default_radius: float = 
             "as hvp=gamfunc.hvps.fd(radius=...)"
         )
     if isinstance(hvp, Exact):
-        _load_jvp_decompositions()
+        load_jvp_decompositions()
     return hvp
 
 

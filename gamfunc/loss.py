@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
+from gamfunc._compat import in_transform
 from gamfunc.tree import Tree
 
 __all__ = [
@@ -191,7 +192,7 @@ def gradient_pass(loss_fn, params: Tree, batch) -> Pass:
 def _plain_autograd(params: Tree) -> bool:
     """Whether ∇L may come from ``torch.autograd.grad``: eager, outside torch.func transforms, and
     nothing outside asks for a differentiable gradient."""
-    if torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None:
+    if torch.compiler.is_compiling() or in_transform():
         return False
     return not (torch.is_grad_enabled() and any(v.requires_grad for v in params.values()))
 

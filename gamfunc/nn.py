@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from gamfunc._compat import in_forward_ad
+
 __all__ = [
     "autocast_batchnorm",
     "elementary_norms",
@@ -115,8 +117,7 @@ def _forward_mode_under_autocast(x: torch.Tensor) -> bool:
         return False
     if torch.compiler.is_compiling():
         return True
-    stack = torch._C._functorch.get_interpreter_stack() or ()
-    return any(i.key() == torch._C._functorch.TransformType.Jvp for i in stack)
+    return in_forward_ad()
 
 
 def autocast_batchnorm(model: nn.Module) -> nn.Module:
@@ -237,7 +238,7 @@ class _ElementaryNorm:
 
 
 class _ElementaryBatchNorm(_ElementaryNorm):
-    """``torch.nn.modules.batchnorm._BatchNorm.forward`` in elementary operations."""
+    """The forward pass of ``torch.nn.BatchNorm1d``/``2d``/``3d`` in elementary operations."""
 
     def forward(self, x):
         self._check_input_dim(x)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from gamfunc._compat import in_transform
 from gamfunc.compile import compile_with, fresh
 from gamfunc.hvps import Normalized, of_gradient, resolve
 from gamfunc.loss import Objective, Pass, bind, gradient_pass, with_grad_norm
@@ -92,7 +93,7 @@ def _for_state(loss_fn: Callable, state: dict | None) -> Callable:
 
 
 def _traced() -> bool:
-    return torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is not None
+    return torch.compiler.is_compiling() or in_transform()
 
 
 class _Passes:

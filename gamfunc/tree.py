@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gamfunc._compat import batched, batched_at_any_level, in_transform
+
 Tree = dict[str, Tensor]
 Scalar = float | Tensor
 
@@ -209,23 +211,10 @@ def vmapped(tensors: list) -> bool:
     around it). Eager and outside every torch.func transform nothing is, and one call says so
     without a look at each tensor."""
     if torch.compiler.is_compiling():  # traced: wrappers are not unwrapped, the outer one says
-        return any(
-            isinstance(t, Tensor) and torch._C._functorch.is_batchedtensor(t) for t in tensors
-        )
-    if torch._C._functorch.maybe_current_level() is None:
+        return any(isinstance(t, Tensor) and batched(t) for t in tensors)
+    if not in_transform():
         return False
-    return any(isinstance(t, Tensor) and _batched(t) for t in tensors)
-
-
-def _batched(t: Tensor) -> bool:
-    """Whether ``t`` is batched at any level of the transforms that wrap it (a gradient taken inside
-    ``vmap`` is a batched tensor under a grad-tracking wrapper)."""
-    f = torch._C._functorch
-    while f.is_functorch_wrapped_tensor(t):
-        if f.is_batchedtensor(t):
-            return True
-        t = f.get_unwrapped(t)
-    return False
+    return any(isinstance(t, Tensor) and batched_at_any_level(t) for t in tensors)
 
 
 def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:

@@ -44,10 +44,11 @@ def test_every_core_dependency_is_imported_by_gamfunc():
 
 
 # The layers of docs/ARCHITECTURE.md, lowest first: a module imports only from its own layer or
-# below. The compile helpers (compile any function, nothing of steps) sit below the loss wrappers,
+# below. The door to torch's private APIs (gamfunc._compat) is at the bottom, as everything may
+# need it. The compile helpers (compile any function, nothing of steps) sit below the loss wrappers,
 # which compile their passes with them, and below the step, whose ``compile`` calls down to them.
 LAYERS = [
-    ("gamfunc.tree", "gamfunc.nn", "gamfunc.schedules"),
+    ("gamfunc._compat", "gamfunc.tree", "gamfunc.nn", "gamfunc.schedules"),
     ("gamfunc.loss", "gamfunc.optim", "gamfunc.transforms"),
     ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),

@@ -14,6 +14,7 @@ import logging
 
 import torch
 
+from gamfunc._compat import in_transform
 from gamfunc.loss import loss_and_aux
 from gamfunc.metrics._common import bound_loss
 
@@ -51,8 +52,7 @@ def measurable(shape=(), pair: str = ""):
                 out = torch.full(size, float("nan"), dtype=first.dtype, device=first.device)
                 return (out, None) if pair and kwargs.get(pair) else out
 
-            traced = torch._C._functorch.maybe_current_level() is not None
-            if traced or torch.compiler.is_compiling():
+            if torch.compiler.is_compiling() or in_transform():
                 return f(params, batch, loss_fn, *args, **kwargs)
             why = why_unmeasurable(
                 params, batch, loss_fn, kwargs.get("buffers"), kwargs.get("mode", "eval")

@@ -1,0 +1,234 @@
+"""The one door to torch's private APIs: every use of one in gamfunc is a function here.
+
+Each function reaches the internal it needs when it is called. Where torch has no such internal
+(a release that renamed or moved it: ``AttributeError`` or ``ImportError``), it takes the public
+path instead and says so in one logged line of ``logging.getLogger("gamfunc")``, once per process
+and function. The public paths give the same numbers; what they may cost is speed or memory:
+
+* :func:`in_transform`, :func:`batched`, :func:`batched_at_any_level`, :func:`in_forward_ad`
+  (``torch._C._functorch``): without them gamfunc cannot tell whether it runs inside a
+  ``torch.func`` transform, and assumes it does. Then gradients come from ``torch.func.grad``
+  rather than ``torch.autograd.grad`` (more memory), tree math runs per tensor rather than through
+  the ``torch._foreach_*`` kernels, compiled passes run eagerly, BatchNorm under autocast computes
+  in float32, and the metrics' guard lets every input through.
+* :func:`mode_options` (``torch._inductor.list_mode_options``): the options of ``torch.compile``'s
+  documented modes, written out.
+* :func:`custom_graph_pass` (``torch._inductor.custom_graph_pass``): without it
+  :mod:`gamfunc.graph_sharing` is off, and a compiled exact H·v recomputes ∇L.
+* :func:`mutates` (``OpOverload._schema``): without it every aten operation counts as one that
+  mutates its inputs, so :mod:`gamfunc.graph_sharing` merges nothing.
+* :func:`load_jvp_decompositions` (``torch.autograd.forward_ad._maybe_load_decompositions``):
+  without it the first ``torch.func.jvp`` loads them itself, and torch's own warning may show.
+
+Two private names stay where they are used, as the rest of the ecosystem uses them:
+``torch._foreach_*`` (the multi-tensor kernels: the documented fast path of ``torch.optim``'s
+``foreach=True``, with public tests and no public alias) and ``torch.utils._pytree`` (the pytree of
+``torch.func``, ``torch.compile`` and torch's optimisers alike). ``tests/test_compat.py`` checks
+that no other module of gamfunc names a private torch API.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable
+
+import torch
+
+__all__ = [
+    "batched",
+    "batched_at_any_level",
+    "custom_graph_pass",
+    "in_forward_ad",
+    "in_transform",
+    "load_jvp_decompositions",
+    "mode_options",
+    "mutates",
+]
+
+log = logging.getLogger("gamfunc")
+_fallen_back: set[str] = set()
+
+
+def _fall_back(name: str, internal: str, public: str) -> None:
+    """One logged line per process and door: ``name`` takes ``public`` since torch lacks ``internal``."""
+    if name in _fallen_back:
+        return
+    _fallen_back.add(name)
+    log.warning(
+        "gamfunc: this torch (%s) has no %s; %s falls back to %s",
+        torch.__version__,
+        internal,
+        name,
+        public,
+    )
+
+
+def _functorch(attr: str):
+    """``torch._C._functorch.<attr>``, or None where torch has no such function."""
+    return getattr(getattr(torch._C, "_functorch", None), attr, None)
+
+
+def in_transform() -> bool:
+    """Whether the caller runs inside a ``torch.func`` transform (grad, vjp, jvp, vmap).
+
+    Returns:
+        True inside one, and where torch cannot say (the paths that work inside a transform work
+        outside too).
+    """
+    level = _functorch("maybe_current_level")
+    if level is None:
+        _fall_back("in_transform", "torch._C._functorch.maybe_current_level", "True")
+        return True
+    return level() is not None
+
+
+def batched(t) -> bool:
+    """Whether the tensor ``t`` is batched by ``torch.func.vmap`` at its outermost level.
+
+    Returns:
+        True for a batched tensor, and where torch cannot say.
+    """
+    is_batched = _functorch("is_batchedtensor")
+    if is_batched is None:
+        _fall_back("batched", "torch._C._functorch.is_batchedtensor", "True")
+        return True
+    return is_batched(t)
+
+
+def batched_at_any_level(t) -> bool:
+    """Whether the tensor ``t`` is batched at any level of the transforms that wrap it (a gradient
+    taken inside ``vmap`` is a batched tensor under a grad-tracking wrapper).
+
+    Returns:
+        True for such a tensor, and where torch cannot say.
+    """
+    wrapped, is_batched, unwrap = (
+        _functorch(a) for a in ("is_functorch_wrapped_tensor", "is_batchedtensor", "get_unwrapped")
+    )
+    if wrapped is None or is_batched is None or unwrap is None:
+        _fall_back("batched_at_any_level", "torch._C._functorch's tensor wrappers", "True")
+        return True
+    while wrapped(t):
+        if is_batched(t):
+            return True
+        t = unwrap(t)
+    return False
+
+
+def in_forward_ad() -> bool:
+    """Whether a ``torch.func.jvp`` (forward-mode AD) transform is active.
+
+    Returns:
+        True inside one, and where torch cannot say.
+    """
+    stack_fn, kinds = _functorch("get_interpreter_stack"), _functorch("TransformType")
+    jvp = getattr(kinds, "Jvp", None)
+    if stack_fn is None or jvp is None:
+        _fall_back("in_forward_ad", "torch._C._functorch.get_interpreter_stack", "True")
+        return True
+    return any(i.key() == jvp for i in stack_fn() or ())
+
+
+# torch.compile's modes as its documentation describes them: CUDA graphs, autotuning, both.
+_MODES = {
+    "default": {},
+    "reduce-overhead": {"triton.cudagraphs": True},
+    "max-autotune-no-cudagraphs": {"max_autotune": True, "coordinate_descent_tuning": True},
+    "max-autotune": {
+        "max_autotune": True,
+        "triton.cudagraphs": True,
+        "coordinate_descent_tuning": True,
+    },
+}
+
+
+def mode_options(mode: str) -> dict:
+    """The inductor options that ``torch.compile(mode=mode)`` sets, so that a caller can add its own
+    (``torch.compile`` takes a mode or options, not both).
+
+    Args:
+        mode: a mode of ``torch.compile``.
+
+    Returns:
+        A new dict of inductor options.
+
+    Raises:
+        ValueError: ``mode`` is not a mode of ``torch.compile``.
+    """
+    try:
+        list_mode_options = torch._inductor.list_mode_options
+    except (AttributeError, ImportError):
+        _fall_back("mode_options", "torch._inductor.list_mode_options", "torch.compile's modes")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {tuple(_MODES)}; got {mode!r}") from None
+        return dict(_MODES[mode])
+    try:
+        return dict(list_mode_options(mode))
+    except RuntimeError as e:
+        raise ValueError(f"mode must be a mode of torch.compile; got {mode!r} ({e})") from None
+
+
+def custom_graph_pass(fn: Callable, source: str):
+    """``fn(graph)`` as a pass that inductor's ``post_grad_custom_pre_pass`` option takes and its
+    FX-graph cache can key (by the contents of the file ``source``).
+
+    Args:
+        fn: the pass, ``fn(graph: torch.fx.Graph) -> None``, changing the graph in place.
+        source: the file that defines ``fn``.
+
+    Returns:
+        The pass, or None where torch has no ``CustomGraphPass`` (then no pass is installed).
+    """
+    try:
+        from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+    except ImportError:
+        _fall_back(
+            "custom_graph_pass", "torch._inductor.custom_graph_pass", "no pass (graph sharing off)"
+        )
+        return None
+
+    class Pass(CustomGraphPass):
+        def __call__(self, graph) -> None:
+            fn(graph)
+
+        def uuid(self):
+            return get_hash_for_files((source,))
+
+    return Pass()
+
+
+def mutates(op) -> bool:
+    """Whether the operation ``op`` (an fx node's target) may mutate its inputs, by its schema.
+
+    Returns:
+        For an aten or prims operation, whether its schema is mutable, and True where torch cannot
+        say; False for anything else (``operator.getitem``, Python functions).
+    """
+    if not isinstance(op, type(torch.ops.aten.add.Tensor)):
+        return False
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        _fall_back("mutates", "OpOverload._schema", "True")
+        return True
+    return schema.is_mutable
+
+
+@functools.cache
+def load_jvp_decompositions() -> None:
+    """Load torch's forward-mode decompositions now, which the first ``torch.func.jvp`` of a process
+    loads otherwise, with the one warning that gives silenced: on recent torch it calls
+    ``torch.jit.script``, which warns ``FutureWarning: torch.jit.script is deprecated`` about code
+    that is torch's, not the user's. Where torch has no such loader, the first jvp loads them."""
+    load = getattr(torch.autograd.forward_ad, "_maybe_load_decompositions", None)
+    if load is None:
+        _fall_back(
+            "load_jvp_decompositions",
+            "torch.autograd.forward_ad._maybe_load_decompositions",
+            "the first jvp's own loading",
+        )
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
+        load()

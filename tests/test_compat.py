@@ -1,0 +1,242 @@
+"""The door to torch's private APIs: each function on this torch, and its public fallback where the
+internal is taken away (as a torch that moved it would have it), with its one logged line."""
+
+import importlib
+import logging
+import operator
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
+
+import gamfunc
+from gamfunc import _compat
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gamfunc"
+functorch = torch._C._functorch
+
+
+@pytest.fixture(autouse=True)
+def fresh_log(monkeypatch):
+    """Each test sees every door not yet fallen back, and the loader of decompositions not yet run."""
+    monkeypatch.setattr(_compat, "_fallen_back", set())
+    _compat.load_jvp_decompositions.cache_clear()
+    yield
+    _compat.load_jvp_decompositions.cache_clear()
+
+
+def fell_back(caplog, name: str) -> None:
+    """Exactly one logged line, of the logger "gamfunc", says that ``name`` fell back."""
+    lines = [
+        r for r in caplog.records if r.name == "gamfunc" and f"; {name} falls back" in r.message
+    ]
+    assert len(lines) == 1, [r.message for r in caplog.records]
+
+
+def test_in_transform():
+    x = torch.ones(3)
+    assert not _compat.in_transform()
+    assert torch.func.vmap(lambda t: torch.tensor(_compat.in_transform()))(x).all()
+    seen = []
+    torch.func.grad(lambda t: seen.append(_compat.in_transform()) or t.sum())(x)
+    assert seen == [True]
+
+
+def test_in_transform_falls_back_to_true(monkeypatch, caplog):
+    monkeypatch.delattr(functorch, "maybe_current_level")
+    assert _compat.in_transform() and _compat.in_transform()
+    fell_back(caplog, "in_transform")
+
+
+def test_batched():
+    x = torch.ones(2, 3)
+    assert not _compat.batched(x) and not _compat.batched_at_any_level(x)
+    seen = []
+
+    def record(t):
+        seen.append((_compat.batched(t), _compat.batched_at_any_level(t)))
+        return t
+
+    torch.func.vmap(record)(x)
+    # a gradient taken inside vmap: batched under a grad-tracking wrapper, not at the outermost level
+    torch.func.vmap(torch.func.grad(lambda t: record(t).sum()))(x)
+    assert seen == [(True, True), (False, True)]
+
+
+@pytest.mark.parametrize(
+    ("name", "removed"),
+    [
+        ("batched", "is_batchedtensor"),
+        ("batched_at_any_level", "get_unwrapped"),
+        ("batched_at_any_level", "is_functorch_wrapped_tensor"),
+    ],
+)
+def test_batched_falls_back_to_true(monkeypatch, caplog, name, removed):
+    monkeypatch.delattr(functorch, removed)
+    assert getattr(_compat, name)(torch.ones(2))
+    fell_back(caplog, name)
+
+
+def test_in_forward_ad():
+    x = torch.ones(3)
+    seen = []
+
+    def record(t):
+        seen.append(_compat.in_forward_ad())
+        return t * 2
+
+    record(x)
+    torch.func.jvp(record, (x,), (x,))
+    torch.func.vmap(record)(x)
+    torch.func.grad(lambda t: record(t).sum())(x)
+    assert seen == [False, True, False, False]
+
+
+@pytest.mark.parametrize("removed", ["get_interpreter_stack", "TransformType"])
+def test_in_forward_ad_falls_back_to_true(monkeypatch, caplog, removed):
+    monkeypatch.delattr(functorch, removed)
+    assert _compat.in_forward_ad()
+    fell_back(caplog, "in_forward_ad")
+
+
+MODES = ["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mode_options_are_inductors(mode):
+    assert _compat.mode_options(mode) == torch._inductor.list_mode_options(mode)
+    with pytest.raises(ValueError, match="mode"):
+        _compat.mode_options("fastest")
+
+
+def test_mode_options_fall_back_to_the_documented_modes(monkeypatch, caplog):
+    inductor = {m: torch._inductor.list_mode_options(m) for m in MODES}
+    monkeypatch.delattr(torch._inductor, "list_mode_options")
+    # where the options of this torch and the written-out ones differ, one of them has moved on
+    assert {m: _compat.mode_options(m) for m in MODES} == inductor
+    with pytest.raises(ValueError, match="mode"):
+        _compat.mode_options("fastest")
+    fell_back(caplog, "mode_options")
+
+
+def test_custom_graph_pass_runs_the_function_and_keys_the_cache_by_its_file():
+    CustomGraphPass = pytest.importorskip("torch._inductor.custom_graph_pass").CustomGraphPass
+
+    graphs = []
+    p = _compat.custom_graph_pass(graphs.append, __file__)
+    assert isinstance(p, CustomGraphPass)
+    g = torch.fx.Graph()
+    p(g)
+    assert graphs == [g]
+    assert p.uuid() == _compat.custom_graph_pass(print, __file__).uuid()
+    assert p.uuid() != _compat.custom_graph_pass(print, _compat.__file__).uuid()
+
+
+def test_graph_sharing_is_off_where_inductor_takes_no_custom_pass(monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "torch._inductor.custom_graph_pass", None)
+    assert _compat.custom_graph_pass(print, __file__) is None
+    fell_back(caplog, "custom_graph_pass")
+    sharing = importlib.import_module("gamfunc.graph_sharing")
+    try:
+        assert importlib.reload(sharing).SHARE_EQUAL_WORK is None
+        options = compiled_options(monkeypatch, importlib.reload(gamfunc.compile))
+        assert "post_grad_custom_pre_pass" not in options
+    finally:
+        monkeypatch.undo()
+        importlib.reload(sharing)
+        importlib.reload(gamfunc.compile)
+    assert sharing.SHARE_EQUAL_WORK is not None
+    options = compiled_options(pytest.MonkeyPatch(), gamfunc.compile)
+    assert options["post_grad_custom_pre_pass"] is sharing.SHARE_EQUAL_WORK
+
+
+def compiled_options(monkeypatch, compile_module) -> dict:
+    """The inductor options ``compile_with`` hands to ``torch.compile``."""
+    seen = {}
+    with monkeypatch.context() as m:
+        m.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
+        compile_module.compile_with(True, None, {})(print)
+    return seen["options"]
+
+
+def test_mutates():
+    aten = torch.ops.aten
+    assert _compat.mutates(aten.add_.Tensor) and _compat.mutates(aten.copy_.default)
+    assert not _compat.mutates(aten.add.Tensor) and not _compat.mutates(operator.getitem)
+
+
+def test_mutates_falls_back_to_true(monkeypatch, caplog):
+    op = torch.ops.aten.mul.Tensor
+    monkeypatch.delattr(op, "_schema")
+    assert _compat.mutates(op)
+    assert not _compat.mutates(operator.getitem)
+    fell_back(caplog, "mutates")
+
+
+def test_load_jvp_decompositions_runs_torchs_loader_once_and_silences_its_warning(monkeypatch):
+    import warnings
+
+    calls = []
+
+    def load():
+        calls.append(1)
+        warnings.warn("torch.jit.script is deprecated", FutureWarning, stacklevel=1)
+
+    monkeypatch.setattr(torch.autograd.forward_ad, "_maybe_load_decompositions", load)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compat.load_jvp_decompositions()
+        _compat.load_jvp_decompositions()
+    assert calls == [1]
+
+
+def test_load_jvp_decompositions_falls_back_to_the_first_jvp(monkeypatch, caplog):
+    # torch's own jvp calls the loader too, so nothing here runs a jvp while it is away
+    monkeypatch.delattr(torch.autograd.forward_ad, "_maybe_load_decompositions")
+    assert _compat.load_jvp_decompositions() is None
+    fell_back(caplog, "load_jvp_decompositions")
+
+
+def test_every_fallback_at_once_gives_the_same_gam_direction(monkeypatch, caplog):
+    params, batch = mlp_params(), mlp_batch()
+    est = gamfunc.gam(0.05, 0.1)
+    want, _ = est(params, batch, mlp_loss)
+    for name in ("maybe_current_level", "is_batchedtensor", "get_interpreter_stack"):
+        monkeypatch.delattr(functorch, name)
+    caplog.set_level(logging.WARNING, logger="gamfunc")
+    got, _ = est(params, batch, mlp_loss)
+    assert rel_err(flatten(got), flatten(want)) < 1e-14
+    for name in ("in_transform", "batched_at_any_level"):
+        fell_back(caplog, name)
+
+
+# A private torch name: ``torch._x``, ``torch.a.b._x`` or ``from torch... import _x``; the two that
+# stay where they are used are the foreach kernels and the pytree (see gamfunc._compat).
+PRIVATE = re.compile(r"torch(\.\w+)*\._(?!foreach)[A-Za-z]|from torch[\w.]* import _\w")
+ALLOWED = re.compile(r"torch\.utils\._pytree|from torch\.utils import _pytree")
+
+
+def test_no_module_but_the_door_names_a_private_torch_api():
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{i}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.name != "_compat.py"
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if PRIVATE.search(ALLOWED.sub("", line))
+    ]
+    assert found == []
+
+
+def test_the_pattern_finds_private_names():
+    for line in (
+        "torch._C._functorch.maybe_current_level()",
+        "from torch._inductor.custom_graph_pass import CustomGraphPass",
+        "torch.autograd.forward_ad._maybe_load_decompositions",
+        "from torch.nn.modules.batchnorm import _BatchNorm",
+    ):
+        assert PRIVATE.search(ALLOWED.sub("", line)), line
+    for line in ("torch._foreach_add(a, b)", "torch.utils._pytree.tree_map", "gamfunc._compat"):
+        assert not PRIVATE.search(ALLOWED.sub("", line)), line
