@@ -126,8 +126,9 @@ def test_names_are_shorthands_for_the_default_values():
 def test_a_bad_radius_names_radius(radius):
     with pytest.raises(ValueError, match="radius"):
         hvps.fd(radius=radius)
-    with pytest.raises(ValueError, match="fd_radius" if radius is not None else "hvp"):
-        hvps.get("fd" if radius is not None else radius, fd_radius=radius)
+    if radius is not None:  # fd_radius=None is the default radius
+        with pytest.raises(ValueError, match="fd_radius"):
+            hvps.get("fd", fd_radius=radius)
 
 
 def test_a_backend_value_with_a_radius_that_disagrees_names_fd_radius():
