@@ -84,7 +84,9 @@ def site(tmp_path_factory) -> Path:
         text=True,
         timeout=600,
     )
+    # strict: a broken link, anchor or cross-reference fails the build
     assert out.returncode == 0, out.stderr[-4000:]
+    assert (tmp / "site" / "reference" / "index.html").is_file()
     return tmp / "site"
 
 
