@@ -1,19 +1,21 @@
-"""Gradient accumulation: every gradient and Hessian-vector product of a step is a mean over micro-batches.
+r"""Gradient accumulation: every gradient and Hessian-vector product of a step is a mean over micro-batches.
 
-:class:`Accumulated` is an :class:`~gamfunc.loss.Objective`. Every estimator reaches ∇L only through
-:func:`~gamfunc.loss.gradient_pass` and the backends of :mod:`gamfunc.hvps`, and these delegate to the
+[`Accumulated`][gamfunc.accumulate.Accumulated] is an `Objective`. Every estimator reaches ∇L only through
+`gradient_pass` and the backends of [`gamfunc.hvps`][gamfunc.hvps], and these delegate to the
 Objective. So SAM's two gradients, GAM's H·v products and accelerated GAM's g0..g3 are all
 full-batch quantities, formed one micro-batch at a time, and the estimators are unchanged. With
-micro-batches B_1..B_k of sizes n_i (Σ n_i = N) and a loss that is a mean over examples::
+micro-batches B_1..B_k of sizes n_i (Σ n_i = N) and a loss that is a mean over examples:
 
-    ∇L_B(θ) = Σ_i (n_i/N)·∇L_{B_i}(θ),      H_B(θ)·v = Σ_i (n_i/N)·H_{B_i}(θ)·v
+$$
+\nabla L_B(\theta ) = \sum _i (n_i/N)\cdot \nabla L_{B_i}(\theta ), \qquad H_B(\theta )\cdot v = \sum _i (n_i/N)\cdot H_{B_i}(\theta )\cdot v
+$$
 
 so the accumulated step equals the full-batch step up to rounding. The perturbations (θ + ρ·g/‖g‖,
 θ_adv, ...) are formed from the accumulated g, never from one micro-batch. A v that is a function of g
 (``grad_norm_grad``) is evaluated at the accumulated g first, then H·v is accumulated.
 
 The same class, given a ``reduce`` across ranks, is the ``perturbation="global"`` data parallel of
-:mod:`gamfunc.distributed`: the mean over this rank's micro-batches, then the weighted mean over ranks.
+[`gamfunc.distributed`][gamfunc.distributed]: the mean over this rank's micro-batches, then the weighted mean over ranks.
 
 Warning:
     BatchNorm in train mode normalises each micro-batch with its own statistics (as any gradient
@@ -24,7 +26,7 @@ Warning:
     integer ``num_batches_tracked`` is the first micro-batch's (every integer aux leaf is: they are
     counters equal in every micro-batch; carry per-example quantities such as accuracy as
     floating-point means, which are averaged): one update per step, as
-    :func:`gamfunc.make_step` keeps it, whose running mean is exactly the momentum update with the
+    [`gamfunc.make_step`][gamfunc.make_step] keeps it, whose running mean is exactly the momentum update with the
     full batch's mean (the running variance misses the spread of the micro-batch means). It is also
     what the global data-parallel mode does across ranks, so k micro-batches on one device and k
     ranks keep the same statistics.
@@ -64,15 +66,30 @@ Reduce = Callable[[list, float], list]
 
 
 def split_batch(batch, k: int) -> list:
-    """``batch`` cut into k micro-batches along dim 0 of every tensor (``torch.tensor_split``: sizes
-    differ by at most one); other leaves are repeated in each."""
+    """``batch`` cut into k micro-batches along dim 0 of every tensor.
+
+    Args:
+        batch: a pytree of tensors and other values.
+        k: the number of micro-batches.
+
+    Returns:
+        A list of k pytrees shaped like ``batch``: each tensor with a dimension split by
+        ``torch.tensor_split`` (sizes differ by at most one), every other leaf repeated in each.
+    """
     leaves, spec = pytree.tree_flatten(batch)
     cut = [torch.tensor_split(x, k) if _batched(x) else (x,) * k for x in leaves]
     return [pytree.tree_unflatten([c[i] for c in cut], spec) for i in range(k)]
 
 
 def batch_size(batch) -> int:
-    """The number of examples in ``batch``: dim 0 of its first tensor with at least one dimension, or 1."""
+    """The number of examples in ``batch``: dim 0 of its first tensor with at least one dimension, or 1.
+
+    Args:
+        batch: a pytree of tensors and other values.
+
+    Returns:
+        The size of dim 0 of the first tensor with a dimension; 1 when no tensor has one.
+    """
     for x in pytree.tree_leaves(batch):
         if _batched(x):
             return int(x.shape[0])
@@ -99,20 +116,20 @@ def _floating(x) -> bool:
 class Accumulated(Objective):
     """``loss_fn`` as a mean over ``micro_batches`` micro-batches, optionally also over ranks.
 
-    Build it with :func:`accumulate` (one device) or :func:`gamfunc.distributed.global_mean` (data
+    Build it with [`accumulate`][gamfunc.accumulate.accumulate] (one device) or [`gamfunc.distributed.global_mean`][gamfunc.distributed.global_mean] (data
     parallel). Calling it gives the (weighted) mean loss, and aux where ``loss_fn`` returns one. Step
     state (an fp16 loss scale of ``loss_fn``) is forwarded by the defaults of
-    :class:`~gamfunc.loss.Objective`.
+    `Objective`.
 
     Attributes:
         loss_fn: the loss of one micro-batch: ``loss_fn(params, batch)`` or the buffered form
             ``loss_fn(params, batch, buffers) -> (loss, new_buffers)``; another Objective (e.g. the
-            fp16 loss scale of :func:`gamfunc.precision.fp16`) is fine.
+            fp16 loss scale of [`gamfunc.precision.fp16`][gamfunc.precision.fp16]) is fine.
         micro_batches: k >= 1.
-        split: ``split(batch, k) -> list of k micro-batches``; :func:`split_batch` by default. Each
-            micro-batch is weighted by its :func:`batch_size`.
+        split: ``split(batch, k) -> list of k micro-batches``; [`split_batch`][gamfunc.accumulate.split_batch] by default. Each
+            micro-batch is weighted by its [`batch_size`][gamfunc.accumulate.batch_size].
         reduce: ``reduce(trees, weight) -> trees``, the weighted mean over ranks of a list of pytrees
-            (:func:`gamfunc.distributed.all_reduce_mean`); None on one device.
+            ([`gamfunc.distributed.all_reduce_mean`][gamfunc.distributed.all_reduce_mean]); None on one device.
     """
 
     loss_fn: Callable
@@ -203,17 +220,17 @@ def accumulate(loss_fn: Callable, micro_batches: int, *, split=None) -> Accumula
 
     Every gradient and H·v an estimator forms is Σ_i (n_i/N)·(that quantity on micro-batch i), so a
     step over k micro-batches equals the step over the whole batch (see the module docstring for
-    BatchNorm). Pass the result to :func:`gamfunc.make_step` in place of ``loss_fn``; feed the step
+    BatchNorm). Pass the result to [`gamfunc.make_step`][gamfunc.make_step] in place of ``loss_fn``; feed the step
     the whole batch of N examples, it is cut inside.
 
     Args:
         loss_fn: ``loss_fn(params, batch)`` (a mean over the examples of ``batch``), the buffered
-            form of :func:`gamfunc.nn.functionalize`, or :func:`gamfunc.precision.fp16` of either.
+            form of [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize], or [`gamfunc.precision.fp16`][gamfunc.precision.fp16] of either.
         micro_batches: k >= 1; peak activation memory is that of N/k examples.
-        split: ``split(batch, k) -> list``; default: :func:`split_batch` (dim 0 of every tensor).
+        split: ``split(batch, k) -> list``; default: [`split_batch`][gamfunc.accumulate.split_batch] (dim 0 of every tensor).
 
     Returns:
-        An :class:`Accumulated` Objective.
+        An [`Accumulated`][gamfunc.accumulate.Accumulated] Objective.
 
     Example:
         >>> import torch, gamfunc

@@ -1,10 +1,10 @@
 """A whole step replayed as a CUDA graph: the host's work per step becomes a few copies and a replay.
 
-A step compiled by pass (``scope="pass"``), and any step under :mod:`gamfunc.distributed`, runs its
+A step compiled by pass (``scope="pass"``), and any step under [`gamfunc.distributed`][gamfunc.distributed], runs its
 update, its non-finite guard and its all-reduces eagerly around the compiled passes: hundreds of
 small kernels per step, each launched by the host. On ResNet-50 that host work takes longer than the
 GPU's (benchmarks/RESULTS.md, "Data parallel"), so the GPU waits, and under data parallel each rank
-waits at every all-reduce for the rank whose host was slowest. :func:`cuda_graph` captures each branch
+waits at every all-reduce for the rank whose host was slowest. [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph] captures each branch
 of the step once (compiled passes, eager update, guard and NCCL all-reduces alike; NCCL allows its
 collectives in a graph) and replays it, so that one launch runs the whole step.
 
@@ -16,7 +16,7 @@ the tensors it returns are its own. Parameters and state that the caller passes 
 same tensors, not modified in place since: their version counters say so) are not copied in again;
 the graph itself writes its new parameters and state into its inputs.
 
-Under ``torch.distributed`` with NCCL, :func:`release` the step's graphs before
+Under ``torch.distributed`` with NCCL, [`release`][gamfunc.cuda_graphs.release] the step's graphs before
 ``destroy_process_group()``: NCCL cannot destroy a communicator that a live graph still holds, and
 that call would hang (pytorch/pytorch#115388).
 """
@@ -39,13 +39,13 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
     """``step`` with each of its branches replayed as a CUDA graph (see the module's docstring).
 
     Args:
-        step: a :func:`gamfunc.make_step` step, eager or compiled without CUDA graphs of its own
+        step: a [`gamfunc.make_step`][gamfunc.make_step] step, eager or compiled without CUDA graphs of its own
             (``step.compile(scope="pass")``, or ``scope="step"`` with the default mode); data parallel
             or not. Every tensor it is given must be on one CUDA device.
         warmup: eager calls of each input signature before its capture (at least 1).
 
     Returns:
-        A step of the same configuration; ``init`` is the original's. Under NCCL, :func:`release`
+        A step of the same configuration; ``init`` is the original's. Under NCCL, [`release`][gamfunc.cuda_graphs.release]
         it before ``destroy_process_group()``.
 
     Raises:
@@ -54,13 +54,15 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
         RuntimeError: the capture failed; the message says what a step captured in a graph must not
             do (read a value on the host, copy from the host, nest another CUDA graph).
 
-    Example (on a GPU)::
+    Example (on a GPU):
 
-        step = gamfunc.make_step(gamfunc.gam(0.05, 0.1, hvp="fd"), gamfunc.sgd(0.1), loss_fn)
-        step = gamfunc.cuda_graph(step.compile(scope="pass"))
-        state = step.init(params, buffers)
-        for batch in loader:  # drop_last=True: a new batch shape is a new capture
-            params, state, metrics = step(params, state, batch)
+    ```python
+    step = gamfunc.make_step(gamfunc.gam(0.05, 0.1, hvp="fd"), gamfunc.sgd(0.1), loss_fn)
+    step = gamfunc.cuda_graph(step.compile(scope="pass"))
+    state = step.init(params, buffers)
+    for batch in loader:  # drop_last=True: a new batch shape is a new capture
+        params, state, metrics = step(params, state, batch)
+    ```
     """
     if not isinstance(step, Step) or not hasattr(step, "impl"):
         raise TypeError(f"step must be made by gamfunc.make_step; got {type(step).__name__}")
@@ -81,9 +83,17 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
 
 
 def release(step: Step) -> None:
-    """Drop every graph that :func:`cuda_graph` captured for ``step``, and their memory; the next
-    call warms up and captures again. Call it before ``torch.distributed.destroy_process_group()``
-    (see the module's docstring)."""
+    """Drop every graph that [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph] captured for ``step``, and their memory.
+
+    The next call warms up and captures again. Call it before
+    ``torch.distributed.destroy_process_group()`` (see the module's docstring).
+
+    Args:
+        step: a step made by [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph].
+
+    Raises:
+        TypeError: ``step`` was not made by [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph].
+    """
     branches = [getattr(step.impl, name, None) for name in ("full", "plain")]
     graphed = [b for b in branches if isinstance(b, _Graphed)]
     if not graphed:

@@ -3,34 +3,36 @@
 Each rank holds the same parameters and state and steps on its own shard of the global batch. Where
 the ranks' results are averaged decides what the step computes; there are two documented modes:
 
-* ``perturbation="global"`` (:func:`global_mean`): every gradient a perturbation depends on is averaged
+* ``perturbation="global"`` ([`global_mean`][gamfunc.distributed.global_mean]): every gradient a perturbation depends on is averaged
   over ranks before the perturbation is formed: g0 = mean_r ∇L_r(θ), θ + ρ·g0/‖g0‖, and so on for
-  every gradient and H·v of the estimator (an :class:`~gamfunc.accumulate.Accumulated` Objective whose
+  every gradient and H·v of the estimator (an [`Accumulated`][gamfunc.accumulate.Accumulated] Objective whose
   ``reduce`` is an all-reduce). The step equals the single-process step on the concatenated batch.
   Cost: one all-reduce per gradient or H·v (SAM: 2, exact GAM: 4, accelerated GAM: 4).
-* ``perturbation="local"`` (:func:`local`): each rank forms its perturbations from its local gradients
+* ``perturbation="local"`` ([`local`][gamfunc.distributed.local]): each rank forms its perturbations from its local gradients
   (SAM's ε_r = ρ·g_r/‖g_r‖) and only the final direction is averaged, one all-reduce per step. This is
   what the SAM paper's m-sharpness and the authors' GAM code do, and what a DDP model gets when its
-  ``no_sync`` skips the first pass. On one device, :func:`gamfunc.m_sharpness.m_sharpness` computes
+  ``no_sync`` skips the first pass. On one device, [`gamfunc.m_sharpness.m_sharpness`][gamfunc.m_sharpness.m_sharpness] computes
   the same step for m sub-batches.
 
 Averages are weighted by the ranks' batch sizes (equal shards give the plain mean), and BatchNorm
 running statistics (the ``aux`` of the clean pass) are averaged too, so that every rank keeps the same
 state; integer buffers (``num_batches_tracked``) are the same on every rank and are not reduced.
 
-Every reduction goes through :func:`all_reduce_mean`, which flattens the tensors of any number of
+Every reduction goes through [`all_reduce_mean`][gamfunc.distributed.all_reduce_mean], which flattens the tensors of any number of
 pytrees into a few contiguous buffers of at most ``bucket_cap_mb`` each (one per dtype and device
 where they fit) and calls ``torch.distributed.all_reduce`` once per buffer.
 
-Launch with ``torchrun --nproc_per_node N script.py``; in the script::
+Launch with ``torchrun --nproc_per_node N script.py``; in the script:
 
-    from gamfunc.distributed import broadcast, data_parallel
+```python
+from gamfunc.distributed import broadcast, data_parallel
 
-    torch.distributed.init_process_group("nccl")          # "gloo" on CPU
-    params, buffers = broadcast((params, buffers))        # the same start on every rank
-    estimator, loss_fn = data_parallel(estimator, loss_fn, perturbation="global")
-    step = gamfunc.make_step(estimator, optimizer, loss_fn)
-    # feed each rank its own shard (torch.utils.data.DistributedSampler)
+torch.distributed.init_process_group("nccl")          # "gloo" on CPU
+params, buffers = broadcast((params, buffers))        # the same start on every rank
+estimator, loss_fn = data_parallel(estimator, loss_fn, perturbation="global")
+step = gamfunc.make_step(estimator, optimizer, loss_fn)
+# feed each rank its own shard (torch.utils.data.DistributedSampler)
+```
 
 References:
     Foret et al., "Sharpness-Aware Minimization for Efficiently Improving Generalization", ICLR 2021,
@@ -67,8 +69,16 @@ PERTURBATIONS = ("global", "local")
 
 
 def buckets(tensors: list[Tensor], cap_bytes: int) -> list[list[int]]:
-    """Indices of ``tensors`` grouped into buckets: same dtype and device, in order, each at most
-    ``cap_bytes`` (a tensor larger than the cap gets a bucket of its own)."""
+    """Indices of ``tensors`` grouped into the buckets of one all-reduce each.
+
+    Args:
+        tensors: the tensors to reduce, in order.
+        cap_bytes: the largest bucket, in bytes.
+
+    Returns:
+        Lists of indices into ``tensors``, in order: each bucket holds tensors of one dtype and
+        device and at most ``cap_bytes`` (a tensor larger than the cap gets a bucket of its own).
+    """
     out: list[list[int]] = []
     open_: dict[tuple, tuple[list[int], int]] = {}
     for i, t in enumerate(tensors):
@@ -119,8 +129,19 @@ def all_reduce_mean(
 
 
 def broadcast(obj, src: int = 0, *, group=None):
-    """``obj`` (a pytree of tensors) as rank ``src`` holds it, on every rank (new tensors): the same
-    starting parameters and buffers everywhere, as ``DistributedDataParallel`` does at construction."""
+    """``obj`` as rank ``src`` holds it, on every rank.
+
+    The same starting parameters and buffers everywhere, as ``DistributedDataParallel`` does at
+    construction.
+
+    Args:
+        obj: a pytree of tensors (other leaves are kept as they are).
+        src: the rank whose values every rank receives.
+        group: the process group; the default group if None.
+
+    Returns:
+        ``obj`` with every tensor replaced by a new tensor holding rank ``src``'s values.
+    """
     leaves, spec = pytree.tree_flatten(obj)
     out = []
     for x in leaves:
@@ -137,18 +158,18 @@ def global_mean(
     """``perturbation="global"``: ``loss_fn`` as the mean over all ranks' examples.
 
     Every gradient and H·v the estimator asks for is the mean over this rank's ``micro_batches``
-    micro-batches (:mod:`gamfunc.accumulate`), then the size-weighted mean over ranks
-    (:func:`all_reduce_mean`); v(g) is taken at the global g. So each rank computes the direction of
+    micro-batches ([`gamfunc.accumulate`][gamfunc.accumulate]), then the size-weighted mean over ranks
+    ([`all_reduce_mean`][gamfunc.distributed.all_reduce_mean]); v(g) is taken at the global g. So each rank computes the direction of
     the single-process step on the concatenated batch, and all ranks take the same step.
 
     Args:
-        loss_fn: the per-rank loss (two-argument or buffered; :func:`gamfunc.precision.fp16` of it).
+        loss_fn: the per-rank loss (two-argument or buffered; [`gamfunc.precision.fp16`][gamfunc.precision.fp16] of it).
         micro_batches: gradient accumulation on each rank.
         group: the process group; the default group if None.
         bucket_cap_mb: bucket size of the all-reduce.
 
     Returns:
-        An :class:`~gamfunc.accumulate.Accumulated` Objective; give it to :func:`gamfunc.make_step`.
+        An [`Accumulated`][gamfunc.accumulate.Accumulated] Objective; give it to [`gamfunc.make_step`][gamfunc.make_step].
     """
 
     def reduce(trees: list, weight: float) -> list:
@@ -201,19 +222,34 @@ def data_parallel(
     group=None,
     bucket_cap_mb: float = 25.0,
 ) -> tuple[Estimator, Any]:
-    """The ``(estimator, loss_fn)`` pair to give :func:`gamfunc.make_step` for data parallel training.
+    """The ``(estimator, loss_fn)`` pair to give [`gamfunc.make_step`][gamfunc.make_step] for data parallel training.
 
     ``perturbation="global"``: ``(estimator, global_mean(loss_fn))``, the single-process step on the
     concatenated batch. ``perturbation="local"``: ``(local(estimator), loss_fn)``, per-rank
     perturbations and one all-reduce of the direction. See the module docstring.
 
-    Example (run under ``torchrun --nproc_per_node 2``)::
+    Args:
+        estimator: the single-process estimator.
+        loss_fn: this rank's loss (two-argument or buffered).
+        perturbation: "global" or "local".
+        group: the process group; the default group if None.
+        bucket_cap_mb: the largest bucket of an all-reduce, in MiB.
 
-        dist.init_process_group("gloo")
-        est, loss = data_parallel(gamfunc.gam(0.05, 0.1), loss_fn, "global")
-        step = gamfunc.make_step(est, gamfunc.sgd(lr=0.1), loss)
-        params = broadcast(params)
-        params, state, metrics = step(params, step.init(params), my_shard)
+    Returns:
+        ``(estimator, loss_fn)`` for [`gamfunc.make_step`][gamfunc.make_step].
+
+    Raises:
+        ValueError: ``perturbation`` is neither "global" nor "local".
+
+    Example (run under ``torchrun --nproc_per_node 2``):
+
+    ```python
+    dist.init_process_group("gloo")
+    est, loss = data_parallel(gamfunc.gam(0.05, 0.1), loss_fn, "global")
+    step = gamfunc.make_step(est, gamfunc.sgd(lr=0.1), loss)
+    params = broadcast(params)
+    params, state, metrics = step(params, step.init(params), my_shard)
+    ```
     """
     if perturbation == "global":
         return estimator, global_mean(loss_fn, group=group, bucket_cap_mb=bucket_cap_mb)

@@ -1,22 +1,24 @@
 """Many models as one: ``torch.func.vmap`` over a whole training step, for seeds, ensembles and grids.
 
-N members are N copies of the parameters, stacked along a new leading axis (:func:`stack`), each with
+N members are N copies of the parameters, stacked along a new leading axis ([`stack`][gamfunc.ensemble.stack]), each with
 its own step state (optimiser moments, BatchNorm running statistics, step counter) and its own
-hyperparameters. :func:`vmap_step` turns a function that builds one member's step from its
-hyperparameters into one step of all members::
+hyperparameters. [`vmap_step`][gamfunc.ensemble.vmap_step] turns a function that builds one member's step from its
+hyperparameters into one step of all members:
 
-    def build(lr, rho, alpha):           # each argument: a constant schedule t -> this member's value
-        return gamfunc.make_step(gamfunc.gam(rho, alpha), gamfunc.sgd(lr, momentum=0.9), loss_fn)
+```python
+def build(lr, rho, alpha):           # each argument: a constant schedule t -> this member's value
+    return gamfunc.make_step(gamfunc.gam(rho, alpha), gamfunc.sgd(lr, momentum=0.9), loss_fn)
 
-    grid = {"lr": torch.full((9,), 0.05), "rho": rhos.repeat_interleave(3), "alpha": alphas.repeat(3)}
-    ens = gamfunc.ensemble.vmap_step(build, grid)
-    state = ens.init(stacked_params)
-    stacked_params, state, metrics = ens(stacked_params, state, batch)   # metrics[k]: shape (9,)
+grid = {"lr": torch.full((9,), 0.05), "rho": rhos.repeat_interleave(3), "alpha": alphas.repeat(3)}
+ens = gamfunc.ensemble.vmap_step(build, grid)
+state = ens.init(stacked_params)
+stacked_params, state, metrics = ens(stacked_params, state, batch)   # metrics[k]: shape (9,)
+```
 
 Each member's update equals that member's own step (tested against a Python loop over members, every
 estimator and optimiser). A hyperparameter reaches the factories as a constant schedule, so it can be
 any argument that takes a schedule (``lr``, ``rho``, ``alpha``, ``weight_decay`` of both optimisers,
-:func:`gamfunc.gam_accelerated`'s ``rho_prime``, ``alpha``, ``beta`` and ``gamma``, and a schedule built
+[`gamfunc.gam_accelerated`][gamfunc.estimators.gam_accelerated.gam_accelerated]'s ``rho_prime``, ``alpha``, ``beta`` and ``gamma``, and a schedule built
 from them, such as ``lambda t: lr(t) * cosine(t)``); a member whose loss or update is not finite is skipped alone.
 Everything inside the step runs per tensor under ``vmap``, since ``torch._foreach`` kernels have no
 batching rule; outside ``vmap`` the same step keeps its ``_foreach`` kernels.
@@ -41,7 +43,18 @@ __all__ = ["VmappedStep", "stack", "unstack", "vmap_step"]
 
 
 def stack(trees: list) -> Any:
-    """The pytrees ``trees`` (same structure) as one, every tensor stacked along a new axis 0."""
+    """The pytrees ``trees`` as one, every tensor stacked along a new axis 0.
+
+    Args:
+        trees: a non-empty list of pytrees of one structure.
+
+    Returns:
+        One pytree of that structure; each tensor leaf is ``torch.stack`` of the members' leaves,
+        any other leaf the first member's.
+
+    Raises:
+        ValueError: ``trees`` is empty or its pytrees differ in structure.
+    """
     if not trees:
         raise ValueError("stack needs at least one tree")
     leaves, specs = zip(*(pytree.tree_flatten(t) for t in trees), strict=True)
@@ -55,7 +68,17 @@ def stack(trees: list) -> Any:
 
 
 def unstack(tree) -> list:
-    """The members of a stacked pytree: ``unstack(stack(ts))`` gives ``ts`` back."""
+    """The members of a stacked pytree: ``unstack(stack(ts))`` gives ``ts`` back.
+
+    Args:
+        tree: a pytree whose tensors share their size N along axis 0.
+
+    Returns:
+        A list of N pytrees, the i-th holding index i of every tensor.
+
+    Raises:
+        ValueError: the tensors of ``tree`` differ in their leading size.
+    """
     leaves, spec = pytree.tree_flatten(tree)
     sizes = {t.shape[0] for t in leaves if isinstance(t, Tensor)}
     if len(sizes) != 1:
@@ -72,7 +95,7 @@ def _constant(value: Tensor) -> Callable[[Tensor], Tensor]:
 
 
 class VmappedStep:
-    """The step of N members at once; made by :func:`vmap_step`."""
+    """The step of N members at once; made by [`vmap_step`][gamfunc.ensemble.vmap_step]."""
 
     def __init__(
         self, build: Callable[..., Step], hparams: dict[str, Tensor], batch_axis, randomness
@@ -127,7 +150,7 @@ def vmap_step(
     """One training step of N members, each with its own parameters, state and hyperparameters.
 
     Args:
-        build: ``build(**h) -> Step`` (:func:`gamfunc.make_step`) for one member, each ``h[k]`` a
+        build: ``build(**h) -> Step`` ([`gamfunc.make_step`][gamfunc.make_step]) for one member, each ``h[k]`` a
             constant schedule ``t -> value`` to give any factory argument that takes a schedule.
         hparams: ``{name: tensor of N values}``: the members' hyperparameters (a grid flattened, or
             the same value N times for seeds of one setting).
@@ -135,7 +158,7 @@ def vmap_step(
         randomness: ``torch.func.vmap``'s: "error", "same" or "different" (dropout).
 
     Returns:
-        A :class:`VmappedStep`: ``init(params, buffers=None)`` and ``step(params, state, batch)``
+        A [`VmappedStep`][gamfunc.ensemble.VmappedStep]: ``init(params, buffers=None)`` and ``step(params, state, batch)``
         over stacked params and states. ``torch.compile`` it as any function.
 
     Raises:

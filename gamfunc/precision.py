@@ -5,12 +5,12 @@ Parameters, gradients, directions, optimiser state and all tree math stay in the
 every pass of a SAM/GAM step (clean, perturbed, H·v) is a ``loss_fn`` evaluation, each of them is
 autocast, and each perturbation θ + ρ·v is formed in fp32.
 
-* ``bf16``: :func:`bf16` (= :func:`autocast` with ``torch.bfloat16``). bf16 has fp32's exponent
+* ``bf16``: [`bf16`][gamfunc.precision.bf16] (= [`autocast`][gamfunc.precision.autocast] with ``torch.bfloat16``). bf16 has fp32's exponent
   range, so no loss scale is needed.
-* ``fp16``: :func:`fp16`, autocast with ``torch.float16`` and a dynamic loss scale S, as
+* ``fp16``: [`fp16`][gamfunc.precision.fp16], autocast with ``torch.float16`` and a dynamic loss scale S, as
   ``torch.amp.GradScaler``: every gradient (and every H·v) is formed as ∇(S·L) and unscaled once,
   g = ∇(S·L)/S, so that small backward activations do not underflow in fp16. An overflow (an inf or
-  nan anywhere in the step) makes the direction non-finite, and :func:`gamfunc.make_step`'s
+  nan anywhere in the step) makes the direction non-finite, and [`gamfunc.make_step`][gamfunc.make_step]'s
   ``on_nonfinite="skip"`` then leaves parameters, optimiser state and BatchNorm buffers unchanged
   (``metrics["skipped"] = 1``), with no Python branch. S lives in the step state as tensors,
   ``state.loss = LossScale(scale=fp32, growth_tracker=int32)``, and is updated as GradScaler's
@@ -18,22 +18,24 @@ autocast, and each perturbation θ + ρ·v is formed in fp32.
   ``growth_interval`` taken steps in a row; ``metrics["loss_scale"]`` reports it.
 
 Wrap the plain loss first, then accumulate or distribute the result (the loss scale must sit
-innermost, where the loss is differentiated)::
+innermost, where the loss is differentiated):
 
-    from gamfunc.accumulate import accumulate
-    from gamfunc.precision import mixed
+```python
+from gamfunc.accumulate import accumulate
+from gamfunc.precision import mixed
 
-    loss_fn = mixed(loss_fn, "fp16")                             # or "bf16", "fp32"
-    loss_fn = accumulate(loss_fn, 4)                             # optional
-    step = gamfunc.make_step(estimator, optimizer, loss_fn)
-    state = step.init(params, buffers)                           # state.loss: a LossScale for fp16
+loss_fn = mixed(loss_fn, "fp16")                             # or "bf16", "fp32"
+loss_fn = accumulate(loss_fn, 4)                             # optional
+step = gamfunc.make_step(estimator, optimizer, loss_fn)
+state = step.init(params, buffers)                           # state.loss: a LossScale for fp16
+```
 
-Exact H·v (``hvp="exact"``, ``"reverse"``) differentiates the backward pass, so :class:`Autocast` runs
+Exact H·v (``hvp="exact"``, ``"reverse"``) differentiates the backward pass, so [`Autocast`][gamfunc.precision.Autocast] runs
 it under autocast too: with autocast inside the loss alone, forward-mode AD through the backward pass
 meets float32 tangents of bfloat16 values (CUDA autocast's float32 ``log_softmax``, ``softmax``,
 ``layer_norm``; BatchNorm and LayerNorm's float32 weights on any device) and the next matrix product
 fails. Put autocast in these wrappers, not inside ``loss_fn``. BatchNorm inside forward-mode AD is
-handled by :func:`gamfunc.nn.autocast_batchnorm` (applied by :func:`gamfunc.nn.functionalize`).
+handled by [`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm] (applied by [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]).
 
 Warning:
     ``torch.compile`` on CPU (inductor's C++ backend) fails to build reverse-over-reverse
@@ -78,7 +80,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 class Autocast(Objective):
     """``loss_fn`` evaluated under ``torch.autocast``, its loss cast back to the parameters' dtype.
 
-    Built by :func:`autocast` (:func:`bf16`, :func:`fp16`). Gradients are formed as in
+    Built by [`autocast`][gamfunc.precision.autocast] ([`bf16`][gamfunc.precision.bf16], [`fp16`][gamfunc.precision.fp16]). Gradients are formed as in
     ``torch.amp``: the forward pass under autocast, the backward pass outside it, in the dtypes autocast
     chose for the forward operations.
 
@@ -121,7 +123,7 @@ class Autocast(Objective):
 
     def context(self, backend, params: Tree):
         """The context an H·v of ``backend`` runs in: autocast for the backends that differentiate
-        the backward pass (:data:`gamfunc.hvps.SECOND_ORDER`), none for the others."""
+        the backward pass ([`gamfunc.hvps.SECOND_ORDER`][gamfunc.hvps.SECOND_ORDER]), none for the others."""
         if backend not in hvps.SECOND_ORDER:
             return contextlib.nullcontext()
         return torch.autocast(next(iter(params.values())).device.type, dtype=self.dtype)
@@ -132,14 +134,14 @@ def autocast(loss_fn: Callable, dtype: torch.dtype) -> Autocast:
 
     The device type is that of the parameters. Everything outside the call (gradients, tree math,
     optimiser) keeps the parameters' dtype; BatchNorm running statistics stay fp32. Exact H·v runs
-    its backward pass under autocast too (:class:`Autocast`).
+    its backward pass under autocast too ([`Autocast`][gamfunc.precision.Autocast]).
 
     Args:
         loss_fn: ``loss_fn(params, batch, *rest) -> loss`` or ``(loss, aux)``.
         dtype: ``torch.bfloat16`` or ``torch.float16``.
 
     Returns:
-        An :class:`Autocast` Objective.
+        An [`Autocast`][gamfunc.precision.Autocast] Objective.
 
     Example:
         >>> import torch
@@ -159,12 +161,19 @@ def _check_plain(loss_fn) -> None:
 
 
 def bf16(loss_fn: Callable) -> Autocast:
-    """``loss_fn`` under bf16 autocast (:func:`autocast` with ``torch.bfloat16``); no loss scale."""
+    """``loss_fn`` under bf16 autocast, with no loss scale.
+
+    Args:
+        loss_fn: the loss (two-argument or buffered).
+
+    Returns:
+        [`autocast`][gamfunc.precision.autocast] of ``loss_fn`` with ``torch.bfloat16``.
+    """
     return autocast(loss_fn, torch.bfloat16)
 
 
 class LossScale(NamedTuple):
-    """The dynamic loss scale of :func:`fp16`, kept in the step state as ``state.loss``.
+    """The dynamic loss scale of [`fp16`][gamfunc.precision.fp16], kept in the step state as ``state.loss``.
 
     Attributes:
         scale: S, 0-d float32 (GradScaler's ``_scale``).
@@ -185,10 +194,25 @@ def update_scale(
 ) -> LossScale:
     """The dynamic loss scale after one step, as ``torch.amp.GradScaler.update``, without a branch.
 
-    With S = ``scale`` and t = ``growth_tracker``::
+    With S = ``scale`` and t = ``growth_tracker``:
 
-        finite:      t ← t + 1;  if t = growth_interval: S ← S·growth_factor (if finite), t ← 0
-        not finite:  S ← S·backoff_factor,  t ← 0
+    ```text
+    finite:      t ← t + 1;  if t = growth_interval: S ← S·growth_factor (if finite), t ← 0
+    not finite:  S ← S·backoff_factor,  t ← 0
+    ```
+
+    Args:
+        loss_scale: the [`LossScale`][gamfunc.precision.LossScale] before the step.
+        finite: 0-d bool, whether the step's loss, gradients and update were finite.
+        growth_factor: S's factor after ``growth_interval`` finite steps in a row.
+        backoff_factor: S's factor after a step that was not finite.
+        growth_interval: finite steps in a row before S grows.
+
+    Returns:
+        The [`LossScale`][gamfunc.precision.LossScale] after the step.
+
+    Raises:
+        TypeError: ``loss_scale`` is not a [`LossScale`][gamfunc.precision.LossScale].
 
     Example:
         >>> s = LossScale(torch.tensor(8.0), torch.tensor(0, dtype=torch.int32))
@@ -214,7 +238,7 @@ def update_scale(
 class LossScaled(Objective):
     """An fp16 loss whose gradients and H·v are formed from S·L and unscaled once: g = ∇(S·L)/S.
 
-    Built by :func:`fp16`. S is ``scale`` once bound to a step state (:meth:`bind`), else
+    Built by [`fp16`][gamfunc.precision.fp16]. S is ``scale`` once bound to a step state ([`bind`][gamfunc.precision.LossScaled.bind]), else
     ``init_scale``. Calling it gives the unscaled loss.
     """
 
@@ -307,7 +331,7 @@ def fp16(
 
     Every gradient g_j of the step (g0..g3 of accelerated GAM, both of SAM, the H·v of GAM) is
     ∇(S·L)(θ_j)/S with the same S; a step in which any of them overflows is skipped by
-    :func:`gamfunc.make_step` (``on_nonfinite="skip"``, required) and S is halved; S doubles after
+    [`gamfunc.make_step`][gamfunc.make_step] (``on_nonfinite="skip"``, required) and S is halved; S doubles after
     ``growth_interval`` taken steps in a row. The arguments and defaults are those of
     ``torch.amp.GradScaler``.
 
@@ -319,7 +343,7 @@ def fp16(
         growth_interval: taken steps in a row before S grows (integer >= 1).
 
     Returns:
-        A :class:`LossScaled` Objective.
+        A [`LossScaled`][gamfunc.precision.LossScaled] Objective.
 
     Example:
         >>> import torch, gamfunc
@@ -354,8 +378,19 @@ def fp16(
 
 
 def mixed(loss_fn: Callable, precision: str) -> Callable:
-    """``loss_fn`` in ``precision``: "fp32" (unchanged), "bf16" (:func:`bf16`) or "fp16" (:func:`fp16`
-    with GradScaler's defaults). The one call behind a ``--precision`` flag."""
+    """``loss_fn`` in ``precision``: the one call behind a ``--precision`` flag.
+
+    Args:
+        loss_fn: the loss (two-argument or buffered).
+        precision: "fp32", "bf16" or "fp16".
+
+    Returns:
+        ``loss_fn`` itself for "fp32", [`bf16`][gamfunc.precision.bf16] of it for "bf16",
+        [`fp16`][gamfunc.precision.fp16] of it (GradScaler's defaults) for "fp16".
+
+    Raises:
+        ValueError: ``precision`` is none of these.
+    """
     if precision == "fp32":
         return loss_fn
     if precision == "bf16":

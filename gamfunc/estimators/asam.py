@@ -19,6 +19,17 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12) -> Estimator:
     SAM. ρ is ``rho`` (float >= 0 or a schedule; ASAM's ρ is larger than SAM's, 0.5 to 2 in the
     paper), η is ``eta``, ξ is ``eps``. Its info adds ``perturbed_loss`` = L(θ + ε).
 
+    Args:
+        rho: ρ >= 0, the radius of the ascent, or a schedule of the step count.
+        eta: η >= 0, added to |θ| in T.
+        eps: ξ >= 0, added to the norm before dividing.
+
+    Returns:
+        An [`Estimator`][gamfunc.estimators.base.Estimator] named "asam".
+
+    Raises:
+        ValueError: ``rho``, ``eta`` or ``eps`` is negative (naming it).
+
     References:
         Kwon, Kim, Park, Choi, "ASAM: Adaptive Sharpness-Aware Minimization for Scale-Invariant
         Learning of Deep Neural Networks", ICML 2021, https://arxiv.org/abs/2102.11600.
@@ -39,7 +50,7 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12) -> Estimator:
 def adaptive_ascent(params: Tree, v: Tree, rho, eta, eps) -> Tree:
     """θ + ε, ε = ρ·T²v/(‖T v‖ + ξ), T = |θ| + η elementwise: an ascent of radius ρ along v measured
     in the scale of each parameter (ASAM, Kwon et al. 2021, Eq. 8; with η = 0 the ``adaptive=True``
-    perturbation of the GAM authors' code, see :func:`gamfunc.gam`).
+    perturbation of the GAM authors' code, see [`gamfunc.gam`][gamfunc.estimators.gam.gam]).
 
     ``rho`` is ρ (a number or 0-d tensor), ``eta`` η, ``eps`` ξ; T is taken at ``params``.
     """

@@ -17,6 +17,10 @@ def clean_info(clean: Pass) -> dict:
 def gradient() -> Estimator:
     """The gradient of the loss, direction = ∇L(θ).
 
+    Returns:
+        An [`Estimator`][gamfunc.estimators.base.Estimator] named "gradient", with no
+        hyperparameters.
+
     Example:
         >>> import torch, gamfunc
         >>> loss_fn = lambda p, x: (p["w"] * x).pow(2).sum()

@@ -3,7 +3,7 @@
 matplotlib is an optional dependency (``pip install gamfunc[plot]``), imported only when a function
 here is called. Every function builds a ``matplotlib.figure.Figure`` without pyplot (no global
 state, no display needed), writes it as a PNG when given a ``path``, and returns it;
-:func:`log_figure` sends one to TensorBoard.
+[`log_figure`][gamfunc.metrics.plot.log_figure] sends one to TensorBoard.
 
 Example:
     >>> import torch
@@ -58,10 +58,10 @@ def plot_landscape(
     figsize: tuple[float, float] = (5.0, 4.0),
     dpi: int = 120,
 ):
-    """A line plot of a :class:`Landscape1D`, or a contour plot of a :class:`Landscape2D`.
+    """A line plot of a [`Landscape1D`][gamfunc.metrics.plot.Landscape1D], or a contour plot of a [`Landscape2D`][gamfunc.metrics.plot.Landscape2D].
 
     Args:
-        landscape: from :func:`gamfunc.metrics.landscape_1d` or :func:`landscape_2d`.
+        landscape: from [`gamfunc.metrics.landscape_1d`][gamfunc.metrics.landscape_1d] or [`landscape_2d`][gamfunc.metrics.landscape_2d].
         path: where to write the PNG; None writes nothing.
         title: the figure title.
         levels: the number of contour levels (2-D).
@@ -114,7 +114,19 @@ def plot_eigenvalues(
     figsize: tuple[float, float] = (5.0, 3.5),
     dpi: int = 120,
 ):
-    """A histogram of Hessian eigenvalues, e.g. the top 50 (paper Figure 5)."""
+    """A histogram of Hessian eigenvalues, e.g. the top 50 (paper Figure 5).
+
+    Args:
+        values: the eigenvalues, a tensor of any shape.
+        path: where to save the figure; None saves nothing.
+        bins: the histogram's number of bins.
+        title: the figure's title.
+        figsize: the figure's size in inches.
+        dpi: its resolution.
+
+    Returns:
+        The matplotlib Figure.
+    """
     fig = _figure_class()(figsize=figsize, dpi=dpi)
     ax = fig.add_subplot()
     ax.hist(_numpy(values.reshape(-1)), bins=bins, color="tab:blue", edgecolor="k", lw=0.5)
@@ -133,7 +145,18 @@ def plot_minima_density(
     figsize: tuple[float, float] = (5.0, 3.5),
     dpi: int = 120,
 ):
-    """How many directions show 0, 1, 2, … local minima and maxima within ρ (paper Figure 3)."""
+    """How many directions show 0, 1, 2, … local minima and maxima within ρ (paper Figure 3).
+
+    Args:
+        density: from [`minima_density`][gamfunc.metrics.minima.minima_density].
+        path: where to save the figure; None saves nothing.
+        title: the figure's title.
+        figsize: the figure's size in inches.
+        dpi: its resolution.
+
+    Returns:
+        The matplotlib Figure.
+    """
     fig = _figure_class()(figsize=figsize, dpi=dpi)
     ax = fig.add_subplot()
     minima, maxima = _numpy(density.minima), _numpy(density.maxima)
@@ -152,8 +175,13 @@ def plot_minima_density(
 def log_figure(writer, tag: str, figure, step: int | None = None, **plot_kwargs) -> None:
     """Add a figure to a ``torch.utils.tensorboard.SummaryWriter`` (``writer.add_figure``).
 
-    ``figure`` is a matplotlib Figure, or a landscape (drawn by :func:`plot_landscape` with
-    ``plot_kwargs``).
+    Args:
+        writer: a ``SummaryWriter``.
+        tag: the figure's tag in TensorBoard.
+        figure: a matplotlib Figure, or a landscape, drawn by
+            [`plot_landscape`][gamfunc.metrics.plot.plot_landscape] with ``plot_kwargs``.
+        step: the global step to log it at.
+        **plot_kwargs: for [`plot_landscape`][gamfunc.metrics.plot.plot_landscape].
     """
     if isinstance(figure, Landscape1D | Landscape2D):
         figure = plot_landscape(figure, **plot_kwargs)
