@@ -77,7 +77,11 @@ Vector = Tree | Callable[[Tree], Tree]
 
 def math_attention():
     """A context that routes scaled-dot-product attention to the math kernel, the one with double
-    backward and forward-mode AD (a no-op where torch has no ``sdpa_kernel``)."""
+    backward and forward-mode AD.
+
+    Returns:
+        The context manager (one that does nothing where torch has no ``sdpa_kernel``).
+    """
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:  # pragma: no cover - torch < 2.3
@@ -291,13 +295,28 @@ def of_gradient(v: Vector) -> bool:
 
     The one test of the vector protocol that every backend and every wrapper (:mod:`gamfunc.accumulate`,
     :mod:`gamfunc.precision`, :mod:`gamfunc.regional`) uses: ``isinstance(v, dict)``, because dynamo
-    on torch 2.11 cannot trace ``callable`` of a dict."""
+    on torch 2.11 cannot trace ``callable`` of a dict.
+
+    Args:
+        v: a vector (a dict shaped like the parameters) or a function of the gradient.
+
+    Returns:
+        True for a function of the gradient.
+    """
     return not isinstance(v, dict)
 
 
 def resolve(v: Vector, p: Pass) -> tuple[Tree, Pass]:
-    """``(v, p)`` for a fixed v; ``(v(g), p)`` for a function of g = ``p.grad``. A :class:`Normalized`
-    v leaves the norm it takes in the returned pass, so that ‖g‖ is computed once."""
+    """The vector ``v`` at the pass ``p``: v itself, or v(g) for a function of g = ``p.grad``.
+
+    Args:
+        v: a vector or a function of the gradient.
+        p: the pass at θ.
+
+    Returns:
+        ``(v, p)`` for a fixed v; ``(v(g), p)`` for a function of g. A :class:`Normalized` v leaves
+        the norm it takes in the returned pass, so that ‖g‖ is computed once.
+    """
     if not of_gradient(v):
         return v, p
     if isinstance(v, Normalized):
@@ -306,8 +325,15 @@ def resolve(v: Vector, p: Pass) -> tuple[Tree, Pass]:
 
 
 def read_through(v: Vector, fn: Callable[[Tree], Tree]) -> Vector:
-    """v(fn(g)): a function of the gradient that reads g through ``fn`` (for example a loss scale
-    taken off); a fixed v is returned as it is."""
+    """v(fn(g)): a function of the gradient that reads g through ``fn``.
+
+    Args:
+        v: a vector or a function of the gradient.
+        fn: a map of gradients (for example a loss scale taken off).
+
+    Returns:
+        ``g -> v(fn(g))`` for a function of the gradient; a fixed v as it is.
+    """
     return (lambda g: v(fn(g))) if of_gradient(v) else v
 
 
