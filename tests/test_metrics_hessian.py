@@ -376,3 +376,17 @@ def test_the_callback_sees_every_chunk_of_trace_probes_and_can_stop_it():
 
 def _raise(done):
     raise _Stop
+
+
+def test_a_radius_given_twice_must_agree():
+    params, batch = mlp(CLS), classification_batch()
+    fd = gamfunc.hvps.fd(radius=1e-2)
+    by_value = metrics.top_eigenvalues(params, batch, tanh_ce, k=1, hvp=fd, iters=20)
+    by_name = metrics.top_eigenvalues(
+        params, batch, tanh_ce, k=1, hvp="fd", fd_radius=1e-2, iters=20
+    )
+    assert torch.equal(by_value, by_name)
+    with pytest.raises(ValueError, match="fd_radius"):
+        metrics.top_eigenvalues(params, batch, tanh_ce, hvp=fd, fd_radius=1e-3)
+    with pytest.raises(ValueError, match="fd_radius"):
+        metrics.hessian_trace(params, batch, tanh_ce, hvp=fd, fd_radius=1e-3)

@@ -74,7 +74,7 @@ def rademacher(n: int, generator: torch.Generator, like: Tensor) -> Tensor:
     return (2 * bits - 1).to(device=like.device, dtype=like.dtype)
 
 
-def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float = 1e-3):
+def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float | None = None):
     """``v -> H(θ)·v`` at the fixed point θ = ``params``, for dict-shaped v (vmap-able).
 
     ``hvp`` is a backend of :mod:`gamfunc.hvps` or its name (:func:`gamfunc.hvps.get`). For ``reverse()`` the
@@ -83,7 +83,7 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float = 
     a forward, a backward and that pass (the graph is kept in memory meanwhile). ``fd(radius=r)`` computes
     ∇L(θ) once and rescales v to unit norm, so that the radius r is a distance in parameter space.
     """
-    backend = hvp if callable(hvp) else hvps.get(hvp, fd_radius)
+    backend = hvps.get(hvp, fd_radius)
     if isinstance(backend, hvps.Reverse) and not isinstance(loss, Objective):
         with hvps.math_attention():
             _g, pullback, _aux = torch.func.vjp(grad_fn(loss, batch), params, has_aux=True)

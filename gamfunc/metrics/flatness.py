@@ -51,7 +51,7 @@ def first_order_flatness(
     lr: float = 1.0,
     init: str = "auto",
     hvp="reverse",
-    fd_radius: float = 1e-3,
+    fd_radius: float | None = None,
     eps: float = 1e-12,
     generator: torch.Generator | None = None,
     return_point: bool = False,
@@ -76,7 +76,7 @@ def first_order_flatness(
         init: "auto", "gradient", "eigenvector" or "random" (module doc).
         hvp: "reverse" (default, reverse-over-reverse), "exact" (forward-over-reverse) or "fd"
             (:mod:`gamfunc.hvps`), or a backend function.
-        fd_radius: r for ``hvp="fd"``.
+        fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
         eps: ξ.
         generator: randomness of the start; None uses a generator seeded with 0.
         return_point: also return the maximiser θ' found.
@@ -102,7 +102,7 @@ def first_order_flatness(
     check_params(params)
     _check(rho, steps, lr, init)
     loss = bound_loss(loss_fn, buffers, mode)
-    backend = hvp if callable(hvp) else hvps.get(hvp, fd_radius)
+    backend = hvps.get(hvp, fd_radius)
 
     def value_and_ascent(point: Tree, need_ascent: bool):
         if not need_ascent:
@@ -128,7 +128,7 @@ def zeroth_order_flatness(
     lr: float = 1.0,
     init: str = "auto",
     hvp="reverse",
-    fd_radius: float = 1e-3,
+    fd_radius: float | None = None,
     eps: float = 1e-12,
     generator: torch.Generator | None = None,
     return_point: bool = False,

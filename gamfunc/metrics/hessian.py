@@ -59,7 +59,7 @@ def top_eigenvalues(
     *,
     method: str = "lanczos",
     hvp="reverse",
-    fd_radius: float = 1e-3,
+    fd_radius: float | None = None,
     return_eigenvectors: bool = False,
     buffers=None,
     mode: str = "eval",
@@ -95,7 +95,7 @@ def top_eigenvalues(
             "exact" (forward-over-reverse, no graph kept between products), "fd" (finite
             difference of radius ``fd_radius``; Lanczos may then stop at ``iters`` rather than
             ``tol``), or a backend function of :mod:`gamfunc.hvps`.
-        fd_radius: r for ``hvp="fd"``.
+        fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
         return_eigenvectors: also return the unit eigenvectors, as a list of k dicts.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
         mode: "eval" (running statistics; PyHessian and the paper's Section 5.4 measure in eval
@@ -267,7 +267,7 @@ def hessian_trace(
     generator: torch.Generator | None = None,
     *,
     hvp="reverse",
-    fd_radius: float = 1e-3,
+    fd_radius: float | None = None,
     chunk_size: int | None = 10,
     return_stderr: bool = False,
     buffers=None,
@@ -290,7 +290,7 @@ def hessian_trace(
         generator: draws the probes; None uses a generator seeded with 0.
         hvp: "reverse" (default; one linearisation shared by all probes), "exact" or "fd", or a
             backend function (see :func:`top_eigenvalues`).
-        fd_radius: r for ``hvp="fd"``.
+        fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
         chunk_size: probes per vmap call.
         return_stderr: also return the standard error.
         buffers, mode: BatchNorm handling, as :func:`top_eigenvalues`; the paper (Section 5.4,
