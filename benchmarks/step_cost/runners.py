@@ -1,7 +1,6 @@
 """Runners: one object per timed row, called once per training step.
 
-Every runner has ``__call__()`` (one step), ``set_lr(lr)`` (a new learning rate, as a scheduler
-would set it), ``every`` (steps per cycle of its every-k schedule) and ``compiled``.
+Every runner has ``__call__()`` (one step), ``every`` (steps per cycle of its every-k schedule) and ``compiled``.
 """
 
 from __future__ import annotations
@@ -13,10 +12,9 @@ import torch
 import torch.nn.functional as F
 
 import gamfunc
-from benchmarks.stepcost.authors_gam import AuthorsGAM
-from benchmarks.stepcost.methods import ACCELERATED, AUTHORS, BASELINE, rho_at
+from benchmarks.step_cost.authors_gam import AuthorsGAM
+from benchmarks.step_cost.methods import ACCELERATED, AUTHORS, BASELINE, rho_at, rho_schedule
 from gamfunc.loss import gradient_pass
-from gamfunc.optim.base import with_hyper
 
 
 def autocast(device: torch.device, dtype: str):
@@ -62,10 +60,6 @@ class TorchSGD:
         loss.backward()
         self.opt.step()
 
-    def set_lr(self, lr):
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-
 
 class AuthorsStep:
     """The authors' GAM optimiser (:class:`.authors_gam.AuthorsGAM`) around
@@ -94,10 +88,6 @@ class AuthorsStep:
     def __call__(self):
         self.opt.step(self.closure)
 
-    def set_lr(self, lr):
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-
 
 class Functional:
     """A ``gamfunc.make_step`` step on ``gamfunc.nn.functionalize(model)``'s loss, eager or compiled
@@ -121,12 +111,6 @@ class Functional:
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         self.params, self.state, _ = self.fn(self.params, self.state, self.batch)
-
-    def set_lr(self, lr):
-        # A new 0-d tensor for a constant lr: how a scheduler drives the step without recompiling.
-        old = self.state.opt.lr
-        new = torch.tensor(lr, dtype=old.dtype, device=old.device)
-        self.state = self.state._replace(opt=with_hyper(self.state.opt, lr=new))
 
 
 def gradient_eval(loss_fn):
@@ -169,9 +153,6 @@ class GradEval:
             torch.compiler.cudagraph_mark_step_begin()
         self.grads, _ = self.fn(self.params, self.batch, self.buffers)
 
-    def set_lr(self, lr):
-        pass  # no optimiser
-
 
 def runner_factory(method, mode, g, methods, a, device):
     """A function that builds the runner of ``method`` in ``mode`` on the prepared group ``g``
@@ -186,7 +167,9 @@ def runner_factory(method, mode, g, methods, a, device):
             g.loss_fn, g.params, g.buffers, g.batch, mode, impl, a.inductor_options
         )
     m = methods[method]
-    opt = gamfunc.sgd(lr=a.lr, momentum=0.9)
+    # lr and ρ follow schedules that change at every step, so the recompile check sees what a
+    # scheduled training run feeds the compiled step.
+    opt = gamfunc.sgd(lr=rho_schedule(a.lr), momentum=0.9)
     step = gamfunc.make_step(
         m.estimator, opt, g.loss_fn, every=m.every, base=m.base, on_nonfinite=a.on_nonfinite
     )

@@ -1,13 +1,14 @@
 """Every estimator in every precision through the public API, each step against float64: the GPU check.
 
-One command on a CUDA machine (about 8 minutes on one H100)::
+``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 5 to 8 minutes on one
+H100), one test per case; this module is its machinery, and ``python tests/gpu_check.py --group
+MODEL:PRECISION:MODE`` is one of its worker processes.
 
-    python benchmarks/gpu_check.py --out gpu_check.json
-
-Cases: every estimator (gradient, SAM, ASAM, GNP, GAM exact / reverse / finite difference, SAM + GAM,
-accelerated GAM) × {fp32, bf16 (:func:`gamfunc.precision.bf16`)} × {a CIFAR ResNet with BatchNorm in
-channels-last, a small ViT} × {eager, ``scope="pass"`` with CUDA graphs (``mode="reduce-overhead"``),
-``scope="step"``, the eager step replayed as one CUDA graph (:func:`gamfunc.cuda_graph`)}, plus the vmapped ensemble and the ``torch.optim`` facade on the device.
+Cases: the estimators of :data:`CHECKED` (built by ``tests/registry.py``'s ``ESTIMATORS``) × {fp32,
+bf16 (:func:`gamfunc.precision.bf16`)} × {a CIFAR ResNet with BatchNorm in channels-last, a small
+ViT} × {eager, ``scope="pass"`` with CUDA graphs (``mode="reduce-overhead"``), ``scope="step"``, the
+eager step replayed as one CUDA graph (:func:`gamfunc.cuda_graph`)}, plus the vmapped ensemble and the
+``torch.optim`` facade on the device.
 
 Each compiled step is called three times from the same parameters and state (CUDA graphs: warm-up,
 recording, replay), and every result is checked after the last call, so a replay that overwrote an
@@ -15,15 +16,13 @@ earlier result is caught. The reference is the same step of the same network in 
 the same device. The relative error of the update ‖Δθ − Δθ₆₄‖/‖Δθ₆₄‖ must stay under the precision's
 tolerance: fp32 (TF32 off) ``1e-4``, the rounding of cuDNN's convolution algorithms with room; bf16
 8·2⁻⁸, eight units of bfloat16's rounding (``tests/test_precision.py`` measures 1–5 units on the CPU);
-finite-difference GAM multiplies gradient rounding by 1 + 2·α·ρ/r, and its tolerance with it. The
-ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a unit on or off, and a finite difference
-or a perturbed gradient is then not a rounding away from its float64 value.
+a finite-difference H·v multiplies gradient rounding by 1 + 2·α·ρ/r, and its tolerance with it
+(:func:`amplification`). The ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a unit on
+or off, and a finite difference or a perturbed gradient is then not a rounding away from its float64
+value.
 
-Groups of cases (model, precision, mode) run in worker processes in parallel, so their compiles
-overlap (every whole-step case is a group of its own); ``--time_limit`` marks the cases of a group not started by then as not run. It prints one
-line per case and a summary, writes the JSON (``--out``), and exits 1 if any case failed.
-
-On the CPU (``--device cpu``) it runs the eager cases, the check's own test.
+Groups of cases (model, precision, mode) run in worker processes in parallel (:func:`run_all`), so
+their compiles overlap; every whole-step case is a group of its own.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import argparse
 import copy
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -40,49 +38,80 @@ import time
 import traceback
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+for _path in (HERE.parent, HERE):  # a worker, run as a script: gamfunc, reproduce and registry
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-import torch
+import torch  # noqa: E402
+from registry import ESTIMATORS  # noqa: E402
 
-import gamfunc
-from gamfunc import tree
-from gamfunc.precision import bf16
-from gamfunc.regional import compile_passes
-from reproduce.run.report import dumps, write_json
+import gamfunc  # noqa: E402
+from gamfunc import tree  # noqa: E402
+from gamfunc.precision import bf16  # noqa: E402
+from gamfunc.regional import compile_passes  # noqa: E402
+from reproduce.run.report import dumps  # noqa: E402
 
-__all__ = ["ESTIMATORS", "MODES", "PRECISIONS", "TOLERANCE", "main", "run_group"]
+__all__ = ["CHECKED", "MODES", "PRECISIONS", "TOLERANCE", "cases", "run_all", "run_group"]
 
-ESTIMATORS = {
-    "gradient": lambda: gamfunc.gradient(),
-    "sam": lambda: gamfunc.sam(0.05),
-    "asam": lambda: gamfunc.asam(0.5),
-    "gnp": lambda: gamfunc.gnp(0.1, hvp="exact"),
-    "gam_exact": lambda: gamfunc.gam(0.05, 0.5, hvp="exact"),
-    "gam_reverse": lambda: gamfunc.gam(0.05, 0.5, hvp="reverse"),
-    "gam_fd": lambda: gamfunc.gam(0.05, 0.5, hvp="fd", fd_radius=1e-2),
-    "sam+gam": lambda: gamfunc.gam(0.05, 0.5, hvp="exact", oracle=gamfunc.sam(0.05)),
-    "accelerated": lambda: gamfunc.gam_accelerated(0.05, 0.02, 0.6, 0.4, 0.3),
-}
+# One of each kind of estimator: every H·v backend, each oracle, both accelerated forms' passes.
+CHECKED = (
+    "gradient",
+    "sam",
+    "asam",
+    "gnp_exact",
+    "gam_exact",
+    "gam_reverse",
+    "gam_fd",
+    "sam+gam",
+    "gam_accelerated_paper",
+)
 PRECISIONS = ("fp32", "bf16")
 MODES = ("eager", "pass", "step", "graph")
 MODELS = ("resnet", "vit")
+EXTRAS = (("vit", "fp32", "eager", "ensemble"), ("vit", "bf16", "eager", "ensemble"))
+EXTRAS += (("resnet", "fp32", "eager", "facade"),)
 TOLERANCE = {"fp32": 1e-4, "bf16": 8 * 2.0**-8}
-# Finite differences take the difference of two rounded gradients, divide it by r and scale it by
-# α·ρ: gradient rounding reaches the update multiplied by 1 + 2·α·ρ/r (gam_fd: 1 + 2·0.025/0.01 = 6).
-AMPLIFICATION = {"gam_fd": 1 + 2 * 0.5 * 0.05 / 1e-2}
-# Estimators by the seconds their whole-step compile took on an H100 (results/gpu_check_*.json), costliest first.
+# Estimators by the seconds their whole-step compile took on an H100, costliest first.
 STEP_COST = (
     "sam+gam",
     "gam_exact",
     "gam_reverse",
-    "accelerated",
-    "gnp",
+    "gam_accelerated_paper",
+    "gnp_exact",
     "gam_fd",
     "asam",
     "gradient",
     "sam",
 )
+
+
+def amplification(name: str) -> float:
+    """How much an estimator multiplies gradient rounding: 1, or 1 + 2·α·ρ/r for a finite-difference
+    H·v, which takes the difference of two rounded gradients, divides it by r and scales it by α·ρ.
+
+    Args:
+        name: a key of ``ESTIMATORS``.
+
+    Returns:
+        The factor on the precision's tolerance.
+    """
+    h = ESTIMATORS[name]().hparams
+    hvp = h.get("hvp")
+    if not (hvp == "fd" or getattr(hvp, "name", None) == "fd"):
+        return 1.0
+    radius = h.get("fd_radius") or getattr(hvp, "radius", None)
+    return 1 + 2 * float(h["alpha"]) * float(h["rho"]) / float(radius)
+
+
+def cases(device: str = "cuda") -> list[tuple[str, str, str, str]]:
+    """Every case ``(model, precision, mode, estimator)`` of the check on ``device``: all modes on
+    CUDA, the eager ones elsewhere, then the ensemble and facade cases."""
+    modes = MODES if device.startswith("cuda") else ("eager",)
+    grid = [(m, p, mode, e) for mode in modes for m in MODELS for p in PRECISIONS for e in CHECKED]
+    return grid + list(EXTRAS)
+
+
 CALLS = 3  # a compiled step's calls from one state: CUDA graphs warm up, record, replay
 
 
@@ -126,9 +155,7 @@ def reference(model: str, estimator: str, device: torch.device):
     return _update(new, params), float(m["loss"])
 
 
-def run_group(
-    model: str, precision: str, mode: str, device: torch.device, deadline: float, names=ESTIMATORS
-):
+def run_group(model: str, precision: str, mode: str, device: torch.device, names=CHECKED):
     """The rows of one (model, precision, mode) group: each estimator of ``names``, its error against
     float64."""
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -141,9 +168,6 @@ def run_group(
     rows = []
     for name in names:
         row = {"model": model, "precision": precision, "mode": mode, "estimator": name}
-        if time.time() > deadline:
-            rows.append({**row, "status": "not run", "error": "time limit"})
-            continue
         try:
             want, want_loss = reference(model, name, device)
             step = gamfunc.make_step(ESTIMATORS[name](), gamfunc.sgd(lr=0.1, momentum=0.9), loss)
@@ -162,7 +186,7 @@ def run_group(
             row["update_rel_err"] = max(errors)
             row["loss_rel_err"] = max(loss_errors)
             row["skipped"] = max(int(m["skipped"]) for _, _, m in outs)
-            tol = TOLERANCE[precision] * AMPLIFICATION.get(name, 1.0)
+            tol = TOLERANCE[precision] * amplification(name)
             row["tolerance"] = tol
             ok = row["update_rel_err"] < tol and row["loss_rel_err"] < tol and row["skipped"] == 0
             row["status"] = "pass" if ok else "fail"
@@ -267,80 +291,71 @@ def _group_rows(group: str, out: str) -> list[dict]:
     return rows
 
 
-def _worker(args) -> None:
+def _worker(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="one group of the GPU check: its rows as one line")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--group", required=True, help="MODEL:PRECISION:MODE, or extras")
+    ap.add_argument("--estimators", default=",".join(CHECKED))
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
-    deadline = args.deadline
     if args.group == "extras":
         rows = extras(device)
     else:
         model, precision, mode = args.group.split(":")
-        rows = run_group(model, precision, mode, device, deadline, args.estimators.split(","))
+        rows = run_group(model, precision, mode, device, args.estimators.split(","))
     print("ROWS " + dumps(rows, indent=None), flush=True)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", default="", help="JSON file")
-    ap.add_argument(
-        "--workers",
-        type=int,
-        default=max(8, min(16, (os.cpu_count() or 8) - 2)),
-        help="groups run at once (default: the cores less two, 8 to 16)",
-    )
-    ap.add_argument(
-        "--time_limit", type=float, default=420, help="seconds after which no case starts"
-    )
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--estimators", default=",".join(ESTIMATORS))
-    ap.add_argument("--extras", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--modes", default="", help="default: all on CUDA, eager on the CPU")
-    ap.add_argument("--group", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--deadline", type=float, default=0, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.group:
-        _worker(args)
-        return 0
-    modes = args.modes.split(",") if args.modes else (MODES if args.device != "cpu" else ["eager"])
-    names = args.estimators.split(",")
+def groups(device: str, models=MODELS, names=CHECKED, extra: bool = True) -> list[tuple[str, list]]:
+    """The worker groups ``(MODEL:PRECISION:MODE or extras, estimators)``, longest first, so that
+    the pool's workers end together: a group of compiled passes (one compile per new pass, every
+    estimator in turn), then each whole-step case alone, the costliest estimators first, then the
+    CUDA-graph and eager groups."""
+    modes = MODES if device.startswith("cuda") else ("eager",)
 
-    # Longest first, so that the pool's workers end together: a group of compiled passes (one
-    # compile per new pass, every estimator in turn), then each whole-step case in a group of its
-    # own, the costliest estimators first, then the eager groups.
     def parts(mode):
         if mode != "step":
-            return [names]
-        return [
-            [n] for n in sorted(names, key=lambda n: STEP_COST.index(n) if n in STEP_COST else 0)
-        ]
+            return [list(names)]
+        cost = sorted(names, key=lambda n: STEP_COST.index(n) if n in STEP_COST else 0)
+        return [[n] for n in cost]
 
     order = [m for m in ("pass", "step", "graph", "eager") if m in modes]
-    groups = [
+    found = [
         (f"{m}:{p}:{mode}", part)
         for mode in order
         for part in parts(mode)
-        for m in args.models.split(",")
+        for m in models
         for p in PRECISIONS
     ]
-    groups += [("extras", names)] if args.extras else []
-    start = time.time()
-    deadline = start + args.time_limit
+    return found + ([("extras", list(names))] if extra else [])
+
+
+def run_all(device: str = "cuda", workers: int | None = None, **selection) -> list[dict]:
+    """Every case of the check, each group in a worker process, ``workers`` at a time.
+
+    Args:
+        device: where the steps run.
+        workers: groups at once (default: the cores less two, 8 to 16).
+        **selection: ``models``, ``names``, ``extra`` of :func:`groups`.
+
+    Returns:
+        One row per case: model, precision, mode, estimator, ``status`` (``pass`` or ``fail``),
+        the errors against float64 and the tolerance, or the error that ended the case.
+    """
+    workers = workers or max(8, min(16, (os.cpu_count() or 8) - 2))
     env = {
         **os.environ,
         "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "2"),
     }
     logs = Path(tempfile.mkdtemp(prefix="gpu_check_"))
-    pending, running, rows = list(groups), [], []
+    pending, running, rows = groups(device, **selection), [], []
     while pending or running:
-        while pending and len(running) < args.workers:
+        while pending and len(running) < workers:
             g, part = pending.pop(0)
-            cmd = [sys.executable, __file__, "--device", args.device, "--group", g]
+            cmd = [sys.executable, __file__, "--device", device, "--group", g]
             cmd += ["--estimators", ",".join(part)]
-            name = f"{g.replace(':', '_')}_{part[0]}.log"
-            log = open(logs / name, "w+")  # noqa: SIM115 - closed below
-            proc = subprocess.Popen(
-                [*cmd, "--deadline", str(deadline)], stdout=log, stderr=subprocess.STDOUT, env=env
-            )
+            log = open(logs / f"{g.replace(':', '_')}_{part[0]}.log", "w+")  # noqa: SIM115
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             running.append((g, proc, log))
         done = [r for r in running if r[1].poll() is not None]
         if not done:
@@ -349,26 +364,10 @@ def main(argv=None) -> int:
         for g, proc, log in done:
             running.remove((g, proc, log))
             log.seek(0)
-            out = log.read()
+            rows += _group_rows(g, log.read())
             log.close()
-            rows += _group_rows(g, out)
-    counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "fail", "not run")}
-    summary = {
-        "device": torch.cuda.get_device_name()
-        if args.device.startswith("cuda")
-        else platform.processor(),
-        "torch": torch.__version__,
-        "seconds": round(time.time() - start, 1),
-        **counts,
-    }
-    print(
-        f"gpu_check: {counts['pass']} passed, {counts['fail']} failed, {counts['not run']} not run "
-        f"in {summary['seconds']} s on {summary['device']} (torch {summary['torch']})"
-    )
-    if args.out:
-        write_json(args.out, {"summary": summary, "rows": rows})
-    return 1 if counts["fail"] else 0
+    return rows
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _worker()

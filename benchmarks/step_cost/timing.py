@@ -51,6 +51,29 @@ def cudagraph_skips() -> int:
     return counters["inductor"]["cudagraph_skips"]
 
 
+def _compile_timings() -> dict[str, list[float]]:
+    """The compiler's per-phase seconds in this process so far (empty where torch keeps none)."""
+    from torch._dynamo import utils
+
+    return getattr(utils, "compilation_time_metrics", {})
+
+
+def compile_phases(before: dict[str, int], top: int = 10) -> dict[str, dict]:
+    """Where a compile spent its time: the ``top`` compiler phases by seconds since ``before``.
+
+    Args:
+        before: ``{phase: calls}`` of :func:`_compile_timings` taken before the compile.
+        top: how many phases to keep.
+
+    Returns:
+        ``{phase: {"s": seconds, "calls": calls}}``, costliest first; phases nest, so a phase's
+        seconds include those of the phases inside it.
+    """
+    new = {k: v[before.get(k, 0) :] for k, v in _compile_timings().items()}
+    ranked = sorted(((k, v) for k, v in new.items() if v), key=lambda kv: -sum(kv[1]))[:top]
+    return {k: {"s": round(sum(v), 2), "calls": len(v)} for k, v in ranked}
+
+
 def setup(row, make_runner, a, device, batch_bytes):
     """Build a runner, time its first call(s) (the compile), warm it up, count recompiles as lr and ρ
     change at every step, and measure its peak memory. Fills ``row``; returns the runner."""
@@ -62,11 +85,14 @@ def setup(row, make_runner, a, device, batch_bytes):
     skips0 = cudagraph_skips()
     runner = make_runner()
     first_calls = 2 if runner.every > 1 and runner.compiled else 1  # both branches compile
+    before = {k: len(v) for k, v in _compile_timings().items()}
     t = time.perf_counter()
     for _ in range(first_calls):
         runner()
     sync(device)
     row["compile_s" if runner.compiled else "first_call_s"] = time.perf_counter() - t
+    if runner.compiled:
+        row["compile_phases"] = compile_phases(before)
     if a.compile_only:
         return runner
     if device.type == "cuda":  # what compiling and autotuning allocated is not the step's
@@ -76,10 +102,8 @@ def setup(row, make_runner, a, device, batch_bytes):
     if runner.compiled:  # over a full cycle of `every`, so that both branches run again
         check = max(a.recompile_steps, runner.every + 1 if runner.every > 1 else 0)
         graphs = dynamo_graphs()
-        for i in range(check):
-            runner.set_lr(a.lr * (1 + 0.01 * (i + 1)))
+        for _ in range(check):  # lr and ρ move along their schedules at every step
             runner()
-        runner.set_lr(a.lr)
         row["recompiles"] = dynamo_graphs() - graphs
         row["cudagraph_skips"] = cudagraph_skips() - skips0
     sync(device)

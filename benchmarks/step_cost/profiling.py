@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.stepcost.timing import steps_per_sample, sync
+from benchmarks.step_cost.timing import steps_per_sample, sync
 
 TOP = 15  # kernels (CUDA) or aten ops (CPU) kept per profiled method
 NAME_CHARS = 80

@@ -12,20 +12,20 @@ from pathlib import Path
 import torch
 
 import gamfunc
-from benchmarks.stepcost.group import compile_jobs, run_group
-from benchmarks.stepcost.methods import BASELINE, METHODS, every_ok
-from benchmarks.stepcost.models import MODELS, split_precision
-from benchmarks.stepcost.pool import Precompiler, run_cache_dir
-from benchmarks.stepcost.report import metadata, table, vs_fp32
-from benchmarks.stepcost.timing import release
-from reproduce.run.report import write_json
+from benchmarks import _common
+from benchmarks.step_cost.group import compile_jobs, run_group
+from benchmarks.step_cost.methods import BASELINE, METHODS, every_ok
+from benchmarks.step_cost.models import MODELS, split_precision
+from benchmarks.step_cost.pool import Precompiler, run_cache_dir
+from benchmarks.step_cost.report import metadata, table, vs_fp32
+from benchmarks.step_cost.timing import release
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # first jvp, from torch._decomp
 warnings.filterwarnings("ignore", message=".*Profiler clears events.*")  # --profile, torch 2.11
 
 DESCRIPTION = (
     "Step cost of every gamfunc estimator against an eager torch.optim SGD step, the compiled "
-    "gradient step and the authors' GAM optimiser (benchmarks/README.md)."
+    "gradient step and the authors' GAM optimiser, in the same process (benchmarks/README.md)."
 )
 
 
@@ -98,8 +98,8 @@ def parse(argv=None):
     p.add_argument("--block", type=int, default=None, help="steps per timed sample")
     p.add_argument("--recompile-steps", type=int, default=3, help="steps with a new lr each")
     p.add_argument("--batch-size", type=int, default=None, help="default: the model's")
-    p.add_argument("--device", default=None, help="default: cuda if available (cpu with --tiny)")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads (--tiny: 1)")
+    p.add_argument("--device", default=None, help="default: cuda if available (cpu with --quick)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (--quick: 1)")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--rho", type=float, default=0.05, help="peak of ρ's cosine schedule")
     p.add_argument("--alpha", type=float, default=0.1)
@@ -151,11 +151,10 @@ def parse(argv=None):
         action="store_true",
         help="gamfunc steps with BatchNorm/LayerNorm in elementary ops (gamfunc.nn.elementary_norms)",
     )
-    p.add_argument("--tiny", action="store_true", help="tiny model, batch 4, CPU, seconds")
     p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # workers
-    p.add_argument("--out", default=None, help="JSON output path (its folder is created)")
+    _common.add_flags(p)
     a = p.parse_args(argv)
-    tiny = a.tiny
+    tiny = a.quick  # the tiny model, batch 4, eager, on the CPU: seconds
     a.model = a.model or (["tiny"] if tiny else ["resnet18"])
     a.modes = a.modes or (["eager"] if tiny else ["eager", "compile"])
     a.repeats = a.repeats or (2 if tiny else 5)
@@ -213,8 +212,6 @@ def main(argv=None) -> dict:
         torch._dynamo.config.recompile_limit, a.recompile_limit
     )
     meta = metadata(a, device)
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     pool = None
     if a.compile_jobs > 0 and not a.compile_only:  # workers' logs and caches; a fresh cache here
         root = Path(tempfile.mkdtemp(prefix="step_cost_"))
@@ -227,11 +224,10 @@ def main(argv=None) -> dict:
         ]
         pool = Precompiler(a, jobs, root, Path(meta["inductor_cache_dir"]))
     rows = []
-    result = {"meta": meta, "rows": rows}
+    result = {"benchmark": "step_cost", "meta": meta, "rows": rows}
 
     def save(partial=()):  # after every phase, so that a run cut short keeps what it measured
-        if a.out:
-            write_json(a.out, {**result, "rows": rows + list(partial)})
+        _common.save({**result, "rows": rows + list(partial)}, a.out)
 
     try:
         for model_name in a.model:
@@ -245,6 +241,7 @@ def main(argv=None) -> dict:
             pool.close()
     if not a.compile_only:
         header = f"{meta['device_name']}, torch {meta['torch']}, {meta['date']}"
+        header += f"; JSON: {_common.out_path(a.out, meta)}"
         if a.inductor_options:
             header += "; inductor " + ", ".join(f"{k}={v!r}" for k, v in a.inductor_options.items())
         print(f"\n{header}\n")

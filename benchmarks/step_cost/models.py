@@ -62,7 +62,7 @@ def build_model(name: str) -> tuple[nn.Module, str]:
     """The network ``name`` and where it came from (``reproduce.models`` or a torchvision fallback)."""
     spec = MODELS[name]
     if name == "tiny":
-        return TinyNet(spec.num_classes), "benchmarks.stepcost.models.TinyNet"
+        return TinyNet(spec.num_classes), "benchmarks.step_cost.models.TinyNet"
     try:
         from reproduce.models import build_model as reproduce_build
     except ImportError:

@@ -7,12 +7,12 @@ import statistics
 
 import torch
 
-from benchmarks.stepcost.methods import BASELINE, EAGER_ROWS, build_methods, method_names
-from benchmarks.stepcost.models import prepare
-from benchmarks.stepcost.profiling import profile_steps, profile_summary
-from benchmarks.stepcost.report import ratios
-from benchmarks.stepcost.runners import runner_factory
-from benchmarks.stepcost.timing import interleaved, log, setup
+from benchmarks.step_cost.methods import BASELINE, EAGER_ROWS, build_methods, method_names
+from benchmarks.step_cost.models import prepare
+from benchmarks.step_cost.profiling import profile_steps, profile_summary
+from benchmarks.step_cost.report import ratios
+from benchmarks.step_cost.runners import runner_factory
+from benchmarks.step_cost.timing import interleaved, log, setup
 
 
 def plan(a) -> list[tuple[str, str]]:

@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import gamfunc  # noqa: E402
-from benchmarks.stepcost.timing import time_steps  # noqa: E402
+from benchmarks.step_cost.timing import time_steps  # noqa: E402
 from gamfunc import tree  # noqa: E402
 from gamfunc.compile import compile_with, fresh  # noqa: E402
 from gamfunc.hvps import math_attention  # noqa: E402

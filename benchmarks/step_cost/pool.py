@@ -1,7 +1,7 @@
 """``--compile-jobs N``: cold compiles in N parallel worker processes, so that the timing process
 compiles from warm caches.
 
-Each worker is ``benchmarks/step_cost.py --compile-only`` for one (model, precision, mode, method)
+Each worker is ``python -m benchmarks.step_cost --compile-only`` for one (model, precision, mode, method)
 with an inductor cache directory of its own, empty (``TORCHINDUCTOR_CACHE_DIR``, Triton's cache
 inside it): its compile time is a cold compile, never helped by an earlier run or by a worker beside
 it that compiled the same pass. When it ends, its cache is copied into the timing process's cache
@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.stepcost.timing import log
+from benchmarks.step_cost.timing import log
 
-SCRIPT = Path(__file__).resolve().parents[1] / "step_cost.py"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout, so that workers import `benchmarks`
 FORWARDED = (
     "device",
     "threads",
@@ -83,7 +83,8 @@ class Precompiler:
     def __init__(self, a, jobs, root: Path | None = None, cache: Path | None = None):
         self.a, self.pending, self.running, self.results = a, list(jobs), {}, {}
         threads = a.compile_threads or compile_threads(a.compile_jobs)
-        self.env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        self.env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(threads), "PYTHONPATH": path}
         self.env.pop("TRITON_CACHE_DIR", None)
         self.tmp = Path(tempfile.mkdtemp(prefix="workers_", dir=root)) if jobs else None
         self.cache = cache
@@ -91,7 +92,7 @@ class Precompiler:
         for k in FORWARDED:
             if getattr(a, k) is not None:
                 self.common += [f"--{k.replace('_', '-')}", str(getattr(a, k))]
-        for flag in ("tiny", "no_loop_reorder", "channels_last"):
+        for flag in ("quick", "no_loop_reorder", "channels_last"):
             if getattr(a, flag):
                 self.common.append(f"--{flag.replace('_', '-')}")
         for item in a.inductor:  # the same compile, so that the workers fill the right caches
@@ -130,7 +131,14 @@ class Precompiler:
             out = self.tmp / f"{'_'.join(job)}.json"
             cache = out.with_suffix(".cache")
             cache.mkdir()
-            cmd = [sys.executable, str(SCRIPT), "--compile-only", "--out", str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.step_cost",
+                "--compile-only",
+                "--out",
+                str(out),
+            ]
             cmd += ["--model", model, "--dtype", token, "--modes", mode, "--only", method]
             logf = open(out.with_suffix(".log"), "w")  # noqa: SIM115 - closed when the worker ends
             proc = subprocess.Popen(

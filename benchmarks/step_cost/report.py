@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import datetime
 import platform
 
 import torch
 
-from benchmarks.stepcost import authors_gam
-from benchmarks.stepcost.methods import ACCELERATED, AUTHORS, BASELINE
+from benchmarks import _common
+from benchmarks.step_cost import authors_gam
+from benchmarks.step_cost.methods import ACCELERATED, AUTHORS, BASELINE
 
 
 def ratios(rows):
@@ -126,17 +126,19 @@ def table(rows) -> str:
 
 
 def metadata(a, device) -> dict:
-    """Date, versions, device, the settings that change timings, and every argument."""
+    """Date, versions, device (:func:`benchmarks._common.metadata`), the settings that change
+    timings, and every argument."""
+    return _common.metadata(
+        "step_cost",
+        device,
+        platform=platform.platform(),
+        **settings(a),
+    )
+
+
+def settings(a) -> dict:
+    """The settings of a run that change its timings, and every argument."""
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else platform.processor() or platform.machine(),
         "cpu_threads": torch.get_num_threads(),
         "no_loop_reorder": a.no_loop_reorder,
         "loop_ordering_after_fusion": torch._inductor.config.loop_ordering_after_fusion,

@@ -73,7 +73,8 @@ def method_names(only) -> list[str]:
 
 
 def rho_schedule(rho: float):
-    """ρ's schedule in every row: a cosine from ``rho`` over :data:`RHO_STEPS` steps."""
+    """ρ's schedule in every row (and lr's in the functional rows): a cosine from ``rho`` over
+    :data:`RHO_STEPS` steps."""
     return schedules.cosine(rho, total_steps=RHO_STEPS)
 
 
