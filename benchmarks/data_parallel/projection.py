@@ -1,9 +1,9 @@
 """Data-parallel efficiency and wall-clock projected to more GPUs than were measured.
 
-From the reports of ``benchmarks/data_parallel.py``: a projection, not a measurement (:func:`project`).
+From the reports of :mod:`benchmarks.data_parallel`: a projection, not a measurement (:func:`project`).
 
-    python benchmarks/dp_projection.py benchmarks/results/data_parallel_4xh200_run6_anchor.json \\
-        benchmarks/results/data_parallel_2xh200_run5_graph.json --to 8
+    python -m benchmarks.data_parallel.projection benchmarks/results/data_parallel_4xh200.json \\
+        benchmarks/results/data_parallel_2xh200.json --to 8
 """
 
 from __future__ import annotations
@@ -12,9 +12,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `reproduce` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce.run.report import dumps
 
@@ -73,7 +70,7 @@ def projections(paths: list[str], n: int = 8) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("reports", nargs="+", help="JSON reports of benchmarks/data_parallel.py")
+    ap.add_argument("reports", nargs="+", help="JSON reports of python -m benchmarks.data_parallel")
     ap.add_argument("--to", type=int, default=8, help="GPUs")
     a = ap.parse_args(argv)
     for row in projections(a.reports, a.to):

@@ -1,7 +1,7 @@
 """Where the training stream stood idle in a profiler timeline, and what ran and waited meanwhile.
 
 Reads a Chrome trace written by ``torch.profiler`` (``profile_trace.json.gz`` of ``train.py
---profile_steps``, the ``--trace`` folder of ``loader_throughput.py``). The training stream is the
+--profile_steps``, the ``--trace`` folder of :mod:`benchmarks.input_pipeline`). The training stream is the
 stream with the most GPU events. For it: the span from its first event to its last, the time it was
 busy, and each gap longer than ``--min_ms`` with the other streams' GPU work inside the gap (how
 much, how long after the gap opened it began) and the host's waits for the device that were under
@@ -9,7 +9,7 @@ way when the gap opened and ended inside it (which thread, since when). Then the
 time, and how much of it overlapped the training stream's work: decoding that overlaps costs a step
 nothing, decoding that fills gaps costs it all.
 
-    python benchmarks/trace_gaps.py TRACE.json.gz [TRACE...] [--min_ms 0.3] [--out gaps.json]
+    python -m benchmarks.data_parallel.trace_gaps TRACE.json.gz [TRACE...] [--min_ms 0.3] [--out gaps.json]
 """
 
 from __future__ import annotations
@@ -19,11 +19,8 @@ import bisect
 import gzip
 import itertools
 import json
-import sys
 from collections import Counter
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 __all__ = ["gaps", "load"]
 

@@ -1,4 +1,4 @@
-"""One process of a row of ``benchmarks/data_parallel.py``, started by ``torchrun``: a step (DDP's or
+"""One process of a row of :mod:`benchmarks.data_parallel`, started by ``torchrun -m``: a step (DDP's or
 gamfunc's, ``reproduce.build.setup``'s) timed on a batch already on the device, or the NCCL bus
 bandwidth; it prints one ``RESULT {json}`` line, and its progress on the way (the first step's time,
 each window's), so that a run stopped from outside says how far it got.
@@ -15,9 +15,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 import torch.distributed as dist
