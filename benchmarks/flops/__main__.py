@@ -1,6 +1,6 @@
 """What exact GAM's passes compute, in gradient passes of matmul and convolution FLOPs: any machine.
 
-Each region of :mod:`benchmarks.gam_passes` (``grad``, ``jvp_of_grad``, ``vjp_of_grad``, and a
+Each region of :mod:`benchmarks.flops.passes` (``grad``, ``jvp_of_grad``, ``vjp_of_grad``, and a
 point of Algorithm 1, g and H·g/‖g‖, by forward-over-reverse ``point_fwd`` or reverse-over-reverse
 ``point_rev``) is traced as inductor receives it after autograd (functional, inductor's
 decompositions) and its FLOPs are counted by ``torch.utils.flop_counter``, in units of the ``grad``
@@ -17,28 +17,23 @@ A count is a property of the graph, not of the machine: the same on a CPU and a 
 under the time (the elementwise work and the memory traffic come on top). Exact GAM's step is two
 points and the update, so ``2 × point_fwd`` is its cost in gradient passes.
 
-    python benchmarks/gam_flops.py --models resnet18,resnet50,vit_s32 --out results/gam_flops.json
+    python -m benchmarks.flops                   # ResNet-18, ResNet-50, ViT-S/32 (CPU, minutes)
+    python -m benchmarks.flops --quick           # the tiny conv net, seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import sys
-from pathlib import Path
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.flop_counter import FlopCounterMode
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import gamfunc  # noqa: E402
-from benchmarks.gam_passes import SHAPES, build, loss_of, regions  # noqa: E402
-from gamfunc import tree  # noqa: E402
-from gamfunc.graph_sharing import share_equal_work  # noqa: E402
+import gamfunc
+from benchmarks import _common
+from benchmarks.flops.passes import SHAPES, build, loss_of, regions
+from gamfunc import tree
+from gamfunc.graph_sharing import share_equal_work
 
 ROWS = ("grad", "jvp_of_grad", "vjp_of_grad", "point_fwd", "point_rev")
 WAYS = ("native", "native_shared", "elementary", "elementary_shared")
@@ -87,31 +82,37 @@ def count(model_name: str, batch_size: int, rows=ROWS) -> dict[str, dict[str, fl
     return out
 
 
+MODELS = "resnet18,resnet50,vit_s32"
+
+
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="tiny")
+    """Count every region of every model, print a table, write the JSON.
+
+    Args:
+        argv: the command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        The result written: one row per model and region, a column per way of :data:`WAYS`.
+    """
+    ap = _common.add_flags(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    ap.add_argument("--models", default=None, help=f"default {MODELS} (--quick: tiny)")
     ap.add_argument("--batch", type=int, default=2, help="FLOP ratios do not depend on it")
     ap.add_argument("--only", default=",".join(ROWS))
-    ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    a.models = a.models or ("tiny" if a.quick else MODELS)
     rows = tuple(r for r in ROWS if r in a.only.split(","))
-    result = {
-        "meta": {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__,
-            "unit": "matmul and convolution FLOPs of one gradient pass (forward and backward)",
-            "batch": a.batch,
-        },
-        "models": {m: count(m, a.batch, rows) for m in a.models.split(",")},
-    }
-    for m, table in result["models"].items():
-        print(f"\n{m}: gradient passes ({', '.join(WAYS)})")
-        for row, ways in table.items():
-            print(f"  {row:12s} " + " ".join(f"{ways[w]:7.3f}" for w in WAYS))
-    if a.out:
-        from reproduce.run.report import write_json  # after the path is set
-
-        write_json(a.out, result)
+    unit = "matmul and convolution FLOPs of one gradient pass (forward and backward)"
+    # A count is a property of the graph, the same on every machine: the JSON names no device.
+    meta = _common.metadata("flops", "cpu", unit=unit, batch=a.batch)
+    meta["slug"] = "any"
+    result = {"benchmark": "flops", "meta": meta, "rows": []}
+    for m in a.models.split(","):
+        for region, ways in count(m, a.batch, rows).items():
+            result["rows"].append({"model": m, "region": region, **ways})
+    columns = [("model", "model", ""), ("region", "region", "")]
+    columns += [(w, w, ".3f") for w in WAYS]
+    path = _common.save(result, a.out)
+    print(f"\n{_common.table(columns, result['rows'])}\n\nJSON: {path}")
     return result
 
 

@@ -20,32 +20,26 @@ Each row's peak memory (CUDA) is ``max_memory_allocated`` during its calls minus
 before, ÷ the ``grad`` row's. Exact GAM costs two points plus the optimiser update, so
 ``2 × point_*`` bounds its step in gradient passes.
 
-    python benchmarks/gam_passes.py --model resnet50 --dtype bf16 --channels-last --out r50.json
+    python -m benchmarks.flops.passes --model resnet50 --dtype bf16 --channels-last --out r50.json
 
-CPU smoke run (no timing claims): ``python benchmarks/gam_passes.py --model tiny --backend eager``.
+CPU smoke run (no timing claims): ``python -m benchmarks.flops.passes --quick --backend eager``.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import gamfunc  # noqa: E402
-from benchmarks.step_cost.timing import time_steps  # noqa: E402
-from gamfunc import tree  # noqa: E402
-from gamfunc.compile import compile_with, fresh  # noqa: E402
-from gamfunc.hvps import math_attention  # noqa: E402
-from gamfunc.loss import grad_fn  # noqa: E402
+import gamfunc
+from benchmarks import _common
+from benchmarks.step_cost.timing import time_steps
+from gamfunc import tree
+from gamfunc.compile import compile_with, fresh
+from gamfunc.hvps import math_attention
+from gamfunc.loss import grad_fn
 
 # name: (classes, image size, batch)
 SHAPES = {
@@ -136,8 +130,16 @@ def regions(loss3, eps=1e-12):
 
 
 def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny", choices=sorted(SHAPES))
+    """Time every region against the gradient pass, print a table, write the JSON.
+
+    Args:
+        argv: the command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        The result written.
+    """
+    ap = _common.add_flags(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    ap.add_argument("--model", default=None, choices=sorted(SHAPES), help="resnet18 (quick: tiny)")
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--batch", type=int, default=0, help="0: the model's default")
@@ -150,11 +152,13 @@ def main(argv=None) -> dict:
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--mode", default=None, help="torch.compile mode; GPU default reduce-overhead")
     ap.add_argument("--only", default=",".join(ROWS))
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--steps", type=int, default=None, help="steps per sample (10; quick 1)")
+    ap.add_argument("--repeats", type=int, default=None, help="samples (5; quick 1)")
     ap.add_argument("--compile-only", action="store_true", help="fill inductor's caches and stop")
     a = ap.parse_args(argv)
+    a.model = a.model or ("tiny" if a.quick else "resnet18")
+    a.steps = a.steps or (1 if a.quick else 10)
+    a.repeats = a.repeats or (1 if a.quick else 5)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mode = a.mode or ("reduce-overhead" if device.type == "cuda" else None)
     classes, size, batch_size = SHAPES[a.model]
@@ -208,7 +212,7 @@ def main(argv=None) -> dict:
         rows[name] = row
         print(f"{name:12s} ready in {first:.1f} s", flush=True)
     if a.compile_only:
-        return {"rows": rows}
+        return {"rows": [{"region": name, **rows[name]} for name in wanted]}
     live = [n for n in wanted if "error" not in rows[n]]
     samples: dict[str, list[float]] = {n: [] for n in live}
     for r in range(a.repeats):
@@ -222,30 +226,24 @@ def main(argv=None) -> dict:
         rows[name] |= {"ms": ms, "x_grad": ms / unit_ms, "samples_ms": samples[name]}
         if unit_mem:
             rows[name]["x_grad_mem"] = rows[name]["peak_gib"] / unit_mem
-    print(f"\n{a.model} {a.dtype} channels_last={a.channels_last} batch {batch_size}, {device}")
-    print(f"{'region':12s} {'ms':>8s} {'× grad':>7s} {'peak GiB':>9s} {'× grad mem':>10s}")
-    for name in wanted:
-        r = rows[name]
-        if "error" in r:
-            print(f"{name:12s} {r['error']}")
-            continue
-        mem = f"{r.get('peak_gib', float('nan')):9.2f} {r.get('x_grad_mem', float('nan')):10.2f}"
-        print(f"{name:12s} {r['ms']:8.2f} {r['x_grad']:7.2f} {mem}")
-    result = {
-        "meta": {
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "torch": torch.__version__,
-            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-            "args": vars(a),
-            "batch": batch_size,
-        },
-        "rows": rows,
-    }
-    if a.out:
-        from reproduce.run.report import write_json  # after the path is set
-
-        write_json(a.out, result)
+    meta = _common.metadata("flops_passes", device, model=a.model, dtype=a.dtype, batch=batch_size)
+    meta.update(channels_last=a.channels_last, args=vars(a))
+    out = [{"region": name, **rows[name]} for name in wanted]
+    result = {"benchmark": "flops_passes", "meta": meta, "rows": out}
+    path = _common.save(result, a.out)
+    print(f"\n{a.model} {a.dtype} channels_last={a.channels_last} batch {batch_size}, {device}\n")
+    print(f"{_common.table(PASS_COLUMNS, out)}\n\nJSON: {path}")
     return result
+
+
+PASS_COLUMNS = (
+    ("region", "region", ""),
+    ("ms", "ms", ".2f"),
+    ("× grad", "x_grad", ".2f"),
+    ("peak GiB", "peak_gib", ".2f"),
+    ("× grad mem", "x_grad_mem", ".2f"),
+    ("error", "error", ""),
+)
 
 
 if __name__ == "__main__":

@@ -1,40 +1,43 @@
 """Images/s of the ImageNet input pipelines alone (no model): DALI, the nvJPEG loader, the DataLoader.
 
-Reads a JPEG ImageFolder (``benchmarks/jpeg_folder.py`` makes one), builds the training examples as
+Reads a JPEG ImageFolder (``--data``; without it, a synthetic one that
+:mod:`benchmarks.input_pipeline.jpeg_folder` writes to a temporary folder first), builds the training examples as
 ``reproduce/train.py`` does (RandomResizedCrop 224, flip, normalise) and times ``--batches`` batches
 of ``--batch`` images per pipeline after ``--warmup`` batches, the device synchronised at both ends;
 and the seconds from an epoch's ``batches()`` to its first batch: the first epoch's
-(``*_first_epoch_start_s``: a DALI pipeline built and filled, DataLoader workers started) and a
-later one's (``*_epoch_start_s``: what each next epoch start costs a run).
-A pipeline is ``dali:HW_LOAD`` (DALI reading and drawing the crops, that share of each batch to
+(``first_epoch_start_s``: a DALI pipeline built and filled, DataLoader workers started) and a
+later one's (``epoch_start_s``: what each next epoch start costs a run). One row per pipeline.
+A pipeline (``--pipelines``; default: every GPU pipeline and the DataLoader on CUDA, the
+DataLoader alone elsewhere) is ``dali:HW_LOAD`` (DALI reading and drawing the crops, that share of each batch to
 the hardware JPEG decoder; ``dali_roi:HW_LOAD`` the same decoding only each crop's window), ``dali_exact:HW_LOAD`` (DALI decoding the crops torchvision draws; a
 ``:fancy`` suffix adds libjpeg-turbo's chroma upsampling),
 ``nvjpeg:DECODE_THREADS`` (torchvision's nvJPEG) or ``folder:WORKERS`` (DataLoader workers).
 
 With ``--load_ms``, each pipeline also feeds a stand-in for a training step: a CUDA graph of matrix
 products about that long, each batch copied into its input first (as ``--cuda_graph`` runs a step).
-``load_ms`` is that step alone on one batch again and again, ``*_loaded_ms`` the step fed by the
-pipeline, ``*_loaded_cost`` the share the pipeline adds, ``*_next_ms`` the host's time in the
-pipeline per batch; ``--trace DIR`` profiles 5 fed steps per pipeline (:mod:`reproduce.run.profiling`:
+``load_ms`` is that step alone on one batch again and again, ``loaded_ms`` the step fed by the
+pipeline, ``loaded_cost`` the share the pipeline adds (``loaded_ms`` ÷ ``load_ms`` − 1), ``next_ms``
+the host's time in the pipeline per batch; ``--trace DIR`` profiles 5 fed steps per pipeline (:mod:`reproduce.run.profiling`:
 ``DIR/<pipeline>/profile.txt`` and the timeline beside it). Everything runs on a stream of its own,
 as ``train.py`` does (:func:`reproduce.run.launch.own_stream`); ``--default_stream`` keeps CUDA's
-legacy default stream instead (``benchmarks/RESULTS.md``, run 10: DALI costs a step the same on either).
+legacy default stream instead.
 
-    python benchmarks/loader_throughput.py --data /tmp/imagenet-synth --out benchmarks/results/loader.json
+    python -m benchmarks.input_pipeline --data /tmp/imagenet-synth --load_ms 25
+    python -m benchmarks.input_pipeline --quick          # a small synthetic folder, small batches
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import _common
+from benchmarks.input_pipeline import jpeg_folder
 from reproduce.config import resolve
 from reproduce.data import dali, nvjpeg
 from reproduce.data import sets as data_mod
@@ -139,15 +142,61 @@ def loaded(loader, keys, run, warmup: int, device, profiler=None) -> tuple[float
     return seconds * 1e3 / count, wait * 1e3 / count
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--batches", type=int, default=40)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument(
-        "--pipelines", nargs="+", default=["dali:0.65", "dali_exact:0.65", "nvjpeg:4", "folder:16"]
+def _loader(spec: str, data, args, device):
+    """``(name, loader)`` of one ``--pipelines`` item."""
+    kind, arg, *extra = spec.split(":")
+    if kind.startswith("dali"):
+        loader = dali.DaliJpegLoader(
+            data.train,
+            args.batch,
+            device,
+            threads=args.threads,
+            hw_decoder_load=float(arg),
+            fancy_upsampling="fancy" in extra,
+            crops="exact" if kind == "dali_exact" else "dali",
+            workers=args.workers,
+            roi_decode=kind == "dali_roi",
+        )
+        return f"{kind}_hw_{arg}" + ("_fancy_upsampling" if extra else ""), loader
+    if kind == "nvjpeg":
+        loader = nvjpeg.GpuJpegLoader(
+            data.train, args.batch, device, threads=args.threads, decode_threads=int(arg)
+        )
+        return f"gpu_nvjpeg_{arg}_decode_threads", loader
+    if kind == "folder":
+        loader = data_mod.FolderLoader(data.train, args.batch, int(arg), device.type == "cuda")
+        return f"folder_{arg}_workers", loader
+    raise ValueError(
+        f"--pipelines: unknown pipeline {spec!r} (dali, dali_roi, dali_exact, nvjpeg, folder)"
     )
+
+
+GPU_PIPELINES = ["dali:0.65", "dali_exact:0.65", "nvjpeg:4", "folder:16"]
+COLUMNS = (
+    ("pipeline", "pipeline", ""),
+    ("images/s", "images_per_s", ".0f"),
+    ("first epoch start s", "first_epoch_start_s", ".3f"),
+    ("epoch start s", "epoch_start_s", ".3f"),
+    ("fed step ms", "loaded_ms", ".3f"),
+    ("× stand-in step", "loaded_cost", "+.3f"),
+)
+
+
+def main(argv=None) -> dict:
+    """Time every pipeline, print a table and write the JSON.
+
+    Args:
+        argv: the command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        The result written.
+    """
+    ap = _common.add_flags(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    ap.add_argument("--data", default="", help="a JPEG ImageFolder (default: a synthetic one)")
+    ap.add_argument("--batch", type=int, default=None, help="images per batch (256; quick 16)")
+    ap.add_argument("--batches", type=int, default=None, help="timed batches (40; quick 6)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed batches (5; quick 2)")
+    ap.add_argument("--pipelines", nargs="+", default=None)
     ap.add_argument(
         "--threads",
         type=int,
@@ -164,68 +213,50 @@ def main(argv=None) -> None:
         action="store_true",
         help="run on CUDA's legacy default stream, not a stream of its own",
     )
-    ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args.batch = args.batch or (16 if args.quick else 256)
+    args.batches = args.batches or (6 if args.quick else 40)
+    args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
+    cuda = device.type == "cuda"
+    args.pipelines = args.pipelines or (GPU_PIPELINES if cuda else ["folder:2"])
+    need = (args.batches + args.warmup) * args.batch
+    if not args.data:
+        args.data = tempfile.mkdtemp(prefix="jpeg_folder_")
+        jpeg_folder.build(args.data, train=need, val=8, classes=4 if args.quick else 100)
+        print(f"a synthetic JPEG folder of {need} training images: {args.data}", flush=True)
     cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={args.data}"])
     data = data_mod.load(cfg)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cuda" and not args.default_stream:
+    if cuda and not args.default_stream:
         launch.own_stream(device)
     order = data_mod.epoch_order(len(data.train), 0, 0)
-    need = (args.batches + args.warmup) * args.batch
     keys = data_mod.epoch_keys(order[:need], 0, args.batch, seed=0, epoch=0)
-    out = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu"}
-    out["batch"], out["torch"], out["cpus"] = args.batch, torch.__version__, os.cpu_count()
-    out["stream"] = "default" if args.default_stream else "own"
+    meta = _common.metadata("input_pipeline", device, batch=args.batch, cpus=os.cpu_count())
+    meta["stream"] = "default" if args.default_stream else "own"
+    result = {"benchmark": "input_pipeline", "meta": meta, "rows": []}
     if args.load_ms:
         shape = (args.batch, 3, 224, 224)
-        run, out["load_products"] = stand_in(args.load_ms, shape, device)
+        run, meta["load_products"] = stand_in(args.load_ms, shape, device)
         first = torch.randn(shape, device=device)
         steps = args.batches
-        out["load_ms"] = round(
-            _seconds(lambda: [run(first) for _ in range(steps)], device) * 1e3 / steps, 3
-        )
+        meta["load_ms"] = _seconds(lambda: [run(first) for _ in range(steps)], device) * 1e3 / steps
     for spec in args.pipelines:
-        kind, arg, *extra = spec.split(":")
-        if kind.startswith("dali"):
-            loader = dali.DaliJpegLoader(
-                data.train,
-                args.batch,
-                device,
-                threads=args.threads,
-                hw_decoder_load=float(arg),
-                fancy_upsampling="fancy" in extra,
-                crops="exact" if kind == "dali_exact" else "dali",
-                workers=args.workers,
-                roi_decode=kind == "dali_roi",
-            )
-            name = f"{kind}_hw_{arg}" + ("_fancy_upsampling" if extra else "")
-        elif kind == "nvjpeg":
-            loader = nvjpeg.GpuJpegLoader(
-                data.train, args.batch, device, threads=args.threads, decode_threads=int(arg)
-            )
-            name = f"gpu_nvjpeg_{arg}_decode_threads"
-        else:
-            loader = data_mod.FolderLoader(data.train, args.batch, int(arg), device.type == "cuda")
-            name = f"folder_{arg}_workers"
-        first = out[f"{name}_first_epoch_start_s"] = round(epoch_start(loader, keys, device), 3)
-        out[f"{name}_images_per_s"] = round(rate(loader, keys, args.batch, args.warmup, device))
-        out[f"{name}_epoch_start_s"] = round(epoch_start(loader, keys, device), 3)
-        print(name, out[f"{name}_images_per_s"], first, out[f"{name}_epoch_start_s"], flush=True)
+        name, loader = _loader(spec, data, args, device)
+        row = {"pipeline": name, "first_epoch_start_s": epoch_start(loader, keys, device)}
+        row["images_per_s"] = rate(loader, keys, args.batch, args.warmup, device)
+        row["epoch_start_s"] = epoch_start(loader, keys, device)
         if args.load_ms:
             prof = None
             if args.trace:
                 (Path(args.trace) / name).mkdir(parents=True, exist_ok=True)
                 prof = StepProfiler(5, 0, device, Path(args.trace) / name / "profile.txt")
-            step_ms, wait_ms = loaded(loader, keys, run, args.warmup, device, prof)
-            out[f"{name}_loaded_ms"], out[f"{name}_next_ms"] = round(step_ms, 3), round(wait_ms, 3)
-            out[f"{name}_loaded_cost"] = round(step_ms / out["load_ms"] - 1, 4)
-            print(name, "fed", out[f"{name}_loaded_ms"], "ms a step", flush=True)
-    from reproduce.run.report import dumps, write_json  # after the path is set
-
-    print(dumps(out))
-    if args.out:
-        write_json(args.out, out)
+            row["loaded_ms"], row["next_ms"] = loaded(loader, keys, run, args.warmup, device, prof)
+            row["loaded_cost"] = row["loaded_ms"] / meta["load_ms"] - 1
+        result["rows"].append(row)
+        print(f"{name}: {row['images_per_s']:.0f} images/s", flush=True)
+    path = _common.save(result, args.out)
+    print(f"\n{_common.table(COLUMNS, result['rows'])}\n\nJSON: {path}")
+    return result
 
 
 if __name__ == "__main__":
