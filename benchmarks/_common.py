@@ -139,12 +139,14 @@ def save(result: dict, out: str | None) -> Path:
 
 
 def cell(value, spec: str = "") -> str:
-    """One table cell: ``—`` for None, a number by ``spec``, anything else as text."""
+    """One table cell: ``—`` for None, a number by ``spec``, anything else as text (its first
+    120 characters)."""
     if value is None:
         return "—"
     if isinstance(value, float) and spec:
         return format(value, spec)
-    return str(value).replace("|", "/").replace("\n", " ")
+    text = " ".join(str(value).replace("|", "/").split())
+    return text if len(text) <= 120 else text[:119] + "…"
 
 
 def table(columns, rows) -> str:
