@@ -205,7 +205,7 @@ def main(argv=None) -> dict:
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.no_loop_reorder:
-        # Workaround for an inductor assertion in loop reordering (torch 2.11, CUDA; issue 5).
+        # Works around an inductor assertion in loop reordering (torch 2.11, CUDA).
         torch._inductor.config.loop_ordering_after_fusion = False
     # Every gamfunc step compiles the same function, so each method adds a dynamo cache entry to it.
     torch._dynamo.config.recompile_limit = max(
