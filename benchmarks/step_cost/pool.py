@@ -66,7 +66,7 @@ def compile_threads(jobs: int) -> int:
     share of the cores, at most all of them. Most workers finish well before the slowest (exact
     GAM's jvp of the gradient: hundreds of Triton kernels), which then compiles its kernels on the
     cores the others left. With a fair share (2 threads each), exact GAM's cold compile on ResNet-18
-    took 127 s beside two other workers, where it had taken 70 s alone (RESULTS.md)."""
+    took 127 s beside two other workers, where it had taken 70 s alone."""
     cpus = os.cpu_count() or 2
     return min(cpus, max(2, 4 * cpus // max(1, jobs)))
 
