@@ -1,8 +1,9 @@
 """Every estimator in every precision through the public API, each step against float64: the GPU check.
 
-``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 5 to 8 minutes on one
-H100), one test per case; this module is its machinery, and ``python tests/gpu_check.py --group
-MODEL:PRECISION:MODE`` is one of its worker processes.
+``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 6.5 minutes on one
+H100), one test per case; this module is its machinery. ``python tests/gpu_check.py`` runs the same
+cases and writes their JSON (``benchmarks/results/gpu_check_<device>.json`` unless ``--out`` says);
+``python tests/gpu_check.py --group MODEL:PRECISION:MODE`` is one of its worker processes.
 
 Cases: the estimators of :data:`CHECKED` (built by ``tests/registry.py``'s ``ESTIMATORS``) × {fp32,
 bf16 (:func:`gamfunc.precision.bf16`)} × {a CIFAR ResNet with BatchNorm in channels-last, a small
@@ -291,12 +292,36 @@ def _group_rows(group: str, out: str) -> list[dict]:
     return rows
 
 
-def _worker(argv=None) -> None:
-    ap = argparse.ArgumentParser(description="one group of the GPU check: its rows as one line")
+def main(argv=None) -> int:
+    """The command line: with ``--group``, one worker's group (its rows printed as one line);
+    without, every case (:func:`run_all`), a summary line and the JSON of
+    ``benchmarks/results/gpu_check_<device>.json`` where ``--out`` says.
+
+    Args:
+        argv: the command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        1 if a case failed, else 0.
+    """
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--group", required=True, help="MODEL:PRECISION:MODE, or extras")
+    ap.add_argument("--group", default="", help="MODEL:PRECISION:MODE, or extras (a worker)")
     ap.add_argument("--estimators", default=",".join(CHECKED))
+    ap.add_argument("--out", default=None, help="JSON file (every case, without --group)")
     args = ap.parse_args(argv)
+    if not args.group:
+        from benchmarks import _common
+
+        start = time.time()
+        rows = run_all(args.device, names=args.estimators.split(","))
+        failed = sum(r["status"] != "pass" for r in rows)
+        meta = _common.metadata("gpu_check", args.device)
+        meta.update(seconds=round(time.time() - start, 1), passed=len(rows) - failed, failed=failed)
+        path = _common.save({"benchmark": "gpu_check", "meta": meta, "rows": rows}, args.out)
+        print(
+            f"gpu_check: {len(rows) - failed} passed, {failed} failed in {meta['seconds']} s; {path}"
+        )
+        return 1 if failed else 0
     device = torch.device(args.device)
     if args.group == "extras":
         rows = extras(device)
@@ -304,6 +329,7 @@ def _worker(argv=None) -> None:
         model, precision, mode = args.group.split(":")
         rows = run_group(model, precision, mode, device, args.estimators.split(","))
     print("ROWS " + dumps(rows, indent=None), flush=True)
+    return 0
 
 
 def groups(device: str, models=MODELS, names=CHECKED, extra: bool = True) -> list[tuple[str, list]]:
@@ -370,4 +396,4 @@ def run_all(device: str = "cuda", workers: int | None = None, **selection) -> li
 
 
 if __name__ == "__main__":
-    _worker()
+    sys.exit(main())

@@ -4,6 +4,8 @@ CUDA machine; without CUDA those cases skip, and the check's own tests run its e
 
 from __future__ import annotations
 
+import json
+
 import gpu_check
 import pytest
 import torch
@@ -88,3 +90,13 @@ def test_a_wrong_step_fails_the_check(monkeypatch):
     rows = gpu_check.run_group("vit", "fp32", "eager", torch.device("cpu"), ["gradient"])
     assert [r["status"] for r in rows] == ["fail"]
     assert 5e-3 < rows[0]["update_rel_err"] < 2e-2
+
+
+@pytest.mark.slow
+def test_the_command_writes_every_case_and_a_summary(tmp_path, capsys):
+    out = tmp_path / "check.json"
+    assert gpu_check.main(["--device", "cpu", "--estimators", "gradient", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "gpu_check" and result["meta"]["slug"] == "cpu"
+    assert result["meta"]["passed"] == len(result["rows"]) == 2 * 2 + 3
+    assert capsys.readouterr().out.splitlines()[-1].startswith("gpu_check: 7 passed, 0 failed")
