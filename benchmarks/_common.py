@@ -12,6 +12,7 @@ import argparse
 import datetime
 import platform
 import re
+import tempfile
 from pathlib import Path
 
 import torch
@@ -80,18 +81,22 @@ def slug(name: str, gpus: int = 1) -> str:
     return f"{gpus}x{base}" if gpus > 1 else base
 
 
-def metadata(benchmark: str, device: torch.device | str, gpus: int = 1, **extra) -> dict:
+def metadata(
+    benchmark: str, device: torch.device | str, gpus: int = 1, quick: bool = False, **extra
+) -> dict:
     """The run's metadata: what, on which device, when, with which torch.
 
     Args:
         benchmark: the benchmark's name (its module).
         device: the device it ran on.
-        gpus: how many GPUs it used (1 for a CPU run).
+        gpus: how many GPUs it used (ignored for a CPU run, whose ``gpus`` is 0).
+        quick: whether it was a ``--quick`` run (whose JSON :func:`out_path` keeps out of
+            ``benchmarks/results/``).
         **extra: more entries (the run's settings).
 
     Returns:
         A dict with ``benchmark``, ``device``, ``device_name``, ``gpus``, ``slug``, ``date`` (UTC,
-        ISO 8601), ``torch``, ``cuda``, ``python`` and ``extra``'s entries.
+        ISO 8601), ``torch``, ``cuda``, ``python``, ``quick`` and ``extra``'s entries.
     """
     device = torch.device(device)
     name = device_name(device)
@@ -105,12 +110,14 @@ def metadata(benchmark: str, device: torch.device | str, gpus: int = 1, **extra)
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),
+        "quick": quick,
         **extra,
     }
 
 
 def out_path(out: str | None, meta: dict) -> Path:
-    """Where a run's JSON goes: ``out``, else ``benchmarks/results/<benchmark>_<slug>.json``.
+    """Where a run's JSON goes: ``out``, else ``benchmarks/results/<benchmark>_<slug>.json``, or
+    for a ``--quick`` run, whose numbers are no result, the same name in the temporary folder.
 
     Args:
         out: the ``--out`` flag's value, or None.
@@ -119,7 +126,10 @@ def out_path(out: str | None, meta: dict) -> Path:
     Returns:
         The path.
     """
-    return Path(out) if out else RESULTS / f"{meta['benchmark']}_{meta['slug']}.json"
+    if out:
+        return Path(out)
+    folder = Path(tempfile.gettempdir()) if meta.get("quick") else RESULTS
+    return folder / f"{meta['benchmark']}_{meta['slug']}.json"
 
 
 def save(result: dict, out: str | None) -> Path:

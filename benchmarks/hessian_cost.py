@@ -283,6 +283,7 @@ def main(argv=None) -> dict:
     meta = _common.metadata(
         "hessian_cost",
         device,
+        quick=tiny,
         model="tiny CNN" if tiny else "ResNet-18 (CIFAR stem)",
         parameters=n_params,
         batch=args.batch,

@@ -89,7 +89,9 @@ def main(argv=None) -> dict:
     for n in members:
         rows.append(measure(n, batch, repeats, device))
         print(rows[-1], flush=True)
-    meta = _common.metadata("vmap_members", device, estimator="gam exact + sgd momentum")
+    meta = _common.metadata(
+        "vmap_members", device, quick=args.quick, estimator="gam exact + sgd momentum"
+    )
     meta["cpu_threads"] = torch.get_num_threads()
     result = {"benchmark": "vmap_members", "meta": meta, "rows": rows}
     path = _common.save(result, args.out)

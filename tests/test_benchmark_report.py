@@ -57,6 +57,8 @@ def test_the_json_goes_where_out_says_else_into_results(tmp_path):
     meta = _common.metadata("step_cost", "cpu", extra_setting=3)
     assert meta["slug"] == "cpu" and meta["gpus"] == 0 and meta["extra_setting"] == 3
     assert _common.out_path(None, meta) == _common.RESULTS / "step_cost_cpu.json"
+    quick = _common.metadata("step_cost", "cpu", quick=True)
+    assert _common.out_path(None, quick).parent != _common.RESULTS  # a smoke run is no result
     out = tmp_path / "deep" / "r.json"
     assert _common.save({"benchmark": "step_cost", "meta": meta, "rows": []}, str(out)) == out
     assert json.loads(out.read_text())["meta"]["torch"] == meta["torch"]

@@ -324,7 +324,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="dp_inductor_"))
     runs = [tuple((r + "::").split(":")[:3]) for r in a.runs.split(",")]
     most = max(a.gpus)
-    meta = _common.metadata("data_parallel", "cuda" if cuda else "cpu", gpus=most, counts=a.gpus)
+    meta = _common.metadata(
+        "data_parallel", "cuda" if cuda else "cpu", gpus=most, quick=a.quick, counts=a.gpus
+    )
     meta.update(per_gpu_batch=a.batch, steps=a.steps, windows=a.windows, logs=a.logs)
     report = {"benchmark": "data_parallel", "meta": meta, "rows": []}
     print(f"logs and profiles: {a.logs}", flush=True)

@@ -103,7 +103,7 @@ def main(argv=None) -> dict:
     rows = tuple(r for r in ROWS if r in a.only.split(","))
     unit = "matmul and convolution FLOPs of one gradient pass (forward and backward)"
     # A count is a property of the graph, the same on every machine: the JSON names no device.
-    meta = _common.metadata("flops", "cpu", unit=unit, batch=a.batch)
+    meta = _common.metadata("flops", "cpu", quick=a.quick, unit=unit, batch=a.batch)
     meta["slug"] = "any"
     result = {"benchmark": "flops", "meta": meta, "rows": []}
     for m in a.models.split(","):

@@ -226,7 +226,9 @@ def main(argv=None) -> dict:
         rows[name] |= {"ms": ms, "x_grad": ms / unit_ms, "samples_ms": samples[name]}
         if unit_mem:
             rows[name]["x_grad_mem"] = rows[name]["peak_gib"] / unit_mem
-    meta = _common.metadata("flops_passes", device, model=a.model, dtype=a.dtype, batch=batch_size)
+    meta = _common.metadata(
+        "flops_passes", device, quick=a.quick, model=a.model, dtype=a.dtype, batch=batch_size
+    )
     meta.update(channels_last=a.channels_last, args=vars(a))
     out = [{"region": name, **rows[name]} for name in wanted]
     result = {"benchmark": "flops_passes", "meta": meta, "rows": out}

@@ -231,7 +231,9 @@ def main(argv=None) -> dict:
         launch.own_stream(device)
     order = data_mod.epoch_order(len(data.train), 0, 0)
     keys = data_mod.epoch_keys(order[:need], 0, args.batch, seed=0, epoch=0)
-    meta = _common.metadata("input_pipeline", device, batch=args.batch, cpus=os.cpu_count())
+    meta = _common.metadata(
+        "input_pipeline", device, quick=args.quick, batch=args.batch, cpus=os.cpu_count()
+    )
     meta["stream"] = "default" if args.default_stream else "own"
     result = {"benchmark": "input_pipeline", "meta": meta, "rows": []}
     if args.load_ms:

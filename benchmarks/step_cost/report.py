@@ -131,6 +131,7 @@ def metadata(a, device) -> dict:
     return _common.metadata(
         "step_cost",
         device,
+        quick=a.quick,
         platform=platform.platform(),
         **settings(a),
     )
