@@ -12,20 +12,15 @@ in eval mode for every method, eager:
 
 Every row includes its own set-up (the baseline builds its gradient graph inside each call).
 
-GPU (prints a table, writes JSON)::
+Prints a table, writes JSON::
 
-    .venv/bin/python benchmarks/hessian_cost.py --device cuda --out benchmarks/hessian_cost.json
-
-CPU smoke run in seconds (tiny CNN, batch 8, few iterations)::
-
-    .venv/bin/python benchmarks/hessian_cost.py --tiny --out /tmp/hessian_cost.json
+    python -m benchmarks.hessian_cost            # ResNet-18, on the GPU where there is one
+    python -m benchmarks.hessian_cost --quick    # tiny CNN, batch 8, few iterations, CPU: seconds
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import statistics
 import time
 import warnings
@@ -35,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gamfunc
+from benchmarks import _common
 from gamfunc.metrics import hessian_trace, top_eigenvalues
 from gamfunc.metrics._common import bound_loss, hessian_operator
 
@@ -158,9 +154,17 @@ class Counting:
 
 
 def main(argv=None) -> dict:
+    """Time every row, print the table, write the JSON.
+
+    Args:
+        argv: the command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        The result written.
+    """
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _common.add_flags(ap)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="tiny CNN, batch 8, few iterations, CPU")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--iters", type=int, default=100, help="power: per eigenvalue; Lanczos: total")
@@ -171,15 +175,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs before each timed row")
     ap.add_argument("--hvp-repeats", type=int, default=10)
-    ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
-    if args.tiny:
+    tiny = args.quick
+    if tiny:
         args.device, args.batch, args.k, args.iters, args.samples = "cpu", 8, 3, 6, 4
         args.chunk_size, args.hvp_repeats, args.warmup = 2, 2, 0
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = (tiny_cnn() if args.tiny else resnet18_cifar()).to(device).eval()
-    side = 8 if args.tiny else 32
+    model = (tiny_cnn() if tiny else resnet18_cifar()).to(device).eval()
+    side = 8 if tiny else 32
     gen = torch.Generator(device=device).manual_seed(0)
     inputs = torch.randn(args.batch, 3, side, side, generator=gen, device=device)
     targets = torch.randint(0, 10, (args.batch,), generator=gen, device=device)
@@ -276,22 +280,20 @@ def main(argv=None) -> dict:
                 base=base,
             )
 
-    cpu = platform.processor() or "cpu"
-    result = {
-        "benchmark": "hessian_cost",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
-        "torch": torch.__version__,
-        "model": "tiny CNN" if args.tiny else "ResNet-18 (CIFAR stem)",
-        "parameters": n_params,
-        "batch": args.batch,
-        "bn_mode": "eval",
-        "eager": True,
-        "args": vars(args),
-        "rows": rows,
-    }
+    meta = _common.metadata(
+        "hessian_cost",
+        device,
+        quick=tiny,
+        model="tiny CNN" if tiny else "ResNet-18 (CIFAR stem)",
+        parameters=n_params,
+        batch=args.batch,
+        bn_mode="eval",
+        eager=True,
+        args=vars(args),
+    )
+    result = {"benchmark": "hessian_cost", "meta": meta, "rows": rows}
     print(
-        f"{result['model']}, {n_params} params, batch {args.batch}, {result['device']}, "
+        f"{meta['model']}, {n_params} params, batch {args.batch}, {meta['device_name']}, "
         f"torch {torch.__version__}, BatchNorm in eval mode, eager"
     )
     print(f"{'method':<62} {'seconds':>9} {'ratio':>7} {'HVPs':>5}  value")
@@ -300,10 +302,7 @@ def main(argv=None) -> dict:
         ratio = f"{r['ratio_to_baseline']:.2f}" if "ratio_to_baseline" in r else ""
         hv = "" if r["hvps"] is None else str(r["hvps"])
         print(f"{r['method']:<62} {seconds:>9} {ratio:>7} {hv:>5}  {_shown(r['value'])}")
-    if args.out:
-        from reproduce.run.report import write_json  # after the path is set
-
-        write_json(args.out, result)
+    print(f"JSON: {_common.save(result, args.out)}")
     return result
 
 

@@ -4,21 +4,19 @@ The MNIST-1D MLP (40-100-100-10, batch 100), exact GAM over SGD with momentum, e
 own ρ and α; for N = 1, 8, 32, 128 members the time of one vmapped step and of the N single-member
 steps one after another, each the median of ``--repeats`` after a warm-up, on the same device.
 
-    python benchmarks/vmap_members.py --out benchmarks/results/vmap_members_cpu.json
+    python -m benchmarks.vmap_members            # N = 1, 8, 32, 128
+    python -m benchmarks.vmap_members --quick    # N = 1 and 4, one repeat
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from benchmarks import _common
 from examples.vmap_grid import build, constant, mlp_params  # the example's model and step
 from gamfunc.ensemble import stack, vmap_step
 
@@ -59,19 +57,28 @@ def measure(n: int, batch, repeats: int, device) -> dict:
     )
     return {
         "members": n,
-        "vmapped_ms": round(vmapped * 1e3, 2),
-        "looped_ms": round(looped * 1e3, 2),
-        "looped_over_vmapped": round(looped / vmapped, 2),
+        "vmapped_ms": vmapped * 1e3,
+        "looped_ms": looped * 1e3,
+        "looped_over_vmapped": looped / vmapped,
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--members", type=int, nargs="+", default=[1, 8, 32, 128])
-    ap.add_argument("--repeats", type=int, default=3)
+def main(argv=None) -> dict:
+    """Time every member count, print the table, write the JSON.
+
+    Args:
+        argv: the command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        The result written.
+    """
+    ap = _common.add_flags(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    ap.add_argument("--members", type=int, nargs="+", default=None, help="1 8 32 128 (quick: 1 4)")
+    ap.add_argument("--repeats", type=int, default=None, help="3 (quick: 1)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", default="")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    members = args.members or ([1, 4] if args.quick else [1, 8, 32, 128])
+    repeats = args.repeats or (1 if args.quick else 3)
     device = torch.device(args.device)
     g = torch.Generator().manual_seed(0)
     batch = (
@@ -79,29 +86,25 @@ def main() -> None:
         torch.randint(0, 10, (100,), generator=g).to(device),
     )
     rows = []
-    for n in args.members:
-        rows.append(measure(n, batch, args.repeats, device))
+    for n in members:
+        rows.append(measure(n, batch, repeats, device))
         print(rows[-1], flush=True)
-    name = (
-        torch.cuda.get_device_name()
-        if device.type == "cuda"
-        else f"cpu ({torch.get_num_threads()} threads)"
+    meta = _common.metadata(
+        "vmap_members", device, quick=args.quick, estimator="gam exact + sgd momentum"
     )
-    out = {
-        "device": name,
-        "torch": torch.__version__,
-        "estimator": "gam exact + sgd momentum",
-        "rows": rows,
-    }
-    print(f"{'members':>8}{'vmapped ms':>12}{'looped ms':>12}{'loop/vmap':>10}")
-    for r in rows:
-        print(
-            f"{r['members']:>8}{r['vmapped_ms']:>12}{r['looped_ms']:>12}{r['looped_over_vmapped']:>10}"
-        )
-    if args.out:
-        from reproduce.run.report import write_json  # after the path is set
+    meta["cpu_threads"] = torch.get_num_threads()
+    result = {"benchmark": "vmap_members", "meta": meta, "rows": rows}
+    path = _common.save(result, args.out)
+    print(f"\n{_common.table(COLUMNS, rows)}\n\nJSON: {path}")
+    return result
 
-        write_json(args.out, out)
+
+COLUMNS = (
+    ("members", "members", ""),
+    ("vmapped ms", "vmapped_ms", ".2f"),
+    ("looped ms", "looped_ms", ".2f"),
+    ("looped ÷ vmapped", "looped_over_vmapped", ".2f"),
+)
 
 
 if __name__ == "__main__":

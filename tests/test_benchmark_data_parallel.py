@@ -1,16 +1,20 @@
-"""benchmarks/data_parallel.py on the CPU (gloo, two processes): every row gets its two rates and an
-efficiency, and the efficiency is the ratio the README defines."""
+"""``python -m benchmarks.data_parallel`` on the CPU (gloo, two processes): every row gets its two
+rates and an efficiency, and the efficiency is the ratio the README defines; the projection to more
+GPUs, and the timeline reader (``trace_gaps``) on a small hand-made timeline."""
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from pathlib import Path
 
 import pytest
 
-from benchmarks import data_parallel, dp_projection
+from benchmarks.data_parallel import driver as data_parallel
+from benchmarks.data_parallel import projection as dp_projection
+from benchmarks.data_parallel import trace_gaps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,8 +28,13 @@ def test_efficiency_is_n_gpu_rate_over_n_times_one():
 def test_rows_on_two_cpu_processes(tmp_path):
     out = tmp_path / "dp.json"
     args = ["--gpus", "2", "--runs", "digits:ddp,digits:gam_fd,digits:sgd:twin", "--batch", "8"]
-    assert data_parallel.main([*args, "--steps", "2", "--warmup", "1", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    logs = ["--logs", str(tmp_path / "dp_logs")]
+    assert (
+        data_parallel.main([*args, *logs, "--steps", "2", "--warmup", "1", "--out", str(out)]) == 0
+    )
+    result = json.loads(out.read_text())
+    assert result["benchmark"] == "data_parallel" and result["meta"]["gpus"] == 0  # the CPU
+    rows = result["rows"]
     assert [(r["run"], r["perturbation"]) for r in rows] == [
         ("digits:ddp", "global"),
         ("digits:gam_fd", "global"),
@@ -82,6 +91,7 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
     monkeypatch.setattr(data_parallel, "_train_py", train_py)
     out = tmp_path / "dp.json"
     args = ["--gpus", "2,4", "--runs", "r50:train_gam_fd:graph", "--data", str(tmp_path)]
+    args += ["--logs", str(tmp_path)]
     assert data_parallel.main([*args, "--no-busbw", "--out", str(out)]) == 0
     assert calls == [
         ("r50", "gam_fd", n, True, f)
@@ -147,24 +157,23 @@ def test_projections_read_every_report_and_take_the_largest_count(tmp_path):
     assert row["hours_90_epochs"] == pytest.approx(dp_projection.hours(900.0, eff, 8, 90), abs=0.01)
 
 
-def test_a_train_row_profiled_keeps_its_profile_beside_the_report(tmp_path):
+@pytest.mark.slow
+def test_a_train_row_profiled_keeps_its_profile_in_the_logs(tmp_path):
     """--train_profile: train.py profiles that many steps; their summary comes back in the run's
-    result and their tables beside the report."""
+    result and their tables in --logs."""
     from types import SimpleNamespace
 
-    out = tmp_path / "dp.json"
-    a = SimpleNamespace(out=str(out), batch=8, train_steps=14, train_profile=2, data="", workers=0)
+    a = SimpleNamespace(logs=str(tmp_path), batch=8, train_steps=14, train_profile=2, data="")
+    a.workers = 0
     run = data_parallel._train_py(a, "digits", "gam_fd", 1, 300)
     assert run["steps"] == 14 and run["profile"]["steps"] == 2
-    (table,) = tmp_path.glob("dp_profile_train_digits_gam_fd_1gpu*.txt")
+    (table,) = tmp_path.glob("profile_train_digits_gam_fd_1gpu*.txt")
     assert table.read_text().startswith("2 steps after step 10")
-    assert len(list(tmp_path.glob("dp_trace_train_digits_gam_fd_1gpu*.json.gz"))) == 1
+    assert len(list(tmp_path.glob("trace_train_digits_gam_fd_1gpu*.json.gz"))) == 1
     assert "timeline" not in run  # a CPU run's timeline holds no GPU stream
 
 
 def test_a_profiled_run_says_how_long_its_training_stream_stood_idle(tmp_path):
-    from tests.test_benchmark_trace_gaps import _trace
-
     got = data_parallel._timeline(_trace(tmp_path))
     assert got == {
         "timeline": {
@@ -190,7 +199,7 @@ def test_a_first_step_past_its_time_prints_where_its_main_thread_is():
 
     code = (
         "import time\n"
-        "from benchmarks.dp_worker import _stack_later\n"
+        "from benchmarks.data_parallel.worker import _stack_later\n"
         "def first_step():\n"
         "    time.sleep(1.0)\n"
         "_stack_later(0.05)\n"
@@ -206,7 +215,8 @@ def test_a_first_step_past_its_time_prints_where_its_main_thread_is():
     assert done.stderr.count("most recent call first") == 1
     assert "in first_step" in done.stderr
 
-    cmd = [sys.executable, "benchmarks/dp_worker.py", "--model", "digits", "--kind", "gam_fd"]
+    cmd = [sys.executable, "-m", "benchmarks.data_parallel.worker", "--model", "digits"]
+    cmd += ["--kind", "gam_fd"]
     cmd += ["--batch", "8", "--steps", "0", "--warmup", "0", "--stacks_after", "60"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
@@ -230,6 +240,7 @@ def test_the_warm_up_compiles_the_modes_timed_alone(monkeypatch, tmp_path):
     monkeypatch.setattr(data_parallel, "_result", result)
     args = ["--gpus", "2", "--runs", "vit:gam:graph,r50:sgd:graph", "--no-busbw"]
     args += ["--perturbations", "local", "--warm_timeout", "77", "--out", str(tmp_path / "d.json")]
+    args += ["--logs", str(tmp_path)]
     assert data_parallel.main(args) == 0
     warm = [(m, k, p) for m, k, n, p, steps in launched if steps == 0]
     assert warm == [("r50", "sgd", "global"), ("vit", "gam", "local")]
@@ -243,24 +254,76 @@ def test_the_warm_up_compiles_the_modes_timed_alone(monkeypatch, tmp_path):
     ]
 
 
-def test_the_gpu_script_packs_what_a_stage_cut_short_left_and_refuses_unknown_stages(tmp_path):
-    """``data_parallel_gpu.sh leftover`` (after a stage stopped by ``timeout``) puts the logs,
-    profiles and traces left in $OUT into one file, so that few files come back; the results stay."""
-    import subprocess
-    import tarfile
+def _trace(tmp_path):
+    def gpu(tid, ts, dur, name="k"):
+        return {"ph": "X", "cat": "kernel", "tid": tid, "ts": ts, "dur": dur, "name": name}
 
-    (tmp_path / "dp_anchor_logs").mkdir()
-    (tmp_path / "dp_anchor_logs" / "00_r50_ddp_1gpu_global.log").write_text("first step 52.4 s\n")
-    (tmp_path / "dp_anchor_profile_r50_ddp_global.txt").write_text("profile\n")
-    (tmp_path / "dp_anchor.json").write_text("{}")
-    env = {"PATH": "/usr/bin:/bin", "OUT": str(tmp_path)}
-    script = str(ROOT / "benchmarks" / "data_parallel_gpu.sh")
-    done = subprocess.run(["bash", script, "leftover"], cwd=ROOT, env=env, capture_output=True)
-    assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["dp_anchor.json", "logs_leftover.tgz"]
-    with tarfile.open(tmp_path / "logs_leftover.tgz") as tar:
-        names = sorted(n.removeprefix("./") for n in tar.getnames())
-    assert "dp_anchor_logs/00_r50_ddp_1gpu_global.log" in names
-    assert "dp_anchor_profile_r50_ddp_global.txt" in names
-    wrong = subprocess.run(["bash", script, "anchr"], cwd=ROOT, env=env, capture_output=True)
-    assert wrong.returncode == 2 and b"unknown stage anchr" in wrong.stdout
+    train = [gpu(7, 0, 1000), gpu(7, 1000, 500), gpu(7, 3500, 1000), gpu(7, 4600, 400)]
+    decode = [gpu(20, 2000, 1000, "rgba2rgb"), gpu(20, 4000, 200, "rgba2rgb"), gpu(21, 2500, 300)]
+    host = [
+        # a decoder thread waits from within the first step until the gap has opened
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "tid": 99,
+            "ts": 200,
+            "dur": 1400,
+            "name": "cudaEventSynchronize",
+        },
+        # a wait that ends after the gap, and a call that is no wait: neither held it
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "tid": 98,
+            "ts": 100,
+            "dur": 5000,
+            "name": "cudaStreamSynchronize",
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "tid": 99,
+            "ts": 1400,
+            "dur": 300,
+            "name": "cudaLaunchKernel",
+        },
+        {"ph": "i", "cat": "kernel", "tid": 7, "ts": 0, "name": "an instant, not an event"},
+    ]
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": train + decode + host}, f)
+    return path
+
+
+def test_gaps_and_what_filled_them(tmp_path):
+    g = trace_gaps.gaps(trace_gaps.load(_trace(tmp_path)), min_ms=0.3)
+    assert g["training_stream"] == 7
+    assert g["span_ms"] == 5.0 and g["busy_ms"] == 2.9 and g["idle_ms"] == 2.1
+    assert [(x["at_ms"], x["ms"]) for x in g["gaps"]] == [(1.5, 2.0)]  # 0.1 ms at 4.5 is too short
+    gap = g["gaps"][0]
+    assert gap["other_streams_ms"] == pytest.approx(1.3)  # 1.0 of stream 20, 0.3 of stream 21
+    assert gap["other_streams_from_ms"] == 0.5
+    assert gap["other_kinds"] == {"rgba2rgb": 1, "k": 1}
+    assert gap["waits_ending_inside"] == [
+        {
+            "call": "cudaEventSynchronize",
+            "thread": 99,
+            "began_ms_before": 1.3,
+            "ended_ms_after": 0.1,
+        }
+    ]
+    # the decoder's 1.5 ms: 0.2 ms beside training work (4.0-4.2 inside 3.5-4.5)
+    assert g["other_streams_ms"] == 1.5 and g["other_streams_overlapping_ms"] == 0.2
+
+
+def test_the_command_writes_a_summary_per_trace(tmp_path, capsys):
+    out = tmp_path / "gaps.json"
+    assert trace_gaps.main([str(_trace(tmp_path)), "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert list(got) == ["t.json.gz"] and got["t.json.gz"]["gaps_over_min_ms"] == 2.0
+    assert "1 gaps, 2.0 ms" in capsys.readouterr().out
+
+
+def test_a_trace_without_gpu_work_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no GPU events"):
+        trace_gaps.gaps([{"ph": "X", "cat": "cpu_op", "tid": 1, "ts": 0, "dur": 1, "name": "x"}])

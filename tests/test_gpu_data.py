@@ -20,7 +20,7 @@ def jpeg_folder(root: Path, per_class: int = 6, classes: int = 3) -> Path:
     """A small ImageFolder of JPEGs of ImageNet-like sizes (smooth content, sides 300-500)."""
     from PIL import Image
 
-    from benchmarks.jpeg_folder import image
+    from benchmarks.input_pipeline.jpeg_folder import image
 
     gen = torch.Generator().manual_seed(0)
     for split in ("train", "val"):

@@ -1,0 +1,206 @@
+"""``python -m benchmarks.report``: ``benchmarks/RESULTS.md`` from the JSON files in ``benchmarks/results/``.
+
+One section per benchmark and one table per file (a device), each headed by the device, the date and
+the torch version of its run. ``tests/test_benchmark_report.py`` checks that the committed
+RESULTS.md is what this command writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks._common import RESULTS, table
+
+OUT = Path(__file__).resolve().parent / "RESULTS.md"
+
+# benchmark: (title, what its numbers are, columns)
+SECTIONS = {
+    "step_cost": (
+        "What a step costs",
+        "`python -m benchmarks.step_cost`: whole training steps of each estimator. × grad step is "
+        "ms ÷ the `gradient` step of the same model compiled the same way in the same run; "
+        "× authors' GAM is ms ÷ the authors' eager GAM optimiser; × eager SGD is images/s ÷ an "
+        "eager `torch.optim.SGD` step's.",
+        (
+            ("model", "model", ""),
+            ("dtype", "dtype", ""),
+            ("mode", "mode", ""),
+            ("method", "method", ""),
+            ("ms/step", "ms", ".2f"),
+            ("× grad step", "x_grad", ".2f"),
+            ("× authors' GAM", "x_authors", ".3f"),
+            ("× eager SGD", "x_sgd", ".3f"),
+            ("× floor", "x_floor", ".2f"),
+            ("peak GiB", "peak_mem_gib", ".2f"),
+            ("compile s", "compile_cold_s", ".0f"),
+            ("note", "error", ""),
+        ),
+    ),
+    "data_parallel": (
+        "Data-parallel scaling against DDP",
+        "`python -m benchmarks.data_parallel`: images/s of one step on 1 GPU and on N, each on a "
+        "batch already on the device; efficiency = N-GPU images/s ÷ (N × 1-GPU images/s). "
+        "`ddp` is the anchor: DistributedDataParallel around the compiled `nn.Module`.",
+        (
+            ("run", "run", ""),
+            ("GPUs", "gpus", ""),
+            ("perturbation", "perturbation", ""),
+            ("1 GPU img/s", "one.images_per_s", ".1f"),
+            ("N GPUs img/s", "many.images_per_s", ".1f"),
+            ("efficiency", "efficiency", ".3f"),
+        ),
+    ),
+    "input_pipeline": (
+        "The input pipeline's cost",
+        "`python -m benchmarks.input_pipeline`: images/s of each loader alone and, with "
+        "`--load_ms`, what it adds to a stand-in step of that length (× stand-in step = fed ÷ "
+        "alone − 1).",
+        (
+            ("pipeline", "pipeline", ""),
+            ("images/s", "images_per_s", ".0f"),
+            ("first epoch start s", "first_epoch_start_s", ".3f"),
+            ("epoch start s", "epoch_start_s", ".3f"),
+            ("fed step ms", "loaded_ms", ".3f"),
+            ("× stand-in step", "loaded_cost", "+.3f"),
+        ),
+    ),
+    "flops": (
+        "FLOPs per pass",
+        "`python -m benchmarks.flops`: matmul and convolution FLOPs of each region of exact GAM, "
+        "in gradient passes, as traced for inductor: with `gamfunc.graph_sharing` (`_shared`) or "
+        "without, with torch's norms (`native`) or elementary ones. A property of the graph: the "
+        "same on any machine.",
+        (
+            ("model", "model", ""),
+            ("region", "region", ""),
+            ("native", "native", ".3f"),
+            ("native shared", "native_shared", ".3f"),
+            ("elementary", "elementary", ".3f"),
+            ("elementary shared", "elementary_shared", ".3f"),
+        ),
+    ),
+    "flops_passes": (
+        "Exact GAM's passes, timed",
+        "`python -m benchmarks.flops.passes`: each region compiled, in units of a compiled "
+        "gradient pass of the same model in the same run.",
+        (
+            ("region", "region", ""),
+            ("ms", "ms", ".2f"),
+            ("× grad", "x_grad", ".2f"),
+            ("× grad mem", "x_grad_mem", ".2f"),
+        ),
+    ),
+    "vmap_members": (
+        "Many models in one step",
+        "`python -m benchmarks.vmap_members`: one vmapped step of N members of the MNIST-1D MLP "
+        "(exact GAM over SGD momentum) against their N steps one after another.",
+        (
+            ("members", "members", ""),
+            ("vmapped ms", "vmapped_ms", ".2f"),
+            ("looped ms", "looped_ms", ".2f"),
+            ("looped ÷ vmapped", "looped_over_vmapped", ".2f"),
+        ),
+    ),
+    "hessian_cost": (
+        "The cost of the Hessian metrics",
+        "`python -m benchmarks.hessian_cost`: gamfunc's top eigenvalues and Hessian trace against "
+        "PyHessian-style double backward; ratio is seconds ÷ the PyHessian row above it.",
+        (
+            ("method", "method", ""),
+            ("seconds", "seconds", ".4f"),
+            ("ratio", "ratio_to_baseline", ".2f"),
+            ("H·v products", "hvps", ""),
+        ),
+    ),
+    "gpu_check": (
+        "The GPU check",
+        "`pytest -m gpu tests/test_gpu_check.py`: every estimator × {fp32, bf16} × {ResNet, ViT} "
+        '× {eager, `scope="pass"` with CUDA graphs, `scope="step"`, `gamfunc.cuda_graph`}, '
+        "each update against the float64 step; one row per kind of case, with the largest error "
+        "÷ tolerance among its cases.",
+        (
+            ("mode", "mode", ""),
+            ("precision", "precision", ""),
+            ("cases", "cases", ""),
+            ("passed", "passed", ""),
+            ("largest error ÷ tolerance", "worst", ".3f"),
+        ),
+    ),
+}
+
+
+def _gpu_check_rows(rows: list[dict]) -> list[dict]:
+    """The GPU check's cases summarised per (mode, precision)."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        s = out.setdefault(
+            (r["mode"], r["precision"]),
+            {"mode": r["mode"], "precision": r["precision"], "cases": 0, "passed": 0, "worst": 0.0},
+        )
+        s["cases"] += 1
+        s["passed"] += r["status"] == "pass"
+        if r.get("update_rel_err") is not None:
+            s["worst"] = max(s["worst"], r["update_rel_err"] / r["tolerance"])
+    return list(out.values())
+
+
+def heading(meta: dict) -> str:
+    """A table's heading: device (× GPUs), date, torch."""
+    name = meta["device_name"]
+    if meta.get("gpus", 0) > 1:
+        name = f"{meta['gpus']} × {name}"
+    return f"{name}, {meta['date'][:10]}, torch {meta['torch']}"
+
+
+def render(folder: Path = RESULTS) -> str:
+    """RESULTS.md's text from the JSON files in ``folder``.
+
+    Args:
+        folder: where the results are.
+
+    Returns:
+        The Markdown: a section per benchmark in :data:`SECTIONS`' order, a table per file.
+
+    Raises:
+        ValueError: if a file names a benchmark that :data:`SECTIONS` does not know.
+    """
+    results: dict[str, list[tuple[str, dict]]] = {}
+    for path in sorted(folder.glob("*.json")):
+        result = json.loads(path.read_text())
+        if result.get("benchmark") not in SECTIONS:
+            raise ValueError(f"{path.name}: unknown benchmark {result.get('benchmark')!r}")
+        results.setdefault(result["benchmark"], []).append((path.name, result))
+    lines = [
+        "# Benchmark results",
+        "",
+        "Generated by `python -m benchmarks.report` from `benchmarks/results/*.json`; do not edit "
+        "by hand. Every ratio is between steps timed in the same run on the same device; compare "
+        "absolute times only within one table. benchmarks/README.md says how to read each table.",
+    ]
+    for name, (title, about, columns) in SECTIONS.items():
+        if name not in results:
+            continue
+        lines += ["", f"## {title}", "", about]
+        for file, result in sorted(results[name], key=lambda item: item[1]["meta"]["date"]):
+            rows = result["rows"]
+            if name == "gpu_check":
+                rows = _gpu_check_rows(rows)
+            lines += ["", f"### {heading(result['meta'])} (`results/{file}`)", ""]
+            lines.append(table(columns, rows))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    """Write RESULTS.md (or ``--out``)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(OUT))
+    a = ap.parse_args(argv)
+    Path(a.out).write_text(render())
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""The rows of the step-cost table: which step each method name times, built from gamfunc itself.
+
+A functional method is a :class:`Method`: a gamfunc estimator joined to ``gamfunc.sgd(lr,
+momentum=0.9)`` by ``gamfunc.make_step`` (see :mod:`.runners`). Two rows are eager ``nn.Module`` +
+``torch.optim`` steps that run once per model and precision, whatever ``--modes`` says: the baseline
+``torch_sgd`` (the denominator of × eager SGD) and ``authors_gam`` (the authors' GAM optimiser,
+:mod:`.authors_gam`, the denominator of × authors' GAM).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import NamedTuple
+
+import gamfunc
+from gamfunc import schedules
+
+BASELINE = "torch_sgd"
+AUTHORS = "authors_gam"
+EAGER_ROWS = (BASELINE, AUTHORS)  # nn.Module + torch.optim rows, eager only
+METHODS = (
+    "grad_eval",
+    "grad_eval_func",
+    "gradient",
+    "sam",
+    "gnp",
+    "gam_exact",
+    "gam_reverse",
+    "gam_fd",
+    "gam_accelerated",
+    AUTHORS,
+    "sam_gam",
+    "gam_every10",
+    "gam_every20",
+)
+EVERY = re.compile(r"(gam|sam_gam)_every(\d+)")  # GAM on one step in k (paper Appendix C.3)
+RHO_STEPS = 100_000  # ρ follows a cosine over this many steps, so it changes at every step
+# Accelerated GAM with the values of the authors' released code (reproduce's preset
+# accelerated.<dataset>.resnet18.authors): α = grad_beta_1, β = 1 − grad_beta_2, γ = grad_gamma.
+# The gam_accelerated and authors_gam rows use them with the code's convention, h− = g0 + |1−β|·g2.
+ACCELERATED = {"alpha": 0.6, "beta": 0.5, "gamma": 0.03, "convention": "official"}
+
+
+class Method(NamedTuple):
+    """One functional row.
+
+    ``every``: the estimator runs on one step in ``every`` and ``base`` (None: the plain gradient) on
+    the others. ``grads``: gradient evaluations per step, None where an H·v is not made of gradients.
+    ``floor``: for the ``*_every<k>`` rows, ``(k, base row, GAM row)``, whose measured times give the
+    floor ((k − 1)·base + GAM)/k of × floor. ``hvp``: GAM's H·v backend, if the row has one.
+    """
+
+    estimator: gamfunc.Estimator | None
+    every: int = 1
+    base: gamfunc.Estimator | None = None
+    grads: float | None = None
+    floor: tuple[int, str, str] | None = None
+    hvp: str | None = None
+
+
+def every_ok(name: str) -> bool:
+    """Whether ``name`` is ``gam_every<k>`` or ``sam_gam_every<k>`` with k >= 2."""
+    match = EVERY.fullmatch(name)
+    return match is not None and int(match[2]) >= 2
+
+
+def method_names(only) -> list[str]:
+    """``only`` in a stable order: METHODS first, then the other ``*_every<k>`` names by base and k."""
+    matches = (EVERY.fullmatch(m) for m in only if m not in METHODS)
+    extra = sorted((m[1], int(m[2]), m[0]) for m in matches if m)
+    return [m for m in METHODS if m in only] + [name for *_, name in extra]
+
+
+def rho_schedule(rho: float):
+    """ρ's schedule in every row (and lr's in the functional rows): a cosine from ``rho`` over
+    :data:`RHO_STEPS` steps."""
+    return schedules.cosine(rho, total_steps=RHO_STEPS)
+
+
+def rho_at(rho: float, t: int) -> float:
+    """:func:`rho_schedule` at step ``t`` as a Python float, the way the authors' schedulers hand
+    their optimiser ρ (``authors_gam``)."""
+    return rho * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t / RHO_STEPS)))
+
+
+def build_methods(a, names=()) -> dict[str, Method]:
+    """name -> :class:`Method` for every functional row, plus the ``gam_every<k>`` (GAM on one step in
+    k, plain gradient steps between) and ``sam_gam_every<k>`` (SAM+GAM on one step in k, SAM steps
+    between) named in ``names``. GAM in the ``*_every<k>`` rows and in ``sam_gam`` uses the H·v
+    backend ``a.composite_hvp``."""
+    rho = rho_schedule(a.rho)
+    fd_grads = a.composite_hvp == "fd"
+    gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp)
+    sam = gamfunc.sam(rho)
+    sam_gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp, oracle=sam)
+    methods = {
+        "grad_eval": Method(None, grads=1.0),
+        "grad_eval_func": Method(None, grads=1.0),
+        "gradient": Method(gamfunc.gradient(), grads=1.0),
+        "sam": Method(sam, grads=2.0),
+        "gnp": Method(gamfunc.gnp(a.alpha), grads=2.0),
+        "gam_exact": Method(gamfunc.gam(rho, a.alpha, hvp="exact"), hvp="exact"),
+        "gam_reverse": Method(gamfunc.gam(rho, a.alpha, hvp="reverse"), hvp="reverse"),
+        "gam_fd": Method(gamfunc.gam(rho, a.alpha, hvp="fd"), grads=4.0, hvp="fd"),
+        "gam_accelerated": Method(
+            gamfunc.gam_accelerated(rho, rho_schedule(a.rho), **ACCELERATED), grads=4.0
+        ),
+        AUTHORS: Method(None, grads=4.0),
+        "sam_gam": Method(sam_gam, grads=5.0 if fd_grads else None, hvp=a.composite_hvp),
+    }
+    for name in [m for m in METHODS if EVERY.fullmatch(m)] + list(names):
+        match = EVERY.fullmatch(name)
+        if match is None:
+            continue
+        k = int(match[2])
+        if match[1] == "gam":  # k - 1 gradient steps and one GAM step (4 gradients with fd)
+            gam_row = f"gam_{a.composite_hvp}"
+            grads = (k + 3) / k if fd_grads else None
+            methods[name] = Method(gam, k, None, grads, (k, "gradient", gam_row), a.composite_hvp)
+        else:  # k - 1 SAM steps of 2 gradients and one SAM+GAM step (5 with fd)
+            grads = (2 * k + 3) / k if fd_grads else None
+            methods[name] = Method(sam_gam, k, sam, grads, (k, "sam", "sam_gam"), a.composite_hvp)
+    return methods

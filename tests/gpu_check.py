@@ -1,0 +1,399 @@
+"""Every estimator in every precision through the public API, each step against float64: the GPU check.
+
+``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 6.5 minutes on one
+H100), one test per case; this module is its machinery. ``python tests/gpu_check.py`` runs the same
+cases and writes their JSON (``benchmarks/results/gpu_check_<device>.json`` unless ``--out`` says);
+``python tests/gpu_check.py --group MODEL:PRECISION:MODE`` is one of its worker processes.
+
+Cases: the estimators of :data:`CHECKED` (built by ``tests/registry.py``'s ``ESTIMATORS``) × {fp32,
+bf16 (:func:`gamfunc.precision.bf16`)} × {a CIFAR ResNet with BatchNorm in channels-last, a small
+ViT} × {eager, ``scope="pass"`` with CUDA graphs (``mode="reduce-overhead"``), ``scope="step"``, the
+eager step replayed as one CUDA graph (:func:`gamfunc.cuda_graph`)}, plus the vmapped ensemble and the
+``torch.optim`` facade on the device.
+
+Each compiled step is called three times from the same parameters and state (CUDA graphs: warm-up,
+recording, replay), and every result is checked after the last call, so a replay that overwrote an
+earlier result is caught. The reference is the same step of the same network in float64, eager, on
+the same device. The relative error of the update ‖Δθ − Δθ₆₄‖/‖Δθ₆₄‖ must stay under the precision's
+tolerance: fp32 (TF32 off) ``1e-4``, the rounding of cuDNN's convolution algorithms with room; bf16
+8·2⁻⁸, eight units of bfloat16's rounding (``tests/test_precision.py`` measures 1–5 units on the CPU);
+a finite-difference H·v multiplies gradient rounding by 1 + 2·α·ρ/r, and its tolerance with it
+(:func:`amplification`). The ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a unit on
+or off, and a finite difference or a perturbed gradient is then not a rounding away from its float64
+value.
+
+Groups of cases (model, precision, mode) run in worker processes in parallel (:func:`run_all`), so
+their compiles overlap; every whole-step case is a group of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+for _path in (HERE.parent, HERE):  # a worker, run as a script: gamfunc, reproduce and registry
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+import torch  # noqa: E402
+from registry import ESTIMATORS  # noqa: E402
+
+import gamfunc  # noqa: E402
+from gamfunc import tree  # noqa: E402
+from gamfunc.precision import bf16  # noqa: E402
+from gamfunc.regional import compile_passes  # noqa: E402
+from reproduce.run.report import dumps  # noqa: E402
+
+__all__ = ["CHECKED", "MODES", "PRECISIONS", "TOLERANCE", "cases", "run_all", "run_group"]
+
+# One of each kind of estimator: every H·v backend, each oracle, both accelerated forms' passes.
+CHECKED = (
+    "gradient",
+    "sam",
+    "asam",
+    "gnp_exact",
+    "gam_exact",
+    "gam_reverse",
+    "gam_fd",
+    "sam+gam",
+    "gam_accelerated_paper",
+)
+PRECISIONS = ("fp32", "bf16")
+MODES = ("eager", "pass", "step", "graph")
+MODELS = ("resnet", "vit")
+EXTRAS = (("vit", "fp32", "eager", "ensemble"), ("vit", "bf16", "eager", "ensemble"))
+EXTRAS += (("resnet", "fp32", "eager", "facade"),)
+TOLERANCE = {"fp32": 1e-4, "bf16": 8 * 2.0**-8}
+# Estimators by the seconds their whole-step compile took on an H100, costliest first.
+STEP_COST = (
+    "sam+gam",
+    "gam_exact",
+    "gam_reverse",
+    "gam_accelerated_paper",
+    "gnp_exact",
+    "gam_fd",
+    "asam",
+    "gradient",
+    "sam",
+)
+
+
+def amplification(name: str) -> float:
+    """How much an estimator multiplies gradient rounding: 1, or 1 + 2·α·ρ/r for a finite-difference
+    H·v, which takes the difference of two rounded gradients, divides it by r and scales it by α·ρ.
+
+    Args:
+        name: a key of ``ESTIMATORS``.
+
+    Returns:
+        The factor on the precision's tolerance.
+    """
+    h = ESTIMATORS[name]().hparams
+    hvp = h.get("hvp")
+    if not (hvp == "fd" or getattr(hvp, "name", None) == "fd"):
+        return 1.0
+    radius = h.get("fd_radius") or getattr(hvp, "radius", None)
+    return 1 + 2 * float(h["alpha"]) * float(h["rho"]) / float(radius)
+
+
+def cases(device: str = "cuda") -> list[tuple[str, str, str, str]]:
+    """Every case ``(model, precision, mode, estimator)`` of the check on ``device``: all modes on
+    CUDA, the eager ones elsewhere, then the ensemble and facade cases."""
+    modes = MODES if device.startswith("cuda") else ("eager",)
+    grid = [(m, p, mode, e) for mode in modes for m in MODELS for p in PRECISIONS for e in CHECKED]
+    return grid + list(EXTRAS)
+
+
+CALLS = 3  # a compiled step's calls from one state: CUDA graphs warm up, record, replay
+
+
+def build(model: str, device: torch.device, dtype=torch.float32):
+    """``(module, batch)``: the network (seeded) and one batch of 32 images of 16×16, on ``device``."""
+    from reproduce.models import CifarResNet, ViT, _Basic
+
+    torch.manual_seed(0)
+    if model == "resnet":
+        # GELU: ∇L is then continuous, so the finite differences of fd and accelerated GAM compare
+        # with float64 at rounding tolerance (with ReLU a rounding flips which units are active).
+        net = CifarResNet(_Basic, [1, 1], num_classes=10, act=torch.nn.functional.gelu)
+    else:
+        net = ViT(image_size=16, patch=4, dim=64, depth=2, heads=4, mlp_dim=128, num_classes=10)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 3, 16, 16, generator=g)
+    y = torch.randint(0, 10, (32,), generator=g)
+    net = net.to(device, dtype)
+    x = x.to(device, dtype)
+    if model == "resnet":
+        net, x = net.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
+    return net, (x, y.to(device))
+
+
+def _update(new, old):
+    return {k: (new[k].double() - old[k].double()) for k in old}
+
+
+def _rel(a, b) -> float:
+    num = float(tree.norm(tree.sub(a, b)))
+    den = float(tree.norm(b))
+    return num / den if den > 0 else num
+
+
+def reference(model: str, estimator: str, device: torch.device):
+    """The float64 eager step: ``(update, loss)``."""
+    net, (x, y) = build(model, device, torch.float64)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
+    step = gamfunc.make_step(ESTIMATORS[estimator](), gamfunc.sgd(lr=0.1, momentum=0.9), loss_fn)
+    new, _, m = step(params, step.init(params, buffers), (x, y))
+    return _update(new, params), float(m["loss"])
+
+
+def run_group(model: str, precision: str, mode: str, device: torch.device, names=CHECKED):
+    """The rows of one (model, precision, mode) group: each estimator of ``names``, its error against
+    float64."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    net, batch = build(model, device)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net)
+    loss = bf16(loss_fn) if precision == "bf16" else loss_fn
+    if mode == "pass":  # one set of compiled passes for every estimator of the group
+        loss = compile_passes(loss, mode="reduce-overhead" if device.type == "cuda" else None)
+    rows = []
+    for name in names:
+        row = {"model": model, "precision": precision, "mode": mode, "estimator": name}
+        try:
+            want, want_loss = reference(model, name, device)
+            step = gamfunc.make_step(ESTIMATORS[name](), gamfunc.sgd(lr=0.1, momentum=0.9), loss)
+            if mode == "step":
+                step = step.compile()
+            if mode == "graph":  # the eager step replayed as one CUDA graph
+                step = gamfunc.cuda_graph(step, warmup=1)
+            state = step.init(params, buffers)
+            t0 = time.perf_counter()
+            outs = [step(params, state, batch) for _ in range(1 if mode == "eager" else CALLS)]
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            errors = [_rel(_update(new, params), want) for new, _, _ in outs]
+            loss_errors = [abs(float(m["loss"]) - want_loss) / abs(want_loss) for _, _, m in outs]
+            row["update_rel_err"] = max(errors)
+            row["loss_rel_err"] = max(loss_errors)
+            row["skipped"] = max(int(m["skipped"]) for _, _, m in outs)
+            tol = TOLERANCE[precision] * amplification(name)
+            row["tolerance"] = tol
+            ok = row["update_rel_err"] < tol and row["loss_rel_err"] < tol and row["skipped"] == 0
+            row["status"] = "pass" if ok else "fail"
+        except Exception as e:  # a case that raises is a failed case, reported
+            row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            row["trace"] = traceback.format_exc().splitlines()[-8:]
+        rows.append(row)
+    return rows
+
+
+def _without_buffers(loss_fn):
+    """The two-argument loss of a network without buffers (the ViT)."""
+
+    def plain(params, batch):
+        return loss_fn(params, batch, {})[0]
+
+    return plain
+
+
+def extras(device: torch.device) -> list[dict]:
+    """The vmapped ensemble (each member against its own step) and the torch.optim facade (against
+    ``make_step``), eager, fp32 and bf16."""
+    rows = []
+    for precision in PRECISIONS:
+        row = {"model": "vit", "precision": precision, "mode": "eager", "estimator": "ensemble"}
+        try:
+            net, batch = build("vit", device)
+            loss_fn, params, _ = gamfunc.nn.functionalize(net)
+            plain = _without_buffers(loss_fn)
+            loss = bf16(plain) if precision == "bf16" else plain
+            lrs = torch.tensor([0.05, 0.1, 0.2], device=device)
+
+            def member(lr, loss=loss):
+                return gamfunc.make_step(gamfunc.gam(0.05, 0.5), gamfunc.sgd(lr=lr), loss)
+
+            ens = gamfunc.ensemble.vmap_step(member, {"lr": lrs})  # lr: a constant schedule
+            stacked = gamfunc.ensemble.stack([params] * len(lrs))
+            new, _, _ = ens(stacked, ens.init(stacked), batch)
+            errs = []
+            for i, lr in enumerate(lrs.tolist()):
+                single = member(lr)
+                want, _, _ = single(params, single.init(params), batch)
+                got = {k: v[i] for k, v in new.items()}
+                errs.append(_rel(_update(got, params), _update(want, params)))
+            row["update_rel_err"], row["tolerance"] = max(errs), TOLERANCE[precision]
+            row["status"] = "pass" if row["update_rel_err"] < row["tolerance"] else "fail"
+        except Exception as e:
+            row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            row["trace"] = traceback.format_exc().splitlines()[-8:]
+        rows.append(row)
+    row = {"model": "resnet", "precision": "fp32", "mode": "eager", "estimator": "facade"}
+    try:
+        from gamfunc.torch_optim import GAM
+
+        torch.backends.cudnn.allow_tf32 = False
+        net, batch = build("resnet", device)
+        loss_fn, params, buffers = gamfunc.nn.functionalize(copy.deepcopy(net))
+        step = gamfunc.make_step(gamfunc.gam(0.05, 0.5), gamfunc.sgd(lr=0.1), loss_fn)
+        want, _, _ = step(params, step.init(params, buffers), batch)
+        opt = GAM(net, gamfunc.sgd(lr=0.1), rho=0.05, alpha=0.5)
+        opt.step(batch)
+        got = {k: p.detach() for k, p in net.named_parameters()}
+        row["update_rel_err"] = _rel(_update(got, params), _update(want, params))
+        row["tolerance"] = TOLERANCE["fp32"]
+        row["status"] = "pass" if row["update_rel_err"] < row["tolerance"] else "fail"
+    except Exception as e:
+        row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        row["trace"] = traceback.format_exc().splitlines()[-8:]
+    rows.append(row)
+    return rows
+
+
+def _line(r: dict) -> str:
+    err, tol = r.get("update_rel_err"), r.get("tolerance")
+    what = f"rel err {err:.2e} ({err / tol:.2f} of tol)" if err is not None else r.get("error", "")
+    return (
+        f"{r['status']:8s} {r['model']:6s} {r['precision']:4s} {r['mode']:5s} "
+        f"{r['estimator']:12s} {what}"
+    )
+
+
+def _group_rows(group: str, out: str) -> list[dict]:
+    """The rows a worker printed, each also printed as a line; a worker that died is one failed row."""
+    got = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("ROWS ")]
+    if got:
+        rows = got[0]
+    else:
+        model, precision, mode = ([*group.split(":"), "fp32", "-"])[:3]
+        tail = " | ".join(out.strip().splitlines()[-6:])
+        rows = [
+            {
+                "model": model,
+                "precision": precision if precision in PRECISIONS else "fp32",
+                "mode": mode,
+                "estimator": "-",
+                "status": "fail",
+                "error": f"worker died: {tail}",
+            }
+        ]
+    for r in rows:
+        print(_line(r), flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    """The command line: with ``--group``, one worker's group (its rows printed as one line);
+    without, every case (:func:`run_all`), a summary line and the JSON of
+    ``benchmarks/results/gpu_check_<device>.json`` where ``--out`` says.
+
+    Args:
+        argv: the command line (default: ``sys.argv[1:]``).
+
+    Returns:
+        1 if a case failed, else 0.
+    """
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--group", default="", help="MODEL:PRECISION:MODE, or extras (a worker)")
+    ap.add_argument("--estimators", default=",".join(CHECKED))
+    ap.add_argument("--out", default=None, help="JSON file (every case, without --group)")
+    args = ap.parse_args(argv)
+    if not args.group:
+        from benchmarks import _common
+
+        start = time.time()
+        rows = run_all(args.device, names=args.estimators.split(","))
+        failed = sum(r["status"] != "pass" for r in rows)
+        meta = _common.metadata("gpu_check", args.device)
+        meta.update(seconds=round(time.time() - start, 1), passed=len(rows) - failed, failed=failed)
+        path = _common.save({"benchmark": "gpu_check", "meta": meta, "rows": rows}, args.out)
+        print(
+            f"gpu_check: {len(rows) - failed} passed, {failed} failed in {meta['seconds']} s; {path}"
+        )
+        return 1 if failed else 0
+    device = torch.device(args.device)
+    if args.group == "extras":
+        rows = extras(device)
+    else:
+        model, precision, mode = args.group.split(":")
+        rows = run_group(model, precision, mode, device, args.estimators.split(","))
+    print("ROWS " + dumps(rows, indent=None), flush=True)
+    return 0
+
+
+def groups(device: str, models=MODELS, names=CHECKED, extra: bool = True) -> list[tuple[str, list]]:
+    """The worker groups ``(MODEL:PRECISION:MODE or extras, estimators)``, longest first, so that
+    the pool's workers end together: a group of compiled passes (one compile per new pass, every
+    estimator in turn), then each whole-step case alone, the costliest estimators first, then the
+    CUDA-graph and eager groups."""
+    modes = MODES if device.startswith("cuda") else ("eager",)
+
+    def parts(mode):
+        if mode != "step":
+            return [list(names)]
+        cost = sorted(names, key=lambda n: STEP_COST.index(n) if n in STEP_COST else 0)
+        return [[n] for n in cost]
+
+    order = [m for m in ("pass", "step", "graph", "eager") if m in modes]
+    found = [
+        (f"{m}:{p}:{mode}", part)
+        for mode in order
+        for part in parts(mode)
+        for m in models
+        for p in PRECISIONS
+    ]
+    return found + ([("extras", list(names))] if extra else [])
+
+
+def run_all(device: str = "cuda", workers: int | None = None, **selection) -> list[dict]:
+    """Every case of the check, each group in a worker process, ``workers`` at a time.
+
+    Args:
+        device: where the steps run.
+        workers: groups at once (default: the cores less two, 8 to 16).
+        **selection: ``models``, ``names``, ``extra`` of :func:`groups`.
+
+    Returns:
+        One row per case: model, precision, mode, estimator, ``status`` (``pass`` or ``fail``),
+        the errors against float64 and the tolerance, or the error that ended the case.
+    """
+    workers = workers or max(8, min(16, (os.cpu_count() or 8) - 2))
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "2"),
+    }
+    logs = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    pending, running, rows = groups(device, **selection), [], []
+    while pending or running:
+        while pending and len(running) < workers:
+            g, part = pending.pop(0)
+            cmd = [sys.executable, __file__, "--device", device, "--group", g]
+            cmd += ["--estimators", ",".join(part)]
+            log = open(logs / f"{g.replace(':', '_')}_{part[0]}.log", "w+")  # noqa: SIM115
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+            running.append((g, proc, log))
+        done = [r for r in running if r[1].poll() is not None]
+        if not done:
+            time.sleep(0.5)
+            continue
+        for g, proc, log in done:
+            running.remove((g, proc, log))
+            log.seek(0)
+            rows += _group_rows(g, log.read())
+            log.close()
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""benchmarks/RESULTS.md is what ``python -m benchmarks.report`` makes of ``benchmarks/results/``, and
+what every benchmark shares (benchmarks/_common.py): where its JSON goes and what names the device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import _common, report
+
+
+def test_the_committed_results_md_is_generated_from_the_results():
+    assert report.OUT.read_text() == report.render(), "run: python -m benchmarks.report"
+
+
+def test_results_keep_one_file_per_benchmark_and_device():
+    files = sorted(_common.RESULTS.glob("*"))
+    assert 0 < len(files) <= 20
+    for path in files:
+        result = json.loads(path.read_text())
+        meta = result["meta"]
+        assert path.name == f"{result['benchmark']}_{meta['slug']}.json"
+        assert {"device_name", "date", "torch"} <= set(meta)
+
+
+def test_a_table_per_file_headed_by_device_date_and_torch(tmp_path):
+    meta = {"benchmark": "vmap_members", "device_name": "NVIDIA H100 80GB HBM3", "gpus": 2}
+    meta |= {"slug": "2xh100", "date": "2026-11-27T10:00:00+00:00", "torch": "2.11.0"}
+    rows = [{"members": 8, "vmapped_ms": 2.0, "looped_ms": 10.0, "looped_over_vmapped": 5.0}]
+    _common.save(
+        {"benchmark": "vmap_members", "meta": meta, "rows": rows}, str(tmp_path / "v.json")
+    )
+    text = report.render(tmp_path)
+    assert "## Many models in one step" in text
+    assert "### 2 × NVIDIA H100 80GB HBM3, 2026-11-27, torch 2.11.0 (`results/v.json`)" in text
+    assert "| 8 | 2.00 | 10.00 | 5.00 |" in text
+    (tmp_path / "x.json").write_text(json.dumps({"benchmark": "nothing", "meta": {}, "rows": []}))
+    with pytest.raises(ValueError, match="unknown benchmark 'nothing'"):
+        report.render(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus", "want"),
+    [
+        ("NVIDIA H100 80GB HBM3", 1, "h100"),
+        ("NVIDIA H200", 2, "2xh200"),
+        ("NVIDIA A100-SXM4-80GB", 4, "4xa100"),
+        ("NVIDIA GeForce RTX 4090", 1, "rtx4090"),
+    ],
+)
+def test_a_device_slug_names_the_gpu_and_how_many(name, gpus, want):
+    assert _common.slug(name, gpus) == want
+
+
+def test_the_json_goes_where_out_says_else_into_results(tmp_path):
+    meta = _common.metadata("step_cost", "cpu", extra_setting=3)
+    assert meta["slug"] == "cpu" and meta["gpus"] == 0 and meta["extra_setting"] == 3
+    assert _common.out_path(None, meta) == _common.RESULTS / "step_cost_cpu.json"
+    quick = _common.metadata("step_cost", "cpu", quick=True)
+    assert _common.out_path(None, quick).parent != _common.RESULTS  # a smoke run is no result
+    out = tmp_path / "deep" / "r.json"
+    assert _common.save({"benchmark": "step_cost", "meta": meta, "rows": []}, str(out)) == out
+    assert json.loads(out.read_text())["meta"]["torch"] == meta["torch"]
+    with pytest.raises(ValueError, match="gpus"):
+        _common.slug("NVIDIA H100", 0)
