@@ -119,7 +119,8 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     cfg, name, procs = r.cfg, r.name, r.procs
     device = procs.device
     data = data_mod.to_device(data or data_mod.load(cfg), device)
-    t = setup(cfg, name, data, procs)
+    weights = ckpt.state_dict(cfg.weights) if cfg.weights else None
+    t = setup(cfg, name, data, procs, weights)
     train_loader, eval_batches, loader_name = loaders(cfg, data, procs)
     r.say(f"[{name}] data: {loader_name}; {procs.world} process(es), global batch {cfg.batch_size}")
     for note in t.notes:
