@@ -117,11 +117,11 @@ def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
         p.params, p.state, metrics = parts.step(p.params, p.state, batch)
         return metrics
     cfg, device = r.cfg, r.procs.device
-    if cfg.compile:
-        r.say(f"[{r.name}] compiling the step (first call)...")
-        began = time.perf_counter()
     compiling = " and its compilation" if cfg.compile else ""
     with r.stop.during(f"start-up (the first step{compiling})", at_once=True):
+        if cfg.compile:  # said within the phase: a signal from here on stops the run at once
+            r.say(f"[{r.name}] compiling the step (first call)...")
+            began = time.perf_counter()
         p.params, p.state, metrics = parts.step(p.params, p.state, batch)
     if cfg.compile:
         if device.type == "cuda":
