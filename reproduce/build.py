@@ -20,6 +20,7 @@ from torch.func import functional_call
 
 import gamfunc
 from gamfunc import schedules
+from reproduce import methods
 from reproduce.config import Config
 from reproduce.models import MODELS, RELU_MODELS, VECTOR_MODELS, build_model, new_head
 
@@ -166,34 +167,38 @@ def _has(model: nn.Module, *kinds: type) -> bool:
 def build_estimator(
     cfg: Config, name: str, lr, hvp: str = "exact"
 ) -> tuple[gamfunc.Estimator, gamfunc.Estimator]:
-    """``(estimator, base)``: the estimator called ``name`` and the one of the steps it skips
-    (``every``). ``hvp`` is the backend of the exact H·v (:func:`exact_hvp_backend`)."""
+    """The estimator called ``name`` (:data:`reproduce.methods.METHODS`) with the hyperparameters of
+    ``cfg``, and the one of the steps it skips (``every``).
+
+    Args:
+        cfg: the run's configuration (ρ and its schedule, α, SAM's ρ, ρ', β, γ, the radii).
+        name: the method.
+        lr: the learning rate or its schedule (``rho_schedule="proportional"`` scales ρ with it).
+        hvp: the backend of the exact H·v (:func:`exact_hvp_backend`).
+
+    Returns:
+        ``(estimator, base)``.
+
+    Raises:
+        ValueError: ``name`` is no method, or an estimator refuses a value.
+    """
     rho = cfg.rho
     if cfg.rho_schedule == "proportional" and callable(lr):
         rho = schedules.proportional(cfg.rho, lr, cfg.lr, floor=cfg.rho_min)
-    sam_rho = cfg.sam_rho or rho
-    gnp_hvp = hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp
-    plain = gamfunc.gradient()
-    theorem = {"theorem_norms": True}  # Theorem 4.3's two squared norms, logged under theory/
-    table: dict[str, Callable[[], gamfunc.Estimator]] = {
-        "sgd": lambda: plain,
-        "sam": lambda: gamfunc.sam(sam_rho),
-        "gnp": lambda: gamfunc.gnp(cfg.alpha, hvp=gnp_hvp, fd_radius=cfg.gnp_radius),
-        "gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp, **theorem),
-        "gam_fd": lambda: gamfunc.gam(rho, cfg.alpha, hvp="fd", fd_radius=cfg.fd_radius, **theorem),
-        "gam_reverse": lambda: gamfunc.gam(rho, cfg.alpha, hvp="reverse", **theorem),
-        "gam_accelerated": lambda: gamfunc.gam_accelerated(
-            rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="paper"
-        ),
-        "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
-            rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="official"
-        ),
-        "sam+gam": lambda: gamfunc.gam(
-            rho, cfg.alpha, hvp=hvp, oracle=gamfunc.sam(sam_rho), **theorem
-        ),
-    }
-    base = gamfunc.sam(sam_rho) if name == "sam+gam" else plain
-    return table[name](), base
+    hparams = dict(
+        rho=rho,
+        alpha=cfg.alpha,
+        sam_rho=cfg.sam_rho or rho,
+        rho_prime=cfg.rho_prime,
+        beta=cfg.beta,
+        gamma=cfg.gamma,
+        hvp=hvp,
+        fd_radius=cfg.fd_radius,
+        gnp_hvp=hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp,
+        gnp_radius=cfg.gnp_radius,
+        theorem_norms=True,  # Theorem 4.3's two squared norms, logged under theory/
+    )
+    return methods.estimator(name, **hparams), methods.base(name, **hparams)
 
 
 def build_optimizer(cfg: Config, lr, params: dict[str, Tensor] | None = None) -> gamfunc.Transform:

@@ -23,7 +23,7 @@ from reproduce.run import report
 from reproduce.run.evaluation import evaluate
 from reproduce.sweeps import vmapped
 
-# Estimator of reproduce.train.build_estimator and the config fields each method sets.
+# The method of reproduce.methods and the config fields each sets.
 GAM = dict(rho=0.5, alpha=1.0)
 SAM_RHO = 0.2
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
