@@ -186,7 +186,7 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
     done = summaries is not None
     counts = {"total": n, "reused": n if reused else 0, "trained": 0 if reused or not done else n}
     how = f" All {n} runs trained as one vmapped step on the batches of seed {data_seed}."
-    seconds = body["pos"]["seconds"] if body is not None else 0.0
+    seconds = body["pos"]["train_seconds"] if body is not None else 0.0
     extra = {"vmap": {"members": n, "data_seed": data_seed, "train_seconds": round(seconds, 2)}}
     write_tables(opts, rest, grid, name, root, runs, outcomes, counts, how, extra)
     if signum is not None:

@@ -33,7 +33,6 @@ alone; after ``max_skipped`` skipped steps in a row it is marked diverged (the o
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,8 +54,11 @@ from reproduce.build import (
 from reproduce.config import Config, as_dict, differences
 from reproduce.data import sets as data_mod
 from reproduce.models import build_model
+from reproduce.run.epoch import epoch_batches, train_epochs
 
 __all__ = ["PER_MEMBER", "Members", "VmapError", "check", "evaluate", "fresh_position", "train"]
+
+STOPPED = "stopped"  # the word of the training loop when ``stop()`` turned true
 
 # the fields that may differ between members: each reaches the step as a schedule
 PER_MEMBER = ("lr", "rho", "alpha", "sam_rho", "rho_prime")
@@ -220,7 +222,7 @@ def fresh_position(n: int) -> dict[str, Any]:
         "epoch": 0,
         "batch": 0,
         "step": 0,
-        "seconds": 0.0,
+        "train_seconds": 0.0,
         "sums": {"loss": [0.0] * n, "seen": [0] * n, "skipped": [0] * n},
         "run_of_skips": [0] * n,
         "diverged": [False] * n,
@@ -277,52 +279,64 @@ def train(
             "summaries": summaries,
         }
 
-    while pos["epoch"] < cfg.epochs:
-        epoch = pos["epoch"]
-        order = data_mod.epoch_order(len(data.train), data_seed, epoch)
-        batches = data_mod.train_batches(
-            data.train, order, pos["batch"], cfg.batch_size, seed=data_seed, epoch=epoch
+    t: dict[str, Tensor] = {}  # the epoch's sums, on the device
+
+    def batches(epoch: int, first: int):
+        t.clear()
+        t.update(
+            {
+                k: torch.tensor(
+                    v, dtype=torch.float64 if k == "loss" else torch.int64, device=device
+                )
+                for k, v in pos["sums"].items()
+            }
         )
-        t = {
-            k: torch.tensor(v, dtype=torch.float64 if k == "loss" else torch.int64, device=device)
-            for k, v in pos["sums"].items()
-        }
-        t |= {k: torch.tensor(pos[k], device=device) for k in ("run_of_skips", "diverged")}
-        clock = time.perf_counter()
-        for x, y in batches:
-            params, state, metrics = m.step(params, state, (x.to(device), y.to(device)))
-            ok = metrics["skipped"] == 0
-            t["loss"] = t["loss"] + torch.where(ok, metrics["loss"].double() * len(y), 0.0)
-            t["seen"] = t["seen"] + ok.long() * len(y)
-            t["skipped"] = t["skipped"] + (~ok).long()
-            t["run_of_skips"] = torch.where(ok, 0, t["run_of_skips"] + 1)
-            if cfg.max_skipped:
-                t["diverged"] = t["diverged"] | (t["run_of_skips"] >= cfg.max_skipped)
-            pos["batch"] += 1
-            pos["step"] += 1
-            if stop is not None and stop():
-                break
-        pos["seconds"] += time.perf_counter() - clock
+        t.update({k: torch.tensor(pos[k], device=device) for k in ("run_of_skips", "diverged")})
+        return epoch_batches(data.train, data_seed, cfg.batch_size)(epoch, first)
+
+    def step(batch) -> dict:
+        nonlocal params, state
+        x, y = batch
+        params, state, metrics = m.step(params, state, (x.to(device), y.to(device)))
+        return metrics
+
+    def after_step(metrics: dict, batch) -> str | None:
+        n = len(batch[1])
+        ok = metrics["skipped"] == 0
+        t["loss"] = t["loss"] + torch.where(ok, metrics["loss"].double() * n, 0.0)
+        t["seen"] = t["seen"] + ok.long() * n
+        t["skipped"] = t["skipped"] + (~ok).long()
+        t["run_of_skips"] = torch.where(ok, 0, t["run_of_skips"] + 1)
+        if cfg.max_skipped:
+            t["diverged"] = t["diverged"] | (t["run_of_skips"] >= cfg.max_skipped)
+        pos["step"] += 1
+        return STOPPED if stop is not None and stop() else None
+
+    def end(stopped: str | None) -> str | None:
         pos["sums"] = {k: t[k].tolist() for k in pos["sums"]}
-        pos |= {k: t[k].tolist() for k in ("run_of_skips", "diverged")}
+        pos.update({k: t[k].tolist() for k in ("run_of_skips", "diverged")})
         if pos["batch"] < m.steps_per_epoch:  # stopped mid-epoch
             if save is not None:
                 save(body())
-            return body()
+            return stopped
         _end_of_epoch(cfg, m, params, data, pos, device)
         say(_epoch_line(cfg, pos))
         if pos["epoch"] < cfg.epochs:
             if save is not None:
                 save(body())
             if stop is not None and stop():
-                return body()
+                return STOPPED
+        return None
+
+    if train_epochs(step, batches, pos, cfg.epochs, after_step, end) is not None:
+        return body()
     summaries = [
         {
             "status": "diverged" if pos["diverged"][i] else "finished",
             "final": pos["history"][i][-1],
             "best_val": pos["best"][i],
             "history": pos["history"][i],
-            "train_seconds_all_members": round(pos["seconds"], 2),
+            "train_seconds_all_members": round(pos["train_seconds"], 2),
             "data_seed": data_seed,
             "config": as_dict(c),
         }
@@ -367,7 +381,7 @@ def _end_of_epoch(cfg: Config, m: Members, params, data, pos: dict, device) -> N
 def _epoch_line(cfg: Config, pos: dict) -> str:
     records = [h[-1] for h in pos["history"]]
     losses = [r["train_loss"] for r in records if r["train_loss"] is not None]
-    line = f"[vmap] epoch {pos['epoch']}/{cfg.epochs}: {pos['seconds']:.1f} s"
+    line = f"[vmap] epoch {pos['epoch']}/{cfg.epochs}: {pos['train_seconds']:.1f} s"
     if losses:
         line += f", train loss {min(losses):.4f}..{max(losses):.4f}"
     vals = [r["val_acc"] for r in records if r.get("val_acc") is not None]
