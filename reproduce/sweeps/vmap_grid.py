@@ -31,8 +31,8 @@ How its runs differ from ``reproduce/train.py``'s:
   their cells (their parameters equal to float rounding; tests/test_reproduce_vmap_sweep.py); the
   members of the other seeds differ from theirs in data as well as in initialisation.
 * **Seeds** differ in the model's initialisation only (nothing else in these runs draws from them).
-* **What may vary.** The grid may vary ``lr``, ``rho``, ``alpha``, ``sam_rho`` and ``rho_prime``
-  (each reaches the step as a per-member schedule). Any other field makes ``--vmap`` refuse in one
+* **What may vary.** The grid may vary ``lr``, ``rho``, ``alpha``, ``sam_rho``, ``rho_prime``,
+  ``beta``, ``gamma`` and ``weight_decay`` (each reaches the step as a per-member schedule). Any other field makes ``--vmap`` refuse in one
   line that names it (``error: --vmap cannot vary batch_size per member: ...``), as do settings it
   does not implement (``--compile``, ``--weights``, ``--total_steps``, ``--max_steps``, ``--every``)
   and models with BatchNorm buffers; sweep those without ``--vmap``.

@@ -18,11 +18,12 @@ What is shared and what differs:
   here draws from them (train.py's flatness metrics at the end, whose probes it seeds with
   ``--seed``, are not measured here, and ``vmap`` refuses random operations such as dropout).
 * **Hyperparameters.** A field of :data:`PER_MEMBER` reaches the estimator or the optimiser as a
-  constant schedule per member; schedules built from it (cosine, warm-up) apply per member. The
-  others (model, estimator, batch size, epochs, momentum, weight decay, β, γ, ...) are one value
-  for all: :func:`check` names the first that differs. Weight decay, momentum and gam_accelerated's
-  α, β and γ are numbers to :func:`gamfunc.sgd`, :func:`gamfunc.adamw` and
-  :func:`gamfunc.gam_accelerated`, not schedules, so they cannot differ per member.
+  constant schedule per member; schedules built from it (cosine, warm-up) apply per member. These
+  are the fields whose consumer takes a schedule: the learning rate, ρ, α, SAM's ρ and ρ' of the
+  estimators, β and γ of :func:`gamfunc.gam_accelerated` and the weight decay of
+  :func:`gamfunc.sgd` and :func:`gamfunc.adamw`. The others (model, estimator, batch size, epochs,
+  momentum, ...) are one value for all: :func:`check` names the first that differs. Momentum is a
+  number to :func:`gamfunc.sgd`, not a schedule, so it cannot differ per member.
 
 Models without buffers only (the MLPs and the 1-d CNN of MNIST-1D and digits, for which this pays):
 members with BatchNorm would need their running statistics stacked into the step's state and read
@@ -61,15 +62,10 @@ __all__ = ["PER_MEMBER", "Members", "VmapError", "check", "evaluate", "fresh_pos
 STOPPED = "stopped"  # the word of the training loop when ``stop()`` turned true
 
 # the fields that may differ between members: each reaches the step as a schedule
-PER_MEMBER = ("lr", "rho", "alpha", "sam_rho", "rho_prime")
+PER_MEMBER = ("lr", "rho", "alpha", "sam_rho", "rho_prime", "beta", "gamma", "weight_decay")
 # fields that name or place a run and never change its trajectory
 _FREE = ("seed", "name", "resume", "overwrite")
-_WHY = {
-    "weight_decay": "gamfunc.sgd and gamfunc.adamw take it as a number, not a schedule",
-    "momentum": "gamfunc.sgd takes it as a number, not a schedule",
-    "beta": "gamfunc.gam_accelerated takes it as a number, not a schedule",
-    "gamma": "gamfunc.gam_accelerated takes it as a number, not a schedule",
-}
+_WHY = {"momentum": "gamfunc.sgd takes it as a number, not a schedule"}
 # settings a vmapped training does not implement: (field, is it set?, what to do instead)
 _UNSUPPORTED: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
     ("compile", lambda c: c.compile, "leave it out"),
@@ -106,10 +102,6 @@ def check(cfgs: list[Config], name: str) -> list[str]:
                 varied.append(key)
     varied.sort(key=PER_MEMBER.index)
     cfg = cfgs[0]
-    if "alpha" in varied and name.startswith("gam_accelerated"):
-        raise VmapError(
-            "--vmap cannot vary alpha per member for gam_accelerated: it takes α as a number"
-        )
     if cfg.rho_schedule == "proportional" and {"lr", "rho"} & set(varied):
         raise VmapError(
             "--vmap cannot vary lr or rho per member with rho_schedule=proportional "
@@ -154,14 +146,16 @@ class Members:
         def build(**h):
             """One member's step: its values of ``varied`` are constant schedules ``h[k]``."""
             zero = torch.zeros((), dtype=torch.int64)
-            c = dataclasses.replace(cfg, **h)  # schedules where the estimator takes them
+            c = dataclasses.replace(
+                cfg, **h
+            )  # the member's schedules, read by estimator and optimiser
             lr = lr_schedule(
                 dataclasses.replace(cfg, **{k: h[k](zero) for k in h if k == "lr"}), spe
             )
             if not callable(lr):  # constant: the member's own value
                 lr = h.get("lr", lr)
             estimator, base = build_estimator(c, name, lr, hvp)
-            optimizer = build_optimizer(cfg, lr, one[0])
+            optimizer = build_optimizer(c, lr, one[0])  # the member's weight decay
             return gamfunc.make_step(estimator, optimizer, step_loss, base=base)
 
         values = varied or ["lr"]  # vmap_step needs one; lr is then the same for every member
