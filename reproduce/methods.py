@@ -5,7 +5,7 @@ Every caller that names an estimator builds it here: ``reproduce/train.py --esti
 contract tests (``tests/registry.py``) and the benchmarks. A name and its hyperparameters give
 one estimator::
 
-    >>> from reproduce.methods import estimator
+    >>> from reproduce.methods import METHODS, estimator
     >>> gam = estimator("gam", rho=0.05, alpha=0.1)  # gamfunc.gam(0.05, 0.1, hvp="exact")
     >>> sorted(METHODS)[:3]
     ['asam', 'gam', 'gam_accelerated']
