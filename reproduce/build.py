@@ -11,8 +11,7 @@ with ``--compile``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,14 +20,14 @@ from torch.func import functional_call
 
 import gamfunc
 from gamfunc import schedules
+from reproduce import methods
 from reproduce.config import Config
 from reproduce.models import MODELS, RELU_MODELS, VECTOR_MODELS, build_model, new_head
-from reproduce.run import checkpoint as ckpt
-from reproduce.run.launch import Processes
 
 __all__ = [
     "CORRECT",
     "TOP5",
+    "Place",
     "SetupError",
     "Training",
     "build_estimator",
@@ -168,34 +167,38 @@ def _has(model: nn.Module, *kinds: type) -> bool:
 def build_estimator(
     cfg: Config, name: str, lr, hvp: str = "exact"
 ) -> tuple[gamfunc.Estimator, gamfunc.Estimator]:
-    """``(estimator, base)``: the estimator called ``name`` and the one of the steps it skips
-    (``every``). ``hvp`` is the backend of the exact H·v (:func:`exact_hvp_backend`)."""
+    """The estimator called ``name`` (:data:`reproduce.methods.METHODS`) with the hyperparameters of
+    ``cfg``, and the one of the steps it skips (``every``).
+
+    Args:
+        cfg: the run's configuration (ρ and its schedule, α, SAM's ρ, ρ', β, γ, the radii).
+        name: the method.
+        lr: the learning rate or its schedule (``rho_schedule="proportional"`` scales ρ with it).
+        hvp: the backend of the exact H·v (:func:`exact_hvp_backend`).
+
+    Returns:
+        ``(estimator, base)``.
+
+    Raises:
+        ValueError: ``name`` is no method, or an estimator refuses a value.
+    """
     rho = cfg.rho
     if cfg.rho_schedule == "proportional" and callable(lr):
         rho = schedules.proportional(cfg.rho, lr, cfg.lr, floor=cfg.rho_min)
-    sam_rho = cfg.sam_rho or rho
-    gnp_hvp = hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp
-    plain = gamfunc.gradient()
-    theorem = {"theorem_norms": True}  # Theorem 4.3's two squared norms, logged under theory/
-    table: dict[str, Callable[[], gamfunc.Estimator]] = {
-        "sgd": lambda: plain,
-        "sam": lambda: gamfunc.sam(sam_rho),
-        "gnp": lambda: gamfunc.gnp(cfg.alpha, hvp=gnp_hvp, fd_radius=cfg.gnp_radius),
-        "gam": lambda: gamfunc.gam(rho, cfg.alpha, hvp=hvp, **theorem),
-        "gam_fd": lambda: gamfunc.gam(rho, cfg.alpha, hvp="fd", fd_radius=cfg.fd_radius, **theorem),
-        "gam_reverse": lambda: gamfunc.gam(rho, cfg.alpha, hvp="reverse", **theorem),
-        "gam_accelerated": lambda: gamfunc.gam_accelerated(
-            rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="paper"
-        ),
-        "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
-            rho, cfg.rho_prime, cfg.alpha, cfg.beta, cfg.gamma, convention="official"
-        ),
-        "sam+gam": lambda: gamfunc.gam(
-            rho, cfg.alpha, hvp=hvp, oracle=gamfunc.sam(sam_rho), **theorem
-        ),
-    }
-    base = gamfunc.sam(sam_rho) if name == "sam+gam" else plain
-    return table[name](), base
+    hparams = dict(
+        rho=rho,
+        alpha=cfg.alpha,
+        sam_rho=cfg.sam_rho or rho,
+        rho_prime=cfg.rho_prime,
+        beta=cfg.beta,
+        gamma=cfg.gamma,
+        hvp=hvp,
+        fd_radius=cfg.fd_radius,
+        gnp_hvp=hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp,
+        gnp_radius=cfg.gnp_radius,
+        theorem_norms=True,  # Theorem 4.3's two squared norms, logged under theory/
+    )
+    return methods.estimator(name, **hparams), methods.base(name, **hparams)
 
 
 def build_optimizer(cfg: Config, lr, params: dict[str, Tensor] | None = None) -> gamfunc.Transform:
@@ -220,35 +223,31 @@ def build_optimizer(cfg: Config, lr, params: dict[str, Tensor] | None = None) ->
     return opt
 
 
-def load_weights(model: nn.Module, path: str) -> None:
-    """Load a local state dict, or the params and buffers of one of our checkpoints, into ``model``."""
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise SetupError(f"--weights: no file at {str(p)!r}")
-    try:
-        obj = ckpt.read(p, "--weights")
-        if isinstance(obj, dict) and obj.get("format") == ckpt.FORMAT:
-            body = ckpt.load(p)
-            obj = {**body["params"], **body["state"].get("buffers", {})}
-    except ckpt.CheckpointError as e:
-        raise SetupError(str(e)) from None
-    if isinstance(obj, dict) and isinstance(obj.get("state_dict") or obj.get("model"), dict):
-        obj = obj.get("state_dict") or obj["model"]
-    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
-        raise SetupError(f"--weights {str(p)!r} is not a state dict (a dict of tensors)")
-    obj = {k: v for k, v in obj.items() if k not in (CORRECT, TOP5)}
+def load_weights(model: nn.Module, weights: dict[str, Tensor], source: str) -> None:
+    """Load ``weights``, a state dict read from the file ``source`` (``--weights``), into ``model``.
+
+    Args:
+        model: the network built for the run.
+        weights: parameter and buffer names to tensors (:func:`reproduce.run.checkpoint.state_dict`
+            reads them from a file).
+        source: the file they were read from, named in the errors.
+
+    Raises:
+        SetupError: a tensor differs in shape from the model's, or a name is missing or unexpected.
+    """
+    obj = {k: v for k, v in weights.items() if k not in (CORRECT, TOP5)}
     own = model.state_dict()
     shapes = [k for k, v in obj.items() if k in own and own[k].shape != v.shape]
     if shapes:
         k = shapes[0]
         raise SetupError(
-            f"--weights {str(p)!r} does not fit the model {type(model).__name__}: {len(shapes)} "
+            f"--weights {source!r} does not fit the model {type(model).__name__}: {len(shapes)} "
             f"tensor(s) differ in shape, e.g. {k} {tuple(obj[k].shape)} vs {tuple(own[k].shape)}"
         )
     missing, unexpected = model.load_state_dict(obj, strict=False)
     if missing or unexpected:
         raise SetupError(
-            f"--weights {str(p)!r} does not fit the model: missing {missing}, unexpected {unexpected}"
+            f"--weights {source!r} does not fit the model: missing {missing}, unexpected {unexpected}"
         )
 
 
@@ -296,7 +295,20 @@ def _check_batch(cfg: Config, n_train: int, world: int) -> int:
     return steps
 
 
-def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Training:
+class Place(Protocol):
+    """Where this process trains within its job (:class:`reproduce.run.launch.Processes` is one)."""
+
+    device: torch.device
+    world: int  # the number of processes of the job
+
+
+def setup(
+    cfg: Config,
+    name: str,
+    data,
+    procs: Place | torch.device,
+    weights: dict[str, Tensor] | None = None,
+) -> Training:
     """The model of ``cfg`` (fresh, or from ``--weights``), its loss, and ``make_step`` of the estimator
     ``name`` with the base optimiser and schedule of ``cfg``, initialised on ``procs.device``.
 
@@ -304,10 +316,25 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
     is made data parallel with ``cfg.perturbation`` (:func:`gamfunc.distributed.data_parallel`).
     With ``cfg.channels_last`` the model's 4-d parameters and buffers take the ``torch.channels_last``
     layout before they are copied out into ``params`` and ``buffers``; the step keeps that layout.
+
+    Args:
+        cfg: the run's configuration.
+        name: the estimator (:func:`build_estimator`).
+        data: the data set (its classes, image size and training examples size the model and batch).
+        procs: the job's processes (a :class:`Place`), or a device for a single process.
+        weights: the state dict read from ``cfg.weights`` (:func:`reproduce.run.checkpoint.state_dict`),
+            where it names a file.
+
+    Returns:
+        The :class:`Training`: model, loss, step, parameters and state before the first step.
+
+    Raises:
+        SetupError: the run cannot start as configured (the message says why).
     """
-    if not isinstance(procs, Processes):  # a device: one process
-        procs = Processes(0, 1, 0, torch.device(procs), "")
-    device = procs.device
+    if isinstance(procs, torch.device | str):  # one process
+        device, world = torch.device(procs), 1
+    else:
+        device, world = procs.device, procs.world
     if cfg.pretrained and not cfg.weights:
         raise SetupError(
             f"--preset={cfg.preset} fine-tunes a pretrained {cfg.model}: pass --weights=FILE, a local "
@@ -328,7 +355,9 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
     except ValueError as e:
         raise SetupError(str(e)) from None
     if cfg.weights:
-        load_weights(model, cfg.weights)
+        if weights is None:
+            raise SetupError(f"--weights={cfg.weights}: give setup the state dict read from it")
+        load_weights(model, weights, cfg.weights)
     if cfg.pretrained:
         new_head(model, data.num_classes, seed=cfg.seed)
     notes = []
@@ -349,18 +378,18 @@ def setup(cfg: Config, name: str, data, procs: Processes | torch.device) -> Trai
     loss_fn = training_loss(classification_loss(model, cfg.label_smoothing), cfg)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    if procs.world > 1:
+    if world > 1:
         params, buffers = gamfunc.distributed.broadcast((params, buffers))
     buffers[CORRECT] = torch.zeros((), dtype=torch.int64, device=device)
-    steps_per_epoch = _check_batch(cfg, len(data.train), procs.world)
+    steps_per_epoch = _check_batch(cfg, len(data.train), world)
     lr = lr_schedule(cfg, steps_per_epoch)
     estimator, base = build_estimator(cfg, name, lr, hvp)
     optimizer = build_optimizer(cfg, lr, params)
-    scope = compile_scope(cfg, procs.world) if cfg.compile else ""
+    scope = compile_scope(cfg, world) if cfg.compile else ""
     step_loss = loss_fn
     if scope == "pass":
         step_loss = gamfunc.regional.compile_passes(loss_fn)
-    if procs.world > 1:
+    if world > 1:
         estimator, step_loss = gamfunc.distributed.data_parallel(
             estimator, step_loss, cfg.perturbation
         )

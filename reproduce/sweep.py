@@ -42,9 +42,9 @@ Arguments before ``--`` are the sweep's; those after it go to every ``reproduce/
 * ``--vmap``: every cell × seed as a member of one vmapped step, trained together in this process
   on one device, for models small enough that one run leaves the device idle (MNIST-1D, digits):
   a table of the same form (other numbers: the members share one seed's data), from
-  ``reproduce/sweeps/vmap_grid.py``, whose docstring says what the grid may vary
-  there (lr, rho, alpha, sam_rho, rho_prime), which batches the members share (those of
-  ``--data_seed=S``, default the first seed) and what a rerun reuses.
+  ``reproduce/sweeps/vmap_grid.py``, whose docstring says what the grid may vary there (lr, rho,
+  alpha, sam_rho, rho_prime, beta, gamma, weight_decay), which batches the members share (those
+  of ``--data_seed=S``, default the first seed) and what a rerun reuses.
 
 Every run is ``<logdir>/<BASE>/<k1=v1,k2=v2>/seed=<s>/<estimator>/`` (a whole ``train.py`` run folder:
 TensorBoard events, checkpoints, ``summary.json``), so ``tensorboard --logdir <logdir>/<BASE>`` shows

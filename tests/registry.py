@@ -1,24 +1,31 @@
-"""Every estimator and optimiser, built with valid hyperparameters, for the contract tests."""
+"""Every estimator and optimiser, built with valid hyperparameters, for the contract tests.
+
+The estimators come from the one registry, :mod:`reproduce.methods`, under the names the tests
+report; what the registry builds from a name is what the contract tests check."""
 
 import gamfunc
+from reproduce.methods import estimator
 
+# The contract tests' hyperparameters: valid for every method, small enough for the quadratic.
+H = dict(rho=0.05, alpha=0.1, rho_prime=0.01, beta=0.5, gamma=0.1)
+ACCELERATED = dict(H, alpha=0.5)
+
+# name -> a fresh estimator, each built by the registry of reproduce (reproduce/methods.py).
 ESTIMATORS = {
-    "gradient": lambda: gamfunc.gradient(),
-    "sam": lambda: gamfunc.sam(0.05),
-    "asam": lambda: gamfunc.asam(0.5, eta=0.01),
-    "gnp_fd": lambda: gamfunc.gnp(0.1),
-    "gnp_exact": lambda: gamfunc.gnp(0.1, hvp="exact"),
-    "gam_exact": lambda: gamfunc.gam(0.05, 0.1),
-    "gam_reverse": lambda: gamfunc.gam(0.05, 0.1, hvp="reverse"),
-    "gam_fd": lambda: gamfunc.gam(0.05, 0.1, hvp="fd"),
-    "sam+gam": lambda: gamfunc.gam(0.05, 0.1, oracle=gamfunc.sam(0.05)),
-    "gam_accelerated_paper": lambda: gamfunc.gam_accelerated(0.05, 0.01, 0.5, 0.5, 0.1),
-    "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
-        0.05, 0.01, 0.5, 0.5, 0.1, convention="official"
-    ),
-    "gam_adaptive": lambda: gamfunc.gam(0.05, 0.1, adaptive=True),
-    "gam_accelerated_adaptive": lambda: gamfunc.gam_accelerated(
-        0.05, 0.01, 0.5, 0.5, 0.1, convention="official", adaptive=True
+    "gradient": lambda: estimator("sgd", **H),
+    "sam": lambda: estimator("sam", **H),
+    "asam": lambda: estimator("asam", **dict(H, rho=0.5), eta=0.01),
+    "gnp_fd": lambda: estimator("gnp", **H),
+    "gnp_exact": lambda: estimator("gnp", **H, gnp_hvp="exact"),
+    "gam_exact": lambda: estimator("gam", **H),
+    "gam_reverse": lambda: estimator("gam_reverse", **H),
+    "gam_fd": lambda: estimator("gam_fd", **H),
+    "sam+gam": lambda: estimator("sam+gam", **H),
+    "gam_accelerated_paper": lambda: estimator("gam_accelerated", **ACCELERATED),
+    "gam_accelerated_official": lambda: estimator("gam_accelerated_official", **ACCELERATED),
+    "gam_adaptive": lambda: estimator("gam", **H, adaptive=True),
+    "gam_accelerated_adaptive": lambda: estimator(
+        "gam_accelerated_official", **ACCELERATED, adaptive=True
     ),
 }
 

@@ -119,7 +119,7 @@ def test_runs_as_a_module():
         cwd=root,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # only keeps a broken command from hanging the suite
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("usage: python -m reproduce.evidence")

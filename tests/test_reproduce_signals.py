@@ -1,5 +1,8 @@
-"""SIGINT and SIGTERM stop reproduce/train.py in every phase within seconds, keep what is saved, exit
-128 + signal with one line saying what was kept; a second signal stops at once."""
+"""SIGINT and SIGTERM stop reproduce/train.py in every phase, keep what is saved, exit 128 + signal
+with one line saying what was kept; a second signal stops at once.
+
+The waits below only keep a broken run from hanging the suite: each is minutes, far beyond what a
+loaded machine needs, and no assertion reads a clock."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from reproduce.run import checkpoint as ckpt
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ["--preset=digits", "--estimator=sgd", "--progress=false", "--landscape=false"]
 NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
+WAIT = 300  # seconds: the longest a stopped run may take to exit before the test fails
 
 
 def start(logdir: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
@@ -32,18 +36,16 @@ def start(logdir: Path, *args: str, env: dict | None = None) -> subprocess.Popen
     )
 
 
-def signal_at(proc: subprocess.Popen, marker: str, signum: int) -> tuple[int, float, str]:
-    """Send ``signum`` once ``marker`` is printed; (exit status, seconds from signal to exit, stderr)."""
+def signal_at(proc: subprocess.Popen, marker: str, signum: int) -> tuple[int, str]:
+    """Send ``signum`` once ``marker`` is printed; (exit status, stderr)."""
     for line in proc.stdout:
         if marker in line:
             break
     else:
         pytest.fail(f"no {marker!r} in the output: {proc.communicate()}")
-    time.sleep(0.3)  # inside the phase the marker opens
-    proc.send_signal(signum)
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=60)
-    return proc.returncode, time.monotonic() - sent, err
+    proc.send_signal(signum)  # the marker is printed within its phase
+    _, err = proc.communicate(timeout=WAIT)
+    return proc.returncode, err
 
 
 def one_line(err: str) -> str:
@@ -57,13 +59,13 @@ def run_dir(logdir: Path) -> Path:
 
 
 def test_a_signal_while_the_first_step_compiles_stops_at_once_and_keeps_the_checkpoint(tmp_path):
-    """Start-up (a resumed run compiling its first step): SIGTERM stops it within seconds, exit 143,
-    one line naming the checkpoint it resumed from, which stays whole."""
+    """Start-up (a resumed run compiling its first step): SIGTERM stops it there, exit 143, with one
+    line naming the checkpoint it resumed from, which stays whole at the step it was."""
     assert train.main([f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--max-steps=2"]) == 0
     path = run_dir(tmp_path) / "checkpoint.pt"
     proc = start(tmp_path, *DIGITS, *NO_FLATNESS, "--max-steps=6", "--resume", "--compile")
-    code, took, err = signal_at(proc, "compiling the step", signal.SIGTERM)
-    assert code == 128 + signal.SIGTERM == 143 and took < 5, (took, err)
+    code, err = signal_at(proc, "compiling the step", signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM == 143, err
     line = one_line(err)
     assert line.startswith("stopped by SIGTERM during start-up (the first step and its compil")
     assert f"kept: the checkpoint of step 2 at {path}" in line and "--resume" in line
@@ -72,8 +74,8 @@ def test_a_signal_while_the_first_step_compiles_stops_at_once_and_keeps_the_chec
 
 def test_a_fresh_run_stopped_in_start_up_says_nothing_was_saved(tmp_path):
     proc = start(tmp_path, *DIGITS, *NO_FLATNESS, "--max-steps=6", "--compile")
-    code, took, err = signal_at(proc, "compiling the step", signal.SIGINT)
-    assert code == 128 + signal.SIGINT == 130 and took < 5, (took, err)
+    code, err = signal_at(proc, "compiling the step", signal.SIGINT)
+    assert code == 128 + signal.SIGINT == 130, err
     assert one_line(err).endswith("; nothing was saved yet")
     assert not (run_dir(tmp_path) / "checkpoint.pt").exists()
 
@@ -84,8 +86,8 @@ def test_a_signal_during_the_end_of_run_metrics_stops_them_and_resume_takes_them
     --resume takes the metrics without training again."""
     args = [*DIGITS, "--epochs=1", "--eig_iters=0", "--r1_steps=0"]
     proc = start(tmp_path, *args, "--trace_samples=1000000")
-    code, took, err = signal_at(proc, "flatness at step 14", signal.SIGINT)
-    assert code == 130 and took < 5, (took, err)
+    code, err = signal_at(proc, "flatness at step 14", signal.SIGINT)
+    assert code == 130, err
     line = one_line(err)
     assert line.startswith("stopped by SIGINT during the end-of-run metrics; kept: the checkpoint")
     assert "(training done)" in line and "--resume computes the end-of-run metrics" in line
@@ -108,13 +110,14 @@ def test_the_metrics_say_what_they_compute_and_report_each(tmp_path, capsys):
 
 
 def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
-    """The first SIGTERM waits for a checkpoint write held open (the test hook); the second ends the
-    process at once, exit 143, and the checkpoint written before stays whole."""
+    """The first SIGTERM waits for a checkpoint write held open (the test hook, far longer than the
+    wait for the exit); the second ends the process in the write, exit 143, saying so, and the
+    checkpoint written before stays whole."""
     assert train.main([f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--max-steps=2"]) == 0
     path = run_dir(tmp_path) / "checkpoint.pt"
     args = [*DIGITS, *NO_FLATNESS, "--max-steps=8", "--checkpoint_every=4", "--resume"]
-    proc = start(tmp_path, *args, env={ckpt.TEST_PAUSE_ENV: "60"})
-    deadline = time.monotonic() + 60
+    proc = start(tmp_path, *args, env={ckpt.TEST_PAUSE_ENV: str(10 * WAIT)})
+    deadline = time.monotonic() + WAIT
     while not list(path.parent.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.05)
@@ -122,8 +125,7 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
     time.sleep(1.0)
     assert proc.poll() is None  # the first signal waits for the write
     proc.send_signal(signal.SIGTERM)
-    sent = time.monotonic()
-    _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 143 and time.monotonic() - sent < 3, err
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 143, err
     assert "SIGTERM again: stopping now" in err and "Traceback" not in err
     assert ckpt.load(path)["position"]["global_step"] == 2

@@ -20,10 +20,11 @@ from reproduce.build import setup
 from reproduce.config import resolve
 from reproduce.data import sets as data_mod
 from reproduce.run import report
+from reproduce.run.epoch import epoch_batches, train_epochs
 from reproduce.run.evaluation import evaluate
 from reproduce.sweeps import vmapped
 
-# Estimator of reproduce.train.build_estimator and the config fields each method sets.
+# The method of reproduce.methods and the config fields each sets.
 GAM = dict(rho=0.5, alpha=1.0)
 SAM_RHO = 0.2
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -70,25 +71,34 @@ def probe_batch(examples, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
-    """Train estimator ``name`` under ``cfg`` on MNIST-1D; ``on_epoch(epoch, params, buffers, loss_fn)``
-    runs after each epoch. Returns params, buffers, loss_fn, accuracies, seconds and seconds per step."""
+    """Train estimator ``name`` under ``cfg`` on MNIST-1D, on train.py's loop
+    (:func:`reproduce.run.epoch.train_epochs`) and batch order; ``on_epoch(epoch, params, buffers,
+    loss_fn)`` runs after each epoch. Returns params, buffers, loss_fn, accuracies, seconds and
+    seconds per step."""
     device = torch.device("cpu")
     data = data_mod.load(cfg)
     t = setup(cfg, name, data, device)
     params, state = t.params, t.state
-    steps, seconds = 0, 0.0
-    for epoch in range(cfg.epochs):
-        order = data_mod.epoch_order(len(data.train), cfg.seed, epoch)
-        batches = data_mod.train_batches(
-            data.train, order, 0, cfg.batch_size, seed=cfg.seed, epoch=epoch
-        )
-        clock = time.perf_counter()
-        for batch in batches:
-            params, state, _ = t.step(params, state, batch)
-            steps += 1
-        seconds += time.perf_counter() - clock
+    pos = {"epoch": 0, "batch": 0, "train_seconds": 0.0}
+    steps = 0
+
+    def step(batch) -> dict:
+        nonlocal params, state
+        params, state, metrics = t.step(params, state, batch)
+        return metrics
+
+    def after_step(metrics: dict, batch) -> None:
+        nonlocal steps
+        steps += 1
+
+    def end(stopped: str | None) -> None:
         if on_epoch is not None:
-            on_epoch(epoch, params, state.buffers, t.loss_fn)
+            on_epoch(pos["epoch"], params, state.buffers, t.loss_fn)
+        pos.update(epoch=pos["epoch"] + 1, batch=0)
+
+    batches = epoch_batches(data.train, cfg.seed, cfg.batch_size)
+    train_epochs(step, batches, pos, cfg.epochs, after_step, end)
+    seconds = pos["train_seconds"]
     buffers = state.buffers
 
     def acc(examples):
@@ -122,7 +132,7 @@ def train_together(cfgs, name: str) -> list[dict[str, Any]]:
     data = data_mod.load(cfgs[0])
     seed = cfgs[0].seed
     body = vmapped.train(cfgs, name, data, "cpu", data_seed=seed, say=lambda line: None)
-    seconds, steps = body["pos"]["seconds"], max(body["pos"]["step"], 1)
+    seconds, steps = body["pos"]["train_seconds"], max(body["pos"]["step"], 1)
     out = []
     for summary in body["summaries"]:
         f = summary["final"]

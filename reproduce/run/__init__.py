@@ -1,7 +1,7 @@
 """One training run of ``reproduce/train.py``, one module per job.
 
 * :mod:`reproduce.run.loop`: the training loop of one estimator: start-up, the epochs, the end.
-* :mod:`reproduce.run.epoch`: one epoch (its steps, logging and guards; its close).
+* :mod:`reproduce.run.epoch`: the training loop, and a run's epochs on it (steps, logging, guards, close).
 * :mod:`reproduce.run.records`: each epoch's record and the end-of-run metrics.
 * :mod:`reproduce.run.summary`: the end of a run (diverged or not) and its summary.json.
 * :mod:`reproduce.run.resume`: resume, start afresh or reuse a finished run; writing the checkpoint.

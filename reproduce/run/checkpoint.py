@@ -37,6 +37,7 @@ __all__ = [
     "rng_state",
     "save",
     "set_rng_state",
+    "state_dict",
 ]
 
 FORMAT = "gamfunc-reproduce-checkpoint/1"
@@ -167,6 +168,34 @@ def read(path: str | os.PathLike, what: str = "file", advice: str = "") -> Any:
             f"{what} {str(path)!r} is corrupt or truncated, or no torch file, and cannot be read "
             f"({type(e).__name__}).{tail}"
         ) from None
+
+
+def state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """The tensors of a ``--weights`` file: a local state dict (also under ``state_dict`` or
+    ``model``), or the parameters and buffers of one of our checkpoints.
+
+    Args:
+        path: the file (``~`` expanded).
+
+    Returns:
+        Names of parameters and buffers to tensors, on the CPU.
+
+    Raises:
+        CheckpointError: there is no file, it cannot be read as tensors, one of ours is corrupt, or
+            it holds no dict of tensors (the message names the file).
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise CheckpointError(f"--weights: no file at {str(p)!r}")
+    obj = read(p, "--weights")
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        body = load(p)
+        obj = {**body["params"], **body["state"].get("buffers", {})}
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict") or obj.get("model"), dict):
+        obj = obj.get("state_dict") or obj["model"]
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"--weights {str(p)!r} is not a state dict (a dict of tensors)")
+    return obj
 
 
 def check_config(saved: dict[str, Any], cfg, path: str | os.PathLike = "checkpoint") -> None:

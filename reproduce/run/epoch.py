@@ -1,7 +1,11 @@
-"""One epoch of training: its steps, with logging and the guards that stop a run, then its close.
+"""The training loop, :func:`train_epochs`, and the epochs of a run of train.py on it (:func:`train`).
 
-The steps run from the epoch's position (within it, for a resumed run) and stop early at
-``--max_steps``, ``--total_steps``, a signal or ``--max_skipped`` skipped steps in a row; a
+:func:`train_epochs` is the one loop over epochs and batches in reproduce: a run of train.py, the
+members of a vmapped sweep (:func:`reproduce.sweeps.vmapped.train`) and the evidence commands
+(:func:`reproduce.evidence.common.train`) each drive it with their step and callbacks.
+
+In a run, the steps run from the epoch's position (within it, for a resumed run) and stop early
+at ``--max_steps``, ``--total_steps``, a signal or ``--max_skipped`` skipped steps in a row; a
 checkpoint is written every ``checkpoint_every`` steps. The close takes the epoch's record, keeps
 the best validation epoch (``best.pt``), moves the position to the next epoch and writes a
 checkpoint (the last epoch's is written by :func:`reproduce.run.summary.end_of_run`).
@@ -10,6 +14,8 @@ checkpoint (the last epoch's is written by :func:`reproduce.run.summary.end_of_r
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -25,89 +31,168 @@ from reproduce.run.resume import write_checkpoint
 from reproduce.run.signals import Interrupted, until_stopped
 from reproduce.run.summary import Diverged, summary
 
-__all__ = ["epoch"]
+__all__ = ["END", "epoch_batches", "train", "train_epochs"]
+
+END = "end"  # what after_step returns to end an epoch's steps early and close the epoch
 
 
-def epoch(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
-    """Train the epoch at ``p.pos`` and close it; ``"max_steps"`` when ``--max_steps`` stopped the
-    run within it (the epoch left open), else None.
+def train_epochs(
+    step: Callable[[Any], dict],
+    batches: Callable[[int, int], Iterable],
+    pos: dict[str, Any],
+    epochs: int,
+    after_step: Callable[[dict, Any], str | None],
+    end: Callable[[str | None], str | None],
+) -> str | None:
+    """Train epoch after epoch from ``pos`` until ``pos["epoch"]`` reaches ``epochs``.
+
+    Each epoch runs ``step`` on its batches from ``pos["batch"]`` on, calling ``after_step`` after
+    each step and ``end`` after the epoch's steps. The wall time of the steps, their batches and
+    ``after_step`` is added to ``pos["train_seconds"]`` step by step (so a checkpoint written by
+    ``after_step`` holds it up to that step); ``end``'s is not.
+
+    Args:
+        step: one step on a batch (it keeps the parameters and state); its metrics.
+        batches: ``batches(epoch, first)``: the epoch's batches from batch ``first`` on.
+        pos: where training stands, updated in place: ``epoch``, ``batch`` (the next batch of the
+            epoch: counted here after each step) and ``train_seconds``.
+        epochs: the number of epochs to train.
+        after_step: ``after_step(metrics, batch)`` after each step: None goes on; :data:`END` ends
+            the epoch's steps there (the epoch is then closed as if its batches had run out); any
+            other word stops training with the epoch left open.
+        end: ``end(stopped)`` after an epoch's steps, with the word that stopped them (None when
+            the epoch's steps are done). It closes a done epoch, moving ``pos`` to the next epoch,
+            and returns the word that stops training, or None.
+
+    Returns:
+        The word that stopped training, or None when ``epochs`` were trained.
+
+    Raises:
+        RuntimeError: ``end`` closed an epoch without moving ``pos`` to the next.
+    """
+    while pos["epoch"] < epochs:
+        epoch = pos["epoch"]
+        stopped = None
+        clock = time.perf_counter()
+        for batch in batches(epoch, pos["batch"]):
+            metrics = step(batch)
+            pos["batch"] += 1
+            clock = _count(pos, clock)
+            stopped = after_step(metrics, batch)
+            clock = _count(pos, clock)
+            if stopped is not None:
+                break
+        _count(pos, clock)
+        stopped = end(None if stopped == END else stopped)
+        if stopped is not None:
+            return stopped
+        if pos["epoch"] == epoch:
+            raise RuntimeError(f"end() closed epoch {epoch} without moving to the next")
+    return None
+
+
+def _count(pos: dict[str, Any], since: float) -> float:
+    """Add the time since ``since`` to ``pos["train_seconds"]``; now."""
+    now = time.perf_counter()
+    pos["train_seconds"] += now - since
+    return now
+
+
+def epoch_batches(examples, seed: int, batch_size: int) -> Callable[[int, int], Iterable]:
+    """``batches(epoch, first)`` for :func:`train_epochs`: the batches of ``examples`` in the order
+    of ``seed`` and the epoch, from batch ``first`` on, in one process (train.py's order)."""
+
+    def batches(epoch: int, first: int):
+        order = data_mod.epoch_order(len(examples), seed, epoch)
+        return data_mod.train_batches(examples, order, first, batch_size, seed=seed, epoch=epoch)
+
+    return batches
+
+
+def train(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
+    """Train the run's epochs from ``p.pos``, closing each; ``"max_steps"`` when ``--max_steps``
+    stopped the run within an epoch (that epoch left open), else None.
 
     Raises:
         Interrupted: a signal arrived; a checkpoint was written first.
         Diverged: ``--max_skipped`` steps in a row were skipped; a checkpoint was written first.
     """
-    number = p.pos["epoch"]
-    stopped = _steps(r, parts, p, s)
-    if r.stop.signum is not None:
-        write_checkpoint(r, p, status="interrupted")
-        r.stop.check()
-    if stopped:
-        return stopped
-    _close(r, parts, p, s, number)
-    return None
-
-
-def _steps(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
-    """The epoch's steps from ``p.pos["batch"]``, their time added to ``train_seconds``;
-    ``"max_steps"`` when ``--max_steps`` was reached."""
     cfg, stop, procs, data, pos = r.cfg, r.stop, r.procs, parts.data, p.pos
     device, world, steps_per_epoch = procs.device, procs.world, parts.steps_per_epoch
-    if p.order is None:
-        order = data_mod.epoch_order(len(data.train), cfg.seed, pos["epoch"])
-        p.order = order[: steps_per_epoch * cfg.batch_size]
-    batches = data_mod.train_batches(
-        data.train,
-        p.order.to(data.train.indices.device),
-        pos["batch"],
-        cfg.batch_size,
-        seed=cfg.seed,
-        epoch=pos["epoch"],
-        rank=procs.rank,
-        world=world,
-        loader=parts.train_loader,
-    )
-    bar = report.progress(
-        total=steps_per_epoch,
-        initial=pos["batch"],
-        leave=False,
-        enabled=cfg.progress and procs.main and steps_per_epoch > 20,
-    )
-    stopped = None
-    clock = time.perf_counter()
-    s.meter.mark()
-    for x, y in until_stopped(batches, stop):
+    bars = []
+
+    def batches(epoch: int, first: int):
+        if p.order is None:
+            order = data_mod.epoch_order(len(data.train), cfg.seed, epoch)
+            p.order = order[: steps_per_epoch * cfg.batch_size]
+        bars.append(
+            report.progress(
+                total=steps_per_epoch,
+                initial=first,
+                leave=False,
+                enabled=cfg.progress and procs.main and steps_per_epoch > 20,
+            )
+        )
+        s.meter.mark()
+        loaded = data_mod.train_batches(
+            data.train,
+            p.order.to(data.train.indices.device),
+            first,
+            cfg.batch_size,
+            seed=cfg.seed,
+            epoch=epoch,
+            rank=procs.rank,
+            world=world,
+            loader=parts.train_loader,
+        )
+        return until_stopped(loaded, stop)
+
+    def step(batch) -> dict:
+        x, y = batch
         x, y = inputs(x, device, cfg.channels_last), y.to(device, non_blocking=True)
         s.profiler.before(pos["global_step"])
         metrics = _step(r, parts, p, s, (x, y))
         if s.profiler.after():
             s.meter.mark()  # the profiled steps are not timed
-        accumulate(p.accum, metrics, p.state, len(y))
+        return metrics
+
+    def after_step(metrics: dict, batch) -> str | None:
+        n = len(batch[1])
+        accumulate(p.accum, metrics, p.state, n)
         s.last_loss = metrics["loss"]
         if "skipped" in metrics:
             s.run_of_skips = torch.where(metrics["skipped"] != 0, s.run_of_skips + 1, 0)
-        pos["batch"] += 1
         pos["global_step"] += 1
-        s.meter.count(len(y) * world)
-        bar.update()
+        s.meter.count(n * world)
+        bars[-1].update()
         sync = pos["global_step"] % cfg.log_every == 0
         if sync:
             _log(r, parts, p, s, metrics)
-        if cfg.max_steps and pos["global_step"] >= cfg.max_steps:
-            stopped = "max_steps"
+        stopped = "max_steps" if cfg.max_steps and pos["global_step"] >= cfg.max_steps else None
         if cfg.total_steps and pos["global_step"] >= cfg.total_steps:
-            break  # the last epoch ends here
+            return stopped or END  # the last epoch ends here
         signalled = stop.signum if world == 1 else (stop.agreed(procs) if sync else None)
         if stopped or signalled is not None:
-            break
+            return stopped or "signal"
         if cfg.checkpoint_every and pos["global_step"] % cfg.checkpoint_every == 0:
-            pos["train_seconds"] += time.perf_counter() - clock
+            began = time.perf_counter()
             write_checkpoint(r, p)
-            clock = time.perf_counter()
+            pos["train_seconds"] -= time.perf_counter() - began  # writing is not training
             s.meter.mark()
-    bar.close()
-    s.profiler.close()  # a profile that the run's end cut short
-    pos["train_seconds"] += time.perf_counter() - clock
-    return stopped
+        return None
+
+    def end(stopped: str | None) -> str | None:
+        bars[-1].close()
+        s.profiler.close()  # a profile that the run's end cut short
+        if stop.signum is not None:
+            write_checkpoint(r, p, status="interrupted")
+            stop.check()
+        if stopped:
+            return stopped
+        _close(r, parts, p, s, pos["epoch"])
+        return None
+
+    return train_epochs(step, batches, pos, cfg.epochs, after_step, end)
 
 
 def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
@@ -117,11 +202,11 @@ def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
         p.params, p.state, metrics = parts.step(p.params, p.state, batch)
         return metrics
     cfg, device = r.cfg, r.procs.device
-    if cfg.compile:
-        r.say(f"[{r.name}] compiling the step (first call)...")
-        began = time.perf_counter()
     compiling = " and its compilation" if cfg.compile else ""
     with r.stop.during(f"start-up (the first step{compiling})", at_once=True):
+        if cfg.compile:  # said within the phase: a signal from here on stops the run at once
+            r.say(f"[{r.name}] compiling the step (first call)...")
+            began = time.perf_counter()
         p.params, p.state, metrics = parts.step(p.params, p.state, batch)
     if cfg.compile:
         if device.type == "cuda":

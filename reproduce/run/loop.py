@@ -5,8 +5,8 @@ global batch. With several processes (``torchrun``) every rank runs this same lo
 the step all-reduces what its perturbation mode says (:mod:`gamfunc.distributed`), the epoch's sums and
 the evaluations are added over ranks, and rank 0 alone writes TensorBoard, checkpoints and the
 summary. Its parts, each in a module of :mod:`reproduce.run`: the decision to resume, start afresh
-or reuse a finished run, and the checkpoints (:mod:`~reproduce.run.resume`); one epoch
-(:mod:`~reproduce.run.epoch`); the epoch's record and the end-of-run metrics
+or reuse a finished run, and the checkpoints (:mod:`~reproduce.run.resume`); the epochs
+(:mod:`~reproduce.run.epoch`, whose loop every training in reproduce drives); the epoch's record and the end-of-run metrics
 (:mod:`~reproduce.run.records`); the end of the run and its summary (:mod:`~reproduce.run.summary`);
 SIGINT and SIGTERM (:mod:`~reproduce.run.signals`). They share what :mod:`~reproduce.run.context`
 holds, passed explicitly.
@@ -28,7 +28,7 @@ from reproduce.models import count_parameters
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import report
 from reproduce.run.context import Parts, Progress, Run, Session
-from reproduce.run.epoch import epoch
+from reproduce.run.epoch import train
 from reproduce.run.launch import Processes
 from reproduce.run.loaders import loaders
 from reproduce.run.profiling import StepProfiler
@@ -89,11 +89,9 @@ def run(
 def _train(r: Run, data, saved: dict | None) -> dict:
     """Train from ``saved`` (a checkpoint body; None: afresh) to the end of the run; its summary."""
     parts, p, s = _start(r, data, saved)
-    stopped = None
     try:
         r.stop.now("training")
-        while p.pos["epoch"] < r.cfg.epochs and not stopped:
-            stopped = epoch(r, parts, p, s)
+        stopped = train(r, parts, p, s)
         status, final = end_of_run(r, parts, p, s, stopped)
     except Interrupted as e:
         e.kept = r.kept()
@@ -119,7 +117,8 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     cfg, name, procs = r.cfg, r.name, r.procs
     device = procs.device
     data = data_mod.to_device(data or data_mod.load(cfg), device)
-    t = setup(cfg, name, data, procs)
+    weights = ckpt.state_dict(cfg.weights) if cfg.weights else None
+    t = setup(cfg, name, data, procs, weights)
     train_loader, eval_batches, loader_name = loaders(cfg, data, procs)
     r.say(f"[{name}] data: {loader_name}; {procs.world} process(es), global batch {cfg.batch_size}")
     for note in t.notes:

@@ -31,8 +31,8 @@ How its runs differ from ``reproduce/train.py``'s:
   their cells (their parameters equal to float rounding; tests/test_reproduce_vmap_sweep.py); the
   members of the other seeds differ from theirs in data as well as in initialisation.
 * **Seeds** differ in the model's initialisation only (nothing else in these runs draws from them).
-* **What may vary.** The grid may vary ``lr``, ``rho``, ``alpha``, ``sam_rho`` and ``rho_prime``
-  (each reaches the step as a per-member schedule). Any other field makes ``--vmap`` refuse in one
+* **What may vary.** The grid may vary ``lr``, ``rho``, ``alpha``, ``sam_rho``, ``rho_prime``,
+  ``beta``, ``gamma`` and ``weight_decay`` (each reaches the step as a per-member schedule). Any other field makes ``--vmap`` refuse in one
   line that names it (``error: --vmap cannot vary batch_size per member: ...``), as do settings it
   does not implement (``--compile``, ``--weights``, ``--total_steps``, ``--max_steps``, ``--every``)
   and models with BatchNorm buffers; sweep those without ``--vmap``.
@@ -186,7 +186,7 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
     done = summaries is not None
     counts = {"total": n, "reused": n if reused else 0, "trained": 0 if reused or not done else n}
     how = f" All {n} runs trained as one vmapped step on the batches of seed {data_seed}."
-    seconds = body["pos"]["seconds"] if body is not None else 0.0
+    seconds = body["pos"]["train_seconds"] if body is not None else 0.0
     extra = {"vmap": {"members": n, "data_seed": data_seed, "train_seconds": round(seconds, 2)}}
     write_tables(opts, rest, grid, name, root, runs, outcomes, counts, how, extra)
     if signum is not None:

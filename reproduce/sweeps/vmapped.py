@@ -18,11 +18,12 @@ What is shared and what differs:
   here draws from them (train.py's flatness metrics at the end, whose probes it seeds with
   ``--seed``, are not measured here, and ``vmap`` refuses random operations such as dropout).
 * **Hyperparameters.** A field of :data:`PER_MEMBER` reaches the estimator or the optimiser as a
-  constant schedule per member; schedules built from it (cosine, warm-up) apply per member. The
-  others (model, estimator, batch size, epochs, momentum, weight decay, β, γ, ...) are one value
-  for all: :func:`check` names the first that differs. Weight decay, momentum and gam_accelerated's
-  α, β and γ are numbers to :func:`gamfunc.sgd`, :func:`gamfunc.adamw` and
-  :func:`gamfunc.gam_accelerated`, not schedules, so they cannot differ per member.
+  constant schedule per member; schedules built from it (cosine, warm-up) apply per member. These
+  are the fields whose consumer takes a schedule: the learning rate, ρ, α, SAM's ρ and ρ' of the
+  estimators, β and γ of :func:`gamfunc.gam_accelerated` and the weight decay of
+  :func:`gamfunc.sgd` and :func:`gamfunc.adamw`. The others (model, estimator, batch size, epochs,
+  momentum, ...) are one value for all: :func:`check` names the first that differs. Momentum is a
+  number to :func:`gamfunc.sgd`, not a schedule, so it cannot differ per member.
 
 Models without buffers only (the MLPs and the 1-d CNN of MNIST-1D and digits, for which this pays):
 members with BatchNorm would need their running statistics stacked into the step's state and read
@@ -33,7 +34,6 @@ alone; after ``max_skipped`` skipped steps in a row it is marked diverged (the o
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,19 +55,17 @@ from reproduce.build import (
 from reproduce.config import Config, as_dict, differences
 from reproduce.data import sets as data_mod
 from reproduce.models import build_model
+from reproduce.run.epoch import epoch_batches, train_epochs
 
 __all__ = ["PER_MEMBER", "Members", "VmapError", "check", "evaluate", "fresh_position", "train"]
 
+STOPPED = "stopped"  # the word of the training loop when ``stop()`` turned true
+
 # the fields that may differ between members: each reaches the step as a schedule
-PER_MEMBER = ("lr", "rho", "alpha", "sam_rho", "rho_prime")
+PER_MEMBER = ("lr", "rho", "alpha", "sam_rho", "rho_prime", "beta", "gamma", "weight_decay")
 # fields that name or place a run and never change its trajectory
 _FREE = ("seed", "name", "resume", "overwrite")
-_WHY = {
-    "weight_decay": "gamfunc.sgd and gamfunc.adamw take it as a number, not a schedule",
-    "momentum": "gamfunc.sgd takes it as a number, not a schedule",
-    "beta": "gamfunc.gam_accelerated takes it as a number, not a schedule",
-    "gamma": "gamfunc.gam_accelerated takes it as a number, not a schedule",
-}
+_WHY = {"momentum": "gamfunc.sgd takes it as a number, not a schedule"}
 # settings a vmapped training does not implement: (field, is it set?, what to do instead)
 _UNSUPPORTED: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
     ("compile", lambda c: c.compile, "leave it out"),
@@ -104,10 +102,6 @@ def check(cfgs: list[Config], name: str) -> list[str]:
                 varied.append(key)
     varied.sort(key=PER_MEMBER.index)
     cfg = cfgs[0]
-    if "alpha" in varied and name.startswith("gam_accelerated"):
-        raise VmapError(
-            "--vmap cannot vary alpha per member for gam_accelerated: it takes α as a number"
-        )
     if cfg.rho_schedule == "proportional" and {"lr", "rho"} & set(varied):
         raise VmapError(
             "--vmap cannot vary lr or rho per member with rho_schedule=proportional "
@@ -152,14 +146,16 @@ class Members:
         def build(**h):
             """One member's step: its values of ``varied`` are constant schedules ``h[k]``."""
             zero = torch.zeros((), dtype=torch.int64)
-            c = dataclasses.replace(cfg, **h)  # schedules where the estimator takes them
+            c = dataclasses.replace(
+                cfg, **h
+            )  # the member's schedules, read by estimator and optimiser
             lr = lr_schedule(
                 dataclasses.replace(cfg, **{k: h[k](zero) for k in h if k == "lr"}), spe
             )
             if not callable(lr):  # constant: the member's own value
                 lr = h.get("lr", lr)
             estimator, base = build_estimator(c, name, lr, hvp)
-            optimizer = build_optimizer(cfg, lr, one[0])
+            optimizer = build_optimizer(c, lr, one[0])  # the member's weight decay
             return gamfunc.make_step(estimator, optimizer, step_loss, base=base)
 
         values = varied or ["lr"]  # vmap_step needs one; lr is then the same for every member
@@ -220,7 +216,7 @@ def fresh_position(n: int) -> dict[str, Any]:
         "epoch": 0,
         "batch": 0,
         "step": 0,
-        "seconds": 0.0,
+        "train_seconds": 0.0,
         "sums": {"loss": [0.0] * n, "seen": [0] * n, "skipped": [0] * n},
         "run_of_skips": [0] * n,
         "diverged": [False] * n,
@@ -277,52 +273,64 @@ def train(
             "summaries": summaries,
         }
 
-    while pos["epoch"] < cfg.epochs:
-        epoch = pos["epoch"]
-        order = data_mod.epoch_order(len(data.train), data_seed, epoch)
-        batches = data_mod.train_batches(
-            data.train, order, pos["batch"], cfg.batch_size, seed=data_seed, epoch=epoch
+    t: dict[str, Tensor] = {}  # the epoch's sums, on the device
+
+    def batches(epoch: int, first: int):
+        t.clear()
+        t.update(
+            {
+                k: torch.tensor(
+                    v, dtype=torch.float64 if k == "loss" else torch.int64, device=device
+                )
+                for k, v in pos["sums"].items()
+            }
         )
-        t = {
-            k: torch.tensor(v, dtype=torch.float64 if k == "loss" else torch.int64, device=device)
-            for k, v in pos["sums"].items()
-        }
-        t |= {k: torch.tensor(pos[k], device=device) for k in ("run_of_skips", "diverged")}
-        clock = time.perf_counter()
-        for x, y in batches:
-            params, state, metrics = m.step(params, state, (x.to(device), y.to(device)))
-            ok = metrics["skipped"] == 0
-            t["loss"] = t["loss"] + torch.where(ok, metrics["loss"].double() * len(y), 0.0)
-            t["seen"] = t["seen"] + ok.long() * len(y)
-            t["skipped"] = t["skipped"] + (~ok).long()
-            t["run_of_skips"] = torch.where(ok, 0, t["run_of_skips"] + 1)
-            if cfg.max_skipped:
-                t["diverged"] = t["diverged"] | (t["run_of_skips"] >= cfg.max_skipped)
-            pos["batch"] += 1
-            pos["step"] += 1
-            if stop is not None and stop():
-                break
-        pos["seconds"] += time.perf_counter() - clock
+        t.update({k: torch.tensor(pos[k], device=device) for k in ("run_of_skips", "diverged")})
+        return epoch_batches(data.train, data_seed, cfg.batch_size)(epoch, first)
+
+    def step(batch) -> dict:
+        nonlocal params, state
+        x, y = batch
+        params, state, metrics = m.step(params, state, (x.to(device), y.to(device)))
+        return metrics
+
+    def after_step(metrics: dict, batch) -> str | None:
+        n = len(batch[1])
+        ok = metrics["skipped"] == 0
+        t["loss"] = t["loss"] + torch.where(ok, metrics["loss"].double() * n, 0.0)
+        t["seen"] = t["seen"] + ok.long() * n
+        t["skipped"] = t["skipped"] + (~ok).long()
+        t["run_of_skips"] = torch.where(ok, 0, t["run_of_skips"] + 1)
+        if cfg.max_skipped:
+            t["diverged"] = t["diverged"] | (t["run_of_skips"] >= cfg.max_skipped)
+        pos["step"] += 1
+        return STOPPED if stop is not None and stop() else None
+
+    def end(stopped: str | None) -> str | None:
         pos["sums"] = {k: t[k].tolist() for k in pos["sums"]}
-        pos |= {k: t[k].tolist() for k in ("run_of_skips", "diverged")}
+        pos.update({k: t[k].tolist() for k in ("run_of_skips", "diverged")})
         if pos["batch"] < m.steps_per_epoch:  # stopped mid-epoch
             if save is not None:
                 save(body())
-            return body()
+            return stopped
         _end_of_epoch(cfg, m, params, data, pos, device)
         say(_epoch_line(cfg, pos))
         if pos["epoch"] < cfg.epochs:
             if save is not None:
                 save(body())
             if stop is not None and stop():
-                return body()
+                return STOPPED
+        return None
+
+    if train_epochs(step, batches, pos, cfg.epochs, after_step, end) is not None:
+        return body()
     summaries = [
         {
             "status": "diverged" if pos["diverged"][i] else "finished",
             "final": pos["history"][i][-1],
             "best_val": pos["best"][i],
             "history": pos["history"][i],
-            "train_seconds_all_members": round(pos["seconds"], 2),
+            "train_seconds_all_members": round(pos["train_seconds"], 2),
             "data_seed": data_seed,
             "config": as_dict(c),
         }
@@ -367,7 +375,7 @@ def _end_of_epoch(cfg: Config, m: Members, params, data, pos: dict, device) -> N
 def _epoch_line(cfg: Config, pos: dict) -> str:
     records = [h[-1] for h in pos["history"]]
     losses = [r["train_loss"] for r in records if r["train_loss"] is not None]
-    line = f"[vmap] epoch {pos['epoch']}/{cfg.epochs}: {pos['seconds']:.1f} s"
+    line = f"[vmap] epoch {pos['epoch']}/{cfg.epochs}: {pos['train_seconds']:.1f} s"
     if losses:
         line += f", train loss {min(losses):.4f}..{max(losses):.4f}"
     vals = [r["val_acc"] for r in records if r.get("val_acc") is not None]

@@ -1,0 +1,140 @@
+"""The estimators by name: one table from a method's name to the gamfunc estimator it builds.
+
+Every caller that names an estimator builds it here: ``reproduce/train.py --estimator=NAME``
+(through :func:`reproduce.build.build_estimator`), the vmapped sweeps, the evidence commands, the
+contract tests (``tests/registry.py``) and the benchmarks. A name and its hyperparameters give
+one estimator::
+
+    >>> from reproduce.methods import METHODS, estimator
+    >>> gam = estimator("gam", rho=0.05, alpha=0.1)  # gamfunc.gam(0.05, 0.1, hvp="exact")
+    >>> sorted(METHODS)[:3]
+    ['asam', 'gam', 'gam_accelerated']
+
+A method reads the fields of :class:`Hyper` it needs and ignores the others, so one set of
+hyperparameters (a run's configuration) builds any method. :func:`base` is the estimator of the
+steps a method skips under ``make_step(..., every=k)``: SAM for ``sam+gam``, the gradient for the
+others.
+
+A new estimator of ``gamfunc.estimators`` gets one entry in :data:`METHODS` (and, if it reads a
+new hyperparameter, a field of :class:`Hyper`); the contract tests then run it once it is listed in
+``tests/registry.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import gamfunc
+
+__all__ = ["METHODS", "Hyper", "base", "estimator"]
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """The hyperparameters the methods read, each with the value a method gets when it is not given.
+
+    A field that an estimator of gamfunc takes as a schedule (ρ, ρ', α of GAM and GNP, SAM's ρ)
+    may be a schedule of the step count here too.
+    """
+
+    rho: Any = 0.05  # ρ: the ascent radius of SAM, ASAM and GAM
+    alpha: Any = 0.1  # α: GAM's weight of first-order flatness; GNP's penalty weight
+    sam_rho: Any = None  # ρ of sam and of sam+gam's SAM oracle; None: rho
+    rho_prime: Any = 0.01  # ρ' of accelerated GAM
+    beta: Any = 0.5  # β of accelerated GAM
+    gamma: Any = 0.1  # γ of accelerated GAM
+    eta: float = 0.01  # η of ASAM
+    hvp: str = "exact"  # the H·v backend of gam and sam+gam: "exact" or "reverse"
+    fd_radius: float = 1e-3  # r of finite-difference GAM (gam_fd)
+    gnp_hvp: str = "fd"  # GNP's H·v backend: "fd" (Zhao et al.), "exact" or "reverse"
+    gnp_radius: float = 1e-2  # r of GNP's finite difference
+    theorem_norms: bool = False  # GAM's info adds Theorem 4.3's two squared norms
+    adaptive: bool = False  # GAM and accelerated GAM in ASAM's scale-invariant geometry
+
+    @property
+    def sam_radius(self):
+        """SAM's ρ: ``sam_rho``, or ``rho`` where it is not given."""
+        return self.rho if self.sam_rho is None else self.sam_rho
+
+
+def _gam(h: Hyper, **kw) -> gamfunc.Estimator:
+    kw = {"hvp": h.hvp, **kw}
+    return gamfunc.gam(h.rho, h.alpha, theorem_norms=h.theorem_norms, adaptive=h.adaptive, **kw)
+
+
+def _accelerated(convention: str) -> Callable[[Hyper], gamfunc.Estimator]:
+    def build(h: Hyper) -> gamfunc.Estimator:
+        return gamfunc.gam_accelerated(
+            h.rho, h.rho_prime, h.alpha, h.beta, h.gamma, convention=convention, adaptive=h.adaptive
+        )
+
+    return build
+
+
+METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
+    "sgd": lambda h: gamfunc.gradient(),
+    "sam": lambda h: gamfunc.sam(h.sam_radius),
+    "asam": lambda h: gamfunc.asam(h.rho, eta=h.eta),
+    "gnp": lambda h: gamfunc.gnp(h.alpha, hvp=h.gnp_hvp, fd_radius=h.gnp_radius),
+    "gam": _gam,
+    "gam_fd": lambda h: _gam(h, hvp="fd", fd_radius=h.fd_radius),
+    "gam_reverse": lambda h: _gam(h, hvp="reverse"),
+    "sam+gam": lambda h: _gam(h, oracle=gamfunc.sam(h.sam_radius)),
+    "gam_accelerated": _accelerated("paper"),
+    "gam_accelerated_official": _accelerated("official"),
+}
+"""name -> the function of a :class:`Hyper` that builds the method's estimator."""
+
+
+def _hyper(hparams: dict[str, Any]) -> Hyper:
+    fields = {f.name for f in dataclasses.fields(Hyper)}
+    for key in hparams:
+        if key not in fields:
+            raise ValueError(f"{key}: not a hyperparameter of any method; one of {sorted(fields)}")
+    return Hyper(**hparams)
+
+
+def _method(name: str) -> Callable[[Hyper], gamfunc.Estimator]:
+    if name not in METHODS:
+        raise ValueError(f"name: no method {name!r}; one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def estimator(name: str, **hparams) -> gamfunc.Estimator:
+    """The estimator of the method ``name`` with the hyperparameters ``hparams``.
+
+    Args:
+        name: a key of :data:`METHODS` (``"sgd"``, ``"sam"``, ``"gam"``, ``"sam+gam"``, ...).
+        **hparams: fields of :class:`Hyper`; those not given keep its defaults.
+
+    Returns:
+        A :class:`gamfunc.Estimator`.
+
+    Raises:
+        ValueError: ``name`` is no method, a keyword is no field of :class:`Hyper`, or the
+            estimator refuses a value (each message names the argument).
+    """
+    return _method(name)(_hyper(hparams))
+
+
+def base(name: str, **hparams) -> gamfunc.Estimator:
+    """The estimator of the steps that the method ``name`` skips under ``make_step(every=k)``:
+    SAM (with ``sam_rho``) for ``sam+gam``, whose skipped steps are SAM steps; the gradient for
+    every other method.
+
+    Args:
+        name: a key of :data:`METHODS`.
+        **hparams: fields of :class:`Hyper`, as for :func:`estimator`.
+
+    Returns:
+        A :class:`gamfunc.Estimator`.
+
+    Raises:
+        ValueError: as :func:`estimator`.
+    """
+    _method(name)
+    h = _hyper(hparams)
+    return gamfunc.sam(h.sam_radius) if name == "sam+gam" else gamfunc.gradient()

@@ -1,0 +1,67 @@
+"""The one registry of estimators (reproduce/methods.py): names, hyperparameters, refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+import gamfunc
+from reproduce import methods
+from reproduce.config import ESTIMATORS
+
+
+def test_every_estimator_train_py_offers_is_a_method():
+    assert [n for n in ESTIMATORS if n not in methods.METHODS] == []
+
+
+@pytest.mark.parametrize(
+    "name, kwargs, expected",
+    [
+        ("sgd", {}, gamfunc.gradient()),
+        ("sam", {"rho": 0.1}, gamfunc.sam(0.1)),
+        ("sam", {"rho": 0.1, "sam_rho": 0.3}, gamfunc.sam(0.3)),
+        ("asam", {"rho": 0.5, "eta": 0.02}, gamfunc.asam(0.5, eta=0.02)),
+        ("gnp", {"alpha": 0.2}, gamfunc.gnp(0.2)),
+        ("gnp", {"alpha": 0.2, "gnp_hvp": "exact"}, gamfunc.gnp(0.2, hvp="exact")),
+        ("gam", {"rho": 0.1, "alpha": 0.3}, gamfunc.gam(0.1, 0.3)),
+        ("gam_fd", {"fd_radius": 1e-2}, gamfunc.gam(0.05, 0.1, hvp="fd", fd_radius=1e-2)),
+        ("gam_reverse", {}, gamfunc.gam(0.05, 0.1, hvp="reverse")),
+        (
+            "sam+gam",
+            {"sam_rho": 0.2},
+            gamfunc.gam(0.05, 0.1, oracle=gamfunc.sam(0.2)),
+        ),
+        (
+            "gam_accelerated",
+            {"alpha": 0.6, "beta": 0.4, "gamma": 0.3},
+            gamfunc.gam_accelerated(0.05, 0.01, 0.6, 0.4, 0.3),
+        ),
+        (
+            "gam_accelerated_official",
+            {"alpha": 0.6},
+            gamfunc.gam_accelerated(0.05, 0.01, 0.6, 0.5, 0.1, convention="official"),
+        ),
+    ],
+)
+def test_a_name_and_its_hyperparameters_give_the_estimator(name, kwargs, expected):
+    got = methods.estimator(name, **kwargs)
+    assert (got.name, got.hparams) == (expected.name, expected.hparams)
+
+
+def test_the_base_of_sam_gam_is_sam_and_of_the_others_the_gradient():
+    sam = methods.base("sam+gam", rho=0.1, sam_rho=0.2)
+    assert (sam.name, sam.hparams) == ("sam", gamfunc.sam(0.2).hparams)
+    assert {methods.base(n).name for n in methods.METHODS if n != "sam+gam"} == {"gradient"}
+
+
+@pytest.mark.parametrize(
+    "call, named",
+    [
+        (lambda: methods.estimator("adam"), "name"),
+        (lambda: methods.base("adam"), "name"),
+        (lambda: methods.estimator("gam", radius=1e-3), "radius"),
+        (lambda: methods.estimator("gam", rho=-1.0), "rho"),
+    ],
+)
+def test_a_wrong_name_or_value_raises_naming_it(call, named):
+    with pytest.raises(ValueError, match=named):
+        call()
