@@ -72,3 +72,16 @@ def test_the_package_init_only_imports_and_lists():
         )
     ]
     assert other == []
+
+
+def test_the_reproduce_floors_are_those_of_the_test():
+    from test_reproduce_layers import FLOORS
+
+    block = next(b for b in blocks_after("## Layers") if "methods.py" in b and "train.py" in b)
+    rows = {}
+    for row in block.splitlines():
+        head = re.match(r"\s*(\d+)  (.*?)(?:\s{2,}|$)", row)
+        if head:
+            names = re.findall(r"\b([a-z_]+)(?:\.py\b|/)", head.group(2))
+            rows[int(head.group(1))] = {f"reproduce.{n}" for n in names}
+    assert rows == {i: set(names) for i, names in enumerate(FLOORS)}
