@@ -1,4 +1,5 @@
-"""The rows of the step-cost table: which step each method name times, built from gamfunc itself.
+"""The rows of the step-cost table: which step each method name times, each estimator built by
+``reproduce.methods``, the one registry of estimators by name.
 
 A functional method is a :class:`Method`: a gamfunc estimator joined to ``gamfunc.sgd(lr,
 momentum=0.9)`` by ``gamfunc.make_step`` (see :mod:`.runners`). Two rows are eager ``nn.Module`` +
@@ -15,6 +16,7 @@ from typing import NamedTuple
 
 import gamfunc
 from gamfunc import schedules
+from reproduce.methods import estimator
 
 BASELINE = "torch_sgd"
 AUTHORS = "authors_gam"
@@ -91,20 +93,28 @@ def build_methods(a, names=()) -> dict[str, Method]:
     backend ``a.composite_hvp``."""
     rho = rho_schedule(a.rho)
     fd_grads = a.composite_hvp == "fd"
-    gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp)
-    sam = gamfunc.sam(rho)
-    sam_gam = gamfunc.gam(rho, a.alpha, hvp=a.composite_hvp, oracle=sam)
+    hyper = {"rho": rho, "alpha": a.alpha}
+    composite = "gam_fd" if fd_grads else "gam" if a.composite_hvp == "exact" else "gam_reverse"
+    gam = estimator(composite, **hyper)
+    sam = estimator("sam", **hyper)
+    sam_gam = estimator("sam+gam", **hyper, hvp=a.composite_hvp)
     methods = {
         "grad_eval": Method(None, grads=1.0),
         "grad_eval_func": Method(None, grads=1.0),
-        "gradient": Method(gamfunc.gradient(), grads=1.0),
+        "gradient": Method(estimator("sgd"), grads=1.0),
         "sam": Method(sam, grads=2.0),
-        "gnp": Method(gamfunc.gnp(a.alpha), grads=2.0),
-        "gam_exact": Method(gamfunc.gam(rho, a.alpha, hvp="exact"), hvp="exact"),
-        "gam_reverse": Method(gamfunc.gam(rho, a.alpha, hvp="reverse"), hvp="reverse"),
-        "gam_fd": Method(gamfunc.gam(rho, a.alpha, hvp="fd"), grads=4.0, hvp="fd"),
+        "gnp": Method(estimator("gnp", alpha=a.alpha), grads=2.0),
+        "gam_exact": Method(estimator("gam", **hyper), hvp="exact"),
+        "gam_reverse": Method(estimator("gam_reverse", **hyper), hvp="reverse"),
+        "gam_fd": Method(estimator("gam_fd", **hyper), grads=4.0, hvp="fd"),
         "gam_accelerated": Method(
-            gamfunc.gam_accelerated(rho, rho_schedule(a.rho), **ACCELERATED), grads=4.0
+            estimator(
+                "gam_accelerated_official",
+                rho=rho,
+                rho_prime=rho_schedule(a.rho),
+                **{k: v for k, v in ACCELERATED.items() if k != "convention"},
+            ),
+            grads=4.0,
         ),
         AUTHORS: Method(None, grads=4.0),
         "sam_gam": Method(sam_gam, grads=5.0 if fd_grads else None, hvp=a.composite_hvp),
