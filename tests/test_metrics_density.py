@@ -253,3 +253,39 @@ def test_density_equals_pyhessian_with_batchnorm_in_eval_mode(monkeypatch, bn_mo
     ref_phi, ref_grid = pyhessian_density_generate(ref_nodes, ref_weights)
     np.testing.assert_allclose(grid.numpy(), ref_grid, rtol=0, atol=1e-10 * scale)
     np.testing.assert_allclose(phi.numpy(), ref_phi, rtol=1e-8, atol=1e-10 * ref_phi.max())
+
+
+# ---- pictures ----------------------------------------------------------------------------------------
+
+
+def test_plot_is_a_log_scale_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    grid, phi = metrics.spectral_density(mlp(), batch(), tanh_ce, iters=10)
+    path = tmp_path / "density.png"
+    fig = metrics.plot.plot_spectral_density(grid, phi, path, title="SLQ")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (ax,) = fig.axes
+    assert ax.get_yscale() == "log"
+    (line,) = ax.get_lines()
+    np.testing.assert_array_equal(line.get_ydata(), phi.numpy() + 1e-7)
+    with pytest.raises(ValueError, match="grid"):
+        metrics.plot.plot_spectral_density(grid, phi[:-1])
+    with pytest.raises(ValueError, match="floor"):
+        metrics.plot.plot_spectral_density(grid, phi, floor=0.0)
+
+
+def test_density_figure_is_logged_to_tensorboard(tmp_path):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    grid, phi = metrics.spectral_density(mlp(), batch(), tanh_ce, iters=10)
+    with SummaryWriter(str(tmp_path)) as writer:
+        metrics.plot.log_figure(
+            writer, "hessian/density", metrics.plot.plot_spectral_density(grid, phi), step=5
+        )
+    events = EventAccumulator(str(tmp_path), size_guidance={"images": 0})
+    events.Reload()
+    (image,) = events.Images("hessian/density")
+    assert image.step == 5 and image.encoded_image_string[:8] == b"\x89PNG\r\n\x1a\n"
