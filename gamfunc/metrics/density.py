@@ -15,18 +15,16 @@ from torch import Tensor
 from gamfunc.loss import check_params
 from gamfunc.metrics._common import (
     bound_loss,
+    check_positive,
+    check_positive_int,
     flat,
     gaussian,
     hessian_operator,
     make_generator,
+    orthogonalise,
     rademacher,
+    tridiagonal,
     unflat,
-)
-from gamfunc.metrics.hessian import (
-    _check_positive,
-    _check_positive_int,
-    _orthogonalise,
-    _tridiagonal,
 )
 from gamfunc.tree import Tree
 
@@ -103,8 +101,8 @@ def lanczos_quadrature(
         Hessian", 2020, https://arxiv.org/abs/1912.07145.
     """
     check_params(params)
-    _check_positive_int("iters", iters)
-    _check_positive_int("probes", probes)
+    check_positive_int("iters", iters)
+    check_positive_int("probes", probes)
     loss = bound_loss(loss_fn, buffers, mode)
     matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
     gen = make_generator(generator, params)
@@ -120,7 +118,7 @@ def lanczos_quadrature(
         alphas, betas = _lanczos_tridiagonal(
             flat_matvec, v / torch.linalg.vector_norm(v), n, iters, gen, x0
         )
-        ritz, s = torch.linalg.eigh(_tridiagonal(alphas, betas))
+        ritz, s = torch.linalg.eigh(tridiagonal(alphas, betas))
         nodes.append(ritz)
         weights.append(s[0] ** 2)
     return torch.stack(nodes).to(x0.device), torch.stack(weights).to(x0.device)
@@ -137,14 +135,14 @@ def _lanczos_tridiagonal(matvec, q: Tensor, n: int, iters: int, gen, like: Tenso
     for j in range(m):
         w = matvec(basis[j])
         alphas.append(float(basis[j] @ w))
-        w = _orthogonalise(w, basis[: j + 1])  # removes α_j q_j and β_{j−1} q_{j−1} too
+        w = orthogonalise(w, basis[: j + 1])  # removes α_j q_j and β_{j−1} q_{j−1} too
         if j + 1 == m:
             break
         beta = float(torch.linalg.vector_norm(w))
         scale = max(max(abs(a) for a in alphas), max(betas, default=0.0))
         if beta <= floor * max(scale, 1e-300):
             # The Krylov space is invariant: go on from a fresh direction orthogonal to it.
-            w = _orthogonalise(gaussian(n, gen, like), basis[: j + 1])
+            w = orthogonalise(gaussian(n, gen, like), basis[: j + 1])
             betas.append(0.0)
             basis[j + 1] = w / torch.linalg.vector_norm(w)
         else:
@@ -228,7 +226,7 @@ def spectral_density(
         Hessian", 2020, https://arxiv.org/abs/1912.07145.
     """
     if sigma is not None:
-        _check_positive("sigma", sigma)
+        check_positive("sigma", sigma)
     if isinstance(grid, Tensor):
         _check_grid(grid, normalize)
     elif isinstance(grid, bool) or not isinstance(grid, int) or grid < 2:
