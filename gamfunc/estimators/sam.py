@@ -35,9 +35,10 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
     By the triangle inequality ‖ε_n‖ ≤ ρ, so every iterate stays in the ρ-ball and no projection
     is needed: n changes how well the maximum over the same ball is found, not the ball. n = 1
     is the one-step SAM above, operation for operation. The cost is n + 1 gradients. This is the
-    ascent of ``optax.contrib.sam`` with ``sync_period = n + 1`` (n adversarial updates before each
-    descent) when its adversarial optimiser normalises the gradient and steps by ρ/n on the same
-    batch; Kim et al. (2023) study such multi-step ascents.
+    ascent of ``optax.contrib.sam(opt, chain(normalize(), sgd(ρ/n)), sync_period=n + 1,
+    opaque_mode=True)`` with every adversarial gradient taken on the same batch (n adversarial
+    updates, then the descent from the gradient at the last point; optax's example adversary steps
+    by ρ each time, which for n > 1 reaches radius nρ); Kim et al. (2023) study such ascents.
 
     As the oracle of [`gam`][gamfunc.estimators.gam.gam] (``gam(..., oracle=sam(ρ,
     ascent_steps=n))``) the multi-step ascent applies to the oracle's loss. For GAM's own ascent
