@@ -77,7 +77,7 @@ def proportional(
     """ρ following the learning rate down to a floor: ρ(t) = ρ_min + (ρ₀ − ρ_min) · lr(t) / lr₀.
 
     With ``lr_min`` = lr_min ≠ 0, ρ(t) = ρ_min + (ρ₀ − ρ_min) · (lr(t) − lr_min) / (lr₀ − lr_min):
-    ρ_min where the lr reaches lr_min, GSAM's ρ_t ∝ lr_t schedule (Zhuang et al. 2022, Section 5.1,
+    ρ_min where the lr reaches lr_min, GSAM's ρ_t ∝ lr_t schedule (Zhuang et al. 2022,
     https://arxiv.org/abs/2203.08065; ``pytorch_optimizer.ProportionScheduler``'s ``min_lr``).
 
     The authors' ``ProportionScheduler`` (github.com/xxgege/GAM, commit 694133d, ``gam/util.py``

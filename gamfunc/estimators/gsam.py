@@ -31,7 +31,7 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
     the two agree to O(ξ)). α = 0 gives [`sam`][gamfunc.estimators.sam.sam].
 
     The paper schedules ρ with the learning rate, ρ_t = ρ_min + (ρ_max − ρ_min)·(lr_t − lr_min) /
-    (lr_max − lr_min) (Section 5.1): pass
+    (lr_max − lr_min): pass
     ``rho=gamfunc.schedules.proportional(ρ_max, lr, lr_max, floor=ρ_min, lr_min=lr_min)``
     ([`proportional`][gamfunc.schedules.proportional]) with the optimiser's ``lr`` schedule.
 

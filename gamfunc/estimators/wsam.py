@@ -19,7 +19,7 @@ def _check_gamma(gamma) -> None:
 
 
 def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
-    r"""WSAM (Yue et al. 2023, Eq. 5): the gradient of L + γ/(1 − γ)·(sharpness).
+    r"""WSAM (Yue et al. 2023): the gradient of L + γ/(1 − γ)·(sharpness).
 
     The weighted-sharpness objective and its first-order gradient, with g = ∇L(θ),
     ε̂ = ρ·g/(‖g‖ + ξ) and a = γ/(1 − γ):
@@ -34,8 +34,8 @@ def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
     [`sam`][gamfunc.estimators.sam.sam]; γ > ½ extrapolates beyond SAM (a > 1).
 
     Warning:
-        This is the paper's coupled update, ``pytorch_optimizer.WSAM(decouple=False)``. The paper's
-        Algorithm 1 also has a decoupled form (the reference's default, ``decouple=True``): the
+        This is the paper's coupled update, ``pytorch_optimizer.WSAM(decouple=False)``. The paper
+        also gives a "weight decoupled" form (the reference's default, ``decouple=True``): the
         base optimiser sees only ∇L(θ), and a·lr·(∇L(θ + ε̂) − ∇L(θ)) is subtracted from θ after
         its update, as AdamW decouples weight decay. The two coincide for plain SGD (no
         momentum, no weight decay); for any other optimiser the decoupled form needs the step to

@@ -51,7 +51,7 @@ def lanczos_quadrature(
     Lanczos with full reorthogonalisation build the tridiagonal T_m = Q_mᵀ H Q_m; with
     T_m = Σ_i λ_i u_i u_iᵀ its eigenpairs, the nodes are the Ritz values λ_i and the weights are
     τ_i = (e_1ᵀ u_i)², the Gauss quadrature of the spectral measure of H seen from v: for every
-    polynomial p of degree ≤ 2m − 1 (Ghorbani et al. 2019, Eq. 5)
+    polynomial p of degree ≤ 2m − 1 (Golub and Welsch 1969; Ghorbani et al. 2019)
 
     $$
     v^\top p(H)\, v = \sum_{i=1}^{m} \tau_i\, p(\lambda_i),\qquad \sum_i \tau_i = 1 .
@@ -172,7 +172,7 @@ def spectral_density(
 
     With the nodes λ_i^(l) and weights τ_i^(l) of
     [`lanczos_quadrature`][gamfunc.metrics.density.lanczos_quadrature] for probes l = 1..P, the
-    density is the mixture of Gaussians of Ghorbani et al. (2019), Eq. 4–6:
+    density is the mixture of Gaussians of Ghorbani et al. (2019):
 
     $$
     \hat\phi_\sigma(t) = \frac{1}{P}\sum_{l=1}^{P}\sum_{i=1}^{m} \tau_i^{(l)}\,

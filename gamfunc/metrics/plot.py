@@ -154,8 +154,8 @@ def plot_spectral_density(
     figsize: tuple[float, float] = (5.0, 3.5),
     dpi: int = 120,
 ):
-    """The Hessian's eigenvalue density on a log scale, as PyHessian's figure (Ghorbani et al. 2019,
-    Figure 1; Yao et al. 2020, Figure 3).
+    """The Hessian's eigenvalue density on a log scale, as PyHessian's figure (``density_plot.py``)
+    and the density plots of Ghorbani et al. (2019).
 
     Draws density + ``floor`` against the grid on a logarithmic y axis, which shows the outliers
     far from the bulk; the floor keeps the empty stretches of the grid on the scale (PyHessian adds
