@@ -41,6 +41,11 @@ def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
         momentum, no weight decay); for any other optimiser the decoupled form needs the step to
         apply a second update, which an estimator cannot express, and it is not provided.
 
+    Note:
+        For γ > ½ the direction subtracts (a − 1)·g from a·∇L(θ + ε̂): the rounding errors of the two
+        gradients reach it multiplied by up to |1 − a| + a = 2a − 1 (17 at γ = 0.9). In bfloat16 or
+        float16 it is correspondingly less accurate than SAM's gradient.
+
     Args:
         rho: ρ >= 0, the radius of the ascent, or a schedule of the step count.
         gamma: γ in [0, 1), the weight of the sharpness (the paper's default 0.9), or a schedule.
