@@ -22,7 +22,17 @@ from gamfunc import (
 )
 from gamfunc.convenience import gam_step
 from gamfunc.cuda_graphs import cuda_graph
-from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradient, sam
+from gamfunc.estimators import (
+    Estimator,
+    asam,
+    gam,
+    gam_accelerated,
+    gnp,
+    gradient,
+    gsam,
+    sam,
+    wsam,
+)
 from gamfunc.optim import (
     AdamWState,
     LionState,
@@ -76,6 +86,7 @@ __all__ = [
     "gam_step",
     "gnp",
     "gradient",
+    "gsam",
     "hvps",
     "lion",
     "m_sharpness",
@@ -92,4 +103,5 @@ __all__ = [
     "torch_optim",
     "transforms",
     "tree",
+    "wsam",
 ]

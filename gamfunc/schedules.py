@@ -71,8 +71,14 @@ def inverse_sqrt(initial: float) -> Schedule:
     return schedule
 
 
-def proportional(initial: float, lr: Schedule, lr_initial: float, floor: float = 0.0) -> Schedule:
+def proportional(
+    initial: float, lr: Schedule, lr_initial: float, floor: float = 0.0, lr_min: float = 0.0
+) -> Schedule:
     """ρ following the learning rate down to a floor: ρ(t) = ρ_min + (ρ₀ − ρ_min) · lr(t) / lr₀.
+
+    With ``lr_min`` = lr_min ≠ 0, ρ(t) = ρ_min + (ρ₀ − ρ_min) · (lr(t) − lr_min) / (lr₀ − lr_min):
+    ρ_min where the lr reaches lr_min, GSAM's ρ_t ∝ lr_t schedule (Zhuang et al. 2022,
+    https://arxiv.org/abs/2203.08065; ``pytorch_optimizer.ProportionScheduler``'s ``min_lr``).
 
     The authors' ``ProportionScheduler`` (github.com/xxgege/GAM, commit 694133d, ``gam/util.py``
     l.23-62) with ``max_value`` = ρ₀ (``initial``), ``min_value`` = ρ_min (``floor``), ``max_lr`` =
@@ -85,15 +91,19 @@ def proportional(initial: float, lr: Schedule, lr_initial: float, floor: float =
         of step t itself. With their released ``min_value = max_value`` the two are the same.
 
     Raises:
-        ValueError: ``lr_initial`` is zero, or ``floor`` is outside [0, ``initial``] (their
-            ``assert max_value >= min_value``, l.41).
+        ValueError: ``lr_initial`` is zero or equals ``lr_min``, or ``floor`` is outside
+            [0, ``initial``] (their ``assert max_value >= min_value``, l.41).
     """
     if lr_initial == 0:
         raise ValueError("lr_initial must be non-zero")
+    if lr_initial == lr_min:
+        raise ValueError(f"lr_min must differ from lr_initial={lr_initial}; got {lr_min}")
     if not 0 <= floor <= initial:
         raise ValueError(f"floor must be in [0, initial={initial}]; got {floor}")
 
     def schedule(t: Tensor) -> Tensor:
+        if lr_min != 0:
+            return floor + (initial - floor) * (lr(t) - lr_min) / (lr_initial - lr_min)
         if floor == 0:  # no floor: the same operations as before it existed
             return initial * lr(t) / lr_initial
         return floor + (initial - floor) * lr(t) / lr_initial

@@ -12,8 +12,8 @@ one estimator::
 
 A method reads the fields of :class:`Hyper` it needs and ignores the others, so one set of
 hyperparameters (a run's configuration) builds any method. :func:`base` is the estimator of the
-steps a method skips under ``make_step(..., every=k)``: SAM for ``sam+gam``, the gradient for the
-others.
+steps a method skips under ``make_step(..., every=k)``: the oracle for ``sam+gam`` and
+``gsam+gam``, the gradient for the others.
 
 A new estimator of ``gamfunc.estimators`` gets one entry in :data:`METHODS` (and, if it reads a
 new hyperparameter, a field of :class:`Hyper`); the contract tests then run it once it is listed in
@@ -53,6 +53,9 @@ class Hyper:
     gnp_radius: float = 1e-2  # r of GNP's finite difference
     theorem_norms: bool = False  # GAM's info adds Theorem 4.3's two squared norms
     adaptive: bool = False  # GAM and accelerated GAM in ASAM's scale-invariant geometry
+    ascent_steps: int = 1  # SAM's normalised ascent steps (of sam, sam+gam's oracle)
+    gsam_alpha: Any = 0.3  # α of GSAM: the share of the clean gradient's orthogonal part removed
+    wsam_gamma: Any = 0.9  # γ of WSAM: the weight of sharpness
 
     @property
     def sam_radius(self):
@@ -74,15 +77,26 @@ def _accelerated(convention: str) -> Callable[[Hyper], gamfunc.Estimator]:
     return build
 
 
+def _sam(h: Hyper) -> gamfunc.Estimator:
+    return gamfunc.sam(h.sam_radius, ascent_steps=h.ascent_steps)
+
+
+def _gsam(h: Hyper) -> gamfunc.Estimator:
+    return gamfunc.gsam(h.sam_radius, h.gsam_alpha)
+
+
 METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     "sgd": lambda h: gamfunc.gradient(),
-    "sam": lambda h: gamfunc.sam(h.sam_radius),
+    "sam": _sam,
+    "gsam": _gsam,
+    "wsam": lambda h: gamfunc.wsam(h.sam_radius, h.wsam_gamma),
     "asam": lambda h: gamfunc.asam(h.rho, eta=h.eta),
     "gnp": lambda h: gamfunc.gnp(h.alpha, hvp=h.gnp_hvp, fd_radius=h.gnp_radius),
     "gam": _gam,
     "gam_fd": lambda h: _gam(h, hvp="fd", fd_radius=h.fd_radius),
     "gam_reverse": lambda h: _gam(h, hvp="reverse"),
-    "sam+gam": lambda h: _gam(h, oracle=gamfunc.sam(h.sam_radius)),
+    "sam+gam": lambda h: _gam(h, oracle=_sam(h)),
+    "gsam+gam": lambda h: _gam(h, oracle=_gsam(h)),
     "gam_accelerated": _accelerated("paper"),
     "gam_accelerated_official": _accelerated("official"),
 }
@@ -121,9 +135,9 @@ def estimator(name: str, **hparams) -> gamfunc.Estimator:
 
 
 def base(name: str, **hparams) -> gamfunc.Estimator:
-    """The estimator of the steps that the method ``name`` skips under ``make_step(every=k)``:
-    SAM (with ``sam_rho``) for ``sam+gam``, whose skipped steps are SAM steps; the gradient for
-    every other method.
+    """The estimator of the steps that the method ``name`` skips under ``make_step(every=k)``: the
+    oracle for ``sam+gam`` and ``gsam+gam`` (SAM or GSAM steps between the GAM steps); the gradient
+    for every other method.
 
     Args:
         name: a key of :data:`METHODS`.
@@ -137,4 +151,5 @@ def base(name: str, **hparams) -> gamfunc.Estimator:
     """
     _method(name)
     h = _hyper(hparams)
-    return gamfunc.sam(h.sam_radius) if name == "sam+gam" else gamfunc.gradient()
+    oracles = {"sam+gam": _sam, "gsam+gam": _gsam}
+    return oracles[name](h) if name in oracles else gamfunc.gradient()

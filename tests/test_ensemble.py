@@ -28,6 +28,9 @@ ESTIMATORS = {
     "gam_fd": lambda rho, alpha: gamfunc.gam(rho, alpha, hvp="fd"),
     "sam_gam": lambda rho, alpha: gamfunc.gam(rho, alpha, oracle=gamfunc.sam(0.05)),
     "gam_accelerated": lambda rho, alpha: gamfunc.gam_accelerated(rho, 0.02, 0.6, 0.5, 0.03),
+    "gsam": lambda rho, alpha: gamfunc.gsam(rho, alpha),
+    "wsam": lambda rho, alpha: gamfunc.wsam(rho, 0.9),
+    "sam_3_steps": lambda rho, alpha: gamfunc.sam(rho, ascent_steps=3),
 }
 OPTIMIZERS = {
     "sgd": lambda lr: gamfunc.sgd(lr, momentum=0.9, weight_decay=1e-3),

@@ -30,6 +30,14 @@ def test_every_estimator_train_py_offers_is_a_method():
             {"sam_rho": 0.2},
             gamfunc.gam(0.05, 0.1, oracle=gamfunc.sam(0.2)),
         ),
+        ("sam", {"ascent_steps": 3}, gamfunc.sam(0.05, ascent_steps=3)),
+        ("gsam", {"gsam_alpha": 0.2}, gamfunc.gsam(0.05, 0.2)),
+        ("wsam", {"sam_rho": 0.1, "wsam_gamma": 0.5}, gamfunc.wsam(0.1, 0.5)),
+        (
+            "gsam+gam",
+            {"gsam_alpha": 0.2},
+            gamfunc.gam(0.05, 0.1, oracle=gamfunc.gsam(0.05, 0.2)),
+        ),
         (
             "gam_accelerated",
             {"alpha": 0.6, "beta": 0.4, "gamma": 0.3},
@@ -47,10 +55,13 @@ def test_a_name_and_its_hyperparameters_give_the_estimator(name, kwargs, expecte
     assert (got.name, got.hparams) == (expected.name, expected.hparams)
 
 
-def test_the_base_of_sam_gam_is_sam_and_of_the_others_the_gradient():
+def test_the_base_of_an_oracle_and_gam_is_the_oracle_and_of_the_others_the_gradient():
     sam = methods.base("sam+gam", rho=0.1, sam_rho=0.2)
     assert (sam.name, sam.hparams) == ("sam", gamfunc.sam(0.2).hparams)
-    assert {methods.base(n).name for n in methods.METHODS if n != "sam+gam"} == {"gradient"}
+    gsam = methods.base("gsam+gam", gsam_alpha=0.2)
+    assert (gsam.name, gsam.hparams) == ("gsam", gamfunc.gsam(0.05, 0.2).hparams)
+    others = {n for n in methods.METHODS if not n.endswith("+gam")}
+    assert {methods.base(n).name for n in others} == {"gradient"}
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,19 @@ from gamfunc.estimators.gam import gam
 from gamfunc.estimators.gam_accelerated import gam_accelerated
 from gamfunc.estimators.gnp import gnp
 from gamfunc.estimators.gradient import gradient
+from gamfunc.estimators.gsam import gsam
 from gamfunc.estimators.sam import sam
+from gamfunc.estimators.wsam import wsam
 
-__all__ = ["Estimate", "Estimator", "asam", "gam", "gam_accelerated", "gnp", "gradient", "sam"]
+__all__ = [
+    "Estimate",
+    "Estimator",
+    "asam",
+    "gam",
+    "gam_accelerated",
+    "gnp",
+    "gradient",
+    "gsam",
+    "sam",
+    "wsam",
+]

@@ -1,4 +1,4 @@
-"""Flatness metrics: Hessian spectrum and trace, R0/R1 flatness, minima density, loss landscapes.
+"""Flatness metrics: Hessian spectrum, trace and eigenvalue density, R0/R1 flatness, minima density, loss landscapes.
 
 Every metric is a pure function of ``(params, batch, loss_fn)``, the contract of the estimators,
 and never modifies its inputs. ``hvp=`` picks the Hessian-vector product ("exact", "reverse",
@@ -10,6 +10,7 @@ NaN and log one line on the ``gamfunc.metrics`` logger (:mod:`gamfunc.metrics.gu
 """
 
 from gamfunc.metrics import flatness, hessian, plot
+from gamfunc.metrics.density import lanczos_quadrature, spectral_density
 from gamfunc.metrics.guard import measurable
 from gamfunc.metrics.landscape import (
     Landscape1D,
@@ -32,11 +33,13 @@ __all__ = [
     "MinimaDensity",
     "first_order_flatness",
     "hessian_trace",
+    "lanczos_quadrature",
     "landscape_1d",
     "landscape_2d",
     "minima_density",
     "plot",
     "random_direction",
+    "spectral_density",
     "top_eigenvalues",
     "zeroth_order_flatness",
 ]

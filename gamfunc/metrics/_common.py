@@ -14,6 +14,8 @@ None of these is part of the public API.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -108,3 +110,31 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float | 
         return {k: t * n for k, t in hv.items()}
 
     return fd_matvec
+
+
+def check_positive_int(name: str, v) -> None:
+    """Raise ValueError naming ``name`` unless v is an integer >= 1."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
+
+
+def check_positive(name: str, v) -> None:
+    """Raise ValueError naming ``name`` unless v is a finite number > 0."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
+
+
+def orthogonalise(w: Tensor, basis: Tensor) -> Tensor:
+    """w minus its projection on the rows of ``basis`` (orthonormal), twice ("twice is enough")."""
+    for _ in range(2):
+        w = w - basis.T @ (basis @ w)
+    return w
+
+
+def tridiagonal(alphas: list[float], betas: list[float]) -> Tensor:
+    """The symmetric tridiagonal matrix (float64) with diagonal α and off-diagonal β of Lanczos."""
+    t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
+    if betas:
+        off = torch.tensor(betas, dtype=torch.float64)
+        t = t + torch.diag(off, 1) + torch.diag(off, -1)
+    return t

@@ -16,11 +16,15 @@ from torch import Tensor
 from gamfunc.loss import Objective, check_params
 from gamfunc.metrics._common import (
     bound_loss,
+    check_positive,
+    check_positive_int,
     flat,
     gaussian,
     hessian_operator,
     make_generator,
+    orthogonalise,
     rademacher,
+    tridiagonal,
     unflat,
 )
 from gamfunc.tree import Tree
@@ -28,16 +32,6 @@ from gamfunc.tree import Tree
 __all__ = ["hessian_trace", "top_eigenvalues"]
 
 METHODS = ("lanczos", "power")
-
-
-def _check_positive_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
-
-
-def _check_positive(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
-        raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
 
 
 # ---- top eigenvalues -----------------------------------------------------------------------------
@@ -130,9 +124,9 @@ def top_eigenvalues(
         Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108 (Section 5.4).
     """
     check_params(params)
-    _check_positive_int("k", k)
-    _check_positive_int("iters", iters)
-    _check_positive("tol", tol)
+    check_positive_int("k", k)
+    check_positive_int("iters", iters)
+    check_positive("tol", tol)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     n = sum(v.numel() for v in params.values())
@@ -166,13 +160,6 @@ def top_eigenvalues(
     return values, [unflat(vectors[:, i], params) for i in range(k)]
 
 
-def _orthogonalise(w: Tensor, basis: Tensor) -> Tensor:
-    """w minus its projection on the rows of ``basis`` (orthonormal), twice ("twice is enough")."""
-    for _ in range(2):
-        w = w - basis.T @ (basis @ w)
-    return w
-
-
 def _lanczos(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int, tol: float):
     m = min(iters, n)
     q = draw()
@@ -185,9 +172,9 @@ def _lanczos(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: in
     for j in range(m):
         w = matvec(basis[j])
         alphas.append(float(basis[j] @ w))
-        w = _orthogonalise(w, basis[: j + 1])
+        w = orthogonalise(w, basis[: j + 1])
         beta = float(torch.linalg.vector_norm(w))
-        ritz, s = torch.linalg.eigh(_tridiagonal(alphas, betas))
+        ritz, s = torch.linalg.eigh(tridiagonal(alphas, betas))
         top = torch.arange(j, max(j - k, -1), -1)  # the k largest, descending
         scale = float(ritz.abs().max())
         bound = torch.clamp(tol * ritz[top].abs(), min=floor * scale)
@@ -196,7 +183,7 @@ def _lanczos(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: in
         # complement it explores could hold eigenvalues above the k-th found so far.
         block_top, block_residual = ritz[-1], 0.0
         if block:
-            block_ritz, block_s = torch.linalg.eigh(_tridiagonal(alphas[block:], betas[block:]))
+            block_ritz, block_s = torch.linalg.eigh(tridiagonal(alphas[block:], betas[block:]))
             block_top, block_residual = block_ritz[-1], beta * float(block_s[-1, -1].abs())
         block_done = block_residual <= max(tol * float(block_top.abs()), floor * scale)
         breakdown = beta <= floor * max(scale, 1e-300)
@@ -209,7 +196,7 @@ def _lanczos(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: in
         if breakdown:
             # The Krylov space is invariant. Exactly repeated eigenvalues keep further copies in
             # its complement: go on from a fresh direction orthogonal to it.
-            w = _orthogonalise(draw(), basis[: j + 1])
+            w = orthogonalise(draw(), basis[: j + 1])
             betas.append(0.0)
             block = j + 1
             basis[j + 1] = w / torch.linalg.vector_norm(w)
@@ -218,14 +205,6 @@ def _lanczos(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: in
             basis[j + 1] = w / beta
     vectors = basis[: j + 1].T @ s[:, top].to(device=basis.device, dtype=basis.dtype)
     return ritz[top], vectors
-
-
-def _tridiagonal(alphas: list[float], betas: list[float]) -> Tensor:
-    t = torch.diag(torch.tensor(alphas, dtype=torch.float64))
-    if betas:
-        off = torch.tensor(betas, dtype=torch.float64)
-        t = t + torch.diag(off, 1) + torch.diag(off, -1)
-    return t
 
 
 def _power(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int, tol: float):
@@ -237,7 +216,7 @@ def _power(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int,
         lam = None
         for _ in range(iters):
             if basis is not None:
-                v = _orthogonalise(v, basis)
+                v = orthogonalise(v, basis)
             v = v / torch.linalg.vector_norm(v)
             hv = matvec(v)
             new = float(v @ hv)
@@ -247,7 +226,7 @@ def _power(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int,
             if converged:
                 break
         if basis is not None:
-            v = _orthogonalise(v, basis)
+            v = orthogonalise(v, basis)
         found.append(v / torch.linalg.vector_norm(v))
         values.append(lam)
     order = sorted(range(k), key=lambda i: -values[i])
@@ -320,9 +299,9 @@ def hessian_trace(
         Yao et al., "PyHessian", 2020, https://arxiv.org/abs/1912.07145.
     """
     check_params(params)
-    _check_positive_int("samples", samples)
+    check_positive_int("samples", samples)
     if chunk_size is not None:
-        _check_positive_int("chunk_size", chunk_size)
+        check_positive_int("chunk_size", chunk_size)
     loss = bound_loss(loss_fn, buffers, mode)
     matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
     gen = make_generator(generator, params)

@@ -1,4 +1,5 @@
-"""Pictures of the metrics: landscape lines and contours, eigenvalue histograms, minima counts.
+"""Pictures of the metrics: landscape lines and contours, eigenvalue histograms and densities,
+minima counts.
 
 matplotlib is an optional dependency (``pip install gamfunc[plot]``), imported only when a function
 here is called. Every function builds a ``matplotlib.figure.Figure`` without pyplot (no global
@@ -23,7 +24,13 @@ import torch
 from gamfunc.metrics.landscape import Landscape1D, Landscape2D
 from gamfunc.metrics.minima import MinimaDensity
 
-__all__ = ["log_figure", "plot_eigenvalues", "plot_landscape", "plot_minima_density"]
+__all__ = [
+    "log_figure",
+    "plot_eigenvalues",
+    "plot_landscape",
+    "plot_minima_density",
+    "plot_spectral_density",
+]
 
 
 def _figure_class():
@@ -132,6 +139,61 @@ def plot_eigenvalues(
     ax.hist(_numpy(values.reshape(-1)), bins=bins, color="tab:blue", edgecolor="k", lw=0.5)
     ax.set_xlabel("eigenvalue")
     ax.set_ylabel("count")
+    if title:
+        ax.set_title(title)
+    return _save(fig, path)
+
+
+def plot_spectral_density(
+    grid: torch.Tensor,
+    density: torch.Tensor,
+    path: str | os.PathLike | None = None,
+    *,
+    floor: float = 1e-7,
+    title: str | None = None,
+    figsize: tuple[float, float] = (5.0, 3.5),
+    dpi: int = 120,
+):
+    """The Hessian's eigenvalue density on a log scale, as PyHessian's figure (``density_plot.py``)
+    and the density plots of Ghorbani et al. (2019).
+
+    Draws density + ``floor`` against the grid on a logarithmic y axis, which shows the outliers
+    far from the bulk; the floor keeps the empty stretches of the grid on the scale (PyHessian adds
+    1e-7).
+
+    Args:
+        grid: the points, from [`spectral_density`][gamfunc.metrics.density.spectral_density].
+        density: the density at those points.
+        path: where to save the figure; None saves nothing.
+        floor: added to the density before the logarithm.
+        title: the figure's title.
+        figsize: the figure's size in inches.
+        dpi: its resolution.
+
+    Returns:
+        The matplotlib Figure.
+
+    Raises:
+        ValueError: ``grid`` and ``density`` differ in shape, or ``floor`` is not > 0.
+
+    References:
+        Ghorbani, Krishnan, Xiao, "An Investigation into Neural Net Optimization via Hessian
+        Eigenvalue Density", ICML 2019, https://arxiv.org/abs/1901.10159.
+        Yao, Gholami, Keutzer, Mahoney, "PyHessian: Neural Networks Through the Lens of the
+        Hessian", 2020, https://arxiv.org/abs/1912.07145.
+    """
+    if grid.shape != density.shape:
+        raise ValueError(
+            f"grid and density must have one shape; got {tuple(grid.shape)} and "
+            f"{tuple(density.shape)}"
+        )
+    if not floor > 0:
+        raise ValueError(f"floor must be > 0; got {floor!r}")
+    fig = _figure_class()(figsize=figsize, dpi=dpi)
+    ax = fig.add_subplot()
+    ax.semilogy(_numpy(grid), _numpy(density) + floor, color="tab:blue", lw=1.0)
+    ax.set_xlabel("eigenvalue")
+    ax.set_ylabel("density (log scale)")
     if title:
         ax.set_title(title)
     return _save(fig, path)

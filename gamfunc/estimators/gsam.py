@@ -1,0 +1,77 @@
+"""GSAM: SAM's descent plus an ascent of the surrogate gap, from the same two gradients."""
+
+from __future__ import annotations
+
+from gamfunc import tree
+from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.estimators.gradient import clean_info
+from gamfunc.loss import gradient_pass, unit_grad
+from gamfunc.schedules import value
+
+__all__ = ["gsam"]
+
+
+def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
+    r"""GSAM (Zhuang et al. 2022, Algorithm 1): direction = ∇f_p − α·∇f_⊥.
+
+    With g = ∇L(θ) and the SAM gradient ∇f_p = ∇L(θ + ρ·g/(‖g‖ + ξ)), g is split into its
+    component along ∇f_p and the rest, ∇f_⊥; descending ∇f_p − α·∇f_⊥ minimises the perturbed loss
+    f_p while *increasing* L(θ) along ∇f_⊥, which shrinks the surrogate gap h = f_p − L without
+    changing the descent on f_p (∇f_⊥ ⟂ ∇f_p):
+
+    $$
+    \nabla f_\perp = g - \frac{\langle g, \nabla f_p\rangle}{(\lVert\nabla f_p\rVert + \xi)^2}\,
+    \nabla f_p,\qquad
+    d = \nabla f_p - \alpha\,\nabla f_\perp .
+    $$
+
+    This is the sign and decomposition of the paper's Algorithm 1 and of its authors' code
+    (github.com/juntang-zhuang/GSAM, ``gradient_decompose``), which ``pytorch_optimizer.GSAM``
+    reproduces (there the norm product ‖∇f_p‖·‖g‖ + ξ and ‖∇f_p‖ + ξ are regularised separately;
+    the two agree to O(ξ)). α = 0 gives [`sam`][gamfunc.estimators.sam.sam].
+
+    The paper schedules ρ with the learning rate, ρ_t = ρ_min + (ρ_max − ρ_min)·(lr_t − lr_min) /
+    (lr_max − lr_min): pass
+    ``rho=gamfunc.schedules.proportional(ρ_max, lr, lr_max, floor=ρ_min, lr_min=lr_min)``
+    ([`proportional`][gamfunc.schedules.proportional]) with the optimiser's ``lr`` schedule.
+
+    Args:
+        rho: ρ >= 0, the radius of the ascent, or a schedule of the step count.
+        alpha: α >= 0, how much of ∇f_⊥ is removed (the paper uses α in [0, 0.3]), or a schedule.
+        eps: ξ >= 0, keeps the normalisations finite at a zero gradient.
+
+    Returns:
+        An [`Estimator`][gamfunc.estimators.base.Estimator] named "gsam"; its info adds
+        ``perturbed_loss`` = L(θ + ε̂) = f_p(θ) and ``surrogate_gap`` = f_p(θ) − L(θ).
+
+    Raises:
+        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite (naming it).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> loss_fn = lambda p, x: (p["w"] * x).pow(2).sum()
+        >>> d, info = gamfunc.gsam(0.05, 0.1)({"w": torch.ones(2)}, torch.tensor([1.0, 2.0]), loss_fn)
+
+    References:
+        Zhuang, Gong, Yuan, Cui, Adam, Dvornek, Tatikonda, Duncan, Liu, "Surrogate Gap Minimization
+        Improves Sharpness-Aware Training", ICLR 2022, https://arxiv.org/abs/2203.08065.
+    """
+    check_nonnegative("rho", rho)
+    check_nonnegative("alpha", alpha)
+    check_nonnegative("eps", eps)
+
+    def run(params, batch, loss_fn, clean, step):
+        if clean is None:
+            clean = gradient_pass(loss_fn, params, batch)
+        g_hat, clean = unit_grad(clean, eps)
+        adv = gradient_pass(loss_fn, tree.axpy(value(rho, step), g_hat, params), batch)
+        p_hat, _ = unit_grad(adv, eps)
+        vertical = tree.axpy(-tree.vdot(clean.grad, p_hat), p_hat, clean.grad)
+        direction = tree.axpy(-value(alpha, step), vertical, adv.grad)
+        info = clean_info(clean) | {
+            "perturbed_loss": adv.loss,
+            "surrogate_gap": adv.loss - clean.loss,
+        }
+        return Estimate(direction, info, clean)
+
+    return Estimator("gsam", run, {"rho": rho, "alpha": alpha, "eps": eps})
