@@ -3,7 +3,7 @@
 A step compiled by pass (``scope="pass"``), and any step under [`gamfunc.distributed`][gamfunc.distributed], runs its
 update, its non-finite guard and its all-reduces eagerly around the compiled passes: hundreds of
 small kernels per step, each launched by the host. On ResNet-50 that host work takes longer than the
-GPU's (benchmarks/RESULTS.md, "Data parallel"), so the GPU waits, and under data parallel each rank
+GPU's (benchmarks/RESULTS.md, "Data-parallel scaling against DDP"), so the GPU waits, and under data parallel each rank
 waits at every all-reduce for the rank whose host was slowest. [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph] captures each branch
 of the step once (compiled passes, eager update, guard and NCCL all-reduces alike; NCCL allows its
 collectives in a graph) and replays it, so that one launch runs the whole step.

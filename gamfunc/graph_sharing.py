@@ -18,7 +18,7 @@ BatchNorm, LayerNorm and softmax have fused backward ops that ``jvp`` differenti
 decompositions of its own (BatchNorm's recomputes the batch statistics), so the networks write them
 with elementary operations (:func:`gamfunc.nn.elementary_norms`,
 :func:`gamfunc.nn.elementary_softmax`); then a point costs 3 gradient passes
-(``benchmarks/gam_flops.py`` counts them). Channels-last activations share as well; channels-last
+(``python -m benchmarks.flops`` counts them). Channels-last activations share as well; channels-last
 convolution kernels do not: ``jvp`` copies its primal θ contiguous, so its convolutions take other
 weights than the gradient pass's (a point then costs 4 gradient passes).
 

@@ -3,7 +3,7 @@
 The regression test for issue 5's compile failure: on torch 2.11 (CUDA), ``torch.compile(fullgraph=True)``
 of finite-difference GAM stopped with an ``InductorError`` in ``Scheduler.reorder_loops_by_dep_pair``
 (``assert isinstance(snode, SchedulerNode)``), and the only way through was
-``torch._inductor.config.loop_ordering_after_fusion = False`` (``benchmarks/step_cost.py
+``torch._inductor.config.loop_ordering_after_fusion = False`` (``python -m benchmarks.step_cost
 --no-loop-reorder``). The assertion is inductor's and matches pytorch/pytorch#176591: a
 ``ForeachKernelSchedulerNode`` (``torch._foreach_*`` kernels, as in :mod:`gamfunc.tree`) fused with
 per-tensor reductions over tensors of different shapes can hold another foreach node, which

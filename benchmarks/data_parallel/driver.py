@@ -136,7 +136,7 @@ def _train_py(a, model, estimator, gpus, timeout, graph=False, folder="") -> dic
 
 
 def _timeline(trace: Path) -> dict:
-    """The profiled steps' timeline in a few numbers (:mod:`benchmarks.trace_gaps`): how long the
+    """The profiled steps' timeline in a few numbers (:mod:`benchmarks.data_parallel.trace_gaps`): how long the
     training stream stood idle, and how much of the other streams' work (a loader's) ran beside it;
     nothing for a timeline without GPU work."""
     try:

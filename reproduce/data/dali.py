@@ -28,7 +28,7 @@ its own, :func:`reproduce.run.launch.own_stream`): the copy waits on the GPU for
 host does not. Beside a training step, DALI's hardware decoding advances only in the step's gaps:
 its decoding thread waits in ``cudaEventSynchronize`` from early in a step until the step's kernels
 end, on the legacy default stream or a stream of its own, with the batch handed over on the
-consumer's stream or a side stream (``benchmarks/RESULTS.md``, run 10).
+consumer's stream or a side stream (``python -m benchmarks.input_pipeline`` measures it).
 
 With ``decoder="cpu"`` the same pipelines run on the CPU (DALI's CPU decoder, libjpeg-turbo as in
 PIL): no GPU needed, which is how their tests run without one.

@@ -100,8 +100,8 @@ def own_stream(device: torch.device) -> torch.cuda.Stream:
     every blocking stream and makes them wait for its own, so that a library's work on streams of
     its own (a decoder's) is ordered with the step's. ``torch.cuda.Stream`` streams are
     non-blocking: they wait only for what they are told to. (DALI's decoding beside a step was not
-    the legacy stream's doing: it takes turns with the step on either, ``benchmarks/RESULTS.md``,
-    run 10.)"""
+    the legacy stream's doing: it takes turns with the step on either: ``python -m
+    benchmarks.input_pipeline`` measures it.)"""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))  # work already queued comes first
     torch.cuda.set_stream(stream)

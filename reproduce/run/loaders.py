@@ -16,10 +16,9 @@ __all__ = ["auto_loader", "loaders"]
 def auto_loader(jpeg: bool, device) -> str:
     """What ``--loader=auto`` runs: DALI (``dali``) where it is installed, the process has a CUDA
     device and the data are ImageNet JPEGs under the basic augmentation; the DataLoader (``folder``)
-    anywhere else. DALI decodes on each process's own GPU: on 2 × H200 it fed a ResNet-50 step 4,031
-    images/s per GPU while training, where the DataLoader's CPU decoding is bounded by the host's
-    cores, whatever the number of GPUs: about 6,300-6,700 images/s in all on hosts of 32-64 cores
-    (benchmarks/RESULTS.md, runs 6 and 7)."""
+    anywhere else. DALI decodes on each process's own GPU, where the DataLoader's CPU decoding is bounded by
+    the host's cores, whatever the number of GPUs (``python -m benchmarks.input_pipeline`` measures
+    each loader)."""
     return "dali" if jpeg and device.type == "cuda" and dali.available() else "folder"
 
 
