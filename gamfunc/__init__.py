@@ -26,7 +26,6 @@ from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradi
 from gamfunc.optim import (
     AdamWState,
     LionState,
-    Optimizer,
     SGDState,
     adam,
     adamw,
@@ -35,7 +34,8 @@ from gamfunc.optim import (
     param_groups,
     sgd,
 )
-from gamfunc.step import Step, StepState, make_step
+from gamfunc.state import StepState
+from gamfunc.step import Step, make_step
 from gamfunc.transforms import (
     ChainState,
     Transform,
@@ -53,7 +53,6 @@ __all__ = [
     "ChainState",
     "Estimator",
     "LionState",
-    "Optimizer",
     "SGDState",
     "Step",
     "StepState",

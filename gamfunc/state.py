@@ -3,22 +3,18 @@
 ``StepState`` is what ``step(params, state, batch)`` carries from one call to the next (the fields:
 :mod:`gamfunc.step`). :func:`check_state` refuses a state that was not made for the parameters, in
 one line naming the field; :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and
-back, for ``torch.save`` and ``torch.load(weights_only=True)``, reading the layouts of earlier
-releases with a ``DeprecationWarning``.
+back, for ``torch.save`` and ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from gamfunc.loss import check_params
-from gamfunc.optim import with_hyper
 from gamfunc.optim.groups import GroupsState
-from gamfunc.transforms import ChainState
 
 __all__ = ["StepState", "as_dict", "check_cycle", "check_state", "from_dict"]
 
@@ -30,8 +26,7 @@ class StepState(NamedTuple):
     dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
     it (:mod:`gamfunc.ensemble`), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
     field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
-    :func:`as_dict`. The older ``StepState(step, opt, skipped, ...)`` (or ``step=``) still builds a
-    state, with a ``DeprecationWarning``, writing ``step`` into ``opt.step``.
+    :func:`as_dict`.
 
     Attributes:
         step: (a property) ``opt.step``, 0-d int64, the steps taken (skipped ones not counted): the
@@ -61,35 +56,6 @@ class StepState(NamedTuple):
     def step(self) -> Tensor:
         """The steps taken: the optimiser's step counter, ``opt.step``."""
         return self.opt.step
-
-
-_tuple_new = StepState.__new__
-
-
-def _new_state(cls, *args, **kwargs):
-    """``StepState(opt, skipped, ...)``; the form before the single counter,
-    ``StepState(step, opt, skipped, ...)`` or ``step=``, warns and writes ``step`` into
-    ``opt.step``, the count that form's step used."""
-    if "step" in kwargs:
-        step = kwargs.pop("step")
-    elif args and isinstance(args[0], Tensor):
-        step, args = args[0], args[1:]
-    else:
-        return _tuple_new(cls, *args, **kwargs)
-    warnings.warn(
-        "StepState(step, opt, ...) is deprecated: the step count is the optimiser's; use "
-        "StepState(opt, ...) with opt.step (gamfunc.optim.with_hyper(opt, step=...))",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    if "opt" in kwargs:
-        kwargs["opt"] = with_hyper(kwargs["opt"], step=step)
-    elif args:
-        args = (with_hyper(args[0], step=step), *args[1:])
-    return _tuple_new(cls, *args, **kwargs)
-
-
-StepState.__new__ = _new_state
 
 
 def check_state(state, params) -> None:
@@ -231,23 +197,10 @@ def from_dict(saved, like, where: str = "state") -> Any:
     The names and shapes must be those of ``like`` (a field absent from ``saved`` is ``()``); the
     tensors are ``saved``'s, where they are (move them with ``torch.utils._pytree.tree_map``).
 
-    A step state saved before the optimiser's counter became the only one has its count twice, also
-    as ``saved["step"]``; that entry is dropped with a ``DeprecationWarning``.
-
     Raises:
         ValueError: in one line naming the field, where ``saved`` has other names, another
             structure or other shapes than ``like``.
     """
-    if isinstance(like, StepState) and isinstance(saved, dict) and "step" in saved:
-        warnings.warn(
-            f"{where} has an entry 'step', saved before the step count was kept in "
-            f"{where}['opt']['step'] only; it is ignored (save again with as_dict to drop it)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        saved = {k: v for k, v in saved.items() if k != "step"}
-    if isinstance(like, ChainState) and isinstance(saved, dict) and "transforms" in saved:
-        saved = _chain_of_old_layout(saved, like, where)
     if _is_record(like):
         kind = type(like).__name__
         if not isinstance(saved, dict):
@@ -285,20 +238,3 @@ def from_dict(saved, like, where: str = "state") -> Any:
         got = f"shape {tuple(saved.shape)}" if isinstance(saved, Tensor) else type(saved).__name__
         raise ValueError(f"{where} has {got}; expected shape {tuple(like.shape)}")
     return saved
-
-
-def _chain_of_old_layout(saved: dict, like: ChainState, where: str) -> dict:
-    """A chain's state saved as ``{"opt": ..., "transforms": [...]}`` (the optimiser last, before
-    chains took their elements in any order) in today's layout, with a ``DeprecationWarning``."""
-    warnings.warn(
-        f"{where} is a chain's state saved as {{'opt', 'transforms'}}; chains now keep one state "
-        f"per element, {{'states': [...]}}: save again with as_dict",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    rest = list(saved.get("transforms", ()))
-    states = [
-        saved.get("opt") if i == len(like.states) - 1 else (rest.pop(0) if rest else ())
-        for i in range(len(like.states))
-    ]
-    return {"states": states}

@@ -16,7 +16,7 @@
 ``()`` marks an absent field: an empty pytree node, so that a state stays a pytree of tensors under
 ``vmap``. :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and back, for
 ``torch.save`` and ``torch.load(weights_only=True)``; the state, its checks and that form live in
-:mod:`gamfunc.state` (its names are also this module's).
+:mod:`gamfunc.state`.
 
 A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through the
 protocol declared there (``bind``, ``init_state``, ``next_state``, forwarded by every wrapper):
@@ -38,20 +38,15 @@ from gamfunc import tree
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Optimizer, Transform
-from gamfunc.optim.base import move
+from gamfunc.optim import Transform, apply_updates
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
-from gamfunc.state import StepState, as_dict, check_cycle, check_state, from_dict
+from gamfunc.state import StepState, check_cycle, check_state
 
 __all__ = [
     "NONFINITE",
     "SCOPES",
     "Step",
-    "StepState",
-    "as_dict",
-    "check_state",
-    "from_dict",
     "make_step",
 ]
 
@@ -191,7 +186,8 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     # corrections) read the same t, so a skipped step (the old optimiser state kept) moves neither.
     step = state.step
     est = estimator.run(params, batch, loss, step=step)
-    new_params, new_opt = move(optimizer, est.direction, state.opt, params)
+    updates, new_opt = optimizer.update(est.direction, state.opt, params)
+    new_params = apply_updates(params, updates)
     metrics = dict(est.info)
     metrics["lr"] = new_opt.lr
     if "rho" in estimator.hparams:
@@ -360,7 +356,7 @@ def make_step(
     """
     if not isinstance(estimator, Estimator):
         raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
-    if not isinstance(optimizer, Transform | Optimizer):
+    if not isinstance(optimizer, Transform):
         raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"every must be an integer >= 1; got {every!r}")

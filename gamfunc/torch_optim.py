@@ -30,8 +30,9 @@ How the loss reaches the pure step:
 
 The module is kept whole, although long: its two shells, :class:`FlatnessOptimizer` (a gamfunc base
 optimiser) and :class:`TorchBase` (a ``torch.optim`` one), share how ``step`` reads its arguments,
-the loss over the module and the argument checks, and :class:`GAM` and :class:`SAM` build either
-one; most of its length is their documentation.
+the loss over the module and the argument checks. Given ``base_optimizer=``, a
+:class:`FlatnessOptimizer` (and so :class:`GAM` and :class:`SAM`) runs its steps through a
+:class:`TorchBase` it holds; most of the module's length is their documentation.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ from torch.utils import _pytree as pytree
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
-from gamfunc.optim import Optimizer, Transform, lr_scheduled, with_hyper
-from gamfunc.step import StepState, as_dict, from_dict, make_step
+from gamfunc.optim import Transform, lr_scheduled, with_hyper
+from gamfunc.state import StepState, as_dict, from_dict
+from gamfunc.step import make_step
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
@@ -82,6 +84,9 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             in whatever mode it is in (``model.train()`` / ``model.eval()``), as in a ``torch.optim`` loop.
         estimator: a gamfunc estimator, e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: a gamfunc base optimiser, e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
+        base_optimizer: instead of ``optimizer``, a ``torch.optim.Optimizer`` over the model's
+            trainable parameters: each step then runs through a :class:`TorchBase` held inside,
+            whose ``param_groups`` and ``state`` this optimiser shares.
         criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
             ``F.cross_entropy`` by default.
         every: run ``estimator`` on every ``every``-th step and ``base`` on the others (see
@@ -99,7 +104,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``...).
 
     ``step`` returns the loss at θ before the update (a 0-d tensor). ``state_dict()`` holds the step
-    state in plain dicts (:func:`gamfunc.step.as_dict`: the step counters, the optimiser state with
+    state in plain dicts (:func:`gamfunc.state.as_dict`: the step counters, the optimiser state with
     momentum or Adam moments keyed by parameter name) and the param group; the parameters and buffers live in the module, so a checkpoint is ``model.state_dict()``
     plus ``optimizer.state_dict()``, as with ``torch.optim``.
 
@@ -129,15 +134,40 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         self,
         model: nn.Module,
         estimator: Estimator,
-        optimizer: Transform,
+        optimizer: Transform | None = None,
         criterion: Callable = F.cross_entropy,
         *,
+        base_optimizer: torch.optim.Optimizer | None = None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
         compile: bool = False,
         compile_options: dict[str, Any] | None = None,
     ):
+        self._torch: TorchBase | None = None
+        if base_optimizer is not None:
+            if optimizer is not None:
+                raise TypeError("pass either a gamfunc optimizer or base_optimizer=, not both")
+            if (every, base, on_nonfinite, compile, compile_options) != (
+                1,
+                None,
+                "skip",
+                False,
+                None,
+            ):
+                raise TypeError(
+                    "every, base, on_nonfinite, compile and compile_options apply to a gamfunc "
+                    "base optimiser; a torch.optim base_optimizer takes none of them"
+                )
+            self._torch = TorchBase(model, estimator, base_optimizer, criterion)
+            self._model = model
+            self.metrics = {}
+            trainable = list(self._torch._trainable.values())
+            super().__init__(trainable, dict(base_optimizer.defaults))
+            # the base optimiser's groups and state, shared: a scheduler of either moves both
+            self.param_groups, self.state = base_optimizer.param_groups, base_optimizer.state
+            self._groups_fixed = True
+            return
         _check_arguments(model, optimizer, criterion, compile, compile_options)
         trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not trainable:
@@ -176,6 +206,10 @@ class FlatnessOptimizer(torch.optim.Optimizer):
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
         """
+        if self._torch is not None:
+            loss = self._torch.step(closure, batch=batch)
+            self.metrics = self._torch.metrics
+            return loss
         closure, batch = _step_arguments(closure, batch)
         if batch is not None:
             return self._advance(self._batch_step, batch)
@@ -191,14 +225,21 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {step, skipped, opt}, "param_groups": [group]}``: the step state as plain dicts
-        (:func:`gamfunc.step.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
-        by parameter name; ``{}`` before the first step."""
+        (:func:`gamfunc.state.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
+        by parameter name; ``{}`` before the first step. With a ``torch.optim`` base optimiser,
+        :meth:`TorchBase.state_dict`."""
+        if self._torch is not None:
+            return self._torch.state_dict()
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         state = {} if self._state is None else as_dict(self._state)
         return {"state": state, "param_groups": [group | {"params": list(self._trainable)}]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; tensors move to the parameters' device."""
+        if self._torch is not None:
+            self._torch.load_state_dict(state_dict)
+            self.param_groups, self.state = self._torch.param_groups, self._torch.state
+            return
         if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
             raise ValueError("state_dict must be a dict with keys 'state' and 'param_groups'")
         groups = state_dict["param_groups"]
@@ -228,7 +269,15 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             )
         super().add_param_group(param_group)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._torch is not None:
+            self._torch.zero_grad(set_to_none=set_to_none)
+        else:
+            super().zero_grad(set_to_none=set_to_none)
+
     def __repr__(self) -> str:
+        if self._torch is not None:
+            return f"{type(self).__name__}({self._torch!r})"
         est = self._batch_step.estimator
         hp = ", ".join(f"{k}={v!r}" for k, v in est.hparams.items())
         return f"{type(self).__name__}(estimator={est.name}({hp}), lr={self.param_groups[0]['lr']})"
@@ -279,7 +328,12 @@ class GAM(FlatnessOptimizer):
     """:class:`FlatnessOptimizer` with ``gamfunc.gam(rho, alpha, hvp, ...)``: paper Algorithm 1.
 
     ρ is ``rho``, α is ``alpha``; ``hvp``, ``fd_radius``, ``oracle`` and ``eps`` go to
-    :func:`gamfunc.gam`, the other keywords to :class:`FlatnessOptimizer`.
+    :func:`gamfunc.gam`, the other keywords to :class:`FlatnessOptimizer`. The base optimiser is a
+    gamfunc one (``optimizer``) or a ``torch.optim`` one (``base_optimizer=``).
+
+    Raises:
+        TypeError: neither or both of ``optimizer`` and ``base_optimizer``, or an argument that
+            belongs to the base optimiser (``lr``, ``momentum``...).
 
     Example:
         >>> import torch, gamfunc
@@ -289,13 +343,6 @@ class GAM(FlatnessOptimizer):
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
     """
 
-    def __new__(cls, model, optimizer=None, *, base_optimizer=None, **kwargs):
-        if base_optimizer is None:
-            return super().__new__(cls)
-        keys = ("rho", "alpha", "hvp", "fd_radius", "oracle", "eps")
-        est = gam(**{k: kwargs.pop(k) for k in keys if k in kwargs})
-        return TorchBase(model, est, base_optimizer, **kwargs)
-
     def __init__(
         self,
         model: nn.Module,
@@ -303,6 +350,7 @@ class GAM(FlatnessOptimizer):
         *,
         rho,
         alpha: float,
+        base_optimizer: torch.optim.Optimizer | None = None,
         criterion: Callable = F.cross_entropy,
         hvp: str = "exact",
         fd_radius: float = 1e-3,
@@ -310,13 +358,18 @@ class GAM(FlatnessOptimizer):
         eps: float = 1e-12,
         **options,
     ):
-        _check_options(type(self).__name__, optimizer, options)
+        _check_options(type(self).__name__, optimizer, base_optimizer, options)
         estimator = gam(rho, alpha, hvp=hvp, fd_radius=fd_radius, oracle=oracle, eps=eps)
-        super().__init__(model, estimator, optimizer, criterion, **options)
+        super().__init__(
+            model, estimator, optimizer, criterion, base_optimizer=base_optimizer, **options
+        )
 
 
 class SAM(FlatnessOptimizer):
     """:class:`FlatnessOptimizer` with ``gamfunc.sam(rho)``: direction ∇L(θ + ρ·g/‖g‖), g = ∇L(θ).
+
+    The base optimiser is a gamfunc one (``optimizer``) or a ``torch.optim`` one
+    (``base_optimizer=``), as for :class:`GAM`.
 
     Example:
         >>> import torch, gamfunc
@@ -326,24 +379,21 @@ class SAM(FlatnessOptimizer):
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
     """
 
-    def __new__(cls, model, optimizer=None, *, base_optimizer=None, **kwargs):
-        if base_optimizer is None:
-            return super().__new__(cls)
-        est = sam(**{k: kwargs.pop(k) for k in ("rho", "eps") if k in kwargs})
-        return TorchBase(model, est, base_optimizer, **kwargs)
-
     def __init__(
         self,
         model: nn.Module,
         optimizer: Transform | None = None,
         *,
         rho,
+        base_optimizer: torch.optim.Optimizer | None = None,
         criterion: Callable = F.cross_entropy,
         eps: float = 1e-12,
         **options,
     ):
-        _check_options(type(self).__name__, optimizer, options)
-        super().__init__(model, sam(rho, eps=eps), optimizer, criterion, **options)
+        _check_options(type(self).__name__, optimizer, base_optimizer, options)
+        super().__init__(
+            model, sam(rho, eps=eps), optimizer, criterion, base_optimizer=base_optimizer, **options
+        )
 
 
 class TorchBase(torch.optim.Optimizer):
@@ -516,7 +566,7 @@ _OPTIONS = ("every", "base", "on_nonfinite", "compile", "compile_options")
 _BASE_SETTINGS = ("lr", "momentum", "weight_decay", "nesterov", "dampening", "betas")
 
 
-def _check_options(cls: str, optimizer, options: dict) -> None:
+def _check_options(cls: str, optimizer, base_optimizer, options: dict) -> None:
     """One clear error, naming ``cls``, for a missing base optimiser or an argument it does not take
     (a learning rate given to the facade rather than to the base optimiser, say)."""
     example = f"{cls}(model, gamfunc.sgd(lr=0.1, momentum=0.9), ...)"
@@ -529,14 +579,17 @@ def _check_options(cls: str, optimizer, options: dict) -> None:
             raise TypeError(
                 f"{cls}() got an unexpected argument {key!r}; it takes {', '.join(_OPTIONS)}"
             )
-    if optimizer is None:
-        raise TypeError(f"{cls}() needs a base optimiser as its second argument, e.g. {example}")
+    if optimizer is None and base_optimizer is None:
+        raise TypeError(
+            f"{cls}() needs a base optimiser as its second argument, e.g. {example}, or a "
+            f"torch.optim one as base_optimizer="
+        )
 
 
 def _check_arguments(model, optimizer, criterion, compile, compile_options) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    if not isinstance(optimizer, Transform | Optimizer):
+    if not isinstance(optimizer, Transform):
         hint = ""
         if isinstance(optimizer, torch.optim.Optimizer) or (
             isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)

@@ -32,10 +32,8 @@ from torch import Tensor
 from gamfunc import tree
 from gamfunc.optim.base import (
     Mask,
-    Optimizer,
     ScheduledLR,
     Transform,
-    as_transform,
     check_lr,
     check_mask,
     hyper_state,
@@ -225,12 +223,12 @@ def chain(*elements: Transform) -> Transform:
     if not elements:
         raise ValueError("chain needs at least one element (a transform or an optimizer)")
     for i, t in enumerate(elements):
-        if not isinstance(t, Transform | Optimizer):
+        if not isinstance(t, Transform):
             raise ValueError(
                 f"chain's elements must be gamfunc Transforms (optimisers included); "
                 f"elements[{i}] is a {type(t).__name__}"
             )
-    parts = tuple(as_transform(t) for t in elements)
+    parts = elements
 
     def init(params):
         return ChainState(tuple(t.init(params) for t in parts))

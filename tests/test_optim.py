@@ -7,7 +7,8 @@ import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 
 import gamfunc
-from gamfunc.optim import schedules, with_hyper
+from gamfunc import schedules
+from gamfunc.optim import with_hyper
 
 STEPS = 50
 
@@ -355,52 +356,3 @@ def test_sgd_updates_are_minus_lr_times_the_direction_bit_for_bit():
     assert all(torch.equal(u[k], -(0.1 * g[k])) for k in params)
     new = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], params[k] - 0.1 * g[k]) for k in params)
-
-
-def old_style(opt):
-    """The former contract: ``update`` returns the new params."""
-
-    def update(direction, state, params):
-        u, state = opt.update(direction, state, params)
-        return gamfunc.apply_updates(params, u), state
-
-    with pytest.warns(DeprecationWarning, match="apply_updates"):
-        return gamfunc.Optimizer(opt.init, update)
-
-
-@pytest.mark.parametrize(
-    "make", [lambda: gamfunc.sgd(lr=0.1, momentum=0.9), lambda: gamfunc.adamw(lr=1e-2)]
-)
-def test_deprecated_params_returning_optimizer_warns_and_gives_identical_steps(make):
-    params, data = mlp_params(), batches(10)
-    new_form = gamfunc.make_step(gamfunc.sam(0.05), make(), mlp_loss)
-    old_form = gamfunc.make_step(gamfunc.sam(0.05), old_style(make()), mlp_loss)
-    p1, s1, p2, s2 = params, new_form.init(params), params, old_form.init(params)
-    for b in data:
-        p1, s1, _ = new_form(p1, s1, b)
-        p2, s2, _ = old_form(p2, s2, b)
-    assert all(torch.equal(p1[k], p2[k]) for k in params)
-    # in a chain, its updates are new − θ: the same trajectory to rounding
-    chained = gamfunc.chain(gamfunc.clip_by_global_norm(0.8), old_style(make()))
-    reference = gamfunc.chain(gamfunc.clip_by_global_norm(0.8), make())
-    ours, _ = gamfunc_trajectory(chained, params, data)
-    want, _ = gamfunc_trajectory(reference, params, data)
-    assert rel_err(flatten(ours), flatten(want)) < 1e-12
-
-
-@pytest.mark.parametrize(
-    "make", [lambda: gamfunc.sgd(lr=0.1, momentum=0.9), lambda: gamfunc.adamw(lr=1e-2)]
-)
-def test_the_former_params_returning_form_warns_and_moves_as_apply_updates(make):
-    """``opt.update_params``: the contract of before (new params, not updates) for one release."""
-    opt, params = make(), mlp_params()
-    state_new = state_old = opt.init(params)
-    p_new = p_old = params
-    for b in batches(5):
-        g = torch.func.grad(mlp_loss)(p_new, b)
-        u, state_new = opt.update(g, state_new, p_new)
-        p_new = gamfunc.apply_updates(p_new, u)
-        with pytest.warns(DeprecationWarning, match="apply_updates"):
-            p_old, state_old = opt.update_params(g, state_old, p_old)
-    assert all(torch.equal(p_new[k], p_old[k]) for k in params)
-    assert int(state_old.step) == int(state_new.step) == 5

@@ -182,33 +182,8 @@ def test_one_step_counter_through_skipped_steps_and_every_k():
         if not int(metrics["skipped"]) and not metrics["rho"].isnan():
             assert float(metrics["rho"]) == float(rho(torch.tensor(taken - 1)))
     assert (taken, int(state.skipped), int(state.cycle)) == (5, 3, 8)
-    counters = [k for k in gamfunc.step.as_dict(state) if k == "step"]
-    assert counters == [] and "step" in gamfunc.step.as_dict(state)["opt"]["states"][-1]
-
-
-def test_a_state_saved_with_two_counters_loads_with_a_deprecation_warning():
-    from gamfunc.step import as_dict, from_dict
-
-    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
-    params = mlp_params()
-    params, state, _ = step(params, step.init(params), mlp_batch())
-    old = {"step": torch.tensor(1)} | as_dict(state)
-    with pytest.warns(DeprecationWarning, match="entry 'step'.*opt"):
-        restored = from_dict(old, like=step.init(params))
-    assert int(restored.step) == 1 and int(restored.opt.step) == 1
-
-
-def test_the_old_constructor_with_a_step_warns_and_sets_the_optimisers_count():
-    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
-    state = step.init(mlp_params())
-    seven = torch.tensor(7)
-    with pytest.warns(DeprecationWarning, match=r"StepState\(step, opt, \.\.\.\) is deprecated"):
-        old = gamfunc.StepState(seven, state.opt, state.skipped)
-    with pytest.warns(DeprecationWarning, match="deprecated"):
-        by_name = gamfunc.StepState(step=seven, opt=state.opt, skipped=state.skipped)
-    for s in (old, by_name):
-        assert s.step is seven and s.opt.step is seven and s.skipped is state.skipped
-    assert gamfunc.StepState(state.opt, state.skipped).step is state.opt.step
+    counters = [k for k in gamfunc.state.as_dict(state) if k == "step"]
+    assert counters == [] and "step" in gamfunc.state.as_dict(state)["opt"]["states"][-1]
 
 
 def test_a_nan_learning_rate_is_skipped_not_written_into_params():
@@ -300,7 +275,7 @@ def test_a_wrong_state_gets_a_one_line_error_naming_the_field():
 
 def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_load(tmp_path):
     from gamfunc.precision import LossScale, fp16
-    from gamfunc.step import as_dict, from_dict
+    from gamfunc.state import as_dict, from_dict
 
     params, batch = mlp_params(), mlp_batch()
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
@@ -326,7 +301,7 @@ def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_loa
 
 
 def test_from_dict_names_the_field_that_does_not_match():
-    from gamfunc.step import as_dict, from_dict
+    from gamfunc.state import as_dict, from_dict
 
     params = mlp_params()
     step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
@@ -392,21 +367,3 @@ def test_the_finiteness_check_takes_one_foreach_kernel_per_dtype_and_device(monk
     opt_inf = opt._replace(lr=torch.tensor(float("inf"), dtype=torch.float64))
     params["w3"] = torch.zeros(3)
     assert not bool(step_mod._all_finite(params, opt_inf))
-
-
-def test_a_chain_state_saved_in_the_former_layout_loads_with_a_warning():
-    from gamfunc.step import as_dict, from_dict
-
-    params = mlp_params()
-    opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
-    step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
-    _, state, _ = step(params, step.init(params), mlp_batch())
-    saved = as_dict(state)
-    clip, sgd = saved["opt"]["states"]
-    old = {**saved, "opt": {"opt": sgd, "transforms": [clip]}}
-    with pytest.warns(DeprecationWarning, match="states"):
-        restored = from_dict(old, like=step.init(params))
-    (got, got_spec), (want, want_spec) = (
-        torch.utils._pytree.tree_flatten(t) for t in (restored, state)
-    )
-    assert got_spec == want_spec and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -13,7 +13,7 @@ from torch import nn
 import gamfunc
 from gamfunc import schedules
 from gamfunc.optim import with_hyper
-from gamfunc.step import as_dict
+from gamfunc.state import as_dict
 from gamfunc.torch_optim import GAM, SAM, FlatnessOptimizer
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-14}

@@ -1,10 +1,8 @@
-"""Base optimisers: how to move along a direction, as Transforms whose updates are the step. ``schedules`` is :mod:`gamfunc.schedules`'s former name."""
+"""Base optimisers: how to move along a direction, as Transforms whose updates are the step."""
 
-from gamfunc.optim import schedules  # the name gamfunc.optim.schedules keeps working
 from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import AdamWState, ScheduledAdamWState, adamw
 from gamfunc.optim.base import (
-    Optimizer,
     ScheduledLR,
     Transform,
     apply_updates,
@@ -19,7 +17,6 @@ __all__ = [
     "AdamWState",
     "GroupsState",
     "LionState",
-    "Optimizer",
     "SGDState",
     "ScheduledAdamWState",
     "ScheduledLR",
@@ -32,7 +29,6 @@ __all__ = [
     "lion",
     "lr_scheduled",
     "param_groups",
-    "schedules",
     "sgd",
     "with_hyper",
 ]

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -16,18 +15,15 @@ from gamfunc.tree import Tree
 
 __all__ = [
     "Mask",
-    "Optimizer",
     "ScheduledLR",
     "Transform",
     "apply_updates",
-    "as_transform",
     "check_lr",
     "check_mask",
     "hyper_state",
     "learning_rate",
     "lr_scheduled",
     "masked_keys",
-    "move",
     "with_hyper",
 ]
 
@@ -73,20 +69,6 @@ class Transform(NamedTuple):
     init: Callable[[Tree], Any]
     update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
 
-    def update_params(self, direction: Tree, state, params: Tree) -> tuple[Tree, Any]:
-        """Deprecated: the former form of ``update``, ``(new_params, new_state)``; it goes in the
-        next release. Write ``updates, state = opt.update(direction, state, params)`` and
-        ``params = gamfunc.apply_updates(params, updates)``."""
-        warnings.warn(
-            "opt.update_params(direction, state, params) -> (new_params, state) is the former "
-            "contract and is deprecated: use updates, state = opt.update(direction, state, "
-            "params); params = gamfunc.apply_updates(params, updates)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        updates, new_state = self.update(direction, state, params)
-        return apply_updates(params, updates), new_state
-
 
 def apply_updates(params: Tree, updates: Tree) -> Tree:
     """θ + u for every parameter: the new parameters from a :class:`Transform`'s updates.
@@ -111,61 +93,6 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
     if all(a.dtype == b.dtype for a, b in zip(p, u, strict=True)) and not tree.vmapped([*p, *u]):
         return dict(zip(keys, torch._foreach_add(p, u), strict=True))
     return {k: (params[k] + updates[k]).to(params[k].dtype) for k in keys}
-
-
-class Optimizer(NamedTuple):
-    """Deprecated: the former contract, ``update(direction, state, params) -> (new_params, state)``.
-
-    Build a :class:`Transform` instead, whose ``update`` returns updates that
-    :func:`apply_updates` adds to the parameters. An ``Optimizer`` still works wherever an
-    optimiser is taken (:func:`gamfunc.make_step`, :func:`gamfunc.chain`, the facades of
-    :mod:`gamfunc.torch_optim`), with a ``DeprecationWarning`` when it is built: a step moves to
-    its ``new_params`` as before; inside a chain its updates are ``new_params − params``.
-    """
-
-    init: Callable[[Tree], Any]
-    update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
-
-
-_optimizer_new = Optimizer.__new__
-
-
-def _deprecated_optimizer(cls, *args, **kwargs):
-    warnings.warn(
-        "gamfunc.Optimizer(init, update) with an update returning new params is deprecated: "
-        "build a gamfunc.Transform whose update returns updates (new = gamfunc.apply_updates("
-        "params, updates)); every gamfunc optimiser is one",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return _optimizer_new(cls, *args, **kwargs)
-
-
-Optimizer.__new__ = _deprecated_optimizer
-
-
-def as_transform(opt: Transform | Optimizer) -> Transform:
-    """``opt`` under the contract of :class:`Transform`; a deprecated :class:`Optimizer`'s updates are
-    ``new_params − params``."""
-    if isinstance(opt, Transform):
-        return opt
-    if not isinstance(opt, Optimizer):
-        raise TypeError(f"expected a gamfunc Transform; got {type(opt).__name__}")
-
-    def update(direction, state, params):
-        new_params, new_state = opt.update(direction, state, params)
-        return tree.sub(new_params, params), new_state
-
-    return Transform(opt.init, update)
-
-
-def move(opt: Transform | Optimizer, direction: Tree, state, params: Tree) -> tuple[Tree, Any]:
-    """``(new_params, new_state)`` of one update: ``apply_updates`` of a Transform's updates, or
-    the new params of a deprecated :class:`Optimizer` as it returns them."""
-    if isinstance(opt, Optimizer):
-        return opt.update(direction, state, params)
-    updates, new_state = opt.update(direction, state, params)
-    return apply_updates(params, updates), new_state
 
 
 class ScheduledLR:
