@@ -6,6 +6,7 @@ pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 
 from gamfunc import (
     accumulate,
+    checks,
     cuda_graphs,
     distributed,
     ensemble,
@@ -24,14 +25,14 @@ from gamfunc.convenience import gam_step
 from gamfunc.cuda_graphs import cuda_graph
 from gamfunc.estimators import Estimator, asam, gam, gam_accelerated, gnp, gradient, sam
 from gamfunc.optim import (
-    AdamWState,
-    LionState,
-    SGDState,
+    InjectState,
     adam,
     adamw,
     apply_updates,
+    inject_hyperparams,
     lion,
     param_groups,
+    set_hyperparams,
     sgd,
 )
 from gamfunc.state import StepState
@@ -43,17 +44,18 @@ from gamfunc.transforms import (
     chain,
     clip_by_global_norm,
     decay_mask,
+    scale_by_adam,
     scale_by_learning_rate,
+    scale_by_lion,
+    trace,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdamWState",
     "ChainState",
     "Estimator",
-    "LionState",
-    "SGDState",
+    "InjectState",
     "Step",
     "StepState",
     "Transform",
@@ -64,6 +66,7 @@ __all__ = [
     "apply_updates",
     "asam",
     "chain",
+    "checks",
     "clip_by_global_norm",
     "cuda_graph",
     "cuda_graphs",
@@ -76,6 +79,7 @@ __all__ = [
     "gnp",
     "gradient",
     "hvps",
+    "inject_hyperparams",
     "lion",
     "m_sharpness",
     "make_step",
@@ -85,10 +89,14 @@ __all__ = [
     "precision",
     "regional",
     "sam",
+    "scale_by_adam",
     "scale_by_learning_rate",
+    "scale_by_lion",
     "schedules",
+    "set_hyperparams",
     "sgd",
     "torch_optim",
+    "trace",
     "transforms",
     "tree",
 ]

@@ -29,33 +29,30 @@ class StepState(NamedTuple):
     :func:`as_dict`.
 
     Attributes:
-        step: (a property) ``opt.step``, 0-d int64, the steps taken (skipped ones not counted): the
-            one step counter, kept by the optimiser and read by the estimator's schedules (ρ) and
-            the optimiser's (lr, bias corrections).
-        opt: the optimiser's state (:class:`~gamfunc.optim.sgd.SGDState`,
-            :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`);
-            ``state.opt.lr`` is the learning rate of the last update (for a constant lr,
-            :func:`gamfunc.optim.base.with_hyper` sets the next one).
+        step: 0-d int64, the steps taken (skipped ones not counted): the one step counter, read by
+            the estimator's schedules (ρ) and given to the optimiser's update as ``step=`` (lr
+            schedules, bias corrections).
+        opt: the optimiser's state, its own statistics only (an
+            :class:`~gamfunc.optim.inject.InjectState` around a chain's
+            :class:`~gamfunc.transforms.ChainState` for :func:`gamfunc.sgd`, or whatever a user's
+            ``init`` returns); :func:`gamfunc.set_hyperparams` sets a constant lr in it.
         skipped: 0-d int64, steps skipped because the loss, the direction or the update was not
             finite.
         buffers: a dict name -> tensor of BatchNorm running statistics, for a loss_fn of the
             buffered form (``step.init(params, buffers)``); ``()`` otherwise.
-        cycle: for ``every > 1`` only, a 0-d int64 on the CPU: a host copy of the step count that
-            picks the estimator without a device synchronisation; ``()`` otherwise.
+        cycle: for ``every > 1`` only, a 0-d int64 on the CPU: the count of calls, skipped steps
+            included, kept on the host so that it picks the estimator without a device
+            synchronisation; ``()`` otherwise.
         loss: the loss wrapper's own state (:meth:`gamfunc.loss.Objective.init_state`), e.g.
             :class:`gamfunc.precision.LossScale` for fp16; ``()`` for a loss without state.
     """
 
+    step: Tensor
     opt: Any
     skipped: Tensor
     buffers: dict[str, Tensor] | tuple = ()
     cycle: Tensor | tuple = ()
     loss: Any = ()
-
-    @property
-    def step(self) -> Tensor:
-        """The steps taken: the optimiser's step counter, ``opt.step``."""
-        return self.opt.step
 
 
 def check_state(state, params) -> None:
@@ -70,7 +67,7 @@ def check_state(state, params) -> None:
     """
     if not isinstance(state, StepState):
         hint = (
-            " (step states are no longer dicts: state['opt']['lr'] is now state.opt.lr)"
+            " (a StepState is a NamedTuple; as_dict gives its plain-dict form)"
             if isinstance(state, dict)
             else ""
         )
@@ -80,12 +77,7 @@ def check_state(state, params) -> None:
         )
     if not isinstance(params, dict) or not params:
         check_params(params)
-    if not hasattr(state.opt, "lr") or not hasattr(state.opt, "step"):
-        raise TypeError(
-            f"state.opt must be an optimiser's state (with step and lr), as optimizer.init(params) "
-            f"returns; got {type(state.opt).__name__}"
-        )
-    for name, v in (("opt.step", state.opt.step), ("skipped", state.skipped)):
+    for name, v in (("step", state.step), ("skipped", state.skipped)):
         if not isinstance(v, Tensor) or v.dtype != torch.int64:
             got = f"a {v.dtype} tensor" if isinstance(v, Tensor) else type(v).__name__
             raise TypeError(
@@ -163,8 +155,8 @@ def as_dict(state) -> Any:
     a transform's state, a loss scale) a dict of its fields, fields holding ``()`` (nothing) left out.
 
     For ``torch.save``: the result loads with ``torch.load(weights_only=True)`` and without gamfunc.
-    A step state of plain SGD becomes ``{"opt": {"step": ..., "lr": ...}, "skipped": ...}``
-    (with ``"momentum_buffer"`` in ``"opt"`` for SGD with momentum, ``"buffers"`` for BatchNorm).
+    A step state of plain SGD becomes ``{"step": ..., "opt": {"hyperparams": {"lr": ...},
+    "scheduled": {}, "inner": {"states": [()]}}, "skipped": ...}`` (``"buffers"`` for BatchNorm).
     :func:`from_dict` is the inverse.
 
     Example:
@@ -173,7 +165,7 @@ def as_dict(state) -> Any:
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
         >>> state = step.init({"w": torch.zeros(3)})
         >>> sorted(as_dict(state)), sorted(as_dict(state)["opt"])
-        (['opt', 'skipped'], ['lr', 'step'])
+        (['opt', 'skipped', 'step'], ['hyperparams', 'inner', 'scheduled'])
         >>> type(from_dict(as_dict(state), like=state)).__name__
         'StepState'
     """

@@ -50,7 +50,7 @@ from torch.utils import _pytree as pytree
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
-from gamfunc.optim import Transform, lr_scheduled, with_hyper
+from gamfunc.optim import InjectState, Transform, injected, learning_rate, map_injected
 from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import make_step
 
@@ -177,7 +177,15 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         first = optimizer.init(
             {k: torch.zeros((1,) * p.ndim, dtype=torch.float64) for k, p in trainable.items()}
         )
-        lr0, self._own_schedule = float(first.lr), lr_scheduled(first)
+        with_lr = [s for s in injected(first) if "lr" in s.hyperparams or "lr" in s.scheduled]
+        self._own_schedule = any("lr" in s.scheduled for s in with_lr)
+        lr0 = None if not with_lr else float(learning_rate(first))
+        # each injected lr (a param group's) follows the group's lr in proportion, as
+        # torch.optim.lr_scheduler scales every param group
+        self._lr_scales = [
+            1.0 if not lr0 else float(s.hyperparams.get("lr", s.scheduled.get("lr"))) / lr0
+            for s in with_lr
+        ]
         module_loss, _, _ = functionalize(model, criterion)
         options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
         batch_step = make_step(
@@ -302,26 +310,33 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
         if self._own_schedule:
-            self.param_groups[0]["lr"] = self._lr_set = float(new_state.opt.lr)
+            self.param_groups[0]["lr"] = self._lr_set = float(learning_rate(new_state.opt))
         return metrics["loss"]
 
     def _with_group_lr(self, opt_state):
-        """``opt_state`` with ``param_groups[0]["lr"]`` as the lr of the next update; a scheduled lr
-        is the schedule's, and the group then only reports the lr of the last update."""
+        """``opt_state`` with ``param_groups[0]["lr"]`` as the lr of the next update (each injected
+        lr in proportion); a scheduled lr is the schedule's, and the group then only reports the
+        lr of the last update."""
         lr = self.param_groups[0]["lr"]
-        if self._own_schedule:
+        if self._own_schedule or not self._lr_scales:
             if lr != self._lr_set:
                 raise RuntimeError(
                     "param_groups[0]['lr'] was changed, but the base optimiser's lr is a gamfunc "
-                    "schedule, which sets it; give the optimiser a constant lr to drive it with "
-                    "torch.optim.lr_scheduler"
+                    "schedule, which sets it (or it keeps no lr: see gamfunc.inject_hyperparams); "
+                    "give the optimiser a constant lr to drive it with torch.optim.lr_scheduler"
                 )
             return opt_state
-        # A new 0-d tensor, never an in-place write: earlier metrics and states may share the old one.
-        device = opt_state.lr.device
-        return with_hyper(
-            opt_state, lr=torch.full((), float(lr), dtype=torch.float64, device=device)
-        )
+        scales = iter(self._lr_scales)
+
+        def set_lr(s: InjectState) -> InjectState:
+            if "lr" not in s.hyperparams:
+                return s
+            old = s.hyperparams["lr"]
+            # a new 0-d tensor, never an in-place write: earlier metrics and states share the old
+            new = torch.full((), float(lr) * next(scales), dtype=torch.float64, device=old.device)
+            return InjectState({**s.hyperparams, "lr": new}, s.scheduled, s.inner)
+
+        return map_injected(opt_state, set_lr)
 
 
 class GAM(FlatnessOptimizer):

@@ -16,7 +16,6 @@ import gamfunc
 from benchmarks.stepcost.authors_gam import AuthorsGAM
 from benchmarks.stepcost.methods import ACCELERATED, AUTHORS, BASELINE, rho_at
 from gamfunc.loss import gradient_pass
-from gamfunc.optim.base import with_hyper
 
 
 def autocast(device: torch.device, dtype: str):
@@ -124,9 +123,9 @@ class Functional:
 
     def set_lr(self, lr):
         # A new 0-d tensor for a constant lr: how a scheduler drives the step without recompiling.
-        old = self.state.opt.lr
+        old = gamfunc.optim.learning_rate(self.state.opt)
         new = torch.tensor(lr, dtype=old.dtype, device=old.device)
-        self.state = self.state._replace(opt=with_hyper(self.state.opt, lr=new))
+        self.state = self.state._replace(opt=gamfunc.set_hyperparams(self.state.opt, lr=new))
 
 
 def gradient_eval(loss_fn):
