@@ -15,11 +15,11 @@ from torch import Tensor
 
 __all__ = [
     "check_betas",
+    "check_int",
     "check_mask",
     "check_nonnegative",
     "check_number",
     "check_positive",
-    "check_positive_int",
     "check_unit",
 ]
 
@@ -97,18 +97,19 @@ def check_unit(name: str, v, *, schedule: bool = False) -> None:
         raise ValueError(f"{name} must be {_what('a number in [0, 1]', schedule)}; got {v!r}")
 
 
-def check_positive_int(name: str, v) -> None:
-    """An integer >= 1.
+def check_int(name: str, v, *, at_least: int = 1) -> None:
+    """An integer >= ``at_least``.
 
     Args:
         name: the argument's name, for the message.
         v: its value.
+        at_least: the smallest value allowed.
 
     Raises:
-        ValueError: ``v`` is not an integer >= 1 (a bool is not one).
+        ValueError: ``v`` is not an integer >= ``at_least`` (a bool is not one).
     """
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or v < at_least:
+        raise ValueError(f"{name} must be an integer >= {at_least}; got {v!r}")
 
 
 def check_betas(name: str, betas) -> tuple[float, float]:

@@ -41,6 +41,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
+from gamfunc.checks import check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
@@ -53,6 +54,7 @@ __all__ = [
     "NONFINITE",
     "SCOPES",
     "Step",
+    "is_finite",
     "make_step",
 ]
 
@@ -212,11 +214,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     taken = StepState(step + 1, new_opt, state.skipped, new_buffers, state.cycle, state.loss)
     if on_nonfinite == "ignore":
         return new_params, taken, metrics
-    finite = (
-        torch.isfinite(est.info["loss"])
-        & torch.isfinite(_norm(est))
-        & _all_finite(new_params, new_opt).to(step.device)
-    )
+    finite = is_finite(est, new_params, new_opt).to(step.device)
     if on_nonfinite == "raise":
         if not bool(finite):
             raise FloatingPointError(
@@ -274,6 +272,22 @@ def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
             out[k] = torch.full((), fill, dtype=dtype, device=device)
     out |= {k: v for k, v in metrics.items() if k not in out}  # anything not a tensor, as it is
     return schema, out
+
+
+def is_finite(est, *trees) -> Tensor:
+    """The non-finite guard of every step: whether the loss at θ, the direction and every
+    floating-point entry of ``trees`` (the new parameters and optimiser state) are finite.
+
+    Args:
+        est: the estimator's :class:`~gamfunc.estimators.base.Estimate`.
+        *trees: pytrees of tensors after the update.
+
+    Returns:
+        A 0-d bool tensor, on the loss's device (no host synchronisation).
+    """
+    loss = est.info["loss"]
+    finite = torch.isfinite(loss) & torch.isfinite(_norm(est)).to(loss.device)
+    return finite & _all_finite(*trees).to(loss.device) if trees else finite
 
 
 def _all_finite(*trees) -> Tensor:
@@ -382,8 +396,7 @@ def make_step(
         raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
     if not isinstance(optimizer, Transform):
         raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be an integer >= 1; got {every!r}")
+    check_int("every", every)
     if on_nonfinite not in NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE}; got {on_nonfinite!r}")
     if not callable(loss_fn):

@@ -52,7 +52,7 @@ from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
 from gamfunc.optim import InjectState, Transform, injected, learning_rate, map_injected
 from gamfunc.state import StepState, as_dict, from_dict
-from gamfunc.step import make_step
+from gamfunc.step import is_finite, make_step
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
@@ -416,9 +416,16 @@ class TorchBase(torch.optim.Optimizer):
 
     One step: the estimator's direction at θ (GAM, SAM, ...) goes into each parameter's ``.grad``
     and the base optimiser's own ``step()`` runs, with its parameter groups, its state and whatever
-    ``torch.optim.lr_scheduler`` drives it; BatchNorm buffers take the pass at θ's statistics. A step
-    whose direction or loss is not finite is skipped (the parameters, the base optimiser's state and
-    the buffers stay; ``metrics["skipped"]`` is 1). Made by ``GAM(model, base_optimizer=..., rho=,
+    ``torch.optim.lr_scheduler`` drives it; BatchNorm buffers take the pass at θ's statistics. The
+    non-finite guard is :func:`gamfunc.make_step`'s (:func:`gamfunc.step.is_finite`): a step whose
+    loss or direction is not finite is skipped (the parameters, the base optimiser's state and the
+    buffers stay; ``metrics["skipped"]`` is 1); one whose update makes a parameter non-finite is
+    undone on the parameters and skipped too.
+
+    Warning:
+        A ``torch.optim`` optimiser changes its own state (momentum, moments) in place as it steps,
+        so after an undone update that state keeps the step's statistics; gamfunc's own optimisers
+        (:class:`FlatnessOptimizer`) keep the state as it was. Made by ``GAM(model, base_optimizer=..., rho=,
     alpha=)`` or ``SAM(model, base_optimizer=..., rho=)``, or directly.
 
     Args:
@@ -491,17 +498,23 @@ class TorchBase(torch.optim.Optimizer):
 
         step = torch.tensor(self._count)
         est = self._estimator.run(params, data, bound, step=step)
-        finite = bool(torch.isfinite(est.info["loss"])) and bool(
-            torch.isfinite(tree.norm(est.direction))
-        )
+        # the guard of gamfunc.make_step, before the base step on the loss and the direction, after
+        # it on the new parameters (undone where not finite)
+        finite = bool(is_finite(est))
         if finite:
+            before = tree.clone(params)
             for k, p in self._trainable.items():
                 p.grad = est.direction[k].to(p.dtype).detach().clone()
             self.base_optimizer.step()
+            finite = bool(is_finite(est, {k: p.detach() for k, p in self._trainable.items()}))
             with torch.no_grad():
-                for k, b in self._model.named_buffers():
-                    b.copy_(est.clean.aux[k])
-            self._count += 1
+                if not finite:
+                    for k, p in self._trainable.items():
+                        p.copy_(before[k])
+                else:
+                    for k, b in self._model.named_buffers():
+                        b.copy_(est.clean.aux[k])
+            self._count += int(finite)
         skipped = torch.tensor(0 if finite else 1)
         self.metrics = {**est.info, "skipped": skipped}
         return est.info["loss"]

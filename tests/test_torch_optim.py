@@ -528,3 +528,14 @@ def test_a_torch_base_skips_a_non_finite_step_and_refuses_foreign_parameters():
         SAM(model, base_optimizer=torch.optim.SGD(other.parameters(), lr=0.1), rho=0.05)
     with pytest.raises(TypeError, match=r"torch\.optim\.Optimizer instance"):
         SAM(model, base_optimizer=torch.optim.SGD, rho=0.05)
+
+
+def test_a_torch_base_undoes_an_update_that_is_not_finite():
+    """The guard of make_step: an lr of inf makes the parameters non-finite; the step is skipped
+    and the parameters stay."""
+    model = tanh_mlp()
+    opt = SAM(model, base_optimizer=torch.optim.SGD(model.parameters(), lr=float("inf")), rho=0.05)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    opt.step(batches(1)[0])
+    assert int(opt.metrics["skipped"]) == 1 and opt.state_dict()["steps"] == 0
+    assert all(torch.equal(p, before[k]) for k, p in model.named_parameters())

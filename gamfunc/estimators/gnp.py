@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gamfunc import hvps, tree
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.checks import check_nonnegative
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.schedules import value
 
@@ -39,8 +40,8 @@ def gnp(alpha, hvp: str = "fd", fd_radius: float = 1e-2, eps: float = 1e-12) -> 
         Zhao, Zhang, Hu, "Penalizing Gradient Norm for Efficiently Improving Generalization in Deep
         Learning", ICML 2022, https://arxiv.org/abs/2202.03599.
     """
-    check_nonnegative("alpha", alpha)
-    check_nonnegative("eps", eps)
+    check_nonnegative("alpha", alpha, schedule=True)
+    check_nonnegative("eps", eps, schedule=True)
     backend = hvps.get(hvp, fd_radius)
 
     def run(params, batch, loss_fn, clean, step):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gamfunc import tree
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.checks import check_nonnegative
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.schedules import value
@@ -33,8 +34,8 @@ def sam(rho, eps: float = 1e-12) -> Estimator:
         Foret et al., "Sharpness-Aware Minimization for Efficiently Improving Generalization",
         ICLR 2021, https://arxiv.org/abs/2010.01412.
     """
-    check_nonnegative("rho", rho)
-    check_nonnegative("eps", eps)
+    check_nonnegative("rho", rho, schedule=True)
+    check_nonnegative("eps", eps, schedule=True)
 
     def run(params, batch, loss_fn, clean, step):
         if clean is None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import Objective, check_params
 from gamfunc.metrics._common import (
     bound_loss,
@@ -28,16 +29,6 @@ from gamfunc.tree import Tree
 __all__ = ["hessian_trace", "top_eigenvalues"]
 
 METHODS = ("lanczos", "power")
-
-
-def _check_positive_int(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
-
-
-def _check_positive(name: str, v) -> None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
-        raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
 
 
 # ---- top eigenvalues -----------------------------------------------------------------------------
@@ -130,9 +121,9 @@ def top_eigenvalues(
         Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108 (Section 5.4).
     """
     check_params(params)
-    _check_positive_int("k", k)
-    _check_positive_int("iters", iters)
-    _check_positive("tol", tol)
+    check_int("k", k)
+    check_int("iters", iters)
+    check_positive("tol", tol)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
     n = sum(v.numel() for v in params.values())
@@ -320,9 +311,9 @@ def hessian_trace(
         Yao et al., "PyHessian", 2020, https://arxiv.org/abs/1912.07145.
     """
     check_params(params)
-    _check_positive_int("samples", samples)
+    check_int("samples", samples)
     if chunk_size is not None:
-        _check_positive_int("chunk_size", chunk_size)
+        check_int("chunk_size", chunk_size)
     loss = bound_loss(loss_fn, buffers, mode)
     matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
     gen = make_generator(generator, params)
