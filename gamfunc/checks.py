@@ -30,7 +30,9 @@ def _given(v, schedule: bool) -> bool:
 
 
 def _number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float (not a bool), by comparisons alone: a factory called inside a compiled
+    step (:func:`gamfunc.inject_hyperparams` calls it at every update) traces no function call."""
+    return isinstance(v, int | float) and not isinstance(v, bool) and -math.inf < v < math.inf
 
 
 def _what(kind: str, schedule: bool) -> str:
