@@ -6,6 +6,7 @@ pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 
 from gamfunc import (
     accumulate,
+    checks,
     cuda_graphs,
     distributed,
     ensemble,
@@ -34,18 +35,18 @@ from gamfunc.estimators import (
     wsam,
 )
 from gamfunc.optim import (
-    AdamWState,
-    LionState,
-    Optimizer,
-    SGDState,
+    InjectState,
     adam,
     adamw,
     apply_updates,
+    inject_hyperparams,
     lion,
     param_groups,
+    set_hyperparams,
     sgd,
 )
-from gamfunc.step import Step, StepState, make_step
+from gamfunc.state import StepState
+from gamfunc.step import Step, make_step
 from gamfunc.transforms import (
     ChainState,
     Transform,
@@ -53,18 +54,18 @@ from gamfunc.transforms import (
     chain,
     clip_by_global_norm,
     decay_mask,
+    scale_by_adam,
     scale_by_learning_rate,
+    scale_by_lion,
+    trace,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AdamWState",
     "ChainState",
     "Estimator",
-    "LionState",
-    "Optimizer",
-    "SGDState",
+    "InjectState",
     "Step",
     "StepState",
     "Transform",
@@ -75,6 +76,7 @@ __all__ = [
     "apply_updates",
     "asam",
     "chain",
+    "checks",
     "clip_by_global_norm",
     "cuda_graph",
     "cuda_graphs",
@@ -88,6 +90,7 @@ __all__ = [
     "gradient",
     "gsam",
     "hvps",
+    "inject_hyperparams",
     "lion",
     "m_sharpness",
     "make_step",
@@ -97,10 +100,14 @@ __all__ = [
     "precision",
     "regional",
     "sam",
+    "scale_by_adam",
     "scale_by_learning_rate",
+    "scale_by_lion",
     "schedules",
+    "set_hyperparams",
     "sgd",
     "torch_optim",
+    "trace",
     "transforms",
     "tree",
     "wsam",

@@ -56,6 +56,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
+from gamfunc.checks import check_int
 from gamfunc.hvps import of_gradient, resolve
 from gamfunc.loss import Objective, Pass, gradient_pass
 from gamfunc.tree import Tree
@@ -139,8 +140,7 @@ class Accumulated(Objective):
 
     def __post_init__(self):
         k = self.micro_batches
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"micro_batches must be an integer >= 1; got {k!r}")
+        check_int("micro_batches", k)
         if not callable(self.loss_fn):
             raise TypeError(f"loss_fn must be callable; got {type(self.loss_fn).__name__}")
 

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
+from gamfunc.checks import check_int
 from gamfunc.compile import fresh_copies
 from gamfunc.step import Step, _new_step
 
@@ -66,8 +67,7 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
     """
     if not isinstance(step, Step) or not hasattr(step, "impl"):
         raise TypeError(f"step must be made by gamfunc.make_step; got {type(step).__name__}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-        raise ValueError(f"warmup must be an integer >= 1; got {warmup!r}")
+    check_int("warmup", warmup)
     if step.on_nonfinite == "raise":
         raise ValueError(
             "on_nonfinite='raise' reads the loss on the host at every step, which a CUDA graph "

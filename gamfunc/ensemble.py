@@ -37,7 +37,8 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc.step import Step, StepState
+from gamfunc.state import StepState
+from gamfunc.step import Step
 
 __all__ = ["VmappedStep", "stack", "unstack", "vmap_step"]
 

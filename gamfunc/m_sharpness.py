@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc.accumulate import weighted_sum
+from gamfunc.checks import check_int
 from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.loss import Pass
 
@@ -73,8 +74,7 @@ def m_sharpness(
     """
     if not isinstance(estimator, Estimator):
         raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
-    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-        raise ValueError(f"m must be an integer >= 1; got {m!r}")
+    check_int("m", m)
     if randomness not in RANDOMNESS:
         raise ValueError(f"randomness must be one of {RANDOMNESS}; got {randomness!r}")
     vectorized = True if vectorize is None else bool(vectorize)  # None: the old "probe" default

@@ -16,7 +16,6 @@ __all__ = [
     "elementary_norms",
     "elementary_softmax",
     "float32_batchnorm",
-    "functional",
     "functionalize",
     "load",
     "mode",
@@ -82,10 +81,6 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
         return criterion(out, targets), new_buffers
 
     return loss_fn, params, buffers
-
-
-# The former name, kept working without a warning; it read like ``torch.nn.functional``.
-functional = functionalize
 
 
 def load(model: nn.Module, params, buffers=None) -> nn.Module:

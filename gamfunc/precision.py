@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 
 from gamfunc import hvps, tree
+from gamfunc.checks import check_int, check_positive
 from gamfunc.hvps import of_gradient, read_through, resolve
 from gamfunc.loss import Objective, Pass, gradient_pass, loss_and_aux
 from gamfunc.tree import Tree
@@ -356,18 +357,12 @@ def fp16(
         >>> float(metrics["loss_scale"]), int(metrics["skipped"])
         (65536.0, 0)
     """
-    if not (isinstance(init_scale, int | float) and 0 < init_scale < float("inf")):
-        raise ValueError(f"init_scale must be a finite number > 0; got {init_scale!r}")
+    check_positive("init_scale", init_scale)
     if not (isinstance(growth_factor, int | float) and 1 < growth_factor < float("inf")):
         raise ValueError(f"growth_factor must be a finite number > 1; got {growth_factor!r}")
     if not (isinstance(backoff_factor, int | float) and 0 < backoff_factor < 1):
         raise ValueError(f"backoff_factor must be a number in (0, 1); got {backoff_factor!r}")
-    if (
-        isinstance(growth_interval, bool)
-        or not isinstance(growth_interval, int)
-        or growth_interval < 1
-    ):
-        raise ValueError(f"growth_interval must be an integer >= 1; got {growth_interval!r}")
+    check_int("growth_interval", growth_interval)
     return LossScaled(
         autocast(loss_fn, torch.float16),
         float(init_scale),

@@ -112,9 +112,27 @@ def proportional(
 
 
 def value(h: float | Schedule, step: Tensor | None) -> float | Tensor:
-    """A hyperparameter's value at ``step``: the number itself, or the schedule evaluated at step."""
+    """A hyperparameter's value at ``step``: the number itself, or the schedule evaluated at step.
+
+    Args:
+        h: a number (or a 0-d tensor), or a schedule ``t -> 0-d tensor``.
+        step: the step count t, a 0-d integer tensor; None reads a schedule at t = 0.
+
+    Returns:
+        ``h`` itself, or ``h(step)``.
+
+    Raises:
+        TypeError: the schedule returned something other than a tensor (a Python number would be
+            baked into a compiled step as a constant).
+    """
     if not callable(h):
         return h
     if step is None:
         step = torch.zeros((), dtype=torch.int64)
-    return h(step)
+    out = h(step)
+    if not isinstance(out, Tensor):
+        raise TypeError(
+            f"a schedule must return a tensor computed from the 0-d step tensor it is given; it "
+            f"returned {type(out).__name__}: use torch operations (see gamfunc.schedules.cosine)"
+        )
+    return out

@@ -3,22 +3,18 @@
 ``StepState`` is what ``step(params, state, batch)`` carries from one call to the next (the fields:
 :mod:`gamfunc.step`). :func:`check_state` refuses a state that was not made for the parameters, in
 one line naming the field; :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and
-back, for ``torch.save`` and ``torch.load(weights_only=True)``, reading the layouts of earlier
-releases with a ``DeprecationWarning``.
+back, for ``torch.save`` and ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from gamfunc.loss import check_params
-from gamfunc.optim import with_hyper
 from gamfunc.optim.groups import GroupsState
-from gamfunc.transforms import ChainState
 
 __all__ = ["StepState", "as_dict", "check_cycle", "check_state", "from_dict"]
 
@@ -30,66 +26,33 @@ class StepState(NamedTuple):
     dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
     it (:mod:`gamfunc.ensemble`), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
     field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
-    :func:`as_dict`. The older ``StepState(step, opt, skipped, ...)`` (or ``step=``) still builds a
-    state, with a ``DeprecationWarning``, writing ``step`` into ``opt.step``.
+    :func:`as_dict`.
 
     Attributes:
-        step: (a property) ``opt.step``, 0-d int64, the steps taken (skipped ones not counted): the
-            one step counter, kept by the optimiser and read by the estimator's schedules (ρ) and
-            the optimiser's (lr, bias corrections).
-        opt: the optimiser's state (:class:`~gamfunc.optim.sgd.SGDState`,
-            :class:`~gamfunc.optim.adamw.AdamWState`, :class:`~gamfunc.transforms.ChainState`);
-            ``state.opt.lr`` is the learning rate of the last update (for a constant lr,
-            :func:`gamfunc.optim.base.with_hyper` sets the next one).
+        step: 0-d int64, the steps taken (skipped ones not counted): the one step counter, read by
+            the estimator's schedules (ρ) and given to the optimiser's update as ``step=`` (lr
+            schedules, bias corrections).
+        opt: the optimiser's state, its own statistics only (an
+            :class:`~gamfunc.optim.inject.InjectState` around a chain's
+            :class:`~gamfunc.transforms.ChainState` for :func:`gamfunc.sgd`, or whatever a user's
+            ``init`` returns); :func:`gamfunc.set_hyperparams` sets a constant lr in it.
         skipped: 0-d int64, steps skipped because the loss, the direction or the update was not
             finite.
         buffers: a dict name -> tensor of BatchNorm running statistics, for a loss_fn of the
             buffered form (``step.init(params, buffers)``); ``()`` otherwise.
-        cycle: for ``every > 1`` only, a 0-d int64 on the CPU: a host copy of the step count that
-            picks the estimator without a device synchronisation; ``()`` otherwise.
+        cycle: for ``every > 1`` only, a 0-d int64 on the CPU: the count of calls, skipped steps
+            included, kept on the host so that it picks the estimator without a device
+            synchronisation; ``()`` otherwise.
         loss: the loss wrapper's own state (:meth:`gamfunc.loss.Objective.init_state`), e.g.
             :class:`gamfunc.precision.LossScale` for fp16; ``()`` for a loss without state.
     """
 
+    step: Tensor
     opt: Any
     skipped: Tensor
     buffers: dict[str, Tensor] | tuple = ()
     cycle: Tensor | tuple = ()
     loss: Any = ()
-
-    @property
-    def step(self) -> Tensor:
-        """The steps taken: the optimiser's step counter, ``opt.step``."""
-        return self.opt.step
-
-
-_tuple_new = StepState.__new__
-
-
-def _new_state(cls, *args, **kwargs):
-    """``StepState(opt, skipped, ...)``; the form before the single counter,
-    ``StepState(step, opt, skipped, ...)`` or ``step=``, warns and writes ``step`` into
-    ``opt.step``, the count that form's step used."""
-    if "step" in kwargs:
-        step = kwargs.pop("step")
-    elif args and isinstance(args[0], Tensor):
-        step, args = args[0], args[1:]
-    else:
-        return _tuple_new(cls, *args, **kwargs)
-    warnings.warn(
-        "StepState(step, opt, ...) is deprecated: the step count is the optimiser's; use "
-        "StepState(opt, ...) with opt.step (gamfunc.optim.with_hyper(opt, step=...))",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    if "opt" in kwargs:
-        kwargs["opt"] = with_hyper(kwargs["opt"], step=step)
-    elif args:
-        args = (with_hyper(args[0], step=step), *args[1:])
-    return _tuple_new(cls, *args, **kwargs)
-
-
-StepState.__new__ = _new_state
 
 
 def check_state(state, params) -> None:
@@ -104,7 +67,7 @@ def check_state(state, params) -> None:
     """
     if not isinstance(state, StepState):
         hint = (
-            " (step states are no longer dicts: state['opt']['lr'] is now state.opt.lr)"
+            " (a StepState is a NamedTuple; as_dict gives its plain-dict form)"
             if isinstance(state, dict)
             else ""
         )
@@ -114,12 +77,7 @@ def check_state(state, params) -> None:
         )
     if not isinstance(params, dict) or not params:
         check_params(params)
-    if not hasattr(state.opt, "lr") or not hasattr(state.opt, "step"):
-        raise TypeError(
-            f"state.opt must be an optimiser's state (with step and lr), as optimizer.init(params) "
-            f"returns; got {type(state.opt).__name__}"
-        )
-    for name, v in (("opt.step", state.opt.step), ("skipped", state.skipped)):
+    for name, v in (("step", state.step), ("skipped", state.skipped)):
         if not isinstance(v, Tensor) or v.dtype != torch.int64:
             got = f"a {v.dtype} tensor" if isinstance(v, Tensor) else type(v).__name__
             raise TypeError(
@@ -197,8 +155,8 @@ def as_dict(state) -> Any:
     a transform's state, a loss scale) a dict of its fields, fields holding ``()`` (nothing) left out.
 
     For ``torch.save``: the result loads with ``torch.load(weights_only=True)`` and without gamfunc.
-    A step state of plain SGD becomes ``{"opt": {"step": ..., "lr": ...}, "skipped": ...}``
-    (with ``"momentum_buffer"`` in ``"opt"`` for SGD with momentum, ``"buffers"`` for BatchNorm).
+    A step state of plain SGD becomes ``{"step": ..., "opt": {"hyperparams": {"lr": ...},
+    "scheduled": {}, "inner": {"states": [()]}}, "skipped": ...}`` (``"buffers"`` for BatchNorm).
     :func:`from_dict` is the inverse.
 
     Example:
@@ -207,7 +165,7 @@ def as_dict(state) -> Any:
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
         >>> state = step.init({"w": torch.zeros(3)})
         >>> sorted(as_dict(state)), sorted(as_dict(state)["opt"])
-        (['opt', 'skipped'], ['lr', 'step'])
+        (['opt', 'skipped', 'step'], ['hyperparams', 'inner', 'scheduled'])
         >>> type(from_dict(as_dict(state), like=state)).__name__
         'StepState'
     """
@@ -231,23 +189,10 @@ def from_dict(saved, like, where: str = "state") -> Any:
     The names and shapes must be those of ``like`` (a field absent from ``saved`` is ``()``); the
     tensors are ``saved``'s, where they are (move them with ``torch.utils._pytree.tree_map``).
 
-    A step state saved before the optimiser's counter became the only one has its count twice, also
-    as ``saved["step"]``; that entry is dropped with a ``DeprecationWarning``.
-
     Raises:
         ValueError: in one line naming the field, where ``saved`` has other names, another
             structure or other shapes than ``like``.
     """
-    if isinstance(like, StepState) and isinstance(saved, dict) and "step" in saved:
-        warnings.warn(
-            f"{where} has an entry 'step', saved before the step count was kept in "
-            f"{where}['opt']['step'] only; it is ignored (save again with as_dict to drop it)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        saved = {k: v for k, v in saved.items() if k != "step"}
-    if isinstance(like, ChainState) and isinstance(saved, dict) and "transforms" in saved:
-        saved = _chain_of_old_layout(saved, like, where)
     if _is_record(like):
         kind = type(like).__name__
         if not isinstance(saved, dict):
@@ -285,20 +230,3 @@ def from_dict(saved, like, where: str = "state") -> Any:
         got = f"shape {tuple(saved.shape)}" if isinstance(saved, Tensor) else type(saved).__name__
         raise ValueError(f"{where} has {got}; expected shape {tuple(like.shape)}")
     return saved
-
-
-def _chain_of_old_layout(saved: dict, like: ChainState, where: str) -> dict:
-    """A chain's state saved as ``{"opt": ..., "transforms": [...]}`` (the optimiser last, before
-    chains took their elements in any order) in today's layout, with a ``DeprecationWarning``."""
-    warnings.warn(
-        f"{where} is a chain's state saved as {{'opt', 'transforms'}}; chains now keep one state "
-        f"per element, {{'states': [...]}}: save again with as_dict",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    rest = list(saved.get("transforms", ()))
-    states = [
-        saved.get("opt") if i == len(like.states) - 1 else (rest.pop(0) if rest else ())
-        for i in range(len(like.states))
-    ]
-    return {"states": states}

@@ -5,18 +5,24 @@
 ``torch.compile``, ``torch.func.vmap`` and ``torch.utils._pytree``::
 
     StepState(
-        opt,           # the optimiser's state: SGDState, AdamWState, ChainState (gamfunc.optim);
-                       # its step (state.step) is the one step counter
+        step,          # 0-d int64: the steps taken (skipped ones not counted), the one step counter
+        opt,           # the optimiser's state: its own statistics (and injected hyperparameters)
         skipped,       # 0-d int64: steps skipped because the loss, direction or update was not finite
         buffers=(),    # BatchNorm running statistics (a dict), for a buffered loss_fn
-        cycle=(),      # every > 1 only: 0-d int64 on the CPU, host copy of the step count
+        cycle=(),      # every > 1 only: 0-d int64 on the CPU, the calls so far, skipped included
         loss=(),       # the loss wrapper's own state, e.g. precision.LossScale for fp16
     )
+
+The step owns the counter: it gives it to the estimator (ρ schedules) and to the optimiser's update
+as ``step=`` where the update takes it (:func:`gamfunc.optim.call_update`), so any
+:class:`~gamfunc.optim.base.Transform` is an optimiser here, a user's own three-argument update
+included. ``metrics["lr"]`` is the lr an :func:`gamfunc.inject_hyperparams` transform in the
+optimiser keeps (every gamfunc optimiser has one); an optimiser without one logs no lr.
 
 ``()`` marks an absent field: an empty pytree node, so that a state stays a pytree of tensors under
 ``vmap``. :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and back, for
 ``torch.save`` and ``torch.load(weights_only=True)``; the state, its checks and that form live in
-:mod:`gamfunc.state` (its names are also this module's).
+:mod:`gamfunc.state`.
 
 A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through the
 protocol declared there (``bind``, ``init_state``, ``next_state``, forwarded by every wrapper):
@@ -35,23 +41,20 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
+from gamfunc.checks import check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Optimizer, Transform
-from gamfunc.optim.base import move
+from gamfunc.optim import Transform, apply_updates, call_update, learning_rate
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
-from gamfunc.state import StepState, as_dict, check_cycle, check_state, from_dict
+from gamfunc.state import StepState, check_cycle, check_state
 
 __all__ = [
     "NONFINITE",
     "SCOPES",
     "Step",
-    "StepState",
-    "as_dict",
-    "check_state",
-    "from_dict",
+    "is_finite",
     "make_step",
 ]
 
@@ -116,10 +119,10 @@ class _StepImpl:
                 f"skipped); got {self.on_nonfinite!r}"
             )
         return StepState(
+            step=torch.zeros((), dtype=torch.int64, device=device),
             opt=self.optimizer.init(params),
             skipped=torch.zeros((), dtype=torch.int64, device=device),
             buffers=dict(buffers) if buffers is not None else (),
-            # host copy of the step count
             cycle=torch.zeros((), dtype=torch.int64) if self.every > 1 else (),
             loss=loss_state,
         )
@@ -129,12 +132,12 @@ class _StepImpl:
         check_cycle(state.cycle, self.every)
         if self.every == 1:
             return self.full(params, state, batch)
-        # The choice reads a host-side copy of the step count, so it costs no device
-        # synchronisation, and the compiled branches see only device tensors (CUDA graphs work).
+        # The choice reads a host-side count of the calls, so it costs no device synchronisation,
+        # and the compiled branches see only device tensors (CUDA graphs work).
         cycle = state.cycle
         branch = self.full if int(cycle) % self.every == 0 else self.plain
         new_params, new, metrics = branch(params, state._replace(cycle=()), batch)
-        new_state = StepState(new.opt, new.skipped, new.buffers, cycle + 1, new.loss)
+        new_state = StepState(new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss)
         self.schema, metrics = with_schema(self.schema, metrics)
         return new_params, new_state, metrics
 
@@ -187,13 +190,16 @@ def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
 def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
     buffered = isinstance(state.buffers, dict)
     loss = bind(loss_fn, state)
-    # One step counter, the optimiser's: the estimator's schedules (ρ) and the optimiser's (lr, bias
-    # corrections) read the same t, so a skipped step (the old optimiser state kept) moves neither.
+    # One step counter, the step's: the estimator's schedules (ρ) and the optimiser's (lr, bias
+    # corrections) read the same t, so a skipped step (the old state kept) moves neither.
     step = state.step
     est = estimator.run(params, batch, loss, step=step)
-    new_params, new_opt = move(optimizer, est.direction, state.opt, params)
+    updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
+    new_params = apply_updates(params, updates)
     metrics = dict(est.info)
-    metrics["lr"] = new_opt.lr
+    lr = learning_rate(new_opt)
+    if lr is not None:
+        metrics["lr"] = lr
     if "rho" in estimator.hparams:
         rho = value(estimator.hparams["rho"], step)
         # a fill, not a copy of a host value: a step captured in a CUDA graph copies nothing in
@@ -205,14 +211,10 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     new_buffers = est.clean.aux if buffered else ()
     # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
     # made by ``_replace`` from a compiled graph.
-    taken = StepState(new_opt, state.skipped, new_buffers, state.cycle, state.loss)
+    taken = StepState(step + 1, new_opt, state.skipped, new_buffers, state.cycle, state.loss)
     if on_nonfinite == "ignore":
         return new_params, taken, metrics
-    finite = (
-        torch.isfinite(est.info["loss"])
-        & torch.isfinite(_norm(est))
-        & _all_finite(new_params, new_opt).to(step.device)
-    )
+    finite = is_finite(est, new_params, new_opt).to(step.device)
     if on_nonfinite == "raise":
         if not bool(finite):
             raise FloatingPointError(
@@ -228,7 +230,10 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     elif not bool(finite):
         new_params, new_opt, new_buffers = params, state.opt, state.buffers
     loss_state, extra = next_state(loss_fn, state, finite)
-    new_state = StepState(new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state)
+    new_step = step + (1 - skipped)
+    new_state = StepState(
+        new_step, new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state
+    )
     metrics["skipped"] = skipped
     metrics.update(extra)
     return new_params, new_state, metrics
@@ -267,6 +272,22 @@ def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
             out[k] = torch.full((), fill, dtype=dtype, device=device)
     out |= {k: v for k, v in metrics.items() if k not in out}  # anything not a tensor, as it is
     return schema, out
+
+
+def is_finite(est, *trees) -> Tensor:
+    """The non-finite guard of every step: whether the loss at θ, the direction and every
+    floating-point entry of ``trees`` (the new parameters and optimiser state) are finite.
+
+    Args:
+        est: the estimator's :class:`~gamfunc.estimators.base.Estimate`.
+        *trees: pytrees of tensors after the update.
+
+    Returns:
+        A 0-d bool tensor, on the loss's device (no host synchronisation).
+    """
+    loss = est.info["loss"]
+    finite = torch.isfinite(loss) & torch.isfinite(_norm(est)).to(loss.device)
+    return finite & _all_finite(*trees).to(loss.device) if trees else finite
 
 
 def _all_finite(*trees) -> Tensor:
@@ -331,11 +352,15 @@ def make_step(
     ``step`` computes ``direction, info = estimator(params, batch, loss_fn)``, then
     ``updates, opt_state = optimizer.update(direction, opt_state, params)`` and moves to
     ``apply_updates(params, updates)``. ``metrics`` holds the estimator's info (``loss``,
-    ``grad_norm``, ``f_norm``...), ``lr``, ``rho`` where the estimator has one, and ``skipped``.
+    ``grad_norm``, ``f_norm``...), ``lr`` where the optimiser injects one
+    (:func:`gamfunc.inject_hyperparams`; every gamfunc optimiser does, a bare chain or a user's own
+    transform need not), ``rho`` where the estimator has one, and ``skipped``.
 
     Args:
         estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
-        optimizer: e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
+        optimizer: any :class:`~gamfunc.optim.base.Transform`: e.g. ``gamfunc.sgd(lr=0.1,
+            momentum=0.9)``, a ``gamfunc.chain(...)``, or a user's own ``Transform(init,
+            update)``; its update gets ``step=`` (the step count) where it takes it.
         loss_fn: ``loss_fn(params, batch)`` returning the loss; or, for models with BatchNorm,
             ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see :func:`gamfunc.nn.functionalize`)
             with the buffers given to ``step.init(params, buffers)``. Running statistics are then
@@ -349,6 +374,15 @@ def make_step(
             ``state.skipped``, with no Python branch; "raise" raises FloatingPointError (eager
             only); "ignore" applies the step regardless.
 
+    Returns:
+        A :class:`Step`: ``step(params, state, batch) -> (new_params, new_state, metrics)``, with
+        ``step.init(params, buffers=None)`` giving the first :class:`~gamfunc.state.StepState`.
+
+    Raises:
+        TypeError: ``estimator`` is not an estimator, ``optimizer`` not a Transform, or
+            ``loss_fn`` not callable.
+        ValueError: ``every`` or ``on_nonfinite`` is invalid.
+
     Example:
         >>> import torch, gamfunc
         >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
@@ -360,10 +394,9 @@ def make_step(
     """
     if not isinstance(estimator, Estimator):
         raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
-    if not isinstance(optimizer, Transform | Optimizer):
+    if not isinstance(optimizer, Transform):
         raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be an integer >= 1; got {every!r}")
+    check_int("every", every)
     if on_nonfinite not in NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE}; got {on_nonfinite!r}")
     if not callable(loss_fn):

@@ -30,8 +30,9 @@ How the loss reaches the pure step:
 
 The module is kept whole, although long: its two shells, :class:`FlatnessOptimizer` (a gamfunc base
 optimiser) and :class:`TorchBase` (a ``torch.optim`` one), share how ``step`` reads its arguments,
-the loss over the module and the argument checks, and :class:`GAM` and :class:`SAM` build either
-one; most of its length is their documentation.
+the loss over the module and the argument checks. Given ``base_optimizer=``, a
+:class:`FlatnessOptimizer` (and so :class:`GAM` and :class:`SAM`) runs its steps through a
+:class:`TorchBase` it holds; most of the module's length is their documentation.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ from torch.utils import _pytree as pytree
 from gamfunc import tree
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
-from gamfunc.optim import Optimizer, Transform, lr_scheduled, with_hyper
-from gamfunc.step import StepState, as_dict, from_dict, make_step
+from gamfunc.optim import InjectState, Transform, injected, learning_rate, map_injected
+from gamfunc.state import StepState, as_dict, from_dict
+from gamfunc.step import is_finite, make_step
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
@@ -82,6 +84,9 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             in whatever mode it is in (``model.train()`` / ``model.eval()``), as in a ``torch.optim`` loop.
         estimator: a gamfunc estimator, e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: a gamfunc base optimiser, e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
+        base_optimizer: instead of ``optimizer``, a ``torch.optim.Optimizer`` over the model's
+            trainable parameters: each step then runs through a :class:`TorchBase` held inside,
+            whose ``param_groups`` and ``state`` this optimiser shares.
         criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
             ``F.cross_entropy`` by default.
         every: run ``estimator`` on every ``every``-th step and ``base`` on the others (see
@@ -99,7 +104,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``...).
 
     ``step`` returns the loss at θ before the update (a 0-d tensor). ``state_dict()`` holds the step
-    state in plain dicts (:func:`gamfunc.step.as_dict`: the step counters, the optimiser state with
+    state in plain dicts (:func:`gamfunc.state.as_dict`: the step counters, the optimiser state with
     momentum or Adam moments keyed by parameter name) and the param group; the parameters and buffers live in the module, so a checkpoint is ``model.state_dict()``
     plus ``optimizer.state_dict()``, as with ``torch.optim``.
 
@@ -129,15 +134,40 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         self,
         model: nn.Module,
         estimator: Estimator,
-        optimizer: Transform,
+        optimizer: Transform | None = None,
         criterion: Callable = F.cross_entropy,
         *,
+        base_optimizer: torch.optim.Optimizer | None = None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
         compile: bool = False,
         compile_options: dict[str, Any] | None = None,
     ):
+        self._torch: TorchBase | None = None
+        if base_optimizer is not None:
+            if optimizer is not None:
+                raise TypeError("pass either a gamfunc optimizer or base_optimizer=, not both")
+            if (every, base, on_nonfinite, compile, compile_options) != (
+                1,
+                None,
+                "skip",
+                False,
+                None,
+            ):
+                raise TypeError(
+                    "every, base, on_nonfinite, compile and compile_options apply to a gamfunc "
+                    "base optimiser; a torch.optim base_optimizer takes none of them"
+                )
+            self._torch = TorchBase(model, estimator, base_optimizer, criterion)
+            self._model = model
+            self.metrics = {}
+            trainable = list(self._torch._trainable.values())
+            super().__init__(trainable, dict(base_optimizer.defaults))
+            # the base optimiser's groups and state, shared: a scheduler of either moves both
+            self.param_groups, self.state = base_optimizer.param_groups, base_optimizer.state
+            self._groups_fixed = True
+            return
         _check_arguments(model, optimizer, criterion, compile, compile_options)
         trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not trainable:
@@ -147,7 +177,15 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         first = optimizer.init(
             {k: torch.zeros((1,) * p.ndim, dtype=torch.float64) for k, p in trainable.items()}
         )
-        lr0, self._own_schedule = float(first.lr), lr_scheduled(first)
+        with_lr = [s for s in injected(first) if "lr" in s.hyperparams or "lr" in s.scheduled]
+        self._own_schedule = any("lr" in s.scheduled for s in with_lr)
+        lr0 = None if not with_lr else float(learning_rate(first))
+        # each injected lr (a param group's) follows the group's lr in proportion, as
+        # torch.optim.lr_scheduler scales every param group
+        self._lr_scales = [
+            1.0 if not lr0 else float(s.hyperparams.get("lr", s.scheduled.get("lr"))) / lr0
+            for s in with_lr
+        ]
         module_loss, _, _ = functionalize(model, criterion)
         options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
         batch_step = make_step(
@@ -176,6 +214,10 @@ class FlatnessOptimizer(torch.optim.Optimizer):
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
         """
+        if self._torch is not None:
+            loss = self._torch.step(closure, batch=batch)
+            self.metrics = self._torch.metrics
+            return loss
         closure, batch = _step_arguments(closure, batch)
         if batch is not None:
             return self._advance(self._batch_step, batch)
@@ -191,14 +233,21 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {step, skipped, opt}, "param_groups": [group]}``: the step state as plain dicts
-        (:func:`gamfunc.step.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
-        by parameter name; ``{}`` before the first step."""
+        (:func:`gamfunc.state.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
+        by parameter name; ``{}`` before the first step. With a ``torch.optim`` base optimiser,
+        :meth:`TorchBase.state_dict`."""
+        if self._torch is not None:
+            return self._torch.state_dict()
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
         state = {} if self._state is None else as_dict(self._state)
         return {"state": state, "param_groups": [group | {"params": list(self._trainable)}]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned; tensors move to the parameters' device."""
+        if self._torch is not None:
+            self._torch.load_state_dict(state_dict)
+            self.param_groups, self.state = self._torch.param_groups, self._torch.state
+            return
         if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
             raise ValueError("state_dict must be a dict with keys 'state' and 'param_groups'")
         groups = state_dict["param_groups"]
@@ -228,7 +277,15 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             )
         super().add_param_group(param_group)
 
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._torch is not None:
+            self._torch.zero_grad(set_to_none=set_to_none)
+        else:
+            super().zero_grad(set_to_none=set_to_none)
+
     def __repr__(self) -> str:
+        if self._torch is not None:
+            return f"{type(self).__name__}({self._torch!r})"
         est = self._batch_step.estimator
         hp = ", ".join(f"{k}={v!r}" for k, v in est.hparams.items())
         return f"{type(self).__name__}(estimator={est.name}({hp}), lr={self.param_groups[0]['lr']})"
@@ -253,33 +310,45 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
         if self._own_schedule:
-            self.param_groups[0]["lr"] = self._lr_set = float(new_state.opt.lr)
+            self.param_groups[0]["lr"] = self._lr_set = float(learning_rate(new_state.opt))
         return metrics["loss"]
 
     def _with_group_lr(self, opt_state):
-        """``opt_state`` with ``param_groups[0]["lr"]`` as the lr of the next update; a scheduled lr
-        is the schedule's, and the group then only reports the lr of the last update."""
+        """``opt_state`` with ``param_groups[0]["lr"]`` as the lr of the next update (each injected
+        lr in proportion); a scheduled lr is the schedule's, and the group then only reports the
+        lr of the last update."""
         lr = self.param_groups[0]["lr"]
-        if self._own_schedule:
+        if self._own_schedule or not self._lr_scales:
             if lr != self._lr_set:
                 raise RuntimeError(
                     "param_groups[0]['lr'] was changed, but the base optimiser's lr is a gamfunc "
-                    "schedule, which sets it; give the optimiser a constant lr to drive it with "
-                    "torch.optim.lr_scheduler"
+                    "schedule, which sets it (or it keeps no lr: see gamfunc.inject_hyperparams); "
+                    "give the optimiser a constant lr to drive it with torch.optim.lr_scheduler"
                 )
             return opt_state
-        # A new 0-d tensor, never an in-place write: earlier metrics and states may share the old one.
-        device = opt_state.lr.device
-        return with_hyper(
-            opt_state, lr=torch.full((), float(lr), dtype=torch.float64, device=device)
-        )
+        scales = iter(self._lr_scales)
+
+        def set_lr(s: InjectState) -> InjectState:
+            if "lr" not in s.hyperparams:
+                return s
+            old = s.hyperparams["lr"]
+            # a new 0-d tensor, never an in-place write: earlier metrics and states share the old
+            new = torch.full((), float(lr) * next(scales), dtype=torch.float64, device=old.device)
+            return InjectState({**s.hyperparams, "lr": new}, s.scheduled, s.inner)
+
+        return map_injected(opt_state, set_lr)
 
 
 class GAM(FlatnessOptimizer):
     """:class:`FlatnessOptimizer` with ``gamfunc.gam(rho, alpha, hvp, ...)``: paper Algorithm 1.
 
     ρ is ``rho``, α is ``alpha``; ``hvp``, ``fd_radius``, ``oracle`` and ``eps`` go to
-    :func:`gamfunc.gam`, the other keywords to :class:`FlatnessOptimizer`.
+    :func:`gamfunc.gam`, the other keywords to :class:`FlatnessOptimizer`. The base optimiser is a
+    gamfunc one (``optimizer``) or a ``torch.optim`` one (``base_optimizer=``).
+
+    Raises:
+        TypeError: neither or both of ``optimizer`` and ``base_optimizer``, or an argument that
+            belongs to the base optimiser (``lr``, ``momentum``...).
 
     Example:
         >>> import torch, gamfunc
@@ -289,13 +358,6 @@ class GAM(FlatnessOptimizer):
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
     """
 
-    def __new__(cls, model, optimizer=None, *, base_optimizer=None, **kwargs):
-        if base_optimizer is None:
-            return super().__new__(cls)
-        keys = ("rho", "alpha", "hvp", "fd_radius", "oracle", "eps")
-        est = gam(**{k: kwargs.pop(k) for k in keys if k in kwargs})
-        return TorchBase(model, est, base_optimizer, **kwargs)
-
     def __init__(
         self,
         model: nn.Module,
@@ -303,6 +365,7 @@ class GAM(FlatnessOptimizer):
         *,
         rho,
         alpha: float,
+        base_optimizer: torch.optim.Optimizer | None = None,
         criterion: Callable = F.cross_entropy,
         hvp: str = "exact",
         fd_radius: float = 1e-3,
@@ -310,13 +373,18 @@ class GAM(FlatnessOptimizer):
         eps: float = 1e-12,
         **options,
     ):
-        _check_options(type(self).__name__, optimizer, options)
+        _check_options(type(self).__name__, optimizer, base_optimizer, options)
         estimator = gam(rho, alpha, hvp=hvp, fd_radius=fd_radius, oracle=oracle, eps=eps)
-        super().__init__(model, estimator, optimizer, criterion, **options)
+        super().__init__(
+            model, estimator, optimizer, criterion, base_optimizer=base_optimizer, **options
+        )
 
 
 class SAM(FlatnessOptimizer):
     """:class:`FlatnessOptimizer` with ``gamfunc.sam(rho)``: direction ∇L(θ + ρ·g/‖g‖), g = ∇L(θ).
+
+    The base optimiser is a gamfunc one (``optimizer``) or a ``torch.optim`` one
+    (``base_optimizer=``), as for :class:`GAM`.
 
     Example:
         >>> import torch, gamfunc
@@ -326,24 +394,21 @@ class SAM(FlatnessOptimizer):
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
     """
 
-    def __new__(cls, model, optimizer=None, *, base_optimizer=None, **kwargs):
-        if base_optimizer is None:
-            return super().__new__(cls)
-        est = sam(**{k: kwargs.pop(k) for k in ("rho", "eps") if k in kwargs})
-        return TorchBase(model, est, base_optimizer, **kwargs)
-
     def __init__(
         self,
         model: nn.Module,
         optimizer: Transform | None = None,
         *,
         rho,
+        base_optimizer: torch.optim.Optimizer | None = None,
         criterion: Callable = F.cross_entropy,
         eps: float = 1e-12,
         **options,
     ):
-        _check_options(type(self).__name__, optimizer, options)
-        super().__init__(model, sam(rho, eps=eps), optimizer, criterion, **options)
+        _check_options(type(self).__name__, optimizer, base_optimizer, options)
+        super().__init__(
+            model, sam(rho, eps=eps), optimizer, criterion, base_optimizer=base_optimizer, **options
+        )
 
 
 class TorchBase(torch.optim.Optimizer):
@@ -351,9 +416,16 @@ class TorchBase(torch.optim.Optimizer):
 
     One step: the estimator's direction at θ (GAM, SAM, ...) goes into each parameter's ``.grad``
     and the base optimiser's own ``step()`` runs, with its parameter groups, its state and whatever
-    ``torch.optim.lr_scheduler`` drives it; BatchNorm buffers take the pass at θ's statistics. A step
-    whose direction or loss is not finite is skipped (the parameters, the base optimiser's state and
-    the buffers stay; ``metrics["skipped"]`` is 1). Made by ``GAM(model, base_optimizer=..., rho=,
+    ``torch.optim.lr_scheduler`` drives it; BatchNorm buffers take the pass at θ's statistics. The
+    non-finite guard is :func:`gamfunc.make_step`'s (:func:`gamfunc.step.is_finite`): a step whose
+    loss or direction is not finite is skipped (the parameters, the base optimiser's state and the
+    buffers stay; ``metrics["skipped"]`` is 1); one whose update makes a parameter non-finite is
+    undone on the parameters and skipped too.
+
+    Warning:
+        A ``torch.optim`` optimiser changes its own state (momentum, moments) in place as it steps,
+        so after an undone update that state keeps the step's statistics; gamfunc's own optimisers
+        (:class:`FlatnessOptimizer`) keep the state as it was. Made by ``GAM(model, base_optimizer=..., rho=,
     alpha=)`` or ``SAM(model, base_optimizer=..., rho=)``, or directly.
 
     Args:
@@ -426,17 +498,23 @@ class TorchBase(torch.optim.Optimizer):
 
         step = torch.tensor(self._count)
         est = self._estimator.run(params, data, bound, step=step)
-        finite = bool(torch.isfinite(est.info["loss"])) and bool(
-            torch.isfinite(tree.norm(est.direction))
-        )
+        # the guard of gamfunc.make_step, before the base step on the loss and the direction, after
+        # it on the new parameters (undone where not finite)
+        finite = bool(is_finite(est))
         if finite:
+            before = tree.clone(params)
             for k, p in self._trainable.items():
                 p.grad = est.direction[k].to(p.dtype).detach().clone()
             self.base_optimizer.step()
+            finite = bool(is_finite(est, {k: p.detach() for k, p in self._trainable.items()}))
             with torch.no_grad():
-                for k, b in self._model.named_buffers():
-                    b.copy_(est.clean.aux[k])
-            self._count += 1
+                if not finite:
+                    for k, p in self._trainable.items():
+                        p.copy_(before[k])
+                else:
+                    for k, b in self._model.named_buffers():
+                        b.copy_(est.clean.aux[k])
+            self._count += int(finite)
         skipped = torch.tensor(0 if finite else 1)
         self.metrics = {**est.info, "skipped": skipped}
         return est.info["loss"]
@@ -516,7 +594,7 @@ _OPTIONS = ("every", "base", "on_nonfinite", "compile", "compile_options")
 _BASE_SETTINGS = ("lr", "momentum", "weight_decay", "nesterov", "dampening", "betas")
 
 
-def _check_options(cls: str, optimizer, options: dict) -> None:
+def _check_options(cls: str, optimizer, base_optimizer, options: dict) -> None:
     """One clear error, naming ``cls``, for a missing base optimiser or an argument it does not take
     (a learning rate given to the facade rather than to the base optimiser, say)."""
     example = f"{cls}(model, gamfunc.sgd(lr=0.1, momentum=0.9), ...)"
@@ -529,14 +607,17 @@ def _check_options(cls: str, optimizer, options: dict) -> None:
             raise TypeError(
                 f"{cls}() got an unexpected argument {key!r}; it takes {', '.join(_OPTIONS)}"
             )
-    if optimizer is None:
-        raise TypeError(f"{cls}() needs a base optimiser as its second argument, e.g. {example}")
+    if optimizer is None and base_optimizer is None:
+        raise TypeError(
+            f"{cls}() needs a base optimiser as its second argument, e.g. {example}, or a "
+            f"torch.optim one as base_optimizer="
+        )
 
 
 def _check_arguments(model, optimizer, criterion, compile, compile_options) -> None:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    if not isinstance(optimizer, Transform | Optimizer):
+    if not isinstance(optimizer, Transform):
         hint = ""
         if isinstance(optimizer, torch.optim.Optimizer) or (
             isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)

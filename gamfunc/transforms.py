@@ -1,28 +1,30 @@
-"""Transforms of a direction, and :func:`chain`, which composes them with optimisers in any order.
+"""Transforms of a direction, the primitives the optimisers are built from, and :func:`chain`.
 
 Everything here has the one contract of :class:`~gamfunc.optim.base.Transform` (optax's):
 ``init(params) -> state`` and ``update(direction, state, params) -> (updates, new_state)``, the new
-parameters being ``gamfunc.apply_updates(params, updates)``. An optimiser is such a transform (its
-updates are its signed step, −η·…), so a chain can hold transforms before, between and after it::
+parameters being ``gamfunc.apply_updates(params, updates)``. An optimiser is a chain of them (its
+updates are its signed step, −η·…), so a chain can hold transforms before, between and after one::
 
     estimator ─ d ─▶ clip_by_global_norm ─▶ sgd(lr=1, momentum) ─▶ scale(0.1) ─▶ u;  θ ← θ + u
 
-:func:`add_decayed_weights` is coupled weight decay as a transform, :func:`scale_by_learning_rate`
-the learning rate at the end of a chain (η, or a schedule, with the step counter and lr of an
-optimiser), :func:`decay_mask` the usual ``weight_decay_mask``.
+The primitives: :func:`trace` (momentum, as ``torch.optim.SGD``), :func:`scale_by_adam`,
+:func:`scale_by_lion`, :func:`add_decayed_weights` (weight decay, masked),
+:func:`scale_by_learning_rate`; :func:`gamfunc.sgd` is ``chain(add_decayed_weights, trace,
+scale_by_learning_rate)`` with its lr and weight decay injected (:func:`gamfunc.inject_hyperparams`).
+An update that reads the step count (bias corrections, schedules) takes it as ``step=``, which
+:func:`gamfunc.make_step` and :func:`chain` pass on (:func:`~gamfunc.optim.base.call_update`).
 
 Example:
     >>> import torch, gamfunc
     >>> opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1))
     >>> p = {"w": torch.zeros(2)}
     >>> u, state = opt.update({"w": torch.tensor([3.0, 4.0])}, opt.init(p), p)
-    >>> gamfunc.apply_updates(p, u)["w"], state.transforms[0].norm
+    >>> gamfunc.apply_updates(p, u)["w"], state.states[0].norm
     (tensor([-0.0600, -0.0800]), tensor(5.))
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -30,33 +32,40 @@ import torch
 from torch import Tensor
 
 from gamfunc import tree
+from gamfunc.checks import (
+    check_mask,
+    check_nonnegative,
+    check_number,
+    check_positive,
+    check_unit,
+)
 from gamfunc.optim.base import (
     Mask,
-    Optimizer,
-    ScheduledLR,
     Transform,
-    as_transform,
-    check_lr,
-    check_mask,
-    hyper_state,
-    learning_rate,
-    lr_scheduled,
+    call_update,
+    check_state_type,
     masked_keys,
-    with_hyper,
+    need_step,
 )
+from gamfunc.schedules import value
+from gamfunc.tree import Tree
 
 __all__ = [
     "ChainState",
     "ClipState",
-    "LRState",
-    "ScheduledLRState",
+    "ScaleByAdamState",
+    "ScaleByLionState",
+    "TraceState",
     "Transform",
     "add_decayed_weights",
     "chain",
     "clip_by_global_norm",
     "decay_mask",
     "scale",
+    "scale_by_adam",
     "scale_by_learning_rate",
+    "scale_by_lion",
+    "trace",
 ]
 
 
@@ -74,64 +83,11 @@ class ClipState(NamedTuple):
 class ChainState(NamedTuple):
     """The state of :func:`chain`: one state per element, in the chain's order.
 
-    The chain's step counter and learning rate are those of its first element that has them (its
-    optimiser, or :func:`scale_by_learning_rate`): ``state.step``, ``state.lr`` and ``state.opt``
-    (that element's state) read them, ``state.transforms`` gives the other elements' states in
-    order, and :func:`gamfunc.optim.with_hyper` sets ``lr`` there and ``step`` in every element
-    that counts steps.
-
     Attributes:
-        states: the elements' states (a tuple), e.g. ``(ClipState(...), SGDState(...))``.
+        states: the elements' states (a tuple), e.g. ``(ClipState(...), InjectState(...))``.
     """
 
     states: tuple
-
-    def _counting(self) -> list[int]:
-        return [i for i, s in enumerate(self.states) if _has_hyper(s)]
-
-    @property
-    def opt(self):
-        """The state of the first element with a step counter and an lr (the optimiser's)."""
-        counting = self._counting()
-        if not counting:
-            raise AttributeError("this chain has no optimiser: no element keeps step and lr")
-        return self.states[counting[0]]
-
-    @property
-    def transforms(self) -> tuple:
-        """The states of the other elements, in the chain's order."""
-        counting = self._counting()
-        return tuple(s for i, s in enumerate(self.states) if not counting or i != counting[0])
-
-    @property
-    def step(self) -> Tensor:
-        """The optimiser's step counter."""
-        return self.opt.step
-
-    @property
-    def lr(self) -> Tensor:
-        """The optimiser's learning rate (of its last update)."""
-        return self.opt.lr
-
-    def lr_scheduled(self) -> bool:
-        """Whether the optimiser's lr is a schedule's."""
-        return lr_scheduled(self.opt)
-
-    def with_hyper(self, **changes: Tensor) -> ChainState:
-        """This state with ``lr`` set in the optimiser's state and ``step`` in every counting one."""
-        counting = self._counting()
-        if not counting:
-            raise TypeError("this chain has no element with step and lr (no optimiser) to change")
-        states = list(self.states)
-        for n, i in enumerate(counting):
-            mine = changes if n == 0 else {k: v for k, v in changes.items() if k == "step"}
-            if mine:
-                states[i] = with_hyper(states[i], **mine)
-        return ChainState(tuple(states))
-
-
-def _has_hyper(state) -> bool:
-    return hasattr(state, "step") and hasattr(state, "lr")
 
 
 def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
@@ -169,8 +125,8 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
         Pascanu, Mikolov and Bengio, "On the difficulty of training recurrent neural networks",
         ICML 2013, https://arxiv.org/abs/1211.5063.
     """
-    _check_number("max_norm", max_norm, positive=True)
-    _check_number("eps", eps, positive=False)
+    check_positive("max_norm", max_norm)
+    check_nonnegative("eps", eps)
 
     def init(params):
         dev = next(iter(params.values())).device if params else torch.device("cpu")
@@ -192,7 +148,7 @@ def _norm_dtype(leaves: Iterable[Tensor]) -> torch.dtype:
 
 
 def chain(*elements: Transform) -> Transform:
-    """Transforms and optimisers applied in order, each to the updates of the one before: one Transform.
+    """Transforms applied in order, each to the updates of the one before: one Transform.
 
     With d the direction and e₁ … eₙ the elements::
 
@@ -201,7 +157,8 @@ def chain(*elements: Transform) -> Transform:
     as ``optax.chain``. An optimiser may stand anywhere: transforms before it see the direction
     (:func:`clip_by_global_norm`, :func:`add_decayed_weights` = coupled weight decay), those after
     it see its signed step (:func:`scale`, a clip of the step). A chain is a Transform, so chains
-    nest; its state is a :class:`ChainState` (``.step``, ``.lr``: the first optimiser's).
+    nest; its state is a :class:`ChainState`. The step count given to its update goes to every
+    element that takes it (:func:`~gamfunc.optim.base.call_update`).
 
     Args:
         *elements: one or more :class:`~gamfunc.optim.base.Transform` (optimisers included).
@@ -219,26 +176,30 @@ def chain(*elements: Transform) -> Transform:
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), opt, loss_fn)
         >>> params = {"w": torch.zeros(3)}
         >>> params, state, metrics = step(params, step.init(params), (torch.randn(8, 3), torch.randn(8)))
-        >>> type(state.opt).__name__, type(state.opt.opt).__name__, float(state.opt.lr)
-        ('ChainState', 'AdamWState', 0.001)
+        >>> type(state.opt).__name__, int(state.step), float(metrics["lr"])
+        ('ChainState', 1, 0.001)
     """
     if not elements:
         raise ValueError("chain needs at least one element (a transform or an optimizer)")
     for i, t in enumerate(elements):
-        if not isinstance(t, Transform | Optimizer):
+        if not isinstance(t, Transform):
             raise ValueError(
                 f"chain's elements must be gamfunc Transforms (optimisers included); "
                 f"elements[{i}] is a {type(t).__name__}"
             )
-    parts = tuple(as_transform(t) for t in elements)
 
     def init(params):
-        return ChainState(tuple(t.init(params) for t in parts))
+        return ChainState(tuple(t.init(params) for t in elements))
 
-    def update(direction, state, params):
+    def update(direction, state, params, *, step=None):
+        tree.check_keys(params, direction)
+        check_state_type(state, ChainState, "chain")
+        if len(state.states) != len(elements):
+            n = len(state.states)
+            check_state_type(state, ChainState, "chain", f" of {n} states for {len(elements)}")
         new_states = []
-        for t, s in zip(parts, state.states, strict=True):
-            direction, s = t.update(direction, s, params)
+        for t, s in zip(elements, state.states, strict=True):
+            direction, s = call_update(t, direction, s, params, step)
             new_states.append(s)
         return direction, ChainState(tuple(new_states))
 
@@ -254,13 +215,19 @@ def scale(factor: float) -> Transform:
     Args:
         factor: c, a finite number.
 
+    Returns:
+        A stateless :class:`~gamfunc.optim.base.Transform`.
+
+    Raises:
+        ValueError: ``factor`` is not a finite number.
+
     Example:
         >>> import torch, gamfunc
         >>> s = gamfunc.transforms.scale(0.5)
         >>> s.update({"w": torch.ones(2)}, s.init({}), {})[0]
         {'w': tensor([0.5000, 0.5000])}
     """
-    _check_number("factor", factor, positive=False, signed=True)
+    check_number("factor", factor)
 
     def init(params):
         return ()
@@ -271,17 +238,34 @@ def scale(factor: float) -> Transform:
     return Transform(init, update)
 
 
-def add_decayed_weights(weight_decay: float, mask: Mask = None) -> Transform:
-    """Coupled (L2) weight decay as a transform: u ← u + λ·θ where the mask is true (stateless).
+def _nonzero(v) -> bool:
+    """Whether ``v`` may be other than 0: a schedule or a tensor may; a number is read here."""
+    return callable(v) or isinstance(v, Tensor) or v != 0
 
-    Before :func:`gamfunc.sgd` it is ``torch.optim.SGD``'s ``weight_decay``; between a scaling of
-    the direction and :func:`scale_by_learning_rate` it is decoupled decay (AdamW's form). λ is
-    ``weight_decay``.
+
+def add_decayed_weights(
+    weight_decay=0.0, mask: Mask = None, *, mask_name: str = "mask"
+) -> Transform:
+    """Weight decay as a transform: u ← u + λ·θ where the mask is true (stateless).
+
+    Before a scaling of the direction (:func:`trace`, :func:`scale_by_adam`) it is coupled (L2)
+    decay, ``torch.optim.SGD``'s and ``Adam``'s ``weight_decay``; after it and before
+    :func:`scale_by_learning_rate` it is decoupled decay, ``AdamW``'s. λ is ``weight_decay``. Every
+    gamfunc optimiser decays through this one transform.
 
     Args:
-        weight_decay: λ >= 0.
-        mask: which parameters decay, as the ``weight_decay_mask`` of :func:`gamfunc.sgd`: None
-            (all), a dict name -> bool naming every parameter, or ``(name, tensor) -> bool``.
+        weight_decay: λ >= 0, or a schedule of the step count (then ``update`` needs ``step=``).
+        mask: which parameters decay: None (all, as torch.optim), a dict name -> bool naming every
+            parameter, or a callable ``(name, tensor) -> bool`` that decides from the name or shape
+            (:func:`decay_mask` gives the usual choice). Equal to torch.optim with two param groups,
+            the masked-out one with ``weight_decay=0``.
+        mask_name: the name errors give the mask (the optimisers' ``weight_decay_mask``).
+
+    Returns:
+        A stateless :class:`~gamfunc.optim.base.Transform`.
+
+    Raises:
+        ValueError: ``weight_decay`` or ``mask`` is invalid (naming it).
 
     Example:
         >>> import torch, gamfunc
@@ -290,49 +274,45 @@ def add_decayed_weights(weight_decay: float, mask: Mask = None) -> Transform:
         >>> wd.update({"w": torch.zeros(2)}, wd.init(p), p)[0]
         {'w': tensor([0.1000, 0.1000])}
     """
-    _check_number("weight_decay", weight_decay, positive=False)
-    check_mask(mask, "mask")
+    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    check_mask(mask_name, mask)
+    decays = _nonzero(weight_decay)
 
     def init(params):
-        masked_keys(mask, params, "mask")
+        masked_keys(mask, params, mask_name)
         return ()
 
-    def update(direction, state, params):
-        keys = masked_keys(mask, params, "mask")
-        if weight_decay == 0 or not keys:
+    def update(direction, state, params, *, step=None):
+        keys = masked_keys(mask, params, mask_name)
+        if not decays or not keys:
             return direction, state
-        some = tree.axpy(
-            weight_decay, {k: params[k] for k in keys}, {k: direction[k] for k in keys}
-        )
+        if callable(weight_decay):
+            step = need_step(step, "a weight_decay schedule")
+        lam = value(weight_decay, step)
+        if len(keys) == len(params):
+            return tree.axpy(lam, params, direction), state
+        some = tree.axpy(lam, {k: params[k] for k in keys}, {k: direction[k] for k in keys})
         return direction | some, state
 
     return Transform(init, update)
 
 
-class LRState(NamedTuple):
-    """The state of :func:`scale_by_learning_rate`: a step counter and the lr of the last update,
-    as an optimiser's (:class:`~gamfunc.optim.base.Transform` tells how they are used)."""
-
-    step: Tensor
-    lr: Tensor
-
-
-class ScheduledLRState(LRState, ScheduledLR):
-    """An :class:`LRState` whose lr a schedule sets."""
-
-    __slots__ = ()
-
-
 def scale_by_learning_rate(lr) -> Transform:
-    """The learning rate at the end of a chain: u ← −η_t·u, η_t = ``lr`` at the step t.
+    """The learning rate, at the end of a chain: u ← −η_t·u, η_t = ``lr`` at the step t (stateless).
 
-    It keeps a step counter and the lr of its last update, as an optimiser does, so a chain ending
-    in it is an optimiser for :func:`gamfunc.make_step` and the facades: ``chain(clip,
-    add_decayed_weights(λ), scale_by_learning_rate(η))`` is ``torch.optim.SGD(lr=η,
-    weight_decay=λ)`` after clipping, and ``with_hyper(state, lr=...)`` sets a constant η.
+    ``chain(clip, add_decayed_weights(λ), scale_by_learning_rate(η))`` is ``torch.optim.SGD(lr=η,
+    weight_decay=λ)`` after clipping. Its η is not in its state: a step logs it, and a caller sets
+    it between steps, where the chain is built by :func:`gamfunc.inject_hyperparams`, as
+    ``gamfunc.inject_hyperparams(scale_by_learning_rate)(lr=η)`` or as :func:`gamfunc.sgd` does.
 
     Args:
-        lr: η, a float >= 0 or a schedule (:mod:`gamfunc.schedules`).
+        lr: η, a float >= 0, a 0-d tensor or a schedule (then ``update`` needs ``step=``).
+
+    Returns:
+        A stateless :class:`~gamfunc.optim.base.Transform`.
+
+    Raises:
+        ValueError: ``lr`` is not a finite number >= 0 or a schedule.
 
     Example:
         >>> import torch, gamfunc
@@ -341,15 +321,190 @@ def scale_by_learning_rate(lr) -> Transform:
         >>> opt.update({"w": torch.ones(2)}, opt.init(p), p)[0]
         {'w': tensor([-0.1000, -0.1000])}
     """
-    check_lr(lr)
-    State = ScheduledLRState if callable(lr) else LRState
+    check_nonnegative("lr", lr, schedule=True)
 
     def init(params):
-        return State(*hyper_state(params, lr))
+        return ()
+
+    def update(direction, state, params, *, step=None):
+        eta = value(lr, need_step(step, "an lr schedule") if callable(lr) else None)
+        # −(η·d), so that θ + u is θ − η·d to the last bit, as torch.optim.SGD
+        return tree.scale(direction, -eta), state
+
+    return Transform(init, update)
+
+
+class TraceState(NamedTuple):
+    """The state of :func:`trace`.
+
+    Attributes:
+        momentum_buffer: b, a dict name -> tensor (``torch.optim.SGD``'s name).
+    """
+
+    momentum_buffer: Tree
+
+
+def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Transform:
+    """Momentum, as ``torch.optim.SGD`` forms it: its buffer, dampening and Nesterov's form.
+
+    With d the direction, μ = ``momentum``, τ = ``dampening``, t the step count::
+
+        b ← d at t = 0, else μ·b + (1 − τ)·d
+        u = d + μ·b if nesterov else b
+
+    The first step's b ← d is torch's (its buffer starts as a copy of the gradient). With τ = 0
+    it is μ·0 + d, so the step count is read only where τ ≠ 0, through a 0/1 factor (no branch on
+    a value).
+
+    Args:
+        momentum: μ >= 0.
+        dampening: τ >= 0.
+        nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
+
+    Returns:
+        A :class:`~gamfunc.optim.base.Transform` whose state is a :class:`TraceState`; its update
+        takes ``step=`` (needed where τ ≠ 0).
+
+    Raises:
+        ValueError: an invalid argument, naming it.
+    """
+    check_nonnegative("momentum", momentum)
+    check_nonnegative("dampening", dampening)
+    if nesterov and (momentum <= 0 or dampening != 0):
+        raise ValueError("nesterov requires momentum > 0 and dampening = 0")
+
+    def init(params):
+        return TraceState(tree.zeros_like(params))
+
+    def update(direction, state, params, *, step=None):
+        check_state_type(state, TraceState, "trace")
+        buf = state.momentum_buffer
+        if dampening == 0:
+            buf = tree.axpy(momentum, buf, direction)
+        else:
+            # the factors of b and d are (0, 1) at t = 0 and (μ, 1 − τ) after (exact in float64)
+            later = (need_step(step, "trace with dampening") != 0).to(torch.float64)
+            taken = tree.scale(direction, torch.rsub(later, 1.0, alpha=dampening))
+            buf = tree.axpy(later * momentum, buf, taken)
+        out = tree.axpy(momentum, buf, direction) if nesterov else buf
+        return out, TraceState(buf)
+
+    return Transform(init, update)
+
+
+class ScaleByAdamState(NamedTuple):
+    """The state of :func:`scale_by_adam`.
+
+    Attributes:
+        exp_avg: m, the first moment, a dict name -> tensor (``torch.optim.Adam``'s names).
+        exp_avg_sq: v, the second moment, a dict name -> tensor.
+    """
+
+    exp_avg: Tree
+    exp_avg_sq: Tree
+
+
+def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Transform:
+    """Adam's scaling of the direction, with its bias corrections.
+
+    With d the direction and t the step count (updates taken so far)::
+
+        m ← β₁·m + (1 − β₁)·d
+        v ← β₂·v + (1 − β₂)·d²
+        u = m / (√v/√(1 − β₂ᵗ⁺¹) + ε) / (1 − β₁ᵗ⁺¹)
+
+    the operations of ``torch.optim.Adam``, as ``torch._foreach`` kernels (one kernel per operation
+    on a GPU), per tensor under ``torch.func.vmap``.
+
+    Args:
+        b1: β₁ in [0, 1).
+        b2: β₂ in [0, 1).
+        eps: ε >= 0.
+
+    Returns:
+        A :class:`~gamfunc.optim.base.Transform` whose state is a :class:`ScaleByAdamState`; its
+        update needs ``step=``.
+
+    Raises:
+        ValueError: an invalid argument, naming it.
+    """
+    check_unit("b1", b1)
+    check_unit("b2", b2)
+    if b1 == 1 or b2 == 1:
+        raise ValueError(f"b1 and b2 must be below 1; got {b1!r}, {b2!r}")
+    check_nonnegative("eps", eps)
+
+    def init(params):
+        return ScaleByAdamState(tree.zeros_like(params), tree.zeros_like(params))
+
+    def update(direction, state, params, *, step=None):
+        check_state_type(state, ScaleByAdamState, "scale_by_adam")
+        t = need_step(step, "scale_by_adam (bias correction)").to(torch.float64) + 1
+        keys = list(direction)
+        d = [direction[k] for k in keys]
+        m, v = [state.exp_avg[k] for k in keys], [state.exp_avg_sq[k] for k in keys]
+        c1, c2 = 1 - b1**t, torch.sqrt(1 - b2**t)
+        if tree.vmapped([*d, *m, t]):  # foreach kernels have no batching rule
+            m = [torch.lerp(a, g, 1 - b1) for a, g in zip(m, d, strict=True)]
+            v = [torch.addcmul(a * b2, g, g, value=1 - b2) for a, g in zip(v, d, strict=True)]
+            u = [a / (torch.sqrt(b) / c2 + eps) / c1 for a, b in zip(m, v, strict=True)]
+        else:
+            m = torch._foreach_lerp(m, d, 1 - b1)
+            v = torch._foreach_addcmul(torch._foreach_mul(v, b2), d, d, value=1 - b2)
+            denom = torch._foreach_sqrt(v)
+            denom = torch._foreach_div(denom, tree.scalar_like(c2, denom))
+            u = torch._foreach_div(m, torch._foreach_add(denom, eps))
+            u = torch._foreach_div(u, tree.scalar_like(c1, u))
+        new = ScaleByAdamState(dict(zip(keys, m, strict=True)), dict(zip(keys, v, strict=True)))
+        return dict(zip(keys, u, strict=True)), new
+
+    return Transform(init, update)
+
+
+class ScaleByLionState(NamedTuple):
+    """The state of :func:`scale_by_lion`.
+
+    Attributes:
+        exp_avg: m, the momentum, a dict name -> tensor.
+    """
+
+    exp_avg: Tree
+
+
+def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
+    """Lion's direction: the sign of an interpolated momentum (Chen et al. 2023, Algorithm 2).
+
+    With d the direction::
+
+        u = sign(β₁·m + (1 − β₁)·d)
+        m ← β₂·m + (1 − β₂)·d
+
+    Args:
+        b1: β₁ in [0, 1).
+        b2: β₂ in [0, 1).
+
+    Returns:
+        A :class:`~gamfunc.optim.base.Transform` whose state is a :class:`ScaleByLionState`.
+
+    Raises:
+        ValueError: an invalid argument, naming it.
+    """
+    check_unit("b1", b1)
+    check_unit("b2", b2)
+    if b1 == 1 or b2 == 1:
+        raise ValueError(f"b1 and b2 must be below 1; got {b1!r}, {b2!r}")
+
+    def init(params):
+        return ScaleByLionState(tree.zeros_like(params))
 
     def update(direction, state, params):
-        eta = learning_rate(lr, state)
-        return tree.scale(direction, -eta), State(state.step + 1, eta)
+        check_state_type(state, ScaleByLionState, "scale_by_lion")
+        u, m = {}, {}
+        for k, d in direction.items():
+            mk = state.exp_avg[k]
+            u[k] = torch.sign(torch.lerp(mk, d, 1 - b1))
+            m[k] = torch.lerp(mk, d, 1 - b2)
+        return u, ScaleByLionState(m)
 
     return Transform(init, update)
 
@@ -384,12 +539,3 @@ def decay_mask(params: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]) -> d
     """
     items = params.items() if isinstance(params, Mapping) else params
     return {k: v.ndim >= 2 for k, v in items}
-
-
-def _check_number(name: str, v, *, positive: bool, signed: bool = False) -> None:
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-    if ok and signed:
-        return
-    if not ok or (v <= 0 if positive else v < 0):
-        bound = "" if signed else " > 0" if positive else " >= 0"
-        raise ValueError(f"{name} must be a finite number{bound}; got {v!r}")

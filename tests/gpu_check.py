@@ -98,10 +98,9 @@ def amplification(name: str) -> float:
         The factor on the precision's tolerance.
     """
     h = ESTIMATORS[name]().hparams
-    hvp = h.get("hvp")
-    if not (hvp == "fd" or getattr(hvp, "name", None) == "fd"):
+    radius = getattr(h.get("hvp"), "radius", None)  # only a finite difference has one
+    if radius is None:
         return 1.0
-    radius = h.get("fd_radius") or getattr(hvp, "radius", None)
     return 1 + 2 * float(h["alpha"]) * float(h["rho"]) / float(radius)
 
 

@@ -215,7 +215,7 @@ def test_every_fallback_at_once_gives_the_same_gam_direction(monkeypatch, caplog
 
 # A private torch name: ``torch._x``, ``torch.a.b._x`` or ``from torch... import _x``; the two that
 # stay where they are used are the foreach kernels and the pytree (see gamfunc._compat).
-PRIVATE = re.compile(r"torch(\.\w+)*\._(?!foreach)[A-Za-z]|from torch[\w.]* import _\w")
+PRIVATE = re.compile(r"(?<![\w.])torch(\.\w+)*\._(?!foreach)[A-Za-z]|from torch[\w.]* import _\w")
 ALLOWED = re.compile(r"torch\.utils\._pytree|from torch\.utils import _pytree")
 
 

@@ -274,7 +274,8 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(ranks):
         assert int(m["skipped"]) == 1
         assert all(torch.equal(new[k], p[k]) for k in p)
         assert float(new_state.loss.scale) == 2.0**15
-        assert torch.equal(new_state.opt.momentum_buffer["w1"], torch.zeros(6, 4))
+        (trace, _) = new_state.opt.inner.states
+        assert torch.equal(trace.momentum_buffer["w1"], torch.zeros(6, 4))
 
 
 class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):

@@ -52,7 +52,7 @@ def test_every_checked_estimator_is_in_the_registry_and_each_case_is_listed_once
 def test_a_finite_difference_widens_the_tolerance_by_its_rounding_gain():
     h = gpu_check.ESTIMATORS["gam_fd"]().hparams
     assert gpu_check.amplification("gam_fd") == pytest.approx(
-        1 + 2 * h["alpha"] * h["rho"] / h["fd_radius"]
+        1 + 2 * h["alpha"] * h["rho"] / h["hvp"].radius
     )
     assert gpu_check.amplification("gam_exact") == 1.0
 

@@ -12,9 +12,9 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.flop_counter import FlopCounterMode
 
 import gamfunc
-from gamfunc import tree
+from gamfunc import graph_sharing, tree
 from gamfunc.compile import compile_with
-from gamfunc.graph_sharing import SHARE_EQUAL_WORK, share_equal_work
+from gamfunc.graph_sharing import share_equal_work
 from gamfunc.loss import grad_fn
 
 decomp = pytest.importorskip("torch._inductor.decomposition")
@@ -156,7 +156,8 @@ def test_compile_with_installs_the_pass_unless_the_caller_has_one():
     try:
         torch.compile = lambda fn, **kw: spy(**kw)(fn)
         compile_with(True, None, {})(lambda x: x)
-        assert seen["options"]["post_grad_custom_pre_pass"] is SHARE_EQUAL_WORK
+        # read now: a test that reloads gamfunc.graph_sharing makes a new pass object
+        assert seen["options"]["post_grad_custom_pre_pass"] is graph_sharing.SHARE_EQUAL_WORK
         mine = object()
         compile_with(True, None, {"options": {"post_grad_custom_pre_pass": mine}})(lambda x: x)
         assert seen["options"]["post_grad_custom_pre_pass"] is mine

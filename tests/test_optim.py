@@ -7,7 +7,7 @@ import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 
 import gamfunc
-from gamfunc.optim import schedules, with_hyper
+from gamfunc import schedules
 
 STEPS = 50
 
@@ -26,10 +26,11 @@ def torch_trajectory(opt_cls, kwargs, params, batches, scheduler=None):
 
 
 def gamfunc_trajectory(opt, params, batches):
+    """The trajectory of ``opt`` alone, the step count given as a make_step gives it."""
     state = opt.init(params)
-    for batch in batches:
+    for t, batch in enumerate(batches):
         g = torch.func.grad(mlp_loss)(params, batch)
-        updates, state = opt.update(g, state, params)
+        updates, state = gamfunc.optim.call_update(opt, g, state, params, torch.tensor(t))
         params = gamfunc.apply_updates(params, updates)
     return params, state
 
@@ -54,9 +55,8 @@ SGD_CASES = [
 def test_sgd_equals_torch_optim(kwargs):
     params, data = mlp_params(), batches()
     ref = torch_trajectory(torch.optim.SGD, kwargs, params, data)
-    ours, state = gamfunc_trajectory(gamfunc.sgd(**kwargs), params, data)
+    ours, _ = gamfunc_trajectory(gamfunc.sgd(**kwargs), params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-12
-    assert int(state.step) == STEPS
 
 
 ADAMW_CASES = [
@@ -88,9 +88,8 @@ ADAM_CASES = [
 def test_adam_equals_torch_optim(kwargs):
     params, data = mlp_params(), batches()
     ref = torch_trajectory(torch.optim.Adam, kwargs, params, data)
-    ours, state = gamfunc_trajectory(gamfunc.adam(**kwargs), params, data)
+    ours, _ = gamfunc_trajectory(gamfunc.adam(**kwargs), params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-10
-    assert int(state.step) == STEPS
 
 
 def test_adam_with_a_schedule_equals_torch_lambda_lr():
@@ -134,7 +133,7 @@ def test_lion_equals_its_paper_loop(lr, betas, weight_decay):
     opt = gamfunc.lion(lr=lr, betas=betas, weight_decay=weight_decay)
     ours, state = gamfunc_trajectory(opt, params, data)
     assert rel_err(flatten(ours), flatten(want)) < 1e-12
-    assert int(state.step) == STEPS and isinstance(state, gamfunc.LionState)
+    assert isinstance(state.inner.states[0], gamfunc.transforms.ScaleByLionState)
 
 
 def test_gam_trains_with_adam_and_lion():
@@ -164,78 +163,80 @@ def test_scheduled_lr_equals_torch_lambda_lr():
     )
     ours, state = gamfunc_trajectory(gamfunc.sgd(lr=sched, momentum=0.9), params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-12
-    assert torch.allclose(state.lr, sched(torch.tensor(STEPS - 1)))
+    assert torch.allclose(gamfunc.optim.learning_rate(state), sched(torch.tensor(STEPS - 1)))
 
 
 def test_lr_written_into_state_takes_effect():
     params, data = mlp_params(), batches(2)
     opt = gamfunc.sgd(lr=0.1)
-    state = with_hyper(opt.init(params), lr=torch.tensor(0.0, dtype=torch.float64))
+    state = opt.init(params)
+    state = state._replace(hyperparams={"lr": torch.tensor(0.0, dtype=torch.float64)})
     u, _ = opt.update(torch.func.grad(mlp_loss)(params, data[0]), state, params)
     new = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], params[k]) for k in params)
 
 
-def test_optimiser_states_are_typed():
+def test_optimiser_states_hold_their_statistics_and_injected_hyperparameters():
     params = {"w": torch.ones(3), "b": torch.zeros(2)}
     sgd, momentum, adamw = gamfunc.sgd(0.1), gamfunc.sgd(0.1, momentum=0.9), gamfunc.adamw(1e-3)
-    chained = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), adamw)
-    assert type(sgd.init(params)) is gamfunc.SGDState
-    assert sgd.init(params).momentum_buffer == ()
-    assert momentum.init(params).momentum_buffer.keys() == params.keys()
+    state = sgd.init(params)
+    assert type(state) is gamfunc.InjectState and set(state.hyperparams) == {"lr"}
+    assert state.inner.states == ((),)  # scale_by_learning_rate: no state
+    (trace, _) = momentum.init(params).inner.states
+    assert type(trace) is gamfunc.transforms.TraceState
+    assert trace.momentum_buffer.keys() == params.keys()
     state = adamw.init(params)
-    assert type(state) is gamfunc.AdamWState
-    assert state._fields == ("step", "lr", "exp_avg", "exp_avg_sq")
+    assert set(state.hyperparams) == {"lr", "weight_decay"}
+    adam_state, decay, lr = state.inner.states
+    assert type(adam_state) is gamfunc.transforms.ScaleByAdamState and decay == lr == ()
+    assert adam_state._fields == ("exp_avg", "exp_avg_sq")
+    chained = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), adamw)
     chain = chained.init(params)
-    assert type(chain) is gamfunc.ChainState and type(chain.opt) is gamfunc.AdamWState
-    assert chain.lr is chain.opt.lr and chain.step is chain.opt.step
+    assert type(chain) is gamfunc.ChainState and type(chain.states[1]) is gamfunc.InjectState
     for opt in (sgd, momentum, adamw, chained):
-        _, new = opt.update(params, opt.init(params), params)
-        assert type(new) is type(opt.init(params)) and int(new.step) == 1
+        _, new = gamfunc.optim.call_update(opt, params, opt.init(params), params, torch.tensor(0))
+        assert type(new) is type(opt.init(params))
 
 
-def test_with_hyper_replaces_step_and_lr_through_a_chain():
+def test_set_hyperparams_sets_a_constant_through_a_chain_and_refuses_a_schedule():
     params = {"w": torch.ones(3)}
     lr = torch.tensor(0.5, dtype=torch.float64)
     state = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(0.1)).init(params)
-    changed = with_hyper(state, lr=lr, step=torch.tensor(7))
-    assert changed.opt.lr is lr and int(changed.step) == 7
-    with pytest.raises(TypeError, match="step and lr only"):
-        with_hyper(state, momentum=lr)
-    with pytest.raises(TypeError, match="NamedTuple with fields step and lr"):
-        with_hyper({"lr": lr}, lr=lr)
-
-
-def test_with_hyper_refuses_a_scheduled_lr_and_keeps_a_constant_one():
-    params = {"w": torch.ones(3)}
-    lr = schedules.cosine(0.1, total_steps=10)
+    changed = gamfunc.set_hyperparams(state, lr=lr)
+    assert changed.states[1].hyperparams["lr"] is lr and gamfunc.optim.learning_rate(changed) is lr
+    assert float(gamfunc.optim.learning_rate(state)) == 0.1  # the state given is not changed
+    with pytest.raises(ValueError, match="momentum is not a hyperparameter"):
+        gamfunc.set_hyperparams(state, momentum=lr)
+    schedule = schedules.cosine(0.1, total_steps=10)
     five = torch.tensor(5.0, dtype=torch.float64)
-    factories = (gamfunc.sgd, gamfunc.adamw, gamfunc.adam, gamfunc.lion)
-    for make in factories:
-        for state in (make(lr=lr).init(params), gamfunc.chain(make(lr=lr)).init(params)):
+    for make in (gamfunc.sgd, gamfunc.adamw, gamfunc.adam, gamfunc.lion):
+        for state in (
+            make(lr=schedule).init(params),
+            gamfunc.chain(make(lr=schedule)).init(params),
+        ):
             with pytest.raises(ValueError, match=r"lr cannot be set.*schedule.*constant lr"):
-                with_hyper(state, lr=five)
-            assert int(with_hyper(state, step=torch.tensor(3)).step) == 3  # the step still may
+                gamfunc.set_hyperparams(state, lr=five)
         opt = make(lr=0.1)
-        u, state = opt.update(params, with_hyper(opt.init(params), lr=five), params)
+        state = gamfunc.set_hyperparams(opt.init(params), lr=five)
+        u, state = gamfunc.optim.call_update(opt, params, state, params, torch.tensor(0))
         new = gamfunc.apply_updates(params, u)
-        assert state.lr is five and not torch.equal(new["w"], params["w"])
+        assert state.hyperparams["lr"] is five and not torch.equal(new["w"], params["w"])
 
 
 def test_state_lr_is_the_lr_of_the_last_update():
-    """``state.lr`` after an update is the schedule's value at the step that update took, η_{t−1}
-    for ``state.step`` = t, for every optimiser and through a chain; init holds the first one."""
+    """The injected lr after an update is the schedule's value at the step that update took,
+    η_{t−1} for t updates taken, for every optimiser and through a chain; init holds the first."""
     params, data = mlp_params(), batches(6)
     lr = schedules.cosine(0.1, total_steps=6, warmup_steps=3)
     factories = (gamfunc.sgd, gamfunc.adamw, gamfunc.adam, gamfunc.lion)
     for opt in [make(lr=lr) for make in factories] + [gamfunc.chain(gamfunc.sgd(lr=lr))]:
         p, state = params, opt.init(params)
-        assert float(state.lr) == float(lr(torch.tensor(0)))
+        assert float(gamfunc.optim.learning_rate(state)) == float(lr(torch.tensor(0)))
         for t, b in enumerate(data):
-            u, state = opt.update(torch.func.grad(mlp_loss)(p, b), state, p)
+            g = torch.func.grad(mlp_loss)(p, b)
+            u, state = gamfunc.optim.call_update(opt, g, state, p, torch.tensor(t))
             p = gamfunc.apply_updates(p, u)
-            assert int(state.step) == t + 1
-            assert float(state.lr) == float(lr(torch.tensor(t)))
+            assert float(gamfunc.optim.learning_rate(state)) == float(lr(torch.tensor(t)))
     # the same through a step, with a skipped step between: the lr of the last step taken
     step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=lr), mlp_loss)
     p, state = params, step.init(params)
@@ -243,16 +244,27 @@ def test_state_lr_is_the_lr_of_the_last_update():
     for b in (data[0], data[1], bad, data[2]):
         p, state, metrics = step(p, state, b)
         taken = int(state.step) - 1
-        assert float(state.opt.lr) == float(lr(torch.tensor(taken)))
+        assert float(gamfunc.optim.learning_rate(state.opt)) == float(lr(torch.tensor(taken)))
         if not int(metrics["skipped"]):
-            assert float(metrics["lr"]) == float(state.opt.lr)
+            assert float(metrics["lr"]) == float(gamfunc.optim.learning_rate(state.opt))
     assert int(state.skipped) == 1 and lr(torch.tensor(1)) != lr(torch.tensor(2))
+
+
+def test_an_update_that_reads_the_step_count_says_so_without_one():
+    params = {"w": torch.ones(3)}
+    for opt, who in (
+        (gamfunc.adam(1e-3), "scale_by_adam"),
+        (gamfunc.sgd(lr=schedules.cosine(0.1, total_steps=10)), "schedule of lr"),
+        (gamfunc.sgd(0.1, momentum=0.9, dampening=0.5), "trace with dampening"),
+    ):
+        with pytest.raises(ValueError, match=f"{who}.*step=t"):
+            opt.update(params, opt.init(params), params)
 
 
 def test_optimisers_keep_float32():
     params = mlp_params(dtype=torch.float32)
     for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):
-        u, _state = opt.update(params, opt.init(params), params)
+        u, _state = opt.update(params, opt.init(params), params, step=torch.tensor(0))
         new = gamfunc.apply_updates(params, u)
         assert all(v.dtype == torch.float32 for v in new.values())
 
@@ -263,10 +275,11 @@ def test_optimisers_keep_float32_for_a_0d_parameter():
     for opt in (gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-4), gamfunc.adamw(lr=1e-3)):
         p, state = params, opt.init(params)
         for _ in range(2):
-            u, state = opt.update(params, state, p)
+            u, state = opt.update(params, state, p, step=torch.tensor(0))
             p = gamfunc.apply_updates(p, u)
         assert all(v.dtype == torch.float32 for v in p.values())
-        buffers = [v for b in state if isinstance(b, dict) for v in b.values()]
+        stats = [b for s in state.inner.states for b in s if isinstance(b, dict)]
+        buffers = [v for b in stats for v in b.values()]
         assert buffers and all(v.dtype == torch.float32 for v in buffers)
 
 
@@ -355,52 +368,3 @@ def test_sgd_updates_are_minus_lr_times_the_direction_bit_for_bit():
     assert all(torch.equal(u[k], -(0.1 * g[k])) for k in params)
     new = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], params[k] - 0.1 * g[k]) for k in params)
-
-
-def old_style(opt):
-    """The former contract: ``update`` returns the new params."""
-
-    def update(direction, state, params):
-        u, state = opt.update(direction, state, params)
-        return gamfunc.apply_updates(params, u), state
-
-    with pytest.warns(DeprecationWarning, match="apply_updates"):
-        return gamfunc.Optimizer(opt.init, update)
-
-
-@pytest.mark.parametrize(
-    "make", [lambda: gamfunc.sgd(lr=0.1, momentum=0.9), lambda: gamfunc.adamw(lr=1e-2)]
-)
-def test_deprecated_params_returning_optimizer_warns_and_gives_identical_steps(make):
-    params, data = mlp_params(), batches(10)
-    new_form = gamfunc.make_step(gamfunc.sam(0.05), make(), mlp_loss)
-    old_form = gamfunc.make_step(gamfunc.sam(0.05), old_style(make()), mlp_loss)
-    p1, s1, p2, s2 = params, new_form.init(params), params, old_form.init(params)
-    for b in data:
-        p1, s1, _ = new_form(p1, s1, b)
-        p2, s2, _ = old_form(p2, s2, b)
-    assert all(torch.equal(p1[k], p2[k]) for k in params)
-    # in a chain, its updates are new − θ: the same trajectory to rounding
-    chained = gamfunc.chain(gamfunc.clip_by_global_norm(0.8), old_style(make()))
-    reference = gamfunc.chain(gamfunc.clip_by_global_norm(0.8), make())
-    ours, _ = gamfunc_trajectory(chained, params, data)
-    want, _ = gamfunc_trajectory(reference, params, data)
-    assert rel_err(flatten(ours), flatten(want)) < 1e-12
-
-
-@pytest.mark.parametrize(
-    "make", [lambda: gamfunc.sgd(lr=0.1, momentum=0.9), lambda: gamfunc.adamw(lr=1e-2)]
-)
-def test_the_former_params_returning_form_warns_and_moves_as_apply_updates(make):
-    """``opt.update_params``: the contract of before (new params, not updates) for one release."""
-    opt, params = make(), mlp_params()
-    state_new = state_old = opt.init(params)
-    p_new = p_old = params
-    for b in batches(5):
-        g = torch.func.grad(mlp_loss)(p_new, b)
-        u, state_new = opt.update(g, state_new, p_new)
-        p_new = gamfunc.apply_updates(p_new, u)
-        with pytest.warns(DeprecationWarning, match="apply_updates"):
-            p_old, state_old = opt.update_params(g, state_old, p_old)
-    assert all(torch.equal(p_new[k], p_old[k]) for k in params)
-    assert int(state_old.step) == int(state_new.step) == 5

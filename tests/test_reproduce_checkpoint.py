@@ -124,7 +124,7 @@ def test_a_typed_step_state_round_trips_through_a_checkpoint(tmp_path):
     the same StepState (types, fields, bits) comes back, and a foreign one is refused by name."""
     import gamfunc
     from gamfunc.precision import LossScale, fp16
-    from gamfunc.step import as_dict
+    from gamfunc.state import as_dict
     from reproduce.run.evaluation import to
     from reproduce.run.loop import like
 

@@ -140,6 +140,9 @@ def _tensors(obj, prefix=""):
     elif isinstance(obj, dict):
         for k, v in obj.items():
             yield from _tensors(v, f"{prefix}.{k}")
+    elif isinstance(obj, tuple | list):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{prefix}[{i}]")
 
 
 def test_resume_after_sigint_and_max_steps_is_bit_exact(tmp_path, monkeypatch):

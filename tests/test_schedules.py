@@ -1,18 +1,9 @@
-"""gamfunc.schedules, below estimators and optimisers; its former name gamfunc.optim.schedules."""
+"""gamfunc.schedules, below estimators and optimisers."""
 
 import pytest
 import torch
 
-import gamfunc
 from gamfunc import schedules
-
-
-def test_former_name_gives_the_same_schedules():
-    from gamfunc.optim import schedules as former
-
-    assert gamfunc.schedules is schedules
-    assert former.__all__ == schedules.__all__
-    assert all(getattr(former, n) is getattr(schedules, n) for n in schedules.__all__)
 
 
 def test_a_schedule_read_by_the_step_counter():

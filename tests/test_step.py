@@ -23,7 +23,7 @@ def test_step_is_estimator_then_optimizer():
         params, gamfunc.make_step(est, opt, mlp_loss).init(params), batch
     )
     d, _info = est(params, batch, mlp_loss)
-    u, _ = opt.update(d, opt.init(params), params)
+    u, _ = gamfunc.optim.call_update(opt, d, opt.init(params), params, torch.tensor(0))
     ref = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], ref[k]) for k in params)
     for key in ("loss", "grad_norm", "f_norm", "adv_grad_norm", "lr", "rho", "skipped"):
@@ -52,7 +52,7 @@ def test_every_k_uses_gam_on_every_kth_step_only():
     ref, state = params, opt.init(params)
     for i, b in enumerate(data):
         d, _ = (gam if i % 3 == 0 else grad)(ref, b, mlp_loss)
-        u, state = opt.update(d, state, ref)
+        u, state = gamfunc.optim.call_update(opt, d, state, ref, torch.tensor(i))
         ref = gamfunc.apply_updates(ref, u)
     assert all(torch.equal(p[k], ref[k]) for k in params)
 
@@ -108,8 +108,9 @@ def test_nonfinite_loss_skips_the_step_and_keeps_everything():
     new, new_state, metrics = step(params, state, bad)
     assert int(metrics["skipped"]) == 1 and int(new_state.skipped) == 1
     assert all(torch.equal(new[k], params[k]) for k in params)
-    assert torch.equal(new_state.opt.step, state.opt.step)
-    buf, new_buf = state.opt.momentum_buffer, new_state.opt.momentum_buffer
+    assert torch.equal(new_state.step, state.step)
+    buf = state.opt.inner.states[0].momentum_buffer
+    new_buf = new_state.opt.inner.states[0].momentum_buffer
     assert all(torch.equal(buf[k], new_buf[k]) for k in buf)
     new, new_state, metrics = step(new, new_state, batch)
     assert int(metrics["skipped"]) == 0 and int(new_state.skipped) == 1
@@ -158,13 +159,13 @@ def test_rho_and_lr_stay_in_proportion_after_skipped_steps():
     for b in (batch, bad, bad, bad, batch):
         params, state, metrics = step(params, state, b)
     assert int(state.skipped) == 3
-    assert int(state.step) == int(state.opt.step) == 2
+    assert int(state.step) == 2
     assert float(metrics["rho"] / metrics["lr"]) == pytest.approx(0.5, rel=1e-12)
 
 
 def test_one_step_counter_through_skipped_steps_and_every_k():
-    """The optimiser's counter is the only one: ``state.step`` reads it, a skipped step moves it
-    not, ``every=k`` moves it on both branches, and the lr and ρ schedules see it."""
+    """The step's counter is the only one: a skipped step moves it not, ``every=k`` moves it on
+    both branches, and the lr and ρ schedules see it; ``cycle`` counts every call."""
     lr = schedules.cosine(0.1, total_steps=10, warmup_steps=4)
     rho = schedules.proportional(0.05, lr, 0.1)
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(10.0), gamfunc.sgd(lr=lr, momentum=0.9))
@@ -176,39 +177,15 @@ def test_one_step_counter_through_skipped_steps_and_every_k():
     for b in (batch, batch, bad, batch, bad, bad, batch, batch):
         params, state, metrics = step(params, state, b)
         taken += 1 - int(metrics["skipped"])
-        assert state.step is state.opt.step and state.opt.step is state.opt.opt.step
         assert int(state.step) == taken
-        assert float(state.opt.lr) == float(lr(torch.tensor(taken - 1)))
+        assert float(metrics["lr"]) == float(lr(torch.tensor(taken - 1))) or int(metrics["skipped"])
+        assert float(gamfunc.optim.learning_rate(state.opt)) == float(lr(torch.tensor(taken - 1)))
         if not int(metrics["skipped"]) and not metrics["rho"].isnan():
             assert float(metrics["rho"]) == float(rho(torch.tensor(taken - 1)))
     assert (taken, int(state.skipped), int(state.cycle)) == (5, 3, 8)
-    counters = [k for k in gamfunc.step.as_dict(state) if k == "step"]
-    assert counters == [] and "step" in gamfunc.step.as_dict(state)["opt"]["states"][-1]
-
-
-def test_a_state_saved_with_two_counters_loads_with_a_deprecation_warning():
-    from gamfunc.step import as_dict, from_dict
-
-    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
-    params = mlp_params()
-    params, state, _ = step(params, step.init(params), mlp_batch())
-    old = {"step": torch.tensor(1)} | as_dict(state)
-    with pytest.warns(DeprecationWarning, match="entry 'step'.*opt"):
-        restored = from_dict(old, like=step.init(params))
-    assert int(restored.step) == 1 and int(restored.opt.step) == 1
-
-
-def test_the_old_constructor_with_a_step_warns_and_sets_the_optimisers_count():
-    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
-    state = step.init(mlp_params())
-    seven = torch.tensor(7)
-    with pytest.warns(DeprecationWarning, match=r"StepState\(step, opt, \.\.\.\) is deprecated"):
-        old = gamfunc.StepState(seven, state.opt, state.skipped)
-    with pytest.warns(DeprecationWarning, match="deprecated"):
-        by_name = gamfunc.StepState(step=seven, opt=state.opt, skipped=state.skipped)
-    for s in (old, by_name):
-        assert s.step is seven and s.opt.step is seven and s.skipped is state.skipped
-    assert gamfunc.StepState(state.opt, state.skipped).step is state.opt.step
+    plain = gamfunc.state.as_dict(state)
+    counters = [path for path, _ in torch.utils._pytree.tree_flatten_with_path(plain)[0]]
+    assert [p for p in counters if "step" in str(p)] == [counters[0]]  # one: plain["step"]
 
 
 def test_a_nan_learning_rate_is_skipped_not_written_into_params():
@@ -219,7 +196,7 @@ def test_a_nan_learning_rate_is_skipped_not_written_into_params():
     new, new_state, metrics = step(params, state, batch)
     assert int(metrics["skipped"]) == 1 and int(new_state.skipped) == 1
     assert all(torch.equal(new[k], params[k]) for k in params)
-    assert torch.equal(new_state.opt.step, state.opt.step)
+    assert torch.equal(new_state.step, state.step)
 
 
 def test_adamw_with_zero_eps_at_a_zero_gradient_is_skipped():
@@ -230,8 +207,9 @@ def test_adamw_with_zero_eps_at_a_zero_gradient_is_skipped():
     new, new_state, metrics = step(params, state, None)
     assert int(metrics["skipped"]) == 1
     assert all(torch.equal(new[k], params[k]) for k in params)
+    moments = new_state.opt.inner.states[0]
     for k in ("exp_avg", "exp_avg_sq"):
-        assert all(torch.isfinite(v).all() for v in getattr(new_state.opt, k).values())
+        assert all(torch.isfinite(v).all() for v in getattr(moments, k).values())
 
 
 def test_state_is_checked_against_params():
@@ -255,15 +233,15 @@ def test_the_state_is_a_typed_pytree():
     params, batch = mlp_params(), mlp_batch()
     step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.adamw(1e-3), mlp_loss)
     state = step.init(params)
-    assert type(state) is gamfunc.StepState and type(state.opt) is gamfunc.AdamWState
-    assert state._fields == ("opt", "skipped", "buffers", "cycle", "loss")
+    assert type(state) is gamfunc.StepState and type(state.opt) is gamfunc.InjectState
+    assert state._fields == ("step", "opt", "skipped", "buffers", "cycle", "loss")
     assert (state.buffers, state.cycle, state.loss) == ((), (), ())
-    assert state.opt.exp_avg.keys() == params.keys()
+    assert state.opt.inner.states[0].exp_avg.keys() == params.keys()
     _, new_state, _ = step(params, state, batch)
     assert type(new_state) is gamfunc.StepState and int(new_state.step) == 1
-    # a pytree of tensors only: skipped, opt.step, opt.lr and the two moments
+    # a pytree of tensors only: step, skipped, lr, weight decay and the two moments
     leaves, spec = torch.utils._pytree.tree_flatten(new_state)
-    assert all(isinstance(v, torch.Tensor) for v in leaves) and len(leaves) == 3 + 2 * len(params)
+    assert all(isinstance(v, torch.Tensor) for v in leaves) and len(leaves) == 4 + 2 * len(params)
     assert torch.utils._pytree.tree_unflatten(leaves, spec)._fields == state._fields
     buffered = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(0.1), mlp_loss, every=2)
     state = buffered.init(params, {"m": torch.zeros(2)})
@@ -274,21 +252,22 @@ def test_a_wrong_state_gets_a_one_line_error_naming_the_field():
     params, batch = mlp_params(), mlp_batch()
     step = gamfunc.make_step(gamfunc.gradient(), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
     state = step.init(params)
-    with pytest.raises(TypeError, match=r"StepState.*got dict.*no longer dicts"):
+    with pytest.raises(TypeError, match=r"StepState.*got dict.*as_dict gives its plain-dict form"):
         step(params, dict(state._asdict()), batch)
-    with pytest.raises(TypeError, match=r"state\.opt must be an optimiser's state.*NoneType"):
-        step(params, state._replace(opt=None), batch)
     with pytest.raises(
-        TypeError, match=r"state\.opt\.step must be an int64 tensor; got a torch.float32"
+        TypeError, match=r"state\.step must be an int64 tensor; got a torch.float32"
     ):
-        step(params, state._replace(opt=state.opt._replace(step=torch.tensor(0.0))), batch)
+        step(params, state._replace(step=torch.tensor(0.0)), batch)
     with pytest.raises(TypeError, match=r"state\.skipped must be an int64 tensor; got int"):
         step(params, state._replace(skipped=0), batch)
     with pytest.raises(TypeError, match=r"state\.buffers must be a dict"):
         step(params, state._replace(buffers=[torch.zeros(1)]), batch)
-    with pytest.raises(ValueError, match=r"state\.opt\.momentum_buffer\['w1'\] has shape"):
-        bad = {**state.opt.momentum_buffer, "w1": torch.zeros(2, 2, dtype=torch.float64)}
-        step(params, state._replace(opt=state.opt._replace(momentum_buffer=bad)), batch)
+    trace, lr = state.opt.inner.states
+    where = r"state\.opt\.inner\.states\[0\]\.momentum_buffer\['w1'\] has shape"
+    with pytest.raises(ValueError, match=where):
+        bad = {**trace.momentum_buffer, "w1": torch.zeros(2, 2, dtype=torch.float64)}
+        inner = gamfunc.ChainState((trace._replace(momentum_buffer=bad), lr))
+        step(params, state._replace(opt=state.opt._replace(inner=inner)), batch)
     every = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss, every=2)
     with pytest.raises(ValueError, match=r"state\.cycle is \(\), but a step with every=2"):
         every(params, step.init(params), batch)
@@ -300,7 +279,7 @@ def test_a_wrong_state_gets_a_one_line_error_naming_the_field():
 
 def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_load(tmp_path):
     from gamfunc.precision import LossScale, fp16
-    from gamfunc.step import as_dict, from_dict
+    from gamfunc.state import as_dict, from_dict
 
     params, batch = mlp_params(), mlp_batch()
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
@@ -309,7 +288,7 @@ def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_loa
     for i in range(3):
         params, state, _ = step(params, state, mlp_batch(seed=i))
     plain = as_dict(state)
-    assert set(plain) == {"opt", "skipped", "cycle", "loss"}  # no "buffers": ()
+    assert set(plain) == {"step", "opt", "skipped", "cycle", "loss"}  # no "buffers": ()
     assert set(plain["opt"]) == {"states"} and set(plain["loss"]) == set(LossScale._fields)
     torch.save(plain, tmp_path / "state.pt")
     loaded = torch.load(tmp_path / "state.pt", weights_only=True)
@@ -326,7 +305,7 @@ def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_loa
 
 
 def test_from_dict_names_the_field_that_does_not_match():
-    from gamfunc.step import as_dict, from_dict
+    from gamfunc.state import as_dict, from_dict
 
     params = mlp_params()
     step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
@@ -336,10 +315,13 @@ def test_from_dict_names_the_field_that_does_not_match():
         from_dict({k: v for k, v in plain.items() if k != "opt"}, like)
     with pytest.raises(ValueError, match=r"state has entries \['loss_scale'\] that StepState"):
         from_dict({**plain, "loss_scale": torch.ones(())}, like)
-    wrong = {**plain["opt"]["momentum_buffer"], "w1": torch.zeros(3)}
-    with pytest.raises(ValueError, match=r"state\.opt\.momentum_buffer\['w1'\] has shape \(3,\)"):
-        from_dict({**plain, "opt": {**plain["opt"], "momentum_buffer": wrong}}, like)
-    with pytest.raises(ValueError, match=r"state\.opt must be a dict of the fields of SGDState"):
+    trace, lr = plain["opt"]["inner"]["states"]
+    wrong = {**trace["momentum_buffer"], "w1": torch.zeros(3)}
+    inner = {"states": [{"momentum_buffer": wrong}, lr]}
+    where = r"state\.opt\.inner\.states\[0\]\.momentum_buffer\['w1'\] has shape \(3,\)"
+    with pytest.raises(ValueError, match=where):
+        from_dict({**plain, "opt": {**plain["opt"], "inner": inner}}, like)
+    with pytest.raises(ValueError, match=r"state\.opt must be a dict of the fields of InjectState"):
         from_dict({**plain, "opt": [1, 2]}, like)
 
 
@@ -389,24 +371,47 @@ def test_the_finiteness_check_takes_one_foreach_kernel_per_dtype_and_device(monk
     assert calls and all(len(kinds) == 1 for kinds in calls)
     params["w3"] = params["w3"].clone().index_fill_(0, torch.tensor([1]), float("nan"))
     assert not bool(step_mod._all_finite(params, opt))
-    opt_inf = opt._replace(lr=torch.tensor(float("inf"), dtype=torch.float64))
+    opt_inf = opt._replace(hyperparams={"lr": torch.tensor(float("inf"), dtype=torch.float64)})
     params["w3"] = torch.zeros(3)
     assert not bool(step_mod._all_finite(params, opt_inf))
 
 
-def test_a_chain_state_saved_in_the_former_layout_loads_with_a_warning():
-    from gamfunc.step import as_dict, from_dict
+# ---- any transform is an optimiser ------------------------------------------------------------------
 
-    params = mlp_params()
-    opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
-    step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
-    _, state, _ = step(params, step.init(params), mlp_batch())
-    saved = as_dict(state)
-    clip, sgd = saved["opt"]["states"]
-    old = {**saved, "opt": {"opt": sgd, "transforms": [clip]}}
-    with pytest.warns(DeprecationWarning, match="states"):
-        restored = from_dict(old, like=step.init(params))
-    (got, got_spec), (want, want_spec) = (
-        torch.utils._pytree.tree_flatten(t) for t in (restored, state)
-    )
-    assert got_spec == want_spec and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+def hand_written_sgd(lr: float) -> gamfunc.Transform:
+    """Plain SGD as a user writes it: two functions, the three-argument update of optax."""
+
+    def init(params):
+        return ()
+
+    def update(direction, state, params):
+        return {k: -lr * d for k, d in direction.items()}, state
+
+    return gamfunc.Transform(init, update)
+
+
+def test_a_users_own_two_function_transform_drives_make_step_compiled_too():
+    params, data = mlp_params(), [mlp_batch(seed=i) for i in range(4)]
+    mine = gamfunc.make_step(gamfunc.sam(0.05), hand_written_sgd(0.1), mlp_loss)
+    ours = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
+    p1, s1, m1 = run(mine, params, data)
+    p2, _, m2 = run(ours, params, data)
+    assert all(torch.equal(p1[k], p2[k]) for k in params)
+    assert int(s1.step) == 4 and s1.opt == () and "lr" not in m1 and "lr" in m2
+    compiled = torch.compile(mine, fullgraph=True, backend="aot_eager")
+    p3, s3 = params, mine.init(params)
+    for b in data:
+        p3, s3, _ = compiled(p3, s3, b)
+    assert all(torch.equal(p3[k], p1[k]) for k in params) and int(s3.step) == 4
+
+
+def test_a_bare_chain_drives_make_step_and_gets_the_step_count():
+    lr = schedules.cosine(0.1, total_steps=10, warmup_steps=3)
+    params, data = mlp_params(), [mlp_batch(seed=i) for i in range(4)]
+    bare = gamfunc.chain(gamfunc.trace(0.9, dampening=0.1), gamfunc.scale_by_learning_rate(lr))
+    p1, s1, m1 = run(gamfunc.make_step(gamfunc.gradient(), bare, mlp_loss), params, data)
+    opt = gamfunc.sgd(lr=lr, momentum=0.9, dampening=0.1)
+    p2, _, m2 = run(gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss), params, data)
+    assert all(torch.equal(p1[k], p2[k]) for k in params)
+    assert int(s1.step) == 4 and "lr" not in m1 and float(m2["lr"]) == float(lr(torch.tensor(3)))

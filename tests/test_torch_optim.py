@@ -12,8 +12,7 @@ from torch import nn
 
 import gamfunc
 from gamfunc import schedules
-from gamfunc.optim import with_hyper
-from gamfunc.step import as_dict
+from gamfunc.state import as_dict
 from gamfunc.torch_optim import GAM, SAM, FlatnessOptimizer
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-14}
@@ -47,7 +46,7 @@ def pure_run(model, estimator, optimizer, data, base_lr, **options):
     state, losses = step.init(params, buffers), []
     for t, b in enumerate(data):
         lr = torch.tensor(base_lr * lr_at(t), dtype=torch.float64)
-        state = state._replace(opt=with_hyper(state.opt, lr=lr))
+        state = state._replace(opt=gamfunc.set_hyperparams(state.opt, lr=lr))
         params, state, metrics = step(params, state, b)
         losses.append(metrics["loss"])
     return params, state, losses
@@ -211,8 +210,9 @@ def test_state_dict_round_trip_continues_identically():
         {"model": model.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict()}, buf
     )
     saved = opt.state_dict()
-    assert "step" not in saved["state"] and int(saved["state"]["opt"]["step"]) == 3
-    assert set(saved["state"]["opt"]["momentum_buffer"]) == {k for k, _ in model.named_parameters()}
+    assert int(saved["state"]["step"]) == 3 and "step" not in saved["state"]["opt"]
+    trace, _ = saved["state"]["opt"]["inner"]["states"]
+    assert set(trace["momentum_buffer"]) == {k for k, _ in model.named_parameters()}
     for b in data[3:]:
         opt.step(b)
         sched.step()
@@ -231,8 +231,8 @@ def test_state_dict_round_trip_continues_identically():
     assert_module_equals(model2, dict(model.named_parameters()), dict(model.named_buffers()))
     s1, s2 = (o.state_dict()["state"] for o in (opt, opt2))
     assert torch.equal(s2["skipped"], s1["skipped"])
-    assert torch.equal(s2["opt"]["step"], s1["opt"]["step"])
-    mb, mb2 = (o.state_dict()["state"]["opt"]["momentum_buffer"] for o in (opt, opt2))
+    assert torch.equal(s2["step"], s1["step"])
+    mb, mb2 = (s["opt"]["inner"]["states"][0]["momentum_buffer"] for s in (s1, s2))
     assert all(torch.equal(mb[k], mb2[k]) for k in mb)
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
 
@@ -247,11 +247,11 @@ def test_load_state_dict_rejects_a_mismatched_state():
         other.load_state_dict(good)
     adam = FlatnessOptimizer(model, gamfunc.gradient(), gamfunc.adamw(lr=0.1))
     with pytest.raises(
-        ValueError, match=r"state\.opt has entries \['momentum_buffer'\].*AdamWState"
+        ValueError, match=r"state\.opt\.hyperparams has keys \['lr'\]; expected \['lr', 'weight"
     ):
         adam.load_state_dict(good)
     bad = copy.deepcopy(good)
-    bad["state"]["opt"]["momentum_buffer"]["0.weight"] = torch.zeros(2)
+    bad["state"]["opt"]["inner"]["states"][0]["momentum_buffer"]["0.weight"] = torch.zeros(2)
     with pytest.raises(ValueError, match="shape"):
         opt.load_state_dict(bad)
     with pytest.raises(ValueError, match="'state' and 'param_groups'"):
@@ -528,3 +528,14 @@ def test_a_torch_base_skips_a_non_finite_step_and_refuses_foreign_parameters():
         SAM(model, base_optimizer=torch.optim.SGD(other.parameters(), lr=0.1), rho=0.05)
     with pytest.raises(TypeError, match=r"torch\.optim\.Optimizer instance"):
         SAM(model, base_optimizer=torch.optim.SGD, rho=0.05)
+
+
+def test_a_torch_base_undoes_an_update_that_is_not_finite():
+    """The guard of make_step: an lr of inf makes the parameters non-finite; the step is skipped
+    and the parameters stay."""
+    model = tanh_mlp()
+    opt = SAM(model, base_optimizer=torch.optim.SGD(model.parameters(), lr=float("inf")), rho=0.05)
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    opt.step(batches(1)[0])
+    assert int(opt.metrics["skipped"]) == 1 and opt.state_dict()["steps"] == 0
+    assert all(torch.equal(p, before[k]) for k, p in model.named_parameters())

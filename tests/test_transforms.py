@@ -10,7 +10,6 @@ from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 from torch import nn
 
 import gamfunc
-from gamfunc.optim import with_hyper
 from gamfunc.torch_optim import FlatnessOptimizer
 from gamfunc.transforms import ClipState
 
@@ -114,9 +113,11 @@ def torch_trajectory(opt_cls, groups, params, data, *max_norms):
 
 
 def gamfunc_trajectory(opt, params, data):
+    """The trajectory of ``opt`` alone, the step count given as a make_step gives it."""
     state = opt.init(params)
-    for batch in data:
-        updates, state = opt.update(grads_of(params, batch), state, params)
+    for t, batch in enumerate(data):
+        g = grads_of(params, batch)
+        updates, state = gamfunc.optim.call_update(opt, g, state, params, torch.tensor(t))
         params = gamfunc.apply_updates(params, updates)
     return params, state
 
@@ -145,8 +146,7 @@ def test_chained_clip_equals_torch_optim_with_clip_grad_norm(torch_cls, factory,
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(MAX_NORM), factory(**kwargs))
     ours, state = gamfunc_trajectory(opt, params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-12
-    assert int(state.step) == STEPS
-    assert float(state.transforms[0].norm) == pytest.approx(norms[-1], rel=1e-12)
+    assert float(state.states[0].norm) == pytest.approx(norms[-1], rel=1e-12)
 
 
 def test_chain_without_transforms_is_the_optimizer():
@@ -154,7 +154,7 @@ def test_chain_without_transforms_is_the_optimizer():
     plain, plain_state = gamfunc_trajectory(gamfunc.adamw(1e-2), params, data)
     chained, state = gamfunc_trajectory(gamfunc.chain(gamfunc.adamw(1e-2)), params, data)
     assert all(torch.equal(plain[k], chained[k]) for k in params)
-    assert state.transforms == () and type(state.opt) is type(plain_state)
+    assert len(state.states) == 1 and type(state.states[0]) is type(plain_state)
 
 
 def test_two_clips_in_order_and_nested_chains_compose():
@@ -170,10 +170,9 @@ def test_two_clips_in_order_and_nested_chains_compose():
     b, sb = gamfunc_trajectory(nested, params, data)
     assert all(torch.equal(a[k], b[k]) for k in params)
     inner = sb.states[1]  # a chain is a Transform: nested, not flattened
-    assert type(inner) is gamfunc.ChainState and type(sb.opt) is gamfunc.ChainState
-    assert type(inner.opt) is gamfunc.SGDState and sb.step is inner.opt.step
+    assert type(inner) is gamfunc.ChainState and type(inner.states[1]) is gamfunc.InjectState
     # the second clip sees the first one's output: a norm of at most 0.9
-    assert float(inner.transforms[0].norm) <= 0.9 + 1e-12
+    assert float(inner.states[0].norm) <= 0.9 + 1e-12
     ref, _ = torch_trajectory(torch.optim.SGD, [(ALL, {"lr": 0.1})], params, data, 0.9, 0.3)
     assert rel_err(flatten(a), flatten(ref)) < 1e-12
 
@@ -182,14 +181,14 @@ def test_chain_keeps_the_optimizer_state_and_lr_written_into_state_takes_effect(
     params, data = mlp_params(), batches(2)
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
     state = opt.init(params)
-    assert type(state) is gamfunc.ChainState and type(state.opt) is gamfunc.SGDState
-    assert state.opt.momentum_buffer.keys() == params.keys()
-    assert type(state.transforms[0]) is ClipState
-    state = with_hyper(state, lr=torch.tensor(0.0, dtype=torch.float64))
+    assert type(state) is gamfunc.ChainState and type(state.states[1]) is gamfunc.InjectState
+    assert state.states[1].inner.states[0].momentum_buffer.keys() == params.keys()
+    assert type(state.states[0]) is ClipState
+    state = gamfunc.set_hyperparams(state, lr=torch.tensor(0.0, dtype=torch.float64))
     u, new_state = opt.update(grads_of(params, data[0]), state, params)
     new = gamfunc.apply_updates(params, u)
     assert all(torch.equal(new[k], params[k]) for k in params)
-    assert int(new_state.step) == 1 and float(new_state.lr) == 0.0
+    assert float(gamfunc.optim.learning_rate(new_state)) == 0.0
 
 
 def test_make_step_with_chain_and_mask_equals_torch_optim():
@@ -211,7 +210,7 @@ def test_make_step_with_chain_and_mask_equals_torch_optim():
     for batch in data:
         p, state, metrics = step(p, state, batch)
     assert rel_err(flatten(p), flatten(ref)) < 1e-12
-    assert int(state.opt.step) == STEPS and float(metrics["lr"]) == kw["lr"]
+    assert int(state.step) == STEPS and float(metrics["lr"]) == kw["lr"]
 
 
 def test_a_skipped_step_keeps_the_transform_state():
@@ -222,7 +221,7 @@ def test_a_skipped_step_keeps_the_transform_state():
     x, y = mlp_batch(seed=2)
     new_p, new_state, metrics = step(p, state, (x * float("nan"), y))
     assert int(metrics["skipped"]) == 1
-    assert torch.equal(new_state.opt.transforms[0].norm, state.opt.transforms[0].norm)
+    assert torch.equal(new_state.opt.states[0].norm, state.opt.states[0].norm)
     assert all(torch.equal(new_p[k], p[k]) for k in p)
 
 
@@ -239,7 +238,9 @@ def test_torch_optim_facade_takes_a_chain_and_round_trips_its_state():
         opt.step(batch)
     saved = opt.state_dict()
     assert set(saved["state"]["opt"]["states"][0]) == {"norm"}
-    assert set(saved["state"]["opt"]["states"][1]) == {"step", "lr", "momentum_buffer"}
+    assert set(saved["state"]["opt"]["states"][1]) == {"hyperparams", "scheduled", "inner"}
+    assert set(saved["state"]["opt"]["states"][1]["hyperparams"]) == {"lr", "weight_decay"}
+    assert set(saved["state"]["opt"]["states"][1]["inner"]["states"][1]) == {"momentum_buffer"}
     twin = FlatnessOptimizer(
         model, gamfunc.sam(0.05), gamfunc.chain(gamfunc.clip_by_global_norm(0.5), inner)
     )
@@ -351,7 +352,7 @@ def compiled_run(backend, steps=3):
             c_p, c_s, _ = compiled(c_p, c_s, batch)
     for k in params:
         torch.testing.assert_close(c_p[k], e_p[k], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(c_s.opt.transforms[0].norm, e_s.opt.transforms[0].norm)
+    torch.testing.assert_close(c_s.opt.states[0].norm, e_s.opt.states[0].norm)
 
 
 def test_chain_traces_as_one_graph():
@@ -442,8 +443,8 @@ def test_chain_with_transforms_before_between_and_after_the_optimizer_equals_a_l
         theta = {k: theta[k] + eta * step[k] for k in theta}
     assert 0 < clipped_steps < STEPS  # the clip of the step acts on some steps only
     assert rel_err(flatten(ours), flatten(theta)) < 1e-12
-    assert int(state.step) == STEPS and type(state.opt) is gamfunc.SGDState
-    assert [type(s).__name__ for s in state.transforms] == ["ClipState", "ClipState", "tuple"]
+    kinds = [type(s).__name__ for s in state.states]
+    assert kinds == ["ClipState", "InjectState", "ClipState", "tuple"]
 
 
 def test_weight_decay_as_a_transform_and_the_lr_at_the_end_equal_torch_sgd():
@@ -460,10 +461,13 @@ def test_weight_decay_as_a_transform_and_the_lr_at_the_end_equal_torch_sgd():
     )
     ours, state = gamfunc_trajectory(opt, params, data)
     assert rel_err(flatten(ours), flatten(ref)) < 1e-12
-    assert int(state.step) == 50 and float(state.lr) == 0.1
-    # a schedule at the end, in a step: η_t (d + λ θ) with η_t the schedule at t
+    assert gamfunc.optim.learning_rate(state) is None  # a bare chain keeps no lr
+    # a schedule at the end, injected, in a step: η_t (d + λ θ) with η_t the schedule at t
     lr = gamfunc.schedules.cosine(0.1, total_steps=50, warmup_steps=5)
-    opt = gamfunc.chain(gamfunc.add_decayed_weights(5e-2), gamfunc.scale_by_learning_rate(lr))
+    opt = gamfunc.chain(
+        gamfunc.add_decayed_weights(5e-2),
+        gamfunc.inject_hyperparams(gamfunc.scale_by_learning_rate)(lr=lr),
+    )
     step = gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss)
     p, s = params, step.init(params)
     theta = dict(params)
@@ -475,7 +479,7 @@ def test_weight_decay_as_a_transform_and_the_lr_at_the_end_equal_torch_sgd():
         assert float(metrics["lr"]) == float(eta)
     assert rel_err(flatten(p), flatten(theta)) < 1e-12
     with pytest.raises(ValueError, match="lr cannot be set"):
-        with_hyper(s.opt, lr=torch.tensor(0.1, dtype=torch.float64))
+        gamfunc.set_hyperparams(s.opt, lr=torch.tensor(0.1, dtype=torch.float64))
 
 
 @pytest.mark.parametrize(
@@ -523,20 +527,30 @@ def test_param_groups_equal_torch_optim_param_groups(torch_cls, factory, kwargs,
     for k in params:
         assert rel_err(ours[k], ref[k]) < tol
     assert type(state) is gamfunc.optim.GroupsState and len(state.states) == 4
-    assert int(state.step) == 50 and float(state.lr) == kwargs["lr"]
+    assert float(gamfunc.optim.learning_rate(state)) == kwargs["lr"]
 
 
-def test_param_groups_in_a_step_scale_every_groups_lr_in_proportion():
+def lrs(state) -> list[float]:
+    return [float(gamfunc.optim.learning_rate(s)) for s in state.states]
+
+
+def test_a_groups_lr_moves_its_own_group_only_and_the_facade_scales_all_in_proportion():
     params, data = mlp_params(), batches(3)
     opt = gamfunc.param_groups({"*2": {"lr": 0.02}}, gamfunc.sgd, lr=0.1, momentum=0.9)
     step = gamfunc.make_step(gamfunc.sam(0.05), opt, mlp_loss)
     p, state = params, step.init(params)
     for batch in data:
         p, state, metrics = step(p, state, batch)
-    assert float(metrics["lr"]) == 0.1
-    half = with_hyper(state.opt, lr=torch.tensor(0.05, dtype=torch.float64))
-    assert [float(s.lr) for s in half.states] == pytest.approx([0.05, 0.01])
-    assert int(with_hyper(state.opt, step=torch.tensor(7)).states[1].step) == 7
+    assert float(metrics["lr"]) == 0.1 and lrs(state.opt) == pytest.approx([0.1, 0.02])
+    # one group's lr set in its own state: the other group's parameters move as before
+    states = list(state.opt.states)
+    states[1] = gamfunc.set_hyperparams(states[1], lr=0.0)
+    changed = state._replace(opt=gamfunc.optim.GroupsState(tuple(states)))
+    p_same, _, _ = step(p, state, data[0])
+    p_new, s_new, _ = step(p, changed, data[0])
+    assert lrs(s_new.opt) == pytest.approx([0.1, 0.0])
+    assert all(torch.equal(p_new[k], p[k]) for k in ("w2", "b2"))  # group "*2": lr 0
+    assert all(torch.equal(p_new[k], p_same[k]) for k in ("w1", "b1"))
     # the facade drives it through its one param group
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
@@ -546,7 +560,7 @@ def test_param_groups_in_a_step_scale_every_groups_lr_in_proportion():
     facade.step(mlp_batch(seed=0))
     facade.param_groups[0]["lr"] = 0.05
     facade.step(mlp_batch(seed=1))
-    assert [float(s.lr) for s in facade._state.opt.states] == pytest.approx([0.05, 0.005])
+    assert lrs(facade._state.opt) == pytest.approx([0.05, 0.005])
 
 
 def test_param_groups_reject_bad_options_naming_argument_and_pattern():

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gamfunc import tree
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.checks import check_nonnegative
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
 from gamfunc.schedules import value
@@ -34,8 +35,8 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12) -> Estimator:
         Kwon, Kim, Park, Choi, "ASAM: Adaptive Sharpness-Aware Minimization for Scale-Invariant
         Learning of Deep Neural Networks", ICML 2021, https://arxiv.org/abs/2102.11600.
     """
-    check_nonnegative("rho", rho)
-    check_nonnegative("eta", eta)
+    check_nonnegative("rho", rho, schedule=True)
+    check_nonnegative("eta", eta, schedule=True)
     check_nonnegative("eps", eps)
 
     def run(params, batch, loss_fn, clean, step):

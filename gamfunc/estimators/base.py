@@ -12,7 +12,7 @@ from torch import Tensor
 from gamfunc.loss import Pass, check_params
 from gamfunc.tree import Tree
 
-__all__ = ["Estimate", "Estimator", "check_nonnegative", "check_unit"]
+__all__ = ["Estimate", "Estimator"]
 
 
 class Estimate(NamedTuple):
@@ -53,19 +53,3 @@ class Estimator:
         with torch.no_grad():
             est = self.run(params, batch, loss_fn, step=step)
         return est.direction, est.info
-
-
-def check_nonnegative(name: str, v) -> None:
-    """Raise ValueError naming ``name`` unless v is a schedule or a finite number >= 0."""
-    if callable(v):
-        return
-    if isinstance(v, bool) or not isinstance(v, int | float) or not v >= 0 or v == float("inf"):
-        raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
-
-
-def check_unit(name: str, v) -> None:
-    """Raise ValueError naming ``name`` unless v is a schedule or a number in [0, 1]."""
-    if callable(v):
-        return
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
-        raise ValueError(f"{name} must be a number in [0, 1]; got {v!r}")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gamfunc import hvps, tree
+from gamfunc.checks import check_nonnegative
 from gamfunc.estimators.asam import adaptive_ascent
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import gradient
 from gamfunc.loss import with_grad_norm
 from gamfunc.schedules import value
@@ -85,8 +86,8 @@ def gam(
         Zhang, Xu, Chen, Cui, "Gradient Norm Aware Minimization Seeks First-Order Flatness and
         Improves Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108.
     """
-    check_nonnegative("rho", rho)
-    check_nonnegative("alpha", alpha)
+    check_nonnegative("rho", rho, schedule=True)
+    check_nonnegative("alpha", alpha, schedule=True)
     check_nonnegative("eps", eps)
     if not isinstance(adaptive, bool):
         raise ValueError(f"adaptive must be True or False; got {adaptive!r}")

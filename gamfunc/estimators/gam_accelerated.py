@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gamfunc import tree
+from gamfunc.checks import check_nonnegative, check_unit
 from gamfunc.estimators.asam import adaptive_ascent
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative, check_unit
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.schedules import value
@@ -72,11 +73,11 @@ def gam_accelerated(
     References:
         Zhang et al., CVPR 2023, Appendix D, https://arxiv.org/abs/2303.03108.
     """
-    check_nonnegative("rho", rho)
-    check_nonnegative("rho_prime", rho_prime)
-    check_unit("alpha", alpha)
-    check_unit("beta", beta)
-    check_nonnegative("gamma", gamma)
+    check_nonnegative("rho", rho, schedule=True)
+    check_nonnegative("rho_prime", rho_prime, schedule=True)
+    check_unit("alpha", alpha, schedule=True)
+    check_unit("beta", beta, schedule=True)
+    check_nonnegative("gamma", gamma, schedule=True)
     check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gamfunc import hvps, tree
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.checks import check_nonnegative
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.schedules import value
 
@@ -49,7 +50,7 @@ def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> 
         Zhao, Zhang, Hu, "Penalizing Gradient Norm for Efficiently Improving Generalization in Deep
         Learning", ICML 2022, https://arxiv.org/abs/2202.03599.
     """
-    check_nonnegative("alpha", alpha)
+    check_nonnegative("alpha", alpha, schedule=True)
     check_nonnegative("eps", eps)
     backend = hvps.get(hvp, fd_radius, default_radius=RADIUS)
 

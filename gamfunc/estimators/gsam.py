@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from gamfunc import tree
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.checks import check_nonnegative
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.schedules import value
@@ -56,8 +57,8 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
         Zhuang, Gong, Yuan, Cui, Adam, Dvornek, Tatikonda, Duncan, Liu, "Surrogate Gap Minimization
         Improves Sharpness-Aware Training", ICLR 2022, https://arxiv.org/abs/2203.08065.
     """
-    check_nonnegative("rho", rho)
-    check_nonnegative("alpha", alpha)
+    check_nonnegative("rho", rho, schedule=True)
+    check_nonnegative("alpha", alpha, schedule=True)
     check_nonnegative("eps", eps)
 
     def run(params, batch, loss_fn, clean, step):

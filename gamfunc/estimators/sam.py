@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from gamfunc import tree
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.checks import check_int, check_nonnegative
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.schedules import value
 
 __all__ = ["sam"]
-
-
-def _check_steps(n) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"ascent_steps must be an integer >= 1; got {n!r}")
 
 
 def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
@@ -71,9 +67,9 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
         Kim, Park, Choi, Lee, Lee, "Exploring the Effect of Multi-step Ascent in Sharpness-Aware
         Minimization", 2023, https://arxiv.org/abs/2302.10181.
     """
-    check_nonnegative("rho", rho)
+    check_nonnegative("rho", rho, schedule=True)
     check_nonnegative("eps", eps)
-    _check_steps(ascent_steps)
+    check_int("ascent_steps", ascent_steps)
     n = ascent_steps
 
     def run(params, batch, loss_fn, clean, step):

@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 from gamfunc import tree
-from gamfunc.estimators.base import Estimate, Estimator, check_nonnegative
+from gamfunc.checks import check_nonnegative, check_unit
+from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.schedules import value
 
 __all__ = ["wsam"]
-
-
-def _check_gamma(gamma) -> None:
-    if callable(gamma):
-        return
-    if isinstance(gamma, bool) or not isinstance(gamma, int | float) or not 0 <= gamma < 1:
-        raise ValueError(f"gamma must be a number in [0, 1); got {gamma!r}")
 
 
 def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
@@ -68,8 +62,8 @@ def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
         Yue, Jiang, Ye, Gao, Liu, Zhang, "Sharpness-Aware Minimization Revisited: Weighted Sharpness
         as a Regularization Term", KDD 2023, https://arxiv.org/abs/2305.15817.
     """
-    check_nonnegative("rho", rho)
-    _check_gamma(gamma)
+    check_nonnegative("rho", rho, schedule=True)
+    check_unit("gamma", gamma, schedule=True, below_one=True)
     check_nonnegative("eps", eps)
 
     def run(params, batch, loss_fn, clean, step):

@@ -14,8 +14,6 @@ None of these is part of the public API.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -110,18 +108,6 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float | 
         return {k: t * n for k, t in hv.items()}
 
     return fd_matvec
-
-
-def check_positive_int(name: str, v) -> None:
-    """Raise ValueError naming ``name`` unless v is an integer >= 1."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
-
-
-def check_positive(name: str, v) -> None:
-    """Raise ValueError naming ``name`` unless v is a finite number > 0."""
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
-        raise ValueError(f"{name} must be a finite number > 0; got {v!r}")
 
 
 def orthogonalise(w: Tensor, basis: Tensor) -> Tensor:

@@ -12,11 +12,10 @@ import math
 import torch
 from torch import Tensor
 
+from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params
 from gamfunc.metrics._common import (
     bound_loss,
-    check_positive,
-    check_positive_int,
     flat,
     gaussian,
     hessian_operator,
@@ -101,8 +100,8 @@ def lanczos_quadrature(
         Hessian", 2020, https://arxiv.org/abs/1912.07145.
     """
     check_params(params)
-    check_positive_int("iters", iters)
-    check_positive_int("probes", probes)
+    check_int("iters", iters)
+    check_int("probes", probes)
     loss = bound_loss(loss_fn, buffers, mode)
     matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
     gen = make_generator(generator, params)

@@ -24,12 +24,11 @@ perturbed passes use batch statistics (``mode="train"``). The default here is ``
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
 from gamfunc import hvps, tree
+from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params, gradient_pass, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
 from gamfunc.metrics.hessian import top_eigenvalues
@@ -239,11 +238,8 @@ def _random_unit(params: Tree, generator: torch.Generator) -> Tree:
 
 
 def _check(rho, steps, lr, init) -> None:
-    if isinstance(rho, bool) or not isinstance(rho, int | float) or not 0 < rho < math.inf:
-        raise ValueError(f"rho must be a finite number > 0; got {rho!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"steps must be an integer >= 0; got {steps!r}")
-    if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 < lr < math.inf:
-        raise ValueError(f"lr must be a finite number > 0; got {lr!r}")
+    check_positive("rho", rho)
+    check_int("steps", steps, at_least=0)
+    check_positive("lr", lr)
     if init not in INITS:
         raise ValueError(f"init must be one of {INITS}; got {init!r}")

@@ -13,11 +13,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import Objective, check_params
 from gamfunc.metrics._common import (
     bound_loss,
-    check_positive,
-    check_positive_int,
     flat,
     gaussian,
     hessian_operator,
@@ -124,8 +123,8 @@ def top_eigenvalues(
         Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108 (Section 5.4).
     """
     check_params(params)
-    check_positive_int("k", k)
-    check_positive_int("iters", iters)
+    check_int("k", k)
+    check_int("iters", iters)
     check_positive("tol", tol)
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}; got {method!r}")
@@ -299,9 +298,9 @@ def hessian_trace(
         Yao et al., "PyHessian", 2020, https://arxiv.org/abs/1912.07145.
     """
     check_params(params)
-    check_positive_int("samples", samples)
+    check_int("samples", samples)
     if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+        check_int("chunk_size", chunk_size)
     loss = bound_loss(loss_fn, buffers, mode)
     matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
     gen = make_generator(generator, params)

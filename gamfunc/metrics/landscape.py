@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from gamfunc import tree
+from gamfunc.checks import check_int
 from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, make_generator
 from gamfunc.metrics.hessian import top_eigenvalues
@@ -221,5 +222,4 @@ def _loss_at(loss, batch, point: Tree) -> Tensor:
 
 
 def _check_points(p) -> None:
-    if isinstance(p, bool) or not isinstance(p, int) or p < 2:
-        raise ValueError(f"points must be an integer >= 2; got {p!r}")
+    check_int("points", p, at_least=2)

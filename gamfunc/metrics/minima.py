@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from gamfunc import tree
+from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
 from gamfunc.tree import Tree
@@ -78,11 +79,9 @@ def minima_density(
         Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108 (Section 5.1, Figure 3).
     """
     check_params(params)
-    for name, v in (("directions", directions), ("steps", steps)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name} must be an integer >= 1; got {v!r}")
-    if isinstance(rho, bool) or not isinstance(rho, int | float) or not rho > 0:
-        raise ValueError(f"rho must be a number > 0; got {rho!r}")
+    check_int("directions", directions)
+    check_int("steps", steps)
+    check_positive("rho", rho)
     loss = bound_loss(loss_fn, buffers, mode)
     gen = make_generator(generator, params)
     x0 = flat(params)

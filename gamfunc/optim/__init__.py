@@ -1,38 +1,35 @@
-"""Base optimisers: how to move along a direction, as Transforms whose updates are the step. ``schedules`` is :mod:`gamfunc.schedules`'s former name."""
+"""Base optimisers: how to move along a direction, as Transforms whose updates are the step, and
+the injection of their hyperparameters into their state."""
 
-from gamfunc.optim import schedules  # the name gamfunc.optim.schedules keeps working
 from gamfunc.optim.adam import adam
-from gamfunc.optim.adamw import AdamWState, ScheduledAdamWState, adamw
-from gamfunc.optim.base import (
-    Optimizer,
-    ScheduledLR,
-    Transform,
-    apply_updates,
-    lr_scheduled,
-    with_hyper,
-)
+from gamfunc.optim.adamw import adamw
+from gamfunc.optim.base import Transform, apply_updates, call_update
 from gamfunc.optim.groups import GroupsState, param_groups
-from gamfunc.optim.lion import LionState, ScheduledLionState, lion
-from gamfunc.optim.sgd import ScheduledSGDState, SGDState, sgd
+from gamfunc.optim.inject import (
+    InjectState,
+    inject_hyperparams,
+    injected,
+    learning_rate,
+    map_injected,
+    set_hyperparams,
+)
+from gamfunc.optim.lion import lion
+from gamfunc.optim.sgd import sgd
 
 __all__ = [
-    "AdamWState",
     "GroupsState",
-    "LionState",
-    "Optimizer",
-    "SGDState",
-    "ScheduledAdamWState",
-    "ScheduledLR",
-    "ScheduledLionState",
-    "ScheduledSGDState",
+    "InjectState",
     "Transform",
     "adam",
     "adamw",
     "apply_updates",
+    "call_update",
+    "inject_hyperparams",
+    "injected",
+    "learning_rate",
     "lion",
-    "lr_scheduled",
+    "map_injected",
     "param_groups",
-    "schedules",
+    "set_hyperparams",
     "sgd",
-    "with_hyper",
 ]

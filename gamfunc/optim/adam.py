@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from gamfunc import tree
-from gamfunc.optim.adamw import adamw
-from gamfunc.optim.base import Mask, Transform, check_mask, check_nonnegative, masked_keys
-from gamfunc.schedules import value
+import functools
+
+from gamfunc import transforms
+from gamfunc.checks import check_betas, check_mask, check_nonnegative
+from gamfunc.optim.base import Mask, Transform
+from gamfunc.optim.decay import decayed, given
+from gamfunc.optim.inject import inject_hyperparams
 
 __all__ = ["adam"]
 
@@ -14,7 +17,7 @@ def adam(
     lr=1e-3,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
-    weight_decay: float = 0.0,
+    weight_decay=0.0,
     weight_decay_mask: Mask = None,
 ) -> Transform:
     """Adam, the update of ``torch.optim.Adam`` (weight decay added to the direction) as a pure function.
@@ -27,8 +30,8 @@ def adam(
         v ← β₂·v + (1 − β₂)·d²
         u = −η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)          (the updates: θ ← θ + u)
 
-    It is :func:`gamfunc.adamw` without decoupled decay, on the decayed direction; its state is an
-    :class:`gamfunc.optim.AdamWState`.
+    that is ``chain(add_decayed_weights(λ, mask), scale_by_adam(β₁, β₂, ε),
+    scale_by_learning_rate(η))`` with η and λ injected (:func:`gamfunc.inject_hyperparams`).
 
     Args:
         lr: η, float >= 0 or a schedule.
@@ -37,11 +40,19 @@ def adam(
         weight_decay: λ >= 0 (L2, coupled), or a schedule of the step count.
         weight_decay_mask: which parameters decay, as in :func:`gamfunc.adamw`.
 
+    Returns:
+        A :class:`~gamfunc.optim.base.Transform`; its state is an
+        :class:`~gamfunc.optim.inject.InjectState`, its update needs ``step=`` (bias correction).
+
+    Raises:
+        ValueError: an invalid argument, naming it.
+
     Example:
         >>> import torch, gamfunc
         >>> opt = gamfunc.adam(lr=1e-3)
         >>> params = {"w": torch.ones(2)}
-        >>> updates, state = opt.update({"w": torch.ones(2)}, opt.init(params), params)
+        >>> step = torch.tensor(0)
+        >>> updates, state = opt.update({"w": torch.ones(2)}, opt.init(params), params, step=step)
         >>> tuple(round(x, 4) for x in gamfunc.apply_updates(params, updates)["w"].tolist())
         (0.999, 0.999)
 
@@ -49,21 +60,17 @@ def adam(
         Kingma and Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
         https://arxiv.org/abs/1412.6980.
     """
-    check_nonnegative(weight_decay=weight_decay)
-    check_mask(weight_decay_mask, "weight_decay_mask")
-    inner = adamw(lr, betas, eps, weight_decay=0.0)
-    decays = callable(weight_decay) or weight_decay != 0
+    check_nonnegative("lr", lr, schedule=True)
+    beta1, beta2 = check_betas("betas", betas)
+    check_nonnegative("eps", eps)
+    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    check_mask("weight_decay_mask", weight_decay_mask)
+    factory = functools.partial(_adam, betas=(beta1, beta2), eps=eps, mask=weight_decay_mask)
+    return inject_hyperparams(factory)(lr=lr, **given(weight_decay))
 
-    def init(params):
-        masked_keys(weight_decay_mask, params, "weight_decay_mask")
-        return inner.init(params)
 
-    def update(direction, state, params):
-        if decays:
-            lam = value(weight_decay, state.step)
-            keys = masked_keys(weight_decay_mask, params, "weight_decay_mask")
-            some = tree.axpy(lam, {k: params[k] for k in keys}, {k: direction[k] for k in keys})
-            direction = direction | some
-        return inner.update(direction, state, params)
-
-    return Transform(init, update)
+def _adam(lr, weight_decay=None, *, betas, eps, mask) -> Transform:
+    decay = decayed(weight_decay, mask)
+    return transforms.chain(
+        *decay, transforms.scale_by_adam(*betas, eps), transforms.scale_by_learning_rate(lr)
+    )

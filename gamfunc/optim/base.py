@@ -1,9 +1,10 @@
-"""The one contract of optimisers and transforms: ``init`` and ``update`` returning updates, and
-:func:`apply_updates`."""
+"""The one contract of optimisers and transforms: ``init`` and ``update`` returning updates,
+:func:`apply_updates`, and :func:`call_update`, which gives the step count to an update that reads
+it."""
 
 from __future__ import annotations
 
-import warnings
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -11,24 +12,17 @@ import torch
 from torch import Tensor
 
 from gamfunc import tree
-from gamfunc.schedules import Schedule
 from gamfunc.tree import Tree
 
 __all__ = [
     "Mask",
-    "Optimizer",
-    "ScheduledLR",
     "Transform",
     "apply_updates",
-    "as_transform",
-    "check_lr",
-    "check_mask",
-    "hyper_state",
-    "learning_rate",
-    "lr_scheduled",
+    "call_update",
+    "check_state_type",
     "masked_keys",
-    "move",
-    "with_hyper",
+    "need_step",
+    "takes_step",
 ]
 
 Mask = Mapping[str, bool] | Callable[[str, Tensor], bool] | None
@@ -45,21 +39,18 @@ class Transform(NamedTuple):
     :func:`gamfunc.clip_by_global_norm` changes the direction it is given. So :func:`gamfunc.chain`
     puts any of them before, between or after an optimiser, and the result is again a Transform.
 
-    ``state`` is a NamedTuple of tensors (:class:`~gamfunc.optim.sgd.SGDState`,
+    ``state`` is a NamedTuple of tensors (:class:`~gamfunc.transforms.TraceState`,
     :class:`~gamfunc.transforms.ClipState`, ``()`` for a stateless transform), a pytree for
     ``torch.compile`` and ``torch.func.vmap``. Neither function mutates its arguments, and ``update``
-    branches on no tensor value. An optimiser's state has ``state.step`` (0-d int64, updates done so
-    far) and ``state.lr`` (0-d float64); a chain's reads them through to the first element that has
-    them.
+    branches on no tensor value. A state holds the transform's own statistics only: the step count
+    is the step's (:class:`gamfunc.StepState` ``.step``). An ``update`` that reads it (bias
+    corrections, schedules) takes it as a keyword, ``update(direction, state, params, *,
+    step=None)``, and :func:`call_update` gives it to those that take it, so a user's own
+    three-argument ``update`` works wherever a gamfunc one does (optax's extra arguments).
 
-    ``state.lr`` is the learning rate of the last update, η_{t−1} for ``state.step`` = t: the
-    schedule's value at the step that update took, or the constant. In the state ``init`` returns
-    (no update yet) it is the η the first update will use. A constant lr is read from
-    ``state.lr`` by the update, so a state given a new 0-d tensor as its lr (:func:`with_hyper`)
-    moves with it, and the update returns it as the lr it used; this is how
-    ``torch.optim.lr_scheduler`` drives the facade, without recompiling a compiled step. A
-    scheduled lr is the schedule's alone: its state is a :class:`ScheduledLR` and
-    :func:`with_hyper` refuses to set it.
+    The learning rate and other hyperparameters a step logs or a caller sets between steps live in
+    the state of :func:`gamfunc.inject_hyperparams`, which :func:`gamfunc.sgd` and the other
+    optimisers use.
 
     Example:
         >>> import torch, gamfunc
@@ -72,20 +63,6 @@ class Transform(NamedTuple):
 
     init: Callable[[Tree], Any]
     update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
-
-    def update_params(self, direction: Tree, state, params: Tree) -> tuple[Tree, Any]:
-        """Deprecated: the former form of ``update``, ``(new_params, new_state)``; it goes in the
-        next release. Write ``updates, state = opt.update(direction, state, params)`` and
-        ``params = gamfunc.apply_updates(params, updates)``."""
-        warnings.warn(
-            "opt.update_params(direction, state, params) -> (new_params, state) is the former "
-            "contract and is deprecated: use updates, state = opt.update(direction, state, "
-            "params); params = gamfunc.apply_updates(params, updates)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        updates, new_state = self.update(direction, state, params)
-        return apply_updates(params, updates), new_state
 
 
 def apply_updates(params: Tree, updates: Tree) -> Tree:
@@ -113,211 +90,6 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
     return {k: (params[k] + updates[k]).to(params[k].dtype) for k in keys}
 
 
-class Optimizer(NamedTuple):
-    """Deprecated: the former contract, ``update(direction, state, params) -> (new_params, state)``.
-
-    Build a :class:`Transform` instead, whose ``update`` returns updates that
-    :func:`apply_updates` adds to the parameters. An ``Optimizer`` still works wherever an
-    optimiser is taken (:func:`gamfunc.make_step`, :func:`gamfunc.chain`, the facades of
-    :mod:`gamfunc.torch_optim`), with a ``DeprecationWarning`` when it is built: a step moves to
-    its ``new_params`` as before; inside a chain its updates are ``new_params − params``.
-    """
-
-    init: Callable[[Tree], Any]
-    update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
-
-
-_optimizer_new = Optimizer.__new__
-
-
-def _deprecated_optimizer(cls, *args, **kwargs):
-    warnings.warn(
-        "gamfunc.Optimizer(init, update) with an update returning new params is deprecated: "
-        "build a gamfunc.Transform whose update returns updates (new = gamfunc.apply_updates("
-        "params, updates)); every gamfunc optimiser is one",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return _optimizer_new(cls, *args, **kwargs)
-
-
-Optimizer.__new__ = _deprecated_optimizer
-
-
-def as_transform(opt: Transform | Optimizer) -> Transform:
-    """``opt`` under the contract of :class:`Transform`; a deprecated :class:`Optimizer`'s updates are
-    ``new_params − params``."""
-    if isinstance(opt, Transform):
-        return opt
-    if not isinstance(opt, Optimizer):
-        raise TypeError(f"expected a gamfunc Transform; got {type(opt).__name__}")
-
-    def update(direction, state, params):
-        new_params, new_state = opt.update(direction, state, params)
-        return tree.sub(new_params, params), new_state
-
-    return Transform(opt.init, update)
-
-
-def move(opt: Transform | Optimizer, direction: Tree, state, params: Tree) -> tuple[Tree, Any]:
-    """``(new_params, new_state)`` of one update: ``apply_updates`` of a Transform's updates, or
-    the new params of a deprecated :class:`Optimizer` as it returns them."""
-    if isinstance(opt, Optimizer):
-        return opt.update(direction, state, params)
-    updates, new_state = opt.update(direction, state, params)
-    return apply_updates(params, updates), new_state
-
-
-class ScheduledLR:
-    """Marks an optimiser state whose lr a schedule sets (e.g. ``ScheduledSGDState``): its ``lr``
-    reports the schedule's value at the last update, and :func:`with_hyper` will not change it."""
-
-    __slots__ = ()
-
-
-def lr_scheduled(state) -> bool:
-    """Whether a schedule sets ``state``'s lr: the state, or the one it wraps in its field ``opt``
-    (a chain's), is a :class:`ScheduledLR`. A state that holds others (a chain's, param groups')
-    answers through its own method ``lr_scheduled()``."""
-    while not isinstance(state, ScheduledLR):
-        if callable(getattr(state, "lr_scheduled", None)):
-            return state.lr_scheduled()
-        if "opt" not in getattr(state, "_fields", ()):
-            return False
-        state = state.opt
-    return True
-
-
-def with_hyper(state, **changes: Tensor):
-    """``state`` with its ``step`` or ``lr`` replaced, wherever the optimiser keeps them: in its own
-    fields, through the state's own ``with_hyper`` method (a chain's, param groups'), or in the state
-    it wraps in its field ``opt``.
-
-    The new ``lr`` is the η of the next update, for an optimiser built with a constant lr.
-
-    Raises:
-        ValueError: ``lr`` is given for a state whose lr comes from a schedule (the update would
-            ignore it); build the optimiser with a new schedule, or with a constant lr to set it
-            here between steps.
-        TypeError: a name other than ``step`` and ``lr``, or a state without them.
-
-    Example:
-        >>> import torch, gamfunc
-        >>> opt = gamfunc.sgd(lr=0.1)
-        >>> state = opt.init({"w": torch.zeros(2)})
-        >>> with_hyper(state, lr=torch.tensor(0.2, dtype=torch.float64)).lr
-        tensor(0.2000, dtype=torch.float64)
-    """
-    unknown = sorted(set(changes) - {"step", "lr"})
-    if unknown:
-        raise TypeError(f"with_hyper changes step and lr only; got {unknown}")
-    if "lr" in changes and lr_scheduled(state):
-        raise ValueError(
-            "lr cannot be set: this optimiser's lr is a schedule, which sets it at every update "
-            "(a new value here would be ignored); build the optimiser with a new schedule, or with "
-            "a constant lr to set it between steps"
-        )
-    if callable(getattr(state, "with_hyper", None)):  # a chain's, param groups'
-        return state.with_hyper(**changes)
-    fields = getattr(state, "_fields", ())
-    # the constructor, not ``_replace``: dynamo on torch < 2.13 cannot return a NamedTuple that
-    # ``_replace`` made from a compiled graph
-    if all(k in fields for k in changes):
-        return type(state)(*(changes.get(f, getattr(state, f)) for f in fields))
-    if "opt" in fields:
-        inner = with_hyper(state.opt, **changes)
-        return type(state)(*(inner if f == "opt" else getattr(state, f) for f in fields))
-    raise TypeError(
-        f"an optimiser state must be a NamedTuple with fields step and lr (or wrap one in its field "
-        f"opt); got {type(state).__name__}"
-    )
-
-
-def check_state_type(state, cls: type, optimizer: str) -> None:
-    """A one-line TypeError unless ``state`` is ``optimizer``'s own state (a :class:`cls`): the
-    state of another optimiser (an AdamW state given to an SGD step) fails here, not deep inside."""
-    if not isinstance(state, cls):
-        raise TypeError(
-            f"state.opt is a {type(state).__name__}, not the {cls.__name__} of this step's "
-            f"optimiser {optimizer}: make the state with step.init(params) of this step"
-        )
-
-
-def check_betas(betas) -> tuple[float, float]:
-    """``(β₁, β₂)`` as floats, or a ValueError naming ``betas``: a pair, each in [0, 1)."""
-    if not (isinstance(betas, tuple | list) and len(betas) == 2):
-        raise ValueError(f"betas must be a pair (beta1, beta2); got {betas!r}")
-    for i, b in enumerate(betas):
-        if not (isinstance(b, int | float) and 0 <= b < 1):
-            raise ValueError(f"betas[{i}] must be in [0, 1); got {b!r}")
-    return float(betas[0]), float(betas[1])
-
-
-def check_nonnegative(**numbers) -> None:
-    """A ValueError naming the first of ``numbers`` that is not a finite number >= 0; a schedule
-    (callable) passes."""
-    for name, v in numbers.items():
-        if callable(v):
-            continue
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0; got {v!r}")
-
-
-def check_lr(lr) -> None:
-    if callable(lr):
-        return
-    if isinstance(lr, bool) or not isinstance(lr, int | float) or not 0 <= lr < float("inf"):
-        raise ValueError(f"lr must be a finite number >= 0 or a schedule; got {lr!r}")
-
-
-def _device(params: Tree) -> torch.device:
-    return next(iter(params.values())).device if params else torch.device("cpu")
-
-
-def hyper_state(params: Tree, lr: float | Schedule) -> tuple[Tensor, Tensor]:
-    """``(step, lr)``: the step counter and learning rate every optimiser state starts with."""
-    dev = _device(params)
-    step = torch.zeros((), dtype=torch.int64, device=dev)
-    lr0 = (
-        scheduled(lr, step)
-        if callable(lr)
-        else torch.tensor(float(lr), dtype=torch.float64, device=dev)
-    )
-    return step, lr0.to(device=dev, dtype=torch.float64)
-
-
-def learning_rate(lr: float | Schedule, state) -> Tensor:
-    """η of this update: the schedule at ``state.step`` (the step this update takes), else
-    ``state.lr``. The update returns it as its state's ``lr``, the lr of the last update."""
-    return scheduled(lr, state.step) if callable(lr) else state.lr
-
-
-def scheduled(schedule: Schedule, step: Tensor) -> Tensor:
-    """``schedule(step)``, which must be a tensor (a Python number would be baked into a compiled
-    step, or fail in the tensor math of the update)."""
-    out = schedule(step)
-    if not isinstance(out, Tensor):
-        raise TypeError(
-            f"lr schedule must return a tensor computed from the 0-d step tensor it is given; it "
-            f"returned {type(out).__name__}: use torch operations (see gamfunc.schedules.cosine)"
-        )
-    return out
-
-
-def check_mask(mask: Mask, name: str) -> None:
-    """ValueError naming ``name`` unless ``mask`` is None, a callable or a dict of Python bools."""
-    if mask is None or callable(mask):
-        return
-    if not isinstance(mask, Mapping):
-        raise ValueError(
-            f"{name} must be None, a dict name -> bool or a callable (name, tensor) -> bool; "
-            f"got {type(mask).__name__}"
-        )
-    bad = sorted(str(k) for k, v in mask.items() if not isinstance(v, bool))
-    if bad:
-        raise ValueError(f"{name} must map names to True or False; {bad} are not bools")
-
-
 def masked_keys(mask: Mask, params: Tree, name: str) -> list[str]:
     """The names of ``params`` that ``mask`` selects, in the order of ``params``.
 
@@ -342,3 +114,61 @@ def masked_keys(mask: Mask, params: Tree, name: str) -> list[str]:
         if chosen:
             keys.append(k)
     return keys
+
+
+def takes_step(update: Callable) -> bool:
+    """Whether ``update`` takes the step count: a parameter named ``step``, or ``**kwargs``.
+
+    Read from the code object (the common case, a plain function, costs no ``inspect`` call).
+    """
+    code = getattr(update, "__code__", None)
+    if code is not None and not inspect.ismethod(update):
+        if code.co_flags & inspect.CO_VARKEYWORDS:
+            return True
+        return "step" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    try:
+        parameters = inspect.signature(update).parameters
+    except (TypeError, ValueError):
+        return False
+    return "step" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def call_update(
+    transform: Transform, direction: Tree, state, params: Tree, step: Tensor | None = None
+) -> tuple[Tree, Any]:
+    """``transform.update(direction, state, params)``, with ``step=step`` where it takes one.
+
+    Args:
+        transform: any :class:`Transform`, a user's own included.
+        direction: the direction (or the updates of the transforms before it).
+        state: its state.
+        params: the parameters θ.
+        step: the step count t (updates taken so far), a 0-d int64 tensor, or None.
+
+    Returns:
+        ``(updates, new_state)``.
+    """
+    if step is not None and takes_step(transform.update):
+        return transform.update(direction, state, params, step=step)
+    return transform.update(direction, state, params)
+
+
+def need_step(step: Tensor | None, who: str) -> Tensor:
+    """``step``, or a ValueError saying that ``who`` reads the step count and none was given."""
+    if step is None:
+        raise ValueError(
+            f"{who} reads the step count: call update(direction, state, params, step=t) with t the "
+            f"updates taken so far (a 0-d int64 tensor); gamfunc.make_step passes it"
+        )
+    return step
+
+
+def check_state_type(state, cls: type, who: str, detail: str = "") -> None:
+    """A one-line TypeError unless ``state`` is a ``cls``: the state of another optimiser (an AdamW
+    state given to an SGD step) fails here, naming both, rather than deep inside an update."""
+    if not isinstance(state, cls) or detail:
+        got = type(state).__name__
+        raise TypeError(
+            f"the state given to {who} is a {got}{detail}, not the {cls.__name__} it makes: make "
+            f"the state with this optimiser's init (step.init(params))"
+        )

@@ -6,10 +6,7 @@ import fnmatch
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-import torch
-from torch import Tensor
-
-from gamfunc.optim.base import Transform, lr_scheduled, with_hyper
+from gamfunc.optim.base import Transform, call_update
 from gamfunc.tree import Tree
 
 __all__ = ["GroupsState", "param_groups"]
@@ -19,41 +16,14 @@ class GroupsState(NamedTuple):
     """The state of :func:`param_groups`: one optimiser state per group, in the order in which the
     groups' first parameters come in ``params``.
 
-    ``step`` and ``lr`` are the first group's. :func:`gamfunc.optim.with_hyper` sets ``step`` in
-    every group and ``lr`` in proportion: group g's lr becomes ``lr · lr_scales[g]``, its lr over the
-    first group's at ``init``, as ``torch.optim.lr_scheduler`` scales every param group.
+    Each group's hyperparameters are in its own state (:func:`gamfunc.inject_hyperparams`): set a
+    group's lr in ``states[g]`` and only that group moves with it. A step logs the first group's lr.
 
     Attributes:
         states: the groups' optimiser states, each over the parameters of its group.
-        lr_scales: 0-d float64 tensors, each group's initial lr over the first group's.
     """
 
     states: tuple
-    lr_scales: tuple
-
-    @property
-    def step(self) -> Tensor:
-        """The step counter (every group's is the same)."""
-        return self.states[0].step
-
-    @property
-    def lr(self) -> Tensor:
-        """The first group's learning rate (of its last update)."""
-        return self.states[0].lr
-
-    def lr_scheduled(self) -> bool:
-        """Whether a schedule sets some group's lr."""
-        return any(lr_scheduled(s) for s in self.states)
-
-    def with_hyper(self, **changes: Tensor) -> GroupsState:
-        """``step`` set in every group, ``lr`` in every group times its scale."""
-        states = []
-        for s, c in zip(self.states, self.lr_scales, strict=True):
-            mine = dict(changes)
-            if "lr" in mine:
-                mine["lr"] = mine["lr"] * c.to(mine["lr"].device)
-            states.append(with_hyper(s, **mine))
-        return GroupsState(tuple(states), self.lr_scales)
 
 
 def param_groups(
@@ -100,7 +70,7 @@ def param_groups(
         ...     gamfunc.adamw, lr=1e-3, weight_decay=0.05,
         ... )
         >>> state = opt.init(params)
-        >>> len(state.states), [float(s.lr) for s in state.states]
+        >>> len(state.states), [float(gamfunc.optim.learning_rate(s)) for s in state.states]
         (3, [0.001, 0.001, 0.01])
     """
     if not isinstance(groups, Mapping) or not all(
@@ -137,19 +107,15 @@ def param_groups(
         return [(optimizer(m), ks) for m, ks in names.items()]
 
     def init(params):
-        states = tuple(opt.init({k: params[k] for k in ks}) for opt, ks in split(params))
-        first = states[0].lr
-        scales = tuple(
-            torch.where(first == 0, torch.ones_like(first), s.lr / first) for s in states
-        )
-        return GroupsState(states, scales)
+        return GroupsState(tuple(opt.init({k: params[k] for k in ks}) for opt, ks in split(params)))
 
-    def update(direction, state, params):
+    def update(direction, state, params, *, step=None):
         updates, states = {}, []
         for (opt, ks), s in zip(split(params), state.states, strict=True):
-            u, s = opt.update({k: direction[k] for k in ks}, s, {k: params[k] for k in ks})
+            d, p = {k: direction[k] for k in ks}, {k: params[k] for k in ks}
+            u, s = call_update(opt, d, s, p, step)
             updates.update(u)
             states.append(s)
-        return {k: updates[k] for k in params}, GroupsState(tuple(states), state.lr_scales)
+        return {k: updates[k] for k in params}, GroupsState(tuple(states))
 
     return Transform(init, update)

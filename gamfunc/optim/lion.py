@@ -2,57 +2,21 @@
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import functools
 
-import torch
-from torch import Tensor
+from gamfunc import transforms
+from gamfunc.checks import check_betas, check_mask, check_nonnegative
+from gamfunc.optim.base import Mask, Transform
+from gamfunc.optim.decay import decayed, given
+from gamfunc.optim.inject import inject_hyperparams
 
-from gamfunc import tree
-from gamfunc.optim.base import (
-    Mask,
-    ScheduledLR,
-    Transform,
-    check_betas,
-    check_lr,
-    check_mask,
-    check_nonnegative,
-    check_state_type,
-    hyper_state,
-    learning_rate,
-    masked_keys,
-)
-from gamfunc.schedules import value
-from gamfunc.tree import Tree
-
-__all__ = ["LionState", "ScheduledLionState", "lion"]
-
-
-class LionState(NamedTuple):
-    """The state of :func:`lion`.
-
-    Attributes:
-        step: 0-d int64, updates done so far.
-        lr: 0-d float64, η of the last update (:class:`~gamfunc.optim.base.Transform` tells how a
-            constant lr is set through it).
-        exp_avg: m, the momentum, a dict name -> tensor.
-    """
-
-    step: Tensor
-    lr: Tensor
-    exp_avg: Tree
-
-
-class ScheduledLionState(LionState, ScheduledLR):
-    """A :class:`LionState` whose lr a schedule sets; :func:`~gamfunc.optim.base.with_hyper`
-    refuses to change it."""
-
-    __slots__ = ()
+__all__ = ["lion"]
 
 
 def lion(
     lr=1e-4,
     betas: tuple[float, float] = (0.9, 0.99),
-    weight_decay: float = 0.0,
+    weight_decay=0.0,
     weight_decay_mask: Mask = None,
 ) -> Transform:
     """Lion: the sign of an interpolated momentum, with decoupled weight decay (paper Algorithm 2).
@@ -64,14 +28,23 @@ def lion(
         θ ← θ + u                                          (gamfunc.apply_updates)
         m ← β₂·m + (1 − β₂)·d
 
-    Lion's step has the same size in every coordinate, so its lr is usually 3-10× smaller than
-    AdamW's and its weight decay as much larger (the paper's advice).
+    that is ``chain(scale_by_lion(β₁, β₂), add_decayed_weights(λ, mask),
+    scale_by_learning_rate(η))`` with η and λ injected (:func:`gamfunc.inject_hyperparams`). Lion's
+    step has the same size in every coordinate, so its lr is usually 3-10× smaller than AdamW's and
+    its weight decay as much larger (the paper's advice).
 
     Args:
         lr: η, float >= 0 or a schedule.
         betas: (β₁, β₂), each in [0, 1).
         weight_decay: λ >= 0, or a schedule of the step count.
         weight_decay_mask: which parameters decay, as in :func:`gamfunc.adamw`.
+
+    Returns:
+        A :class:`~gamfunc.optim.base.Transform`; its state is an
+        :class:`~gamfunc.optim.inject.InjectState`.
+
+    Raises:
+        ValueError: an invalid argument, naming it.
 
     Example:
         >>> import torch, gamfunc
@@ -85,30 +58,16 @@ def lion(
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023,
         https://arxiv.org/abs/2302.06675.
     """
-    check_lr(lr)
-    beta1, beta2 = check_betas(betas)
-    check_nonnegative(weight_decay=weight_decay)
-    check_mask(weight_decay_mask, "weight_decay_mask")
-    decays = callable(weight_decay) or weight_decay != 0
-    State = ScheduledLionState if callable(lr) else LionState
+    check_nonnegative("lr", lr, schedule=True)
+    beta1, beta2 = check_betas("betas", betas)
+    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    check_mask("weight_decay_mask", weight_decay_mask)
+    factory = functools.partial(_lion, betas=(beta1, beta2), mask=weight_decay_mask)
+    return inject_hyperparams(factory)(lr=lr, **given(weight_decay))
 
-    def init(params):
-        masked_keys(weight_decay_mask, params, "weight_decay_mask")
-        return State(*hyper_state(params, lr), tree.zeros_like(params))
 
-    def update(direction, state, params):
-        check_state_type(state, LionState, "lion")
-        eta = learning_rate(lr, state)
-        chosen = set(masked_keys(weight_decay_mask, params, "weight_decay_mask"))
-        lam = value(weight_decay, state.step)
-        u, m = {}, {}
-        for k, x in params.items():
-            d, mk = direction[k], state.exp_avg[k]
-            c = torch.lerp(mk, d, 1 - beta1)
-            u[k] = -eta * torch.sign(c)
-            if decays and k in chosen:
-                u[k] = u[k] - (eta * lam) * x
-            m[k] = torch.lerp(mk, d, 1 - beta2)
-        return u, State(state.step + 1, eta, m)
-
-    return Transform(init, update)
+def _lion(lr, weight_decay=None, *, betas, mask) -> Transform:
+    decay = decayed(weight_decay, mask)
+    return transforms.chain(
+        transforms.scale_by_lion(*betas), *decay, transforms.scale_by_learning_rate(lr)
+    )

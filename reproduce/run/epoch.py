@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gamfunc.step import as_dict as plain
+from gamfunc.state import as_dict as plain
 from reproduce.config import as_dict
 from reproduce.data import sets as data_mod
 from reproduce.run import checkpoint as ckpt

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc.step import as_dict as plain
-from gamfunc.step import from_dict
+from gamfunc.state import as_dict as plain
+from gamfunc.state import from_dict
 from reproduce.config import Config, as_dict
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import report
@@ -40,7 +40,7 @@ class RunLocked(ckpt.CheckpointError):
 
 
 def like(loaded, template, where: str = "state"):
-    """``loaded`` (plain dicts, as a checkpoint holds them: :func:`gamfunc.step.as_dict`) with the
+    """``loaded`` (plain dicts, as a checkpoint holds them: :func:`gamfunc.state.as_dict`) with the
     structure of ``template`` (a dict of tensors, or a fresh :class:`gamfunc.StepState`) and each
     tensor on the device and in the memory layout (strides) of its counterpart there: a checkpoint
     resumes in the layout of the resuming run, whether or not the run that wrote it used

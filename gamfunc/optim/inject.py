@@ -1,0 +1,232 @@
+"""Hyperparameters as state: :func:`inject_hyperparams` keeps a factory's numbers (lr, weight decay,
+...) as 0-d tensors in its state, where a step reads them and a caller sets them between steps
+without recompiling, and evaluates its schedules at the step count (optax's ``inject_hyperparams``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from gamfunc.optim.base import Transform, call_update, check_state_type, need_step
+from gamfunc.schedules import value
+from gamfunc.tree import Tree
+
+__all__ = [
+    "InjectState",
+    "inject_hyperparams",
+    "injected",
+    "learning_rate",
+    "map_injected",
+    "set_hyperparams",
+]
+
+
+class InjectState(NamedTuple):
+    """The state of a transform made by :func:`inject_hyperparams`.
+
+    Attributes:
+        hyperparams: name -> 0-d float64 tensor, the constants the next update uses. Replace one
+            (``state._replace(hyperparams={**state.hyperparams, "lr": new})``, or
+            :func:`set_hyperparams`) to change it between steps; a compiled step does not recompile.
+        scheduled: name -> 0-d float64 tensor, each schedule's value at the last update (at t = 0
+            in the state ``init`` returns: the value the first update will use). Set by the
+            schedule alone.
+        inner: the state of the transform the factory builds.
+    """
+
+    hyperparams: dict[str, Tensor]
+    scheduled: dict[str, Tensor]
+    inner: Any
+
+
+def _device(params: Tree) -> torch.device:
+    return next(iter(params.values())).device if params else torch.device("cpu")
+
+
+def _f64(v, device: torch.device) -> Tensor:
+    if isinstance(v, Tensor):
+        return v.to(device=device, dtype=torch.float64)
+    return torch.tensor(float(v), dtype=torch.float64, device=device)
+
+
+def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Transform]:
+    """A factory whose numeric arguments live in the transform's state.
+
+    ``inject_hyperparams(factory)(**kwargs)`` is ``factory(**kwargs)``, except that every argument
+    given as a number or a 0-d tensor is kept in :attr:`InjectState.hyperparams` and every
+    schedule (a callable ``t -> 0-d tensor``) is evaluated at the step count t of each update
+    (:attr:`InjectState.scheduled`); the factory is called at every update with those values as
+    0-d tensors, so it must accept tensors for them (every gamfunc factory does). Any other
+    argument (a bool, a tuple, a mask) is passed as given.
+
+    Args:
+        factory: a function ``(**kwargs) -> Transform``.
+
+    Returns:
+        A function of the same keyword arguments returning a :class:`~gamfunc.optim.base.Transform`,
+        whose state is an :class:`InjectState`. Its update takes ``step=`` (needed where an argument
+        is a schedule).
+
+    Example:
+        >>> import torch, gamfunc
+        >>> opt = gamfunc.inject_hyperparams(gamfunc.transforms.scale_by_learning_rate)(lr=0.1)
+        >>> p = {"w": torch.ones(2)}
+        >>> state = opt.init(p)
+        >>> state = state._replace(hyperparams={"lr": torch.tensor(0.5, dtype=torch.float64)})
+        >>> opt.update({"w": torch.ones(2)}, state, p)[0]
+        {'w': tensor([-0.5000, -0.5000])}
+    """
+    if not callable(factory):
+        raise TypeError(f"factory must build a Transform; got {type(factory).__name__}")
+
+    def make(**kwargs) -> Transform:
+        factory(**kwargs)  # the factory checks its arguments here, once
+        numbers = {k: v for k, v in kwargs.items() if _numeric(v)}
+        schedules = {k: v for k, v in kwargs.items() if callable(v) and not _numeric(v)}
+        static = {k: v for k, v in kwargs.items() if k not in numbers and k not in schedules}
+
+        def init(params):
+            dev = _device(params)
+            hyper = {k: _f64(v, dev) for k, v in numbers.items()}
+            sched = {
+                k: _f64(value(h, torch.zeros((), dtype=torch.int64, device=dev)), dev)
+                for k, h in schedules.items()
+            }
+            return InjectState(hyper, sched, factory(**static, **hyper, **sched).init(params))
+
+        def update(direction, state, params, *, step=None):
+            check_state_type(state, InjectState, "an injected optimiser")
+            if state.hyperparams.keys() != numbers.keys():
+                names = f" keeping {sorted(state.hyperparams)} for {sorted(numbers)}"
+                check_state_type(state, InjectState, "an injected optimiser", names)
+            sched = {}
+            for k, h in schedules.items():
+                sched[k] = value(h, need_step(step, f"the schedule of {k}"))
+            inner = factory(**static, **state.hyperparams, **sched)
+            updates, inner_state = call_update(inner, direction, state.inner, params, step)
+            dev = _device(params)
+            kept = {k: v.to(device=dev, dtype=torch.float64) for k, v in sched.items()}
+            return updates, InjectState(state.hyperparams, kept, inner_state)
+
+        return Transform(init, update)
+
+    return make
+
+
+def _numeric(v) -> bool:
+    """A number (not a bool) or a 0-d tensor: a value kept in the state."""
+    if isinstance(v, Tensor):
+        return v.ndim == 0
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def injected(state) -> list[InjectState]:
+    """Every :class:`InjectState` in an optimiser's state, outermost first, in the order of the
+    state's fields (a chain's elements, param groups in order).
+
+    Args:
+        state: an optimiser's state (any pytree of NamedTuples, tuples and dicts).
+
+    Returns:
+        A list of :class:`InjectState`.
+    """
+    found = []
+
+    def walk(node):
+        if isinstance(node, InjectState):
+            found.append(node)
+            walk(node.inner)
+        elif isinstance(node, tuple | list):
+            for v in node:
+                walk(v)
+
+    walk(state)
+    return found
+
+
+def learning_rate(state) -> Tensor | None:
+    """The lr of an optimiser's state: the first injected ``lr`` (set or scheduled), or None.
+
+    This is the lr a step logs in ``metrics["lr"]``: after an update, the one that update used.
+
+    Args:
+        state: an optimiser's state.
+
+    Returns:
+        A 0-d float64 tensor, or None where no transform injects an ``lr``.
+    """
+    for s in injected(state):
+        if "lr" in s.hyperparams:
+            return s.hyperparams["lr"]
+        if "lr" in s.scheduled:
+            return s.scheduled["lr"]
+    return None
+
+
+def set_hyperparams(state, **values: float | Tensor):
+    """``state`` with the hyperparameters ``values`` set in every :class:`InjectState` that keeps
+    them; a number becomes a new 0-d float64 tensor on that state's device.
+
+    Args:
+        state: an optimiser's state.
+        **values: name -> a number or a 0-d tensor (e.g. ``lr=0.05``).
+
+    Returns:
+        The new state (``state`` itself is not changed).
+
+    Raises:
+        ValueError: a name that a schedule sets (the update would overwrite it), or that no
+            injected transform in ``state`` keeps.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> opt = gamfunc.sgd(lr=0.1)
+        >>> state = gamfunc.set_hyperparams(opt.init({"w": torch.zeros(2)}), lr=0.2)
+        >>> float(gamfunc.optim.learning_rate(state))
+        0.2
+    """
+    states = injected(state)
+    for name in values:
+        if any(name in s.scheduled for s in states):
+            raise ValueError(
+                f"{name} cannot be set: a schedule sets it at every update (a new value would be "
+                f"ignored); build the optimiser with a new schedule, or with a constant {name} to "
+                f"set it between steps"
+            )
+        if not any(name in s.hyperparams for s in states):
+            raise ValueError(f"{name} is not a hyperparameter this optimiser's state keeps")
+    return map_injected(state, lambda s: _set(s, values))
+
+
+def _set(s: InjectState, values: dict) -> InjectState:
+    mine = {
+        k: v if isinstance(v, Tensor) else _f64(v, s.hyperparams[k].device)
+        for k, v in values.items()
+        if k in s.hyperparams
+    }
+    return InjectState({**s.hyperparams, **mine}, s.scheduled, s.inner)
+
+
+def map_injected(state, fn: Callable[[InjectState], InjectState]):
+    """``state`` with ``fn`` applied to every :class:`InjectState` in it, in the order of
+    :func:`injected` (outermost first).
+
+    Args:
+        state: an optimiser's state.
+        fn: ``InjectState -> InjectState``, e.g. one that sets each param group's lr.
+
+    Returns:
+        The new state, every NamedTuple built by its constructor (dynamo on torch < 2.13 cannot
+        return one made by ``_replace``).
+    """
+    if isinstance(state, InjectState):
+        s = fn(state)
+        return InjectState(s.hyperparams, s.scheduled, map_injected(s.inner, fn))
+    if isinstance(state, tuple) and hasattr(state, "_fields"):
+        return type(state)(*(map_injected(v, fn) for v in state))
+    if isinstance(state, tuple | list):
+        return type(state)(map_injected(v, fn) for v in state)
+    return state
