@@ -1,6 +1,6 @@
 """gamfunc: Gradient norm Aware Minimization, SAM and GNP as pure, composable torch.func functions.
 
-Estimators say what to descend along, optimisers how to move; :func:`make_step` joins them into one
+Estimators say what to descend along, optimisers how to move; [`make_step`][gamfunc.make_step] joins them into one
 pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 """
 

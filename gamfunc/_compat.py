@@ -5,19 +5,19 @@ Each function reaches the internal it needs when it is called. Where torch has n
 path instead and says so in one logged line of ``logging.getLogger("gamfunc")``, once per process
 and function. The public paths give the same numbers; what they may cost is speed or memory:
 
-* :func:`in_transform`, :func:`batched`, :func:`batched_at_any_level`, :func:`in_forward_ad`
+* `in_transform`, `batched`, `batched_at_any_level`, `in_forward_ad`
   (``torch._C._functorch``): without them gamfunc cannot tell whether it runs inside a
   ``torch.func`` transform, and assumes it does. Then gradients come from ``torch.func.grad``
   rather than ``torch.autograd.grad`` (more memory), tree math runs per tensor rather than through
   the ``torch._foreach_*`` kernels, compiled passes run eagerly, BatchNorm under autocast computes
   in float32, and the metrics' guard lets every input through.
-* :func:`mode_options` (``torch._inductor.list_mode_options``): the options of ``torch.compile``'s
+* `mode_options` (``torch._inductor.list_mode_options``): the options of ``torch.compile``'s
   documented modes, written out.
-* :func:`custom_graph_pass` (``torch._inductor.custom_graph_pass``): without it
-  :mod:`gamfunc.graph_sharing` is off, and a compiled exact H·v recomputes ∇L.
-* :func:`mutates` (``OpOverload._schema``): without it every aten operation counts as one that
-  mutates its inputs, so :mod:`gamfunc.graph_sharing` merges nothing.
-* :func:`load_jvp_decompositions` (``torch.autograd.forward_ad._maybe_load_decompositions``):
+* `custom_graph_pass` (``torch._inductor.custom_graph_pass``): without it
+  `gamfunc.graph_sharing` is off, and a compiled exact H·v recomputes ∇L.
+* `mutates` (``OpOverload._schema``): without it every aten operation counts as one that
+  mutates its inputs, so `gamfunc.graph_sharing` merges nothing.
+* `load_jvp_decompositions` (``torch.autograd.forward_ad._maybe_load_decompositions``):
   without it the first ``torch.func.jvp`` loads them itself, and torch's own warning may show.
 
 Two private names stay where they are used, as the rest of the ecosystem uses them:

@@ -1,8 +1,8 @@
 """The argument checks of every factory: each raises ValueError naming the argument it rejects.
 
 One signature each, ``check_x(name, value, ...)``. A hyperparameter that may be a schedule
-(:mod:`gamfunc.schedules`) passes as a callable where ``schedule=True``; a 0-d tensor always passes,
-as the value :func:`gamfunc.inject_hyperparams` gives a factory (checked where it was first given,
+([`gamfunc.schedules`][gamfunc.schedules]) passes as a callable where ``schedule=True``; a 0-d tensor always passes,
+as the value [`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams] gives a factory (checked where it was first given,
 since reading it would stop a compiled step).
 """
 
@@ -31,7 +31,7 @@ def _given(v, schedule: bool) -> bool:
 
 def _number(v) -> bool:
     """A finite int or float (not a bool), by comparisons alone: a factory called inside a compiled
-    step (:func:`gamfunc.inject_hyperparams` calls it at every update) traces no function call."""
+    step ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams] calls it at every update) traces no function call."""
     return isinstance(v, int | float) and not isinstance(v, bool) and -math.inf < v < math.inf
 
 

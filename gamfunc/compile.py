@@ -1,7 +1,7 @@
 """Compile any function: inductor options, CUDA-graph results copied out, a code object per function.
 
-These helpers know nothing of steps or losses. :meth:`gamfunc.Step.compile` calls them for a whole
-step (``scope="step"``) and :func:`gamfunc.regional.compile_passes` for each differentiation pass
+These helpers know nothing of steps or losses. `gamfunc.Step.compile` calls them for a whole
+step (``scope="step"``) and [`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes] for each differentiation pass
 (``scope="pass"``).
 """
 
@@ -21,9 +21,9 @@ __all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh", "f
 
 def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[Callable], Callable]:
     """``fn -> torch.compile(fn, fullgraph=fullgraph, mode/options..., **kwargs)``, inductor's options
-    with :data:`INDUCTOR_WORKAROUNDS`, equal work computed once (:mod:`gamfunc.graph_sharing`, unless
+    with `INDUCTOR_WORKAROUNDS`, equal work computed once (`gamfunc.graph_sharing`, unless
     the options name a ``post_grad_custom_pre_pass`` of their own), and each CUDA-graph result copied
-    out (:func:`cudagraph_safe`)."""
+    out (`cudagraph_safe`)."""
     kwargs = dict(kwargs)
     kwargs.setdefault("backend", "inductor")
     if kwargs["backend"] == "inductor":
@@ -86,7 +86,7 @@ def fresh(fn):
     torch.compile keeps its cache, and its recompile limit (8 by default), per code object. Without
     this every step (or pass) made in a process would share one function's code, and the ninth one
     compiled with ``fullgraph=True`` would fail with "recompile limit exceeded". Inside a function
-    being compiled (a step made in a compiled region, as :mod:`gamfunc.ensemble` makes one per
+    being compiled (a step made in a compiled region, as [`gamfunc.ensemble`][gamfunc.ensemble] makes one per
     trace), ``fn`` itself: it is traced, not cached.
     """
     if torch.compiler.is_compiling():
@@ -102,5 +102,5 @@ def loop_reordering_asserts() -> bool:
 
 
 INDUCTOR_WORKAROUNDS = {"loop_ordering_after_fusion": False} if loop_reordering_asserts() else {}
-"""Inductor options every :func:`compile_with` sets: on torch < 2.14, loop reordering off
-(pytorch/pytorch#176591, fixed by #176849), see :meth:`gamfunc.Step.compile`."""
+"""Inductor options every `compile_with` sets: on torch < 2.14, loop reordering off
+(pytorch/pytorch#176591, fixed by #176849), see `gamfunc.Step.compile`."""

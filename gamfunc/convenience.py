@@ -1,4 +1,4 @@
-"""The one-call form of the design card: :func:`gam_step`, ``make_step(gam(...), sgd(...), loss_fn)``
+"""The one-call form of the design card: [`gam_step`][gamfunc.convenience.gam_step], ``make_step(gam(...), sgd(...), loss_fn)``
 built once per set of arguments and called."""
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def gam_step(
 ):
     """One GAM step in one call: ``make_step(gam(rho, alpha, hvp, ...), optimizer or sgd(...), loss_fn)``.
 
-    Keyword arguments ``fd_radius``, ``oracle`` and ``eps`` go to :func:`gamfunc.gam`; ``lr`` (default
+    Keyword arguments ``fd_radius``, ``oracle`` and ``eps`` go to [`gamfunc.gam`][gamfunc.estimators.gam.gam]; ``lr`` (default
     0.1), ``momentum``, ``dampening``, ``nesterov`` and ``weight_decay`` build the default
-    :func:`gamfunc.sgd`. With ``state=None`` the state is initialised (with ``buffers`` for a buffered
+    [`gamfunc.sgd`][gamfunc.optim.sgd.sgd]. With ``state=None`` the state is initialised (with ``buffers`` for a buffered
     loss_fn). The step built for the same arguments is reused, so a compiled caller does not recompile.
 
     Returns:

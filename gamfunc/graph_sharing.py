@@ -8,7 +8,7 @@ second ∇L is the same computation as the first, but inductor does not find it:
 through an alias and a copy of each parameter (its dual tensors), and inductor runs no
 common-subexpression elimination after autograd.
 
-:func:`share_equal_work` removes those identity copies and then merges every pair of nodes that
+`share_equal_work` removes those identity copies and then merges every pair of nodes that
 apply the same operation to the same inputs, so the jvp's primal reuses the gradient's forward and
 backward. It merges only equal work (the merged results are bit for bit the ones they replace) of
 aten and prims operations, never a random operation, a mutation, a collective or a graph output.
@@ -16,13 +16,13 @@ aten and prims operations, never a random operation, a mutation, a collective or
 What is shared depends on the primal being built from the same operations in both passes.
 BatchNorm, LayerNorm and softmax have fused backward ops that ``jvp`` differentiates through
 decompositions of its own (BatchNorm's recomputes the batch statistics), so the networks write them
-with elementary operations (:func:`gamfunc.nn.elementary_norms`,
-:func:`gamfunc.nn.elementary_softmax`); then a point costs 3 gradient passes
+with elementary operations ([`gamfunc.nn.elementary_norms`][gamfunc.nn.elementary_norms],
+[`gamfunc.nn.elementary_softmax`][gamfunc.nn.elementary_softmax]); then a point costs 3 gradient passes
 (``python -m benchmarks.flops`` counts them). Channels-last activations share as well; channels-last
 convolution kernels do not: ``jvp`` copies its primal θ contiguous, so its convolutions take other
 weights than the gradient pass's (a point then costs 4 gradient passes).
 
-:func:`gamfunc.compile.compile_with` installs the pass in every inductor compile as
+`gamfunc.compile.compile_with` installs the pass in every inductor compile as
 ``post_grad_custom_pre_pass`` unless the caller sets that option, on every torch that has inductor's
 ``CustomGraphPass`` (with one logged line where it has not, and no pass).
 """
@@ -149,5 +149,5 @@ def share_equal_work(graph: fx.Graph) -> None:
 
 
 SHARE_EQUAL_WORK = custom_graph_pass(share_equal_work, __file__)
-""":func:`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes; None
-where torch has no such form (:func:`gamfunc._compat.custom_graph_pass`), and then no pass runs."""
+"""`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes; None
+where torch has no such form (`gamfunc._compat.custom_graph_pass`), and then no pass runs."""

@@ -1,13 +1,15 @@
 """Hessian-vector products behind one signature, and ∇‖∇L‖ = H·g/‖g‖ built on any of them.
 
-Every backend is a value that is called as::
+Every backend is a value that is called as:
 
-    hvp(loss_fn, params, batch, v, *, clean=None) -> (Hv, clean)
+```text
+hvp(loss_fn, params, batch, v, *, clean=None) -> (Hv, clean)
+```
 
 where ``v`` is a dict shaped like ``params``, or a callable ``v(g)`` of the gradient g = ∇L(θ) (so that
-g and H·v(g) come from one pass where the backend allows it; :func:`of_gradient` tells them apart and
-:func:`resolve` turns either into a vector at a pass; the wrappers use the same two), and ``clean`` is the
-:class:`~gamfunc.loss.Pass` at θ (gradient, loss, aux). A ``clean`` handed in is reused, never
+g and H·v(g) come from one pass where the backend allows it; [`of_gradient`][gamfunc.hvps.of_gradient] tells them apart and
+[`resolve`][gamfunc.hvps.resolve] turns either into a vector at a pass; the wrappers use the same two), and ``clean`` is the
+`Pass` at θ (gradient, loss, aux). A ``clean`` handed in is reused, never
 recomputed, where the backend can; the one returned is always the pass at θ.
 
 Backends (``hvp=`` everywhere in gamfunc takes one of these values, or its name as a shorthand):
@@ -16,11 +18,11 @@ Backends (``hvp=`` everywhere in gamfunc takes one of these values, or its name 
   ``torch.func.grad``. Costs about one gradient plus one forward-mode pass.
 * ``reverse()`` (``"reverse"``): reverse-over-reverse, H·v = ∇⟨∇L(θ), v⟩ by ``torch.func.vjp`` of
   ``torch.func.grad`` (the Hessian is symmetric). For operations without forward-mode AD.
-* ``fd(radius=r)`` (``"fd"``: r = :data:`DEFAULT_RADIUS`, 1e-3): the finite difference of paper
+* ``fd(radius=r)`` (``"fd"``: r = [`DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS], 1e-3): the finite difference of paper
   Appendix D, H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r. Costs one gradient beyond ∇L(θ).
 
 Each is a frozen dataclass: equal backends compare equal and hash alike (so a compiled pass of
-:mod:`gamfunc.regional` is made once per backend), and the repr is the call that builds it,
+[`gamfunc.regional`][gamfunc.regional] is made once per backend), and the repr is the call that builds it,
 ``fd(radius=0.001)``. Any function of the signature above is a backend too.
 
 Warning:
@@ -115,7 +117,7 @@ def _jvp_of_grad(loss_fn, params: Tree, batch, v: Tree):
 @dataclasses.dataclass(frozen=True, repr=False)
 class Exact:
     """H·v by forward-over-reverse: ``torch.func.jvp(torch.func.grad(L), (θ,), (v,))``. Built by
-    :func:`exact`."""
+    [`exact`][gamfunc.hvps.exact]."""
 
     def __call__(self, loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
         if isinstance(loss_fn, Objective):
@@ -137,7 +139,7 @@ class Exact:
 @dataclasses.dataclass(frozen=True, repr=False)
 class Reverse:
     """H·v by reverse-over-reverse: ``torch.func.vjp(torch.func.grad(L), θ)`` applied to v. Built by
-    :func:`reverse`."""
+    [`reverse`][gamfunc.hvps.reverse]."""
 
     def __call__(self, loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
         if isinstance(loss_fn, Objective):
@@ -155,7 +157,7 @@ class Reverse:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class FiniteDifference:
-    """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by :func:`fd`, which checks r."""
+    """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by [`fd`][gamfunc.hvps.fd], which checks r."""
 
     radius: float
 
@@ -192,9 +194,9 @@ def reverse() -> Reverse:
 
 
 DEFAULT_RADIUS = 1e-3
-"""r of :func:`fd` when none is given, and of ``hvp="fd"`` in :func:`gamfunc.gam` and the metrics.
+"""r of [`fd`][gamfunc.hvps.fd] when none is given, and of ``hvp="fd"`` in [`gamfunc.gam`][gamfunc.estimators.gam.gam] and the metrics.
 
-:func:`gamfunc.gnp` takes 10·r: its difference of two gradients is weighted by α/r where GAM's is
+[`gamfunc.gnp`][gamfunc.estimators.gnp.gnp] takes 10·r: its difference of two gradients is weighted by α/r where GAM's is
 weighted by α·ρ/r with ρ ≈ 0.05, so a ten times larger r amplifies the gradients' rounding about
 as much (α·ρ/r = 5 in GAM, α/r = 10 in GNP for α = 0.1, ρ = 0.05)."""
 
@@ -203,11 +205,11 @@ def fd(radius: float = DEFAULT_RADIUS) -> FiniteDifference:
     """The finite-difference backend of paper Appendix D: H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r.
 
     One gradient beyond ∇L(θ). On smooth networks the error is O(r); on ReLU networks see the
-    module's warning. ``hvp="fd"`` is short for ``fd()``, except in :func:`gamfunc.gnp`
-    (``fd(radius=1e-2)``, see :data:`DEFAULT_RADIUS`).
+    module's warning. ``hvp="fd"`` is short for ``fd()``, except in [`gamfunc.gnp`][gamfunc.estimators.gnp.gnp]
+    (``fd(radius=1e-2)``, see [`DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS]).
 
     Args:
-        radius: r > 0, finite; :data:`DEFAULT_RADIUS` (1e-3) by default.
+        radius: r > 0, finite; [`DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS] (1e-3) by default.
 
     Returns:
         The backend value ``fd(radius=r)``; two are equal when their radii are.
@@ -225,19 +227,19 @@ def _radius(name: str, r) -> float:
 
 
 BACKENDS = ("exact", "reverse", "fd")
-"""The names ``hvp=`` takes as shorthands for :func:`exact`, :func:`reverse` and :func:`fd`."""
+"""The names ``hvp=`` takes as shorthands for [`exact`][gamfunc.hvps.exact], [`reverse`][gamfunc.hvps.reverse] and [`fd`][gamfunc.hvps.fd]."""
 
 SECOND_ORDER = (Exact(), Reverse())
-"""The backends that differentiate the backward pass of L (the wrappers of :mod:`gamfunc.precision`
+"""The backends that differentiate the backward pass of L (the wrappers of [`gamfunc.precision`][gamfunc.precision]
 run it under autocast for them)."""
 
 
 def get(hvp="exact", fd_radius: float | None = None, *, default_radius: float = DEFAULT_RADIUS):
-    """The backend ``hvp=`` names: a name of :data:`BACKENDS` or a backend (a value such as
+    """The backend ``hvp=`` names: a name of [`BACKENDS`][gamfunc.hvps.BACKENDS] or a backend (a value such as
     ``fd(radius=1e-3)``, or any function of the backends' signature), as it is.
 
     For ``exact()`` it loads torch's forward-mode decompositions now, outside any compiled region
-    (:func:`gamfunc._compat.load_jvp_decompositions`): traced under ``torch.compile``, the first
+    (`gamfunc._compat.load_jvp_decompositions`): traced under ``torch.compile``, the first
     ``jvp`` would load them inside the trace, where the warning that gives reaches the user.
 
     Args:
@@ -250,7 +252,7 @@ def get(hvp="exact", fd_radius: float | None = None, *, default_radius: float = 
         The backend: ``"fd"`` gives ``fd(radius=fd_radius or default_radius)``.
 
     Raises:
-        ValueError: ``hvp`` is neither a name of :data:`BACKENDS` nor callable; ``fd_radius`` is not
+        ValueError: ``hvp`` is neither a name of [`BACKENDS`][gamfunc.hvps.BACKENDS] nor callable; ``fd_radius`` is not
             a finite number > 0, or it disagrees with a backend value (only ``fd(radius=fd_radius)``
             agrees).
     """
@@ -281,7 +283,7 @@ class Normalized:
     """The vector v(g) = g/(‖g‖ + ξ) of ∇‖∇L‖ = H·g/‖g‖ (paper Eq. 6), as a function of g = ∇L(θ).
 
     A value, not a closure: two are equal when their ξ are, so a compiled pass that forms g and
-    H·v(g) in one region (:mod:`gamfunc.regional`) is made once per ξ and reused at every point.
+    H·v(g) in one region ([`gamfunc.regional`][gamfunc.regional]) is made once per ξ and reused at every point.
     """
 
     eps: float
@@ -293,8 +295,8 @@ class Normalized:
 def of_gradient(v: Vector) -> bool:
     """Whether ``v`` is a function v(g) of the gradient g = ∇L(θ) rather than a fixed vector (a dict).
 
-    The one test of the vector protocol that every backend and every wrapper (:mod:`gamfunc.accumulate`,
-    :mod:`gamfunc.precision`, :mod:`gamfunc.regional`) uses: ``isinstance(v, dict)``, because dynamo
+    The one test of the vector protocol that every backend and every wrapper ([`gamfunc.accumulate`][gamfunc.accumulate],
+    [`gamfunc.precision`][gamfunc.precision], [`gamfunc.regional`][gamfunc.regional]) uses: ``isinstance(v, dict)``, because dynamo
     on torch 2.11 cannot trace ``callable`` of a dict.
 
     Args:
@@ -314,7 +316,7 @@ def resolve(v: Vector, p: Pass) -> tuple[Tree, Pass]:
         p: the pass at θ.
 
     Returns:
-        ``(v, p)`` for a fixed v; ``(v(g), p)`` for a function of g. A :class:`Normalized` v leaves
+        ``(v, p)`` for a fixed v; ``(v(g), p)`` for a function of g. A [`Normalized`][gamfunc.hvps.Normalized] v leaves
         the norm it takes in the returned pass, so that ‖g‖ is computed once.
     """
     if not of_gradient(v):
@@ -341,14 +343,14 @@ def grad_norm_grad(loss_fn, params: Tree, batch, hvp="exact", *, eps: float = 1e
     """f = ∇‖∇L‖(θ) ≈ H(θ)·g/(‖g‖ + ξ), g = ∇L(θ) (paper Eq. 6; ξ is ``eps``).
 
     With a ``clean`` handed in, v = g/(‖g‖ + ξ) is formed from it and the backend gets a vector;
-    without, the backend gets :class:`Normalized` and forms g itself, in the same pass as H·v where
+    without, the backend gets [`Normalized`][gamfunc.hvps.Normalized] and forms g itself, in the same pass as H·v where
     it can (``reverse()``: the vjp whose forward yields g), and ‖g‖ once.
 
     Args:
         loss_fn: the loss (plain, buffered-and-bound, or an Objective).
         params: θ.
         batch: the batch ``loss_fn`` takes.
-        hvp: a backend, or its name (:func:`get`).
+        hvp: a backend, or its name ([`get`][gamfunc.hvps.get]).
         eps: ξ.
         clean: the pass at θ, where the caller has it.
 
@@ -357,7 +359,7 @@ def grad_norm_grad(loss_fn, params: Tree, batch, hvp="exact", *, eps: float = 1e
         ``grad_norm``.
 
     Raises:
-        ValueError: ``hvp`` is not a backend (:func:`get`).
+        ValueError: ``hvp`` is not a backend ([`get`][gamfunc.hvps.get]).
     """
     if isinstance(hvp, str) or not callable(hvp):
         hvp = get(hvp)

@@ -1,8 +1,8 @@
 """The loss contract shared by every estimator, HVP backend and metric.
 
 A ``loss_fn(params, batch)`` returns either a scalar tensor, or ``(loss, aux)`` where ``aux`` is any
-pytree of tensors (for models with BatchNorm: the new running statistics, see :mod:`gamfunc.nn`).
-:func:`gradient_pass` is the one place that differentiates it and checks what it returned.
+pytree of tensors (for models with BatchNorm: the new running statistics, see [`gamfunc.nn`][gamfunc.nn]).
+`gradient_pass` is the one place that differentiates it and checks what it returned.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ __all__ = [
 class Pass(NamedTuple):
     """One evaluation of ∇L at a point: the gradient, the loss there and the ``loss_fn``'s aux.
 
-    ``grad_norm`` is ‖grad‖ once someone has computed it (:func:`with_grad_norm`), so that the
+    ``grad_norm`` is ‖grad‖ once someone has computed it (`with_grad_norm`), so that the
     estimators built on one pass (GAM's oracle, the info dict, the step's finiteness check) compute it
     once; ``()`` until then (an empty pytree node, so a Pass stays a pytree of tensors under ``vmap``).
     Code that changes ``grad`` builds a new Pass, which drops it.
@@ -54,7 +54,7 @@ def with_grad_norm(p: Pass) -> Pass:
 
 
 def unit_grad(p: Pass, eps) -> tuple[Tree, Pass]:
-    """(∇L/(‖∇L‖ + ξ), ``p`` with its ``grad_norm``), ξ = ``eps``: :func:`gamfunc.tree.normalize` of the
+    """(∇L/(‖∇L‖ + ξ), ``p`` with its ``grad_norm``), ξ = ``eps``: [`gamfunc.tree.normalize`][gamfunc.tree.normalize] of the
     pass's gradient, reusing a norm the pass already carries."""
     p = with_grad_norm(p)
     return tree.scale(p.grad, (p.grad_norm + eps).reciprocal()), p
@@ -97,22 +97,22 @@ class Objective:
     """A loss whose gradients are formed in a custom way: the hook for gradient accumulation and
     data-parallel reductions, and the protocol of every loss wrapper.
 
-    Every estimator, HVP backend and metric reaches ∇L only through :func:`gradient_pass` and the
-    backends of :mod:`gamfunc.hvps`. When the ``loss_fn`` they are given is an ``Objective``, those
-    delegate to its :meth:`gradient_pass` and :meth:`hvp`, so a subclass that, say, averages over
+    Every estimator, HVP backend and metric reaches ∇L only through `gradient_pass` and the
+    backends of [`gamfunc.hvps`][gamfunc.hvps]. When the ``loss_fn`` they are given is an ``Objective``, those
+    delegate to its `gradient_pass` and `hvp`, so a subclass that, say, averages over
     micro-batches or all-reduces across ranks changes every gradient of every estimator at once.
     Calling it as ``objective(params, batch)`` gives the loss.
 
-    The wrappers of :mod:`gamfunc.accumulate`, :mod:`gamfunc.precision`, :mod:`gamfunc.distributed`
-    and :mod:`gamfunc.regional` are Objectives that wrap another loss, held in their ``loss_fn``
+    The wrappers of [`gamfunc.accumulate`][gamfunc.accumulate], [`gamfunc.precision`][gamfunc.precision], [`gamfunc.distributed`][gamfunc.distributed]
+    and [`gamfunc.regional`][gamfunc.regional] are Objectives that wrap another loss, held in their ``loss_fn``
     field (frozen dataclasses). The step reaches its state through three methods, which by default
     forward to that wrapped loss, so a wrapper overrides only those it has something to add to:
 
     * ``bind(state) -> Objective``: the loss of one step, bound to what it reads from the step state
-      (:class:`gamfunc.StepState`: its ``buffers``, its ``loss`` such as an fp16 loss scale); it
-      stays an Objective. Default: this wrapper around the wrapped loss bound (:func:`bind`).
+      ([`gamfunc.StepState`][gamfunc.StepState]: its ``buffers``, its ``loss`` such as an fp16 loss scale); it
+      stays an Objective. Default: this wrapper around the wrapped loss bound (`bind`).
     * ``init_state(params)``: the loss's own state, which the step keeps in ``state.loss`` (a pytree
-      of tensors, e.g. :class:`gamfunc.precision.LossScale`). Default: the wrapped loss's (``()``
+      of tensors, e.g. [`gamfunc.precision.LossScale`][gamfunc.precision.LossScale]). Default: the wrapped loss's (``()``
       for a plain one).
     * ``next_state(state, finite) -> (loss_state, metrics)``: ``state.loss`` after a step, given
       whether the step was taken, and metrics to report. Default: the wrapped loss's
@@ -126,7 +126,7 @@ class Objective:
         raise NotImplementedError
 
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
-        """H·v with ``backend`` (an :mod:`gamfunc.hvps` function); returns ``(Hv, clean)``."""
+        """H·v with ``backend`` (an [`gamfunc.hvps`][gamfunc.hvps] function); returns ``(Hv, clean)``."""
         raise NotImplementedError
 
     def bind(self, state) -> Objective:
@@ -144,7 +144,7 @@ class Objective:
 
 def bind(loss_fn, state):
     """The two-argument loss of one step: an Objective binds what it needs from ``state`` (a
-    :class:`gamfunc.StepState`) itself (and so keeps forming its own gradients); any other
+    [`gamfunc.StepState`][gamfunc.StepState]) itself (and so keeps forming its own gradients); any other
     ``loss_fn`` gets the state's BatchNorm buffers, if it has any (a dict), as its third argument."""
     if isinstance(loss_fn, Objective):
         return loss_fn.bind(state)
@@ -159,13 +159,13 @@ def _with_buffers(loss_fn, buffers, params, batch):
 
 
 def init_state(loss_fn, params: Tree) -> Any:
-    """The state ``loss_fn`` keeps in ``state.loss`` (:meth:`Objective.init_state`); ``()`` for a
+    """The state ``loss_fn`` keeps in ``state.loss`` (`Objective.init_state`); ``()`` for a
     plain loss."""
     return loss_fn.init_state(params) if isinstance(loss_fn, Objective) else ()
 
 
 def next_state(loss_fn, state, finite: Tensor) -> tuple[Any, dict]:
-    """``loss_fn``'s state and metrics after a step (:meth:`Objective.next_state`); ``((), {})``
+    """``loss_fn``'s state and metrics after a step (`Objective.next_state`); ``((), {})``
     for a plain loss."""
     return loss_fn.next_state(state, finite) if isinstance(loss_fn, Objective) else ((), {})
 

@@ -1,9 +1,11 @@
-"""m-sharpness on one device: perturbations per sub-batch of m, directions averaged (local data parallel).
+r"""m-sharpness on one device: perturbations per sub-batch of m, directions averaged (local data parallel).
 
 The SAM paper's m-sharpness (Foret et al., Section 4.1) splits the batch into m sub-batches
-S_1..S_m of equal size and forms the estimator's perturbations from one sub-batch's gradients only::
+S_1..S_m of equal size and forms the estimator's perturbations from one sub-batch's gradients only:
 
-    direction = (1/m)·Σ_j d(θ, S_j),     d = the estimator's direction on S_j alone
+$$
+\mathrm{direction} = (1/m)\cdot \sum _j d(\theta , S_j), \qquad d = \ \text{the estimator's direction on}\ S_j \mathrm{alone}
+$$
 
 For SAM, d(θ, S_j) = ∇L_{S_j}(θ + ρ·g_j/‖g_j‖) with g_j = ∇L_{S_j}(θ). This is exactly the step of
 ``gamfunc.distributed.local`` over m ranks holding S_1..S_m, so one device reproduces the semantics
@@ -11,7 +13,7 @@ of multi-device SAM/GAM (whose perturbations are per device), and m is a hyperpa
 smaller sub-batches give stronger regularisation in the SAM paper's experiments.
 
 The m estimator runs go through ``torch.func.vmap`` (one batched run instead of m small ones; every
-estimator, HVP backend and :mod:`gamfunc.tree` op runs under it), or through a Python loop over the
+estimator, HVP backend and [`gamfunc.tree`][gamfunc.tree] op runs under it), or through a Python loop over the
 sub-batches with ``vectorize=False``; both give the same direction up to rounding.
 
 Warning:

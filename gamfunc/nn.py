@@ -48,7 +48,7 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
     in train mode) and ``new_buffers`` returns them; the caller's tensors are never modified.
 
     Its BatchNorm layers are made safe for forward-mode AD under autocast, in place
-    (:func:`autocast_batchnorm`): what they compute does not change.
+    ([`autocast_batchnorm`][gamfunc.nn.autocast_batchnorm]): what they compute does not change.
 
     Args:
         model: the module; only its structure is used, its tensors are copied out (detached).
@@ -95,7 +95,7 @@ def load(model: nn.Module, params, buffers=None) -> nn.Module:
 
 
 class _AutocastBatchNorm:
-    """Mixed into a BatchNorm module's class by :func:`autocast_batchnorm`."""
+    """Mixed into a BatchNorm module's class by [`autocast_batchnorm`][gamfunc.nn.autocast_batchnorm]."""
 
     def forward(self, x):
         if not _forward_mode_under_autocast(x):
@@ -127,7 +127,7 @@ def autocast_batchnorm(model: nn.Module) -> nn.Module:
     Hessian-vector products fail. Inside ``torch.func.jvp`` (or a compiled region) under autocast, the
     BatchNorm made here normalises its input in float32 and rounds the result to the input's dtype:
     the value torch's module returns (it also normalises in float32), and a derivative in the same
-    dtype. Anywhere else it is torch's module unchanged. :func:`functionalize` applies it.
+    dtype. Anywhere else it is torch's module unchanged. [`functionalize`][gamfunc.nn.functionalize] applies it.
     ``SyncBatchNorm`` is left alone.
     """
     for m in model.modules():
@@ -144,7 +144,7 @@ def _plain_batchnorm(m: nn.Module) -> bool:
 
 
 class _Float32BatchNorm:
-    """Mixed into a BatchNorm module's class by :func:`float32_batchnorm`."""
+    """Mixed into a BatchNorm module's class by [`float32_batchnorm`][gamfunc.nn.float32_batchnorm]."""
 
     def forward(self, x):
         return super().forward(x.float())
@@ -158,7 +158,7 @@ def float32_batchnorm(model: nn.Module) -> nn.Module:
     bfloat16; made here, it returns float32, value and forward-mode tangent alike, and autocast casts
     both for the next layer. Without autocast the model computes what it computed before (BatchNorm
     already runs in the parameters' dtype). Exact H·v no longer needs it
-    (:func:`autocast_batchnorm`, which returns torch's dtype); it keeps BatchNorm's output in float32.
+    ([`autocast_batchnorm`][gamfunc.nn.autocast_batchnorm], which returns torch's dtype); it keeps BatchNorm's output in float32.
     """
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _Float32BatchNorm):
@@ -185,7 +185,7 @@ def elementary_norms(model: nn.Module) -> nn.Module:
     variance, so the primal inside forward-over-reverse H·v is not the gradient pass computed before it,
     and a compiled exact-GAM point computes ∇L twice. Written with ``var_mean``, ``rsqrt``, products and
     sums, a normalisation's backward is autograd's backward of those operations under ``grad`` and
-    under ``jvp`` alike, and :mod:`gamfunc.graph_sharing` computes it once: a point costs 3 gradient
+    under ``jvp`` alike, and `gamfunc.graph_sharing` computes it once: a point costs 3 gradient
     passes instead of 4. Compiled, inductor lowers both forms to the same fused kernels.
 
     The statistics are taken in float32 and the result has the dtype torch's module returns (the
@@ -210,7 +210,7 @@ def elementary_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 
     ``torch.softmax``'s fused backward is differentiated under ``jvp`` through a decomposition of its
     own; written out, its backward is the same operations under ``grad`` and ``jvp``, which lets a
-    compiled exact-GAM point share its gradient pass (:mod:`gamfunc.graph_sharing`)."""
+    compiled exact-GAM point share its gradient pass (`gamfunc.graph_sharing`)."""
     xf = _wide(x)
     e = (xf - xf.amax(dim, keepdim=True).detach()).exp()
     return (e / e.sum(dim, keepdim=True)).to(_autocast_float32(x))
@@ -229,7 +229,7 @@ def _autocast_float32(x: torch.Tensor) -> torch.dtype:
 
 
 class _ElementaryNorm:
-    """Marks the classes :func:`elementary_norms` makes."""
+    """Marks the classes [`elementary_norms`][gamfunc.nn.elementary_norms] makes."""
 
 
 class _ElementaryBatchNorm(_ElementaryNorm):

@@ -4,10 +4,10 @@
 finite-difference GAM that is four forward-backward passes of the network (paper Appendix D), for exact
 GAM two gradients and two Hessian-vector products, and the compile takes several times a gradient
 step's. Yet the passes are the same function at different points θ, θ + r·v, θ_adv, ... .
-:func:`compile_passes` compiles that function once and calls it for every pass, so a step compiles in
+[`compile_passes`][gamfunc.regional.compile_passes] compiles that function once and calls it for every pass, so a step compiles in
 about the time of one gradient pass (exact GAM: the point pass, ∇L and H·∇L/‖∇L‖ in one graph), whatever the
 estimator; the tree math between passes and the optimiser update run eagerly, as ``torch._foreach``
-kernels. :meth:`gamfunc.Step.compile` with ``scope="pass"`` builds such a step.
+kernels. `gamfunc.Step.compile` with ``scope="pass"`` builds such a step.
 
 The price: no graph spans the whole step, so inductor cannot fuse the update into the last pass's
 kernels, and with CUDA graphs each pass is a graph replay of its own (its inputs copied into the
@@ -35,8 +35,8 @@ __all__ = ["CompiledPasses", "compile_passes"]
 class CompiledPasses(Objective):
     """``loss_fn`` whose gradient passes and exact Hessian-vector products run compiled.
 
-    Built by :func:`compile_passes`. Outside a step it is ``loss_fn`` itself; inside one
-    (:meth:`bind`) it carries the step state that the loss reads (BatchNorm buffers, an fp16 loss scale),
+    Built by [`compile_passes`][gamfunc.regional.compile_passes]. Outside a step it is ``loss_fn`` itself; inside one
+    (`bind`) it carries the step state that the loss reads (BatchNorm buffers, an fp16 loss scale),
     which enters the compiled passes as an input, so a new state never recompiles them.
 
     Attributes:
@@ -66,7 +66,7 @@ class CompiledPasses(Objective):
         """H·v from a compiled pass of ``backend``.
 
         A vector v, or v(g) with the pass at θ handed in: one compiled H·v pass. v =
-        :class:`gamfunc.hvps.Normalized` (∇‖∇L‖, the product of GAM and GNP) with no pass at θ: one
+        [`gamfunc.hvps.Normalized`][gamfunc.hvps.Normalized] (∇‖∇L‖, the product of GAM and GNP) with no pass at θ: one
         compiled region that forms g, v(g) and H·v(g) (for ``reverse`` one vjp, g from its forward;
         for ``exact`` the gradient and the jvp in one graph). Any other v(g): g from the compiled
         gradient pass, v(g) eagerly, then the H·v pass.
@@ -97,7 +97,7 @@ def _traced() -> bool:
 
 
 class _Passes:
-    """The compiled functions of one :class:`CompiledPasses`: the gradient pass and, made on first
+    """The compiled functions of one [`CompiledPasses`][gamfunc.regional.CompiledPasses]: the gradient pass and, made on first
     use, one H·v pass per backend and one point pass per backend and ξ. Each has a code object of its
     own, hence a cache of its own."""
 
@@ -151,16 +151,16 @@ def compile_passes(loss_fn: Callable, *, fullgraph: bool = True, mode=None, **kw
     that forms ∇L and H·∇L/‖∇L‖ together; finite differences are gradient passes. So every estimator
     built on gradients compiles one graph, exact GAM and exact GNP one too (the point pass), SAM + GAM
     two, whatever the number of passes per step. Hand it to
-    :func:`gamfunc.make_step` in place of ``loss_fn``, or use ``step.compile(scope="pass")``.
+    [`gamfunc.make_step`][gamfunc.make_step] in place of ``loss_fn``, or use ``step.compile(scope="pass")``.
 
     Args:
-        loss_fn: any gamfunc loss: plain, buffered, or an Objective (:func:`gamfunc.accumulate`,
-            :func:`gamfunc.precision.fp16`), whose passes are then compiled whole.
-        fullgraph, mode, kwargs: ``torch.compile``'s, as :meth:`gamfunc.Step.compile` takes them
+        loss_fn: any gamfunc loss: plain, buffered, or an Objective ([`gamfunc.accumulate`][gamfunc.accumulate],
+            [`gamfunc.precision.fp16`][gamfunc.precision.fp16]), whose passes are then compiled whole.
+        fullgraph, mode, kwargs: ``torch.compile``'s, as `gamfunc.Step.compile` takes them
             (``mode="reduce-overhead"``: each pass a CUDA-graph replay, its results copied out).
 
     Returns:
-        A :class:`CompiledPasses` objective.
+        A [`CompiledPasses`][gamfunc.regional.CompiledPasses] objective.
 
     Example:
         >>> import torch, gamfunc

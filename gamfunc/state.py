@@ -1,8 +1,8 @@
 """The state of a training step, its checks and its plain-dict form.
 
 ``StepState`` is what ``step(params, state, batch)`` carries from one call to the next (the fields:
-:mod:`gamfunc.step`). :func:`check_state` refuses a state that was not made for the parameters, in
-one line naming the field; :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and
+`gamfunc.step`). `check_state` refuses a state that was not made for the parameters, in
+one line naming the field; `as_dict` and `from_dict` turn a state into plain dicts and
 back, for ``torch.save`` and ``torch.load(weights_only=True)``.
 """
 
@@ -24,18 +24,18 @@ class StepState(NamedTuple):
 
     A NamedTuple, hence a pytree of tensors: ``torch.compile`` guards on its fields' shapes and
     dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
-    it (:mod:`gamfunc.ensemble`), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
+    it ([`gamfunc.ensemble`][gamfunc.ensemble]), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
     field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
-    :func:`as_dict`.
+    `as_dict`.
 
     Attributes:
         step: 0-d int64, the steps taken (skipped ones not counted): the one step counter, read by
             the estimator's schedules (ρ) and given to the optimiser's update as ``step=`` (lr
             schedules, bias corrections).
         opt: the optimiser's state, its own statistics only (an
-            :class:`~gamfunc.optim.inject.InjectState` around a chain's
-            :class:`~gamfunc.transforms.ChainState` for :func:`gamfunc.sgd`, or whatever a user's
-            ``init`` returns); :func:`gamfunc.set_hyperparams` sets a constant lr in it.
+            [`InjectState`][gamfunc.optim.inject.InjectState] around a chain's
+            [`ChainState`][gamfunc.transforms.ChainState] for [`gamfunc.sgd`][gamfunc.optim.sgd.sgd], or whatever a user's
+            ``init`` returns); [`gamfunc.set_hyperparams`][gamfunc.set_hyperparams] sets a constant lr in it.
         skipped: 0-d int64, steps skipped because the loss, the direction or the update was not
             finite.
         buffers: a dict name -> tensor of BatchNorm running statistics, for a loss_fn of the
@@ -43,8 +43,8 @@ class StepState(NamedTuple):
         cycle: for ``every > 1`` only, a 0-d int64 on the CPU: the count of calls, skipped steps
             included, kept on the host so that it picks the estimator without a device
             synchronisation; ``()`` otherwise.
-        loss: the loss wrapper's own state (:meth:`gamfunc.loss.Objective.init_state`), e.g.
-            :class:`gamfunc.precision.LossScale` for fp16; ``()`` for a loss without state.
+        loss: the loss wrapper's own state (`gamfunc.loss.Objective.init_state`), e.g.
+            [`gamfunc.precision.LossScale`][gamfunc.precision.LossScale] for fp16; ``()`` for a loss without state.
     """
 
     step: Tensor
@@ -58,7 +58,7 @@ class StepState(NamedTuple):
 def check_state(state, params) -> None:
     """Raise a one-line error, naming the field, unless ``state`` is a step state made for ``params``.
 
-    Checked: that ``state`` is a :class:`StepState` whose counters are 0-d tensors and whose
+    Checked: that ``state`` is a [`StepState`][gamfunc.state.StepState] whose counters are 0-d tensors and whose
     ``buffers`` are a dict or ``()``; the names of every per-parameter dict of the optimiser state
     (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
     ``params``, and the shapes of the first such dict (a state made for other parameters has them
@@ -107,7 +107,7 @@ def check_cycle(cycle, every: int) -> None:
 
 def _check_like(node, params, checked: list, where: str, group: bool = False) -> None:
     """``checked`` is non-empty once one per-parameter dict has had its shapes compared; inside a
-    :class:`~gamfunc.optim.groups.GroupsState` (``group``), a per-parameter dict may hold a part of
+    [`GroupsState`][gamfunc.optim.groups.GroupsState] (``group``), a per-parameter dict may hold a part of
     ``params``, a group's."""
     if isinstance(node, GroupsState):
         for i, s in enumerate(node.states):
@@ -151,13 +151,13 @@ def _is_record(x) -> bool:
 
 
 def as_dict(state) -> Any:
-    """``state`` in plain containers: every NamedTuple in it (a :class:`StepState`, an optimiser's or
+    """``state`` in plain containers: every NamedTuple in it (a [`StepState`][gamfunc.state.StepState], an optimiser's or
     a transform's state, a loss scale) a dict of its fields, fields holding ``()`` (nothing) left out.
 
     For ``torch.save``: the result loads with ``torch.load(weights_only=True)`` and without gamfunc.
     A step state of plain SGD becomes ``{"step": ..., "opt": {"hyperparams": {"lr": ...},
     "scheduled": {}, "inner": {"states": [()]}}, "skipped": ...}`` (``"buffers"`` for BatchNorm).
-    :func:`from_dict` is the inverse.
+    `from_dict` is the inverse.
 
     Example:
         >>> import torch, gamfunc
@@ -183,7 +183,7 @@ def _empty(v) -> bool:
 
 
 def from_dict(saved, like, where: str = "state") -> Any:
-    """What :func:`as_dict` made, with the types of ``like`` again: a fresh state of the same step,
+    """What `as_dict` made, with the types of ``like`` again: a fresh state of the same step,
     ``step.init(params)``, gives them.
 
     The names and shapes must be those of ``like`` (a field absent from ``saved`` is ``()``); the

@@ -1,34 +1,36 @@
 """The training step: an estimator and a base optimiser joined into one pure function.
 
 ``step(params, state, batch) -> (new_params, new_state, metrics)`` is the only thing a user wraps in
-``torch.compile``. ``state`` is a :class:`StepState`, a NamedTuple and so a pytree of tensors for
-``torch.compile``, ``torch.func.vmap`` and ``torch.utils._pytree``::
+``torch.compile``. ``state`` is a [`StepState`][gamfunc.step.StepState], a NamedTuple and so a pytree of tensors for
+``torch.compile``, ``torch.func.vmap`` and ``torch.utils._pytree``:
 
-    StepState(
-        step,          # 0-d int64: the steps taken (skipped ones not counted), the one step counter
-        opt,           # the optimiser's state: its own statistics (and injected hyperparameters)
-        skipped,       # 0-d int64: steps skipped because the loss, direction or update was not finite
-        buffers=(),    # BatchNorm running statistics (a dict), for a buffered loss_fn
-        cycle=(),      # every > 1 only: 0-d int64 on the CPU, the calls so far, skipped included
-        loss=(),       # the loss wrapper's own state, e.g. precision.LossScale for fp16
-    )
+```python
+StepState(
+    step,          # 0-d int64: the steps taken (skipped ones not counted), the one step counter
+    opt,           # the optimiser's state: its own statistics (and injected hyperparameters)
+    skipped,       # 0-d int64: steps skipped because the loss, direction or update was not finite
+    buffers=(),    # BatchNorm running statistics (a dict), for a buffered loss_fn
+    cycle=(),      # every > 1 only: 0-d int64 on the CPU, the calls so far, skipped included
+    loss=(),       # the loss wrapper's own state, e.g. precision.LossScale for fp16
+)
+```
 
 The step owns the counter: it gives it to the estimator (ρ schedules) and to the optimiser's update
-as ``step=`` where the update takes it (:func:`gamfunc.optim.call_update`), so any
-:class:`~gamfunc.optim.base.Transform` is an optimiser here, a user's own three-argument update
-included. ``metrics["lr"]`` is the lr an :func:`gamfunc.inject_hyperparams` transform in the
+as ``step=`` where the update takes it ([`gamfunc.optim.call_update`][gamfunc.optim.call_update]), so any
+[`Transform`][gamfunc.optim.base.Transform] is an optimiser here, a user's own three-argument update
+included. ``metrics["lr"]`` is the lr an [`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams] transform in the
 optimiser keeps (every gamfunc optimiser has one); an optimiser without one logs no lr.
 
 ``()`` marks an absent field: an empty pytree node, so that a state stays a pytree of tensors under
-``vmap``. :func:`as_dict` and :func:`from_dict` turn a state into plain dicts and back, for
+``vmap``. `as_dict` and `from_dict` turn a state into plain dicts and back, for
 ``torch.save`` and ``torch.load(weights_only=True)``; the state, its checks and that form live in
-:mod:`gamfunc.state`.
+`gamfunc.state`.
 
-A ``loss_fn`` that is an :class:`~gamfunc.loss.Objective` may carry step state of its own through the
+A ``loss_fn`` that is an `Objective` may carry step state of its own through the
 protocol declared there (``bind``, ``init_state``, ``next_state``, forwarded by every wrapper):
-:func:`gamfunc.precision.fp16`'s dynamic loss scale is such state, in ``state.loss``. The step calls that protocol and
-nothing else of a wrapper; compilation (:meth:`Step.compile`) calls down to :mod:`gamfunc.compile`
-and :mod:`gamfunc.regional`; :func:`gamfunc.gam_step` lives in :mod:`gamfunc.convenience`.
+[`gamfunc.precision.fp16`][gamfunc.precision.fp16]'s dynamic loss scale is such state, in ``state.loss``. The step calls that protocol and
+nothing else of a wrapper; compilation (`Step.compile`) calls down to `gamfunc.compile`
+and [`gamfunc.regional`][gamfunc.regional]; [`gamfunc.gam_step`][gamfunc.gam_step] lives in `gamfunc.convenience`.
 """
 
 from __future__ import annotations
@@ -64,12 +66,12 @@ SCOPES = ("step", "pass")
 
 @runtime_checkable
 class Step(Protocol):
-    """What :func:`make_step` returns: ``step(params, state, batch) -> (new_params, new_state,
+    """What [`make_step`][gamfunc.step.make_step] returns: ``step(params, state, batch) -> (new_params, new_state,
     metrics)``, with ``step.init(params, buffers=None)`` for the first state, ``step.compile(...)``
     for a compiled copy and its configuration as attributes.
 
     A step is a plain function carrying these attributes, not an instance of a class:
-    ``torch.compile`` of a function traces its own code (:func:`gamfunc.compile.fresh`), so every
+    ``torch.compile`` of a function traces its own code (`gamfunc.compile.fresh`), so every
     step keeps a compile cache of its own. ``isinstance(step, gamfunc.Step)`` holds.
     """
 
@@ -90,7 +92,7 @@ class Step(Protocol):
 
 
 class _StepImpl:
-    """The configuration and methods behind a :class:`Step` function."""
+    """The configuration and methods behind a [`Step`][gamfunc.step.Step] function."""
 
     def __init__(self, estimator, optimizer, loss_fn, every, base, on_nonfinite, branches=None):
         self.estimator, self.optimizer, self.loss_fn = estimator, optimizer, loss_fn
@@ -148,7 +150,7 @@ class _StepImpl:
 
         ``scope="step"`` (default) compiles each branch whole: two graphs at most, however often
         ``every`` switches between them. ``scope="pass"`` compiles each differentiation pass instead
-        and runs the step around the passes eagerly (:func:`gamfunc.regional.compile_passes`): one
+        and runs the step around the passes eagerly ([`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes]): one
         graph for every estimator built on gradients or on ∇‖∇L‖ (two for SAM + exact GAM), so a cold compile takes
         about one gradient pass's, at some cost per step.
 
@@ -279,7 +281,7 @@ def is_finite(est, *trees) -> Tensor:
     floating-point entry of ``trees`` (the new parameters and optimiser state) are finite.
 
     Args:
-        est: the estimator's :class:`~gamfunc.estimators.base.Estimate`.
+        est: the estimator's [`Estimate`][gamfunc.estimators.base.Estimate].
         *trees: pytrees of tensors after the update.
 
     Returns:
@@ -353,16 +355,16 @@ def make_step(
     ``updates, opt_state = optimizer.update(direction, opt_state, params)`` and moves to
     ``apply_updates(params, updates)``. ``metrics`` holds the estimator's info (``loss``,
     ``grad_norm``, ``f_norm``...), ``lr`` where the optimiser injects one
-    (:func:`gamfunc.inject_hyperparams`; every gamfunc optimiser does, a bare chain or a user's own
+    ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]; every gamfunc optimiser does, a bare chain or a user's own
     transform need not), ``rho`` where the estimator has one, and ``skipped``.
 
     Args:
         estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
-        optimizer: any :class:`~gamfunc.optim.base.Transform`: e.g. ``gamfunc.sgd(lr=0.1,
+        optimizer: any [`Transform`][gamfunc.optim.base.Transform]: e.g. ``gamfunc.sgd(lr=0.1,
             momentum=0.9)``, a ``gamfunc.chain(...)``, or a user's own ``Transform(init,
             update)``; its update gets ``step=`` (the step count) where it takes it.
         loss_fn: ``loss_fn(params, batch)`` returning the loss; or, for models with BatchNorm,
-            ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see :func:`gamfunc.nn.functionalize`)
+            ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` (see [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize])
             with the buffers given to ``step.init(params, buffers)``. Running statistics are then
             updated once per step, from the pass at θ; passes at perturbed points use batch statistics
             and their statistics are dropped.
@@ -375,8 +377,8 @@ def make_step(
             only); "ignore" applies the step regardless.
 
     Returns:
-        A :class:`Step`: ``step(params, state, batch) -> (new_params, new_state, metrics)``, with
-        ``step.init(params, buffers=None)`` giving the first :class:`~gamfunc.state.StepState`.
+        A [`Step`][gamfunc.step.Step]: ``step(params, state, batch) -> (new_params, new_state, metrics)``, with
+        ``step.init(params, buffers=None)`` giving the first [`StepState`][gamfunc.state.StepState].
 
     Raises:
         TypeError: ``estimator`` is not an estimator, ``optimizer`` not a Transform, or
@@ -417,7 +419,7 @@ def _branch(estimator, optimizer, loss_fn, on_nonfinite):
 
 
 def _new_step(*args, **kwargs) -> Step:
-    """A Step as a plain function with its own code object (:func:`gamfunc.compile.fresh`), carrying
+    """A Step as a plain function with its own code object (`gamfunc.compile.fresh`), carrying
     ``init``, ``compile`` and the configuration as attributes.
 
     ``torch.compile`` of a callable object starts tracing in a wrapper shared by every such object;

@@ -1,23 +1,25 @@
 """Train an ``nn.Module`` with GAM, SAM or any estimator from ``torch.optim``-style code.
 
-:class:`FlatnessOptimizer` is a ``torch.optim.Optimizer`` whose ``step`` runs the pure step of
-:func:`gamfunc.make_step` on the module's tensors and writes the result back into the module. It is a
+[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] is a ``torch.optim.Optimizer`` whose ``step`` runs the pure step of
+[`gamfunc.make_step`][gamfunc.make_step] on the module's tensors and writes the result back into the module. It is a
 shell, not a second implementation: every gradient, Hessian-vector product and update comes from
-the estimator and base optimiser it is given. :class:`GAM` and :class:`SAM` only choose the estimator.
+the estimator and base optimiser it is given. [`GAM`][gamfunc.torch_optim.GAM] and [`SAM`][gamfunc.torch_optim.SAM] only choose the estimator.
 
-Switching a ``torch.optim`` loop::
+Switching a ``torch.optim`` loop:
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # before
-    optimizer = GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)   # after
+```python
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # before
+optimizer = GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)   # after
 
-    for inputs, targets in loader:
-        loss = optimizer.step((inputs, targets))   # replaces zero_grad / forward / backward / step
-        scheduler.step()                            # any torch.optim.lr_scheduler drives the lr
+for inputs, targets in loader:
+    loss = optimizer.step((inputs, targets))   # replaces zero_grad / forward / backward / step
+    scheduler.step()                            # any torch.optim.lr_scheduler drives the lr
+```
 
 How the loss reaches the pure step:
 
 * ``step(batch)`` with ``batch = (inputs, targets)``: the loss is ``criterion(model(inputs), targets)``,
-  evaluated through ``torch.func.functional_call`` (:func:`gamfunc.nn.functionalize`). This form can be
+  evaluated through ``torch.func.functional_call`` ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be
   compiled (``compile=True``).
 * ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
   model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
@@ -28,11 +30,11 @@ How the loss reaches the pure step:
   closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is ignored,
   and the step is computed from ``batch``.
 
-The module is kept whole, although long: its two shells, :class:`FlatnessOptimizer` (a gamfunc base
-optimiser) and :class:`TorchBase` (a ``torch.optim`` one), share how ``step`` reads its arguments,
+The module is kept whole, although long: its two shells, [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] (a gamfunc base
+optimiser) and [`TorchBase`][gamfunc.torch_optim.TorchBase] (a ``torch.optim`` one), share how ``step`` reads its arguments,
 the loss over the module and the argument checks. Given ``base_optimizer=``, a
-:class:`FlatnessOptimizer` (and so :class:`GAM` and :class:`SAM`) runs its steps through a
-:class:`TorchBase` it holds; most of the module's length is their documentation.
+[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] (and so [`GAM`][gamfunc.torch_optim.GAM] and [`SAM`][gamfunc.torch_optim.SAM]) runs its steps through a
+[`TorchBase`][gamfunc.torch_optim.TorchBase] it holds; most of the module's length is their documentation.
 """
 
 from __future__ import annotations
@@ -67,12 +69,14 @@ _BACKWARD_INSIDE = (
 class FlatnessOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that moves a module by ``make_step(estimator, optimizer, loss_fn)``.
 
-    One step, with θ the module's trainable parameters and B its buffers::
+    One step, with θ the module's trainable parameters and B its buffers:
 
-        direction, info = estimator(θ, batch, loss_fn)        # e.g. GAM, paper Algorithm 1
-        u, opt_state   = optimizer.update(direction, opt_state, θ)
-        θ              = gamfunc.apply_updates(θ, u)
-        B              = the buffers of the pass at θ           # BatchNorm: once per step
+    ```text
+    direction, info = estimator(θ, batch, loss_fn)        # e.g. GAM, paper Algorithm 1
+    u, opt_state   = optimizer.update(direction, opt_state, θ)
+    θ              = gamfunc.apply_updates(θ, u)
+    B              = the buffers of the pass at θ           # BatchNorm: once per step
+    ```
 
     and θ and B are copied back into the module in place, so the model stays usable as it is (eval,
     ``model.state_dict()``, EMA, checkpoints).
@@ -85,14 +89,14 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         estimator: a gamfunc estimator, e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: a gamfunc base optimiser, e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
         base_optimizer: instead of ``optimizer``, a ``torch.optim.Optimizer`` over the model's
-            trainable parameters: each step then runs through a :class:`TorchBase` held inside,
+            trainable parameters: each step then runs through a [`TorchBase`][gamfunc.torch_optim.TorchBase] held inside,
             whose ``param_groups`` and ``state`` this optimiser shares.
         criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
             ``F.cross_entropy`` by default.
         every: run ``estimator`` on every ``every``-th step and ``base`` on the others (see
-            :func:`gamfunc.make_step`).
+            [`gamfunc.make_step`][gamfunc.make_step]).
         base: the estimator of the other steps, ``gradient()`` by default.
-        on_nonfinite: "skip" (default), "raise" or "ignore" (see :func:`gamfunc.make_step`).
+        on_nonfinite: "skip" (default), "raise" or "ignore" (see [`gamfunc.make_step`][gamfunc.make_step]).
         compile: compile ``step(batch)`` with ``torch.compile`` (one graph per branch; lr changes and
             schedulers never recompile).
         compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
@@ -104,7 +108,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``...).
 
     ``step`` returns the loss at θ before the update (a 0-d tensor). ``state_dict()`` holds the step
-    state in plain dicts (:func:`gamfunc.state.as_dict`: the step counters, the optimiser state with
+    state in plain dicts (`gamfunc.state.as_dict`: the step counters, the optimiser state with
     momentum or Adam moments keyed by parameter name) and the param group; the parameters and buffers live in the module, so a checkpoint is ``model.state_dict()``
     plus ``optimizer.state_dict()``, as with ``torch.optim``.
 
@@ -233,9 +237,9 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {step, skipped, opt}, "param_groups": [group]}``: the step state as plain dicts
-        (:func:`gamfunc.state.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
+        (`gamfunc.state.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
         by parameter name; ``{}`` before the first step. With a ``torch.optim`` base optimiser,
-        :meth:`TorchBase.state_dict`."""
+        [`TorchBase.state_dict`][gamfunc.torch_optim.TorchBase.state_dict]."""
         if self._torch is not None:
             return self._torch.state_dict()
         group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
@@ -243,7 +247,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         return {"state": state, "param_groups": [group | {"params": list(self._trainable)}]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned; tensors move to the parameters' device."""
+        """Restore what [`state_dict`][gamfunc.torch_optim.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device."""
         if self._torch is not None:
             self._torch.load_state_dict(state_dict)
             self.param_groups, self.state = self._torch.param_groups, self._torch.state
@@ -340,10 +344,10 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
 
 class GAM(FlatnessOptimizer):
-    """:class:`FlatnessOptimizer` with ``gamfunc.gam(rho, alpha, hvp, ...)``: paper Algorithm 1.
+    """[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] with ``gamfunc.gam(rho, alpha, hvp, ...)``: paper Algorithm 1.
 
     ρ is ``rho``, α is ``alpha``; ``hvp``, ``fd_radius``, ``oracle`` and ``eps`` go to
-    :func:`gamfunc.gam`, the other keywords to :class:`FlatnessOptimizer`. The base optimiser is a
+    [`gamfunc.gam`][gamfunc.estimators.gam.gam], the other keywords to [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]. The base optimiser is a
     gamfunc one (``optimizer``) or a ``torch.optim`` one (``base_optimizer=``).
 
     Raises:
@@ -381,10 +385,10 @@ class GAM(FlatnessOptimizer):
 
 
 class SAM(FlatnessOptimizer):
-    """:class:`FlatnessOptimizer` with ``gamfunc.sam(rho)``: direction ∇L(θ + ρ·g/‖g‖), g = ∇L(θ).
+    """[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] with ``gamfunc.sam(rho)``: direction ∇L(θ + ρ·g/‖g‖), g = ∇L(θ).
 
     The base optimiser is a gamfunc one (``optimizer``) or a ``torch.optim`` one
-    (``base_optimizer=``), as for :class:`GAM`.
+    (``base_optimizer=``), as for [`GAM`][gamfunc.torch_optim.GAM].
 
     Example:
         >>> import torch, gamfunc
@@ -417,7 +421,7 @@ class TorchBase(torch.optim.Optimizer):
     One step: the estimator's direction at θ (GAM, SAM, ...) goes into each parameter's ``.grad``
     and the base optimiser's own ``step()`` runs, with its parameter groups, its state and whatever
     ``torch.optim.lr_scheduler`` drives it; BatchNorm buffers take the pass at θ's statistics. The
-    non-finite guard is :func:`gamfunc.make_step`'s (:func:`gamfunc.step.is_finite`): a step whose
+    non-finite guard is [`gamfunc.make_step`][gamfunc.make_step]'s (`gamfunc.step.is_finite`): a step whose
     loss or direction is not finite is skipped (the parameters, the base optimiser's state and the
     buffers stay; ``metrics["skipped"]`` is 1); one whose update makes a parameter non-finite is
     undone on the parameters and skipped too.
@@ -425,7 +429,7 @@ class TorchBase(torch.optim.Optimizer):
     Warning:
         A ``torch.optim`` optimiser changes its own state (momentum, moments) in place as it steps,
         so after an undone update that state keeps the step's statistics; gamfunc's own optimisers
-        (:class:`FlatnessOptimizer`) keep the state as it was. Made by ``GAM(model, base_optimizer=..., rho=,
+        ([`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]) keep the state as it was. Made by ``GAM(model, base_optimizer=..., rho=,
     alpha=)`` or ``SAM(model, base_optimizer=..., rho=)``, or directly.
 
     Args:
@@ -486,7 +490,7 @@ class TorchBase(torch.optim.Optimizer):
 
     def step(self, closure=None, *, batch=None) -> Tensor:
         """One step (``step((inputs, targets))`` or ``step(closure)``, as
-        :meth:`FlatnessOptimizer.step`); returns the loss at θ before the update."""
+        [`FlatnessOptimizer.step`][gamfunc.torch_optim.FlatnessOptimizer.step]); returns the loss at θ before the update."""
         closure, batch = _step_arguments(closure, batch)
         params = {k: p.detach() for k, p in self._trainable.items()}
         buffers = {k: b.detach() for k, b in self._model.named_buffers()}

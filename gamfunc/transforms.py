@@ -1,18 +1,20 @@
-"""Transforms of a direction, the primitives the optimisers are built from, and :func:`chain`.
+"""Transforms of a direction, the primitives the optimisers are built from, and [`chain`][gamfunc.transforms.chain].
 
-Everything here has the one contract of :class:`~gamfunc.optim.base.Transform` (optax's):
+Everything here has the one contract of [`Transform`][gamfunc.optim.base.Transform] (optax's):
 ``init(params) -> state`` and ``update(direction, state, params) -> (updates, new_state)``, the new
 parameters being ``gamfunc.apply_updates(params, updates)``. An optimiser is a chain of them (its
-updates are its signed step, −η·…), so a chain can hold transforms before, between and after one::
+updates are its signed step, −η·…), so a chain can hold transforms before, between and after one:
 
-    estimator ─ d ─▶ clip_by_global_norm ─▶ sgd(lr=1, momentum) ─▶ scale(0.1) ─▶ u;  θ ← θ + u
+```text
+estimator ─ d ─▶ clip_by_global_norm ─▶ sgd(lr=1, momentum) ─▶ scale(0.1) ─▶ u;  θ ← θ + u
+```
 
-The primitives: :func:`trace` (momentum, as ``torch.optim.SGD``), :func:`scale_by_adam`,
-:func:`scale_by_lion`, :func:`add_decayed_weights` (weight decay, masked),
-:func:`scale_by_learning_rate`; :func:`gamfunc.sgd` is ``chain(add_decayed_weights, trace,
-scale_by_learning_rate)`` with its lr and weight decay injected (:func:`gamfunc.inject_hyperparams`).
+The primitives: [`trace`][gamfunc.transforms.trace] (momentum, as ``torch.optim.SGD``), [`scale_by_adam`][gamfunc.transforms.scale_by_adam],
+[`scale_by_lion`][gamfunc.transforms.scale_by_lion], [`add_decayed_weights`][gamfunc.transforms.add_decayed_weights] (weight decay, masked),
+[`scale_by_learning_rate`][gamfunc.transforms.scale_by_learning_rate]; [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] is ``chain(add_decayed_weights, trace,
+scale_by_learning_rate)`` with its lr and weight decay injected ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]).
 An update that reads the step count (bias corrections, schedules) takes it as ``step=``, which
-:func:`gamfunc.make_step` and :func:`chain` pass on (:func:`~gamfunc.optim.base.call_update`).
+[`gamfunc.make_step`][gamfunc.make_step] and [`chain`][gamfunc.transforms.chain] pass on ([`call_update`][gamfunc.optim.base.call_update]).
 
 Example:
     >>> import torch, gamfunc
@@ -70,7 +72,7 @@ __all__ = [
 
 
 class ClipState(NamedTuple):
-    """The state of :func:`clip_by_global_norm`.
+    """The state of [`clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm].
 
     Attributes:
         norm: 0-d, ‖d‖₂ of the last direction before clipping (0 before the first update), in
@@ -81,7 +83,7 @@ class ClipState(NamedTuple):
 
 
 class ChainState(NamedTuple):
-    """The state of :func:`chain`: one state per element, in the chain's order.
+    """The state of [`chain`][gamfunc.transforms.chain]: one state per element, in the chain's order.
 
     Attributes:
         states: the elements' states (a tuple), e.g. ``(ClipState(...), InjectState(...))``.
@@ -91,11 +93,13 @@ class ChainState(NamedTuple):
 
 
 def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
-    """Scale the direction down to a global L2 norm of at most ``max_norm``, as ``clip_grad_norm_``.
+    r"""Scale the direction down to a global L2 norm of at most ``max_norm``, as ``clip_grad_norm_``.
 
-    With d the direction over all parameters, c = ``max_norm``, ξ = ``eps``::
+    With d the direction over all parameters, c = ``max_norm``, ξ = ``eps``:
 
-        d ← d · min(1, c / (‖d‖₂ + ξ)),     ‖d‖₂² = Σ_k Σ_i d[k]_i²
+    $$
+    d \leftarrow d \cdot \min(1, c / (\| d\| _{2} + \xi )), \qquad \| d\| _{2}^{2} = \sum _k \sum _i d[k]_i^{2}
+    $$
 
     which is ``torch.nn.utils.clip_grad_norm_(params, max_norm)`` (ξ = 1e-6 there too): the same
     operations in the same order, so the results are equal. The factor is a clamp, not a branch, and
@@ -106,7 +110,7 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
         eps: ξ >= 0, added to the norm before dividing.
 
     Returns:
-        A :class:`Transform` whose state is a :class:`ClipState`: ‖d‖₂ of the last direction
+        A [`Transform`][gamfunc.transforms.Transform] whose state is a [`ClipState`][gamfunc.transforms.ClipState]: ‖d‖₂ of the last direction
         before clipping.
 
     Example:
@@ -150,21 +154,23 @@ def _norm_dtype(leaves: Iterable[Tensor]) -> torch.dtype:
 def chain(*elements: Transform) -> Transform:
     """Transforms applied in order, each to the updates of the one before: one Transform.
 
-    With d the direction and e₁ … eₙ the elements::
+    With d the direction and e₁ … eₙ the elements:
 
-        u₀ = d,   uᵢ = eᵢ.update(uᵢ₋₁, sᵢ, θ),   updates = uₙ
+    ```text
+    u₀ = d,   uᵢ = eᵢ.update(uᵢ₋₁, sᵢ, θ),   updates = uₙ
+    ```
 
     as ``optax.chain``. An optimiser may stand anywhere: transforms before it see the direction
-    (:func:`clip_by_global_norm`, :func:`add_decayed_weights` = coupled weight decay), those after
-    it see its signed step (:func:`scale`, a clip of the step). A chain is a Transform, so chains
-    nest; its state is a :class:`ChainState`. The step count given to its update goes to every
-    element that takes it (:func:`~gamfunc.optim.base.call_update`).
+    ([`clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm], [`add_decayed_weights`][gamfunc.transforms.add_decayed_weights] = coupled weight decay), those after
+    it see its signed step ([`scale`][gamfunc.transforms.scale], a clip of the step). A chain is a Transform, so chains
+    nest; its state is a [`ChainState`][gamfunc.transforms.ChainState]. The step count given to its update goes to every
+    element that takes it ([`call_update`][gamfunc.optim.base.call_update]).
 
     Args:
-        *elements: one or more :class:`~gamfunc.optim.base.Transform` (optimisers included).
+        *elements: one or more [`Transform`][gamfunc.optim.base.Transform] (optimisers included).
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform`.
+        A [`Transform`][gamfunc.optim.base.Transform].
 
     Raises:
         ValueError: no element, or an element that is not a Transform (naming its index).
@@ -210,13 +216,13 @@ def scale(factor: float) -> Transform:
     """Multiply the updates by a constant: u ← c·u, c = ``factor`` (stateless).
 
     After an optimiser it scales its step, e.g. an lr multiplier for some parameters
-    (:func:`gamfunc.param_groups` does that with a separate optimiser per group instead).
+    ([`gamfunc.param_groups`][gamfunc.param_groups] does that with a separate optimiser per group instead).
 
     Args:
         factor: c, a finite number.
 
     Returns:
-        A stateless :class:`~gamfunc.optim.base.Transform`.
+        A stateless [`Transform`][gamfunc.optim.base.Transform].
 
     Raises:
         ValueError: ``factor`` is not a finite number.
@@ -248,21 +254,21 @@ def add_decayed_weights(
 ) -> Transform:
     """Weight decay as a transform: u ← u + λ·θ where the mask is true (stateless).
 
-    Before a scaling of the direction (:func:`trace`, :func:`scale_by_adam`) it is coupled (L2)
+    Before a scaling of the direction ([`trace`][gamfunc.transforms.trace], [`scale_by_adam`][gamfunc.transforms.scale_by_adam]) it is coupled (L2)
     decay, ``torch.optim.SGD``'s and ``Adam``'s ``weight_decay``; after it and before
-    :func:`scale_by_learning_rate` it is decoupled decay, ``AdamW``'s. λ is ``weight_decay``. Every
+    [`scale_by_learning_rate`][gamfunc.transforms.scale_by_learning_rate] it is decoupled decay, ``AdamW``'s. λ is ``weight_decay``. Every
     gamfunc optimiser decays through this one transform.
 
     Args:
         weight_decay: λ >= 0, or a schedule of the step count (then ``update`` needs ``step=``).
         mask: which parameters decay: None (all, as torch.optim), a dict name -> bool naming every
             parameter, or a callable ``(name, tensor) -> bool`` that decides from the name or shape
-            (:func:`decay_mask` gives the usual choice). Equal to torch.optim with two param groups,
+            ([`decay_mask`][gamfunc.transforms.decay_mask] gives the usual choice). Equal to torch.optim with two param groups,
             the masked-out one with ``weight_decay=0``.
         mask_name: the name errors give the mask (the optimisers' ``weight_decay_mask``).
 
     Returns:
-        A stateless :class:`~gamfunc.optim.base.Transform`.
+        A stateless [`Transform`][gamfunc.optim.base.Transform].
 
     Raises:
         ValueError: ``weight_decay`` or ``mask`` is invalid (naming it).
@@ -302,14 +308,14 @@ def scale_by_learning_rate(lr) -> Transform:
 
     ``chain(clip, add_decayed_weights(λ), scale_by_learning_rate(η))`` is ``torch.optim.SGD(lr=η,
     weight_decay=λ)`` after clipping. Its η is not in its state: a step logs it, and a caller sets
-    it between steps, where the chain is built by :func:`gamfunc.inject_hyperparams`, as
-    ``gamfunc.inject_hyperparams(scale_by_learning_rate)(lr=η)`` or as :func:`gamfunc.sgd` does.
+    it between steps, where the chain is built by [`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams], as
+    ``gamfunc.inject_hyperparams(scale_by_learning_rate)(lr=η)`` or as [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] does.
 
     Args:
         lr: η, a float >= 0, a 0-d tensor or a schedule (then ``update`` needs ``step=``).
 
     Returns:
-        A stateless :class:`~gamfunc.optim.base.Transform`.
+        A stateless [`Transform`][gamfunc.optim.base.Transform].
 
     Raises:
         ValueError: ``lr`` is not a finite number >= 0 or a schedule.
@@ -335,7 +341,7 @@ def scale_by_learning_rate(lr) -> Transform:
 
 
 class TraceState(NamedTuple):
-    """The state of :func:`trace`.
+    """The state of [`trace`][gamfunc.transforms.trace].
 
     Attributes:
         momentum_buffer: b, a dict name -> tensor (``torch.optim.SGD``'s name).
@@ -345,12 +351,16 @@ class TraceState(NamedTuple):
 
 
 def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Transform:
-    """Momentum, as ``torch.optim.SGD`` forms it: its buffer, dampening and Nesterov's form.
+    r"""Momentum, as ``torch.optim.SGD`` forms it: its buffer, dampening and Nesterov's form.
 
-    With d the direction, μ = ``momentum``, τ = ``dampening``, t the step count::
+    With d the direction, μ = ``momentum``, τ = ``dampening``, t the step count:
 
-        b ← d at t = 0, else μ·b + (1 − τ)·d
-        u = d + μ·b if nesterov else b
+    $$
+    \begin{aligned}
+    b & \leftarrow d \mathrm{at} t = 0, \mathrm{else} \mu \cdot b + (1 - \tau )\cdot d \\
+    u & = d + \mu \cdot b \ \text{if nesterov else}\ b
+    \end{aligned}
+    $$
 
     The first step's b ← d is torch's (its buffer starts as a copy of the gradient). With τ = 0
     it is μ·0 + d, so the step count is read only where τ ≠ 0, through a 0/1 factor (no branch on
@@ -362,7 +372,7 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Tr
         nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform` whose state is a :class:`TraceState`; its update
+        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`TraceState`][gamfunc.transforms.TraceState]; its update
         takes ``step=`` (needed where τ ≠ 0).
 
     Raises:
@@ -393,7 +403,7 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Tr
 
 
 class ScaleByAdamState(NamedTuple):
-    """The state of :func:`scale_by_adam`.
+    """The state of [`scale_by_adam`][gamfunc.transforms.scale_by_adam].
 
     Attributes:
         exp_avg: m, the first moment, a dict name -> tensor (``torch.optim.Adam``'s names).
@@ -405,13 +415,17 @@ class ScaleByAdamState(NamedTuple):
 
 
 def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Transform:
-    """Adam's scaling of the direction, with its bias corrections.
+    r"""Adam's scaling of the direction, with its bias corrections.
 
-    With d the direction and t the step count (updates taken so far)::
+    With d the direction and t the step count (updates taken so far):
 
-        m ← β₁·m + (1 − β₁)·d
-        v ← β₂·v + (1 − β₂)·d²
-        u = m / (√v/√(1 − β₂ᵗ⁺¹) + ε) / (1 − β₁ᵗ⁺¹)
+    $$
+    \begin{aligned}
+    m & \leftarrow \beta _{1}\cdot m + (1 - \beta _{1})\cdot d \\
+    v & \leftarrow \beta _{2}\cdot v + (1 - \beta _{2})\cdot d^{2} \\
+    u & = m / (\sqrt{v}/\sqrt{1 - \beta _{2}^{t+1}} + \varepsilon ) / (1 - \beta _{1}^{t+1})
+    \end{aligned}
+    $$
 
     the operations of ``torch.optim.Adam``, as ``torch._foreach`` kernels (one kernel per operation
     on a GPU), per tensor under ``torch.func.vmap``.
@@ -422,7 +436,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Tran
         eps: ε >= 0.
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform` whose state is a :class:`ScaleByAdamState`; its
+        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`ScaleByAdamState`][gamfunc.transforms.ScaleByAdamState]; its
         update needs ``step=``.
 
     Raises:
@@ -462,7 +476,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Tran
 
 
 class ScaleByLionState(NamedTuple):
-    """The state of :func:`scale_by_lion`.
+    """The state of [`scale_by_lion`][gamfunc.transforms.scale_by_lion].
 
     Attributes:
         exp_avg: m, the momentum, a dict name -> tensor.
@@ -472,19 +486,23 @@ class ScaleByLionState(NamedTuple):
 
 
 def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
-    """Lion's direction: the sign of an interpolated momentum (Chen et al. 2023, Algorithm 2).
+    r"""Lion's direction: the sign of an interpolated momentum (Chen et al. 2023, Algorithm 2).
 
-    With d the direction::
+    With d the direction:
 
-        u = sign(β₁·m + (1 − β₁)·d)
-        m ← β₂·m + (1 − β₂)·d
+    $$
+    \begin{aligned}
+    u & = \mathrm{sign}(\beta _{1}\cdot m + (1 - \beta _{1})\cdot d) \\
+    m & \leftarrow \beta _{2}\cdot m + (1 - \beta _{2})\cdot d
+    \end{aligned}
+    $$
 
     Args:
         b1: β₁ in [0, 1).
         b2: β₂ in [0, 1).
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform` whose state is a :class:`ScaleByLionState`.
+        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`ScaleByLionState`][gamfunc.transforms.ScaleByLionState].
 
     Raises:
         ValueError: an invalid argument, naming it.
@@ -516,9 +534,11 @@ def decay_mask(params: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]) -> d
     of normalisation layers, all one-dimensional, do not. This is the split of timm's
     ``param_groups_weight_decay`` (no decay where ``ndim <= 1``, the one timm uses for ViT), without
     its per-model ``no_weight_decay()`` list: edit the dict to exempt a 3-d ``pos_embed`` or
-    ``cls_token`` as well. Give the result to :func:`gamfunc.sgd` or :func:`gamfunc.adamw`::
+    ``cls_token`` as well. Give the result to [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] or [`gamfunc.adamw`][gamfunc.optim.adamw.adamw]:
 
-        mask[k] = (params[k].ndim >= 2)
+    ```python
+    mask[k] = (params[k].ndim >= 2)
+    ```
 
     Args:
         params: a dict name -> tensor, or ``model.named_parameters()``.

@@ -107,7 +107,7 @@ def scale(a: Tree, s: Scalar) -> Tree:
 
 
 def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
-    """s · x + y (BLAS's axpy); a tensor ``s`` meets half-precision leaves in float32 (:func:`scale`)."""
+    """s · x + y (BLAS's axpy); a tensor ``s`` meets half-precision leaves in float32 ([`scale`][gamfunc.tree.scale])."""
     check_keys(x, y)
     ys = [y[k] for k in x]
     if isinstance(s, Tensor) and _half(x):
@@ -147,7 +147,7 @@ def norm(a: Tree) -> Tensor:
     """‖a‖₂ over all entries of all tensors, a 0-d tensor in float32 or wider.
 
     Half-precision leaves (float16, bfloat16) are summed in float32, so that a norm, and the ξ added
-    to it by :func:`normalize`, do not round away: 1e-12 is 0 in float16.
+    to it by [`normalize`][gamfunc.tree.normalize], do not round away: 1e-12 is 0 in float16.
     """
     values = list(a.values())
     if _vmapped(a):
@@ -188,7 +188,7 @@ def _times(v: Tensor, s: Tensor) -> Tensor:
 def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:
     """(a / (‖a‖ + ξ), ‖a‖), with ξ = ``eps``: the paper's safe normalisation, finite at a = 0.
 
-    ‖a‖ + ξ and its reciprocal are formed in float32 or wider (:func:`norm`); the product keeps the
+    ‖a‖ + ξ and its reciprocal are formed in float32 or wider ([`norm`][gamfunc.tree.norm]); the product keeps the
     leaves' dtype."""
     n = norm(a)
     return scale(a, (n + eps).reciprocal()), n  # what 1.0 / (n + eps) computes, less its "* 1.0"

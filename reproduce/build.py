@@ -1,9 +1,9 @@
 """What a run trains with: the model, its loss, the estimator, the base optimiser and the step.
 
-:func:`setup` turns a :class:`~reproduce.config.Config` into a :class:`Training`: the model (fresh, or
+`setup` turns a `Config` into a `Training`: the model (fresh, or
 from ``--weights``) on the process's device, the cross-entropy loss through
 ``torch.func.functional_call``, the estimator named by ``--estimator`` made data parallel
-(:func:`gamfunc.distributed.data_parallel`) when the job has several processes, the base optimiser
+([`gamfunc.distributed.data_parallel`][gamfunc.distributed.data_parallel]) when the job has several processes, the base optimiser
 with its schedule, gradient clipping and weight-decay mask, and ``make_step`` of them, compiled
 with ``--compile``.
 """
@@ -57,14 +57,14 @@ class SetupError(Exception):
 
 def classification_loss(model: nn.Module, label_smoothing: float = 0.0):
     """``loss_fn(params, batch, buffers, *, train=True) -> (loss, new_buffers)``: cross-entropy of
-    ``model`` through ``torch.func.functional_call`` (the buffered form of :func:`gamfunc.nn.functionalize`).
+    ``model`` through ``torch.func.functional_call`` (the buffered form of [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]).
 
     The buffers are cloned inside (BatchNorm's running statistics update the clones), and the loss is
     computed on float32 logits. ``new_buffers`` carries one extra entry, ``CORRECT``: the number of
     correct predictions at θ, so that the running training accuracy costs nothing (``make_step``
     keeps the aux of the pass at θ only); in eval mode also ``TOP5``, the number of labels among the
     five largest logits. ``label_smoothing`` is ``F.cross_entropy``'s, in training only (evaluation
-    reports the plain cross-entropy). Mixed precision wraps it as any loss (:func:`training_loss`).
+    reports the plain cross-entropy). Mixed precision wraps it as any loss (`training_loss`).
     """
 
     def loss_fn(params, batch, buffers, *, train: bool = True):
@@ -84,7 +84,7 @@ def classification_loss(model: nn.Module, label_smoothing: float = 0.0):
 
 
 def training_loss(loss_fn, cfg: Config):
-    """``loss_fn`` in the run's precision: :func:`gamfunc.precision.bf16` with ``--bf16`` (autocast in
+    """``loss_fn`` in the run's precision: [`gamfunc.precision.bf16`][gamfunc.precision.bf16] with ``--bf16`` (autocast in
     every pass, exact H·v's backward pass included), else as it is."""
     return gamfunc.precision.mixed(loss_fn, "bf16" if cfg.bf16 else "fp32")
 
@@ -122,7 +122,7 @@ def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
 
     ``"exact"`` (forward-over-reverse); on a network with BatchNorm or convolutions under bfloat16
     autocast, ``cfg.bf16_hvp``, which may choose ``"reverse"`` (reverse-over-reverse, the same H·v by
-    another route). Both run in bf16 (:mod:`gamfunc.precision`, :func:`gamfunc.nn.autocast_batchnorm`).
+    another route). Both run in bf16 ([`gamfunc.precision`][gamfunc.precision], [`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm]).
     """
     risky = (nn.modules.conv._ConvNd, _BatchNorm)
     if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):
@@ -141,7 +141,7 @@ FD_RELU_RADIUS = 1e-2
 
 def fd_gam_warning(cfg: Config, name: str) -> str | None:
     """One line when the estimator ``name`` is finite-difference GAM on a ReLU network (``RELU_MODELS``)
-    with ρ·α > 0 and ``fd_radius`` below :data:`FD_RELU_RADIUS`, the settings at which it has not
+    with ρ·α > 0 and ``fd_radius`` below `FD_RELU_RADIUS`, the settings at which it has not
     been measured to train; else None.
 
     At r ≤ 1e-3 a pre-activation crossing zero within r adds its gradient jump divided by r to
@@ -167,14 +167,14 @@ def _has(model: nn.Module, *kinds: type) -> bool:
 def build_estimator(
     cfg: Config, name: str, lr, hvp: str = "exact"
 ) -> tuple[gamfunc.Estimator, gamfunc.Estimator]:
-    """The estimator called ``name`` (:data:`reproduce.methods.METHODS`) with the hyperparameters of
+    """The estimator called ``name`` (`reproduce.methods.METHODS`) with the hyperparameters of
     ``cfg``, and the one of the steps it skips (``every``).
 
     Args:
         cfg: the run's configuration (ρ and its schedule, α, SAM's ρ, ρ', β, γ, the radii).
         name: the method.
         lr: the learning rate or its schedule (``rho_schedule="proportional"`` scales ρ with it).
-        hvp: the backend of the exact H·v (:func:`exact_hvp_backend`).
+        hvp: the backend of the exact H·v (`exact_hvp_backend`).
 
     Returns:
         ``(estimator, base)``.
@@ -228,7 +228,7 @@ def load_weights(model: nn.Module, weights: dict[str, Tensor], source: str) -> N
 
     Args:
         model: the network built for the run.
-        weights: parameter and buffer names to tensors (:func:`reproduce.run.checkpoint.state_dict`
+        weights: parameter and buffer names to tensors (`reproduce.run.checkpoint.state_dict`
             reads them from a file).
         source: the file they were read from, named in the errors.
 
@@ -261,18 +261,18 @@ def channels_last(model: nn.Module) -> None:
 
 def compile_scope(cfg: Config, world: int) -> str:
     """``step`` (the whole step, one graph) or ``pass`` (each gradient or H·v pass, the step around
-    them eager: :func:`gamfunc.regional.compile_passes`).
+    them eager: [`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes]).
 
     ``auto`` takes ``pass`` for ImageNet models, whose whole-step compile takes minutes where a pass
     compiles in about one (benchmarks/RESULTS.md), and under several processes, so that the
-    all-reduces of :mod:`gamfunc.distributed` run between compiled passes, not inside a graph."""
+    all-reduces of [`gamfunc.distributed`][gamfunc.distributed] run between compiled passes, not inside a graph."""
     if cfg.compile_scope != "auto":
         return cfg.compile_scope
     return "pass" if world > 1 or cfg.dataset == "imagenet" else "step"
 
 
 class Training(NamedTuple):
-    """What :func:`setup` builds: the model, its loss, the step and the state before the first step."""
+    """What `setup` builds: the model, its loss, the step and the state before the first step."""
 
     model: nn.Module
     loss_fn: Callable  # the loss of this process's examples (evaluation, flatness)
@@ -296,7 +296,7 @@ def _check_batch(cfg: Config, n_train: int, world: int) -> int:
 
 
 class Place(Protocol):
-    """Where this process trains within its job (:class:`reproduce.run.launch.Processes` is one)."""
+    """Where this process trains within its job (`reproduce.run.launch.Processes` is one)."""
 
     device: torch.device
     world: int  # the number of processes of the job
@@ -313,20 +313,20 @@ def setup(
     ``name`` with the base optimiser and schedule of ``cfg``, initialised on ``procs.device``.
 
     With several processes every rank starts from rank 0's parameters and buffers, and the estimator
-    is made data parallel with ``cfg.perturbation`` (:func:`gamfunc.distributed.data_parallel`).
+    is made data parallel with ``cfg.perturbation`` ([`gamfunc.distributed.data_parallel`][gamfunc.distributed.data_parallel]).
     With ``cfg.channels_last`` the model's 4-d parameters and buffers take the ``torch.channels_last``
     layout before they are copied out into ``params`` and ``buffers``; the step keeps that layout.
 
     Args:
         cfg: the run's configuration.
-        name: the estimator (:func:`build_estimator`).
+        name: the estimator (`build_estimator`).
         data: the data set (its classes, image size and training examples size the model and batch).
-        procs: the job's processes (a :class:`Place`), or a device for a single process.
-        weights: the state dict read from ``cfg.weights`` (:func:`reproduce.run.checkpoint.state_dict`),
+        procs: the job's processes (a `Place`), or a device for a single process.
+        weights: the state dict read from ``cfg.weights`` (`reproduce.run.checkpoint.state_dict`),
             where it names a file.
 
     Returns:
-        The :class:`Training`: model, loss, step, parameters and state before the first step.
+        The `Training`: model, loss, step, parameters and state before the first step.
 
     Raises:
         SetupError: the run cannot start as configured (the message says why).

@@ -1,13 +1,13 @@
 """The configuration of a training run: one frozen dataclass, presets named after the paper's tables,
 and ``--key=value`` overrides.
 
-``resolve(argv)`` starts from :class:`Config`'s defaults (the built-in MNIST-1D comparison), applies
+``resolve(argv)`` starts from `Config`'s defaults (the built-in MNIST-1D comparison), applies
 ``--preset=NAME`` if given, then every other ``--key=value`` in order. Keys may use ``-`` or ``_``
 (``--val-fraction=0.1`` is ``--val_fraction=0.1``); a bare ``--flag`` sets a boolean to true.
 
-Presets (``PRESETS``, built in :mod:`reproduce.presets`, whose comments say where each value comes
+Presets (``PRESETS``, built in `reproduce.presets`, whose comments say where each value comes
 from) are named after the paper's tables (Zhang et al., CVPR 2023, arXiv:2303.03108). The list of them, one row
-per family with its settings, is :func:`reproduce.preset_table.markdown`
+per family with its settings, is `reproduce.preset_table.markdown`
 (``python -m reproduce.preset_table``; docs/guides/reproduce.md's preset table is its output).
 
 Example:
@@ -219,7 +219,7 @@ RESUME_FREE = frozenset(
 
 
 def field_help() -> dict[str, str]:
-    """Each field's comment in the source of :class:`Config`: the ``--help`` text."""
+    """Each field's comment in the source of `Config`: the ``--help`` text."""
     pattern = re.compile(r"^\s+(\w+): [^=]+ = .*?  # (.*)$")
     out = {}
     for line in inspect.getsource(Config).splitlines():
@@ -435,7 +435,7 @@ def differences(saved: dict[str, Any], cfg: Config, ignore=RESUME_FREE) -> dict[
     """``{field: (saved value, current value)}`` for fields outside ``ignore`` that differ.
 
     A field that ``saved`` lacks (a checkpoint written before the field existed) counts as its
-    default in :class:`Config`, the behaviour such a run had."""
+    default in `Config`, the behaviour such a run had."""
     now, default = as_dict(cfg), as_dict(Config())
     keys = (set(saved) | set(now)) - set(ignore)
     old = {k: saved.get(k, default.get(k)) for k in keys}

@@ -1,22 +1,24 @@
 """The estimators by name: one table from a method's name to the gamfunc estimator it builds.
 
 Every caller that names an estimator builds it here: ``reproduce/train.py --estimator=NAME``
-(through :func:`reproduce.build.build_estimator`), the vmapped sweeps, the evidence commands, the
+(through `reproduce.build.build_estimator`), the vmapped sweeps, the evidence commands, the
 contract tests (``tests/registry.py``) and the benchmarks. A name and its hyperparameters give
-one estimator::
+one estimator:
 
-    >>> from reproduce.methods import METHODS, estimator
-    >>> gam = estimator("gam", rho=0.05, alpha=0.1)  # gamfunc.gam(0.05, 0.1, hvp="exact")
-    >>> sorted(METHODS)[:3]
-    ['asam', 'gam', 'gam_accelerated']
+```text
+>>> from reproduce.methods import METHODS, estimator
+>>> gam = estimator("gam", rho=0.05, alpha=0.1)  # gamfunc.gam(0.05, 0.1, hvp="exact")
+>>> sorted(METHODS)[:3]
+['asam', 'gam', 'gam_accelerated']
+```
 
-A method reads the fields of :class:`Hyper` it needs and ignores the others, so one set of
-hyperparameters (a run's configuration) builds any method. :func:`base` is the estimator of the
+A method reads the fields of `Hyper` it needs and ignores the others, so one set of
+hyperparameters (a run's configuration) builds any method. `base` is the estimator of the
 steps a method skips under ``make_step(..., every=k)``: the oracle for ``sam+gam`` and
 ``gsam+gam``, the gradient for the others.
 
-A new estimator of ``gamfunc.estimators`` gets one entry in :data:`METHODS` (and, if it reads a
-new hyperparameter, a field of :class:`Hyper`); the contract tests then run it once it is listed in
+A new estimator of ``gamfunc.estimators`` gets one entry in `METHODS` (and, if it reads a
+new hyperparameter, a field of `Hyper`); the contract tests then run it once it is listed in
 ``tests/registry.py``.
 """
 
@@ -100,7 +102,7 @@ METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     "gam_accelerated": _accelerated("paper"),
     "gam_accelerated_official": _accelerated("official"),
 }
-"""name -> the function of a :class:`Hyper` that builds the method's estimator."""
+"""name -> the function of a `Hyper` that builds the method's estimator."""
 
 
 def _hyper(hparams: dict[str, Any]) -> Hyper:
@@ -121,14 +123,14 @@ def estimator(name: str, **hparams) -> gamfunc.Estimator:
     """The estimator of the method ``name`` with the hyperparameters ``hparams``.
 
     Args:
-        name: a key of :data:`METHODS` (``"sgd"``, ``"sam"``, ``"gam"``, ``"sam+gam"``, ...).
-        **hparams: fields of :class:`Hyper`; those not given keep its defaults.
+        name: a key of `METHODS` (``"sgd"``, ``"sam"``, ``"gam"``, ``"sam+gam"``, ...).
+        **hparams: fields of `Hyper`; those not given keep its defaults.
 
     Returns:
-        A :class:`gamfunc.Estimator`.
+        A [`gamfunc.Estimator`][gamfunc.Estimator].
 
     Raises:
-        ValueError: ``name`` is no method, a keyword is no field of :class:`Hyper`, or the
+        ValueError: ``name`` is no method, a keyword is no field of `Hyper`, or the
             estimator refuses a value (each message names the argument).
     """
     return _method(name)(_hyper(hparams))
@@ -140,14 +142,14 @@ def base(name: str, **hparams) -> gamfunc.Estimator:
     for every other method.
 
     Args:
-        name: a key of :data:`METHODS`.
-        **hparams: fields of :class:`Hyper`, as for :func:`estimator`.
+        name: a key of `METHODS`.
+        **hparams: fields of `Hyper`, as for `estimator`.
 
     Returns:
-        A :class:`gamfunc.Estimator`.
+        A [`gamfunc.Estimator`][gamfunc.Estimator].
 
     Raises:
-        ValueError: as :func:`estimator`.
+        ValueError: as `estimator`.
     """
     _method(name)
     h = _hyper(hparams)

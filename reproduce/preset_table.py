@@ -1,11 +1,13 @@
-"""The presets of :data:`reproduce.config.PRESETS` as a markdown table, one row per family.
+"""The presets of `reproduce.config.PRESETS` as a markdown table, one row per family.
 
 A family is the presets that share their first name component and base optimiser (``hp1`` with SGD,
 ``hp1`` with AdamW, ...); its names are written as one pattern (``hp1.{cifar10,cifar100}.{resnet18,...}``)
 and its settings are what its presets set, each value followed by the name components it holds for
-where it differs inside the family. docs/guides/reproduce.md's preset table is this module's output::
+where it differs inside the family. docs/guides/reproduce.md's preset table is this module's output:
 
-    python -m reproduce.preset_table      # prints the table
+```bash
+python -m reproduce.preset_table      # prints the table
+```
 """
 
 from __future__ import annotations

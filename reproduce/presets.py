@@ -1,10 +1,10 @@
-"""The presets of :mod:`reproduce.config`, named after the paper's tables (Zhang et al., CVPR 2023,
-arXiv:2303.03108): each is a dict of :class:`reproduce.config.Config` fields, and the comments say
+"""The presets of `reproduce.config`, named after the paper's tables (Zhang et al., CVPR 2023,
+arXiv:2303.03108): each is a dict of `reproduce.config.Config` fields, and the comments say
 where each value comes from.
 
 ``PRESETS`` maps every name to its values; ``closest_presets`` is what a mistyped name most likely
 meant. A new preset is one more entry of ``_presets`` (its family's helper, ``_cifar`` or
-``_imagenet``, gives the shared recipe); :func:`reproduce.preset_table.markdown` then lists it.
+``_imagenet``, gives the shared recipe); `reproduce.preset_table.markdown` then lists it.
 """
 
 from __future__ import annotations

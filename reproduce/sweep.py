@@ -1,32 +1,36 @@
 """Grid search over any configuration fields × seeds: one table of mean ± std, selected on validation.
 
 The paper picks ρ and α by a grid search on a validation split (10% of the training set) and reports
-mean ± std over seeds. This script runs such a sweep with ``reproduce/train.py``::
+mean ± std over seeds. This script runs such a sweep with ``reproduce/train.py``:
 
-    python reproduce/sweep.py --grid=rho=0.05,0.1 --grid=alpha=0.1,1 --seeds=0,1 -- \\
-        --preset=digits --estimator=gam --val_fraction=0.2 --epochs=1 \\
-        --eig_iters=0 --trace_samples=0 --r1_steps=0 --landscape=false --progress=false
+```bash
+python reproduce/sweep.py --grid=rho=0.05,0.1 --grid=alpha=0.1,1 --seeds=0,1 -- \\
+    --preset=digits --estimator=gam --val_fraction=0.2 --epochs=1 \\
+    --eig_iters=0 --trace_samples=0 --r1_steps=0 --landscape=false --progress=false
+```
 
 trains the 2 × 2 cells with seeds 0 and 1 (8 runs of one epoch, about 10 seconds on 2 CPU cores),
 then prints the table it writes to ``runs/sweep.digits/sweep.md`` (and ``sweep.json``) and the cell
 it selects. With torch 2.14.1 on the CPU it ends with (after a line per run and the table's caption;
-other torch versions round differently)::
+other torch versions round differently):
 
-    | rho | alpha | seeds | val_acc (%) | test_acc (%) | note |
-    |---:|---:|---:|---:|---:|:--|
-    | 0.05 | 0.1 | 2 | 37.46 ± 11.09 | 36.81 ± 10.80 |  |
-    | 0.05 | 1 | 2 | 37.80 ± 10.10 | 37.36 ± 10.41 | selected |
-    | 0.1 | 0.1 | 2 | 37.11 ± 10.59 | 36.81 ± 10.80 |  |
-    | 0.1 | 1 | 2 | 37.80 ± 9.61 | 38.47 ± 7.66 |  |
+```text
+| rho | alpha | seeds | val_acc (%) | test_acc (%) | note |
+|---:|---:|---:|---:|---:|:--|
+| 0.05 | 0.1 | 2 | 37.46 ± 11.09 | 36.81 ± 10.80 |  |
+| 0.05 | 1 | 2 | 37.80 ± 10.10 | 37.36 ± 10.41 | selected |
+| 0.1 | 0.1 | 2 | 37.11 ± 10.59 | 36.81 ± 10.80 |  |
+| 0.1 | 1 | 2 | 37.80 ± 9.61 | 38.47 ± 7.66 |  |
 
-    selected rho=0.05 alpha=1: val_acc 37.80 ± 10.10 (2 seeds); test_acc beside it 37.36 ± 10.41
+selected rho=0.05 alpha=1: val_acc 37.80 ± 10.10 (2 seeds); test_acc beside it 37.36 ± 10.41
+```
 
 (one epoch is a smoke test: the two best cells tie on validation, the first in grid order is taken,
 and the last cell's higher test accuracy plays no part).
 
 Arguments before ``--`` are the sweep's; those after it go to every ``reproduce/train.py`` run:
 
-* ``--grid=KEY=V1,V2,...`` (repeatable): a field of :class:`reproduce.config.Config` and its values;
+* ``--grid=KEY=V1,V2,...`` (repeatable): a field of `reproduce.config.Config` and its values;
   the cells are every combination, in the order given.
 * ``--seeds=0,1,2``: the seeds of every cell (default ``0``); ``--seed`` itself is the sweep's.
 * ``--metric=val_acc`` (the last epoch's validation accuracy, with the test accuracy of that epoch

@@ -1,32 +1,38 @@
 """Train any setting of the GAM paper with any estimator; TensorBoard-logged, resumable, comparable.
 
-The main job (no arguments, no download, about one minute on 2 CPU cores)::
+The main job (no arguments, no download, about one minute on 2 CPU cores):
 
-    python reproduce/train.py
+```bash
+python reproduce/train.py
+```
 
 trains the MNIST-1D MLP (Greydanus 2020; 4,000 training and 1,000 test vectors generated offline) with
 SGD and with SGD + GAM (ρ = 0.5, α = 1, chosen on a validation split), one after the other, and prints
 train and test accuracy, the generalisation gap, the top Hessian eigenvalue λ_max, the Hessian trace
 and R1 at the end. It should print (torch 2.14.1 on the CPU; other torch versions round differently
 and move the accuracies by a few tenths of a point; docs/guides/reproduce.md's table is the committed run,
-docs/evidence/main_job.json)::
+docs/evidence/main_job.json):
 
-    estimator                  train acc  test acc     gap     λ_max     trace        R1    img/s    time
-    sgd                           100.00     66.00   34.00      3.54      93.0    4.4224   129573      3s
-    gam ρ=0.5,α=1                  90.30     71.70   18.60      0.88      45.9    0.2956    17442     23s
+```text
+estimator                  train acc  test acc     gap     λ_max     trace        R1    img/s    time
+sgd                           100.00     66.00   34.00      3.54      93.0    4.4224   129573      3s
+gam ρ=0.5,α=1                  90.30     71.70   18.60      0.88      45.9    0.2956    17442     23s
+```
 
 (the last two columns, speed and training time, vary with the machine).
 
-A paper setting, an estimator, overrides (``--key=value``; ``--help`` lists every field)::
+A paper setting, an estimator, overrides (``--key=value``; ``--help`` lists every field):
 
-    python reproduce/train.py --preset=hp1.cifar100.resnet18 --data=~/data/cifar100 --estimator=sam+gam
-    python reproduce/train.py --preset=hp2.imagenet.resnet50 --data=/datasets/imagenet --compile --bf16 --channels_last
-    torchrun --standalone --nproc_per_node=8 reproduce/train.py --preset=hp2.imagenet.resnet50 \
-        --data=/datasets/imagenet --compile --bf16 --channels_last     # one node, 8 GPUs
-    python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels_last
-    python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val_fraction=0.1
-    python reproduce/train.py --preset=time.cifar10.resnet18.gam10pct --data=~/data/cifar10
-    python reproduce/train.py --preset=hp2.imagenet.resnet50 --synthetic --max_steps=20   # smoke test
+```bash
+python reproduce/train.py --preset=hp1.cifar100.resnet18 --data=~/data/cifar100 --estimator=sam+gam
+python reproduce/train.py --preset=hp2.imagenet.resnet50 --data=/datasets/imagenet --compile --bf16 --channels_last
+torchrun --standalone --nproc_per_node=8 reproduce/train.py --preset=hp2.imagenet.resnet50 \
+    --data=/datasets/imagenet --compile --bf16 --channels_last     # one node, 8 GPUs
+python reproduce/train.py --preset=hp1.cifar10.resnet18 --data=~/data/cifar10 --compile --channels_last
+python reproduce/train.py --preset=noise.cifar10.resnet32.p40 --data=~/data/cifar10 --val_fraction=0.1
+python reproduce/train.py --preset=time.cifar10.resnet18.gam10pct --data=~/data/cifar10
+python reproduce/train.py --preset=hp2.imagenet.resnet50 --synthetic --max_steps=20   # smoke test
+```
 
 Output goes to ``<logdir>/<name>/<estimator>/``: TensorBoard events, ``config.json`` (the resolved
 configuration), ``checkpoint.pt`` (every epoch, every ``checkpoint_every`` steps, and on SIGINT/SIGTERM),

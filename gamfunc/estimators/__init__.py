@@ -1,4 +1,4 @@
-"""Gradient estimators: what direction to descend along. See :class:`Estimator`."""
+"""Gradient estimators: what direction to descend along. See [`Estimator`][gamfunc.estimators.Estimator]."""
 
 from gamfunc.estimators.asam import asam
 from gamfunc.estimators.base import Estimate, Estimator

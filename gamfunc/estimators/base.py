@@ -30,10 +30,10 @@ class Estimator:
     ``direction`` is shaped like ``params`` and is what a base optimiser treats as the gradient; ``info``
     holds scalar tensors, at least ``"loss"`` (L(θ)) and ``"grad_norm"`` (‖∇L(θ)‖).
 
-    ``run`` is the same computation with two extras used by :func:`gamfunc.make_step` and by estimators
+    ``run`` is the same computation with two extras used by [`gamfunc.make_step`][gamfunc.make_step] and by estimators
     that nest others (SAM + GAM): ``clean``, the pass at θ if the caller already has it (it is reused,
     not recomputed), and ``step``, the step count at which scheduled hyperparameters are read. It
-    returns an :class:`Estimate` whose ``clean.aux`` is the aux of ``loss_fn`` at θ (new BatchNorm
+    returns an [`Estimate`][gamfunc.estimators.base.Estimate] whose ``clean.aux`` is the aux of ``loss_fn`` at θ (new BatchNorm
     statistics), never one from a perturbed point.
     """
 

@@ -23,36 +23,42 @@ def gam(
     theorem_norms: bool = False,
     adaptive: bool = False,
 ) -> Estimator:
-    """GAM (Zhang et al. 2023, Algorithm 1): descend L_oracle + α·R1_ρ, R1_ρ(θ) = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖.
+    r"""GAM (Zhang et al. 2023, Algorithm 1): descend L_oracle + α·R1_ρ, R1_ρ(θ) = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖.
 
-    Algorithm 1, lines 4–8, with ρ = ``rho``, α = ``alpha``, ξ = ``eps``::
+    Algorithm 1, lines 4–8, with ρ = ``rho``, α = ``alpha``, ξ = ``eps``:
 
-        h_loss = ∇L_oracle(θ)
-        f      = H(θ)·∇L(θ)/(‖∇L(θ)‖ + ξ)                  # = ∇‖∇L‖(θ), Eq. 6
-        θ_adv  = θ + ρ·f/(‖f‖ + ξ)
-        h_norm = ρ·H(θ_adv)·∇L(θ_adv)/(‖∇L(θ_adv)‖ + ξ)     # ≈ ∇R1_ρ(θ), Eq. 5
-        direction = h_loss + α·h_norm
+    $$
+    \begin{aligned}
+    h_{\mathrm{loss}} & = \nabla L_{\mathrm{oracle}}(\theta ) \\
+    f & = H(\theta )\cdot \nabla L(\theta )/(\| \nabla L(\theta )\| + \xi ) \qquad \text{= ∇‖∇L‖(θ), Eq. 6} \\
+    \theta _{\mathrm{adv}} & = \theta + \rho \cdot f/(\| f\| + \xi ) \\
+    h_{\mathrm{norm}} & = \rho \cdot H(\theta _{\mathrm{adv}})\cdot \nabla L(\theta _{\mathrm{adv}})/(\| \nabla L(\theta _{\mathrm{adv}})\| + \xi ) \qquad \text{≈ ∇R1\_ρ(θ), Eq. 5} \\
+    \mathrm{direction} & = h_{\mathrm{loss}} + \alpha \cdot h_{\mathrm{norm}}
+    \end{aligned}
+    $$
 
     The Hessian is never formed: each H·v is a Hessian-vector product from the ``hvp`` backend
-    (:mod:`gamfunc.hvps`). ∇L(θ) is computed once and shared with the oracle when the oracle starts
+    ([`gamfunc.hvps`][gamfunc.hvps]). ∇L(θ) is computed once and shared with the oracle when the oracle starts
     from it (``gradient()`` and ``sam``): exact GAM with the plain oracle costs two gradients and two
     forward-mode passes; ``hvp=hvps.fd()`` costs four gradients (paper Appendix D).
 
     With ``adaptive=True`` the ascent is measured per element in the scale of θ, as the authors'
     ``GAM(adaptive=True)`` perturbs (github.com/xxgege/GAM, commit 694133d, ``gam/gam.py``
-    l.57-59, l.94-97: e_w = ρ·v/(‖|θ|·v‖ + ξ)·θ², the weighted norm of ``_grad_norm`` l.154-155)::
+    l.57-59, l.94-97: e_w = ρ·v/(‖|θ|·v‖ + ξ)·θ², the weighted norm of ``_grad_norm`` l.154-155):
 
-        θ_adv  = θ + ρ·θ²·f/(‖|θ|·f‖ + ξ)                  # θ², |θ| elementwise
+    $$
+    \theta _{\mathrm{adv}} = \theta + \rho \cdot \theta ^{2}\cdot f/(\| |\theta |\cdot f\| + \xi ) \qquad \text{θ², |θ| elementwise}
+    $$
 
-    :func:`~gamfunc.estimators.asam.adaptive_ascent` with η = 0 (ASAM's T = |θ| + η). The
-    authors' code is Algorithm 2 (:func:`gamfunc.gam_accelerated`); here only the ascent to θ_adv
+    `adaptive_ascent` with η = 0 (ASAM's T = |θ| + η). The
+    authors' code is Algorithm 2 ([`gamfunc.gam_accelerated`][gamfunc.estimators.gam_accelerated.gam_accelerated]); here only the ascent to θ_adv
     is scaled, not the Hessian-vector products (nor ``hvp="fd"``'s difference radius).
 
     Args:
         rho: ρ, radius of the ascent to θ_adv (float >= 0 or a schedule).
         alpha: α, weight of the first-order flatness (float >= 0 or a schedule). α = 0 gives the
             oracle's direction.
-        hvp: the H·v backend (:mod:`gamfunc.hvps`): ``hvps.exact()`` (forward-over-reverse),
+        hvp: the H·v backend ([`gamfunc.hvps`][gamfunc.hvps]): ``hvps.exact()`` (forward-over-reverse),
             ``hvps.reverse()`` (reverse-over-reverse), ``hvps.fd(radius=r)``, or the names "exact",
             "reverse", "fd" for ``exact()``, ``reverse()``, ``fd()`` (r = ``hvps.DEFAULT_RADIUS``,
             1e-3, where α·ρ/r = 5 amplifies the gradients' rounding for α = 0.1, ρ = 0.05).
@@ -71,7 +77,7 @@ def gam(
 
     Raises:
         ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool, or
-            ``hvp`` / ``fd_radius`` is not a backend (:func:`gamfunc.hvps.get`).
+            ``hvp`` / ``fd_radius`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]).
         TypeError: ``oracle`` is not an estimator.
 
     Example:

@@ -25,30 +25,36 @@ def gam_accelerated(
     eps: float = 1e-12,
     adaptive: bool = False,
 ) -> Estimator:
-    """Accelerated GAM (paper Algorithm 2): GAM + SAM from four gradients g0..g3.
+    r"""Accelerated GAM (paper Algorithm 2): GAM + SAM from four gradients g0..g3.
 
     Algorithm 2, lines 5–13, with ρ = ``rho``, ρ' = ``rho_prime``, α, β, γ = ``alpha``, ``beta``,
-    ``gamma`` and ξ = ``eps``::
+    ``gamma`` and ξ = ``eps``:
 
-        g0 = ∇L(θ)
-        g1 = ∇L(θ1),  θ1 = θ + ρ'·g0/(‖g0‖ + ξ)        # SAM point; (g1 − g0)/ρ' ≈ H·ĝ0
-        h0 = g1 − g0
-        g2 = ∇L(θ2),  θ2 = θ + ρ·h0/(‖h0‖ + ξ)          # ≈ θ_adv of Algorithm 1
-        g3 = ∇L(θ3),  θ3 = θ2 + ρ'·g2/(‖g2‖ + ξ)        # (g3 − g2)/ρ' ≈ H(θ_adv)·ĝ2
-        h+ = α·g1 + (1 − α)·g3
-        h− = β·g0 + (1 − β)·g2                           # convention="paper"
-        h− = g0 + |1 − β|·g2                             # convention="official"
-        direction = h+ − γ·h−⊥,  h−⊥ = h− − ⟨h−, ĥ+⟩·ĥ+,  ĥ+ = h+/(‖h+‖ + ξ)
+    $$
+    \begin{aligned}
+    g_{0} & = \nabla L(\theta ) \\
+    g_{1} & = \nabla L(\theta _{1}), \qquad \theta _{1} = \theta + \rho '\cdot g_{0}/(\| g_{0}\| + \xi ) \qquad \text{SAM point; (g1 − g0)/ρ' ≈ H·ĝ0} \\
+    h_{0} & = g_{1} - g_{0} \\
+    g_{2} & = \nabla L(\theta _{2}), \qquad \theta _{2} = \theta + \rho \cdot h_{0}/(\| h_{0}\| + \xi ) \qquad \text{≈ θ\_adv of Algorithm 1} \\
+    g_{3} & = \nabla L(\theta _{3}), \qquad \theta _{3} = \theta _{2} + \rho '\cdot g_{2}/(\| g_{2}\| + \xi ) \qquad \text{(g3 − g2)/ρ' ≈ H(θ\_adv)·ĝ2} \\
+    h_{+} & = \alpha \cdot g_{1} + (1 - \alpha )\cdot g_{3} \\
+    h_{-} & = \beta \cdot g_{0} + (1 - \beta )\cdot g_{2} \qquad \text{convention="paper"} \\
+    h_{-} & = g_{0} + |1 - \beta |\cdot g_{2} \qquad \text{convention="official"} \\
+    \mathrm{direction} & = h_{+} - \gamma \cdot h_{-}^{\perp}, \qquad h_{-}^{\perp} = h_{-} - \langle h_{-}, \hat{h} _{+}\rangle \cdot \hat{h} _{+}, \qquad \hat{h} _{+} = h_{+}/(\| h_{+}\| + \xi )
+    \end{aligned}
+    $$
 
     With ``adaptive=True`` each of the three ascents x + r·v/(‖v‖ + ξ) above (to θ1, θ2, θ3) is
     measured per element in the scale of the point x it starts from, as the authors'
     ``GAM(adaptive=True)`` does (github.com/xxgege/GAM, commit 694133d, ``gam/gam.py``:
     ``perturb_weights`` l.57-59 and l.69-71, ``grad_norm_ascent`` l.94-97, with the weighted norm of
-    ``_grad_norm`` l.154-155)::
+    ``_grad_norm`` l.154-155):
 
-        x + r·x²·v/(‖|x|·v‖ + ξ)                         # x², |x| elementwise; x = θ, θ, θ2
+    ```text
+    x + r·x²·v/(‖|x|·v‖ + ξ)                         # x², |x| elementwise; x = θ, θ, θ2
+    ```
 
-    :func:`~gamfunc.estimators.asam.adaptive_ascent` with η = 0 (ASAM's T = |θ| + η).
+    `adaptive_ascent` with η = 0 (ASAM's T = |θ| + η).
 
     Warning:
         The authors' released code forms h− = g0 + |1 − β|·g2, not the paper's β·g0 + (1 − β)·g2.
@@ -62,7 +68,7 @@ def gam_accelerated(
         alpha: α in [0, 1], weight of g1 against g3 in h+.
         beta: β in [0, 1], weight of g0 against g2 in h−.
         gamma: γ >= 0, how much of h−⊥ is removed. α, β and γ may also be schedules of the step
-            count, as ρ and ρ' (:mod:`gamfunc.ensemble` gives each member its values as such).
+            count, as ρ and ρ' ([`gamfunc.ensemble`][gamfunc.ensemble] gives each member its values as such).
         convention: "paper" or "official" (see Warning).
         eps: ξ.
         adaptive: scale the ascents per element by |x| (the authors' ``adaptive=True``).

@@ -11,7 +11,7 @@ from gamfunc.schedules import value
 __all__ = ["gnp"]
 
 RADIUS = 1e-2
-"""r of GNP's ``hvp="fd"``: ten times :data:`gamfunc.hvps.DEFAULT_RADIUS` (see :func:`gnp`)."""
+"""r of GNP's ``hvp="fd"``: ten times [`gamfunc.hvps.DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS] (see [`gnp`][gamfunc.estimators.gnp.gnp])."""
 
 
 def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> Estimator:
@@ -26,7 +26,7 @@ def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> 
 
     Args:
         alpha: α, the weight of the gradient-norm penalty (float >= 0 or a schedule).
-        hvp: the H·v backend (:mod:`gamfunc.hvps`): ``hvps.fd(radius=r)``, ``hvps.exact()``,
+        hvp: the H·v backend ([`gamfunc.hvps`][gamfunc.hvps]): ``hvps.fd(radius=r)``, ``hvps.exact()``,
             ``hvps.reverse()``, or the names "exact", "reverse" and "fd" (default, as Zhao et
             al.). Here "fd" is ``hvps.fd(radius=1e-2)``, ten times ``hvps.DEFAULT_RADIUS``: GNP
             weights the gradient difference by α/r, GAM by α·ρ/r with ρ ≈ 0.05, so GNP takes a
@@ -40,7 +40,7 @@ def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> 
 
     Raises:
         ValueError: ``alpha`` or ``eps`` is negative, or ``hvp`` / ``fd_radius`` is not a backend
-            (:func:`gamfunc.hvps.get`).
+            ([`gamfunc.hvps.get`][gamfunc.hvps.get]).
 
     Warning:
         GNP's α and GAM's are on different scales: GAM's penalty term is α·ρ·∇‖∇L‖(θ_adv), so GNP with

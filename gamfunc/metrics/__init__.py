@@ -3,10 +3,10 @@
 Every metric is a pure function of ``(params, batch, loss_fn)``, the contract of the estimators,
 and never modifies its inputs. ``hvp=`` picks the Hessian-vector product ("exact", "reverse",
 "fd"); ``buffers=`` with ``mode="eval" | "train"`` handles BatchNorm (see
-:mod:`gamfunc.metrics._common`); randomness comes from a ``generator`` (None: seeded with 0).
-Pictures are in :mod:`gamfunc.metrics.plot` (needs matplotlib). λ_max, the trace and R0/R1 check their
+`gamfunc.metrics._common`); randomness comes from a ``generator`` (None: seeded with 0).
+Pictures are in [`gamfunc.metrics.plot`][gamfunc.metrics.plot] (needs matplotlib). λ_max, the trace and R0/R1 check their
 input first: on non-finite parameters, a non-finite loss, or a failed eigendecomposition they return
-NaN and log one line on the ``gamfunc.metrics`` logger (:mod:`gamfunc.metrics.guard`).
+NaN and log one line on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`).
 """
 
 from gamfunc.metrics import flatness, hessian, plot

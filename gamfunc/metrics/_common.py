@@ -1,9 +1,9 @@
 """What the metric modules share: one way to evaluate the loss, H·v at a point, flat vectors, draws.
 
-Every metric of :mod:`gamfunc.metrics` evaluates the loss the same way, through :func:`bound_loss`:
+Every metric of [`gamfunc.metrics`][gamfunc.metrics] evaluates the loss the same way, through `bound_loss`:
 
 * a plain ``loss_fn(params, batch)`` (a scalar, or ``(loss, aux)`` whose aux is ignored) is used as is;
-* with ``buffers=`` given, ``loss_fn`` is the buffered form of :func:`gamfunc.nn.functionalize`,
+* with ``buffers=`` given, ``loss_fn`` is the buffered form of [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize],
   ``loss_fn(params, batch, buffers, train=bool) -> (loss, new_buffers)``, and ``mode`` picks
   BatchNorm's statistics: ``"eval"`` normalises with the running statistics in ``buffers``,
   ``"train"`` with the statistics of the batch. The new buffers are thrown away; the ones given are
@@ -45,7 +45,7 @@ def flat(t: Tree) -> Tensor:
 
 
 def unflat(x: Tensor, like: Tree) -> Tree:
-    """The inverse of :func:`flat`: a vector cut into tensors shaped like ``like``."""
+    """The inverse of `flat`: a vector cut into tensors shaped like ``like``."""
     out, i = {}, 0
     for k, v in like.items():
         n = v.numel()
@@ -77,7 +77,7 @@ def rademacher(n: int, generator: torch.Generator, like: Tensor) -> Tensor:
 def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float | None = None):
     """``v -> H(θ)·v`` at the fixed point θ = ``params``, for dict-shaped v (vmap-able).
 
-    ``hvp`` is a backend of :mod:`gamfunc.hvps` or its name (:func:`gamfunc.hvps.get`). For ``reverse()`` the
+    ``hvp`` is a backend of [`gamfunc.hvps`][gamfunc.hvps] or its name ([`gamfunc.hvps.get`][gamfunc.hvps.get]). For ``reverse()`` the
     gradient is linearised once (``torch.func.vjp`` of ``torch.func.grad``) and its pullback reused
     for every product: each H·v then costs one backward pass through the gradient's graph instead of
     a forward, a backward and that pass (the graph is kept in memory meanwhile). ``fd(radius=r)`` computes

@@ -1,7 +1,7 @@
 """The Hessian's eigenvalue density by stochastic Lanczos quadrature (SLQ), from H·v products only.
 
 The loss is read as every metric reads it, plain or with BatchNorm ``buffers=`` and ``mode``
-(:mod:`gamfunc.metrics._common`); the products are those of
+(`gamfunc.metrics._common`); the products are those of
 [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues].
 """
 
@@ -72,7 +72,7 @@ def lanczos_quadrature(
         probes: the number of Rademacher probes (PyHessian's ``n_v``).
         generator: draws the probes (and any restart direction); None uses a generator seeded
             with 0.
-        hvp: "reverse" (default), "exact", "fd" or a backend of :mod:`gamfunc.hvps`.
+        hvp: "reverse" (default), "exact", "fd" or a backend of [`gamfunc.hvps`][gamfunc.hvps].
         fd_radius: r for ``hvp="fd"``.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
         mode: "eval" (running statistics, as PyHessian) or "train". Used only with ``buffers``.

@@ -1,11 +1,13 @@
-"""Zeroth- and first-order flatness, R0_ρ and R1_ρ (paper Definitions 4.1 and 3.1), estimated by
+r"""Zeroth- and first-order flatness, R0_ρ and R1_ρ (paper Definitions 4.1 and 3.1), estimated by
 projected gradient ascent inside the ball B(θ, ρ).
 
 Both maxima are over a ball and are found the same way. Let φ be the function maximised (L for
 R0, ‖∇L‖ for R1) and ε the offset from θ. From a start ε_0, each step is a normalised ascent step
-of length lr·ρ followed by the projection onto the ball::
+of length lr·ρ followed by the projection onto the ball:
 
-    ε_{t+1} = Π_ρ(ε_t + lr·ρ·∇φ(θ + ε_t)/(‖∇φ(θ + ε_t)‖ + ξ)),   Π_ρ(ε) = ε·min(1, ρ/‖ε‖)
+$$
+\varepsilon _{t+1} = \Pi _\rho (\varepsilon _t + \mathrm{lr}\cdot \rho \cdot \nabla \varphi (\theta + \varepsilon _t)/(\| \nabla \varphi (\theta + \varepsilon _t)\| + \xi )), \qquad \Pi _\rho (\varepsilon ) = \varepsilon \cdot \min(1, \rho /\| \varepsilon \| )
+$$
 
 and the estimate is the best value of φ over every point evaluated (θ itself included), so it is a
 lower bound of the true maximum that only grows with ``steps``. The start (``init``):
@@ -59,7 +61,7 @@ def first_order_flatness(
 ):
     """R1_ρ(θ) = ρ·max_{θ' ∈ B(θ, ρ)} ‖∇L(θ')‖, paper Definition 3.1 (Eq. 4), ρ is ``rho``.
 
-    Projected gradient ascent on φ(θ') = ‖∇L(θ')‖ (see :mod:`gamfunc.metrics.flatness`), whose
+    Projected gradient ascent on φ(θ') = ‖∇L(θ')‖ (see `gamfunc.metrics.flatness`), whose
     gradient ∇‖∇L‖(θ') = H(θ')·∇L(θ')/(‖∇L(θ')‖ + ξ) (paper Eq. 6, ξ is ``eps``) is one
     Hessian-vector product. Each step costs one product; the start costs one more, plus a Lanczos
     run (at most 100 products) for ``init="auto"`` or ``"eigenvector"``.
@@ -68,13 +70,13 @@ def first_order_flatness(
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes.
         loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
-            when ``buffers`` is given (see :mod:`gamfunc.metrics._common`).
+            when ``buffers`` is given (see `gamfunc.metrics._common`).
         rho: ρ > 0, the radius.
         steps: ascent steps after the start (0 keeps the start).
         lr: step length as a fraction of ρ.
         init: "auto", "gradient", "eigenvector" or "random" (module doc).
         hvp: "reverse" (default, reverse-over-reverse), "exact" (forward-over-reverse) or "fd"
-            (:mod:`gamfunc.hvps`), or a backend function.
+            ([`gamfunc.hvps`][gamfunc.hvps]), or a backend function.
         fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
         eps: ξ.
         generator: randomness of the start; None uses a generator seeded with 0.
@@ -136,13 +138,13 @@ def zeroth_order_flatness(
 ):
     """R0_ρ(θ) = max_{θ' ∈ B(θ, ρ)} L(θ') − L(θ), paper Definition 4.1 (Eq. 2), ρ is ``rho``.
 
-    Projected gradient ascent on φ = L (see :mod:`gamfunc.metrics.flatness`): SAM's inner
+    Projected gradient ascent on φ = L (see `gamfunc.metrics.flatness`): SAM's inner
     maximisation run for ``steps`` steps instead of one. Each step costs one gradient; ``hvp`` and
     ``fd_radius`` serve only the Lanczos run of ``init="auto"`` or ``"eigenvector"``.
 
     Args:
         params, batch, loss_fn, rho, steps, lr, init, hvp, fd_radius, eps, generator, return_point, buffers, mode: as
-            :func:`first_order_flatness`.
+            [`first_order_flatness`][gamfunc.metrics.flatness.first_order_flatness].
 
     Returns:
         The estimate of R0_ρ(θ) (0-d tensor, >= 0, a lower bound of the true value); with

@@ -2,7 +2,7 @@
 
 A diverged run ends with non-finite parameters, or finite ones at which the loss overflows; a
 Lanczos or Hutchinson run on them fails deep inside ``torch.linalg.eigh`` or returns garbage. Each
-metric decorated with :func:`measurable` checks its input first (every parameter finite, the loss at
+metric decorated with `measurable` checks its input first (every parameter finite, the loss at
 θ finite) and catches a failed eigendecomposition; in each case it returns NaN of the metric's shape
 and logs one line on the ``gamfunc.metrics`` logger saying why.
 """
@@ -37,7 +37,7 @@ def why_unmeasurable(params, batch, loss_fn, buffers=None, mode: str = "eval") -
 def measurable(shape=(), pair: str = ""):
     """Decorate a metric ``f(params, batch, loss_fn, ..., buffers=None, mode="eval")`` so that it
     returns NaN of ``shape`` (a tuple, or a function of the call's other arguments) with one logged
-    line where :func:`why_unmeasurable` says the input cannot be measured, or where an
+    line where `why_unmeasurable` says the input cannot be measured, or where an
     eigendecomposition inside fails. Where the keyword ``pair`` is true the metric returns a pair
     (value, extra), and then returns (NaN, None). Inside a ``torch.func`` transform or a compiled
     region, where no value can be read, the metric runs unchecked."""

@@ -2,7 +2,7 @@
 Hutchinson's trace estimate, both from Hessian-vector products only.
 
 The loss is read as every metric reads it, plain or with BatchNorm ``buffers=`` and ``mode``
-(:mod:`gamfunc.metrics._common`).
+(`gamfunc.metrics._common`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def top_eigenvalues(
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes.
         loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
-            when ``buffers`` is given (see :mod:`gamfunc.metrics._common`).
+            when ``buffers`` is given (see `gamfunc.metrics._common`).
         k: how many eigenvalues.
         iters: the most Hessian-vector products (Lanczos), or per eigenvalue (power).
         tol: the relative tolerance above.
@@ -87,7 +87,7 @@ def top_eigenvalues(
             each product is one backward pass, as PyHessian's retained graph; the fastest measured),
             "exact" (forward-over-reverse, no graph kept between products), "fd" (finite
             difference of radius ``fd_radius``; Lanczos may then stop at ``iters`` rather than
-            ``tol``), or a backend function of :mod:`gamfunc.hvps`.
+            ``tol``), or a backend function of [`gamfunc.hvps`][gamfunc.hvps].
         fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
         return_eigenvectors: also return the unit eigenvectors, as a list of k dicts.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
@@ -260,18 +260,18 @@ def hessian_trace(
     depend on ``chunk_size``; they are pushed through the Hessian-vector product together under
     ``torch.func.vmap``, ``chunk_size`` at a time (memory grows with it; chunk_size=None takes all S
     at once). With ``hvp="fd"``, a backend function, or a ``loss_fn`` that is a
-    :class:`gamfunc.loss.Objective`, the probes are looped over instead.
+    `gamfunc.loss.Objective`, the probes are looped over instead.
 
     Args:
-        params, batch, loss_fn: as :func:`top_eigenvalues` (the buffered form with ``buffers``).
+        params, batch, loss_fn: as [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues] (the buffered form with ``buffers``).
         samples: S, the number of probes.
         generator: draws the probes; None uses a generator seeded with 0.
         hvp: "reverse" (default; one linearisation shared by all probes), "exact" or "fd", or a
-            backend function (see :func:`top_eigenvalues`).
+            backend function (see [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues]).
         fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
         chunk_size: probes per vmap call.
         return_stderr: also return the standard error.
-        buffers, mode: BatchNorm handling, as :func:`top_eigenvalues`; the paper (Section 5.4,
+        buffers, mode: BatchNorm handling, as [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues]; the paper (Section 5.4,
             following PyHessian) measures in ``"eval"`` mode, the default.
         callback: called after every chunk of probes with the number of probes done: to show
             progress, or to stop a long run by raising (the exception propagates).

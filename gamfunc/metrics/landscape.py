@@ -99,19 +99,19 @@ def landscape_1d(
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes.
         loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
-            when ``buffers`` is given (see :mod:`gamfunc.metrics._common`).
-        direction: "random" (:func:`random_direction`), "hessian" (the unit eigenvector of the
+            when ``buffers`` is given (see `gamfunc.metrics._common`).
+        direction: "random" ([`random_direction`][gamfunc.metrics.landscape.random_direction]), "hessian" (the unit eigenvector of the
             largest Hessian eigenvalue, by Lanczos), or a dict shaped like ``params``.
         span: (α_min, α_max).
         points: P >= 2.
         biasbn: for "random": "ignore" or "include" the tensors of dimension <= 1.
         generator: randomness of "random" and of the Lanczos start; None seeds with 0.
-        hvp: the Hessian-vector product for "hessian" (see :func:`top_eigenvalues`).
+        hvp: the Hessian-vector product for "hessian" (see [`top_eigenvalues`][gamfunc.metrics.landscape.top_eigenvalues]).
         buffers, mode: BatchNorm handling; Li et al.'s code evaluates in ``"eval"`` mode, the
             default.
 
     Returns:
-        A :class:`Landscape1D`.
+        A [`Landscape1D`][gamfunc.metrics.landscape.Landscape1D].
 
     Example:
         >>> import torch
@@ -152,14 +152,14 @@ def landscape_2d(
     """L(θ + α·d1 + β·d2) on a grid of (α, β) (Li et al. 2018, the contour plots of Figure 1).
 
     Args:
-        params, batch, loss_fn, biasbn, generator, hvp, buffers, mode: as :func:`landscape_1d`.
-        directions: "random" (two independent :func:`random_direction`), "hessian" (the unit
+        params, batch, loss_fn, biasbn, generator, hvp, buffers, mode: as [`landscape_1d`][gamfunc.metrics.landscape.landscape_1d].
+        directions: "random" (two independent [`random_direction`][gamfunc.metrics.landscape.random_direction]), "hessian" (the unit
             eigenvectors of the two largest Hessian eigenvalues), or a pair of dicts.
         span: (min, max) for both axes, or ((α_min, α_max), (β_min, β_max)).
         points: P for both axes, or (P, Q).
 
     Returns:
-        A :class:`Landscape2D`; ``losses[i, j]`` is the loss at (alphas[i], betas[j]).
+        A [`Landscape2D`][gamfunc.metrics.landscape.Landscape2D]; ``losses[i, j]`` is the loss at (alphas[i], betas[j]).
 
     Example:
         >>> import torch

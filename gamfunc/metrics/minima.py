@@ -17,7 +17,7 @@ __all__ = ["MinimaDensity", "count_extrema", "minima_density"]
 
 
 class MinimaDensity(NamedTuple):
-    """What :func:`minima_density` measured, one row per random direction."""
+    """What [`minima_density`][gamfunc.metrics.minima.minima_density] measured, one row per random direction."""
 
     minima: Tensor  # [N] int64: strict local minima of the loss along each direction
     maxima: Tensor  # [N] int64: strict local maxima
@@ -44,14 +44,14 @@ def minima_density(
     weights, scaled to unit norm), step M = ``steps`` times by ρ/M along each and evaluate
     ℓ_{n,i} = L(θ + i·(ρ/M)·u_n), i = 0..M. A local minimum is an interior point whose loss is
     strictly below both neighbours, a local maximum strictly above; a run of equal values counts once
-    (see :func:`count_extrema`). The paper's setting is ρ = 0.1, M = 10 (steps of norm 0.01),
+    (see `count_extrema`). The paper's setting is ρ = 0.1, M = 10 (steps of norm 0.01),
     N = 100, on the training loss at convergence, and reports the distribution over directions.
 
     Args:
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes (the paper uses the training loss).
         loss_fn: L, ``loss_fn(params, batch)`` (a scalar or ``(loss, aux)``), or the buffered form
-            when ``buffers`` is given (see :mod:`gamfunc.metrics._common`).
+            when ``buffers`` is given (see `gamfunc.metrics._common`).
         rho: ρ, the radius.
         directions: N.
         steps: M, the number of steps of norm ρ/M.
@@ -60,7 +60,7 @@ def minima_density(
             default here is ``"eval"`` (running statistics).
 
     Returns:
-        A :class:`MinimaDensity` with the counts per direction and the losses behind them.
+        A [`MinimaDensity`][gamfunc.metrics.minima.MinimaDensity] with the counts per direction and the losses behind them.
 
     Warning:
         Only interior points count: θ (i = 0) and the point at radius ρ (i = M) have one neighbour

@@ -20,29 +20,33 @@ def adam(
     weight_decay=0.0,
     weight_decay_mask: Mask = None,
 ) -> Transform:
-    """Adam, the update of ``torch.optim.Adam`` (weight decay added to the direction) as a pure function.
+    r"""Adam, the update of ``torch.optim.Adam`` (weight decay added to the direction) as a pure function.
 
     With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, ε = ``eps``, λ = ``weight_decay``, t the
-    step counted from 1::
+    step counted from 1:
 
-        d ← d + λ·θ                                        (where the mask is true)
-        m ← β₁·m + (1 − β₁)·d
-        v ← β₂·v + (1 − β₂)·d²
-        u = −η/(1 − β₁ᵗ) · m / (√v/√(1 − β₂ᵗ) + ε)          (the updates: θ ← θ + u)
+    $$
+    \begin{aligned}
+    d & \leftarrow d + \lambda \cdot \theta \qquad \text{(where the mask is true)} \\
+    m & \leftarrow \beta _{1}\cdot m + (1 - \beta _{1})\cdot d \\
+    v & \leftarrow \beta _{2}\cdot v + (1 - \beta _{2})\cdot d^{2} \\
+    u & = -\eta /(1 - \beta _{1}^{t}) \cdot m / (\sqrt{v}/\sqrt{1 - \beta _{2}^{t}} + \varepsilon ) \qquad \text{(the updates: θ ← θ + u)}
+    \end{aligned}
+    $$
 
     that is ``chain(add_decayed_weights(λ, mask), scale_by_adam(β₁, β₂, ε),
-    scale_by_learning_rate(η))`` with η and λ injected (:func:`gamfunc.inject_hyperparams`).
+    scale_by_learning_rate(η))`` with η and λ injected ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]).
 
     Args:
         lr: η, float >= 0 or a schedule.
         betas: (β₁, β₂), each in [0, 1).
         eps: ε >= 0.
         weight_decay: λ >= 0 (L2, coupled), or a schedule of the step count.
-        weight_decay_mask: which parameters decay, as in :func:`gamfunc.adamw`.
+        weight_decay_mask: which parameters decay, as in [`gamfunc.adamw`][gamfunc.optim.adamw.adamw].
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform`; its state is an
-        :class:`~gamfunc.optim.inject.InjectState`, its update needs ``step=`` (bias correction).
+        A [`Transform`][gamfunc.optim.base.Transform]; its state is an
+        [`InjectState`][gamfunc.optim.inject.InjectState], its update needs ``step=`` (bias correction).
 
     Raises:
         ValueError: an invalid argument, naming it.

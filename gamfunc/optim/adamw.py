@@ -20,33 +20,37 @@ def adamw(
     weight_decay=1e-2,
     weight_decay_mask: Mask = None,
 ) -> Transform:
-    """Adam with decoupled weight decay, the update of ``torch.optim.AdamW`` as a pure function.
+    r"""Adam with decoupled weight decay, the update of ``torch.optim.AdamW`` as a pure function.
 
     With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, ε = ``eps``, λ = ``weight_decay``, t the
-    step counted from 1::
+    step counted from 1:
 
-        m ← β₁·m + (1 − β₁)·d
-        v ← β₂·v + (1 − β₂)·d²
-        u = −η·(m / (√v/√(1 − β₂ᵗ) + ε) / (1 − β₁ᵗ) + λ·θ)     (λ·θ where the mask is true)
+    $$
+    \begin{aligned}
+    m & \leftarrow \beta _{1}\cdot m + (1 - \beta _{1})\cdot d \\
+    v & \leftarrow \beta _{2}\cdot v + (1 - \beta _{2})\cdot d^{2} \\
+    u & = -\eta \cdot (m / (\sqrt{v}/\sqrt{1 - \beta _{2}^{t}} + \varepsilon ) / (1 - \beta _{1}^{t}) + \lambda \cdot \theta ) \qquad \text{(λ·θ where the mask is true)}
+    \end{aligned}
+    $$
 
-    the updates, so that θ + u (:func:`gamfunc.apply_updates`) is ``torch.optim.AdamW``'s
+    the updates, so that θ + u ([`gamfunc.apply_updates`][gamfunc.apply_updates]) is ``torch.optim.AdamW``'s
     θ·(1 − η·λ) − η/(1 − β₁ᵗ) · m / (…) up to the rounding of the sum. It is
     ``chain(scale_by_adam(β₁, β₂, ε), add_decayed_weights(λ, mask), scale_by_learning_rate(η))``
-    with η and λ injected (:func:`gamfunc.inject_hyperparams`).
+    with η and λ injected ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]).
 
     Args:
         lr: η, float >= 0 or a schedule.
         betas: (β₁, β₂), each in [0, 1).
         eps: ε >= 0.
-        weight_decay: λ >= 0, or a schedule of the step count (:mod:`gamfunc.ensemble` gives each
+        weight_decay: λ >= 0, or a schedule of the step count ([`gamfunc.ensemble`][gamfunc.ensemble] gives each
             member its λ as one).
         weight_decay_mask: which parameters decay, as the ``mask`` of
-            :func:`gamfunc.add_decayed_weights`. Equal to ``torch.optim.AdamW`` with two param
+            [`gamfunc.add_decayed_weights`][gamfunc.add_decayed_weights]. Equal to ``torch.optim.AdamW`` with two param
             groups, the masked-out one with ``weight_decay=0``.
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform`; its state is an
-        :class:`~gamfunc.optim.inject.InjectState`, its update needs ``step=`` (bias correction).
+        A [`Transform`][gamfunc.optim.base.Transform]; its state is an
+        [`InjectState`][gamfunc.optim.inject.InjectState], its update needs ``step=`` (bias correction).
 
     Raises:
         ValueError: an invalid argument, naming it.

@@ -1,5 +1,5 @@
 """The one contract of optimisers and transforms: ``init`` and ``update`` returning updates,
-:func:`apply_updates`, and :func:`call_update`, which gives the step count to an update that reads
+[`apply_updates`][gamfunc.optim.base.apply_updates], and [`call_update`][gamfunc.optim.base.call_update], which gives the step count to an update that reads
 it."""
 
 from __future__ import annotations
@@ -34,22 +34,22 @@ class Transform(NamedTuple):
 
     ``init(params) -> state``; ``update(direction, state, params) -> (updates, new_state)``, and the
     new parameters are ``apply_updates(params, updates)``, θ ← θ + u (optax's
-    ``GradientTransformation``). An optimiser (:func:`gamfunc.sgd`, :func:`gamfunc.adamw`, ...) is a
+    ``GradientTransformation``). An optimiser ([`gamfunc.sgd`][gamfunc.optim.sgd.sgd], [`gamfunc.adamw`][gamfunc.optim.adamw.adamw], ...) is a
     transform whose updates are its whole signed step, u = −η·(its update rule); a transform such as
-    :func:`gamfunc.clip_by_global_norm` changes the direction it is given. So :func:`gamfunc.chain`
+    [`gamfunc.clip_by_global_norm`][gamfunc.clip_by_global_norm] changes the direction it is given. So [`gamfunc.chain`][gamfunc.chain]
     puts any of them before, between or after an optimiser, and the result is again a Transform.
 
-    ``state`` is a NamedTuple of tensors (:class:`~gamfunc.transforms.TraceState`,
-    :class:`~gamfunc.transforms.ClipState`, ``()`` for a stateless transform), a pytree for
+    ``state`` is a NamedTuple of tensors ([`TraceState`][gamfunc.transforms.TraceState],
+    [`ClipState`][gamfunc.transforms.ClipState], ``()`` for a stateless transform), a pytree for
     ``torch.compile`` and ``torch.func.vmap``. Neither function mutates its arguments, and ``update``
     branches on no tensor value. A state holds the transform's own statistics only: the step count
-    is the step's (:class:`gamfunc.StepState` ``.step``). An ``update`` that reads it (bias
+    is the step's ([`gamfunc.StepState`][gamfunc.StepState] ``.step``). An ``update`` that reads it (bias
     corrections, schedules) takes it as a keyword, ``update(direction, state, params, *,
-    step=None)``, and :func:`call_update` gives it to those that take it, so a user's own
+    step=None)``, and [`call_update`][gamfunc.optim.base.call_update] gives it to those that take it, so a user's own
     three-argument ``update`` works wherever a gamfunc one does (optax's extra arguments).
 
     The learning rate and other hyperparameters a step logs or a caller sets between steps live in
-    the state of :func:`gamfunc.inject_hyperparams`, which :func:`gamfunc.sgd` and the other
+    the state of [`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams], which [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] and the other
     optimisers use.
 
     Example:
@@ -66,7 +66,7 @@ class Transform(NamedTuple):
 
 
 def apply_updates(params: Tree, updates: Tree) -> Tree:
-    """θ + u for every parameter: the new parameters from a :class:`Transform`'s updates.
+    """θ + u for every parameter: the new parameters from a [`Transform`][gamfunc.optim.base.Transform]'s updates.
 
     Each sum is cast back to the parameter's dtype (an update of another dtype does not promote the
     parameter). ``params`` is not modified.
@@ -139,7 +139,7 @@ def call_update(
     """``transform.update(direction, state, params)``, with ``step=step`` where it takes one.
 
     Args:
-        transform: any :class:`Transform`, a user's own included.
+        transform: any [`Transform`][gamfunc.optim.base.Transform], a user's own included.
         direction: the direction (or the updates of the transforms before it).
         state: its state.
         params: the parameters θ.

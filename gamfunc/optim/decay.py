@@ -1,4 +1,4 @@
-"""The weight decay of the optimisers' chains: one :func:`gamfunc.add_decayed_weights` for all."""
+"""The weight decay of the optimisers' chains: one [`gamfunc.add_decayed_weights`][gamfunc.add_decayed_weights] for all."""
 
 from __future__ import annotations
 

@@ -13,10 +13,10 @@ __all__ = ["GroupsState", "param_groups"]
 
 
 class GroupsState(NamedTuple):
-    """The state of :func:`param_groups`: one optimiser state per group, in the order in which the
+    """The state of [`param_groups`][gamfunc.optim.groups.param_groups]: one optimiser state per group, in the order in which the
     groups' first parameters come in ``params``.
 
-    Each group's hyperparameters are in its own state (:func:`gamfunc.inject_hyperparams`): set a
+    Each group's hyperparameters are in its own state ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]): set a
     group's lr in ``states[g]`` and only that group moves with it. A step logs the first group's lr.
 
     Attributes:
@@ -34,23 +34,25 @@ def param_groups(
     Each parameter gets ``base(**(defaults | o₁ | o₂ | …))``, oᵢ the options of every pattern its
     name matches (``fnmatch``: ``*`` any text, ``?`` one character), in the order of ``groups``, a
     later one winning. Parameters with the same matches form one group with one optimiser over
-    them, so per group the updates are those of ``base`` alone::
+    them, so per group the updates are those of ``base`` alone:
 
-        u[k] = base_g(k).update(d[G], s_G, θ[G])[k],   G = the group of parameter k
+    ```text
+    u[k] = base_g(k).update(d[G], s_G, θ[G])[k],   G = the group of parameter k
+    ```
 
     which is ``torch.optim``'s param groups: equal to ``torch.optim.X([{"params": ..., **o}, ...],
     **defaults)`` over 50 steps in float64. ``"*.bias"`` with ``weight_decay=0.0`` reuses the idea of
-    :func:`gamfunc.decay_mask` through names instead of dimensions.
+    [`gamfunc.decay_mask`][gamfunc.decay_mask] through names instead of dimensions.
 
     Args:
         groups: pattern -> keyword arguments of ``base`` (``lr``, ``weight_decay``, ``momentum``,
             ``betas``... anything ``base`` takes, schedules included).
-        base: an optimiser factory, e.g. :func:`gamfunc.adamw`, or any callable returning a
-            :class:`~gamfunc.optim.base.Transform` (a ``functools.partial``).
+        base: an optimiser factory, e.g. [`gamfunc.adamw`][gamfunc.optim.adamw.adamw], or any callable returning a
+            [`Transform`][gamfunc.optim.base.Transform] (a ``functools.partial``).
         **defaults: the keyword arguments of every group.
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform`; its state is a :class:`GroupsState`.
+        A [`Transform`][gamfunc.optim.base.Transform]; its state is a [`GroupsState`][gamfunc.optim.groups.GroupsState].
 
     Raises:
         ValueError: ``groups`` is not a dict of pattern -> dict, or ``base`` rejects a group's
@@ -60,7 +62,7 @@ def param_groups(
         ρ per group is not supported: an estimator's perturbation is ρ·g/‖g‖ with one norm over every
         parameter, and GAM's ∇‖∇L‖ is taken through that same perturbation; a per-group ρ changes
         the perturbation's geometry inside every estimator (as ASAM's scaling does), not an
-        optimiser option. Use :func:`gamfunc.asam` for a per-parameter scale of the ascent.
+        optimiser option. Use [`gamfunc.asam`][gamfunc.estimators.asam.asam] for a per-parameter scale of the ascent.
 
     Example:
         >>> import torch, gamfunc

@@ -1,4 +1,4 @@
-"""Hyperparameters as state: :func:`inject_hyperparams` keeps a factory's numbers (lr, weight decay,
+"""Hyperparameters as state: [`inject_hyperparams`][gamfunc.optim.inject.inject_hyperparams] keeps a factory's numbers (lr, weight decay,
 ...) as 0-d tensors in its state, where a step reads them and a caller sets them between steps
 without recompiling, and evaluates its schedules at the step count (optax's ``inject_hyperparams``)."""
 
@@ -25,12 +25,12 @@ __all__ = [
 
 
 class InjectState(NamedTuple):
-    """The state of a transform made by :func:`inject_hyperparams`.
+    """The state of a transform made by [`inject_hyperparams`][gamfunc.optim.inject.inject_hyperparams].
 
     Attributes:
         hyperparams: name -> 0-d float64 tensor, the constants the next update uses. Replace one
             (``state._replace(hyperparams={**state.hyperparams, "lr": new})``, or
-            :func:`set_hyperparams`) to change it between steps; a compiled step does not recompile.
+            [`set_hyperparams`][gamfunc.optim.inject.set_hyperparams]) to change it between steps; a compiled step does not recompile.
         scheduled: name -> 0-d float64 tensor, each schedule's value at the last update (at t = 0
             in the state ``init`` returns: the value the first update will use). Set by the
             schedule alone.
@@ -56,9 +56,9 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
     """A factory whose numeric arguments live in the transform's state.
 
     ``inject_hyperparams(factory)(**kwargs)`` is ``factory(**kwargs)``, except that every argument
-    given as a number or a 0-d tensor is kept in :attr:`InjectState.hyperparams` and every
+    given as a number or a 0-d tensor is kept in `InjectState.hyperparams` and every
     schedule (a callable ``t -> 0-d tensor``) is evaluated at the step count t of each update
-    (:attr:`InjectState.scheduled`); the factory is called at every update with those values as
+    (`InjectState.scheduled`); the factory is called at every update with those values as
     0-d tensors, so it must accept tensors for them (every gamfunc factory does). Any other
     argument (a bool, a tuple, a mask) is passed as given.
 
@@ -66,8 +66,8 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
         factory: a function ``(**kwargs) -> Transform``.
 
     Returns:
-        A function of the same keyword arguments returning a :class:`~gamfunc.optim.base.Transform`,
-        whose state is an :class:`InjectState`. Its update takes ``step=`` (needed where an argument
+        A function of the same keyword arguments returning a [`Transform`][gamfunc.optim.base.Transform],
+        whose state is an [`InjectState`][gamfunc.optim.inject.InjectState]. Its update takes ``step=`` (needed where an argument
         is a schedule).
 
     Example:
@@ -124,14 +124,14 @@ def _numeric(v) -> bool:
 
 
 def injected(state) -> list[InjectState]:
-    """Every :class:`InjectState` in an optimiser's state, outermost first, in the order of the
+    """Every [`InjectState`][gamfunc.optim.inject.InjectState] in an optimiser's state, outermost first, in the order of the
     state's fields (a chain's elements, param groups in order).
 
     Args:
         state: an optimiser's state (any pytree of NamedTuples, tuples and dicts).
 
     Returns:
-        A list of :class:`InjectState`.
+        A list of [`InjectState`][gamfunc.optim.inject.InjectState].
     """
     found = []
 
@@ -167,7 +167,7 @@ def learning_rate(state) -> Tensor | None:
 
 
 def set_hyperparams(state, **values: float | Tensor):
-    """``state`` with the hyperparameters ``values`` set in every :class:`InjectState` that keeps
+    """``state`` with the hyperparameters ``values`` set in every [`InjectState`][gamfunc.optim.inject.InjectState] that keeps
     them; a number becomes a new 0-d float64 tensor on that state's device.
 
     Args:
@@ -211,8 +211,8 @@ def _set(s: InjectState, values: dict) -> InjectState:
 
 
 def map_injected(state, fn: Callable[[InjectState], InjectState]):
-    """``state`` with ``fn`` applied to every :class:`InjectState` in it, in the order of
-    :func:`injected` (outermost first).
+    """``state`` with ``fn`` applied to every [`InjectState`][gamfunc.optim.inject.InjectState] in it, in the order of
+    [`injected`][gamfunc.optim.inject.injected] (outermost first).
 
     Args:
         state: an optimiser's state.

@@ -19,17 +19,21 @@ def lion(
     weight_decay=0.0,
     weight_decay_mask: Mask = None,
 ) -> Transform:
-    """Lion: the sign of an interpolated momentum, with decoupled weight decay (paper Algorithm 2).
+    r"""Lion: the sign of an interpolated momentum, with decoupled weight decay (paper Algorithm 2).
 
-    With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, λ = ``weight_decay``::
+    With d the direction, η = ``lr``, (β₁, β₂) = ``betas``, λ = ``weight_decay``:
 
-        c ← β₁·m + (1 − β₁)·d
-        u = −η·(sign(c) + λ·θ)                             (λ·θ where the mask is true)
-        θ ← θ + u                                          (gamfunc.apply_updates)
-        m ← β₂·m + (1 − β₂)·d
+    $$
+    \begin{aligned}
+    c & \leftarrow \beta _{1}\cdot m + (1 - \beta _{1})\cdot d \\
+    u & = -\eta \cdot (\mathrm{sign}(c) + \lambda \cdot \theta ) \qquad \text{(λ·θ where the mask is true)} \\
+    \theta & \leftarrow \theta + u \qquad \text{(gamfunc.apply\_updates)} \\
+    m & \leftarrow \beta _{2}\cdot m + (1 - \beta _{2})\cdot d
+    \end{aligned}
+    $$
 
     that is ``chain(scale_by_lion(β₁, β₂), add_decayed_weights(λ, mask),
-    scale_by_learning_rate(η))`` with η and λ injected (:func:`gamfunc.inject_hyperparams`). Lion's
+    scale_by_learning_rate(η))`` with η and λ injected ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]). Lion's
     step has the same size in every coordinate, so its lr is usually 3-10× smaller than AdamW's and
     its weight decay as much larger (the paper's advice).
 
@@ -37,11 +41,11 @@ def lion(
         lr: η, float >= 0 or a schedule.
         betas: (β₁, β₂), each in [0, 1).
         weight_decay: λ >= 0, or a schedule of the step count.
-        weight_decay_mask: which parameters decay, as in :func:`gamfunc.adamw`.
+        weight_decay_mask: which parameters decay, as in [`gamfunc.adamw`][gamfunc.optim.adamw.adamw].
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform`; its state is an
-        :class:`~gamfunc.optim.inject.InjectState`.
+        A [`Transform`][gamfunc.optim.base.Transform]; its state is an
+        [`InjectState`][gamfunc.optim.inject.InjectState].
 
     Raises:
         ValueError: an invalid argument, naming it.

@@ -21,35 +21,39 @@ def sgd(
     weight_decay=0.0,
     weight_decay_mask: Mask = None,
 ) -> Transform:
-    """Stochastic gradient descent, the update of ``torch.optim.SGD`` as a pure function.
+    r"""Stochastic gradient descent, the update of ``torch.optim.SGD`` as a pure function.
 
     With d the direction from an estimator, λ = ``weight_decay``, μ = ``momentum``, τ = ``dampening``,
-    η = ``lr``::
+    η = ``lr``:
 
-        d ← d + λ·θ                                         (where the mask is true)
-        b ← d at the first step, else μ·b + (1 − τ)·d      (if μ ≠ 0)
-        d ← d + μ·b if nesterov else b                      (if μ ≠ 0)
-        u = −η·d                       (the updates; θ ← θ + u is gamfunc.apply_updates)
+    $$
+    \begin{aligned}
+    d & \leftarrow d + \lambda \cdot \theta \qquad \text{(where the mask is true)} \\
+    b & \leftarrow d \ \text{at the first step, else}\ \mu \cdot b + (1 - \tau )\cdot d \qquad \text{(if μ ≠ 0)} \\
+    d & \leftarrow d + \mu \cdot b \ \text{if nesterov else}\ b \qquad \text{(if μ ≠ 0)} \\
+    u & = -\eta \cdot d \qquad \text{(the updates; θ ← θ + u is gamfunc.apply\_updates)}
+    \end{aligned}
+    $$
 
     that is ``chain(add_decayed_weights(λ, mask), trace(μ, τ, nesterov), scale_by_learning_rate(η))``
-    (:mod:`gamfunc.transforms`; an element is left out where λ or μ is 0), with η and λ injected
-    (:func:`gamfunc.inject_hyperparams`): a step logs η in ``metrics["lr"]``, and
-    :func:`gamfunc.set_hyperparams` sets a constant η or λ between steps.
+    ([`gamfunc.transforms`][gamfunc.transforms]; an element is left out where λ or μ is 0), with η and λ injected
+    ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]): a step logs η in ``metrics["lr"]``, and
+    [`gamfunc.set_hyperparams`][gamfunc.set_hyperparams] sets a constant η or λ between steps.
 
     Args:
-        lr: η, a float >= 0 or a schedule (:mod:`gamfunc.schedules`).
+        lr: η, a float >= 0 or a schedule ([`gamfunc.schedules`][gamfunc.schedules]).
         momentum: μ >= 0.
         dampening: τ >= 0.
         nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
         weight_decay: λ >= 0, coupled (L2) weight decay; or a schedule of the step count
-            (:mod:`gamfunc.ensemble` gives each member its λ as one).
+            ([`gamfunc.ensemble`][gamfunc.ensemble] gives each member its λ as one).
         weight_decay_mask: which parameters decay, as the ``mask`` of
-            :func:`gamfunc.add_decayed_weights` (:func:`gamfunc.decay_mask` gives the usual choice).
+            [`gamfunc.add_decayed_weights`][gamfunc.add_decayed_weights] ([`gamfunc.decay_mask`][gamfunc.decay_mask] gives the usual choice).
 
     Returns:
-        A :class:`~gamfunc.optim.base.Transform`; its updates are u = −η·d, its state an
-        :class:`~gamfunc.optim.inject.InjectState` around the chain's
-        :class:`~gamfunc.transforms.ChainState`.
+        A [`Transform`][gamfunc.optim.base.Transform]; its updates are u = −η·d, its state an
+        [`InjectState`][gamfunc.optim.inject.InjectState] around the chain's
+        [`ChainState`][gamfunc.transforms.ChainState].
 
     Raises:
         ValueError: an invalid argument, naming it.

@@ -168,9 +168,9 @@ def train_batches(
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """This rank's batches ``start, start+1, ...`` of an epoch visiting ``ds`` in ``order`` (the last
     partial global batch is dropped): ``batch_size // world`` examples each, the rank's part of the
-    global batch (:func:`shard_positions`), each example augmented under the seed of its position.
+    global batch (`shard_positions`), each example augmented under the seed of its position.
 
-    ``loader`` (a :class:`FolderLoader` or a GPU loader of ``ds``) serves folder data sets; without
+    ``loader`` (a `FolderLoader` or a GPU loader of ``ds``) serves folder data sets; without
     one a fresh DataLoader is made."""
     steps = len(order) // batch_size
     fast = ds.tensors()

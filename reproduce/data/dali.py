@@ -1,7 +1,7 @@
 """ImageNet JPEG folders decoded and augmented by NVIDIA DALI (the ``[imagenet]`` extra).
 
-:class:`DaliJpegLoader` serves the batches of an epoch's (example, augmentation seed) keys, this
-rank's part of the global order as :class:`reproduce.data.batches.FolderLoader` serves them, through a DALI
+`DaliJpegLoader` serves the batches of an epoch's (example, augmentation seed) keys, this
+rank's part of the global order as `reproduce.data.batches.FolderLoader` serves them, through a DALI
 pipeline. DALI's ``mixed`` decoder decodes on the GPU: its hardware JPEG engines take a share of
 each batch (``hw_decoder_load``; A100, H100 and H200 have them) and nvJPEG's CUDA decoder the rest.
 The augmentation (RandomResizedCrop 224 with scale (0.08, 1) and ratio (3/4, 4/3), a horizontal
@@ -10,21 +10,21 @@ flip with probability 1/2, the ImageNet normalisation; for evaluation the shorte
 
 * ``crops="dali"`` (``--loader=dali``): in training, DALI reads the files in the keys' order on
   threads of its own and computes each crop window and flip in the pipeline, from the image's size and
-  numbers hashed from the example's seed (:func:`uniforms`): no Python per image, and an example's
+  numbers hashed from the example's seed (`uniforms`): no Python per image, and an example's
   crop does not depend on the batch, the rank or the resume point, so a resumed run is bit-exact.
   The window is RandomResizedCrop's (area fraction, log aspect ratio and corner uniform), clamped to
   the image where torchvision would draw again: the same transform, not torchvision's draws.
   Evaluation, which draws nothing, is the exact pipeline's.
-* ``crops="exact"`` (``--loader=dali_exact``): DataLoader worker processes (:class:`Encoded`) read
+* ``crops="exact"`` (``--loader=dali_exact``): DataLoader worker processes (`Encoded`) read
   each file, read its size from the JPEG header and draw its crop window and flip under the
   example's seed exactly as torchvision's CPU transforms draw them
-  (:func:`reproduce.data.nvjpeg.crop_and_flip`), and hand each batch's files over as one shared tensor
-  (:func:`collate`); DALI decodes and resizes each window (linear, antialiased, one resampling). The
+  (`reproduce.data.nvjpeg.crop_and_flip`), and hand each batch's files over as one shared tensor
+  (`collate`); DALI decodes and resizes each window (linear, antialiased, one resampling). The
   batches are the CPU pipeline's to the decoders' rounding, and a resumed run is bit-exact; the
   Python work per image, about 0.1-0.2 ms in a worker, bounds the rate.
 
 On the GPU a batch is handed over on the consumer's current stream (``train.py``'s is a stream of
-its own, :func:`reproduce.run.launch.own_stream`): the copy waits on the GPU for DALI's work, the
+its own, `reproduce.run.launch.own_stream`): the copy waits on the GPU for DALI's work, the
 host does not. Beside a training step, DALI's hardware decoding advances only in the step's gaps:
 its decoding thread waits in ``cudaEventSynchronize`` from early in a step until the step's kernels
 end, on the legacy default stream or a stream of its own, with the batch handed over on the
@@ -67,7 +67,7 @@ def jpeg_size(data: bytes) -> tuple[int, int]:
 
 
 class DaliJpegLoader:
-    """Batches ``(images, labels)`` of an ImageFolder-based :class:`reproduce.data.examples.Examples`, decoded
+    """Batches ``(images, labels)`` of an ImageFolder-based `reproduce.data.examples.Examples`, decoded
     and augmented by DALI.
 
     Args:
@@ -202,7 +202,7 @@ class DaliJpegLoader:
     def _dali_pipeline(self):
         """The keys' files read in order on DALI's threads; each crop window and flip computed in
         the pipeline from the image's size and five uniform numbers hashed from the example's seed
-        (:func:`uniforms`, fed with the paths by :meth:`_dali_feed`): RandomResizedCrop's area
+        (`uniforms`, fed with the paths by `_dali_feed`): RandomResizedCrop's area
         fraction in (0.08, 1) and log aspect ratio in (log 3/4, log 4/3), the window clamped to the
         image (torchvision draws again, up to ten times, where this clamps), its corner uniform over
         the positions left, a flip with probability 1/2."""
@@ -241,7 +241,7 @@ class DaliJpegLoader:
         return self._pipeline(graph)
 
     def _dali_feed(self, keys) -> Iterator[list]:
-        """The batches of ``keys`` as :meth:`_dali_pipeline` reads them: each file's path (UTF-8
+        """The batches of ``keys`` as `_dali_pipeline` reads them: each file's path (UTF-8
         bytes), its label, the example's five uniform numbers."""
         rows = torch.tensor([j for j, _ in keys])
         files = [self.paths[i] for i in self.ds.indices.cpu()[rows].tolist()]
@@ -253,8 +253,8 @@ class DaliJpegLoader:
             yield [paths, labels[part, None], draws[part]]
 
     def _exact_feed(self, keys) -> Iterator[list]:
-        """The batches of ``keys`` as :meth:`_exact_pipeline` reads them, from a DataLoader whose
-        workers read the files and draw the crops (:class:`Encoded`) ``read_ahead`` batches ahead,
+        """The batches of ``keys`` as `_exact_pipeline` reads them, from a DataLoader whose
+        workers read the files and draw the crops (`Encoded`) ``read_ahead`` batches ahead,
         each batch's files in one shared tensor; the workers persist from one epoch to the next."""
         from reproduce.data.batches import FolderLoader
 
@@ -391,7 +391,7 @@ class Encoded(torch.utils.data.Dataset):
 
 
 def collate(examples) -> tuple[Tensor, ...]:
-    """A batch of :class:`Encoded` examples as five tensors (one shared-memory transfer each from a
+    """A batch of `Encoded` examples as five tensors (one shared-memory transfer each from a
     worker): the files' bytes end to end, where each file ends, the labels, the windows, the flips."""
     data, labels, windows, flips = zip(*examples, strict=True)
     ends = np.cumsum([len(d) for d in data])

@@ -1,6 +1,6 @@
 """ImageNet JPEG folders decoded and augmented on the GPU (nvJPEG through torchvision).
 
-:class:`GpuJpegLoader` serves the same batches as :class:`reproduce.data.batches.FolderLoader`, from the same
+`GpuJpegLoader` serves the same batches as `reproduce.data.batches.FolderLoader`, from the same
 (example, augmentation seed) keys, with the decoding and the transforms moved to the GPU:
 
 * a pool of threads reads the files' bytes (``read_ahead`` batches ahead of the step);
@@ -99,7 +99,7 @@ def _read(path: str) -> Tensor:
 
 
 class GpuJpegLoader:
-    """Batches ``(images, labels)`` of an ImageFolder-based :class:`reproduce.data.examples.Examples`, decoded
+    """Batches ``(images, labels)`` of an ImageFolder-based `reproduce.data.examples.Examples`, decoded
     and augmented on ``device``.
 
     Args:

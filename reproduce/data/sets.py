@@ -28,7 +28,7 @@ of that epoch is augmented under its own seed (seed, e, k), whatever the worker 
 resumed at any batch therefore sees exactly the batches an uninterrupted run sees.
 
 The containers (``TensorData``, ``Examples``, ``Data``, the errors) are in
-:mod:`reproduce.data.examples`, the batch order and the loaders in :mod:`reproduce.data.batches`;
+`reproduce.data.examples`, the batch order and the loaders in `reproduce.data.batches`;
 this module re-exports their names, so ``from reproduce.data import sets`` reaches all of them.
 """
 
@@ -330,7 +330,7 @@ def _transfer(root: str, name: str, download: bool):
 
 
 def load(cfg: Any) -> Data:
-    """The data of a run: ``cfg`` is a :class:`reproduce.config.Config` (fields dataset, data, download,
+    """The data of a run: ``cfg`` is a `reproduce.config.Config` (fields dataset, data, download,
     synthetic, synthetic_size, num_classes, image_size, augment, cutout_size, label_noise,
     val_fraction, seed).
 

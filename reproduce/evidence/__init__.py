@@ -2,30 +2,32 @@
 
 MNIST-1D (Greydanus 2020) is generated offline by the ``mnist1d`` package (4,000 training and 1,000
 test vectors), so every number here can be re-made without a download. Each subcommand trains with
-:func:`reproduce.train.setup` (the same model, loss, schedule and ``gamfunc.make_step`` as
-``reproduce/train.py``), measures with :mod:`gamfunc.metrics`, and writes a markdown table
+`reproduce.train.setup` (the same model, loss, schedule and ``gamfunc.make_step`` as
+``reproduce/train.py``), measures with [`gamfunc.metrics`][gamfunc.metrics], and writes a markdown table
 (``<name>.md``), the raw numbers (``<name>.json``) and PNG figures into ``--out``
-(default ``runs/evidence/<name>``)::
+(default ``runs/evidence/<name>``):
 
-    python -m reproduce.evidence spectra     # top-50 Hessian eigenvalues and trace (Section 5.4)
-    python -m reproduce.evidence accuracy    # test accuracy and generalisation gap (Table cifar2)
-    python -m reproduce.evidence noise       # label noise 20/40/60/80% (Appendix C.2)
-    python -m reproduce.evidence minima      # local minima within ρ along 100 directions (Section 5.1)
-    python -m reproduce.evidence landscape   # 2-D filter-normalised landscapes (Figure vis)
-    python -m reproduce.evidence ablation    # ρ × α grid, ρ = 0 is GNP (Figure ablation-hyperparameter)
-    python -m reproduce.evidence variants    # exact vs finite-difference vs accelerated GAM
-    python -m reproduce.evidence fd          # why finite-difference GAM collapses on a ReLU MLP
-    python -m reproduce.evidence spectra --quick   # any of them in under a minute (what the tests run)
-    python -m reproduce.evidence ablation --vmap   # the grid × seeds as one vmapped step per estimator
+```bash
+python -m reproduce.evidence spectra     # top-50 Hessian eigenvalues and trace (Section 5.4)
+python -m reproduce.evidence accuracy    # test accuracy and generalisation gap (Table cifar2)
+python -m reproduce.evidence noise       # label noise 20/40/60/80% (Appendix C.2)
+python -m reproduce.evidence minima      # local minima within ρ along 100 directions (Section 5.1)
+python -m reproduce.evidence landscape   # 2-D filter-normalised landscapes (Figure vis)
+python -m reproduce.evidence ablation    # ρ × α grid, ρ = 0 is GNP (Figure ablation-hyperparameter)
+python -m reproduce.evidence variants    # exact vs finite-difference vs accelerated GAM
+python -m reproduce.evidence fd          # why finite-difference GAM collapses on a ReLU MLP
+python -m reproduce.evidence spectra --quick   # any of them in under a minute (what the tests run)
+python -m reproduce.evidence ablation --vmap   # the grid × seeds as one vmapped step per estimator
+```
 
 ``--vmap`` (``ablation``, ``accuracy``, ``noise``) trains the runs of one estimator together, as the
-members of one vmapped step (:mod:`reproduce.sweeps.vmapped`): the seeds differ in initialisation, and every
+members of one vmapped step (`reproduce.sweeps.vmapped`): the seeds differ in initialisation, and every
 run sees the validation split and batches of seed 0 (without ``--vmap`` each seed draws its own), so
 the numbers differ from the looped table's by that, not by method. ``ms/step`` is then the vmapped
 step's time over its members. reproduce/RESULTS.md has the wall time of both.
 
 Methods and hyperparameters: SGD (lr 0.05, momentum 0.9, weight decay 5e-4, cosine, batch 100),
-GAM ρ = 0.5, α = 1 (the ``mnist1d`` preset of :mod:`reproduce.config`, chosen on a validation
+GAM ρ = 0.5, α = 1 (the ``mnist1d`` preset of `reproduce.config`, chosen on a validation
 split; ``--gam=ρ,α`` replaces them), SAM ρ = 0.2, SAM+GAM (GAM's ρ, α around a SAM ρ = 0.2 oracle;
 ``--sam-gam=ρ,α`` replaces GAM's 0.5, 1 there, e.g. with 0.2, 0.1, the best validation accuracy of
 ``ablation --rhos=0.05,0.1,0.2 --alphas=0.1,0.3,1 --sam-rho=0.2 --epochs=30 --seeds=2``) and GNP
@@ -33,13 +35,13 @@ split; ``--gam=ρ,α`` replaces them), SAM ρ = 0.2, SAM+GAM (GAM's ρ, α aroun
 ``--gnp-alpha`` = 0.1, the best validation accuracy of ``ablation --rhos=0 --alphas=0.05,0.1,0.2,0.5,1
 --epochs=30 --seeds=2``.
 
-One module per claim: :mod:`~reproduce.evidence.spectra`, :mod:`~reproduce.evidence.accuracy`,
-:mod:`~reproduce.evidence.noise`, :mod:`~reproduce.evidence.minima`,
-:mod:`~reproduce.evidence.landscape`, :mod:`~reproduce.evidence.ablation`,
-:mod:`~reproduce.evidence.variants` and :mod:`~reproduce.evidence.fd`; what they share (the methods,
-their configs, training, the table and JSON) is in :mod:`~reproduce.evidence.common`, the runs of
-every method × seed that spectra, accuracy and noise train in :mod:`~reproduce.evidence.grid`, and
-the command line in :mod:`~reproduce.evidence.cli`.
+One module per claim: `spectra`, `accuracy`,
+`noise`, `minima`,
+`landscape`, `ablation`,
+`variants` and `fd`; what they share (the methods,
+their configs, training, the table and JSON) is in `common`, the runs of
+every method × seed that spectra, accuracy and noise train in `grid`, and
+the command line in `cli`.
 """
 
 from reproduce.evidence.ablation import ablation_table, cmd_ablation

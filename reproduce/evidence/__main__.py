@@ -1,4 +1,4 @@
-"""``python -m reproduce.evidence <subcommand> ...``: run one claim (see :mod:`reproduce.evidence`)."""
+"""``python -m reproduce.evidence <subcommand> ...``: run one claim (see `reproduce.evidence`)."""
 
 import sys
 

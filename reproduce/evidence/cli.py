@@ -1,5 +1,5 @@
-"""The command line of :mod:`reproduce.evidence`: one subcommand per claim module, the options they
-share with their full and ``--quick`` values, and :func:`main`."""
+"""The command line of `reproduce.evidence`: one subcommand per claim module, the options they
+share with their full and ``--quick`` values, and `main`."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """What every claim shares: the methods and their configs, training one config on MNIST-1D (alone
 or vmapped with others), the metrics' fixed batch and loss, and writing a claim's table and JSON.
 
-``METHODS`` holds the five methods of :mod:`reproduce.evidence` with the config fields each sets
-(the estimator names of :func:`reproduce.build.setup`); every claim module builds its configs with
-:func:`method_config` on :func:`base_config` and trains them with :func:`train`.
+``METHODS`` holds the five methods of `reproduce.evidence` with the config fields each sets
+(the estimator names of `reproduce.build.setup`); every claim module builds its configs with
+`method_config` on `base_config` and trains them with `train`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def probe_batch(examples, size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
     """Train estimator ``name`` under ``cfg`` on MNIST-1D, on train.py's loop
-    (:func:`reproduce.run.epoch.train_epochs`) and batch order; ``on_epoch(epoch, params, buffers,
+    (`reproduce.run.epoch.train_epochs`) and batch order; ``on_epoch(epoch, params, buffers,
     loss_fn)`` runs after each epoch. Returns params, buffers, loss_fn, accuracies, seconds and
     seconds per step."""
     device = torch.device("cpu")
@@ -125,8 +125,8 @@ def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
 
 def train_together(cfgs, name: str) -> list[dict[str, Any]]:
     """The runs ``cfgs`` of estimator ``name`` (differing in seed, lr, ρ, α) as one vmapped step
-    (:func:`reproduce.sweeps.vmapped.train`), every run on the split and batches of ``cfgs[0]``'s seed.
-    Returns :func:`train`'s records without params: accuracies, gap, seconds, and ``step_ms``, the
+    (`reproduce.sweeps.vmapped.train`), every run on the split and batches of ``cfgs[0]``'s seed.
+    Returns `train`'s records without params: accuracies, gap, seconds, and ``step_ms``, the
     vmapped step's time over the number of runs."""
     cfgs = [dataclasses.replace(c, eval_train=True) for c in cfgs]
     data = data_mod.load(cfgs[0])

@@ -13,7 +13,7 @@
 | ``resnext29`` | ResNeXt-29 (32×4d) | CIFAR, App. Table |
 | ``vit_s32``, ``vit_b32`` | ViT-S/32 and ViT-B/32 (einops; attention as matmul + softmax) | ImageNet, Table 2 |
 | ``vit_s16`` | ViT-S/16 (the same ViT, 16-pixel patches) | CIFAR, appendix table |
-| ``efficientnet_b0``, ``swin_t`` | ``torchvision.models.efficientnet_b0/swin_t(weights=None)``, fine-tuned from ``--weights`` (:func:`new_head`) | transfer table |
+| ``efficientnet_b0``, ``swin_t`` | ``torchvision.models.efficientnet_b0/swin_t(weights=None)``, fine-tuned from ``--weights`` (`new_head`) | transfer table |
 | ``mlp`` | MLP 40-100-100-10 of MNIST-1D (input length ``image_size``) | built-in default |
 | ``mlp_gelu``, ``mlp_tanh`` | the same MLP with GELU or tanh: smooth, so finite-difference H·v → exact | built-in |
 | ``cnn1d`` | MNIST-1D's ConvBase: three 1-D convolutions of 25 channels and a linear layer | built-in |
@@ -37,10 +37,10 @@ References:
     Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021, https://arxiv.org/abs/2010.11929.
     Greydanus, "Scaling down Deep Learning" (MNIST-1D), 2020, https://arxiv.org/abs/2011.14439.
 
-The package is one module per family: :mod:`~reproduce.models.resnets` (CIFAR ResNets, ResNet-32,
-Wide-ResNet, ResNeXt-29), :mod:`~reproduce.models.pyramidnet`, :mod:`~reproduce.models.vit`,
-:mod:`~reproduce.models.mnist1d` (MLP, ConvBase), and :mod:`~reproduce.models.registry`, which names
-them for :func:`build_model` (DenseNet-121 and the torchvision networks are built there).
+The package is one module per family: `resnets` (CIFAR ResNets, ResNet-32,
+Wide-ResNet, ResNeXt-29), `pyramidnet`, `vit`,
+`mnist1d` (MLP, ConvBase), and `registry`, which names
+them for `build_model` (DenseNet-121 and the torchvision networks are built there).
 """
 
 from reproduce.models.mnist1d import ACTIVATIONS, MLP, ConvBase

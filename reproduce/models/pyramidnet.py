@@ -20,7 +20,7 @@ def _pyramid_shortcut(x: Tensor, stride: int, pad: int) -> Tensor:
 
 
 class _PyramidBlock(nn.Module):
-    """Basic block BN-conv3×3-BN-ReLU-conv3×3-BN, ``planes`` output channels, :func:`_pyramid_shortcut`."""
+    """Basic block BN-conv3×3-BN-ReLU-conv3×3-BN, ``planes`` output channels, `_pyramid_shortcut`."""
 
     expansion = 1
 
@@ -38,7 +38,7 @@ class _PyramidBlock(nn.Module):
 
 class _PyramidBottleneck(nn.Module):
     """Bottleneck block BN-conv1×1-BN-ReLU-conv3×3(stride)-BN-ReLU-conv1×1-BN with 4·``planes`` output
-    channels and :func:`_pyramid_shortcut` (the authors' ``Bottleneck``, ``pyramidnet_cifar.py`` l.59-110)."""
+    channels and `_pyramid_shortcut` (the authors' ``Bottleneck``, ``pyramidnet_cifar.py`` l.59-110)."""
 
     expansion = 4
 

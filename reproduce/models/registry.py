@@ -1,5 +1,5 @@
-"""The names of :func:`build_model`: ``MODELS`` maps each to its network (the table of
-:mod:`reproduce.models`), with the sets of vector-input and ReLU networks and the helpers around a
+"""The names of `build_model`: ``MODELS`` maps each to its network (the table of
+`reproduce.models`), with the sets of vector-input and ReLU networks and the helpers around a
 built network (a fresh classifier head, the parameter count)."""
 
 from __future__ import annotations
@@ -100,10 +100,10 @@ RELU_MODELS = frozenset(
 def build_model(
     name: str, num_classes: int, image_size: int, *, seed: int | None = None
 ) -> nn.Module:
-    """The network ``name`` (see :data:`MODELS`), freshly initialised, in train mode.
+    """The network ``name`` (see `MODELS`), freshly initialised, in train mode.
 
     Args:
-        name: a key of :data:`MODELS`.
+        name: a key of `MODELS`.
         num_classes: outputs of the classifier.
         image_size: side of the square input images (ViTs need a multiple of 32); for ``mlp`` and
             ``cnn1d`` the length of the input vector (40 for MNIST-1D, 64 for digits).

@@ -17,7 +17,7 @@ class _Attention(nn.Module):
 
     ``F.scaled_dot_product_attention`` dispatches to fused kernels that have neither forward-mode AD
     nor double backward; the explicit form supports ``jvp`` and ``grad`` of ``grad`` (exact GAM). The
-    softmax is written out too (:func:`gamfunc.nn.elementary_softmax`), so that a compiled exact-GAM
+    softmax is written out too ([`gamfunc.nn.elementary_softmax`][gamfunc.nn.elementary_softmax]), so that a compiled exact-GAM
     point shares its gradient pass with the primal of its forward-over-reverse H·v.
     """
 

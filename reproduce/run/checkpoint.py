@@ -1,13 +1,15 @@
 """Checkpoints that survive a crash: atomic writes, a content digest, and a refusal to mix configurations.
 
-A checkpoint is a ``torch.save`` file (readable with ``torch.load(path, weights_only=True)``)::
+A checkpoint is a ``torch.save`` file (readable with ``torch.load(path, weights_only=True)``):
 
-    {"format": FORMAT, "digest": sha256 of the body, "body": {...}}
+```text
+{"format": FORMAT, "digest": sha256 of the body, "body": {...}}
+```
 
 ``save`` serialises to memory, writes a temporary file in the same folder, flushes and fsyncs it, then
 ``os.replace``s it over the old checkpoint and fsyncs the folder: a reader sees either the old file or
 the new one, never a partial one, even if the process dies mid-write. ``load`` re-computes the digest,
-so a truncated or bit-flipped file gives :class:`CheckpointError` instead of silently wrong weights.
+so a truncated or bit-flipped file gives `CheckpointError` instead of silently wrong weights.
 
 Test hook: with the environment variable ``GAMFUNC_CHECKPOINT_TEST_PAUSE=<seconds>``, ``save`` sleeps
 that long after writing half of the temporary file (the window in which the tests kill the process).
@@ -199,7 +201,7 @@ def state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
 
 
 def check_config(saved: dict[str, Any], cfg, path: str | os.PathLike = "checkpoint") -> None:
-    """Raise :class:`ConfigMismatch` naming every field (outside ``RESUME_FREE``) where ``cfg`` differs
+    """Raise `ConfigMismatch` naming every field (outside ``RESUME_FREE``) where ``cfg`` differs
     from the configuration ``saved`` in a checkpoint."""
     from reproduce.config import differences
 
@@ -222,7 +224,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
+    """Restore what `rng_state` returned."""
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

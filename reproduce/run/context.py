@@ -1,9 +1,9 @@
 """What the parts of the training loop share, passed to each explicitly.
 
-:class:`Run`: the settings, processes and folder of one estimator's run, and what it has on disk.
-:class:`Parts`: what start-up built for it (step, data, loaders, writer), fixed from then on.
-:class:`Progress`: where training stands, everything a checkpoint holds (with the epoch's sums,
-:func:`zero_accum`, :func:`accumulate`, :func:`global_sums`). :class:`Session`: what this process
+`Run`: the settings, processes and folder of one estimator's run, and what it has on disk.
+`Parts`: what start-up built for it (step, data, loaders, writer), fixed from then on.
+`Progress`: where training stands, everything a checkpoint holds (with the epoch's sums,
+`zero_accum`, `accumulate`, `global_sums`). `Session`: what this process
 counts from its (re)start, which no checkpoint holds.
 """
 

@@ -1,14 +1,14 @@
-"""The training loop, :func:`train_epochs`, and the epochs of a run of train.py on it (:func:`train`).
+"""The training loop, `train_epochs`, and the epochs of a run of train.py on it (`train`).
 
-:func:`train_epochs` is the one loop over epochs and batches in reproduce: a run of train.py, the
-members of a vmapped sweep (:func:`reproduce.sweeps.vmapped.train`) and the evidence commands
-(:func:`reproduce.evidence.common.train`) each drive it with their step and callbacks.
+`train_epochs` is the one loop over epochs and batches in reproduce: a run of train.py, the
+members of a vmapped sweep (`reproduce.sweeps.vmapped.train`) and the evidence commands
+(`reproduce.evidence.common.train`) each drive it with their step and callbacks.
 
 In a run, the steps run from the epoch's position (within it, for a resumed run) and stop early
 at ``--max_steps``, ``--total_steps``, a signal or ``--max_skipped`` skipped steps in a row; a
 checkpoint is written every ``checkpoint_every`` steps. The close takes the epoch's record, keeps
 the best validation epoch (``best.pt``), moves the position to the next epoch and writes a
-checkpoint (the last epoch's is written by :func:`reproduce.run.summary.end_of_run`).
+checkpoint (the last epoch's is written by `reproduce.run.summary.end_of_run`).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def train_epochs(
         pos: where training stands, updated in place: ``epoch``, ``batch`` (the next batch of the
             epoch: counted here after each step) and ``train_seconds``.
         epochs: the number of epochs to train.
-        after_step: ``after_step(metrics, batch)`` after each step: None goes on; :data:`END` ends
+        after_step: ``after_step(metrics, batch)`` after each step: None goes on; `END` ends
             the epoch's steps there (the epoch is then closed as if its batches had run out); any
             other word stops training with the epoch left open.
         end: ``end(stopped)`` after an epoch's steps, with the word that stopped them (None when
@@ -99,7 +99,7 @@ def _count(pos: dict[str, Any], since: float) -> float:
 
 
 def epoch_batches(examples, seed: int, batch_size: int) -> Callable[[int, int], Iterable]:
-    """``batches(epoch, first)`` for :func:`train_epochs`: the batches of ``examples`` in the order
+    """``batches(epoch, first)`` for `train_epochs`: the batches of ``examples`` in the order
     of ``seed`` and the epoch, from batch ``first`` on, in one process (train.py's order)."""
 
     def batches(epoch: int, first: int):
@@ -218,7 +218,7 @@ def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
 
 
 def _log(r: Run, parts: Parts, p: Progress, s: Session, metrics: dict) -> None:
-    """A logging step: its scalars to TensorBoard; :class:`Diverged` (after a checkpoint of the last
+    """A logging step: its scalars to TensorBoard; `Diverged` (after a checkpoint of the last
     finite parameters) when the last ``--max_skipped`` steps were all skipped."""
     import gamfunc.logging as tblog
 

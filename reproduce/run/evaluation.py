@@ -1,7 +1,7 @@
 """Evaluation of a run: loss, top-1 and top-5 accuracy over a split, and the flatness metrics.
 
-With several processes each rank evaluates its own share of the split (:func:`reproduce.data.sets.shard`)
-and the sums are added over ranks (:func:`reproduce.run.launch.sum_over_ranks`), so the numbers are those
+With several processes each rank evaluates its own share of the split (`reproduce.data.sets.shard`)
+and the sums are added over ranks (`reproduce.run.launch.sum_over_ranks`), so the numbers are those
 of the whole split, as one process would report them.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["Scores", "evaluate", "flatness", "flatness_plan", "inputs", "to"]
 
 def to(obj, device):
     """Every tensor in a nested dict/list/tuple moved to ``device`` (to the CPU synchronously); a
-    NamedTuple (a :class:`gamfunc.StepState` and the states in it) keeps its type."""
+    NamedTuple (a [`gamfunc.StepState`][gamfunc.StepState] and the states in it) keeps its type."""
     if isinstance(obj, Tensor):
         return obj.to(device, non_blocking=torch.device(device).type != "cpu")
     if isinstance(obj, dict):
@@ -88,7 +88,7 @@ def evaluate(
 
 
 def flatness_plan(cfg: Config, n: int) -> tuple[list[str], str]:
-    """What :func:`flatness` computes for ``cfg`` on ``n`` examples: one phrase per metric and their
+    """What `flatness` computes for ``cfg`` on ``n`` examples: one phrase per metric and their
     rough size (H·v products and loss evaluations, each over ``n`` examples)."""
     parts, hvps, losses = [], 0, 0
     if cfg.eig_iters:

@@ -1,14 +1,14 @@
 """Processes of a run: one, or many launched by ``torchrun`` on one node or several.
 
 ``torchrun`` sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK`` (and the rendezvous address) in every
-process it starts; :func:`start` reads them, picks the device (``cuda:LOCAL_RANK`` where CUDA is
+process it starts; `start` reads them, picks the device (``cuda:LOCAL_RANK`` where CUDA is
 available and not ruled out by ``--device``, else the CPU) and joins the process group (NCCL on CUDA,
 gloo on the CPU). Without ``WORLD_SIZE`` (or with 1) nothing is initialised and the run is one
 process, exactly as before. On a GPU the process's work runs on a stream of its own
-(:func:`own_stream`), not CUDA's legacy default stream.
+(`own_stream`), not CUDA's legacy default stream.
 
-The collectives the training loop needs beyond the step's own (:mod:`gamfunc.distributed`) are here:
-:func:`sum_over_ranks` for the epoch's counts and the evaluation, :func:`from_main` to hand a Python
+The collectives the training loop needs beyond the step's own ([`gamfunc.distributed`][gamfunc.distributed]) are here:
+`sum_over_ranks` for the epoch's counts and the evaluation, `from_main` to hand a Python
 object (a checkpoint, a decision) from rank 0 to every rank, so that nodes need no shared disk.
 
 A rank that dies makes the others fail at their next collective (gloo reports the closed

@@ -29,7 +29,7 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes):
     GPU, its crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
     and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
     read and draw; ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``:
-    DataLoader workers on the CPU; ``auto``: :func:`auto_loader`. In-memory data needs none."""
+    DataLoader workers on the CPU; ``auto``: `auto_loader`. In-memory data needs none."""
     if data.train.tensors() is not None:
         return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
     per_rank = cfg.batch_size // procs.world

@@ -1,14 +1,14 @@
 """The training loop of one estimator: start-up, then epoch after epoch, then the end of the run.
 
-:func:`run` trains one estimator of a :class:`~reproduce.config.Config` on this process's part of every
+`run` trains one estimator of a `Config` on this process's part of every
 global batch. With several processes (``torchrun``) every rank runs this same loop on its own shard;
-the step all-reduces what its perturbation mode says (:mod:`gamfunc.distributed`), the epoch's sums and
+the step all-reduces what its perturbation mode says ([`gamfunc.distributed`][gamfunc.distributed]), the epoch's sums and
 the evaluations are added over ranks, and rank 0 alone writes TensorBoard, checkpoints and the
-summary. Its parts, each in a module of :mod:`reproduce.run`: the decision to resume, start afresh
-or reuse a finished run, and the checkpoints (:mod:`~reproduce.run.resume`); the epochs
-(:mod:`~reproduce.run.epoch`, whose loop every training in reproduce drives); the epoch's record and the end-of-run metrics
-(:mod:`~reproduce.run.records`); the end of the run and its summary (:mod:`~reproduce.run.summary`);
-SIGINT and SIGTERM (:mod:`~reproduce.run.signals`). They share what :mod:`~reproduce.run.context`
+summary. Its parts, each in a module of `reproduce.run`: the decision to resume, start afresh
+or reuse a finished run, and the checkpoints (`resume`); the epochs
+(`epoch`, whose loop every training in reproduce drives); the epoch's record and the end-of-run metrics
+(`records`); the end of the run and its summary (`summary`);
+SIGINT and SIGTERM (`signals`). They share what `context`
 holds, passed explicitly.
 """
 
@@ -108,7 +108,7 @@ def _train(r: Run, data, saved: dict | None) -> dict:
 
 def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     """What training needs before its first step: the model and step, the data and its loader, the
-    flatness metrics' examples, the progress to start from (:func:`~reproduce.run.resume.resume`),
+    flatness metrics' examples, the progress to start from (`resume`),
     the TensorBoard writer and the session's meters."""
     from torch.utils.tensorboard import SummaryWriter
 

@@ -27,7 +27,7 @@ _WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroniz
 
 class StepProfiler:
     """Profiles steps ``first + 1 .. first + n`` of the run (``first``: the global step count before
-    them); :meth:`before` and :meth:`after` bracket each step, :meth:`close` ends a profile that the
+    them); `before` and `after` bracket each step, `close` ends a profile that the
     run's end cut short. ``summary`` holds the result once the profile has ended."""
 
     def __init__(self, n: int, first: int, device: torch.device, path: Path | None):

@@ -66,7 +66,7 @@ _SMOKE_METRICS = {"eig_iters": 5, "trace_samples": 2, "r1_steps": 2, "flatness_s
 
 
 def _smaller(cfg: Config) -> Config:
-    """``cfg`` with its flatness metrics capped at :data:`_SMOKE_METRICS` (0 stays 0)."""
+    """``cfg`` with its flatness metrics capped at `_SMOKE_METRICS` (0 stays 0)."""
     return dataclasses.replace(
         cfg, **{k: min(getattr(cfg, k), cap) for k, cap in _SMOKE_METRICS.items()}
     )

@@ -64,12 +64,12 @@ def strict(obj: Any) -> Any:
 
 
 def dumps(obj: Any, indent: int | None = 2) -> str:
-    """Strict JSON text of ``obj`` (:func:`strict`): it parses under any JSON parser, ``jq`` too."""
+    """Strict JSON text of ``obj`` (`strict`): it parses under any JSON parser, ``jq`` too."""
     return json.dumps(strict(obj), indent=indent, allow_nan=False)
 
 
 def write_json(path: Path | str, obj: Any) -> None:
-    """Write ``obj`` as strict JSON (:func:`dumps`; null for a missing or non-finite value)
+    """Write ``obj`` as strict JSON (`dumps`; null for a missing or non-finite value)
     atomically: a temporary file renamed over ``path``. Every JSON file the project writes goes
     through here."""
     path = Path(path)
@@ -185,7 +185,7 @@ def train_accuracy(final: dict) -> float | None:
 
 def flags(final: dict | None, num_classes: int) -> list[str]:
     """What the summary flags about a finished run: ``"chance_level"`` when its final training
-    accuracy is at chance (:func:`at_chance`): it did not learn."""
+    accuracy is at chance (`at_chance`): it did not learn."""
     if not final:
         return []
     return ["chance_level"] if at_chance(train_accuracy(final), num_classes) else []

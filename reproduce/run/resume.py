@@ -1,9 +1,9 @@
 """A run's checkpoint: what it holds, how a run starts from it, and writing it.
 
-At start-up rank 0 decides (:func:`decide`) whether the run resumes its checkpoint, starts afresh or
+At start-up rank 0 decides (`decide`) whether the run resumes its checkpoint, starts afresh or
 is already finished, and hands its decision, with the checkpoint, to the other ranks, so that the
-nodes of a job need no shared disk; :func:`resume` turns that into the run's :class:`Progress`.
-:func:`write_checkpoint` writes the progress (atomically): parameters, step state, the epoch's order and
+nodes of a job need no shared disk; `resume` turns that into the run's `Progress`.
+`write_checkpoint` writes the progress (atomically): parameters, step state, the epoch's order and
 position, the epoch's sums and the RNG state, all a resumed run needs to continue bit for bit.
 """
 
@@ -40,8 +40,8 @@ class RunLocked(ckpt.CheckpointError):
 
 
 def like(loaded, template, where: str = "state"):
-    """``loaded`` (plain dicts, as a checkpoint holds them: :func:`gamfunc.state.as_dict`) with the
-    structure of ``template`` (a dict of tensors, or a fresh :class:`gamfunc.StepState`) and each
+    """``loaded`` (plain dicts, as a checkpoint holds them: `gamfunc.state.as_dict`) with the
+    structure of ``template`` (a dict of tensors, or a fresh [`gamfunc.StepState`][gamfunc.StepState]) and each
     tensor on the device and in the memory layout (strides) of its counterpart there: a checkpoint
     resumes in the layout of the resuming run, whether or not the run that wrote it used
     ``channels_last``. The values are copied bit for bit.
@@ -91,7 +91,7 @@ def write_checkpoint(r: Run, p: Progress, finished: bool = False, status: str = 
 
 
 def resume(r: Run, saved: dict | None, params, state) -> Progress:
-    """The progress the run starts from: ``saved`` (the checkpoint body of :func:`decide`) in the
+    """The progress the run starts from: ``saved`` (the checkpoint body of `decide`) in the
     structure and layout of the fresh ``params`` and ``state``, with its RNG state; or, with
     ``saved`` None, the start of the first epoch, the seed set and ``config.json`` written."""
     cfg, procs = r.cfg, r.procs
@@ -199,7 +199,7 @@ def _clear(run_dir: Path) -> None:
 
 def lock(run_dir: Path):
     """An exclusive lock on ``run_dir`` (a ``.lock`` file, released when the process ends), or
-    :class:`RunLocked`."""
+    `RunLocked`."""
     import fcntl
 
     run_dir.mkdir(parents=True, exist_ok=True)

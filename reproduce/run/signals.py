@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM: what a run does when one arrives, phase by phase (:class:`StopFlag`).
+"""SIGINT and SIGTERM: what a run does when one arrives, phase by phase (`StopFlag`).
 
 During start-up (data, model, the first step and its compilation) a signal stops the run at once,
 nothing being saved yet; in training at the next step boundary (with several processes, at the next
@@ -44,10 +44,10 @@ class Interrupted(BaseException):
 class StopFlag:
     """Records SIGINT/SIGTERM, so that a run stops where what it has done can be kept.
 
-    In a phase entered with :meth:`during` and ``at_once`` (start-up: loading data, building the
+    In a phase entered with `during` and ``at_once`` (start-up: loading data, building the
     model, the first step and its compilation, where nothing is saved yet) the signal raises
-    :class:`Interrupted` at once. Elsewhere it is recorded and the loop stops at the next step
-    boundary, evaluation batch or loss evaluation of the metrics (:meth:`check`), after writing
+    `Interrupted` at once. Elsewhere it is recorded and the loop stops at the next step
+    boundary, evaluation batch or loss evaluation of the metrics (`check`), after writing
     what it keeps. A second signal ends the process at once with 128 + its number (checkpoints are
     written atomically, so the last one written stays whole)."""
 
@@ -70,7 +70,7 @@ class StopFlag:
             self.check()
 
     def check(self) -> None:
-        """Raise :class:`Interrupted` if a signal arrived."""
+        """Raise `Interrupted` if a signal arrived."""
         if self.signum is not None:
             raise Interrupted(self.signum, self.phase)
 
@@ -83,7 +83,7 @@ class StopFlag:
 
     @contextlib.contextmanager
     def during(self, phase: str, at_once: bool = False):
-        """:meth:`now` within the block; the phase before it comes back after it."""
+        """`now` within the block; the phase before it comes back after it."""
         before = self.phase, self.at_once
         try:
             self.now(phase, at_once)
@@ -119,7 +119,7 @@ class StopFlag:
 
 
 def _say_once(text: str, file=None) -> None:
-    """Print ``text`` from the first process of each node (:func:`reproduce.run.launch.first_on_node`)."""
+    """Print ``text`` from the first process of each node (`reproduce.run.launch.first_on_node`)."""
     if first_on_node():
         print(text, file=file or sys.stdout, flush=True)
 

@@ -1,8 +1,8 @@
 """The end of a run: whether it trained, its last checkpoint and final metrics, and summary.json.
 
-:func:`end_of_run` follows the last epoch (or ``--max_steps``): it refuses a run that did not train
-(:func:`diverged`, :class:`Diverged`), writes the last checkpoint and takes the end-of-run metrics.
-:func:`summary` writes the summary of any outcome, a run that diverged or was stopped by a signal
+`end_of_run` follows the last epoch (or ``--max_steps``): it refuses a run that did not train
+(`diverged`, `Diverged`), writes the last checkpoint and takes the end-of-run metrics.
+`summary` writes the summary of any outcome, a run that diverged or was stopped by a signal
 included, on rank 0.
 """
 
@@ -31,7 +31,7 @@ def end_of_run(
     r: Run, parts: Parts, p: Progress, s: Session, stopped: str | None
 ) -> tuple[str, dict]:
     """After the last epoch, or a stop at ``--max_steps`` (``stopped``): ``(status, final
-    record)``, having written the last checkpoint; or :class:`Diverged` if the run did not train."""
+    record)``, having written the last checkpoint; or `Diverged` if the run did not train."""
     cfg, name, pos = r.cfg, r.name, p.pos
     why = diverged(cfg, p.params, p.state, pos["global_step"], s.last_loss)
     if why is not None:

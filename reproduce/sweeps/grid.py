@@ -1,8 +1,8 @@
 """The grid runner of ``reproduce/sweep.py``: each run of a sweep trained by ``reproduce/train.py``, in
 this process or as subprocesses (one per slot or GPU), a finished run reused, SIGINT/SIGTERM forwarded.
 
-The command line, the plan of the runs (:mod:`reproduce.sweeps.plan`) and the tables
-(:mod:`reproduce.sweeps.table`) are elsewhere; ``reproduce/sweep.py`` joins them.
+The command line, the plan of the runs (`reproduce.sweeps.plan`) and the tables
+(`reproduce.sweeps.table`) are elsewhere; ``reproduce/sweep.py`` joins them.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ def write_tables(
     how: str = "",
     extra: dict[str, Any] | None = None,
 ) -> None:
-    """Aggregate ``outcomes`` (run index -> :func:`outcome`), select on validation, write
+    """Aggregate ``outcomes`` (run index -> `outcome`), select on validation, write
     ``sweep.md`` and ``sweep.json`` (to ``--out`` or ``root``) and print the table and the selection.
 
     ``how`` ends the table's caption (how the runs were trained); ``extra`` joins the JSON."""

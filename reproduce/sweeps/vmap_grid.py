@@ -4,20 +4,22 @@
         --preset=digits --estimator=gam --val_fraction=0.2 --epochs=1 --progress=false
 
 trains the 8 runs of the sweep's own example (2 × 2 cells × seeds 0 and 1) as the 8 members of one
-:func:`gamfunc.ensemble.vmap_step`, in this process on one device (:mod:`reproduce.sweeps.vmapped`), and writes
+[`gamfunc.ensemble.vmap_step`][gamfunc.ensemble.vmap_step], in this process on one device (`reproduce.sweeps.vmapped`), and writes
 a table of the same form as the sweep without ``--vmap`` (not the same numbers: see "Data order"
 below) to ``runs/sweep.digits.vmap/sweep.md`` and ``sweep.json``: mean ± std over seeds, the cell
 selected on the validation split only, the test accuracy beside it and never compared. With torch 2.14.1 on the CPU (about 9 seconds on 2 cores) it
-ends with::
+ends with:
 
-    | rho | alpha | seeds | val_acc (%) | test_acc (%) | note |
-    |---:|---:|---:|---:|---:|:--|
-    | 0.05 | 0.1 | 2 | 30.49 ± 1.23 | 30.14 ± 1.37 | selected |
-    | 0.05 | 1 | 2 | 30.31 ± 0.49 | 30.28 ± 0.39 |  |
-    | 0.1 | 0.1 | 2 | 30.14 ± 0.74 | 30.14 ± 1.37 |  |
-    | 0.1 | 1 | 2 | 30.31 ± 0.99 | 31.39 ± 2.36 |  |
+```text
+| rho | alpha | seeds | val_acc (%) | test_acc (%) | note |
+|---:|---:|---:|---:|---:|:--|
+| 0.05 | 0.1 | 2 | 30.49 ± 1.23 | 30.14 ± 1.37 | selected |
+| 0.05 | 1 | 2 | 30.31 ± 0.49 | 30.28 ± 0.39 |  |
+| 0.1 | 0.1 | 2 | 30.14 ± 0.74 | 30.14 ± 1.37 |  |
+| 0.1 | 1 | 2 | 30.31 ± 0.99 | 31.39 ± 2.36 |  |
 
-    selected rho=0.05 alpha=0.1: val_acc 30.49 ± 1.23 (2 seeds); test_acc beside it 30.14 ± 1.37
+selected rho=0.05 alpha=0.1: val_acc 30.49 ± 1.23 (2 seeds); test_acc beside it 30.14 ± 1.37
+```
 
 (one epoch is a smoke test; the looped sweep's numbers differ because its seed 1 runs draw their own
 validation split and batches). It pays where the model is small and one run leaves the
@@ -134,7 +136,7 @@ def _train(cfgs, name, data_seed, saved, path) -> tuple[dict, int | None]:
 
 
 def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[str]]]) -> int:
-    """The sweep ``opts``/``rest``/``grid`` (:func:`reproduce.sweep.parse`) with ``--vmap``; returns
+    """The sweep ``opts``/``rest``/``grid`` (`reproduce.sweep.parse`) with ``--vmap``; returns
     the exit status."""
     try:
         base = resolve(rest)

@@ -1,11 +1,11 @@
 """Runs of one configuration that differ only in seed and a few hyperparameters, trained as one.
 
-N runs of ``reproduce/train.py``'s configuration (N :class:`~reproduce.config.Config` s) that differ in
-``seed`` and in the fields of :data:`PER_MEMBER` only become N members of one
-:func:`gamfunc.ensemble.vmap_step`: their parameters are stacked along a leading axis and every step
+N runs of ``reproduce/train.py``'s configuration (N `Config` s) that differ in
+``seed`` and in the fields of `PER_MEMBER` only become N members of one
+[`gamfunc.ensemble.vmap_step`][gamfunc.ensemble.vmap_step]: their parameters are stacked along a leading axis and every step
 moves all of them at once, each with its own lr, ρ, α, ... (a grid flattened). The pieces are
-train.py's own (:mod:`reproduce.build`: model, loss, estimator, optimiser and learning-rate schedule;
-:mod:`reproduce.data.sets`: split, batch order), so each member's parameters equal those of a run of its
+train.py's own (`reproduce.build`: model, loss, estimator, optimiser and learning-rate schedule;
+`reproduce.data.sets`: split, batch order), so each member's parameters equal those of a run of its
 configuration alone on the same batches, to float rounding (tests/test_reproduce_vmap_sweep.py).
 
 What is shared and what differs:
@@ -17,13 +17,13 @@ What is shared and what differs:
 * **Seeds** differ in the initialisation of the model (``build_model(seed=...)``) only: nothing else
   here draws from them (train.py's flatness metrics at the end, whose probes it seeds with
   ``--seed``, are not measured here, and ``vmap`` refuses random operations such as dropout).
-* **Hyperparameters.** A field of :data:`PER_MEMBER` reaches the estimator or the optimiser as a
+* **Hyperparameters.** A field of `PER_MEMBER` reaches the estimator or the optimiser as a
   constant schedule per member; schedules built from it (cosine, warm-up) apply per member. These
   are the fields whose consumer takes a schedule: the learning rate, ρ, α, SAM's ρ and ρ' of the
-  estimators, β and γ of :func:`gamfunc.gam_accelerated` and the weight decay of
-  :func:`gamfunc.sgd` and :func:`gamfunc.adamw`. The others (model, estimator, batch size, epochs,
-  momentum, ...) are one value for all: :func:`check` names the first that differs. Momentum is a
-  number to :func:`gamfunc.sgd`, not a schedule, so it cannot differ per member.
+  estimators, β and γ of [`gamfunc.gam_accelerated`][gamfunc.estimators.gam_accelerated.gam_accelerated] and the weight decay of
+  [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] and [`gamfunc.adamw`][gamfunc.optim.adamw.adamw]. The others (model, estimator, batch size, epochs,
+  momentum, ...) are one value for all: `check` names the first that differs. Momentum is a
+  number to [`gamfunc.sgd`][gamfunc.optim.sgd.sgd], not a schedule, so it cannot differ per member.
 
 Models without buffers only (the MLPs and the 1-d CNN of MNIST-1D and digits, for which this pays):
 members with BatchNorm would need their running statistics stacked into the step's state and read
@@ -85,10 +85,10 @@ class VmapError(ValueError):
 
 
 def check(cfgs: list[Config], name: str) -> list[str]:
-    """The fields of :data:`PER_MEMBER` that differ between ``cfgs`` (the runs of estimator ``name``).
+    """The fields of `PER_MEMBER` that differ between ``cfgs`` (the runs of estimator ``name``).
 
     Raises:
-        VmapError: a field outside :data:`PER_MEMBER` (and ``seed``) differs, or a setting that a
+        VmapError: a field outside `PER_MEMBER` (and ``seed``) differs, or a setting that a
             vmapped training does not implement is on; the message names the field.
     """
     first = as_dict(cfgs[0])
@@ -250,7 +250,7 @@ def train(
     training continues from it.
 
     Raises:
-        VmapError: the runs cannot be one vmapped step (:func:`check`).
+        VmapError: the runs cannot be one vmapped step (`check`).
     """
     cfg = cfgs[0]
     m = Members(cfgs, name, data, device)
