@@ -36,13 +36,33 @@ def gam_step(
 ):
     """One GAM step in one call: ``make_step(gam(rho, alpha, hvp, ...), optimizer or sgd(...), loss_fn)``.
 
-    Keyword arguments ``fd_radius``, ``oracle`` and ``eps`` go to [`gamfunc.gam`][gamfunc.estimators.gam.gam]; ``lr`` (default
-    0.1), ``momentum``, ``dampening``, ``nesterov`` and ``weight_decay`` build the default
-    [`gamfunc.sgd`][gamfunc.optim.sgd.sgd]. With ``state=None`` the state is initialised (with ``buffers`` for a buffered
-    loss_fn). The step built for the same arguments is reused, so a compiled caller does not recompile.
+    The step built for the same arguments is reused, so a compiled caller does not recompile.
+
+    Args:
+        params: the parameters θ, a flat dict of tensors.
+        batch: the batch ``loss_fn`` takes.
+        loss_fn: ``loss_fn(params, batch) -> loss``, or ``-> (loss, new_buffers)`` with ``buffers``.
+        state: the state returned by the previous call; None initialises it (with ``buffers`` for a
+            buffered ``loss_fn``).
+        rho: ρ of [`gamfunc.gam`][gamfunc.estimators.gam.gam] (float >= 0 or a schedule).
+        alpha: α of [`gamfunc.gam`][gamfunc.estimators.gam.gam] (float >= 0 or a schedule).
+        hvp: the H·v backend of [`gamfunc.gam`][gamfunc.estimators.gam.gam]: "exact", "reverse", "fd"
+            or a backend.
+        optimizer: the Transform that applies the direction; None builds
+            [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] from the sgd keywords.
+        buffers: the initial buffers, read only when ``state`` is None.
+        **kw: ``fd_radius``, ``oracle`` and ``eps`` go to [`gamfunc.gam`][gamfunc.estimators.gam.gam];
+            ``lr`` (default 0.1), ``momentum``, ``dampening``, ``nesterov`` and ``weight_decay`` to
+            the default [`gamfunc.sgd`][gamfunc.optim.sgd.sgd].
 
     Returns:
         ``(new_params, new_state, metrics)``.
+
+    Raises:
+        TypeError: an unknown keyword, ``optimizer`` together with sgd keywords, or an argument that
+            is not hashable (a number, a string or a schedule function is).
+        ValueError: an invalid hyperparameter, naming it (from [`gamfunc.gam`][gamfunc.estimators.gam.gam]
+            or [`gamfunc.sgd`][gamfunc.optim.sgd.sgd]).
 
     Example:
         >>> import torch, gamfunc

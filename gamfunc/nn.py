@@ -25,7 +25,15 @@ __all__ = [
 @contextlib.contextmanager
 def mode(model: nn.Module, train: bool):
     """Evaluate ``model`` in train (batch statistics) or eval mode inside the block, then restore
-    every submodule's own mode. Nothing changes when the model is already in that mode."""
+    every submodule's own mode. Nothing changes when the model is already in that mode.
+
+    Args:
+        model: the module whose mode is set.
+        train: True for train mode, False for eval mode.
+
+    Returns:
+        A context manager; on exit every submodule is back in the mode it had on entry.
+    """
     if model.training == train:
         yield
         return
@@ -84,7 +92,20 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
 
 
 def load(model: nn.Module, params, buffers=None) -> nn.Module:
-    """Copy ``params`` (and ``buffers``) back into ``model`` in place, e.g. to save or evaluate it."""
+    """Copy ``params`` (and ``buffers``) back into ``model`` in place, e.g. to save or evaluate it.
+
+    Args:
+        model: the module to write into.
+        params: a flat dict with a tensor for every name of ``model.named_parameters()``.
+        buffers: a flat dict of buffers; those of ``model.named_buffers()`` it names are copied,
+            the others left as they are. None copies none.
+
+    Returns:
+        ``model``.
+
+    Raises:
+        KeyError: ``params`` lacks one of the model's parameter names.
+    """
     with torch.no_grad():
         for k, v in model.named_parameters():
             v.copy_(params[k])
@@ -129,6 +150,12 @@ def autocast_batchnorm(model: nn.Module) -> nn.Module:
     the value torch's module returns (it also normalises in float32), and a derivative in the same
     dtype. Anywhere else it is torch's module unchanged. [`functionalize`][gamfunc.nn.functionalize] applies it.
     ``SyncBatchNorm`` is left alone.
+
+    Args:
+        model: the module whose BatchNorm submodules are changed.
+
+    Returns:
+        ``model``, changed in place.
     """
     for m in model.modules():
         already = (_AutocastBatchNorm, _Float32BatchNorm, _ElementaryNorm)  # dtype-safe as they are
@@ -159,6 +186,12 @@ def float32_batchnorm(model: nn.Module) -> nn.Module:
     both for the next layer. Without autocast the model computes what it computed before (BatchNorm
     already runs in the parameters' dtype). Exact H·v no longer needs it
     ([`autocast_batchnorm`][gamfunc.nn.autocast_batchnorm], which returns torch's dtype); it keeps BatchNorm's output in float32.
+
+    Args:
+        model: the module whose BatchNorm submodules are changed.
+
+    Returns:
+        ``model``, changed in place.
     """
     for m in model.modules():
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, _Float32BatchNorm):
@@ -195,6 +228,12 @@ def elementary_norms(model: nn.Module) -> nn.Module:
     and the unbiased variance; a training batch of one value per channel raises, as torch's does.
     ``SyncBatchNorm`` is left alone: its statistics are reduced across processes, which a rewrite
     would lose.
+
+    Args:
+        model: the module whose BatchNorm and LayerNorm submodules are changed.
+
+    Returns:
+        ``model``, changed in place.
     """
     for m in model.modules():
         if _plain_batchnorm(m) and not isinstance(m, _ElementaryNorm):
@@ -210,7 +249,15 @@ def elementary_softmax(x: torch.Tensor, dim: int) -> torch.Tensor:
 
     ``torch.softmax``'s fused backward is differentiated under ``jvp`` through a decomposition of its
     own; written out, its backward is the same operations under ``grad`` and ``jvp``, which lets a
-    compiled exact-GAM point share its gradient pass (`gamfunc.graph_sharing`)."""
+    compiled exact-GAM point share its gradient pass (`gamfunc.graph_sharing`).
+
+    Args:
+        x: the input, a floating-point tensor of any shape.
+        dim: the dimension the softmax normalises over.
+
+    Returns:
+        A tensor of ``x``'s shape whose entries along ``dim`` are positive and sum to 1.
+    """
     xf = _wide(x)
     e = (xf - xf.amax(dim, keepdim=True).detach()).exp()
     return (e / e.sum(dim, keepdim=True)).to(_autocast_float32(x))

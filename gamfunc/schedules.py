@@ -30,7 +30,14 @@ def _f64(t: Tensor) -> Tensor:
 
 
 def constant(v: float) -> Schedule:
-    """v at every step."""
+    """v at every step.
+
+    Args:
+        v: the value.
+
+    Returns:
+        A schedule ``t -> v``, a 0-d float64 tensor on ``t``'s device.
+    """
 
     def schedule(t: Tensor) -> Tensor:
         return torch.full((), v, dtype=torch.float64, device=t.device)
@@ -42,6 +49,19 @@ def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 
     """Linear warm-up from 0 to ``peak`` over ``warmup_steps``, then cosine decay to ``final`` at ``total_steps``.
 
     v(t) = peak·(t+1)/w for t < w; else final + (peak − final)·(1 + cos(π·min(1, (t−w)/(T−w))))/2.
+
+    Args:
+        peak: the value at the end of the warm-up.
+        total_steps: T, the step at which the decay reaches ``final`` (and stays there).
+        warmup_steps: w, the number of warm-up steps; 0 starts the decay at ``peak``.
+        final: the value from step T on.
+
+    Returns:
+        A schedule ``t -> v(t)``, a 0-d float64 tensor.
+
+    Raises:
+        ValueError: ``total_steps`` is not positive, or ``warmup_steps`` is outside
+            [0, ``total_steps``].
     """
     if total_steps <= 0:
         raise ValueError(f"total_steps must be > 0; got {total_steps}")
@@ -63,7 +83,14 @@ def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 
 
 
 def inverse_sqrt(initial: float) -> Schedule:
-    """v(t) = v₀/√(t+1): ρ_t = ρ₀/√t and η_t = η₀/√t of paper Theorem 4.3 (t counted from 1)."""
+    """v(t) = v₀/√(t+1): ρ_t = ρ₀/√t and η_t = η₀/√t of paper Theorem 4.3 (t counted from 1).
+
+    Args:
+        initial: v₀, the value at t = 0.
+
+    Returns:
+        A schedule ``t -> v(t)``, a 0-d float64 tensor.
+    """
 
     def schedule(t: Tensor) -> Tensor:
         return initial / torch.sqrt(_f64(t) + 1)
@@ -89,6 +116,16 @@ def proportional(
         Their scheduler steps after each optimisation step, from the lr of that step, so the first
         step of an epoch whose lr changed uses the previous epoch's value; here ρ(t) follows the lr
         of step t itself. With their released ``min_value = max_value`` the two are the same.
+
+    Args:
+        initial: ρ₀, the value where the lr is ``lr_initial``.
+        lr: the learning-rate schedule that ρ follows.
+        lr_initial: lr₀, the learning rate at which ρ is ``initial``.
+        floor: ρ_min, the value where the lr reaches ``lr_min``.
+        lr_min: the learning rate at which ρ is ``floor``.
+
+    Returns:
+        A schedule ``t -> ρ(t)``, a 0-d tensor.
 
     Raises:
         ValueError: ``lr_initial`` is zero or equals ``lr_min``, or ``floor`` is outside

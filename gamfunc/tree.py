@@ -49,7 +49,15 @@ def _pack(keys, values) -> Tree:
 
 
 def check_keys(a: Tree, b: Tree) -> None:
-    """A ValueError naming the keys that are in one of ``a`` and ``b`` but not the other."""
+    """A ValueError naming the keys that are in one of ``a`` and ``b`` but not the other.
+
+    Args:
+        a: a flat dict.
+        b: a flat dict.
+
+    Raises:
+        ValueError: ``a`` and ``b`` have different keys; the message names those in one only.
+    """
     if a.keys() != b.keys():
         raise ValueError(
             f"parameter dicts have different keys: {sorted(a.keys() ^ b.keys())} "
@@ -58,7 +66,18 @@ def check_keys(a: Tree, b: Tree) -> None:
 
 
 def map(fn, *trees: Tree) -> Tree:
-    """Apply ``fn`` leaf-wise: ``{k: fn(a[k], b[k], ...)}``."""
+    """Apply ``fn`` leaf-wise: ``{k: fn(a[k], b[k], ...)}``.
+
+    Args:
+        fn: a function of as many tensors as there are trees.
+        *trees: one or more flat dicts with the same keys.
+
+    Returns:
+        A flat dict with the keys of the first tree, in its order, and the values of ``fn``.
+
+    Raises:
+        ValueError: the trees have different keys.
+    """
     first = trees[0]
     for other in trees[1:]:
         check_keys(first, other)
@@ -66,17 +85,42 @@ def map(fn, *trees: Tree) -> Tree:
 
 
 def clone(a: Tree) -> Tree:
-    """A copy of ``a`` that shares no storage with it."""
+    """A copy of ``a`` that shares no storage with it.
+
+    Args:
+        a: a flat dict of tensors.
+
+    Returns:
+        A flat dict with the keys of ``a`` and a clone of each tensor.
+    """
     return {k: v.clone() for k, v in a.items()}
 
 
 def zeros_like(a: Tree) -> Tree:
-    """0 with the shapes, dtypes and devices of ``a``."""
+    """0 with the shapes, dtypes and devices of ``a``.
+
+    Args:
+        a: a flat dict of tensors.
+
+    Returns:
+        A flat dict with the keys of ``a`` and a tensor of zeros for each.
+    """
     return {k: torch.zeros_like(v) for k, v in a.items()}
 
 
 def add(a: Tree, b: Tree) -> Tree:
-    """a + b."""
+    """a + b.
+
+    Args:
+        a: a flat dict of tensors.
+        b: a flat dict with the keys and shapes of ``a``.
+
+    Returns:
+        The leaf-wise sum, a flat dict with the keys of ``a``.
+
+    Raises:
+        ValueError: ``a`` and ``b`` have different keys.
+    """
     check_keys(a, b)
     if _vmapped(a) or _vmapped(b):
         return {k: v + b[k] for k, v in a.items()}
@@ -84,7 +128,18 @@ def add(a: Tree, b: Tree) -> Tree:
 
 
 def sub(a: Tree, b: Tree) -> Tree:
-    """a − b."""
+    """a − b.
+
+    Args:
+        a: a flat dict of tensors.
+        b: a flat dict with the keys and shapes of ``a``.
+
+    Returns:
+        The leaf-wise difference, a flat dict with the keys of ``a``.
+
+    Raises:
+        ValueError: ``a`` and ``b`` have different keys.
+    """
     check_keys(a, b)
     if _vmapped(a) or _vmapped(b):
         return {k: v - b[k] for k, v in a.items()}
@@ -97,6 +152,13 @@ def scale(a: Tree, s: Scalar) -> Tree:
     A half-precision leaf is multiplied by a tensor ``s`` in float32 and rounded once: on CUDA, a
     float16 product would first round ``s`` itself to float16, and 1/(‖g‖ + ξ) = 1e12 at g = 0 is
     inf there (0 · inf = nan).
+
+    Args:
+        a: a flat dict of tensors.
+        s: the factor, a Python number or a 0-d tensor.
+
+    Returns:
+        s · a, a flat dict with the keys of ``a``, each tensor in its leaf's dtype.
     """
     if isinstance(s, Tensor) and _half(a):
         return {k: _times(v, s) for k, v in a.items()}
@@ -107,7 +169,19 @@ def scale(a: Tree, s: Scalar) -> Tree:
 
 
 def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
-    """s · x + y (BLAS's axpy); a tensor ``s`` meets half-precision leaves in float32 ([`scale`][gamfunc.tree.scale])."""
+    """s · x + y (BLAS's axpy); a tensor ``s`` meets half-precision leaves in float32 ([`scale`][gamfunc.tree.scale]).
+
+    Args:
+        s: the factor, a Python number or a 0-d tensor.
+        x: a flat dict of tensors.
+        y: a flat dict with the keys of ``x``.
+
+    Returns:
+        s · x + y, a flat dict with the keys of ``x``.
+
+    Raises:
+        ValueError: ``x`` and ``y`` have different keys.
+    """
     check_keys(x, y)
     ys = [y[k] for k in x]
     if isinstance(s, Tensor) and _half(x):
@@ -128,7 +202,18 @@ def _fits(s, values: list[Tensor]) -> bool:
 
 
 def lincomb(*terms: tuple[Scalar, Tree]) -> Tree:
-    """Σ_i c_i · t_i for pairs ``(c_i, t_i)``."""
+    """Σ_i c_i · t_i for pairs ``(c_i, t_i)``.
+
+    Args:
+        *terms: one or more pairs ``(c_i, t_i)`` of a factor (a Python number or a 0-d tensor) and a
+            flat dict of tensors, all with the same keys.
+
+    Returns:
+        The linear combination, a flat dict with the keys of the trees.
+
+    Raises:
+        ValueError: the trees have different keys.
+    """
     (c0, t0), *rest = terms
     out = scale(t0, c0)
     for c, t in rest:
@@ -137,7 +222,18 @@ def lincomb(*terms: tuple[Scalar, Tree]) -> Tree:
 
 
 def vdot(a: Tree, b: Tree) -> Tensor:
-    """⟨a, b⟩ = Σ_k Σ_i a[k]_i · b[k]_i, a 0-d tensor."""
+    """⟨a, b⟩ = Σ_k Σ_i a[k]_i · b[k]_i, a 0-d tensor.
+
+    Args:
+        a: a non-empty flat dict of tensors.
+        b: a flat dict with the keys and shapes of ``a``.
+
+    Returns:
+        ⟨a, b⟩, a 0-d tensor in float32 or wider (half-precision leaves are multiplied in float32).
+
+    Raises:
+        ValueError: ``a`` and ``b`` have different keys.
+    """
     check_keys(a, b)
     parts = [torch.sum(_wide(x) * _wide(b[k])) for k, x in a.items()]
     return torch.stack(_common_dtype(parts)).sum()
@@ -148,6 +244,12 @@ def norm(a: Tree) -> Tensor:
 
     Half-precision leaves (float16, bfloat16) are summed in float32, so that a norm, and the ξ added
     to it by [`normalize`][gamfunc.tree.normalize], do not round away: 1e-12 is 0 in float16.
+
+    Args:
+        a: a non-empty flat dict of tensors.
+
+    Returns:
+        ‖a‖₂, a 0-d tensor in float32 or wider.
     """
     values = list(a.values())
     if _vmapped(a):
@@ -168,7 +270,15 @@ _WIDE = (torch.float32, torch.float64)
 
 
 def wide_dtype(dtype: torch.dtype) -> torch.dtype:
-    """``dtype`` promoted to at least float32: where norms, inner products and ξ are computed."""
+    """``dtype`` promoted to at least float32: where norms, inner products and ξ are computed.
+
+    Args:
+        dtype: a torch dtype.
+
+    Returns:
+        ``torch.promote_types(dtype, torch.float32)``: float32 for float16, bfloat16 and float32,
+            float64 for float64.
+    """
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -189,13 +299,34 @@ def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:
     """(a / (‖a‖ + ξ), ‖a‖), with ξ = ``eps``: the paper's safe normalisation, finite at a = 0.
 
     ‖a‖ + ξ and its reciprocal are formed in float32 or wider ([`norm`][gamfunc.tree.norm]); the product keeps the
-    leaves' dtype."""
+    leaves' dtype.
+
+    Args:
+        a: a non-empty flat dict of tensors.
+        eps: ξ, a Python number or a 0-d tensor.
+
+    Returns:
+        ``(a / (‖a‖ + ξ), ‖a‖)``: a flat dict with the keys and dtypes of ``a``, and a 0-d tensor in
+            float32 or wider.
+    """
     n = norm(a)
     return scale(a, (n + eps).reciprocal()), n  # what 1.0 / (n + eps) computes, less its "* 1.0"
 
 
 def where(cond: Tensor, a: Tree, b: Tree) -> Tree:
-    """Leaf-wise ``torch.where(cond, a, b)`` for a 0-d boolean ``cond``, without a Python branch."""
+    """Leaf-wise ``torch.where(cond, a, b)`` for a 0-d boolean ``cond``, without a Python branch.
+
+    Args:
+        cond: a 0-d boolean tensor.
+        a: the flat dict taken where ``cond`` is True.
+        b: the flat dict taken where ``cond`` is False, with the keys of ``a``.
+
+    Returns:
+        A flat dict with the keys of ``a``: ``a`` where ``cond`` is True, else ``b``.
+
+    Raises:
+        ValueError: ``a`` and ``b`` have different keys.
+    """
     check_keys(a, b)
     return {k: torch.where(cond, x, b[k]) for k, x in a.items()}
 
@@ -225,6 +356,14 @@ def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
     factor to it anyway, once per leaf. A Python number becomes such a 0-d tensor only on the CPU when
     eager, where the foreach kernels run leaf by leaf and would wrap the number once per leaf.
     Half-precision kernels compute in float32 with the factor unrounded, so there ``s`` is left as it is.
+
+    Args:
+        s: the factor, a Python number or a 0-d tensor.
+        leaves: the tensors that ``s`` multiplies.
+
+    Returns:
+        Where the leaves all share float32 or float64, a floating-point tensor ``s`` (or a Python
+            number, on the CPU when eager) as a 0-d tensor of their dtype; else ``s`` itself.
     """
     if not leaves:
         return s

@@ -71,6 +71,13 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
     Each sum is cast back to the parameter's dtype (an update of another dtype does not promote the
     parameter). ``params`` is not modified.
 
+    Args:
+        params: the parameters θ, a flat dict of tensors.
+        updates: the updates u, a flat dict with the names and shapes of ``params``.
+
+    Returns:
+        The flat dict θ + u, each tensor in its parameter's dtype.
+
     Raises:
         ValueError: ``updates`` has other names than ``params``.
 
