@@ -75,7 +75,7 @@ def in_transform() -> bool:
 
     Returns:
         True inside one, and where torch cannot say (the paths that work inside a transform work
-        outside too).
+            outside too).
     """
     level = _functorch("maybe_current_level")
     if level is None:
@@ -204,7 +204,7 @@ def mutates(op) -> bool:
 
     Returns:
         For an aten or prims operation, whether its schema is mutable, and True where torch cannot
-        say; False for anything else (``operator.getitem``, Python functions).
+            say; False for anything else (``operator.getitem``, Python functions).
     """
     if not isinstance(op, type(torch.ops.aten.add.Tensor)):
         return False

@@ -75,7 +75,7 @@ def split_batch(batch, k: int) -> list:
 
     Returns:
         A list of k pytrees shaped like ``batch``: each tensor with a dimension split by
-        ``torch.tensor_split`` (sizes differ by at most one), every other leaf repeated in each.
+            ``torch.tensor_split`` (sizes differ by at most one), every other leaf repeated in each.
     """
     leaves, spec = pytree.tree_flatten(batch)
     cut = [torch.tensor_split(x, k) if _batched(x) else (x,) * k for x in leaves]

@@ -47,7 +47,7 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
 
     Returns:
         A step of the same configuration; ``init`` is the original's. Under NCCL, [`release`][gamfunc.cuda_graphs.release]
-        it before ``destroy_process_group()``.
+            it before ``destroy_process_group()``.
 
     Raises:
         ValueError: ``warmup`` < 1, or ``step`` was made with ``on_nonfinite="raise"`` (which reads

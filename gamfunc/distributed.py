@@ -77,7 +77,7 @@ def buckets(tensors: list[Tensor], cap_bytes: int) -> list[list[int]]:
 
     Returns:
         Lists of indices into ``tensors``, in order: each bucket holds tensors of one dtype and
-        device and at most ``cap_bytes`` (a tensor larger than the cap gets a bucket of its own).
+            device and at most ``cap_bytes`` (a tensor larger than the cap gets a bucket of its own).
     """
     out: list[list[int]] = []
     open_: dict[tuple, tuple[list[int], int]] = {}

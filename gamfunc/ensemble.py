@@ -51,7 +51,7 @@ def stack(trees: list) -> Any:
 
     Returns:
         One pytree of that structure; each tensor leaf is ``torch.stack`` of the members' leaves,
-        any other leaf the first member's.
+            any other leaf the first member's.
 
     Raises:
         ValueError: ``trees`` is empty or its pytrees differ in structure.
@@ -160,7 +160,7 @@ def vmap_step(
 
     Returns:
         A [`VmappedStep`][gamfunc.ensemble.VmappedStep]: ``init(params, buffers=None)`` and ``step(params, state, batch)``
-        over stacked params and states. ``torch.compile`` it as any function.
+            over stacked params and states. ``torch.compile`` it as any function.
 
     Raises:
         ValueError: ``hparams`` is empty or its tensors are not 1-d of one length.

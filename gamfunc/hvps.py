@@ -317,7 +317,7 @@ def resolve(v: Vector, p: Pass) -> tuple[Tree, Pass]:
 
     Returns:
         ``(v, p)`` for a fixed v; ``(v(g), p)`` for a function of g. A [`Normalized`][gamfunc.hvps.Normalized] v leaves
-        the norm it takes in the returned pass, so that ‖g‖ is computed once.
+            the norm it takes in the returned pass, so that ‖g‖ is computed once.
     """
     if not of_gradient(v):
         return v, p
@@ -356,7 +356,7 @@ def grad_norm_grad(loss_fn, params: Tree, batch, hvp="exact", *, eps: float = 1e
 
     Returns:
         ``(f, clean)`` with ``clean`` the pass at θ (its gradient is g), carrying ‖g‖ as its
-        ``grad_norm``.
+            ``grad_norm``.
 
     Raises:
         ValueError: ``hvp`` is not a backend ([`get`][gamfunc.hvps.get]).

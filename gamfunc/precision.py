@@ -381,7 +381,7 @@ def mixed(loss_fn: Callable, precision: str) -> Callable:
 
     Returns:
         ``loss_fn`` itself for "fp32", [`bf16`][gamfunc.precision.bf16] of it for "bf16",
-        [`fp16`][gamfunc.precision.fp16] of it (GradScaler's defaults) for "fp16".
+            [`fp16`][gamfunc.precision.fp16] of it (GradScaler's defaults) for "fp16".
 
     Raises:
         ValueError: ``precision`` is none of these.

@@ -378,7 +378,7 @@ def make_step(
 
     Returns:
         A [`Step`][gamfunc.step.Step]: ``step(params, state, batch) -> (new_params, new_state, metrics)``, with
-        ``step.init(params, buffers=None)`` giving the first [`StepState`][gamfunc.state.StepState].
+            ``step.init(params, buffers=None)`` giving the first [`StepState`][gamfunc.state.StepState].
 
     Raises:
         TypeError: ``estimator`` is not an estimator, ``optimizer`` not a Transform, or

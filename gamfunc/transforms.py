@@ -111,7 +111,7 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
 
     Returns:
         A [`Transform`][gamfunc.transforms.Transform] whose state is a [`ClipState`][gamfunc.transforms.ClipState]: ‖d‖₂ of the last direction
-        before clipping.
+            before clipping.
 
     Example:
         >>> import torch, gamfunc
@@ -373,7 +373,7 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Tr
 
     Returns:
         A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`TraceState`][gamfunc.transforms.TraceState]; its update
-        takes ``step=`` (needed where τ ≠ 0).
+            takes ``step=`` (needed where τ ≠ 0).
 
     Raises:
         ValueError: an invalid argument, naming it.
@@ -437,7 +437,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Tran
 
     Returns:
         A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`ScaleByAdamState`][gamfunc.transforms.ScaleByAdamState]; its
-        update needs ``step=``.
+            update needs ``step=``.
 
     Raises:
         ValueError: an invalid argument, naming it.

@@ -73,7 +73,7 @@ def gam(
 
     Returns:
         An Estimator; its info adds ``f_norm`` = ‖f‖, ``adv_grad_norm`` = ‖∇L(θ_adv)‖ and ``adv_loss``
-        (and with ``theorem_norms`` the two squared norms above).
+            (and with ``theorem_norms`` the two squared norms above).
 
     Raises:
         ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool, or

@@ -19,7 +19,7 @@ def gradient() -> Estimator:
 
     Returns:
         An [`Estimator`][gamfunc.estimators.base.Estimator] named "gradient", with no
-        hyperparameters.
+            hyperparameters.
 
     Example:
         >>> import torch, gamfunc

@@ -43,7 +43,7 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
 
     Returns:
         An [`Estimator`][gamfunc.estimators.base.Estimator] named "gsam"; its info adds
-        ``perturbed_loss`` = L(θ + ε̂) = f_p(θ) and ``surrogate_gap`` = f_p(θ) − L(θ).
+            ``perturbed_loss`` = L(θ + ε̂) = f_p(θ) and ``surrogate_gap`` = f_p(θ) − L(θ).
 
     Raises:
         ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite (naming it).

@@ -50,7 +50,7 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
 
     Returns:
         An [`Estimator`][gamfunc.estimators.base.Estimator] named "sam"; its info adds
-        ``perturbed_loss`` = L(θ + ε̂) (L(θ + ε_n) with n steps).
+            ``perturbed_loss`` = L(θ + ε̂) (L(θ + ε_n) with n steps).
 
     Raises:
         ValueError: ``rho`` or ``eps`` is negative or not finite, or ``ascent_steps`` is not an

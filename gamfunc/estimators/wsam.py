@@ -47,7 +47,7 @@ def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
 
     Returns:
         An [`Estimator`][gamfunc.estimators.base.Estimator] named "wsam"; its info adds
-        ``perturbed_loss`` = L(θ + ε̂).
+            ``perturbed_loss`` = L(θ + ε̂).
 
     Raises:
         ValueError: ``rho`` or ``eps`` is negative or not finite, or ``gamma`` is outside [0, 1)

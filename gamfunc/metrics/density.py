@@ -79,7 +79,7 @@ def lanczos_quadrature(
 
     Returns:
         ``(nodes, weights)``, two float64 tensors of shape [probes, m] on the params' device, each
-        row's nodes ascending and its weights summing to 1.
+            row's nodes ascending and its weights summing to 1.
 
     Raises:
         ValueError: ``iters`` or ``probes`` is not an integer >= 1, or ``mode`` is unknown.

@@ -85,7 +85,7 @@ def first_order_flatness(
 
     Returns:
         The estimate of R1_ρ(θ) (0-d tensor, a lower bound of the true value); with
-        ``return_point`` the pair ``(value, point)``.
+            ``return_point`` the pair ``(value, point)``.
 
     Example:
         >>> import torch
@@ -148,7 +148,7 @@ def zeroth_order_flatness(
 
     Returns:
         The estimate of R0_ρ(θ) (0-d tensor, >= 0, a lower bound of the true value); with
-        ``return_point`` the pair ``(value, point)``.
+            ``return_point`` the pair ``(value, point)``.
 
     Example:
         >>> import torch

@@ -98,7 +98,7 @@ def top_eigenvalues(
 
     Returns:
         A tensor of shape [k], descending, on the params' device and in their dtype; with
-        ``return_eigenvectors`` the pair ``(values, vectors)``.
+            ``return_eigenvectors`` the pair ``(values, vectors)``.
 
     Warning:
         Lanczos from one start vector sees one copy of an eigenvalue of multiplicity > 1 (exactly
@@ -278,7 +278,7 @@ def hessian_trace(
 
     Returns:
         t̂, a 0-d tensor in the params' dtype; with ``return_stderr`` the pair ``(t̂, stderr)``
-        (stderr is nan for S = 1).
+            (stderr is nan for S = 1).
 
     Warning:
         Randomness inside ``loss_fn`` (dropout) is the same for every probe of a vmap chunk

@@ -50,7 +50,7 @@ def adamw(
 
     Returns:
         A [`Transform`][gamfunc.optim.base.Transform]; its state is an
-        [`InjectState`][gamfunc.optim.inject.InjectState], its update needs ``step=`` (bias correction).
+            [`InjectState`][gamfunc.optim.inject.InjectState], its update needs ``step=`` (bias correction).
 
     Raises:
         ValueError: an invalid argument, naming it.

@@ -67,8 +67,8 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
 
     Returns:
         A function of the same keyword arguments returning a [`Transform`][gamfunc.optim.base.Transform],
-        whose state is an [`InjectState`][gamfunc.optim.inject.InjectState]. Its update takes ``step=`` (needed where an argument
-        is a schedule).
+            whose state is an [`InjectState`][gamfunc.optim.inject.InjectState]. Its update takes ``step=`` (needed where an argument
+            is a schedule).
 
     Example:
         >>> import torch, gamfunc
@@ -220,7 +220,7 @@ def map_injected(state, fn: Callable[[InjectState], InjectState]):
 
     Returns:
         The new state, every NamedTuple built by its constructor (dynamo on torch < 2.13 cannot
-        return one made by ``_replace``).
+            return one made by ``_replace``).
     """
     if isinstance(state, InjectState):
         s = fn(state)

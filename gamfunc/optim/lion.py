@@ -45,7 +45,7 @@ def lion(
 
     Returns:
         A [`Transform`][gamfunc.optim.base.Transform]; its state is an
-        [`InjectState`][gamfunc.optim.inject.InjectState].
+            [`InjectState`][gamfunc.optim.inject.InjectState].
 
     Raises:
         ValueError: an invalid argument, naming it.

@@ -52,8 +52,8 @@ def sgd(
 
     Returns:
         A [`Transform`][gamfunc.optim.base.Transform]; its updates are u = −η·d, its state an
-        [`InjectState`][gamfunc.optim.inject.InjectState] around the chain's
-        [`ChainState`][gamfunc.transforms.ChainState].
+            [`InjectState`][gamfunc.optim.inject.InjectState] around the chain's
+            [`ChainState`][gamfunc.transforms.ChainState].
 
     Raises:
         ValueError: an invalid argument, naming it.
