@@ -142,9 +142,10 @@ def test_a_killed_rank_stops_the_job_and_the_checkpoint_stays_whole(tmp_path):
             job.wait()
     assert code != 0
     deadline = time.monotonic() + WAIT  # the workers are reaped once torchrun is gone
-    while any(Path(f"/proc/{pid}").exists() for pid in workers.values()):
-        assert time.monotonic() < deadline, f"workers {workers} outlived the job"
+    alive = lambda: [pid for pid in workers.values() if Path(f"/proc/{pid}").exists()]  # noqa: E731
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.2)
+    assert alive() == [], f"workers {workers} outlived the job"
     body = ckpt.load(path)  # whole: its digest checks
     assert body["position"]["world"] == 2 and body["position"]["global_step"] >= 3
 
