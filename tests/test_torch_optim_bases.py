@@ -106,10 +106,13 @@ def manual(model, estimator, base, data):
     direction (the functional one) into each .grad, then the optimiser's own step()."""
     loss_fn, _, buffers = gamfunc.nn.functionalize(model)
     for b in data:
-        params = params_of(model)
-        direction, _ = estimator(params, b, lambda p, x: loss_fn(p, x, buffers))
+        every = params_of(model)
+        params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+        direction, _ = estimator(
+            params, b, lambda p, x, every=every: loss_fn(every | p, x, buffers)
+        )
         for k, p in model.named_parameters():
-            p.grad = direction[k].clone()
+            p.grad = direction[k].clone() if k in direction else None
         base.step()
 
 
