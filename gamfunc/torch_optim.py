@@ -77,7 +77,7 @@ from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import make_step
 from gamfunc.transforms import chain, clip_by_global_norm
 
-__all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase", "torch_transform"]
+__all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
 # What torch raises when the closure calls backward() itself: inside a torch.func transform (compiled
 # or nested steps), or before gamfunc's own backward pass of an eager step.
@@ -89,12 +89,12 @@ _BACKWARD_INSIDE = (
 
 
 class TorchState(NamedTuple):
-    """The step state of a [`torch_transform`][gamfunc.torch_optim.torch_transform]: the optimiser's own state lives in the
+    """The step state of a `torch_transform`: the optimiser's own state lives in the
     ``torch.optim`` optimiser; the step state holds only what the guard reads of it.
 
     Attributes:
         finite: 0-d float64, 0 when every floating-point tensor of the optimiser's last formed state
-            is finite, NaN otherwise (so that [`gamfunc.step.is_finite`][gamfunc.step.is_finite] skips a step that
+            is finite, NaN otherwise (so that `gamfunc.step.is_finite` skips a step that
             would make it non-finite).
     """
 
@@ -108,7 +108,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
     parameters ``base`` holds, sets each ``.grad`` to the direction, runs ``base.step()`` and
     restores the tensors: ``base`` itself is left as it was. The new parameters give the updates;
     the state ``base.step()`` formed waits in ``pending`` until the step is known to be taken, when
-    [`commit`][gamfunc.torch_optim.commit] installs it (a skipped step forms none). ``base``'s
+    `commit` installs it (a skipped step forms none). ``base``'s
     param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set them) are read
     by its own ``step()``, so a change takes effect on the next step.
 
@@ -117,7 +117,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         names: ``id(parameter) -> name`` of the parameters in the step's ``params``.
 
     Returns:
-        A Transform whose state is a [`TorchState`][gamfunc.torch_optim.TorchState]; it carries ``pending``
+        A Transform whose state is a `TorchState`; it carries ``pending``
         (a dict) as an attribute of its update.
     """
     pending: dict[str, Any] = {}
@@ -158,7 +158,13 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
 
 def commit(base: torch.optim.Optimizer, pending: dict, taken: bool) -> None:
     """Install the state ``base.step()`` formed in the last update when the step was ``taken``;
-    forget it either way. The dict ``base.state`` keeps its identity (a facade shares it)."""
+    forget it either way. The dict ``base.state`` keeps its identity (a facade shares it).
+
+    Args:
+        base: the optimiser of a `torch_transform`.
+        pending: that transform's ``update.pending``.
+        taken: whether the step was taken (make_step's guard did not skip it).
+    """
     trial = pending.pop("state", None)
     if taken and trial is not None:
         base.state.clear()
@@ -690,7 +696,7 @@ class TorchBase(FlatnessOptimizer):
     """[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] over a ``torch.optim`` base optimiser, named so.
 
     It adds nothing to the facade: the step is make_step's, the base optimiser a
-    [`torch_transform`][gamfunc.torch_optim.torch_transform] of it. ``param_groups`` and ``state``
+    `torch_transform` of it. ``param_groups`` and ``state``
     are the base optimiser's own; ``state_dict()`` holds its ``state_dict()`` under ``"base"``.
 
     Args:
