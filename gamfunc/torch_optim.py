@@ -2,14 +2,30 @@
 
 [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] is a ``torch.optim.Optimizer`` whose ``step`` runs the pure step of
 [`gamfunc.make_step`][gamfunc.make_step] on the module's tensors and writes the result back into the module. It is a
-shell, not a second implementation: every gradient, Hessian-vector product and update comes from
-the estimator and base optimiser it is given. [`GAM`][gamfunc.torch_optim.GAM] and [`SAM`][gamfunc.torch_optim.SAM] only choose the estimator.
+shell, not a second implementation: the estimator computes the direction as a pure function, the
+base optimiser applies it, and [`gamfunc.make_step`][gamfunc.make_step] joins them, with its one non-finite guard.
+[`GAM`][gamfunc.torch_optim.GAM] and [`SAM`][gamfunc.torch_optim.SAM] only choose the estimator.
+
+The base optimiser is any of:
+
+* a gamfunc optimiser, ``GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)``;
+* a ``torch.optim.Optimizer`` over the model's parameters (torch's, or a third party's),
+  ``GAM(model, torch.optim.AdamW(model.parameters(), lr=1e-3), rho=0.05, alpha=0.1)`` or
+  ``base_optimizer=torch.optim.AdamW(...)``;
+* davda54/sam's form, the class and its keyword arguments,
+  ``GAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05, alpha=0.1)``.
+
+A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step (`torch_transform`):
+its ``step()`` runs on copies of the parameters and of its state, with the direction as ``.grad``,
+and the state it forms is kept only when the step is taken. So every option of the step carries
+over whatever the base optimiser: ``compile=``, ``every=``, ``accumulate=``, ``precision=``,
+``max_grad_norm=`` and the guard.
 
 Switching a ``torch.optim`` loop:
 
 ```python
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # before
-optimizer = GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)   # after
+optimizer = GAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05, alpha=0.1)   # after
 
 for inputs, targets in loader:
     loss = optimizer.step((inputs, targets))   # replaces zero_grad / forward / backward / step
@@ -20,7 +36,7 @@ How the loss reaches the pure step:
 
 * ``step(batch)`` with ``batch = (inputs, targets)``: the loss is ``criterion(model(inputs), targets)``,
   evaluated through ``torch.func.functional_call`` ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be
-  compiled (``compile=True``).
+  compiled (``compile=True``) and accumulated (``accumulate=n``).
 * ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
   model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
   needs (θ, θ + ε, ...) with the module's tensors swapped by ``torch.func.functional_call``, like the
@@ -29,19 +45,15 @@ How the loss reaches the pure step:
 * ``step(closure, batch=batch)``: what trainers such as Lightning pass (their closure runs hooks). The
   closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is ignored,
   and the step is computed from ``batch``.
-
-The module is kept whole, although long: its two shells, [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] (a gamfunc base
-optimiser) and [`TorchBase`][gamfunc.torch_optim.TorchBase] (a ``torch.optim`` one), share how ``step`` reads its arguments,
-the loss over the module and the argument checks. Given ``base_optimizer=``, a
-[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] (and so [`GAM`][gamfunc.torch_optim.GAM] and [`SAM`][gamfunc.torch_optim.SAM]) runs its steps through a
-[`TorchBase`][gamfunc.torch_optim.TorchBase] it holds; most of the module's length is their documentation.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
-from collections.abc import Callable
-from typing import Any
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -49,12 +61,21 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
-from gamfunc import tree
+from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
-from gamfunc.optim import InjectState, Transform, injected, learning_rate, map_injected
+from gamfunc.optim import (
+    InjectState,
+    Transform,
+    call_update,
+    injected,
+    learning_rate,
+    map_injected,
+)
+from gamfunc.precision import PRECISIONS, mixed
 from gamfunc.state import StepState, as_dict, from_dict
-from gamfunc.step import is_finite, make_step
+from gamfunc.step import make_step
+from gamfunc.transforms import chain, clip_by_global_norm
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
@@ -63,7 +84,114 @@ __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 _BACKWARD_INSIDE = (
     "backward() called inside a functorch transform",
     "backward through the graph a second time",
+    "element 0 of tensors does not require grad",
 )
+
+
+class TorchState(NamedTuple):
+    """The step state of a `torch_transform`: the optimiser's own state lives in the
+    ``torch.optim`` optimiser; the step state holds only what the guard reads of it.
+
+    Attributes:
+        finite: 0-d float64, 0 when every floating-point tensor of the optimiser's last formed state
+            is finite, NaN otherwise (so that `gamfunc.step.is_finite` skips a step that
+            would make it non-finite).
+    """
+
+    finite: Tensor
+
+
+def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Transform:
+    """A ``torch.optim`` optimiser as a [`Transform`][gamfunc.optim.base.Transform] of [`gamfunc.make_step`][gamfunc.make_step].
+
+    ``update(direction, state, params)`` swaps copies of ``params`` and of ``base.state`` into the
+    parameters ``base`` holds, sets each ``.grad`` to the direction, runs ``base.step()`` and
+    restores the tensors: ``base`` itself is left as it was. The new parameters give the updates;
+    the state ``base.step()`` formed waits in ``pending`` until the step is known to be taken, when
+    `commit` installs it (a skipped step forms none). ``base``'s
+    param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set them) are read
+    by its own ``step()``, so a change takes effect on the next step.
+
+    Args:
+        base: the optimiser; each parameter it holds is named in ``names``.
+        names: ``id(parameter) -> name`` of the parameters in the step's ``params``.
+
+    Returns:
+        A Transform whose state is a `TorchState`; it carries ``pending``
+        (a dict) as an attribute of its update.
+    """
+    pending: dict[str, Any] = {}
+
+    def init(params):
+        device = next(iter(params.values())).device
+        return TorchState(torch.zeros((), dtype=torch.float64, device=device))
+
+    def update(direction, state, params):
+        held = [p for g in base.param_groups for p in g["params"]]
+        kept_data = [p.data for p in held]
+        kept_grad = [p.grad for p in held]
+        kept_state = base.state
+        trial = _copied(kept_state)
+        try:
+            base.state = trial
+            for p in held:
+                name = names[id(p)]
+                p.data = params[name].to(p.dtype).clone()
+                p.grad = direction[name].to(p.dtype)
+            with torch.no_grad():
+                base.step()
+            moved = {names[id(p)]: p.data for p in held}
+        finally:
+            base.state = kept_state
+            for p, data, grad in zip(held, kept_data, kept_grad, strict=True):
+                p.data, p.grad = data, grad
+        pending["state"] = trial
+        updates = {
+            k: moved[k].to(v.dtype) - v if k in moved else torch.zeros_like(v)
+            for k, v in params.items()
+        }
+        return updates, TorchState(_finite_flag(trial, state.finite))
+
+    update.pending = pending
+    return Transform(init, update)
+
+
+def commit(base: torch.optim.Optimizer, pending: dict, taken: bool) -> None:
+    """Install the state ``base.step()`` formed in the last update when the step was ``taken``;
+    forget it either way. The dict ``base.state`` keeps its identity (a facade shares it).
+
+    Args:
+        base: the optimiser of a `torch_transform`.
+        pending: that transform's ``update.pending``.
+        taken: whether the step was taken (make_step's guard did not skip it).
+    """
+    trial = pending.pop("state", None)
+    if taken and trial is not None:
+        base.state.clear()
+        base.state.update(trial)
+
+
+def _copied(state) -> Any:
+    """A copy of a ``torch.optim`` state whose tensors ``step()`` may change in place."""
+    out = copy.copy(state)  # a defaultdict stays one
+    out.clear()
+    for p, s in state.items():
+        out[p] = {k: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v) for k, v in s.items()}
+    return out
+
+
+def _finite_flag(state, like: Tensor) -> Tensor:
+    """0 when every floating-point tensor of ``state`` is finite, NaN otherwise (0·max|x|)."""
+    leaves = [
+        t
+        for s in state.values()
+        for t in s.values()
+        if isinstance(t, Tensor) and t.is_floating_point() and t.numel()
+    ]
+    if not leaves:
+        return torch.zeros_like(like)
+    top = torch.stack([torch.linalg.vector_norm(t, float("inf")).to(like) for t in leaves]).amax()
+    return top * 0.0
 
 
 class FlatnessOptimizer(torch.optim.Optimizer):
@@ -79,45 +207,58 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     ```
 
     and θ and B are copied back into the module in place, so the model stays usable as it is (eval,
-    ``model.state_dict()``, EMA, checkpoints).
+    ``model.state_dict()``, EMA, checkpoints). A step whose loss, direction, new parameters or new
+    optimiser state is not finite is skipped by make_step's guard and counted in
+    ``metrics["skipped"]``, whatever the base optimiser.
 
     Args:
-        model: the module to train. Its parameters with ``requires_grad=False`` are left alone; its
-            buffers (BatchNorm running statistics) are updated once per step from the pass at θ; passes
-            at perturbed points use batch statistics and leave them alone. The module is evaluated
-            in whatever mode it is in (``model.train()`` / ``model.eval()``), as in a ``torch.optim`` loop.
+        model: the module to train (not its ``parameters()``). Its parameters with
+            ``requires_grad=False`` are left alone; its buffers (BatchNorm running statistics) are
+            updated once per step from the pass at θ; passes at perturbed points use batch
+            statistics and leave them alone. The module is evaluated in whatever mode it is in.
         estimator: a gamfunc estimator, e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
-        optimizer: a gamfunc base optimiser, e.g. ``gamfunc.sgd(lr=0.1, momentum=0.9)``.
-        base_optimizer: instead of ``optimizer``, a ``torch.optim.Optimizer`` over the model's
-            trainable parameters: each step then runs through a [`TorchBase`][gamfunc.torch_optim.TorchBase] held inside,
-            whose ``param_groups`` and ``state`` this optimiser shares.
+        optimizer: the base optimiser: a gamfunc one (``gamfunc.sgd(lr=0.1, momentum=0.9)``), a
+            ``torch.optim.Optimizer`` over the model's parameters, or an optimiser class or gamfunc
+            factory built here with ``**base_kwargs`` (``torch.optim.SGD, lr=0.1``).
         criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
             ``F.cross_entropy`` by default.
-        every: run ``estimator`` on every ``every``-th step and ``base`` on the others (see
-            [`gamfunc.make_step`][gamfunc.make_step]).
+        base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of ``optimizer``.
+        every: run ``estimator`` on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, ``gradient()`` by default.
         on_nonfinite: "skip" (default), "raise" or "ignore" (see [`gamfunc.make_step`][gamfunc.make_step]).
-        compile: compile ``step(batch)`` with ``torch.compile`` (one graph per branch; lr changes and
-            schedulers never recompile).
+        compile: compile the step with ``torch.compile``: the whole step for a gamfunc base
+            optimiser, the estimator's passes (``step.compile(scope="pass")``) for a ``torch.optim``
+            one, whose own ``step()`` runs its fused or foreach kernels.
         compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
+        accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.accumulate.accumulate]).
+        precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
+            scale in the step state, in place of ``torch.amp.GradScaler``).
+        max_grad_norm: clip the direction to this global norm before the base optimiser
+            ([`gamfunc.clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm]).
+        **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``.
 
     Attributes:
-        param_groups: one group holding the trainable parameters and ``lr``. Before every step its
-            ``lr`` is written into the base optimiser's state as a 0-d tensor, so
-            ``torch.optim.lr_scheduler`` drives the learning rate (compiled or not).
-        metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``...).
+        param_groups: a ``torch.optim`` base optimiser's own groups. For a gamfunc one, one group per
+            injected lr (one per [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups] group), holding its parameters and
+            its injected hyperparameters (``lr``, ``weight_decay``...), written into the step
+            state before every step, so ``torch.optim.lr_scheduler`` drives them (compiled or not).
+        metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``,
+            ``skipped``...).
 
-    ``step`` returns the loss at θ before the update (a 0-d tensor). ``state_dict()`` holds the step
-    state in plain dicts (`gamfunc.state.as_dict`: the step counters, the optimiser state with
-    momentum or Adam moments keyed by parameter name) and the param group; the parameters and buffers live in the module, so a checkpoint is ``model.state_dict()``
-    plus ``optimizer.state_dict()``, as with ``torch.optim``.
+    ``step`` returns the loss at θ before the update (a 0-d tensor).
+
+    Raises:
+        TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
+            ``torch.optim`` optimiser whose ``step`` needs a closure, or an argument of the wrong type.
+        ValueError: a base optimiser over tensors that are not the model's parameters, or an invalid
+            option (naming it).
 
     Warning:
-        With a base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the learning rate;
-        ``param_groups[0]["lr"]`` then reports the last lr used (one device synchronisation per step),
-        and changing it (e.g. with a ``torch.optim.lr_scheduler``) raises ``RuntimeError``.
-        Only ``lr`` is read from the param group: weight decay, momentum and betas are those of the
-        gamfunc optimiser. ``add_param_group`` is not supported (one group: the model).
+        With a gamfunc base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the
+        learning rate; ``param_groups[0]["lr"]`` reports the last lr used, and changing it raises
+        ``RuntimeError``. Hyperparameters a gamfunc optimiser does not inject (``momentum`` of
+        ``gamfunc.sgd``) cannot be driven from the param groups: use a ``torch.optim`` base
+        optimiser for momentum cycling.
 
     Example:
         >>> import torch, gamfunc
@@ -138,73 +279,76 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         self,
         model: nn.Module,
         estimator: Estimator,
-        optimizer: Transform | None = None,
+        optimizer=None,
         criterion: Callable = F.cross_entropy,
         *,
-        base_optimizer: torch.optim.Optimizer | None = None,
+        base_optimizer=None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
         compile: bool = False,
         compile_options: dict[str, Any] | None = None,
+        accumulate: int = 1,
+        precision: str = "fp32",
+        max_grad_norm: float | None = None,
+        **base_kwargs,
     ):
-        self._torch: TorchBase | None = None
-        if base_optimizer is not None:
-            if optimizer is not None:
-                raise TypeError("pass either a gamfunc optimizer or base_optimizer=, not both")
-            if (every, base, on_nonfinite, compile, compile_options) != (
-                1,
-                None,
-                "skip",
-                False,
-                None,
-            ):
-                raise TypeError(
-                    "every, base, on_nonfinite, compile and compile_options apply to a gamfunc "
-                    "base optimiser; a torch.optim base_optimizer takes none of them"
-                )
-            self._torch = TorchBase(model, estimator, base_optimizer, criterion)
-            self._model = model
-            self.metrics = {}
-            trainable = list(self._torch._trainable.values())
-            super().__init__(trainable, dict(base_optimizer.defaults))
-            # the base optimiser's groups and state, shared: a scheduler of either moves both
-            self.param_groups, self.state = base_optimizer.param_groups, base_optimizer.state
-            self._groups_fixed = True
-            return
-        _check_arguments(model, optimizer, criterion, compile, compile_options)
-        trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
+        _check_model(model)
+        _check_arguments(criterion, compile, compile_options, accumulate, precision)
+        if not isinstance(estimator, Estimator):
+            raise TypeError(
+                f"estimator must be a gamfunc estimator; got {getattr(estimator, '__name__', type(estimator).__name__)}"
+            )
+        if optimizer is not None and base_optimizer is not None:
+            raise TypeError(
+                "pass the base optimiser once: as the second argument or as base_optimizer="
+            )
+        named = dict(model.named_parameters())
+        trainable = {k: p for k, p in named.items() if p.requires_grad}
         if not trainable:
             raise ValueError("model has no parameter with requires_grad=True to optimise")
-        # The first lr and whether a schedule sets it, from the state the optimiser starts with, on
-        # one element per parameter (the names and numbers of dimensions a weight_decay_mask reads).
-        first = optimizer.init(
-            {k: torch.zeros((1,) * p.ndim, dtype=torch.float64) for k, p in trainable.items()}
-        )
-        with_lr = [s for s in injected(first) if "lr" in s.hyperparams or "lr" in s.scheduled]
-        self._own_schedule = any("lr" in s.scheduled for s in with_lr)
-        lr0 = None if not with_lr else float(learning_rate(first))
-        # each injected lr (a param group's) follows the group's lr in proportion, as
-        # torch.optim.lr_scheduler scales every param group
-        self._lr_scales = [
-            1.0 if not lr0 else float(s.hyperparams.get("lr", s.scheduled.get("lr"))) / lr0
-            for s in with_lr
-        ]
-        module_loss, _, _ = functionalize(model, criterion)
-        options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
-        batch_step = make_step(
-            estimator, optimizer, functools.partial(_as_is, module_loss, model), **options
-        )
-        self._closure_step = make_step(
-            estimator, optimizer, functools.partial(_closure_loss, _Holder(model)), **options
-        )
-        self._batch_step = batch_step.compile(**(compile_options or {})) if compile else batch_step
-        self._model, self._trainable = model, trainable
+        opt = _built(optimizer if optimizer is not None else base_optimizer, trainable, base_kwargs)
+        self._model, self.metrics = model, {}
         self._state: StepState | None = None
-        self.metrics: dict[str, Tensor] = {}
-        super().__init__(list(trainable.values()), {"lr": lr0})
-        self._lr_set = lr0
-        self._groups_fixed = True
+        self._torch: torch.optim.Optimizer | None = None
+        if isinstance(opt, torch.optim.Optimizer):
+            self._torch = opt
+            self._trainable = _held(opt, named)
+            self._ids = {id(p): k for k, p in self._trainable.items()}
+            transform = torch_transform(opt, self._ids)
+            self._pending = transform.update.pending
+        else:
+            self._trainable = trainable
+            transform = opt
+        if max_grad_norm is not None:
+            transform = chain(clip_by_global_norm(max_grad_norm), transform)
+        module_loss, _, _ = functionalize(model, criterion)
+        batch_loss = mixed(functools.partial(_as_is, module_loss, model), precision)
+        if accumulate > 1:
+            batch_loss = accumulated(batch_loss, accumulate)
+        closure_loss = mixed(functools.partial(_closure_loss, _Holder(model)), precision)
+        options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
+        batch_step = make_step(estimator, transform, batch_loss, **options)
+        self._closure_step = make_step(estimator, transform, closure_loss, **options)
+        self._accumulate = accumulate
+        if compile:
+            scope = "pass" if self._torch is not None else "step"
+            batch_step = batch_step.compile(scope=scope, **(compile_options or {}))
+        self._batch_step = batch_step
+        if self._torch is not None:
+            super().__init__(list(self._trainable.values()), dict(opt.defaults))
+            # the base optimiser's groups and state, shared: a scheduler of either moves both
+            self.param_groups, self.state = opt.param_groups, opt.state
+            self._hyper = None
+        else:
+            groups, self._hyper = _gamfunc_groups(transform, self._trainable)
+            super().__init__(
+                groups[0]["params"], {k: v for k, v in groups[0].items() if k != "params"}
+            )
+            for g in groups[1:]:
+                super().add_param_group(g)
+            self._set = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        self._ready = True
 
     # ---- torch.optim.Optimizer interface ----------------------------------------------------------
 
@@ -217,49 +361,77 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             batch: ``(inputs, targets)`` for ``criterion(model(inputs), targets)``. Given together with
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
+
+        Returns:
+            The loss at θ before the update.
+
+        Raises:
+            TypeError: neither a batch nor a closure, or a closure that does not return a tensor.
+            ValueError: a batch that is not a pair, or a closure with ``accumulate > 1``.
+            RuntimeError: a closure that calls ``backward()``.
         """
-        if self._torch is not None:
-            loss = self._torch.step(closure, batch=batch)
-            self.metrics = self._torch.metrics
-            return loss
         closure, batch = _step_arguments(closure, batch)
         if batch is not None:
             return self._advance(self._batch_step, batch)
+        if self._accumulate > 1:
+            raise ValueError(
+                "accumulate > 1 cuts a batch into micro-batches: call step((inputs, targets)), "
+                "not step(closure)"
+            )
         try:
             return self._advance(self._closure_step, closure)
         except RuntimeError as e:
             if not any(m in str(e) for m in _BACKWARD_INSIDE):
                 raise
             raise RuntimeError(
-                "the closure given to step() must return the loss without calling backward(): "
-                "gamfunc differentiates it with torch.func"
-            ) from e
+                "the closure given to step() must return the loss without calling backward() "
+                "(write step(lambda: criterion(model(x), y))): gamfunc differentiates it"
+            ) from None
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"state": {step, skipped, opt}, "param_groups": [group]}``: the step state as plain dicts
-        (`gamfunc.state.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors keyed
-        by parameter name; ``{}`` before the first step. With a ``torch.optim`` base optimiser,
-        [`TorchBase.state_dict`][gamfunc.torch_optim.TorchBase.state_dict]."""
-        if self._torch is not None:
-            return self._torch.state_dict()
-        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        """``{"state": {step, skipped, opt, ...}, "param_groups": [...]}``: the step state as plain
+        dicts (`gamfunc.state.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors
+        keyed by parameter name, ``{}`` before the first step; with a ``torch.optim`` base
+        optimiser, ``"base"``: its own ``state_dict()``.
+
+        Returns:
+            The dict.
+        """
         state = {} if self._state is None else as_dict(self._state)
-        return {"state": state, "param_groups": [group | {"params": list(self._trainable)}]}
+        if self._torch is not None:
+            return {"state": state, "base": self._torch.state_dict()}
+        groups = [
+            {k: v for k, v in g.items() if k != "params"} | {"params": self._names(g)}
+            for g in self.param_groups
+        ]
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what [`state_dict`][gamfunc.torch_optim.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device."""
+        """Restore what [`state_dict`][gamfunc.torch_optim.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device.
+
+        Args:
+            state_dict: what ``state_dict()`` returned.
+
+        Raises:
+            ValueError: a dict of another form, or saved for other parameters.
+        """
+        keys = ("state", "base") if self._torch is not None else ("state", "param_groups")
+        if not isinstance(state_dict, dict) or set(state_dict) != set(keys):
+            raise ValueError(f"state_dict must be a dict with keys {keys[0]!r} and {keys[1]!r}")
         if self._torch is not None:
-            self._torch.load_state_dict(state_dict)
+            self._torch.load_state_dict(state_dict["base"])
             self.param_groups, self.state = self._torch.param_groups, self._torch.state
-            return
-        if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
-            raise ValueError("state_dict must be a dict with keys 'state' and 'param_groups'")
-        groups = state_dict["param_groups"]
-        if len(groups) != 1 or list(groups[0].get("params", ())) != list(self._trainable):
-            raise ValueError(
-                "state_dict was saved for other parameters; expected one group with "
-                f"params {list(self._trainable)}"
-            )
+        else:
+            groups = state_dict["param_groups"]
+            if [list(g.get("params", ())) for g in groups] != [
+                self._names(g) for g in self.param_groups
+            ]:
+                raise ValueError(
+                    "state_dict was saved for other parameters; expected groups with params "
+                    f"{[self._names(g) for g in self.param_groups]}"
+                )
+            for g, saved in zip(self.param_groups, groups, strict=True):
+                g.update({k: v for k, v in saved.items() if k != "params"})
         state = state_dict["state"]
         if state:
             reference = self._batch_step.init(self._params(), None)
@@ -270,31 +442,58 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self._state = pytree.tree_map(_placed, restored, reference)
         else:
             self._state = None
-        self.param_groups[0].update({k: v for k, v in groups[0].items() if k != "params"})
-        self._lr_set = self.param_groups[0]["lr"]
+        if self._torch is None:
+            self._set = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if getattr(self, "_groups_fixed", False):
+        """Add a group, as ``torch.optim`` does: to a ``torch.optim`` base optimiser, whose step then
+        moves its parameters too (they must be the model's).
+
+        Args:
+            param_group: ``{"params": [...], **options}``.
+
+        Raises:
+            TypeError: with a gamfunc base optimiser, whose groups are fixed when it is built.
+            ValueError: parameters that are not the model's.
+        """
+        if not getattr(self, "_ready", False):
+            return super().add_param_group(param_group)
+        if self._torch is None:
             raise TypeError(
-                f"{type(self).__name__} optimises one group, the model's trainable parameters; "
-                "add_param_group is not supported"
+                "add_param_group needs a torch.optim base optimiser; with a gamfunc one, give the "
+                "groups when building it: gamfunc.param_groups({'pattern': {'lr': ...}}, gamfunc.sgd, lr=...)"
             )
-        super().add_param_group(param_group)
+        self._torch.add_param_group(param_group)
+        self.param_groups = self._torch.param_groups
+        self._trainable = _held(self._torch, dict(self._model.named_parameters()))
+        self._ids.clear()  # the dict the transform reads the names from
+        self._ids.update({id(p): k for k, p in self._trainable.items()})
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of the parameters (the step itself neither reads nor writes them).
+
+        Args:
+            set_to_none: as ``torch.optim.Optimizer.zero_grad``.
+        """
         if self._torch is not None:
             self._torch.zero_grad(set_to_none=set_to_none)
         else:
             super().zero_grad(set_to_none=set_to_none)
 
     def __repr__(self) -> str:
-        if self._torch is not None:
-            return f"{type(self).__name__}({self._torch!r})"
         est = self._batch_step.estimator
         hp = ", ".join(f"{k}={v!r}" for k, v in est.hparams.items())
-        return f"{type(self).__name__}(estimator={est.name}({hp}), lr={self.param_groups[0]['lr']})"
+        base = type(self._torch).__name__ if self._torch is not None else "gamfunc"
+        return (
+            f"{type(self).__name__}(estimator={est.name}({hp}), base={base}, "
+            f"lr={self.param_groups[0].get('lr')})"
+        )
 
     # ---- the step ---------------------------------------------------------------------------------
+
+    def _names(self, group) -> list[str]:
+        ids = {id(p): k for k, p in self._trainable.items()}
+        return [ids[id(p)] for p in group["params"]]
 
     def _params(self) -> dict[str, Tensor]:
         return {k: p.detach() for k, p in self._trainable.items()}
@@ -304,8 +503,16 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         buffers = {k: b.detach() for k, b in self._model.named_buffers()}
         if self._state is None:
             self._state = run.init(params, None)
-        state = self._state._replace(buffers=buffers, opt=self._with_group_lr(self._state.opt))
+        state = self._state._replace(buffers=buffers)
+        if self._torch is None:
+            state = state._replace(opt=self._with_groups(state.opt))
         new_params, new_state, metrics = run(params, state, data)
+        if self._torch is not None:
+            taken = "skipped" not in metrics or not bool(metrics["skipped"])
+            commit(self._torch, self._pending, taken)
+            metrics.setdefault(
+                "lr", torch.tensor(float(self.param_groups[0]["lr"]), dtype=torch.float64)
+            )
         with torch.no_grad():
             for k, p in self._trainable.items():
                 p.copy_(new_params[k])
@@ -313,72 +520,139 @@ class FlatnessOptimizer(torch.optim.Optimizer):
                 b.copy_(new_state.buffers[k])
         self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
-        if self._own_schedule:
-            self.param_groups[0]["lr"] = self._lr_set = float(learning_rate(new_state.opt))
+        if self._torch is None and self._hyper.scheduled:
+            self.param_groups[0]["lr"] = float(learning_rate(new_state.opt))
+            self._set[0]["lr"] = self.param_groups[0]["lr"]
         return metrics["loss"]
 
-    def _with_group_lr(self, opt_state):
-        """``opt_state`` with ``param_groups[0]["lr"]`` as the lr of the next update (each injected
-        lr in proportion); a scheduled lr is the schedule's, and the group then only reports the
-        lr of the last update."""
-        lr = self.param_groups[0]["lr"]
-        if self._own_schedule or not self._lr_scales:
-            if lr != self._lr_set:
+    def _with_groups(self, opt_state):
+        """``opt_state`` with each param group's hyperparameters in its injected state (group i, the
+        i-th injected state that keeps an lr); a scheduled lr is the schedule's, and its group then
+        only reports the lr of the last update."""
+        hyper = self._hyper
+        if hyper.scheduled or not hyper.names:
+            if any(
+                g.get("lr") != s.get("lr")
+                for g, s in zip(self.param_groups, self._set, strict=True)
+            ):
                 raise RuntimeError(
                     "param_groups[0]['lr'] was changed, but the base optimiser's lr is a gamfunc "
                     "schedule, which sets it (or it keeps no lr: see gamfunc.inject_hyperparams); "
                     "give the optimiser a constant lr to drive it with torch.optim.lr_scheduler"
                 )
             return opt_state
-        scales = iter(self._lr_scales)
+        groups = iter(self.param_groups)
 
-        def set_lr(s: InjectState) -> InjectState:
+        def set_group(s: InjectState) -> InjectState:
             if "lr" not in s.hyperparams:
                 return s
-            old = s.hyperparams["lr"]
-            # a new 0-d tensor, never an in-place write: earlier metrics and states share the old
-            new = torch.full((), float(lr) * next(scales), dtype=torch.float64, device=old.device)
-            return InjectState({**s.hyperparams, "lr": new}, s.scheduled, s.inner)
+            group = next(groups)
+            # new 0-d tensors, never in-place writes: earlier metrics and states share the old ones
+            new = {
+                k: torch.full((), float(group[k]), dtype=torch.float64, device=v.device)
+                for k, v in s.hyperparams.items()
+                if k in group
+            }
+            return InjectState({**s.hyperparams, **new}, s.scheduled, s.inner)
 
-        return map_injected(opt_state, set_lr)
+        return map_injected(opt_state, set_group)
+
+
+class _Hyper(NamedTuple):
+    """What a gamfunc optimiser injects: the hyperparameter names of each injected state with an
+    lr (one per param group), and whether an lr is a schedule."""
+
+    names: list[list[str]]
+    scheduled: bool
+
+
+def _gamfunc_groups(
+    optimizer: Transform, trainable: dict[str, Tensor]
+) -> tuple[list[dict], _Hyper]:
+    """The torch param groups of a gamfunc optimiser: one per injected state that keeps an lr, with
+    its numeric hyperparameters and the parameters that lr moves (found by an update on one
+    element per parameter with that lr alone set to 1, every other to 0)."""
+    probe = {k: torch.ones((1,) * p.ndim, dtype=torch.float64) for k, p in trainable.items()}
+    first = optimizer.init(probe)
+    with_lr = [s for s in injected(first) if "lr" in s.hyperparams or "lr" in s.scheduled]
+    scheduled = any("lr" in s.scheduled for s in with_lr)
+    params = list(trainable.values())
+    if scheduled or len(with_lr) <= 1:
+        lr = None if not with_lr else float(learning_rate(first))
+        extra = {} if scheduled or not with_lr else _numbers(with_lr[0])
+        return [{"params": params, "lr": lr, **extra}], _Hyper(
+            [list(extra)] if with_lr else [], scheduled
+        )
+    members: dict[str, int] = {}
+    for i in range(len(with_lr)):
+        counter = iter(range(len(with_lr)))
+
+        def only(s, i=i, counter=counter):
+            if "lr" not in s.hyperparams:
+                return s
+            lr = torch.tensor(1.0 if next(counter) == i else 0.0, dtype=torch.float64)
+            return InjectState({**s.hyperparams, "lr": lr}, s.scheduled, s.inner)
+
+        updates, _ = call_update(
+            optimizer,
+            {k: torch.ones_like(v) for k, v in probe.items()},
+            map_injected(first, only),
+            probe,
+            torch.zeros((), dtype=torch.int64),
+        )
+        for k, u in updates.items():
+            if k not in members and bool(u.abs().sum() > 0):
+                members[k] = i
+    groups = []
+    for i, s in enumerate(with_lr):
+        ps = [p for k, p in trainable.items() if members.get(k, 0) == i]
+        groups.append({"params": ps, **_numbers(s)})
+    return groups, _Hyper([list(_numbers(s)) for s in with_lr], False)
+
+
+def _numbers(s: InjectState) -> dict[str, float]:
+    return {k: float(v) for k, v in s.hyperparams.items() if v.ndim == 0}
 
 
 class GAM(FlatnessOptimizer):
     """[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] with ``gamfunc.gam(rho, alpha, hvp, ...)``: paper Algorithm 1.
 
-    ρ is ``rho``, α is ``alpha``; ``hvp``, ``fd_radius``, ``oracle`` and ``eps`` go to
-    [`gamfunc.gam`][gamfunc.estimators.gam.gam], the other keywords to [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]. The base optimiser is a
-    gamfunc one (``optimizer``) or a ``torch.optim`` one (``base_optimizer=``).
+    ρ is ``rho``, α is ``alpha``; ``hvp``, ``fd_radius``, ``oracle``, ``eps`` and ``adaptive`` go to
+    [`gamfunc.gam`][gamfunc.estimators.gam.gam], the other keywords to [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] (its options, or the
+    keyword arguments of an optimiser class given as the base optimiser).
 
     Raises:
-        TypeError: neither or both of ``optimizer`` and ``base_optimizer``, or an argument that
-            belongs to the base optimiser (``lr``, ``momentum``...).
+        TypeError: no base optimiser, or a keyword argument for an optimiser instance.
 
     Example:
         >>> import torch, gamfunc
         >>> from gamfunc.torch_optim import GAM
         >>> model = torch.nn.Linear(4, 3)
-        >>> opt = GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)
+        >>> opt = GAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05, alpha=0.1)
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
     """
 
     def __init__(
         self,
         model: nn.Module,
-        optimizer: Transform | None = None,
+        optimizer=None,
         *,
         rho,
         alpha: float,
-        base_optimizer: torch.optim.Optimizer | None = None,
+        base_optimizer=None,
         criterion: Callable = F.cross_entropy,
         hvp: str = "exact",
         fd_radius: float = 1e-3,
         oracle: Estimator | None = None,
         eps: float = 1e-12,
+        adaptive: bool = False,
         **options,
     ):
+        _check_model(model)
         _check_options(type(self).__name__, optimizer, base_optimizer, options)
-        estimator = gam(rho, alpha, hvp=hvp, fd_radius=fd_radius, oracle=oracle, eps=eps)
+        estimator = gam(
+            rho, alpha, hvp=hvp, fd_radius=fd_radius, oracle=oracle, eps=eps, adaptive=adaptive
+        )
         super().__init__(
             model, estimator, optimizer, criterion, base_optimizer=base_optimizer, **options
         )
@@ -387,8 +661,10 @@ class GAM(FlatnessOptimizer):
 class SAM(FlatnessOptimizer):
     """[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] with ``gamfunc.sam(rho)``: direction ∇L(θ + ρ·g/‖g‖), g = ∇L(θ).
 
-    The base optimiser is a gamfunc one (``optimizer``) or a ``torch.optim`` one
-    (``base_optimizer=``), as for [`GAM`][gamfunc.torch_optim.GAM].
+    The base optimiser is given as for [`GAM`][gamfunc.torch_optim.GAM].
+
+    Raises:
+        TypeError: no base optimiser, or a keyword argument for an optimiser instance.
 
     Example:
         >>> import torch, gamfunc
@@ -401,144 +677,62 @@ class SAM(FlatnessOptimizer):
     def __init__(
         self,
         model: nn.Module,
-        optimizer: Transform | None = None,
+        optimizer=None,
         *,
         rho,
-        base_optimizer: torch.optim.Optimizer | None = None,
+        base_optimizer=None,
         criterion: Callable = F.cross_entropy,
         eps: float = 1e-12,
         **options,
     ):
+        _check_model(model)
         _check_options(type(self).__name__, optimizer, base_optimizer, options)
         super().__init__(
             model, sam(rho, eps=eps), optimizer, criterion, base_optimizer=base_optimizer, **options
         )
 
 
-class TorchBase(torch.optim.Optimizer):
-    """Any ``torch.optim`` optimiser as the base of a flatness-aware step, as davda54/sam is used.
+class TorchBase(FlatnessOptimizer):
+    """[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] over a ``torch.optim`` base optimiser, named so.
 
-    One step: the estimator's direction at θ (GAM, SAM, ...) goes into each parameter's ``.grad``
-    and the base optimiser's own ``step()`` runs, with its parameter groups, its state and whatever
-    ``torch.optim.lr_scheduler`` drives it; BatchNorm buffers take the pass at θ's statistics. The
-    non-finite guard is [`gamfunc.make_step`][gamfunc.make_step]'s (`gamfunc.step.is_finite`): a step whose
-    loss or direction is not finite is skipped (the parameters, the base optimiser's state and the
-    buffers stay; ``metrics["skipped"]`` is 1); one whose update makes a parameter non-finite is
-    undone on the parameters and skipped too.
-
-    Warning:
-        A ``torch.optim`` optimiser changes its own state (momentum, moments) in place as it steps,
-        so after an undone update that state keeps the step's statistics; gamfunc's own optimisers
-        ([`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]) keep the state as it was. Made by ``GAM(model, base_optimizer=..., rho=,
-    alpha=)`` or ``SAM(model, base_optimizer=..., rho=)``, or directly.
+    It adds nothing to the facade: the step is make_step's, the base optimiser a
+    `torch_transform` of it. ``param_groups`` and ``state``
+    are the base optimiser's own; ``state_dict()`` holds its ``state_dict()`` under ``"base"``.
 
     Args:
-        model: the module; the base optimiser must hold its trainable parameters, all of them.
+        model: the module.
         estimator: a gamfunc estimator.
-        base_optimizer: a ``torch.optim.Optimizer`` over ``model.parameters()`` (any subclass).
+        base_optimizer: a ``torch.optim.Optimizer`` over the model's parameters (any subclass), or
+            such a class with its keyword arguments in ``**options``.
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
+        **options: the options of [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer].
 
-    ``param_groups`` and ``state`` are the base optimiser's own; ``state_dict()`` is its state dict
-    with the step count beside it.
+    Raises:
+        TypeError: ``base_optimizer`` is not a ``torch.optim`` optimiser or class.
 
     Example:
-        >>> import torch
-        >>> from gamfunc.torch_optim import GAM
+        >>> import torch, gamfunc
+        >>> from gamfunc.torch_optim import TorchBase
         >>> model = torch.nn.Linear(4, 3)
         >>> base = torch.optim.Adam(model.parameters(), lr=1e-3)
-        >>> opt = GAM(model, base_optimizer=base, rho=0.05, alpha=0.1)
-        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10)
+        >>> opt = TorchBase(model, gamfunc.gam(0.05, 0.1), base)
         >>> loss = opt.step((torch.randn(8, 4), torch.randint(0, 3, (8,))))
-        >>> sched.step()
     """
 
     def __init__(
         self,
         model: nn.Module,
         estimator: Estimator,
-        base_optimizer: torch.optim.Optimizer,
+        base_optimizer,
         criterion: Callable = F.cross_entropy,
+        **options,
     ):
-        if not isinstance(base_optimizer, torch.optim.Optimizer):
+        if not _is_torch(base_optimizer):
             raise TypeError(
-                f"base_optimizer must be a torch.optim.Optimizer instance over model.parameters(); "
-                f"got {type(base_optimizer).__name__}"
+                "base_optimizer must be a torch.optim.Optimizer over model.parameters() or its "
+                f"class; got {type(base_optimizer).__name__}"
             )
-        if not isinstance(estimator, Estimator):
-            raise TypeError(
-                f"estimator must be a gamfunc estimator; got {type(estimator).__name__}"
-            )
-        trainable = {k: p for k, p in model.named_parameters() if p.requires_grad}
-        held = {id(p) for g in base_optimizer.param_groups for p in g["params"]}
-        missing = [k for k, p in trainable.items() if id(p) not in held]
-        if missing or len(held) != len(trainable):
-            raise ValueError(
-                "base_optimizer must hold exactly the model's trainable parameters; "
-                f"it lacks {missing[:3]}"
-                if missing
-                else "base_optimizer holds tensors that are not the model's trainable parameters"
-            )
-        module_loss, _, _ = functionalize(model, criterion)
-        self._batch_loss = functools.partial(_as_is, module_loss, model)
-        self._closure_loss = functools.partial(_closure_loss, _Holder(model))
-        self._model, self._trainable, self._estimator = model, trainable, estimator
-        self.base_optimizer, self._count = base_optimizer, 0
-        self.metrics: dict[str, Tensor] = {}
-        super().__init__(list(trainable.values()), dict(base_optimizer.defaults))
-        # the base optimiser's groups and state, shared: a scheduler of either moves both
-        self.param_groups, self.state = base_optimizer.param_groups, base_optimizer.state
-
-    def step(self, closure=None, *, batch=None) -> Tensor:
-        """One step (``step((inputs, targets))`` or ``step(closure)``, as
-        [`FlatnessOptimizer.step`][gamfunc.torch_optim.FlatnessOptimizer.step]); returns the loss at θ before the update."""
-        closure, batch = _step_arguments(closure, batch)
-        params = {k: p.detach() for k, p in self._trainable.items()}
-        buffers = {k: b.detach() for k, b in self._model.named_buffers()}
-        loss = self._batch_loss if batch is not None else self._closure_loss
-        data = batch if batch is not None else closure
-
-        def bound(p, b):
-            return loss(p, b, buffers)
-
-        step = torch.tensor(self._count)
-        est = self._estimator.run(params, data, bound, step=step)
-        # the guard of gamfunc.make_step, before the base step on the loss and the direction, after
-        # it on the new parameters (undone where not finite)
-        finite = bool(is_finite(est))
-        if finite:
-            before = tree.clone(params)
-            for k, p in self._trainable.items():
-                p.grad = est.direction[k].to(p.dtype).detach().clone()
-            self.base_optimizer.step()
-            finite = bool(is_finite(est, {k: p.detach() for k, p in self._trainable.items()}))
-            with torch.no_grad():
-                if not finite:
-                    for k, p in self._trainable.items():
-                        p.copy_(before[k])
-                else:
-                    for k, b in self._model.named_buffers():
-                        b.copy_(est.clean.aux[k])
-            self._count += int(finite)
-        skipped = torch.tensor(0 if finite else 1)
-        self.metrics = {**est.info, "skipped": skipped}
-        return est.info["loss"]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.base_optimizer.zero_grad(set_to_none=set_to_none)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The base optimiser's ``state_dict()`` and the count of steps taken."""
-        return {"base": self.base_optimizer.state_dict(), "steps": self._count}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not isinstance(state_dict, dict) or set(state_dict) != {"base", "steps"}:
-            raise ValueError("state_dict must be what TorchBase.state_dict() returned")
-        self.base_optimizer.load_state_dict(state_dict["base"])
-        self.param_groups, self.state = self.base_optimizer.param_groups, self.base_optimizer.state
-        self._count = int(state_dict["steps"])
-
-    def __repr__(self) -> str:
-        return f"TorchBase({self._estimator.name}, base={type(self.base_optimizer).__name__})"
+        super().__init__(model, estimator, base_optimizer, criterion, **options)
 
 
 def _step_arguments(closure, batch):
@@ -548,7 +742,8 @@ def _step_arguments(closure, batch):
         closure, batch = None, closure
     if batch is None and closure is None:
         raise TypeError(
-            "step() needs a batch, step((inputs, targets)), or a closure returning the loss"
+            "step() needs a batch, step((inputs, targets)), or a closure returning the loss; "
+            "torch.amp.GradScaler cannot drive it: build the optimiser with precision='fp16' instead"
         )
     if batch is not None:
         _check_batch(batch)
@@ -591,45 +786,108 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
     return loss, new_buffers
 
 
+# ---- the base optimiser -----------------------------------------------------------------------------
+
+
+def _is_torch(opt) -> bool:
+    return isinstance(opt, torch.optim.Optimizer) or (
+        isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer)
+    )
+
+
+def _built(opt, trainable: dict[str, Tensor], kwargs: dict):
+    """The base optimiser: ``opt`` itself, or ``opt(**kwargs)`` built here from a class (over the
+    trainable parameters) or a gamfunc factory."""
+    if opt is None:
+        raise TypeError(
+            "a base optimiser is needed, e.g. GAM(model, torch.optim.SGD, lr=0.1, rho=0.05, "
+            "alpha=0.1) or GAM(model, gamfunc.sgd(lr=0.1), rho=0.05, alpha=0.1)"
+        )
+    if isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
+        opt = opt(list(trainable.values()), **kwargs)
+    elif kwargs and callable(opt) and not isinstance(opt, Transform | torch.optim.Optimizer):
+        opt = opt(**kwargs)
+    elif kwargs:
+        raise TypeError(
+            f"{', '.join(kwargs)}= belong to the base optimiser: give them to it "
+            f"(torch.optim.SGD(model.parameters(), lr=0.1) or gamfunc.sgd(lr=0.1)), or pass its "
+            f"class with them: GAM(model, torch.optim.SGD, lr=0.1, ...)"
+        )
+    if isinstance(opt, torch.optim.Optimizer):
+        closure = inspect.signature(type(opt).step).parameters.get("closure")
+        if closure is not None and closure.default is inspect.Parameter.empty:
+            raise TypeError(
+                f"{type(opt).__name__}.step needs a closure that re-evaluates the loss, which a "
+                "flatness step cannot give it: use an optimiser whose step takes the gradient "
+                "(torch.optim.SGD, AdamW, ...)"
+            )
+        return opt
+    if not isinstance(opt, Transform):
+        raise TypeError(
+            "the base optimiser must be a torch.optim.Optimizer (or its class) or a gamfunc "
+            f"optimizer such as gamfunc.sgd(lr=0.1); got {getattr(opt, '__name__', type(opt).__name__)}"
+        )
+    return opt
+
+
+def _held(base: torch.optim.Optimizer, named: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The model's parameters that ``base`` holds, by name in the model's order; a ValueError
+    when it holds other tensors."""
+    held = {id(p) for g in base.param_groups for p in g["params"]}
+    mine = {k: p for k, p in named.items() if id(p) in held}
+    if len(mine) != len(held):
+        raise ValueError(
+            f"the base optimiser holds tensors that are not the model's parameters: build it on "
+            f"them, {type(base).__name__}(model.parameters(), ...)"
+        )
+    return mine
+
+
 # ---- checks -----------------------------------------------------------------------------------------
 
 
-_OPTIONS = ("every", "base", "on_nonfinite", "compile", "compile_options")
-_BASE_SETTINGS = ("lr", "momentum", "weight_decay", "nesterov", "dampening", "betas")
+_OPTIONS = (
+    "every",
+    "base",
+    "on_nonfinite",
+    "compile",
+    "compile_options",
+    "accumulate",
+    "precision",
+    "max_grad_norm",
+)
+
+
+def _check_model(model) -> None:
+    if isinstance(model, nn.Module):
+        return
+    if isinstance(model, Iterable) and not isinstance(model, str | bytes | dict):
+        raise TypeError(
+            "the first argument must be the model itself, not its parameters: write "
+            "GAM(model, ...), not GAM(model.parameters(), ...)"
+        )
+    raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
 
 
 def _check_options(cls: str, optimizer, base_optimizer, options: dict) -> None:
-    """One clear error, naming ``cls``, for a missing base optimiser or an argument it does not take
-    (a learning rate given to the facade rather than to the base optimiser, say)."""
-    example = f"{cls}(model, gamfunc.sgd(lr=0.1, momentum=0.9), ...)"
-    for key in options:
-        if key in _BASE_SETTINGS:
-            raise TypeError(
-                f"{cls}() takes no {key}=: it belongs to the base optimiser, e.g. {example}"
-            )
-        if key not in _OPTIONS:
-            raise TypeError(
-                f"{cls}() got an unexpected argument {key!r}; it takes {', '.join(_OPTIONS)}"
-            )
-    if optimizer is None and base_optimizer is None:
+    """One clear error, naming ``cls``, for a missing base optimiser, or keyword arguments that
+    belong to an optimiser already built."""
+    opt = optimizer if optimizer is not None else base_optimizer
+    example = f"{cls}(model, torch.optim.SGD, lr=0.1, momentum=0.9, ...)"
+    if opt is None:
         raise TypeError(
-            f"{cls}() needs a base optimiser as its second argument, e.g. {example}, or a "
-            f"torch.optim one as base_optimizer="
+            f"{cls}() needs a base optimiser as its second argument, e.g. {example}, "
+            f"{cls}(model, gamfunc.sgd(lr=0.1), ...) or base_optimizer="
+        )
+    extra = [k for k in options if k not in _OPTIONS]
+    if extra and isinstance(opt, Transform | torch.optim.Optimizer):
+        raise TypeError(
+            f"{cls}() takes no {extra[0]}=: it belongs to the base optimiser; give it to the "
+            f"optimiser, or pass the optimiser's class with it, e.g. {example}"
         )
 
 
-def _check_arguments(model, optimizer, criterion, compile, compile_options) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
-    if not isinstance(optimizer, Transform):
-        hint = ""
-        if isinstance(optimizer, torch.optim.Optimizer) or (
-            isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer)
-        ):
-            hint = " (not a torch.optim one: e.g. gamfunc.sgd(lr=0.1, momentum=0.9), gamfunc.adamw(lr=1e-3))"
-        raise TypeError(
-            f"optimizer must be a gamfunc optimizer{hint}; got {getattr(optimizer, '__name__', type(optimizer).__name__)}"
-        )
+def _check_arguments(criterion, compile, compile_options, accumulate, precision) -> None:
     if not callable(criterion):
         raise TypeError(
             f"criterion must be callable(outputs, targets); got {type(criterion).__name__}"
@@ -640,6 +898,10 @@ def _check_arguments(model, optimizer, criterion, compile, compile_options) -> N
         raise TypeError(f"compile_options must be a dict; got {type(compile_options).__name__}")
     if compile_options and not compile:
         raise ValueError("compile_options were given but compile=False")
+    if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+        raise ValueError(f"accumulate must be an integer >= 1; got {accumulate!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
 
 
 def _check_batch(batch) -> None:

@@ -368,7 +368,7 @@ def test_a_scheduled_lr_through_a_chain_is_reported_as_the_lr_of_the_step_taken(
     "kwargs, error, match",
     [
         ({"model": "net"}, TypeError, "model must be a torch.nn.Module"),
-        ({"optimizer": torch.optim.SGD}, TypeError, "gamfunc optimizer .*not a torch.optim"),
+        ({"optimizer": "sgd"}, TypeError, "torch.optim.Optimizer .*or a gamfunc optimizer"),
         ({"estimator": torch.optim.SGD}, TypeError, "estimator must be a gamfunc estimator"),
         ({"criterion": "ce"}, TypeError, "criterion must be callable"),
         ({"compile": "yes"}, TypeError, "compile must be True or False"),
@@ -393,8 +393,6 @@ def test_invalid_step_calls_and_hyperparameters_raise():
         opt.step(batch=torch.randn(3, 4))
     with pytest.raises(TypeError, match="add_param_group"):
         opt.add_param_group({"params": [torch.zeros(1, requires_grad=True)]})
-    with pytest.raises(TypeError, match="gamfunc optimizer"):
-        GAM(model, torch.optim.SGD(model.parameters(), lr=0.1), rho=0.05, alpha=0.1)
     with pytest.raises(ValueError, match="rho"):
         GAM(model, gamfunc.sgd(lr=0.1), rho=-1.0, alpha=0.1)
     with pytest.raises(TypeError, match="closure must return the loss"):
@@ -524,10 +522,8 @@ def test_a_torch_base_skips_a_non_finite_step_and_refuses_foreign_parameters():
     assert all(torch.equal(p, before[k]) for k, p in model.named_parameters())
     assert opt.state_dict()["base"]["state"] == {}  # no momentum was formed
     other = torch.nn.Linear(2, 2)
-    with pytest.raises(ValueError, match="exactly the model's trainable parameters"):
+    with pytest.raises(ValueError, match="not the model's parameters: build it on them"):
         SAM(model, base_optimizer=torch.optim.SGD(other.parameters(), lr=0.1), rho=0.05)
-    with pytest.raises(TypeError, match=r"torch\.optim\.Optimizer instance"):
-        SAM(model, base_optimizer=torch.optim.SGD, rho=0.05)
 
 
 def test_a_torch_base_undoes_an_update_that_is_not_finite():
@@ -537,5 +533,5 @@ def test_a_torch_base_undoes_an_update_that_is_not_finite():
     opt = SAM(model, base_optimizer=torch.optim.SGD(model.parameters(), lr=float("inf")), rho=0.05)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     opt.step(batches(1)[0])
-    assert int(opt.metrics["skipped"]) == 1 and opt.state_dict()["steps"] == 0
+    assert int(opt.metrics["skipped"]) == 1 and int(opt.state_dict()["state"]["step"]) == 0
     assert all(torch.equal(p, before[k]) for k, p in model.named_parameters())

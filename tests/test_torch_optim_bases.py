@@ -1,0 +1,239 @@
+"""The torch.optim facade over any base optimiser: the three ways to give it, torch's, gamfunc's and a
+third party's, each equal to the functional step (or to the direction fed to the optimiser's own
+step) over 20 float64 steps; and the one-line errors for the habits that cannot work."""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import gamfunc
+from gamfunc.torch_optim import GAM, SAM, FlatnessOptimizer, TorchBase
+
+TIGHT = {"rtol": 1e-10, "atol": 1e-12}
+STEPS = 20
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+
+
+def batches(n=STEPS, size=10, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (
+            torch.randn(size, 4, generator=g, dtype=torch.float64),
+            torch.randint(0, 3, (size,), generator=g),
+        )
+        for _ in range(n)
+    ]
+
+
+def pure(estimator, optimizer, data, model=None, wrap=lambda f: f, **options):
+    """The reference: make_step with a gamfunc optimiser on gamfunc.nn.functionalize."""
+    loss_fn, params, buffers = gamfunc.nn.functionalize(model or mlp())
+    step = gamfunc.make_step(estimator, optimizer, wrap(loss_fn), **options)
+    state = step.init(params, buffers)
+    for b in data:
+        params, state, _ = step(params, state, b)
+    return params, state
+
+
+def run(opt, data):
+    for b in data:
+        opt.step(b)
+
+
+def params_of(model):
+    return {k: p.detach() for k, p in model.named_parameters()}
+
+
+ESTIMATORS = {
+    "gam": (lambda: gamfunc.gam(0.05, 0.2), {"rho": 0.05, "alpha": 0.2}, GAM),
+    "sam": (lambda: gamfunc.sam(0.05), {"rho": 0.05}, SAM),
+}
+BASES = {
+    "sgd": (
+        lambda: gamfunc.sgd(lr=0.1, momentum=0.9, weight_decay=1e-3),
+        torch.optim.SGD,
+        {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3},
+    ),
+    "adamw": (
+        lambda: gamfunc.adamw(lr=1e-2, weight_decay=0.1),
+        torch.optim.AdamW,
+        {"lr": 1e-2, "weight_decay": 0.1},
+    ),
+}
+
+
+@pytest.mark.parametrize("form", ["positional", "keyword", "class"])
+@pytest.mark.parametrize("base", list(BASES))
+@pytest.mark.parametrize("est", list(ESTIMATORS))
+def test_a_torch_base_in_each_form_equals_the_functional_step(form, base, est):
+    make_est, hp, cls = ESTIMATORS[est]
+    make_opt, torch_cls, kwargs = BASES[base]
+    data = batches()
+    want, _ = pure(make_est(), make_opt(), data)
+    model = mlp()
+    if form == "positional":
+        opt = cls(model, torch_cls(model.parameters(), **kwargs), **hp)
+    elif form == "keyword":
+        opt = cls(model, base_optimizer=torch_cls(model.parameters(), **kwargs), **hp)
+    else:
+        opt = cls(model, torch_cls, **kwargs, **hp)
+    run(opt, data)
+    torch.testing.assert_close(params_of(model), want, **TIGHT)
+    assert int(opt.state_dict()["state"]["step"]) == STEPS
+
+
+@pytest.mark.parametrize("form", ["instance", "factory"])
+def test_a_gamfunc_base_as_an_instance_or_a_factory_with_its_arguments(form):
+    data = batches()
+    want, _ = pure(gamfunc.gam(0.05, 0.2), gamfunc.sgd(lr=0.1, momentum=0.9), data)
+    model = mlp()
+    if form == "instance":
+        opt = GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.2)
+    else:
+        opt = GAM(model, gamfunc.sgd, lr=0.1, momentum=0.9, rho=0.05, alpha=0.2)
+    run(opt, data)
+    torch.testing.assert_close(params_of(model), want, **TIGHT)
+
+
+def manual(model, estimator, base, data):
+    """davda54's loop, the reference for an optimiser gamfunc has no twin of: the estimator's
+    direction (the functional one) into each .grad, then the optimiser's own step()."""
+    loss_fn, _, buffers = gamfunc.nn.functionalize(model)
+    for b in data:
+        every = params_of(model)
+        params = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+        direction, _ = estimator(
+            params, b, lambda p, x, every=every: loss_fn(every | p, x, buffers)
+        )
+        for k, p in model.named_parameters():
+            p.grad = direction[k].clone() if k in direction else None
+        base.step()
+
+
+@pytest.mark.parametrize("name", ["Lamb", "AdaBelief"])
+def test_a_third_party_optimiser_steps_as_it_does_on_the_direction(name):
+    po = pytest.importorskip("pytorch_optimizer")
+    cls = getattr(po, name)
+    data = batches()
+    ref = mlp()
+    manual(ref, gamfunc.gam(0.05, 0.2), cls(ref.parameters(), lr=1e-2), data)
+    model = mlp()
+    opt = GAM(model, cls, lr=1e-2, rho=0.05, alpha=0.2)
+    run(opt, data)
+    torch.testing.assert_close(params_of(model), params_of(ref), **TIGHT)
+    assert opt.state_dict()["base"]["state"]  # its own state, formed by its own step
+
+
+def test_torch_base_is_the_facade_over_a_torch_optimiser():
+    data = batches(5)
+    want, _ = pure(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), data)
+    model = mlp()
+    opt = TorchBase(model, gamfunc.sam(0.05), torch.optim.SGD(model.parameters(), lr=0.1))
+    run(opt, data)
+    torch.testing.assert_close(params_of(model), want, **TIGHT)
+    # the step is FlatnessOptimizer's, make_step's (torch.optim registers it on each subclass)
+    assert TorchBase.step.__qualname__ == "FlatnessOptimizer.step"
+
+
+# ---- one-line errors ----------------------------------------------------------------------------
+
+
+def _one_line(excinfo):
+    assert "\n" not in str(excinfo.value)
+
+
+def test_a_parameter_generator_where_the_model_is_needed():
+    model = mlp()
+    with pytest.raises(
+        TypeError, match=r"model itself, not its parameters.*GAM\(model, \.\.\.\)"
+    ) as e:
+        GAM(model.parameters(), base_optimizer=torch.optim.SGD, lr=0.1, rho=0.05, alpha=0.1)
+    _one_line(e)
+    with pytest.raises(TypeError, match="model itself"):
+        SAM(list(model.parameters()), gamfunc.sgd(lr=0.1), rho=0.05)
+
+
+def test_a_closure_that_calls_backward():
+    model = mlp()
+    opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
+    x, y = batches(1)[0]
+
+    def closure():
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        return loss
+
+    with pytest.raises(RuntimeError, match=r"without calling backward\(\).*step\(lambda") as e:
+        opt.step(closure)
+    _one_line(e)
+
+
+def test_a_base_optimiser_built_on_other_parameters():
+    model = mlp()
+    other = nn.Linear(2, 2)
+    with pytest.raises(
+        ValueError, match=r"not the model's parameters.*SGD\(model.parameters\(\)"
+    ) as e:
+        GAM(model, torch.optim.SGD(other.parameters(), lr=0.1), rho=0.05, alpha=0.1)
+    _one_line(e)
+
+
+def test_an_optimiser_whose_step_needs_a_closure_is_refused():
+    model = mlp()
+    with pytest.raises(TypeError, match=r"LBFGS.step needs a closure.*torch.optim.SGD") as e:
+        GAM(model, torch.optim.LBFGS(model.parameters()), rho=0.05, alpha=0.1)
+    _one_line(e)
+    with pytest.raises(TypeError, match=r"LBFGS\.step needs a closure"):
+        SAM(model, torch.optim.LBFGS, lr=1.0, rho=0.05)
+
+
+def test_grad_scaler_is_answered_with_the_facade_s_own_fp16():
+    model = mlp()
+    opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = batches(1)[0]
+    scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+    with pytest.raises(TypeError, match=r"GradScaler.*precision='fp16'") as e:
+        scaler.step(opt)
+    _one_line(e)
+
+
+def test_base_options_given_with_an_optimiser_instance():
+    model = mlp()
+    with pytest.raises(TypeError, match=r"takes no lr=.*torch.optim.SGD, lr=0.1"):
+        GAM(model, gamfunc.sgd(lr=0.1), lr=0.1, rho=0.05, alpha=0.1)
+    with pytest.raises(TypeError, match="needs a base optimiser"):
+        GAM(model, rho=0.05, alpha=0.1)
+    with pytest.raises(TypeError, match="once"):
+        FlatnessOptimizer(
+            model,
+            gamfunc.sam(0.05),
+            gamfunc.sgd(),
+            base_optimizer=torch.optim.SGD(model.parameters()),
+        )
+    with pytest.raises(ValueError, match="accumulate"):
+        SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, accumulate=0)
+    with pytest.raises(ValueError, match="precision"):
+        SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, precision="fp8")
+    with pytest.raises(ValueError, match="max_norm"):
+        SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, max_grad_norm=-1.0)
+
+
+def test_the_base_optimiser_is_left_as_it_was_between_steps():
+    """The torch optimiser's parameters keep their identity and data between steps; copies
+    of them take its step."""
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = SAM(model, base, rho=0.05)
+    weight = model[0].weight
+    ref = copy.deepcopy(model)
+    opt.step(batches(1)[0])
+    assert model[0].weight is weight and base.param_groups[0]["params"][0] is weight
+    assert not torch.equal(model[0].weight, ref[0].weight)
+    assert all(p.grad is None for p in model.parameters())
