@@ -118,7 +118,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
 
     Returns:
         A Transform whose state is a `TorchState`; it carries ``pending``
-        (a dict) as an attribute of its update.
+            (a dict) as an attribute of its update.
     """
     pending: dict[str, Any] = {}
 
