@@ -32,7 +32,7 @@ from reproduce.run.epoch import train
 from reproduce.run.launch import Processes
 from reproduce.run.loaders import loaders
 from reproduce.run.profiling import StepProfiler
-from reproduce.run.resume import RunLocked, decide, like, resume
+from reproduce.run.resume import RunLocked, clear, decide, like, resume
 from reproduce.run.signals import Interrupted, StopFlag
 from reproduce.run.summary import Diverged, end_of_run, summary
 
@@ -80,6 +80,8 @@ def run(
             return _train(r, data, saved if kind == "resume" else None)
         except Interrupted as e:
             e.kept = e.kept or r.kept()
+            if kind == "fresh" and r.saved_step is None and procs.main:
+                clear(run_dir)  # what it wrote (config, events) holds nothing worth keeping
             raise
         finally:
             if lock is not None:

@@ -26,7 +26,17 @@ from reproduce.run.context import Progress, Run, global_sums, zero_accum
 from reproduce.run.evaluation import to
 from reproduce.run.launch import from_main
 
-__all__ = ["CHECKPOINT_FIELDS", "RunLocked", "decide", "like", "lock", "resume", "write_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FIELDS",
+    "OUTPUTS",
+    "RunLocked",
+    "clear",
+    "decide",
+    "like",
+    "lock",
+    "resume",
+    "write_checkpoint",
+]
 
 # What a checkpoint of this loop holds (the body `write_checkpoint` writes); one without them is refused.
 CHECKPOINT_FIELDS = frozenset(
@@ -106,7 +116,7 @@ def resume(r: Run, saved: dict | None, params, state) -> Progress:
     p.params = like(saved["params"], params, "params")
     p.state = like(saved["state"], state, "state")
     if procs.main:  # the saved sums are over all ranks: one rank carries them on
-        p.accum = to(saved["accum"], procs.device)
+        p.accum |= to(saved["accum"], procs.device)
     p.pos, p.history, p.best = {**pos, **saved["position"]}, saved["history"], saved["best"]
     r.saved_step = p.pos["global_step"]
     p.order = saved["data_order"]
@@ -170,10 +180,17 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
                 f"(torchrun --nproc_per_node and --nnodes giving WORLD_SIZE={was}), not {world}"
             )
         return saved
+    if cfg.overwrite:
+        clear(path.parent)
+        return None
+    outputs = [] if path.exists() else _outputs(path.parent)
+    if outputs:  # a run trained here, its checkpoint gone: training again would replace its outputs
+        raise ckpt.CheckpointError(
+            f"{str(path.parent)!r} holds the outputs of a run ({', '.join(outputs)}) but no "
+            "checkpoint to continue from; pass --overwrite to train it again (they are removed)"
+        )
     if cfg.resume:
         print(f"[{name}] --resume: no checkpoint at {path} yet, starting afresh", flush=True)
-    elif cfg.overwrite:
-        _clear(path.parent)
     elif path.exists():
         try:
             finished = ckpt.load(path).get("finished", False)
@@ -188,11 +205,21 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
     return None
 
 
-def _clear(run_dir: Path) -> None:
-    """Remove a run's outputs before ``--overwrite`` trains it again: TensorBoard events, summary and
-    pictures. Checkpoints stay until the new run replaces them (atomically), so a new run killed
-    early leaves the old one's last state."""
-    for pattern in ("events.out.tfevents.*", "summary.json", "*.png"):
+# What a run writes besides its checkpoints; any of them marks the folder as a run's.
+OUTPUTS = ("summary.json", "config.json", "events.out.tfevents.*", "best.pt", "*.png")
+
+
+def _outputs(run_dir: Path) -> list[str]:
+    """The names of a run's outputs in ``run_dir`` (:data:`OUTPUTS`), sorted."""
+    return sorted({f.name for pattern in OUTPUTS for f in run_dir.glob(pattern)})
+
+
+def clear(run_dir: Path) -> None:
+    """Remove a run's outputs before ``--overwrite`` trains it again, or those of a fresh run stopped
+    before its first checkpoint: TensorBoard events, configuration, summary and pictures.
+    Checkpoints stay until the new run replaces them (atomically), so a new run killed early leaves
+    the old one's last state."""
+    for pattern in ("events.out.tfevents.*", "summary.json", "config.json", "*.png"):
         for f in run_dir.glob(pattern):
             f.unlink(missing_ok=True)
 

@@ -1,0 +1,109 @@
+"""Failures of reproduce/train.py and the evidence commands under attack, each reproduced: a rerun that
+would replace a finished run, skipped steps reported as success, crafted checkpoints, bad values and
+signals, each refused or stopped in one line with its exit status."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reproduce import train
+from reproduce.run import checkpoint as ckpt
+
+QUIET = ["--progress=false", "--landscape=false"]
+NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
+DIGITS = ["--preset=digits", "--estimator=sgd", *NO_FLATNESS]
+
+
+def main(logdir: Path, *args: str) -> int:
+    return train.main([f"--logdir={logdir}", *QUIET, *args])
+
+
+def out_dir(logdir: Path, estimator: str = "sgd") -> Path:
+    return logdir / "digits" / estimator
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def strict(path: Path) -> dict:
+    def refuse(text):
+        raise ValueError(text)
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+# 1. A rerun never replaces a finished run, whichever of its outputs is left.
+@pytest.mark.parametrize("left", ["summary.json", "events", "config.json"])
+def test_a_finished_run_without_its_checkpoint_is_not_overwritten(tmp_path, capsys, left):
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 0
+    run = out_dir(tmp_path)
+    (run / "checkpoint.pt").unlink()
+    for f in run.iterdir():  # keep only the one output named
+        if (
+            f.is_file()
+            and f.name != ".lock"
+            and not (f.name == left or (left == "events" and f.name.startswith("events.")))
+        ):
+            f.unlink()
+    before = sorted((f.name, f.read_bytes()) for f in run.iterdir() if f.is_file())
+    capsys.readouterr()
+    for extra in ([], ["--resume"]):
+        assert main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2", *extra) == 2
+        err = one_line_error(capsys)
+        assert "--overwrite" in err and "no checkpoint" in err
+        assert sorted((f.name, f.read_bytes()) for f in run.iterdir() if f.is_file()) == before
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2", "--overwrite") == 0
+    assert strict(run / "summary.json")["config"]["lr"] == 0.2
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+
+
+# 2. Skipped steps: every step of one gradient skipped is a divergence; fewer are flagged.
+@pytest.mark.parametrize("every", [2, 3])
+def test_a_run_whose_estimator_steps_were_all_skipped_is_diverged(tmp_path, capsys, every):
+    args = [*DIGITS, "--estimator=gam", f"--every={every}", "--epochs=2", "--rho=1e308"]
+    assert main(tmp_path, *args) == 3
+    err = one_line_error(capsys)
+    assert "diverged" in err and "estimator was skipped" in err
+    s = strict(out_dir(tmp_path, "gam") / "summary.json")
+    assert s["status"] == "diverged" and s["exit_code"] == 3 and s["final"] is None
+
+
+def test_a_run_with_some_skipped_steps_is_flagged_in_its_summary_and_table(
+    tmp_path, capsys, monkeypatch
+):
+    """The first batch made NaN: its step is skipped, the other 13 train."""
+    import gamfunc
+
+    make_step = gamfunc.make_step
+
+    def first_batch_nan(*a, **k):
+        inner, calls = make_step(*a, **k), []
+
+        class FirstNaN:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def __call__(self, params, state, batch):
+                calls.append(1)
+                if len(calls) == 1:
+                    batch = (torch.full_like(batch[0], float("nan")), batch[1])
+                return inner(params, state, batch)
+
+        return FirstNaN()
+
+    monkeypatch.setattr(gamfunc, "make_step", first_batch_nan)
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 0
+    s = strict(out_dir(tmp_path) / "summary.json")
+    assert s["status"] == "finished" and s["skipped_steps"] == 1
+    assert "skipped_steps" in s["flags"]
+    assert "(1 of 14 steps skipped)" in capsys.readouterr().out
