@@ -16,7 +16,7 @@ from reproduce.run.context import Parts, Progress, Run, Session, global_sums
 from reproduce.run.records import final_metrics
 from reproduce.run.resume import write_checkpoint
 
-__all__ = ["Diverged", "diverged", "end_of_run", "estimator_skips", "summary"]
+__all__ = ["Diverged", "diverged", "end_of_run", "estimator_skips", "skipped_too_many", "summary"]
 
 
 class Diverged(Exception):
@@ -62,6 +62,39 @@ def estimator_skips(r: Run, p: Progress) -> int:
     return done + int(global_sums(p.accum, r.procs)["skipped_estimator"]) // r.procs.world
 
 
+def skipped_too_many(
+    cfg: Config, skipped: int, steps: int, estimator_skipped: int | None = None
+) -> str | None:
+    """Why a run with ``skipped`` of its ``steps`` skipped did not train, or None: every step of
+    its estimator skipped, or with ``--every`` > 1 every step of its base gradient, or more than
+    ``cfg.max_skipped_fraction`` of its steps.
+
+    Args:
+        cfg: the run's configuration (``every``, ``max_skipped_fraction``).
+        skipped: its skipped (non-finite) steps.
+        steps: the steps it took.
+        estimator_skipped: how many of the skipped steps the estimator took (None: all of them).
+
+    Returns:
+        The reason in words, or None.
+    """
+    own = skipped if estimator_skipped is None else estimator_skipped
+    # the estimator takes steps 0, every, 2·every, ...; the base gradient the others
+    mine = -(-steps // cfg.every)
+    for who, n, lost in (("estimator", mine, own), ("base gradient", steps - mine, skipped - own)):
+        if n and lost >= n:
+            return (
+                f"every one of the {n} steps of its {who} was skipped as non-finite "
+                f"({skipped} of its {steps} steps); lower --lr or --rho, or check the data"
+            )
+    if steps and skipped / steps > cfg.max_skipped_fraction:
+        return (
+            f"{skipped} of its {steps} steps were skipped as non-finite "
+            f"(--max_skipped_fraction={cfg.max_skipped_fraction}); lower --lr or check the data"
+        )
+    return None
+
+
 def diverged(
     cfg: Config, params, state, steps: int, last_loss, estimator_skipped: int | None = None
 ) -> str | None:
@@ -81,22 +114,9 @@ def diverged(
     Returns:
         The reason in words, or None when the run trained.
     """
-    skipped = int(state.skipped)
-    own = skipped if estimator_skipped is None else estimator_skipped
-    # the estimator takes steps 0, every, 2·every, ...; the base gradient the others
-    taken = {"estimator": -(-steps // cfg.every), "base gradient": steps - (-(-steps // cfg.every))}
-    lost = {"estimator": own, "base gradient": skipped - own}
-    for who, n in taken.items():
-        if n and lost[who] >= n:
-            return (
-                f"every one of the {n} steps of its {who} was skipped as non-finite "
-                f"({skipped} of its {steps} steps); lower --lr or --rho, or check the data"
-            )
-    if steps and skipped / steps > cfg.max_skipped_fraction:
-        return (
-            f"{skipped} of its {steps} steps were skipped as non-finite "
-            f"(--max_skipped_fraction={cfg.max_skipped_fraction}); lower --lr or check the data"
-        )
+    why = skipped_too_many(cfg, int(state.skipped), steps, estimator_skipped)
+    if why is not None:
+        return why
     values = list(params.values())
     if not all(bool(torch.isfinite(v).all()) for v in values):
         return "its final parameters are not finite; lower --lr or check the data"
