@@ -107,3 +107,39 @@ def test_a_run_with_some_skipped_steps_is_flagged_in_its_summary_and_table(
     assert s["status"] == "finished" and s["skipped_steps"] == 1
     assert "skipped_steps" in s["flags"]
     assert "(1 of 14 steps skipped)" in capsys.readouterr().out
+
+
+# 6. Every entry of a checkpoint is checked on load; a crafted one is refused in one line.
+def _craft(path: Path, change) -> None:
+    body = ckpt.load(path)
+    change(body)
+    ckpt.save(path, body)  # a valid digest over the crafted body
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda b: b["position"].update(epoch=-5, batch=10**9), "epoch"),
+        (lambda b: b["position"].update(batch=10**9), "batch"),
+        (lambda b: b["position"].update(global_step=7), "global_step"),
+        (lambda b: b["position"].update(epoch=1.5), "epoch"),
+        (lambda b: b["position"].update(train_seconds=float("nan")), "train_seconds"),
+        (lambda b: b.update(rng={"torch": torch.zeros(7, dtype=torch.uint8)}), "RNG"),
+        (lambda b: b.update(rng="nope"), "RNG"),
+        (lambda b: b.update(data_order="nope"), "data order"),
+        (lambda b: b.update(data_order=torch.arange(5)), "data order"),
+        (lambda b: b.update(data_order=torch.zeros(1400, dtype=torch.int64)), "data order"),
+        (lambda b: b.update(data_order=None), "data order"),
+        (lambda b: b.update(history={"a": 1}), "history"),
+    ],
+)
+def test_a_crafted_checkpoint_is_refused_in_one_line(tmp_path, capsys, change, says):
+    args = [*DIGITS, "--epochs=2", "--max_steps=3"]
+    assert main(tmp_path, *args) == 0  # stopped at batch 3 of epoch 0: an order is saved
+    path = out_dir(tmp_path) / "checkpoint.pt"
+    _craft(path, change)
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--epochs=2", "--resume") == 2
+    err = one_line_error(capsys)
+    assert says in err and "--overwrite" in err
+    assert not (out_dir(tmp_path) / "summary.json").read_text().count('"finished"')

@@ -133,7 +133,7 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
 
     probe_idx = torch.randperm(len(data.probe), generator=data_mod.generator(cfg.seed, 6))
     probe = data_mod.stack(data.probe, probe_idx[: cfg.flatness_samples]) if procs.main else None
-    p = resume(r, saved, t.params, t.state)
+    p = resume(r, saved, t.params, t.state, t.steps_per_epoch, len(data.train))
 
     if procs.main:
         # Points after the checkpoint's step were written by the run that stopped and are written
