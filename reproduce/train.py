@@ -130,7 +130,8 @@ def _error(text: str) -> None:
     """A one-line error on stderr, printed by one process of each node (under torchrun every
     process meets it alike and exits with the same status, quietly)."""
     if launch.first_on_node():
-        print(f"error: {text}", file=sys.stderr, flush=True)
+        line = "; ".join(part.strip() for part in text.strip().splitlines() if part.strip())
+        print(f"error: {line}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,11 +213,16 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _error(f"cannot read the data{where}: {first}")
             return 2
-        # a full or read-only disk: the last checkpoint written stays
-        _error(
-            f"cannot write{where}: {e.strerror or e}; the last checkpoint written is "
-            "intact: free space (or fix permissions) and continue with --resume"
+        # a full or read-only disk: say what stays, the last checkpoint written or none
+        target = where or f" {str(root)!r}"
+        kept = [n for n in names if (root / n / "checkpoint.pt").is_file()]
+        what = (
+            f"the last checkpoint written ({', '.join(kept)}) is intact: free space (or fix "
+            "permissions) and continue with --resume"
+            if kept
+            else "no checkpoint was written: free space (or fix permissions) and run again"
         )
+        _error(f"cannot write{target}: {e.strerror or e}; {what}")
         return 2
     except RuntimeError:
         if stop.signum is None or procs.world == 1:

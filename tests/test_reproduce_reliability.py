@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce import train
@@ -143,3 +144,71 @@ def test_a_crafted_checkpoint_is_refused_in_one_line(tmp_path, capsys, change, s
     err = one_line_error(capsys)
     assert says in err and "--overwrite" in err
     assert not (out_dir(tmp_path) / "summary.json").read_text().count('"finished"')
+
+
+# 13. An image past PIL's decompression-bomb limit, or truncated, is named in one line.
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("damage", ["bomb", "truncated"])
+def test_an_undecodable_image_is_a_data_error_naming_it(
+    tmp_path, capsys, monkeypatch, workers, damage
+):
+    from PIL import Image
+    from test_reproduce_data import make_image_folder
+
+    data = make_image_folder(tmp_path / "cifar", splits=("train", "test"), per_class=4, size=32)
+    bad = data / "train" / "bee" / "1.png"
+    if damage == "bomb":  # 64×64 pixels past twice a limit of 1500 (the real one: 89 million)
+        Image.new("RGB", (64, 64)).save(bad)
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1500)
+    else:
+        bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])
+    args = ["--preset=hp1.cifar10.resnet18", f"--data={data}", "--model=resnet32"]
+    args += ["--batch_size=8", "--max-steps=1", "--estimator=sgd", f"--workers={workers}"]
+    assert main(tmp_path / "runs", *args, *NO_FLATNESS) == 2
+    err = one_line_error(capsys)
+    assert err.startswith("error: cannot read the data") and "1.png" in err, err
+
+
+# 11, 12, 14, 18. Bad values: one line naming the flag and its rule, exit 2, before any training.
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--flatness_rho=inf"], "--flatness_rho must be a finite number"),  # 11
+        (["--lr=nan"], "--lr must be a finite number"),
+        (["--threads=100000"], "--threads must be at most"),  # 12
+        (["--synthetic", "--num_classes=1", "--label_noise=0.1"], "--num_classes must be"),  # 14
+        (["--synthetic", "--synthetic_size=100000000000"], "--synthetic_size=100000000000"),
+        (["--synthetic", "--preset=hp1.cifar10.resnet18", "--image_size=100000"], "--image_size"),
+        (["--rho=-1"], "--rho must be a finite number >= 0"),  # 18
+        (["--seed=100000000000000000000"], "--seed must be an integer in [0, 2**63)"),
+        (["--seed=1e20"], "--seed takes an integer"),
+        (["--preset=hp2.imagenet.resnet50", "--data=/nonexistent"], "ImageNet not found"),
+        (["--preset=hp1.cifar10.resnet18", "--data=/nonexistent"], "not found"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_flag_before_training(tmp_path, capsys, args, says):
+    assert main(tmp_path, *DIGITS, "--epochs=1", *args) == 2
+    err = one_line_error(capsys)
+    assert says in err, err
+    assert not list(tmp_path.rglob("checkpoint.pt")) and not list(tmp_path.rglob("events.*"))
+
+
+# 19. A folder that cannot be written says what exists: no checkpoint, or the last one.
+@pytest.mark.parametrize("how", ["lock_is_a_folder", "logdir_is_a_file", "disk_full"])
+def test_a_run_folder_that_cannot_be_written_says_what_exists(tmp_path, capsys, monkeypatch, how):
+    logdir = tmp_path / "runs"
+    if how == "lock_is_a_folder":
+        (out_dir(logdir) / ".lock").mkdir(parents=True)
+    elif how == "logdir_is_a_file":
+        logdir.write_text("")
+    else:
+        from reproduce.run import report
+
+        def full(path, body):
+            raise OSError(28, "No space left on device", str(path))
+
+        monkeypatch.setattr(report, "write_json", full)
+    assert main(logdir, *DIGITS, "--epochs=1") == 2
+    err = one_line_error(capsys)
+    assert "cannot write" in err and "no checkpoint was written" in err, err
+    assert "--resume" not in err and "intact" not in err
