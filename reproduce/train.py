@@ -60,11 +60,15 @@ if __name__ == "__main__":  # a signal while the modules load: stop at once, not
     import os
     import signal
 
-    def _stop_loading(signum, frame):
+    def _stop_loading(signum, frame):  # ends the process here: an exception could be swallowed
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal adds no second line
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if os.environ.get("LOCAL_RANK", "0") in ("", "0"):
             name = signal.Signals(signum).name
             print(f"stopped by {name} during start-up; nothing was saved yet", file=sys.stderr)
-        raise SystemExit(128 + signum)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
     for _s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_s, _stop_loading)
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(cfg) -> int:
-    stop = StopFlag()
+    stop = StopFlag(exit_at_once=True)
     with stop.installed(), stop.during("start-up", at_once=True):
         try:
             procs = launch.start(cfg.device, cfg.dist_timeout)
@@ -163,7 +167,7 @@ def _main(cfg) -> int:
             _error(str(e))
             return 2
         except Interrupted as e:
-            return _stopped(e)
+            return _stopped(e, stop)
         code = 1
         try:
             code = _train(cfg, procs, stop)
@@ -172,11 +176,9 @@ def _main(cfg) -> int:
             launch.finish(procs, completed=code == 0)
 
 
-def _stopped(e: Interrupted) -> int:
-    """Print the one line of a run stopped by a signal (what it kept); its exit status."""
-    if launch.first_on_node():
-        print(f"{e}; {e.kept or 'nothing was saved yet'}", file=sys.stderr, flush=True)
-    return e.code
+def _stopped(e: Interrupted, stop: StopFlag) -> int:
+    """Print the one line of a run stopped by a signal (what it kept), once; its exit status."""
+    return stop.report(e)
 
 
 def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
@@ -200,7 +202,7 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
             summaries.append(run(cfg_one, stop, data, root / name, procs))
         stop.now("the comparison")  # done: a signal now lets the table be printed
     except Interrupted as e:
-        return _stopped(e)
+        return _stopped(e, stop)
     except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
         _error(str(e))
         return 2
@@ -228,7 +230,7 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
         if stop.signum is None or procs.world == 1:
             raise
         # another rank stopped on the same signal and left the collective this one waits in
-        return _stopped(Interrupted(stop.signum, stop.phase))
+        return _stopped(Interrupted(stop.signum, stop.phase), stop)
     if procs.main:
         print()
         print(report.table(summaries))

@@ -71,6 +71,14 @@ def run(
         cfg = with_total_steps(cfg, len(data.train))
         r = Run(cfg, name, stop, procs, run_dir)
         kind, saved, lock = decide(r)
+        fresh = kind == "fresh"
+
+        def kept() -> str:  # what a stop now leaves; a fresh run's outputs without a checkpoint go
+            if fresh and r.saved_step is None and procs.main:
+                clear(run_dir)
+            return r.kept()
+
+        outer, stop.kept = stop.kept, kept
         try:
             if kind in ("error", "locked"):
                 raise (RunLocked if kind == "locked" else ckpt.CheckpointError)(saved)
@@ -79,11 +87,10 @@ def run(
                 return saved
             return _train(r, data, saved if kind == "resume" else None)
         except Interrupted as e:
-            e.kept = e.kept or r.kept()
-            if kind == "fresh" and r.saved_step is None and procs.main:
-                clear(run_dir)  # what it wrote (config, events) holds nothing worth keeping
+            e.kept = kept()
             raise
         finally:
+            stop.kept = outer
             if lock is not None:
                 lock.close()
 
