@@ -42,10 +42,13 @@ and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step); ``ru
 pipelines).
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
-a locked run folder or a disk that cannot be written (one line on stderr, no traceback), 3 when
-``--max_skipped`` consecutive steps were skipped (non-finite), 128 + signal number after SIGINT/SIGTERM
-(130, 143), in any phase, within seconds: a checkpoint is written first where training has begun, and
-one line says what was kept; a second signal stops at once. ``summary.json`` records the outcome
+a run folder that holds a run's outputs but no checkpoint (``--overwrite`` trains it again), a locked
+run folder or a disk that cannot be written (one line on stderr, before any training, no traceback),
+3 when the run did not train (``--max_skipped`` consecutive steps skipped as non-finite, every step of
+its estimator skipped, more than ``--max_skipped_fraction`` of its steps skipped, parameters past
+``--max_param_rms``), 128 + the first signal's number after SIGINT/SIGTERM (130, 143), in any phase,
+within seconds: a checkpoint is written first where training has begun, and exactly one line says
+what was kept, however many signals arrive; a second signal stops at once. ``summary.json`` records the outcome
 (``status``, ``reason``, ``exit_code``), also under ``torchrun``, which exits 1 whatever the status.
 """
 
