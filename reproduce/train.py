@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(cfg) -> int:
     stop = StopFlag(exit_at_once=True)
+    stop.kept = lambda: ""  # until a run starts (reproduce.run.loop.run says what it keeps)
     with stop.installed(), stop.during("start-up", at_once=True):
         try:
             procs = launch.start(cfg.device, cfg.dist_timeout)

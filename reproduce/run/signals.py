@@ -63,9 +63,10 @@ class StopFlag:
         self.received = 0  # signals this process received
         self.phase, self.at_once = "", False
         self.exit_at_once = exit_at_once  # start-up: end the process from the handler
-        # what a stop now leaves on disk, in words ("" for nothing); it may tidy up first (the run
-        # sets it: a fresh run's outputs without a checkpoint are removed)
-        self.kept: Callable[[], str] = lambda: ""
+        # what a stop now leaves on disk, in words ("" for nothing); it may tidy up first (the
+        # training loop sets it: a fresh run's outputs without a checkpoint are removed). A loop of
+        # another kind writes its checkpoints atomically: the last one stays.
+        self.kept: Callable[[], str] = lambda: "the last checkpoint written stays"
         self.said = False  # the one line of the stop is printed
 
     def __call__(self, signum, frame) -> None:
