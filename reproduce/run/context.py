@@ -111,8 +111,15 @@ def accumulate(
     accum: dict[str, Tensor], metrics: dict[str, Tensor], state, n: int, estimator: bool = True
 ) -> None:
     """Add a step's loss and correct count to the epoch's sums, unless the step was skipped (no sync);
-    count a skipped step, and apart a skipped step of the estimator (``estimator``: not the base
-    gradient of ``--every``'s other steps)."""
+    count a skipped step, and apart a skipped step of the estimator.
+
+    Args:
+        accum: the epoch's sums (:func:`zero_accum`), updated in place.
+        metrics: the step's metrics (``loss``, and ``skipped`` where the step reports it).
+        state: the step state after the step (its ``CORRECT`` buffer).
+        n: the step's examples.
+        estimator: the estimator took this step (not the base gradient of ``--every``'s others).
+    """
     loss = metrics["loss"]
     ok = (
         (metrics["skipped"] == 0).to(loss.device)

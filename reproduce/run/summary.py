@@ -55,7 +55,15 @@ def end_of_run(
 
 def estimator_skips(r: Run, p: Progress) -> int:
     """The run's skipped steps that its estimator took (with ``--every`` > 1, not the base
-    gradient's): the closed epochs' records and the open epoch's sums (a collective)."""
+    gradient's): the closed epochs' records and the open epoch's sums (a collective).
+
+    Args:
+        r: the run.
+        p: its progress.
+
+    Returns:
+        The count, over all of the run's steps.
+    """
     if r.cfg.every == 1:
         return int(p.state.skipped)
     done = sum(h.get("skipped_estimator_steps", 0) for h in p.history)
