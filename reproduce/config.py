@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import math
+import os
 import re
 import typing
 from dataclasses import dataclass, fields, replace
@@ -245,7 +247,8 @@ def _convert(key: str, text: str, kind: type) -> Any:
     try:
         return kind(text)
     except ValueError:
-        raise ValueError(f"--{key} takes a {kind.__name__}; got {text!r}") from None
+        what = "an integer" if kind is int else f"a {kind.__name__}"
+        raise ValueError(f"--{key} takes {what}; got {text!r}") from None
 
 
 def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
@@ -306,7 +309,7 @@ def resolve(argv: list[str]) -> Config:
 
 def _check(ok: bool, name: str, msg: str, value: Any) -> None:
     if not ok:
-        raise ValueError(f"{name} must be {msg}; got {value!r}")
+        raise ValueError(f"--{name} must be {msg}; got {value!r}")
 
 
 def estimators_of(cfg: Config) -> list[str]:
@@ -338,7 +341,6 @@ def validate(cfg: Config) -> None:
             "a whole number of epochs with --lr_schedule_unit=epoch",
             cfg.warmup_epochs,
         )
-    _check(0 <= cfg.rho_min <= cfg.rho, "rho_min", f"in [0, rho={cfg.rho}]", cfg.rho_min)
     _check(cfg.gnp_hvp in HVPS, "gnp_hvp", f"one of {HVPS}", cfg.gnp_hvp)
     _check(cfg.bf16_hvp in BF16_HVPS, "bf16_hvp", f"one of {BF16_HVPS}", cfg.bf16_hvp)
     for name, allowed in (
@@ -361,9 +363,15 @@ def validate(cfg: Config) -> None:
     for e in names:
         _check(e in ESTIMATORS, "estimator", f"one of {ESTIMATORS} (or a comma list)", e)
     _check(len(set(names)) == len(names), "estimator", "a list without repeats", cfg.estimator)
+    # every number finite: a NaN or inf would pass the range checks below or fail late
+    for f in fields(Config):
+        v = getattr(cfg, f.name)
+        if isinstance(v, float) and f.name != "max_param_rms":
+            _check(math.isfinite(v), f.name, "a finite number", v)
     for name in ("rho", "alpha", "sam_rho", "rho_prime", "gamma", "lr", "momentum", "weight_decay"):
         v = getattr(cfg, name)
         _check(v >= 0 and v != float("inf"), name, "a finite number >= 0", v)
+    _check(0 <= cfg.rho_min <= cfg.rho, "rho_min", f"in [0, rho={cfg.rho}]", cfg.rho_min)
     if any(e.startswith("gam_accelerated") for e in names):
         _check(0 <= cfg.alpha <= 1, "alpha", "in [0, 1] for gam_accelerated", cfg.alpha)
     _check(0 <= cfg.beta <= 1, "beta", "in [0, 1]", cfg.beta)
@@ -407,7 +415,13 @@ def validate(cfg: Config) -> None:
     _check(cfg.flatness_samples >= 1, "flatness_samples", "an integer >= 1", cfg.flatness_samples)
     _check(cfg.synthetic_size >= 4, "synthetic_size", "an integer >= 4", cfg.synthetic_size)
     _check(cfg.flatness_rho >= 0, "flatness_rho", ">= 0", cfg.flatness_rho)
-    _check(cfg.seed >= 0, "seed", "an integer >= 0", cfg.seed)
+    _check(0 <= cfg.seed < 2**63, "seed", "an integer in [0, 2**63)", cfg.seed)
+    _check(cfg.num_classes != 1, "num_classes", "0 (the data set's) or at least 2", cfg.num_classes)
+    cores = os.cpu_count() or 1
+    _check(cfg.threads <= cores, "threads", f"at most this machine's {cores} cores", cfg.threads)
+    _check(
+        cfg.max_param_rms == cfg.max_param_rms, "max_param_rms", "a number > 0", cfg.max_param_rms
+    )
     dev = cfg.device
     _check(
         dev in ("auto", "cpu", "cuda") or bool(re.fullmatch(r"cuda:\d+", dev)),

@@ -48,10 +48,13 @@ and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step); ``ru
 pipelines).
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
-a locked run folder or a disk that cannot be written (one line on stderr, no traceback), 3 when
-``--max_skipped`` consecutive steps were skipped (non-finite), 128 + signal number after SIGINT/SIGTERM
-(130, 143), in any phase, within seconds: a checkpoint is written first where training has begun, and
-one line says what was kept; a second signal stops at once. ``summary.json`` records the outcome
+a run folder that holds a run's outputs but no checkpoint (``--overwrite`` trains it again), a locked
+run folder or a disk that cannot be written (one line on stderr, before any training, no traceback),
+3 when the run did not train (``--max_skipped`` consecutive steps skipped as non-finite, every step of
+its estimator skipped, more than ``--max_skipped_fraction`` of its steps skipped, parameters past
+``--max_param_rms``), 128 + the first signal's number after SIGINT/SIGTERM (130, 143), in any phase,
+within seconds: a checkpoint is written first where training has begun, and exactly one line says
+what was kept, however many signals arrive; a second signal stops at once. ``summary.json`` records the outcome
 (``status``, ``reason``, ``exit_code``), also under ``torchrun``, which exits 1 whatever the status.
 """
 
@@ -66,11 +69,15 @@ if __name__ == "__main__":  # a signal while the modules load: stop at once, not
     import os
     import signal
 
-    def _stop_loading(signum, frame):
+    def _stop_loading(signum, frame):  # ends the process here: an exception could be swallowed
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal adds no second line
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if os.environ.get("LOCAL_RANK", "0") in ("", "0"):
             name = signal.Signals(signum).name
             print(f"stopped by {name} during start-up; nothing was saved yet", file=sys.stderr)
-        raise SystemExit(128 + signum)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
 
     for _s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_s, _stop_loading)
@@ -136,7 +143,8 @@ def _error(text: str) -> None:
     """A one-line error on stderr, printed by one process of each node (under torchrun every
     process meets it alike and exits with the same status, quietly)."""
     if launch.first_on_node():
-        print(f"error: {text}", file=sys.stderr, flush=True)
+        line = "; ".join(part.strip() for part in text.strip().splitlines() if part.strip())
+        print(f"error: {line}", file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(cfg) -> int:
-    stop = StopFlag()
+    stop = StopFlag(exit_at_once=True)
+    stop.kept = lambda: ""  # until a run starts (reproduce.run.loop.run says what it keeps)
     with stop.installed(), stop.during("start-up", at_once=True):
         try:
             procs = launch.start(cfg.device, cfg.dist_timeout)
@@ -168,7 +177,7 @@ def _main(cfg) -> int:
             _error(str(e))
             return 2
         except Interrupted as e:
-            return _stopped(e)
+            return _stopped(e, stop)
         code = 1
         try:
             code = _train(cfg, procs, stop)
@@ -177,11 +186,9 @@ def _main(cfg) -> int:
             launch.finish(procs, completed=code == 0)
 
 
-def _stopped(e: Interrupted) -> int:
-    """Print the one line of a run stopped by a signal (what it kept); its exit status."""
-    if launch.first_on_node():
-        print(f"{e}; {e.kept or 'nothing was saved yet'}", file=sys.stderr, flush=True)
-    return e.code
+def _stopped(e: Interrupted, stop: StopFlag) -> int:
+    """Print the one line of a run stopped by a signal (what it kept), once; its exit status."""
+    return stop.report(e)
 
 
 def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
@@ -205,7 +212,7 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
             summaries.append(run(cfg_one, stop, data, root / name, procs))
         stop.now("the comparison")  # done: a signal now lets the table be printed
     except Interrupted as e:
-        return _stopped(e)
+        return _stopped(e, stop)
     except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
         _error(str(e))
         return 2
@@ -218,17 +225,22 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             _error(f"cannot read the data{where}: {first}")
             return 2
-        # a full or read-only disk: the last checkpoint written stays
-        _error(
-            f"cannot write{where}: {e.strerror or e}; the last checkpoint written is "
-            "intact: free space (or fix permissions) and continue with --resume"
+        # a full or read-only disk: say what stays, the last checkpoint written or none
+        target = where or f" {str(root)!r}"
+        kept = [n for n in names if (root / n / "checkpoint.pt").is_file()]
+        what = (
+            f"the last checkpoint written ({', '.join(kept)}) is intact: free space (or fix "
+            "permissions) and continue with --resume"
+            if kept
+            else "no checkpoint was written: free space (or fix permissions) and run again"
         )
+        _error(f"cannot write{target}: {e.strerror or e}; {what}")
         return 2
     except RuntimeError:
         if stop.signum is None or procs.world == 1:
             raise
         # another rank stopped on the same signal and left the collective this one waits in
-        return _stopped(Interrupted(stop.signum, stop.phase))
+        return _stopped(Interrupted(stop.signum, stop.phase), stop)
     if procs.main:
         print()
         print(report.table(summaries))

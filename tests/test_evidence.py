@@ -184,9 +184,60 @@ def test_ablation_vmapped_gives_the_looped_table_for_one_seed(tmp_path):
         (["fd", "--quick", "--radii=0.01,0"], "radii"),
     ],
 )
-def test_bad_options_raise_naming_themselves(argv, word, tmp_path):
-    with pytest.raises(ValueError, match=word):
-        evidence.main([*argv, f"--out={tmp_path}"])
+def test_bad_options_raise_naming_themselves(argv, word, tmp_path, capsys):
+    assert evidence.main([*argv, f"--out={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and word in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["accuracy", "--methods=sgd"], "methods"),
+        (["accuracy", "--epochs=0"], "epochs"),
+        (["accuracy", "--epochs=abc"], "epochs"),
+        (["accuracy", "--seeds=0"], "seeds"),
+        (["accuracy", "--gam=abc"], "gam"),
+        (["accuracy", "--gam=inf,1"], "gam"),
+        (["accuracy", "--gam=1,2,3"], "gam"),
+        (["noise", "--levels=1.5"], "levels"),
+        (["noise", "--levels=x"], "levels"),
+        (["ablation", "--alphas=nan"], "alphas"),
+        (["minima", "--radius=0"], "radius"),
+        (["minima", "--directions=0"], "directions"),
+        (["landscape", "--points=1"], "points"),
+        (["spectra", "--k=0"], "k"),
+        (["spectra", "--threads=100000"], "threads"),
+        (["spectra", "--model=nope"], "model"),
+        (["spectra", "--gnp-alpha=-1"], "gnp-alpha"),
+    ],
+)
+def test_every_bad_value_is_one_line_and_exit_2_before_training(argv, word, tmp_path, capsys,
+                                                                 monkeypatch):  # fmt: skip
+    monkeypatch.setitem(evidence.SUBCOMMANDS, argv[0], lambda opt: pytest.fail("it trained"))
+    try:
+        code = evidence.main([*argv, "--quick", f"--out={tmp_path}"])
+    except SystemExit as e:  # argparse's refusal of a value of the wrong type
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and word in err, err
+
+
+def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert evidence.main(["accuracy", "--quick", f"--out={tmp_path / 'file' / 'sub'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--out" in err
+
+
+def test_a_run_of_evidence_that_did_not_train_exits_3_naming_it(tmp_path, capsys):
+    """SGD+GAM at ρ = 1e30: every step skipped. No table, exit 3, a line naming the run."""
+    argv = ["accuracy", "--epochs=1", "--seeds=1", "--methods=SGD,SGD+GAM", "--gam=1e30,1e30"]
+    assert evidence.main([*argv, "--reuse=", f"--out={tmp_path}"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "gam" in err[0] and "did not train" in err[0], err
+    assert not (tmp_path / "accuracy.json").exists()
 
 
 @pytest.mark.parametrize("model", ["mlp", "mlp_gelu"])

@@ -129,3 +129,109 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
     assert proc.returncode == 143, err
     assert "SIGTERM again: stopping now" in err and "Traceback" not in err
     assert ckpt.load(path)["position"]["global_step"] == 2
+
+
+# A signal in start-up, where the handler ends the process itself: inside a finaliser (where a raised
+# exception is printed as "Exception ignored" and dropped, and the run goes on) and inside a backward
+# pass under anomaly mode (which a compiler turns on while it traces, and which prints a stack).
+_IN_START_UP = """
+import os, signal, sys, torch, warnings
+from reproduce.run.signals import StopFlag
+warnings.filterwarnings("ignore", message="Anomaly Detection has been enabled")  # the test's own
+stop = StopFlag(exit_at_once=True)
+stop.kept = lambda: ""  # as train.py's, before a run starts
+with stop.installed(), stop.during("start-up (the first step and its compilation)", at_once=True):
+    {body}
+print("went on", flush=True)
+"""
+_BODIES = {
+    "finaliser": (
+        "class Dropped:\n"
+        "        def __del__(self):\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "    Dropped()"
+    ),
+    "anomaly_mode": (
+        "class Kill(torch.autograd.Function):\n"
+        "        @staticmethod\n"
+        "        def forward(ctx, x):\n"
+        "            return x * 2\n"
+        "        @staticmethod\n"
+        "        def backward(ctx, g):\n"
+        "            os.kill(os.getpid(), signal.SIGINT)\n"
+        "            return g * 2\n"
+        "    with torch.autograd.detect_anomaly(check_nan=False):\n"
+        "        Kill.apply(torch.ones(2, requires_grad=True)).sum().backward()"
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(_BODIES))
+def test_a_signal_in_start_up_ends_the_process_with_one_line_wherever_it_lands(where):
+    code = _IN_START_UP.format(body=_BODIES[where])
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=WAIT
+    )
+    assert out.returncode == 130, out
+    assert "went on" not in out.stdout
+    assert one_line(out.stderr) == (
+        "stopped by SIGINT during start-up (the first step and its compilation); "
+        "nothing was saved yet"
+    )
+
+
+@pytest.mark.parametrize(
+    ("marker", "signum", "compile_"),
+    [
+        ("compiling the step", signal.SIGINT, True),
+        ("compiling the step", signal.SIGTERM, True),
+        ("data: in memory", signal.SIGTERM, False),
+        pytest.param("epoch 40/", signal.SIGTERM, False, marks=pytest.mark.slow),
+        pytest.param("epoch 40/", signal.SIGINT, False, marks=pytest.mark.slow),
+    ],
+    ids=["compile-int", "compile-term", "start-up-term", "training-term", "training-int"],
+)
+def test_two_signals_back_to_back_give_one_line_and_the_first_ones_status(
+    tmp_path, marker, signum, compile_
+):
+    args = [*DIGITS, *NO_FLATNESS, "--epochs=200"]  # an epoch line every 40 epochs
+    proc = start(tmp_path, *args, *(["--compile"] if compile_ else []))
+    for line in proc.stdout:
+        if marker in line:
+            break
+    else:
+        pytest.fail(f"no {marker!r} in the output: {proc.communicate()}")
+    proc.send_signal(signum)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 128 + signum, err
+    line = one_line(err)
+    assert "Exception ignored" not in err and "SystemExit" not in err
+    if "kept: the checkpoint" in line:
+        assert (run_dir(tmp_path) / "checkpoint.pt").exists()
+    else:
+        assert line.endswith("nothing was saved yet")
+        assert not (run_dir(tmp_path) / "checkpoint.pt").exists()
+        # nothing of the run stays to make a rerun of its command be refused
+        assert train.main([f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--epochs=1"]) == 0
+
+
+def test_a_second_signal_during_the_first_checkpoint_write_does_not_claim_one_stays(tmp_path):
+    """The first SIGTERM waits for the first checkpoint's write (held open by the test hook); the
+    second ends the process there: no checkpoint exists, and the line says so."""
+    path = run_dir(tmp_path) / "checkpoint.pt"
+    args = [*DIGITS, *NO_FLATNESS, "--max-steps=8", "--checkpoint_every=4"]
+    proc = start(tmp_path, *args, env={ckpt.TEST_PAUSE_ENV: str(10 * WAIT)})
+    deadline = time.monotonic() + WAIT
+    while not list(path.parent.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.0)
+    assert proc.poll() is None  # the first signal waits for the write
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 143, err
+    line = one_line(err)
+    assert line.startswith("SIGTERM again: stopping now") and line.endswith("nothing was saved yet")
+    assert "stays" not in line and not path.exists()

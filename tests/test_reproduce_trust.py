@@ -240,7 +240,7 @@ def test_values_that_would_leave_the_logdir_or_make_no_sense_are_refused(
     tmp_path, capsys, flag, named
 ):
     assert main(tmp_path, *DIGITS, flag) == 2
-    assert one_line_error(capsys).startswith(f"error: {named} must be")
+    assert one_line_error(capsys).startswith(f"error: --{named} must be")
     assert not (tmp_path.parent / "x").exists()
 
 

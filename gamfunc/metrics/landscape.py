@@ -3,6 +3,7 @@ random directions or the top Hessian eigenvectors."""
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
@@ -12,10 +13,13 @@ from gamfunc import tree
 from gamfunc.checks import check_int
 from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, make_generator
+from gamfunc.metrics.guard import why_unmeasurable
 from gamfunc.metrics.hessian import top_eigenvalues
 from gamfunc.tree import Tree
 
 __all__ = ["Landscape1D", "Landscape2D", "landscape_1d", "landscape_2d", "random_direction"]
+
+log = logging.getLogger("gamfunc.metrics")  # the guard's logger: one line per unmeasurable input
 
 BIASBN = ("ignore", "include")
 
@@ -111,7 +115,12 @@ def landscape_1d(
             default.
 
     Returns:
-        A [`Landscape1D`][gamfunc.metrics.landscape.Landscape1D].
+        A [`Landscape1D`][gamfunc.metrics.landscape.Landscape1D]. Where ``direction="hessian"`` cannot be measured (non-finite
+            parameters or loss, a failed eigendecomposition) the direction and every loss are NaN and
+            one line is logged on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`).
+
+    Raises:
+        ValueError: ``points`` is not an integer >= 2, or ``direction`` or ``params`` is malformed.
 
     Example:
         >>> import torch
@@ -159,7 +168,11 @@ def landscape_2d(
         points: P for both axes, or (P, Q).
 
     Returns:
-        A [`Landscape2D`][gamfunc.metrics.landscape.Landscape2D]; ``losses[i, j]`` is the loss at (alphas[i], betas[j]).
+        A [`Landscape2D`][gamfunc.metrics.landscape.Landscape2D]; ``losses[i, j]`` is the loss at (alphas[i], betas[j]). Hessian
+            directions that cannot be measured are NaN, as in [`landscape_1d`][gamfunc.metrics.landscape.landscape_1d].
+
+    Raises:
+        ValueError: ``points`` is not an integer >= 2, or ``directions`` or ``params`` is malformed.
 
     Example:
         >>> import torch
@@ -204,10 +217,19 @@ def _directions(params, batch, loss, spec, count, biasbn, generator, hvp) -> lis
         gen = make_generator(generator, params)
         return [random_direction(params, gen, biasbn=biasbn) for _ in range(count)]
     if spec == "hessian":
-        _, vectors = top_eigenvalues(
-            params, batch, loss, k=count, generator=generator, hvp=hvp, return_eigenvectors=True
-        )
-        return vectors
+        why = why_unmeasurable(params, batch, loss)
+        if why is None:
+            try:
+                _, vectors = top_eigenvalues(
+                    params, batch, loss, k=count, generator=generator, hvp=hvp,
+                    return_eigenvectors=True,
+                )  # fmt: skip
+                return vectors
+            except torch.linalg.LinAlgError as e:
+                why = f"the eigendecomposition failed ({str(e).splitlines()[0][:120]})"
+        # no Hessian direction here: NaN directions make every loss of the landscape NaN
+        log.warning("landscape: NaN, %s", why)
+        return [{k: torch.full_like(v, float("nan")) for k, v in params.items()}] * count
     raise ValueError(f"direction(s) must be 'random', 'hessian' or dicts; got {spec!r}")
 
 

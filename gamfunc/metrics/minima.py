@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
@@ -11,9 +12,12 @@ from gamfunc import tree
 from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
+from gamfunc.metrics.guard import why_unmeasurable
 from gamfunc.tree import Tree
 
 __all__ = ["MinimaDensity", "count_extrema", "minima_density"]
+
+log = logging.getLogger("gamfunc.metrics")  # the guard's logger: one line per unmeasurable input
 
 
 class MinimaDensity(NamedTuple):
@@ -60,7 +64,14 @@ def minima_density(
             default here is ``"eval"`` (running statistics).
 
     Returns:
-        A [`MinimaDensity`][gamfunc.metrics.minima.MinimaDensity] with the counts per direction and the losses behind them.
+        A [`MinimaDensity`][gamfunc.metrics.minima.MinimaDensity] with the counts per direction and the losses behind them. On
+            weights that cannot be measured (non-finite parameters, or a non-finite loss at θ) every
+            count and loss is NaN (counts then in the parameters' floating dtype), and one line is
+            logged on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`).
+
+    Raises:
+        ValueError: ``directions`` or ``steps`` is not an integer >= 1, or ``rho`` not a finite
+            number > 0.
 
     Warning:
         Only interior points count: θ (i = 0) and the point at radius ρ (i = M) have one neighbour
@@ -86,6 +97,11 @@ def minima_density(
     gen = make_generator(generator, params)
     x0 = flat(params)
     radii = torch.linspace(0, rho, steps + 1, dtype=torch.float64)
+    why = why_unmeasurable(params, batch, loss_fn, buffers, mode)
+    if why is not None:  # a count of 0 would read as perfectly flat
+        log.warning("minima_density: NaN, %s", why)
+        nan = torch.full((directions, steps + 1), float("nan"), dtype=x0.dtype, device=x0.device)
+        return MinimaDensity(nan[:, 0], nan[:, 0].clone(), nan, radii.to(x0))
     at_theta = loss_and_aux(loss, params, batch)[0]
     rows = []
     for _ in range(directions):

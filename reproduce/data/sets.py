@@ -35,6 +35,7 @@ this module re-exports their names, so ``from reproduce.data import sets`` reach
 from __future__ import annotations
 
 import functools
+import os
 import random
 from pathlib import Path
 from typing import Any
@@ -205,8 +206,38 @@ def _cifar(root: str, name: str, download: bool):
     if _is_image_folder(path / "train") and _is_image_folder(path / "test"):
         from torchvision.datasets import ImageFolder
 
-        return _on_train_classes(ImageFolder(str(path / "train")), ImageFolder(str(path / "test")))
+        return _on_train_classes(
+            ImageFolder(str(path / "train"), loader=read_image),
+            ImageFolder(str(path / "test"), loader=read_image),
+        )
     raise DataNotFound(f"{label} not found at {str(path.resolve())!r}. {layout}")
+
+
+def read_image(path: str):
+    """The RGB image at ``path`` (torchvision's ``pil_loader``), read whole: an image that cannot be
+    decoded (truncated, not an image, or past PIL's decompression-bomb limit) is an
+    `OSError` naming the file, as an unreadable file is.
+
+    Args:
+        path: the image file.
+
+    Returns:
+        A ``PIL.Image.Image`` in RGB.
+
+    Raises:
+        OSError: the file cannot be read or decoded (its ``filename`` is ``path``).
+    """
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f, Image.open(f) as img:
+            return img.convert("RGB")  # decodes every pixel: a truncated file fails here
+    except OSError as e:
+        if e.filename:
+            raise
+        raise OSError(e.errno, f"cannot decode the image {path!r}: {e}", path) from None
+    except (Image.DecompressionBombError, ValueError, SyntaxError) as e:
+        raise OSError(None, f"cannot decode the image {path!r}: {e}", path) from None
 
 
 def _imagenet(root: str):
@@ -226,7 +257,10 @@ def _imagenet(root: str):
             raise DataNotFound(
                 f"ImageNet not found: {str((path / split).resolve())!r} is missing or has no class folders. {layout}"
             )
-    return _on_train_classes(ImageFolder(str(path / "train")), ImageFolder(str(path / "val")))
+    return _on_train_classes(
+        ImageFolder(str(path / "train"), loader=read_image),
+        ImageFolder(str(path / "val"), loader=read_image),
+    )
 
 
 def _on_train_classes(train, held_out):
@@ -329,6 +363,35 @@ def _transfer(root: str, name: str, download: bool):
         ) from None
 
 
+def _memory() -> int:
+    """This machine's memory in bytes (0: unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _check_fits(cfg: Any, size: int, vector: bool) -> None:
+    """A DataError unless the synthetic data set, or one batch of images, takes at most half this
+    machine's memory (as float32), checked before anything is allocated."""
+    per_example = size if vector else 3 * size * size
+    examples = (
+        cfg.synthetic_size + max(cfg.synthetic_size // 4, 1) if cfg.synthetic else cfg.batch_size
+    )
+    need, have = 4 * per_example * examples, _memory()
+    if have and need > have // 2:
+        what = (
+            f"--synthetic_size={cfg.synthetic_size} examples"
+            if cfg.synthetic
+            else f"a batch of {cfg.batch_size}"
+        )
+        raise DataError(
+            f"{what} at --image_size={size} take {need / 2**30:.3g} GiB, more than half this "
+            f"machine's {have / 2**30:.3g} GiB; lower --image_size"
+            + (" or --synthetic_size" if cfg.synthetic else " or --batch_size")
+        )
+
+
 def load(cfg: Any) -> Data:
     """The data of a run: ``cfg`` is a `reproduce.config.Config` (fields dataset, data, download,
     synthetic, synthetic_size, num_classes, image_size, augment, cutout_size, label_noise,
@@ -344,6 +407,7 @@ def load(cfg: Any) -> Data:
     vector = name in ("mnist1d", "digits")
     if vector and size != native_size and not cfg.synthetic:
         raise DataError(f"image_size of {name} is its input length {native_size}; got {size}")
+    _check_fits(cfg, size, vector)
     train_tf = eval_tf = None
     if cfg.synthetic:
         classes = cfg.num_classes or native_classes

@@ -4,6 +4,9 @@ share with their full and ``--quick`` values, and `main`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
+import os
 import shlex
 import sys
 import time
@@ -11,9 +14,10 @@ from pathlib import Path
 
 import torch
 
+from reproduce.config import Config, validate
 from reproduce.evidence.ablation import ablation_table, cmd_ablation
 from reproduce.evidence.accuracy import cmd_accuracy
-from reproduce.evidence.common import METHODS
+from reproduce.evidence.common import METHODS, NotTrained
 from reproduce.evidence.fd import cmd_fd, fd_table
 from reproduce.evidence.grid import accuracy_table
 from reproduce.evidence.landscape import cmd_landscape, landscape_table
@@ -75,8 +79,15 @@ DEFAULTS = dict(
 FULL = {"ablation": dict(seeds=3), "noise": dict(seeds=3), "fd": dict(seeds=3)}
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line (``error: ...``) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    p = _Parser(prog=PROG, description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
     for name, func in SUBCOMMANDS.items():
         summary = (func.__doc__ or name).split("\n")[0]
@@ -115,9 +126,62 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the subcommand of ``argv`` (default: the command line's); 0 when it has written its files."""
+    """Run the subcommand of ``argv`` (default: the command line's).
+
+    Args:
+        argv: the arguments after the program's name.
+
+    Returns:
+        The exit status: 0 when it has written its files; 2 for a bad value or an output folder
+            that cannot be written (one line on stderr, before any training); 3 when one of its runs
+            did not train (train.py's rules on skipped steps), naming the run, with no table written.
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     opt = parser().parse_args(argv)
+    try:
+        _prepare(opt, argv)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as e:
+        print(f"error: --out={opt.out}: cannot write there ({e.strerror or e})", file=sys.stderr)
+        return 2
+    try:
+        opt.func(opt)
+    except NotTrained as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 3
+    return 0
+
+
+# Options that set a field of train.py's configuration, checked by its validator (option: field).
+_FIELDS = {"epochs": "epochs", "model": "model", "gnp_alpha": "alpha", "sam_rho": "sam_rho"}
+_LISTS = {"rhos": "rho", "alphas": "alpha", "levels": "label_noise"}
+_COUNTS = ("seeds", "k", "iters", "trace_samples", "probe", "directions")
+
+
+def _field(option: str, field: str, value) -> None:
+    """Check ``value`` for train.py's ``field`` with its validator; a ValueError naming ``option``."""
+    try:
+        validate(dataclasses.replace(Config(), **{field: value}))
+    except ValueError as e:
+        raise ValueError(f"--{option.replace('_', '-')}={value!r}: {e}") from None
+    except TypeError:
+        raise ValueError(f"--{option.replace('_', '-')} takes a number; got {value!r}") from None
+
+
+def _numbers(option: str, text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--{option} takes a comma list of numbers; got {text!r}") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"--{option} takes finite numbers; got {text!r}")
+    return values
+
+
+def _prepare(opt, argv: list[str]) -> None:
+    """Fill in ``opt``'s defaults and check every value, before anything trains (ValueError)."""
     opt.started = time.perf_counter()
     opt.command_line = f"{PROG} {shlex.join(argv)}"  # what the JSON records as its command
     for key, (full, quick) in DEFAULTS.items():
@@ -130,21 +194,46 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(
             f"--methods must name some of {list(METHODS)}; got {unknown or opt.methods}"
         )
+    for key in _COUNTS:
+        if getattr(opt, key) < 1:
+            raise ValueError(
+                f"--{key.replace('_', '-')} must be an integer >= 1; got {getattr(opt, key)}"
+            )
+    if opt.points < 2:
+        raise ValueError(f"--points must be an integer >= 2; got {opt.points}")
+    for option, field in _FIELDS.items():
+        _field(option, field, getattr(opt, option))
+    for option, field in _LISTS.items():
+        for v in _numbers(option, getattr(opt, option)):
+            _field(option, field, v)
+    if opt.command == "ablation" and opt.sam_rho > 0 and 0 in _numbers("rhos", opt.rhos):
+        raise ValueError(
+            "--rhos must not contain 0 with --sam-rho (ρ = 0 is GNP, without an oracle)"
+        )
+    if not all(r > 0 for r in _numbers("radii", opt.radii)):
+        raise ValueError(f"--radii must be numbers > 0; got {opt.radii!r}")
+    if not 0 < opt.radius < math.inf:
+        raise ValueError(f"--radius must be a finite number > 0; got {opt.radius!r}")
     for key in ("gam", "sam_gam"):
         text = getattr(opt, key)
         if text is not None:
-            try:
-                rho, alpha = (float(x) for x in text.split(","))
-            except ValueError:
-                raise ValueError(f"--{key.replace('_', '-')} takes ρ,α; got {text!r}") from None
-            if not (rho >= 0 and alpha >= 0):
-                raise ValueError(f"--{key.replace('_', '-')} takes ρ,α >= 0; got {text!r}")
-            setattr(opt, key, (rho, alpha))
+            flag = f"--{key.replace('_', '-')}"
+            values = _numbers(key.replace("_", "-"), text)
+            if len(values) != 2:
+                raise ValueError(f"{flag} takes ρ,α; got {text!r}")
+            _field(key, "rho", values[0])
+            _field(key, "alpha", values[1])
+            setattr(opt, key, tuple(values))
+    cores = os.cpu_count() or 1
+    if not 0 <= opt.threads <= cores:
+        raise ValueError(
+            f"--threads must be in [0, {cores}] (this machine's cores); got {opt.threads}"
+        )
     if opt.threads:
         torch.set_num_threads(opt.threads)
     opt.out = Path(opt.out or f"runs/evidence/{opt.command}")
     opt.out.mkdir(parents=True, exist_ok=True)
+    if not os.access(opt.out, os.W_OK):
+        raise OSError(13, "permission denied")
     if (opt.quick or opt.vmap) and opt.reuse == REUSE:
         opt.reuse = ""  # --quick never reads a full run's results, --vmap trains its own
-    opt.func(opt)
-    return 0

@@ -22,6 +22,7 @@ from reproduce.data import sets as data_mod
 from reproduce.run import report
 from reproduce.run.epoch import epoch_batches, train_epochs
 from reproduce.run.evaluation import evaluate
+from reproduce.run.summary import skipped_too_many
 from reproduce.sweeps import vmapped
 
 # The method of reproduce.methods and the config fields each sets.
@@ -64,6 +65,29 @@ def base_config(opt, **extra):
 # ---------------------------------------------------------------- training
 
 
+class NotTrained(Exception):
+    """A run of a claim did not train (train.py's rules: `reproduce.run.summary.skipped_too_many`);
+    the command exits 3 naming it, and writes no table."""
+
+
+def check_trained(cfg, name: str, skipped: int, steps: int) -> None:
+    """Raise `NotTrained` naming estimator ``name`` and ``cfg``'s seed when its run, with
+    ``skipped`` of its ``steps`` skipped, did not train.
+
+    Args:
+        cfg: the run's configuration.
+        name: its estimator.
+        skipped: its skipped (non-finite) steps.
+        steps: the steps it took.
+
+    Raises:
+        NotTrained: the run did not train (the message says why).
+    """
+    why = skipped_too_many(cfg, skipped, steps)
+    if why is not None:
+        raise NotTrained(f"the run of {name} (seed {cfg.seed}, ρ={cfg.rho:g}) did not train: {why}")
+
+
 def probe_batch(examples, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``size`` examples of ``examples`` as one batch (the fixed batch of every metric)."""
     x, y = examples.tensors()
@@ -100,6 +124,7 @@ def train(cfg, name: str, *, on_epoch=None) -> dict[str, Any]:
     train_epochs(step, batches, pos, cfg.epochs, after_step, end)
     seconds = pos["train_seconds"]
     buffers = state.buffers
+    check_trained(cfg, name, int(state.skipped), steps)
 
     def acc(examples):
         if examples is None:
@@ -134,7 +159,9 @@ def train_together(cfgs, name: str) -> list[dict[str, Any]]:
     body = vmapped.train(cfgs, name, data, "cpu", data_seed=seed, say=lambda line: None)
     seconds, steps = body["pos"]["train_seconds"], max(body["pos"]["step"], 1)
     out = []
-    for summary in body["summaries"]:
+    for cfg, summary in zip(cfgs, body["summaries"], strict=True):
+        skipped = sum(h["skipped_steps"] for h in summary["history"])
+        check_trained(cfg, name, skipped, body["pos"]["step"])
         f = summary["final"]
         out.append(
             dict(
@@ -144,7 +171,7 @@ def train_together(cfgs, name: str) -> list[dict[str, Any]]:
                 gap=f["train_eval_acc"] - f["test_acc"],
                 seconds=seconds,
                 step_ms=1000 * seconds / steps / len(cfgs),
-                skipped=sum(h["skipped_steps"] for h in summary["history"]),
+                skipped=skipped,
             )
         )
     return out

@@ -103,11 +103,23 @@ def zero_accum(device) -> dict[str, Tensor]:
         "correct": z(torch.int64),
         "seen": z(torch.int64),
         "skipped": z(torch.int64),
+        "skipped_estimator": z(torch.int64),  # skipped steps that the estimator took (--every)
     }
 
 
-def accumulate(accum: dict[str, Tensor], metrics: dict[str, Tensor], state, n: int) -> None:
-    """Add a step's loss and correct count to the epoch's sums, unless the step was skipped (no sync)."""
+def accumulate(
+    accum: dict[str, Tensor], metrics: dict[str, Tensor], state, n: int, estimator: bool = True
+) -> None:
+    """Add a step's loss and correct count to the epoch's sums, unless the step was skipped (no sync);
+    count a skipped step, and apart a skipped step of the estimator.
+
+    Args:
+        accum: the epoch's sums (`zero_accum`), updated in place.
+        metrics: the step's metrics (``loss``, and ``skipped`` where the step reports it).
+        state: the step state after the step (its ``CORRECT`` buffer).
+        n: the step's examples.
+        estimator: the estimator took this step (not the base gradient of ``--every``'s others).
+    """
     loss = metrics["loss"]
     ok = (
         (metrics["skipped"] == 0).to(loss.device)
@@ -118,6 +130,8 @@ def accumulate(accum: dict[str, Tensor], metrics: dict[str, Tensor], state, n: i
     accum["correct"] += torch.where(ok, state.buffers[CORRECT], 0)
     accum["seen"] += ok.to(torch.int64) * n
     accum["skipped"] += (~ok).to(torch.int64)
+    if estimator:
+        accum["skipped_estimator"] += (~ok).to(torch.int64)
 
 
 def global_sums(accum: dict[str, Tensor], procs: Processes) -> dict[str, Tensor]:

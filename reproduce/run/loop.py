@@ -32,7 +32,7 @@ from reproduce.run.epoch import train
 from reproduce.run.launch import Processes
 from reproduce.run.loaders import loaders
 from reproduce.run.profiling import StepProfiler
-from reproduce.run.resume import RunLocked, decide, like, resume
+from reproduce.run.resume import RunLocked, clear, decide, like, resume
 from reproduce.run.signals import Interrupted, StopFlag
 from reproduce.run.summary import Diverged, end_of_run, summary
 
@@ -71,6 +71,14 @@ def run(
         cfg = with_total_steps(cfg, len(data.train))
         r = Run(cfg, name, stop, procs, run_dir)
         kind, saved, lock = decide(r)
+        fresh = kind == "fresh"
+
+        def kept() -> str:  # what a stop now leaves; a fresh run's outputs without a checkpoint go
+            if fresh and r.saved_step is None and procs.main:
+                clear(run_dir)
+            return r.kept()
+
+        outer, stop.kept = stop.kept, kept
         try:
             if kind in ("error", "locked"):
                 raise (RunLocked if kind == "locked" else ckpt.CheckpointError)(saved)
@@ -79,9 +87,10 @@ def run(
                 return saved
             return _train(r, data, saved if kind == "resume" else None)
         except Interrupted as e:
-            e.kept = e.kept or r.kept()
+            e.kept = kept()
             raise
         finally:
+            stop.kept = outer
             if lock is not None:
                 lock.close()
 
@@ -131,7 +140,7 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
 
     probe_idx = torch.randperm(len(data.probe), generator=data_mod.generator(cfg.seed, 6))
     probe = data_mod.stack(data.probe, probe_idx[: cfg.flatness_samples]) if procs.main else None
-    p = resume(r, saved, t.params, t.state)
+    p = resume(r, saved, t.params, t.state, t.steps_per_epoch, len(data.train))
 
     if procs.main:
         # Points after the checkpoint's step were written by the run that stopped and are written

@@ -183,12 +183,23 @@ def train_accuracy(final: dict) -> float | None:
     return final.get("train_eval_acc", final.get("train_acc"))
 
 
-def flags(final: dict | None, num_classes: int) -> list[str]:
-    """What the summary flags about a finished run: ``"chance_level"`` when its final training
-    accuracy is at chance (`at_chance`): it did not learn."""
+def flags(final: dict | None, num_classes: int, skipped: int = 0) -> list[str]:
+    """What the summary flags about a finished run.
+
+    Args:
+        final: its final record (None: it did not finish).
+        num_classes: the classes of its data.
+        skipped: its skipped (non-finite) steps.
+
+    Returns:
+        ``"chance_level"`` when its final training accuracy is at chance (`at_chance`): it
+            did not learn; ``"skipped_steps"`` when some of its steps were skipped, fewer than make it
+            diverged: it trained on the others.
+    """
     if not final:
         return []
-    return ["chance_level"] if at_chance(train_accuracy(final), num_classes) else []
+    out = ["chance_level"] if at_chance(train_accuracy(final), num_classes) else []
+    return out + (["skipped_steps"] if skipped else [])
 
 
 def _fmt(v, spec: str) -> str:
@@ -218,6 +229,8 @@ def table(summaries: list[dict]) -> str:
         row += f"{s['images_per_s']:>9.0f}{s['train_seconds']:>7.0f}s"
         if "chance_level" in s.get("flags", ()):
             row += "  (chance)"
+        if "skipped_steps" in s.get("flags", ()):
+            row += f"  ({s['skipped_steps']} of {s['steps']} steps skipped)"
         rows.append(row)
     if any("chance_level" in s.get("flags", ()) for s in summaries):
         rows.append(

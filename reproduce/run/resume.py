@@ -26,7 +26,19 @@ from reproduce.run.context import Progress, Run, global_sums, zero_accum
 from reproduce.run.evaluation import to
 from reproduce.run.launch import from_main
 
-__all__ = ["CHECKPOINT_FIELDS", "RunLocked", "decide", "like", "lock", "resume", "write_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FIELDS",
+    "OUTPUTS",
+    "RunLocked",
+    "check_body",
+    "check_place",
+    "clear",
+    "decide",
+    "like",
+    "lock",
+    "resume",
+    "write_checkpoint",
+]
 
 # What a checkpoint of this loop holds (the body `write_checkpoint` writes); one without them is refused.
 CHECKPOINT_FIELDS = frozenset(
@@ -90,10 +102,28 @@ def write_checkpoint(r: Run, p: Progress, finished: bool = False, status: str = 
     r.saved_step = p.pos["global_step"]
 
 
-def resume(r: Run, saved: dict | None, params, state) -> Progress:
+def resume(
+    r: Run, saved: dict | None, params, state, steps_per_epoch: int = 0, n_train: int = 0
+) -> Progress:
     """The progress the run starts from: ``saved`` (the checkpoint body of `decide`) in the
     structure and layout of the fresh ``params`` and ``state``, with its RNG state; or, with
-    ``saved`` None, the start of the first epoch, the seed set and ``config.json`` written."""
+    ``saved`` None, the start of the first epoch, the seed set and ``config.json`` written.
+
+    Args:
+        r: the run.
+        saved: the checkpoint body, or None to start afresh.
+        params: the fresh parameters (the structure and layout to load into).
+        state: the fresh step state.
+        steps_per_epoch: the run's steps in an epoch (0: its position is not checked against it).
+        n_train: its training examples (0: its data order is not checked against them).
+
+    Returns:
+        The progress to train from.
+
+    Raises:
+        CheckpointError: the checkpoint's position or data order does not fit this run's data, or
+            its entries do not fit the model (the message names the entry).
+    """
     cfg, procs = r.cfg, r.procs
     pos = {"epoch": 0, "batch": 0, "global_step": 0, "train_seconds": 0.0, "world": procs.world}
     pos |= {"timed_images": 0, "timed_seconds": 0.0}
@@ -103,10 +133,12 @@ def resume(r: Run, saved: dict | None, params, state) -> Progress:
         if procs.main:
             report.write_json(r.run_dir / "config.json", as_dict(cfg))
         return p
+    if steps_per_epoch:
+        check_place(saved, steps_per_epoch, n_train, cfg.batch_size, r.path, cfg.total_steps)
     p.params = like(saved["params"], params, "params")
     p.state = like(saved["state"], state, "state")
     if procs.main:  # the saved sums are over all ranks: one rank carries them on
-        p.accum = to(saved["accum"], procs.device)
+        p.accum |= to(saved["accum"], procs.device)
     p.pos, p.history, p.best = {**pos, **saved["position"]}, saved["history"], saved["best"]
     r.saved_step = p.pos["global_step"]
     p.order = saved["data_order"]
@@ -163,6 +195,7 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
                 f"{', '.join(missing) or 'a position'}); start afresh with --overwrite"
             )
         ckpt.check_config(saved["config"], cfg, path)
+        check_body(saved, cfg, path)
         was = saved["position"].get("world", 1)
         if was != world:
             raise ckpt.CheckpointError(
@@ -170,10 +203,17 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
                 f"(torchrun --nproc_per_node and --nnodes giving WORLD_SIZE={was}), not {world}"
             )
         return saved
+    if cfg.overwrite:
+        clear(path.parent)
+        return None
+    outputs = [] if path.exists() else _outputs(path.parent)
+    if outputs:  # a run trained here, its checkpoint gone: training again would replace its outputs
+        raise ckpt.CheckpointError(
+            f"{str(path.parent)!r} holds the outputs of a run ({', '.join(outputs)}) but no "
+            "checkpoint to continue from; pass --overwrite to train it again (they are removed)"
+        )
     if cfg.resume:
         print(f"[{name}] --resume: no checkpoint at {path} yet, starting afresh", flush=True)
-    elif cfg.overwrite:
-        _clear(path.parent)
     elif path.exists():
         try:
             finished = ckpt.load(path).get("finished", False)
@@ -188,11 +228,127 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
     return None
 
 
-def _clear(run_dir: Path) -> None:
-    """Remove a run's outputs before ``--overwrite`` trains it again: TensorBoard events, summary and
-    pictures. Checkpoints stay until the new run replaces them (atomically), so a new run killed
-    early leaves the old one's last state."""
-    for pattern in ("events.out.tfevents.*", "summary.json", "*.png"):
+def _bad(path: Path, what: str) -> ckpt.CheckpointError:
+    return ckpt.CheckpointError(
+        f"{str(path)!r} cannot be resumed: {what}; start afresh with --overwrite"
+    )
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def check_body(saved: dict, cfg: Config, path: Path) -> None:
+    """Check every entry of a checkpoint body that the run's data does not decide: its position
+    (whole counts within the run), RNG state, data order, history and best record.
+
+    Args:
+        saved: the body `reproduce.run.checkpoint.load` returned.
+        cfg: the configuration resuming it.
+        path: the checkpoint's file, for the message.
+
+    Raises:
+        CheckpointError: an entry is malformed or out of range (one line naming it).
+    """
+    pos = saved["position"]
+    for key in ("epoch", "batch", "global_step"):
+        if not _count(pos.get(key)):
+            raise _bad(path, f"its position {key} is {pos.get(key)!r}, not an integer >= 0")
+    if pos["epoch"] > cfg.epochs:
+        raise _bad(path, f"its position epoch {pos['epoch']} is past the run's {cfg.epochs} epochs")
+    for key in ("train_seconds", "timed_seconds"):
+        v = pos.get(key, 0.0)
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            raise _bad(path, f"its position {key} is {v!r}, not a finite number >= 0")
+    if not _count(pos.get("timed_images", 0)):
+        raise _bad(path, f"its position timed_images is {pos.get('timed_images')!r}")
+    rng = saved["rng"]
+    if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
+        raise _bad(path, "its RNG state is not a dict holding torch's generator state")
+    try:
+        torch.Generator().set_state(rng["torch"])
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise _bad(path, f"its RNG state is not torch's ({str(e).splitlines()[0]})") from None
+    cuda = rng.get("cuda", [])
+    if not isinstance(cuda, list | tuple) or not all(isinstance(t, torch.Tensor) for t in cuda):
+        raise _bad(path, "its CUDA RNG state is not a list of tensors")
+    order = saved["data_order"]
+    if order is not None and not (
+        isinstance(order, torch.Tensor)
+        and order.dim() == 1
+        and not order.is_floating_point()
+        and not order.is_complex()
+        and order.dtype != torch.bool
+    ):
+        raise _bad(path, "its data order is not None or a 1-d tensor of example indices")
+    if not isinstance(saved["history"], list) or not all(
+        isinstance(h, dict) for h in saved["history"]
+    ):
+        raise _bad(path, "its history is not a list of epoch records")
+    if saved["best"] is not None and not isinstance(saved["best"], dict):
+        raise _bad(path, "its best record is not None or a dict")
+
+
+def check_place(
+    saved: dict, steps_per_epoch: int, n_train: int, batch_size: int, path, total_steps: int = 0
+) -> None:
+    """Check a checkpoint's position and data order against the run's data: the batch within the
+    epoch, the step count that the epoch and batch make, and the order a permutation of example
+    indices of the epoch's length.
+
+    Args:
+        saved: a checkpoint body that `check_body` accepted.
+        steps_per_epoch: the run's steps in an epoch.
+        n_train: its training examples.
+        batch_size: its global batch.
+        path: the checkpoint's file, for the message.
+        total_steps: its ``--total_steps`` (0: none).
+
+    Raises:
+        CheckpointError: the position or the order does not fit (one line naming it).
+    """
+    pos, order = saved["position"], saved["data_order"]
+    epoch, batch, step = pos["epoch"], pos["batch"], pos["global_step"]
+    if batch > steps_per_epoch:  # at the epoch's length: --max_steps stopped it before it closed
+        raise _bad(path, f"its position batch {batch} is past the epoch's {steps_per_epoch} steps")
+    # --total_steps ends the last epoch at its step, which the closed epoch's count passes
+    if step != epoch * steps_per_epoch + batch and not (total_steps and step == total_steps):
+        raise _bad(
+            path,
+            f"its position global_step {step} is not epoch {epoch} × {steps_per_epoch} steps + "
+            f"batch {batch}",
+        )
+    if order is None:
+        if batch:
+            raise _bad(path, f"it stopped at batch {batch} of an epoch but holds no data order")
+        return
+    want = steps_per_epoch * batch_size
+    if (
+        len(order) != want
+        or (len(order) and (int(order.min()) < 0 or int(order.max()) >= n_train))
+        or len(torch.unique(order)) != len(order)
+    ):
+        raise _bad(
+            path,
+            f"its data order is not {want} distinct example indices in [0, {n_train})",
+        )
+
+
+# What a run writes besides its checkpoints; any of them marks the folder as a run's.
+OUTPUTS = ("summary.json", "config.json", "events.out.tfevents.*", "best.pt", "*.png")
+
+
+def _outputs(run_dir: Path) -> list[str]:
+    """The names of a run's outputs in ``run_dir`` (`OUTPUTS`), sorted."""
+    return sorted({f.name for pattern in OUTPUTS for f in run_dir.glob(pattern)})
+
+
+def clear(run_dir: Path) -> None:
+    """Remove a run's outputs before ``--overwrite`` trains it again, or those of a fresh run stopped
+    before its first checkpoint: TensorBoard events, configuration, summary and pictures.
+    Checkpoints stay until the new run replaces them (atomically), so a new run killed early leaves
+    the old one's last state."""
+    for pattern in ("events.out.tfevents.*", "summary.json", "config.json", "*.png"):
         for f in run_dir.glob(pattern):
             f.unlink(missing_ok=True)
 

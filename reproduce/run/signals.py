@@ -5,6 +5,13 @@ nothing being saved yet; in training at the next step boundary (with several pro
 logging step, where the ranks agree to stop together), after writing a checkpoint; in an evaluation
 at the next batch and in the flatness metrics at the next H·v product, probe chunk or loss
 evaluation. A second signal ends the process at once.
+
+Whatever the number of signals and however close together, the process prints exactly one line
+saying what it stopped and what it kept (`StopFlag.report`), and exits with 128 + the first
+signal's number. Where a process owns its signals (``exit_at_once``: train.py) a signal in start-up
+ends it from the handler itself: an exception raised there could land in a finaliser or a weakref
+callback, where Python prints and drops it, or pass through autograd's anomaly mode, which a
+compiler turns on while it traces, and print a stack.
 """
 
 from __future__ import annotations
@@ -13,14 +20,14 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 from reproduce.run.launch import Processes, first_on_node
 
-__all__ = ["Interrupted", "StopFlag", "until_stopped"]
+__all__ = ["NOTHING", "Interrupted", "StopFlag", "until_stopped"]
 
 
 class Interrupted(BaseException):
@@ -51,23 +58,49 @@ class StopFlag:
     what it keeps. A second signal ends the process at once with 128 + its number (checkpoints are
     written atomically, so the last one written stays whole)."""
 
-    def __init__(self):
+    def __init__(self, exit_at_once: bool = False):
         self.signum: int | None = None  # the signal that stops the run (another rank's, too)
         self.received = 0  # signals this process received
         self.phase, self.at_once = "", False
+        self.exit_at_once = exit_at_once  # start-up: end the process from the handler
+        # what a stop now leaves on disk, in words ("" for nothing); it may tidy up first (the
+        # training loop sets it: a fresh run's outputs without a checkpoint are removed). A loop of
+        # another kind writes its checkpoints atomically: the last one stays.
+        self.kept: Callable[[], str] = lambda: "the last checkpoint written stays"
+        self.said = False  # the one line of the stop is printed
 
     def __call__(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         self.received += 1
-        if self.received > 1:
-            _say_once(f"{name} again: stopping now; the last checkpoint written stays", sys.stderr)
-            sys.stdout.flush()
-            os._exit(128 + signum)
+        if self.received > 1 or self.said:
+            if not self.said:  # what stays now: a checkpoint being written is not one yet
+                self.said = True
+                _say_once(f"{name} again: stopping now; {self.kept() or NOTHING}", sys.stderr)
+            _leave(128 + (self.signum or signum))
         self.signum = self.signum or signum
+        if self.at_once and self.exit_at_once:
+            self.report(Interrupted(signum, self.phase))
+            _leave(128 + signum)
         where = f" during {self.phase}" if self.phase else ""
         _say_once(f"\n{name}{where}: stopping (once more to stop at once)")
         if self.at_once:
             self.check()
+
+    def report(self, e: Interrupted) -> int:
+        """Print the one line of a stop (``e`` and what it kept, asked of `kept` if ``e``
+        does not say), unless printed already; the exit status.
+
+        Args:
+            e: the stop.
+
+        Returns:
+            ``e.code``: 128 + the signal's number.
+        """
+        if not self.said:
+            self.said = True
+            e.kept = e.kept or self.kept() or NOTHING
+            _say_once(f"{e}; {e.kept}", sys.stderr)
+        return e.code
 
     def check(self) -> None:
         """Raise `Interrupted` if a signal arrived."""
@@ -105,6 +138,9 @@ class StopFlag:
 
     @contextlib.contextmanager
     def installed(self):
+        """This flag as the handler of SIGINT and SIGTERM within the block. After a signal it stays
+        the handler, so that a later signal, however soon, ends the process quietly with the
+        first one's status instead of meeting a handler of before."""
         signals = (signal.SIGINT, signal.SIGTERM)
         try:
             old = {s: signal.signal(s, self) for s in signals}
@@ -114,8 +150,21 @@ class StopFlag:
         try:
             yield self
         finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+            if not self.received:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+
+NOTHING = "nothing was saved yet"
+
+
+def _leave(code: int) -> None:
+    """End the process now with ``code``, its output flushed (no exception: the handler may run
+    inside code that would catch, print or wrap it)."""
+    for f in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            f.flush()
+    os._exit(code)
 
 
 def _say_once(text: str, file=None) -> None:

@@ -12,11 +12,11 @@ import torch
 
 from reproduce.config import Config, as_dict
 from reproduce.run import report
-from reproduce.run.context import Parts, Progress, Run, Session
+from reproduce.run.context import Parts, Progress, Run, Session, global_sums
 from reproduce.run.records import final_metrics
 from reproduce.run.resume import write_checkpoint
 
-__all__ = ["Diverged", "diverged", "end_of_run", "summary"]
+__all__ = ["Diverged", "diverged", "end_of_run", "estimator_skips", "skipped_too_many", "summary"]
 
 
 class Diverged(Exception):
@@ -33,7 +33,7 @@ def end_of_run(
     """After the last epoch, or a stop at ``--max_steps`` (``stopped``): ``(status, final
     record)``, having written the last checkpoint; or `Diverged` if the run did not train."""
     cfg, name, pos = r.cfg, r.name, p.pos
-    why = diverged(cfg, p.params, p.state, pos["global_step"], s.last_loss)
+    why = diverged(cfg, p.params, p.state, pos["global_step"], s.last_loss, estimator_skips(r, p))
     if why is not None:
         write_checkpoint(r, p, status="diverged")
         raise Diverged(
@@ -53,16 +53,78 @@ def end_of_run(
     return status, final_metrics(r, parts, p, last, smoke)
 
 
-def diverged(cfg: Config, params, state, steps: int, last_loss) -> str | None:
-    """Why a run that reached its end did not train, or None: more than ``max_skipped_fraction`` of
-    its steps skipped, non-finite parameters or a root mean square above ``max_param_rms``, or a
-    non-finite loss at its last step."""
-    skipped = int(state.skipped)
+def estimator_skips(r: Run, p: Progress) -> int:
+    """The run's skipped steps that its estimator took (with ``--every`` > 1, not the base
+    gradient's): the closed epochs' records and the open epoch's sums (a collective).
+
+    Args:
+        r: the run.
+        p: its progress.
+
+    Returns:
+        The count, over all of the run's steps.
+    """
+    if r.cfg.every == 1:
+        return int(p.state.skipped)
+    done = sum(h.get("skipped_estimator_steps", 0) for h in p.history)
+    return done + int(global_sums(p.accum, r.procs)["skipped_estimator"]) // r.procs.world
+
+
+def skipped_too_many(
+    cfg: Config, skipped: int, steps: int, estimator_skipped: int | None = None
+) -> str | None:
+    """Why a run with ``skipped`` of its ``steps`` skipped did not train, or None: every step of
+    its estimator skipped, or with ``--every`` > 1 every step of its base gradient, or more than
+    ``cfg.max_skipped_fraction`` of its steps.
+
+    Args:
+        cfg: the run's configuration (``every``, ``max_skipped_fraction``).
+        skipped: its skipped (non-finite) steps.
+        steps: the steps it took.
+        estimator_skipped: how many of the skipped steps the estimator took (None: all of them).
+
+    Returns:
+        The reason in words, or None.
+    """
+    own = skipped if estimator_skipped is None else estimator_skipped
+    # the estimator takes steps 0, every, 2·every, ...; the base gradient the others
+    mine = -(-steps // cfg.every)
+    for who, n, lost in (("estimator", mine, own), ("base gradient", steps - mine, skipped - own)):
+        if n and lost >= n:
+            return (
+                f"every one of the {n} steps of its {who} was skipped as non-finite "
+                f"({skipped} of its {steps} steps); lower --lr or --rho, or check the data"
+            )
     if steps and skipped / steps > cfg.max_skipped_fraction:
         return (
             f"{skipped} of its {steps} steps were skipped as non-finite "
             f"(--max_skipped_fraction={cfg.max_skipped_fraction}); lower --lr or check the data"
         )
+    return None
+
+
+def diverged(
+    cfg: Config, params, state, steps: int, last_loss, estimator_skipped: int | None = None
+) -> str | None:
+    """Why a run that reached its end did not train, or None: every step of one of its
+    gradients skipped (the estimator's, or with ``--every`` > 1 the base gradient's), more than
+    ``max_skipped_fraction`` of its steps skipped, non-finite parameters or a root mean square above
+    ``max_param_rms``, or a non-finite loss at its last step.
+
+    Args:
+        cfg: the run's configuration.
+        params: its final parameters.
+        state: its final step state (``state.skipped``: the run's skipped steps).
+        steps: the steps it took.
+        last_loss: the loss of its last step (None: unknown).
+        estimator_skipped: how many of the skipped steps the estimator took (None: all of them).
+
+    Returns:
+        The reason in words, or None when the run trained.
+    """
+    why = skipped_too_many(cfg, int(state.skipped), steps, estimator_skipped)
+    if why is not None:
+        return why
     values = list(params.values())
     if not all(bool(torch.isfinite(v).all()) for v in values):
         return "its final parameters are not finite; lower --lr or check the data"
@@ -99,7 +161,8 @@ def summary(
         "reason": why,
         "warnings": parts.warnings,
         # "chance_level": the final training accuracy is at chance (report.at_chance)
-        "flags": report.flags(final, parts.data.num_classes),
+        # "skipped_steps": some steps skipped, too few to call the run diverged
+        "flags": report.flags(final, parts.data.num_classes, int(p.state.skipped)),
         "exit_code": code,
         "epochs_done": pos["epoch"],
         "steps": pos["global_step"],

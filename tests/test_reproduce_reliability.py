@@ -1,0 +1,214 @@
+"""Failures of reproduce/train.py and the evidence commands under attack, each reproduced: a rerun that
+would replace a finished run, skipped steps reported as success, crafted checkpoints, bad values and
+signals, each refused or stopped in one line with its exit status."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reproduce import train
+from reproduce.run import checkpoint as ckpt
+
+QUIET = ["--progress=false", "--landscape=false"]
+NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
+DIGITS = ["--preset=digits", "--estimator=sgd", *NO_FLATNESS]
+
+
+def main(logdir: Path, *args: str) -> int:
+    return train.main([f"--logdir={logdir}", *QUIET, *args])
+
+
+def out_dir(logdir: Path, estimator: str = "sgd") -> Path:
+    return logdir / "digits" / estimator
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return err
+
+
+def strict(path: Path) -> dict:
+    def refuse(text):
+        raise ValueError(text)
+
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+# 1. A rerun never replaces a finished run, whichever of its outputs is left.
+@pytest.mark.parametrize("left", ["summary.json", "events", "config.json"])
+def test_a_finished_run_without_its_checkpoint_is_not_overwritten(tmp_path, capsys, left):
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 0
+    run = out_dir(tmp_path)
+    (run / "checkpoint.pt").unlink()
+    for f in run.iterdir():  # keep only the one output named
+        if (
+            f.is_file()
+            and f.name != ".lock"
+            and not (f.name == left or (left == "events" and f.name.startswith("events.")))
+        ):
+            f.unlink()
+    before = sorted((f.name, f.read_bytes()) for f in run.iterdir() if f.is_file())
+    capsys.readouterr()
+    for extra in ([], ["--resume"]):
+        assert main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2", *extra) == 2
+        err = one_line_error(capsys)
+        assert "--overwrite" in err and "no checkpoint" in err
+        assert sorted((f.name, f.read_bytes()) for f in run.iterdir() if f.is_file()) == before
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2", "--overwrite") == 0
+    assert strict(run / "summary.json")["config"]["lr"] == 0.2
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+
+
+# 2. Skipped steps: every step of one gradient skipped is a divergence; fewer are flagged.
+@pytest.mark.parametrize("every", [2, 3])
+def test_a_run_whose_estimator_steps_were_all_skipped_is_diverged(tmp_path, capsys, every):
+    args = [*DIGITS, "--estimator=gam", f"--every={every}", "--epochs=2", "--rho=1e308"]
+    assert main(tmp_path, *args) == 3
+    err = one_line_error(capsys)
+    assert "diverged" in err and "estimator was skipped" in err
+    s = strict(out_dir(tmp_path, "gam") / "summary.json")
+    assert s["status"] == "diverged" and s["exit_code"] == 3 and s["final"] is None
+
+
+def test_a_run_with_some_skipped_steps_is_flagged_in_its_summary_and_table(
+    tmp_path, capsys, monkeypatch
+):
+    """The first batch made NaN: its step is skipped, the other 13 train."""
+    import gamfunc
+
+    make_step = gamfunc.make_step
+
+    def first_batch_nan(*a, **k):
+        inner, calls = make_step(*a, **k), []
+
+        class FirstNaN:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def __call__(self, params, state, batch):
+                calls.append(1)
+                if len(calls) == 1:
+                    batch = (torch.full_like(batch[0], float("nan")), batch[1])
+                return inner(params, state, batch)
+
+        return FirstNaN()
+
+    monkeypatch.setattr(gamfunc, "make_step", first_batch_nan)
+    assert main(tmp_path, *DIGITS, "--epochs=1") == 0
+    s = strict(out_dir(tmp_path) / "summary.json")
+    assert s["status"] == "finished" and s["skipped_steps"] == 1
+    assert "skipped_steps" in s["flags"]
+    assert "(1 of 14 steps skipped)" in capsys.readouterr().out
+
+
+# 6. Every entry of a checkpoint is checked on load; a crafted one is refused in one line.
+def _craft(path: Path, change) -> None:
+    body = ckpt.load(path)
+    change(body)
+    ckpt.save(path, body)  # a valid digest over the crafted body
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda b: b["position"].update(epoch=-5, batch=10**9), "epoch"),
+        (lambda b: b["position"].update(batch=10**9), "batch"),
+        (lambda b: b["position"].update(global_step=7), "global_step"),
+        (lambda b: b["position"].update(epoch=1.5), "epoch"),
+        (lambda b: b["position"].update(train_seconds=float("nan")), "train_seconds"),
+        (lambda b: b.update(rng={"torch": torch.zeros(7, dtype=torch.uint8)}), "RNG"),
+        (lambda b: b.update(rng="nope"), "RNG"),
+        (lambda b: b.update(data_order="nope"), "data order"),
+        (lambda b: b.update(data_order=torch.arange(5)), "data order"),
+        (lambda b: b.update(data_order=torch.zeros(1400, dtype=torch.int64)), "data order"),
+        (lambda b: b.update(data_order=None), "data order"),
+        (lambda b: b.update(history={"a": 1}), "history"),
+    ],
+)
+def test_a_crafted_checkpoint_is_refused_in_one_line(tmp_path, capsys, change, says):
+    args = [*DIGITS, "--epochs=2", "--max_steps=3"]
+    assert main(tmp_path, *args) == 0  # stopped at batch 3 of epoch 0: an order is saved
+    path = out_dir(tmp_path) / "checkpoint.pt"
+    _craft(path, change)
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--epochs=2", "--resume") == 2
+    err = one_line_error(capsys)
+    assert says in err and "--overwrite" in err
+    assert not (out_dir(tmp_path) / "summary.json").read_text().count('"finished"')
+
+
+# 13. An image past PIL's decompression-bomb limit, or truncated, is named in one line.
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("damage", ["bomb", "truncated"])
+def test_an_undecodable_image_is_a_data_error_naming_it(
+    tmp_path, capsys, monkeypatch, workers, damage
+):
+    from PIL import Image
+    from test_reproduce_data import make_image_folder
+
+    data = make_image_folder(tmp_path / "cifar", splits=("train", "test"), per_class=4, size=32)
+    bad = data / "train" / "bee" / "1.png"
+    if damage == "bomb":  # 64×64 pixels past twice a limit of 1500 (the real one: 89 million)
+        Image.new("RGB", (64, 64)).save(bad)
+        monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1500)
+    else:
+        bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])
+    args = ["--preset=hp1.cifar10.resnet18", f"--data={data}", "--model=resnet32"]
+    args += ["--batch_size=8", "--max-steps=1", "--estimator=sgd", f"--workers={workers}"]
+    assert main(tmp_path / "runs", *args, *NO_FLATNESS) == 2
+    err = one_line_error(capsys)
+    assert err.startswith("error: cannot read the data") and "1.png" in err, err
+
+
+# 11, 12, 14, 18. Bad values: one line naming the flag and its rule, exit 2, before any training.
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--flatness_rho=inf"], "--flatness_rho must be a finite number"),  # 11
+        (["--lr=nan"], "--lr must be a finite number"),
+        (["--threads=100000"], "--threads must be at most"),  # 12
+        (["--synthetic", "--num_classes=1", "--label_noise=0.1"], "--num_classes must be"),  # 14
+        (["--synthetic", "--synthetic_size=100000000000"], "--synthetic_size=100000000000"),
+        (["--synthetic", "--preset=hp1.cifar10.resnet18", "--image_size=100000"], "--image_size"),
+        (["--rho=-1"], "--rho must be a finite number >= 0"),  # 18
+        (["--seed=100000000000000000000"], "--seed must be an integer in [0, 2**63)"),
+        (["--seed=1e20"], "--seed takes an integer"),
+        (["--preset=hp2.imagenet.resnet50", "--data=/nonexistent"], "ImageNet not found"),
+        (["--preset=hp1.cifar10.resnet18", "--data=/nonexistent"], "not found"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_the_flag_before_training(tmp_path, capsys, args, says):
+    assert main(tmp_path, *DIGITS, "--epochs=1", *args) == 2
+    err = one_line_error(capsys)
+    assert says in err, err
+    assert not list(tmp_path.rglob("checkpoint.pt")) and not list(tmp_path.rglob("events.*"))
+
+
+# 19. A folder that cannot be written says what exists: no checkpoint, or the last one.
+@pytest.mark.parametrize("how", ["lock_is_a_folder", "logdir_is_a_file", "disk_full"])
+def test_a_run_folder_that_cannot_be_written_says_what_exists(tmp_path, capsys, monkeypatch, how):
+    logdir = tmp_path / "runs"
+    if how == "lock_is_a_folder":
+        (out_dir(logdir) / ".lock").mkdir(parents=True)
+    elif how == "logdir_is_a_file":
+        logdir.write_text("")
+    else:
+        from reproduce.run import report
+
+        def full(path, body):
+            raise OSError(28, "No space left on device", str(path))
+
+        monkeypatch.setattr(report, "write_json", full)
+    assert main(logdir, *DIGITS, "--epochs=1") == 2
+    err = one_line_error(capsys)
+    assert "cannot write" in err and "no checkpoint was written" in err, err
+    assert "--resume" not in err and "intact" not in err
