@@ -1,6 +1,6 @@
 """A GradScaler fp16 loop, switched to GAM with the facade's own loss scale.
 
-Run (a few seconds on a CPU; on CUDA when one is available):
+Run (seconds on a CPU; on CUDA when one is available):
 
     python examples/mixed_precision_loop.py                     # fp16, dynamic loss scale
     python examples/mixed_precision_loop.py --precision bf16    # no loss scale needed
