@@ -7,6 +7,7 @@ import runpy
 from pathlib import Path
 
 import pytest
+import torch
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 CHANCE = 100 / 3  # three classes, accuracy in percent
@@ -63,10 +64,47 @@ def test_functional_loop_compiles(capsys):
     assert final(out)["train_loss"] < first_loss(out)
 
 
+def test_mixed_precision_loop_trains_in_fp16_with_no_step_skipped(capsys):
+    out = run(capsys, "mixed_precision_loop.py", "--epochs", "2")
+    result = final(out)
+    assert "fp16" in out.splitlines()[0]
+    assert result["skipped"] == 0 and result["loss_scale"] == 2.0**16  # GradScaler's start
+    assert result["train_loss"] < 0.6 * result["first_loss"]
+    assert result["test_acc"] > CHANCE + 30
+
+
+@pytest.mark.slow
+def test_mixed_precision_loop_trains_in_bf16_without_a_loss_scale(capsys):
+    out = run(capsys, "mixed_precision_loop.py", "--precision", "bf16", "--epochs", "2")
+    result = final(out)
+    assert "loss_scale" not in result and result["skipped"] == 0
+    assert result["train_loss"] < 0.6 * result["first_loss"]
+
+
+def test_mixed_precision_loop_quotes_what_the_facade_tells_a_gradscaler_user():
+    """The refusal quoted in the example's comment is the one ``scaler.step(optimizer)`` meets."""
+    source = (EXAMPLES / "mixed_precision_loop.py").read_text()
+    quoted = " ".join(re.findall(r"^#   (.*)$", source, flags=re.M))
+    example = runpy.run_path(str(EXAMPLES / "mixed_precision_loop.py"), run_name="example")
+    model = example["make_model"]()
+    optimizer = example["GAM"](
+        model, torch.optim.SGD(model.parameters(), lr=0.1), rho=0.05, alpha=0.1
+    )
+    scaler = torch.amp.GradScaler("cpu")
+    x, y = torch.randn(8, 10), torch.randint(0, 3, (8,))
+    scaler.scale(torch.nn.functional.cross_entropy(model(x), y)).backward()
+    with pytest.raises(TypeError) as refused:
+        scaler.step(optimizer)
+    assert quoted == f"TypeError: {refused.value}"
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Lightning's advice (idle GPU, few workers)
-def test_lightning_manual_optimisation_snippet(capsys):
+@pytest.mark.filterwarnings("ignore:.*LeafSpec:FutureWarning")  # Lightning's use of torch's pytree
+def test_lightning_manual_optimisation_trains_and_steps_the_scheduler_per_epoch(capsys):
     pytest.importorskip("lightning")
-    assert final(run(capsys, "lightning_manual.py"))["train_loss"] < 1.0
+    result = final(run(capsys, "lightning_manual.py", "--epochs", "2"))
+    assert result["train_loss"] < 0.6 * result["first_loss"]
+    assert result["lr"] == pytest.approx(0.1 * 0.5**2)  # StepLR(gamma=0.5) after two epochs
 
 
 def test_lightning_snippet_says_so_without_lightning(capsys):
