@@ -1,0 +1,264 @@
+"""``--facade``: the ``torch.optim`` facade (:mod:`gamfunc.torch_optim`) against the functional step
+and against davda54/sam's two-pass SAM, on one model and precision, in the same process.
+
+Per estimator (``gam_fd``, ``gam_exact``, ``sam``) two rows in the facade's mode (``--facade-mode``,
+``compile`` by default, ``eager`` with ``--quick``):
+
+- ``facade``: ``GAM(model, base, rho=..., alpha=..., hvp=..., compile=..., precision=...)`` (``SAM``
+  for ``sam``), ``base`` a ``torch.optim`` optimiser over the model's parameters: ``SGD(lr,
+  momentum=0.9)`` for the convolutional networks, ``AdamW(lr)`` for ViT-S/32, fused where the device
+  has fused kernels;
+- ``make_step``: ``gamfunc.make_step`` with the equivalent gamfunc optimiser (``gamfunc.sgd(lr,
+  momentum=0.9)`` or ``gamfunc.adamw(lr)``), compiled as the functional rows are
+  (``step.compile(fullgraph=True)``).
+
+And two eager SAM rows: ``davda54`` (davda54/sam's algorithm, written out in :class:`Davda54SAM`) and
+the eager ``facade`` SAM over the same base optimiser. ``x_make_step`` is a facade row's images/s ÷
+the ``make_step`` row's of the same estimator and mode; ``x_davda54`` the eager facade SAM's ÷
+davda54's.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import gamfunc
+from benchmarks.step_cost.methods import rho_at, rho_schedule
+from benchmarks.step_cost.models import prepare
+from benchmarks.step_cost.runners import Functional, autocast
+from benchmarks.step_cost.timing import interleaved, log, setup
+from gamfunc import torch_optim
+
+ESTIMATORS = ("gam_fd", "gam_exact", "sam")
+MODES = ("compile", "eager")
+ADAMW_LR = 1e-3  # ViT-S/32's base optimiser; SGD takes --lr
+# The davda54/sam file followed by Davda54SAM.
+DAVDA54 = "https://github.com/davda54/sam, sam.py (SAM.first_step, SAM.second_step), adaptive=False"
+
+
+def base_kind(model_name: str) -> str:
+    """The base optimiser of a model's rows: ``"AdamW"`` for ViT-S/32, ``"SGD"`` for the others."""
+    return "AdamW" if model_name == "vit_s32" else "SGD"
+
+
+def fused_ok(device: torch.device) -> bool:
+    """Whether ``torch.optim`` has fused kernels for ``device``."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return device.type in _get_fused_kernels_supported_devices()
+
+
+def torch_base(kind: str, params, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    """``torch.optim.SGD(lr, momentum=0.9)`` or ``torch.optim.AdamW(ADAMW_LR)``, fused where the
+    device allows."""
+    fused = fused_ok(device)
+    if kind == "AdamW":
+        return torch.optim.AdamW(params, lr=ADAMW_LR, fused=fused)
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=fused)
+
+
+def gamfunc_base(kind: str, lr: float) -> gamfunc.Transform:
+    """The gamfunc optimiser that computes what :func:`torch_base` computes."""
+    if kind == "AdamW":
+        return gamfunc.adamw(lr=ADAMW_LR)
+    return gamfunc.sgd(lr=lr, momentum=0.9)
+
+
+def exact_hvp(model: nn.Module, dtype: str) -> str:
+    """The H·v backend of the ``gam_exact`` rows: ``"exact"`` (forward over reverse), or
+    ``"reverse"`` (the same H·v by reverse over reverse) where forward-mode AD fails under bf16
+    autocast (BatchNorm or convolutions), as ``reproduce.build.exact_hvp_backend`` chooses."""
+    risky = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm)
+    if dtype == "bf16" and any(isinstance(m, risky) for m in model.modules()):
+        return "reverse"
+    return "exact"
+
+
+def plan(mode: str) -> list[tuple[str, str, str]]:
+    """``(method, estimator, mode)`` of every row: facade and make_step per estimator in ``mode``,
+    then davda54's SAM and the facade's SAM, eager."""
+    rows = [(m, e, mode) for e in ESTIMATORS for m in ("facade", "make_step")]
+    for extra in (("davda54", "sam", "eager"), ("facade", "sam", "eager")):
+        if extra not in rows:
+            rows.append(extra)
+    return rows
+
+
+class FacadeStep:
+    """One ``optimizer.step((x, y))`` of a :mod:`gamfunc.torch_optim` facade on its own copy of the
+    model, over a ``torch.optim`` base optimiser."""
+
+    def __init__(self, model, batch, estimator, hvp, kind, a, device, dtype, compiled):
+        self.model, self.batch = copy.deepcopy(model).train(), batch
+        base = torch_base(kind, self.model.parameters(), a.lr, device)
+        rho = rho_schedule(a.rho)
+        common = {"compile": compiled, "precision": dtype, "on_nonfinite": a.on_nonfinite}
+        if estimator == "sam":
+            self.opt = torch_optim.SAM(self.model, base, rho=rho, **common)
+        else:
+            self.opt = torch_optim.GAM(self.model, base, rho=rho, alpha=a.alpha, hvp=hvp, **common)
+        self.every, self.compiled = 1, compiled
+
+    def __call__(self):
+        self.opt.step(self.batch)
+
+
+class Davda54SAM:
+    """davda54/sam's SAM around a ``torch.optim`` base optimiser, eager, as its README's loop calls
+    it: forward and backward (BatchNorm statistics updated), ``first_step`` (e_w = ρ·g/‖g‖ added to
+    the weights in place, the weights kept), forward and backward at θ + e_w (BatchNorm momentum 0,
+    its ``disable_running_stats``), ``second_step`` (the weights restored, ``base.step()``), the
+    gradients zeroed. bf16: the forwards under autocast. ρ follows the cosine of the functional
+    rows, read as a Python float once per step."""
+
+    def __init__(self, model, batch, kind, a, device, dtype):
+        self.model, self.batch = copy.deepcopy(model).train(), batch
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.base = torch_base(kind, self.params, a.lr, device)
+        self.norms = [
+            m for m in self.model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+        ]
+        self.rho, self.device, self.dtype, self.t = a.rho, device, dtype, 0
+        self.every, self.compiled = 1, False
+
+    def loss_backward(self):
+        x, y = self.batch
+        with autocast(self.device, self.dtype):
+            loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        return loss
+
+    @torch.no_grad()
+    def first_step(self):
+        grads = [p.grad for p in self.params if p.grad is not None]
+        grad_norm = torch.norm(torch.stack([g.norm(p=2) for g in grads]), p=2)
+        scale = rho_at(self.rho, self.t) / (grad_norm + 1e-12)
+        self.old = [p.data.clone() for p in self.params]
+        for p in self.params:
+            if p.grad is not None:
+                p.add_(p.grad * scale.to(p))
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def second_step(self):
+        for p, old in zip(self.params, self.old, strict=True):
+            p.data = old
+        self.base.step()
+        for p in self.params:
+            p.grad = None
+
+    def __call__(self):
+        self.loss_backward()
+        self.first_step()
+        momenta = [m.momentum for m in self.norms]
+        for m in self.norms:
+            m.momentum = 0
+        self.loss_backward()
+        for m, momentum in zip(self.norms, momenta, strict=True):
+            m.momentum = momentum
+        self.second_step()
+        self.t += 1
+
+
+def factory(method, estimator, mode, g, model_name, a, device):
+    """A function that builds the runner of one row on the prepared group ``g``."""
+    kind = base_kind(model_name)
+    hvp = {"gam_fd": "fd", "gam_exact": exact_hvp(g.model, g.dtype)}.get(estimator)
+    compiled = mode != "eager"
+    if method == "davda54":
+        return lambda: Davda54SAM(g.model, g.batch, kind, a, device, g.dtype)
+    if method == "facade":
+        return lambda: FacadeStep(
+            g.model, g.batch, estimator, hvp, kind, a, device, g.dtype, compiled
+        )
+    rho = rho_schedule(a.rho)
+    est = gamfunc.sam(rho) if estimator == "sam" else gamfunc.gam(rho, a.alpha, hvp=hvp)
+    step = gamfunc.make_step(est, gamfunc_base(kind, a.lr), g.loss_fn, on_nonfinite=a.on_nonfinite)
+    return lambda: Functional(step, g.params, g.buffers, g.batch, mode, 1, a.inductor_options)
+
+
+def ratios(rows):
+    """``x_make_step`` of each facade row (images/s ÷ the ``make_step`` row's of the same estimator
+    and mode) and ``x_davda54`` of the eager facade SAM (images/s ÷ the ``davda54`` row's)."""
+    by = {(r["method"], r["estimator"], r["mode"]): r for r in rows if r.get("img_s")}
+    davda54 = by.get(("davda54", "sam", "eager"))
+    for r in rows:
+        if r["method"] != "facade" or not r.get("img_s"):
+            continue
+        ref = by.get(("make_step", r["estimator"], r["mode"]))
+        if ref:
+            r["x_make_step"] = r["img_s"] / ref["img_s"]
+        if davda54 and r["estimator"] == "sam" and r["mode"] == "eager":
+            r["x_davda54"] = r["img_s"] / davda54["img_s"]
+
+
+def run_facade(model_name, token, a, device, meta) -> list[dict]:
+    """Set up, then time (interleaved), the rows of :func:`plan` for ``model_name`` in the
+    precision ``token``; a row that fails says why in ``error`` and the others go on."""
+    g = prepare(model_name, token, a, device)
+    meta["model_source"][model_name] = g.source
+    batch_bytes = sum(t.numel() * t.element_size() for t in g.batch)
+    kind, fused = base_kind(model_name), fused_ok(device)
+    rows, runners = {}, {}
+    for method, estimator, mode in plan(a.facade_mode):
+        hvp = {"gam_fd": "fd", "gam_exact": exact_hvp(g.model, g.dtype)}.get(estimator)
+        row = {
+            "model": model_name,
+            "dtype": g.dtype,
+            "channels_last": g.channels_last,
+            "mode": mode,
+            "method": method,
+            "estimator": estimator,
+            "hvp": hvp,
+            "base": ("gamfunc." + kind.lower()) if method == "make_step" else f"torch.optim.{kind}",
+            "fused": fused if method != "make_step" else None,
+            "batch": g.batch[0].shape[0],
+            "error": None,
+        }
+        rows[(method, estimator, mode)] = row
+        key = f"{model_name} {token} facade {method}/{estimator}/{mode}"
+        try:
+            make = factory(method, estimator, mode, g, model_name, a, device)
+            runners[(method, estimator, mode)] = setup(row, make, a, device, batch_bytes)
+            log(
+                f"{key}: ready"
+                + (f", compile {row['compile_s']:.1f} s" if "compile_s" in row else "")
+            )
+        except Exception as e:  # one failing row must not end the run
+            row["error"] = f"{type(e).__name__}: {str(e).strip()[:400]}"
+            log(f"{key}: FAILED, {row['error'][:200]}")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    log(f"{model_name} {token} facade: timing {len(runners)} steps, {a.repeats} rounds")
+    samples, errors = interleaved(runners, a, device)
+    for key, error in errors.items():
+        rows[key]["error"] = error
+    for key, ms in samples.items():
+        row = rows[key]
+        row.update(ms=statistics.median(ms), ms_samples=ms)
+        row["img_s"] = row["batch"] / row["ms"] * 1e3
+    ratios(list(rows.values()))
+    return list(rows.values())
+
+
+COLUMNS = (
+    ("model", "model", ""),
+    ("dtype", "dtype", ""),
+    ("channels-last", "channels_last", ""),
+    ("estimator", "estimator", ""),
+    ("H·v", "hvp", ""),
+    ("mode", "mode", ""),
+    ("method", "method", ""),
+    ("base", "base", ""),
+    ("ms/step", "ms", ".2f"),
+    ("img/s", "img_s", ".1f"),
+    ("facade ÷ make_step", "x_make_step", ".3f"),
+    ("facade ÷ davda54", "x_davda54", ".3f"),
+    ("note", "error", ""),
+)
