@@ -13,6 +13,7 @@ import torch
 
 import gamfunc
 from benchmarks import _common
+from benchmarks.report import FACADE_COLUMNS, FACADE_ONLY
 from benchmarks.step_cost import facade
 from benchmarks.step_cost.group import compile_jobs, run_group
 from benchmarks.step_cost.methods import BASELINE, METHODS, every_ok
@@ -245,11 +246,15 @@ def main(argv=None) -> dict:
     rows, facade_rows = [], []
     result = {"benchmark": "step_cost", "meta": meta, "rows": rows}
     if a.facade:
-        result["facade"] = facade_rows
         meta["davda54"] = facade.DAVDA54
+        result["facade"] = facade_rows
+    if a.facade == "only":  # a result of its own, beside the step_cost one of the same device
+        meta["benchmark"] = result["benchmark"] = FACADE_ONLY
+        result["rows"] = facade_rows
+        del result["facade"]
 
     def save(partial=()):  # after every phase, so that a run cut short keeps what it measured
-        _common.save({**result, "rows": rows + list(partial)}, a.out)
+        _common.save({**result, "rows": result["rows"] + list(partial)}, a.out)
 
     try:
         for model_name in a.model:
@@ -275,5 +280,5 @@ def main(argv=None) -> dict:
         if a.facade != "only":
             print(table(rows))
         if a.facade:
-            print(("\n" if a.facade != "only" else "") + _common.table(facade.COLUMNS, facade_rows))
+            print(("\n" if a.facade != "only" else "") + _common.table(FACADE_COLUMNS, facade_rows))
     return result

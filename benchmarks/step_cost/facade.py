@@ -35,6 +35,7 @@ from benchmarks.step_cost.timing import interleaved, log, setup
 from gamfunc import torch_optim
 
 ESTIMATORS = ("gam_fd", "gam_exact", "sam")
+HVP = {"gam_fd": "fd", "gam_exact": "exact"}  # GAM's H·v backend per row
 MODES = ("compile", "eager")
 ADAMW_LR = 1e-3  # ViT-S/32's base optimiser; SGD takes --lr
 # The davda54/sam file followed by Davda54SAM.
@@ -67,16 +68,6 @@ def gamfunc_base(kind: str, lr: float) -> gamfunc.Transform:
     if kind == "AdamW":
         return gamfunc.adamw(lr=ADAMW_LR)
     return gamfunc.sgd(lr=lr, momentum=0.9)
-
-
-def exact_hvp(model: nn.Module, dtype: str) -> str:
-    """The H·v backend of the ``gam_exact`` rows: ``"exact"`` (forward over reverse), or
-    ``"reverse"`` (the same H·v by reverse over reverse) where forward-mode AD fails under bf16
-    autocast (BatchNorm or convolutions), as ``reproduce.build.exact_hvp_backend`` chooses."""
-    risky = (nn.modules.conv._ConvNd, nn.modules.batchnorm._BatchNorm)
-    if dtype == "bf16" and any(isinstance(m, risky) for m in model.modules()):
-        return "reverse"
-    return "exact"
 
 
 def plan(mode: str) -> list[tuple[str, str, str]]:
@@ -169,7 +160,7 @@ class Davda54SAM:
 def factory(method, estimator, mode, g, model_name, a, device):
     """A function that builds the runner of one row on the prepared group ``g``."""
     kind = base_kind(model_name)
-    hvp = {"gam_fd": "fd", "gam_exact": exact_hvp(g.model, g.dtype)}.get(estimator)
+    hvp = HVP.get(estimator)
     compiled = mode != "eager"
     if method == "davda54":
         return lambda: Davda54SAM(g.model, g.batch, kind, a, device, g.dtype)
@@ -207,7 +198,7 @@ def run_facade(model_name, token, a, device, meta) -> list[dict]:
     kind, fused = base_kind(model_name), fused_ok(device)
     rows, runners = {}, {}
     for method, estimator, mode in plan(a.facade_mode):
-        hvp = {"gam_fd": "fd", "gam_exact": exact_hvp(g.model, g.dtype)}.get(estimator)
+        hvp = HVP.get(estimator)
         row = {
             "model": model_name,
             "dtype": g.dtype,
@@ -245,20 +236,3 @@ def run_facade(model_name, token, a, device, meta) -> list[dict]:
         row["img_s"] = row["batch"] / row["ms"] * 1e3
     ratios(list(rows.values()))
     return list(rows.values())
-
-
-COLUMNS = (
-    ("model", "model", ""),
-    ("dtype", "dtype", ""),
-    ("channels-last", "channels_last", ""),
-    ("estimator", "estimator", ""),
-    ("H·v", "hvp", ""),
-    ("mode", "mode", ""),
-    ("method", "method", ""),
-    ("base", "base", ""),
-    ("ms/step", "ms", ".2f"),
-    ("img/s", "img_s", ".1f"),
-    ("facade ÷ make_step", "x_make_step", ".3f"),
-    ("facade ÷ davda54", "x_davda54", ".3f"),
-    ("note", "error", ""),
-)
