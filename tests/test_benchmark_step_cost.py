@@ -467,7 +467,7 @@ def test_davda54_sam_takes_the_step_of_the_facade_sam():
     a = cli.parse(["--quick", "--rho", "0.3", "--lr", "0.2"])
     cpu = torch.device("cpu")
     ours = facade.Davda54SAM(model, (x, y), "SGD", a, cpu, "fp32")
-    theirs = facade.FacadeStep(model, (x, y), "sam", None, "SGD", a, cpu, "fp32", False)
+    theirs = facade.FacadeStep(model, (x, y), "sam", None, "SGD", a, cpu, "fp32", "eager")
     for _ in range(3):
         ours()
         theirs()

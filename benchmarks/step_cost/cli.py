@@ -166,7 +166,9 @@ def parse(argv=None):
         "--facade-mode",
         default=None,
         choices=facade.MODES,
-        help="the facade and make_step rows: compile=True (default) or eager (--quick's default)",
+        help="the facade and make_step rows: compile (default; the facade compile=True, make_step "
+        "compiled whole), pass (make_step compiled pass by pass), reduce-overhead, "
+        "pass-reduce-overhead (CUDA graphs, both) or eager (--quick's default)",
     )
     p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # workers
     _common.add_flags(p)

@@ -1,16 +1,16 @@
 """``--facade``: the ``torch.optim`` facade (:mod:`gamfunc.torch_optim`) against the functional step
 and against davda54/sam's two-pass SAM, on one model and precision, in the same process.
 
-Per estimator (``gam_fd``, ``gam_exact``, ``sam``) two rows in the facade's mode (``--facade-mode``,
-``compile`` by default, ``eager`` with ``--quick``):
+Per estimator (``gam_fd``, ``gam_exact``, ``sam``) two rows in the mode ``--facade-mode``
+(``compile`` by default, ``eager`` with ``--quick``):
 
 - ``facade``: ``GAM(model, base, rho=..., alpha=..., hvp=..., compile=..., precision=...)`` (``SAM``
   for ``sam``), ``base`` a ``torch.optim`` optimiser over the model's parameters: ``SGD(lr,
   momentum=0.9)`` for the convolutional networks, ``AdamW(lr)`` for ViT-S/32, fused where the device
   has fused kernels;
 - ``make_step``: ``gamfunc.make_step`` with the equivalent gamfunc optimiser (``gamfunc.sgd(lr,
-  momentum=0.9)`` or ``gamfunc.adamw(lr)``), compiled as the functional rows are
-  (``step.compile(fullgraph=True)``).
+  momentum=0.9)`` or ``gamfunc.adamw(lr)``), compiled as the functional rows of that mode are
+  (``step.compile(fullgraph=True)`` for ``compile``, ``scope="pass"`` for ``pass``).
 
 And two eager SAM rows: ``davda54`` (davda54/sam's algorithm, written out in :class:`Davda54SAM`) and
 the eager ``facade`` SAM over the same base optimiser. ``x_make_step`` is a facade row's images/s ÷
@@ -30,13 +30,16 @@ from torch import nn
 import gamfunc
 from benchmarks.step_cost.methods import rho_at, rho_schedule
 from benchmarks.step_cost.models import prepare
-from benchmarks.step_cost.runners import Functional, autocast
+from benchmarks.step_cost.runners import Functional, autocast, compile_options, split_mode
 from benchmarks.step_cost.timing import interleaved, log, setup
 from gamfunc import torch_optim
 
 ESTIMATORS = ("gam_fd", "gam_exact", "sam")
 HVP = {"gam_fd": "fd", "gam_exact": "exact"}  # GAM's H·v backend per row
-MODES = ("compile", "eager")
+# The facade's and make_step's rows: both compiled (make_step whole, "compile", or pass by pass,
+# "pass", as the facade over a torch.optim optimiser compiles; with CUDA graphs, "-reduce-overhead"),
+# or both eager.
+MODES = ("compile", "pass", "reduce-overhead", "pass-reduce-overhead", "eager")
 ADAMW_LR = 1e-3  # ViT-S/32's base optimiser; SGD takes --lr
 # The davda54/sam file followed by Davda54SAM.
 DAVDA54 = "https://github.com/davda54/sam, sam.py (SAM.first_step, SAM.second_step), adaptive=False"
@@ -82,13 +85,26 @@ def plan(mode: str) -> list[tuple[str, str, str]]:
 
 class FacadeStep:
     """One ``optimizer.step((x, y))`` of a :mod:`gamfunc.torch_optim` facade on its own copy of the
-    model, over a ``torch.optim`` base optimiser."""
+    model, over a ``torch.optim`` base optimiser: ``compile=True`` unless ``mode`` is "eager", with
+    ``compile_options={"mode": ...}`` for a mode such as "reduce-overhead" (CUDA graphs) and
+    ``--inductor``'s options."""
 
-    def __init__(self, model, batch, estimator, hvp, kind, a, device, dtype, compiled):
+    def __init__(self, model, batch, estimator, hvp, kind, a, device, dtype, mode):
         self.model, self.batch = copy.deepcopy(model).train(), batch
         base = torch_base(kind, self.model.parameters(), a.lr, device)
         rho = rho_schedule(a.rho)
+        compiled = mode != "eager"
         common = {"compile": compiled, "precision": dtype, "on_nonfinite": a.on_nonfinite}
+        options = {}
+        if compiled and split_mode(mode)[1] != "compile":  # reduce-overhead: CUDA graphs
+            options["mode"] = split_mode(mode)[1]
+        if compiled and a.inductor_options:  # --inductor, as for make_step's compile
+            options["options"] = dict(a.inductor_options)
+        if options:
+            common["compile_options"] = options
+        self.cuda_graphs = compiled and bool(
+            compile_options(mode, a.inductor_options).get("triton.cudagraphs")
+        )
         if estimator == "sam":
             self.opt = torch_optim.SAM(self.model, base, rho=rho, **common)
         else:
@@ -96,6 +112,8 @@ class FacadeStep:
         self.every, self.compiled = 1, compiled
 
     def __call__(self):
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         self.opt.step(self.batch)
 
 
@@ -161,13 +179,10 @@ def factory(method, estimator, mode, g, model_name, a, device):
     """A function that builds the runner of one row on the prepared group ``g``."""
     kind = base_kind(model_name)
     hvp = HVP.get(estimator)
-    compiled = mode != "eager"
     if method == "davda54":
         return lambda: Davda54SAM(g.model, g.batch, kind, a, device, g.dtype)
     if method == "facade":
-        return lambda: FacadeStep(
-            g.model, g.batch, estimator, hvp, kind, a, device, g.dtype, compiled
-        )
+        return lambda: FacadeStep(g.model, g.batch, estimator, hvp, kind, a, device, g.dtype, mode)
     rho = rho_schedule(a.rho)
     est = gamfunc.sam(rho) if estimator == "sam" else gamfunc.gam(rho, a.alpha, hvp=hvp)
     step = gamfunc.make_step(est, gamfunc_base(kind, a.lr), g.loss_fn, on_nonfinite=a.on_nonfinite)
