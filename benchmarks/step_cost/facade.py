@@ -46,20 +46,44 @@ DAVDA54 = "https://github.com/davda54/sam, sam.py (SAM.first_step, SAM.second_st
 
 
 def base_kind(model_name: str) -> str:
-    """The base optimiser of a model's rows: ``"AdamW"`` for ViT-S/32, ``"SGD"`` for the others."""
+    """The base optimiser of a model's rows.
+
+    Args:
+        model_name: a key of :data:`.models.MODELS`.
+
+    Returns:
+        ``"AdamW"`` for ViT-S/32, ``"SGD"`` for the others.
+    """
     return "AdamW" if model_name == "vit_s32" else "SGD"
 
 
 def fused_ok(device: torch.device) -> bool:
-    """Whether ``torch.optim`` has fused kernels for ``device``."""
+    """Whether ``torch.optim`` has fused kernels for ``device``.
+
+    Args:
+        device: the device of the run.
+
+    Returns:
+        True where ``fused=True`` is accepted.
+    """
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
     return device.type in _get_fused_kernels_supported_devices()
 
 
 def torch_base(kind: str, params, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    """``torch.optim.SGD(lr, momentum=0.9)`` or ``torch.optim.AdamW(ADAMW_LR)``, fused where the
-    device allows."""
+    """The ``torch.optim`` base optimiser of the facade and davda54 rows.
+
+    Args:
+        kind: ``"SGD"`` or ``"AdamW"`` (:func:`base_kind`).
+        params: the parameters it moves.
+        lr: SGD's learning rate (AdamW takes :data:`ADAMW_LR`).
+        device: the device, for ``fused``.
+
+    Returns:
+        ``torch.optim.SGD(lr, momentum=0.9)`` or ``torch.optim.AdamW(ADAMW_LR)``, fused where the
+        device allows.
+    """
     fused = fused_ok(device)
     if kind == "AdamW":
         return torch.optim.AdamW(params, lr=ADAMW_LR, fused=fused)
@@ -67,15 +91,30 @@ def torch_base(kind: str, params, lr: float, device: torch.device) -> torch.opti
 
 
 def gamfunc_base(kind: str, lr: float) -> gamfunc.Transform:
-    """The gamfunc optimiser that computes what :func:`torch_base` computes."""
+    """The gamfunc optimiser that computes what :func:`torch_base` computes.
+
+    Args:
+        kind: ``"SGD"`` or ``"AdamW"``.
+        lr: SGD's learning rate.
+
+    Returns:
+        ``gamfunc.sgd(lr, momentum=0.9)`` or ``gamfunc.adamw(ADAMW_LR)``.
+    """
     if kind == "AdamW":
         return gamfunc.adamw(lr=ADAMW_LR)
     return gamfunc.sgd(lr=lr, momentum=0.9)
 
 
 def plan(mode: str) -> list[tuple[str, str, str]]:
-    """``(method, estimator, mode)`` of every row: facade and make_step per estimator in ``mode``,
-    then davda54's SAM and the facade's SAM, eager."""
+    """The rows of one model and precision.
+
+    Args:
+        mode: ``--facade-mode``.
+
+    Returns:
+        ``(method, estimator, mode)`` of every row: facade and make_step per estimator in ``mode``,
+        then davda54's SAM and the facade's SAM, eager (once, where ``mode`` is "eager").
+    """
     rows = [(m, e, mode) for e in ESTIMATORS for m in ("facade", "make_step")]
     for extra in (("davda54", "sam", "eager"), ("facade", "sam", "eager")):
         if extra not in rows:
@@ -176,7 +215,20 @@ class Davda54SAM:
 
 
 def factory(method, estimator, mode, g, model_name, a, device):
-    """A function that builds the runner of one row on the prepared group ``g``."""
+    """How to build the runner of one row.
+
+    Args:
+        method: "facade", "make_step" or "davda54".
+        estimator: a name in :data:`ESTIMATORS`.
+        mode: the row's mode (:data:`MODES`).
+        g: the prepared group (:func:`.models.prepare`).
+        model_name: the model's name, for the base optimiser.
+        a: the parsed flags.
+        device: the device.
+
+    Returns:
+        A function of no argument that returns the runner.
+    """
     kind = base_kind(model_name)
     hvp = HVP.get(estimator)
     if method == "davda54":
@@ -190,8 +242,13 @@ def factory(method, estimator, mode, g, model_name, a, device):
 
 
 def ratios(rows):
-    """``x_make_step`` of each facade row (images/s ÷ the ``make_step`` row's of the same estimator
-    and mode) and ``x_davda54`` of the eager facade SAM (images/s ÷ the ``davda54`` row's)."""
+    """Fill the ratios of the facade rows in place.
+
+    Args:
+        rows: the timed rows of one model and precision; each facade row gets ``x_make_step``
+            (images/s ÷ the ``make_step`` row's of the same estimator and mode), the eager facade
+            SAM also ``x_davda54`` (images/s ÷ the ``davda54`` row's).
+    """
     by = {(r["method"], r["estimator"], r["mode"]): r for r in rows if r.get("img_s")}
     davda54 = by.get(("davda54", "sam", "eager"))
     for r in rows:
@@ -205,8 +262,18 @@ def ratios(rows):
 
 
 def run_facade(model_name, token, a, device, meta) -> list[dict]:
-    """Set up, then time (interleaved), the rows of :func:`plan` for ``model_name`` in the
-    precision ``token``; a row that fails says why in ``error`` and the others go on."""
+    """Set up, then time (interleaved), the rows of :func:`plan`.
+
+    Args:
+        model_name: a key of :data:`.models.MODELS`.
+        token: the precision (``fp32``, ``bf16-cl``, ...).
+        a: the parsed flags.
+        device: the device.
+        meta: the run's metadata; the model's source is added.
+
+    Returns:
+        The rows; one that failed says why in ``error`` and the others went on.
+    """
     g = prepare(model_name, token, a, device)
     meta["model_source"][model_name] = g.source
     batch_bytes = sum(t.numel() * t.element_size() for t in g.batch)
