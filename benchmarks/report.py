@@ -15,6 +15,25 @@ from benchmarks._common import RESULTS, table
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
 
+# The rows of step_cost's --facade (benchmarks/step_cost/facade.py): the "facade" list of a step_cost
+# result, or the rows of a step_cost_facade one (--facade=only).
+FACADE_ONLY = "step_cost_facade"
+FACADE_COLUMNS = (
+    ("model", "model", ""),
+    ("dtype", "dtype", ""),
+    ("channels-last", "channels_last", ""),
+    ("estimator", "estimator", ""),
+    ("H·v", "hvp", ""),
+    ("mode", "mode", ""),
+    ("method", "method", ""),
+    ("base", "base", ""),
+    ("ms/step", "ms", ".2f"),
+    ("img/s", "img_s", ".1f"),
+    ("facade ÷ make_step", "x_make_step", ".3f"),
+    ("facade ÷ davda54", "x_davda54", ".3f"),
+    ("note", "error", ""),
+)
+
 # benchmark: (title, what its numbers are, columns)
 SECTIONS = {
     "step_cost": (
@@ -37,6 +56,14 @@ SECTIONS = {
             ("compile s", "compile_cold_s", ".0f"),
             ("note", "error", ""),
         ),
+    ),
+    "step_cost_facade": (
+        "The torch.optim facade's speed",
+        "`python -m benchmarks.step_cost --facade=only`: the `gamfunc.torch_optim` facade over a "
+        "fused `torch.optim` optimiser against `make_step` with the equivalent gamfunc optimiser "
+        "(facade ÷ make_step, images/s), both compiled, and the eager facade SAM against "
+        "davda54/sam's two-pass SAM (facade ÷ davda54).",
+        FACADE_COLUMNS,
     ),
     "data_parallel": (
         "Data-parallel scaling against DDP",
@@ -189,6 +216,9 @@ def render(folder: Path = RESULTS) -> str:
                 rows = _gpu_check_rows(rows)
             lines += ["", f"### {heading(result['meta'])} (`results/{file}`)", ""]
             lines.append(table(columns, rows))
+            if result.get("facade"):  # step_cost --facade
+                lines += ["", "The `torch.optim` facade (`--facade`):", ""]
+                lines.append(table(FACADE_COLUMNS, result["facade"]))
     return "\n".join(lines) + "\n"
 
 

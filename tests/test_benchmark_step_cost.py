@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import gamfunc
-from benchmarks.step_cost import cli, group, methods, models, pool, runners
+from benchmarks import report
+from benchmarks.step_cost import cli, facade, group, methods, models, pool, runners
 from benchmarks.step_cost.authors_gam import AuthorsGAM
 from benchmarks.step_cost.methods import METHODS
 
@@ -417,3 +418,76 @@ def test_compile_phases_rank_the_compilers_own_timings_since_a_point():
     assert seconds == sorted(seconds, reverse=True)
     assert all(p["calls"] >= 1 for p in phases.values())
     assert timing.compile_phases({k: len(v) for k, v in timing._compile_timings().items()}) == {}
+
+
+def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
+    result, stdout = run(tmp_path, "--facade=only")
+    assert result["benchmark"] == result["meta"]["benchmark"] == "step_cost_facade"
+    rows = {(r["method"], r["estimator"], r["mode"]): r for r in result["rows"]}
+    want = {
+        (m, e, "eager") for e in ("gam_fd", "gam_exact", "sam") for m in ("facade", "make_step")
+    }
+    assert set(rows) == want | {("davda54", "sam", "eager")}
+    for key, r in rows.items():
+        assert r["error"] is None, (key, r["error"])
+        assert (r["model"], r["dtype"], r["batch"]) == ("tiny", "fp32", 4)
+        assert finite_positive(r["img_s"]) and r["img_s"] == r["batch"] / r["ms"] * 1e3
+        assert r["base"] == ("gamfunc.sgd" if key[0] == "make_step" else "torch.optim.SGD")
+    for est in ("gam_fd", "gam_exact", "sam"):
+        r = rows[("facade", est, "eager")]
+        assert r["x_make_step"] == r["img_s"] / rows[("make_step", est, "eager")]["img_s"]
+    sam = rows[("facade", "sam", "eager")]
+    assert sam["x_davda54"] == sam["img_s"] / rows[("davda54", "sam", "eager")]["img_s"]
+    assert [r for r in result["rows"] if r.get("x_davda54") is not None] == [sam]
+    assert "github.com/davda54/sam" in result["meta"]["davda54"]
+    assert "| facade ÷ make_step | facade ÷ davda54 |" in stdout
+    # benchmarks.report renders it as a table of its own
+    (tmp_path / "result.json").rename(tmp_path / "step_cost_facade_cpu.json")
+    text = report.render(tmp_path)
+    assert "## The torch.optim facade's speed" in text
+    assert "| tiny | fp32 | False | sam | — | eager | facade | torch.optim.SGD |" in text
+
+
+def test_facade_beside_the_step_cost_rows_in_one_json(tmp_path):
+    result, stdout = run(tmp_path, "--facade", "--only", "gradient")
+    assert result["benchmark"] == "step_cost"
+    assert sorted(r["method"] for r in result["rows"]) == ["gradient", "torch_sgd"]
+    assert {r["method"] for r in result["facade"]} == {"facade", "make_step", "davda54"}
+    assert "| model | dtype | mode | method | ms/step |" in stdout
+    assert "| facade ÷ make_step |" in stdout
+    (tmp_path / "result.json").rename(tmp_path / "step_cost_cpu.json")
+    text = report.render(tmp_path)
+    assert "The `torch.optim` facade (`--facade`):" in text
+
+
+def test_davda54_sam_takes_the_step_of_the_facade_sam():
+    torch.manual_seed(0)
+    model = models.TinyNet().double().train()
+    x, y = torch.randn(6, 3, 8, 8, dtype=torch.float64), torch.randint(0, 10, (6,))
+    a = cli.parse(["--quick", "--rho", "0.3", "--lr", "0.2"])
+    cpu = torch.device("cpu")
+    ours = facade.Davda54SAM(model, (x, y), "SGD", a, cpu, "fp32")
+    theirs = facade.FacadeStep(model, (x, y), "sam", None, "SGD", a, cpu, "fp32", "eager")
+    for _ in range(3):
+        ours()
+        theirs()
+    ours_state, theirs_state = ours.model.state_dict(), theirs.model.state_dict()
+    assert list(ours_state) == list(theirs_state)
+    for name, p in ours_state.items():
+        if name.endswith("num_batches_tracked"):  # davda54's second pass counts a batch too
+            continue
+        torch.testing.assert_close(p, theirs_state[name], rtol=1e-10, atol=1e-12, msg=name)
+        if name.endswith("weight") and "features.0" in name:  # the step moved the weights
+            assert not torch.equal(p, model.state_dict()[name])
+
+
+def test_facade_bases_are_the_torch_and_gamfunc_twins():
+    params = [torch.nn.Parameter(torch.randn(3))]
+    cpu = torch.device("cpu")
+    sgd = facade.torch_base(facade.base_kind("resnet50"), params, 0.1, cpu)
+    adamw = facade.torch_base(facade.base_kind("vit_s32"), params, 0.1, cpu)
+    assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["lr"] == facade.ADAMW_LR
+    assert sgd.defaults["fused"] == adamw.defaults["fused"] == facade.fused_ok(cpu)
+    assert facade.plan("compile")[-2:] == [("davda54", "sam", "eager"), ("facade", "sam", "eager")]
+    assert len(facade.plan("eager")) == 7  # the eager facade SAM is listed once

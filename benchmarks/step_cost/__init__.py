@@ -5,6 +5,7 @@ the same process.
     python -m benchmarks.step_cost                       # ResNet-18, eager and compiled
     python -m benchmarks.step_cost --model resnet50 --dtype fp32,bf16-cl --modes pass-reduce-overhead
     python -m benchmarks.step_cost --quick               # the tiny model, eager, on the CPU: seconds
+    python -m benchmarks.step_cost --facade=only --model resnet50,vit_s32 --dtype bf16-cl
 
 =================  ===================================================================================
 ``models``         the networks (``reproduce.models``), one fixed batch, precisions, the functional loss
@@ -18,6 +19,7 @@ the same process.
 ``pool``           ``--compile-jobs``: cold compiles in parallel worker processes
 ``report``         ratios between rows, the table, the run's metadata
 ``group``          one model in one precision: set up, pre-compile, time, profile
+``facade``         ``--facade``: the ``torch.optim`` facade against make_step and davda54's SAM
 ``cli``            the flags and ``main``
 =================  ===================================================================================
 """

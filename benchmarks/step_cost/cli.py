@@ -13,6 +13,8 @@ import torch
 
 import gamfunc
 from benchmarks import _common
+from benchmarks.report import FACADE_COLUMNS, FACADE_ONLY
+from benchmarks.step_cost import facade
 from benchmarks.step_cost.group import compile_jobs, run_group
 from benchmarks.step_cost.methods import BASELINE, METHODS, every_ok
 from benchmarks.step_cost.models import MODELS, split_precision
@@ -151,6 +153,23 @@ def parse(argv=None):
         action="store_true",
         help="gamfunc steps with BatchNorm/LayerNorm in elementary ops (gamfunc.nn.elementary_norms)",
     )
+    p.add_argument(
+        "--facade",
+        nargs="?",
+        const="with",
+        choices=("with", "only"),
+        default=None,
+        help="also time the torch.optim facade against make_step and davda54's SAM (JSON: facade); "
+        "--facade=only: that table alone",
+    )
+    p.add_argument(
+        "--facade-mode",
+        default=None,
+        choices=facade.MODES,
+        help="the facade and make_step rows: compile (default; the facade compile=True, make_step "
+        "compiled whole), pass (make_step compiled pass by pass), reduce-overhead, "
+        "pass-reduce-overhead (CUDA graphs, both) or eager (--quick's default)",
+    )
     p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # workers
     _common.add_flags(p)
     a = p.parse_args(argv)
@@ -164,6 +183,7 @@ def parse(argv=None):
     # One thread for the smoke run: on a busy machine, OpenMP threads that wait on each other
     # stall tiny steps by two orders of magnitude.
     a.threads = a.threads or (1 if tiny else None)
+    a.facade_mode = a.facade_mode or ("eager" if tiny else "compile")
     for name, values, allowed in (
         ("model", a.model, MODELS),
         (
@@ -213,7 +233,9 @@ def main(argv=None) -> dict:
     )
     meta = metadata(a, device)
     pool = None
-    if a.compile_jobs > 0 and not a.compile_only:  # workers' logs and caches; a fresh cache here
+    if (
+        a.compile_jobs > 0 and not a.compile_only and a.facade != "only"
+    ):  # workers' logs and caches; a fresh cache here
         root = Path(tempfile.mkdtemp(prefix="step_cost_"))
         meta["inductor_cache_dir"] = str(run_cache_dir(root))
         jobs = [
@@ -223,19 +245,31 @@ def main(argv=None) -> dict:
             for job in compile_jobs(model_name, token, a)
         ]
         pool = Precompiler(a, jobs, root, Path(meta["inductor_cache_dir"]))
-    rows = []
+    rows, facade_rows = [], []
     result = {"benchmark": "step_cost", "meta": meta, "rows": rows}
+    if a.facade:
+        meta["davda54"] = facade.DAVDA54
+        result["facade"] = facade_rows
+    if a.facade == "only":  # a result of its own, beside the step_cost one of the same device
+        meta["benchmark"] = result["benchmark"] = FACADE_ONLY
+        result["rows"] = facade_rows
+        del result["facade"]
 
     def save(partial=()):  # after every phase, so that a run cut short keeps what it measured
-        _common.save({**result, "rows": rows + list(partial)}, a.out)
+        _common.save({**result, "rows": result["rows"] + list(partial)}, a.out)
 
     try:
         for model_name in a.model:
             for token in a.dtype:
-                rows += run_group(model_name, token, a, device, meta, save, pool)
-                release(device)
-                vs_fp32(rows)
-                save()
+                if a.facade != "only":
+                    rows += run_group(model_name, token, a, device, meta, save, pool)
+                    release(device)
+                    vs_fp32(rows)
+                    save()
+                if a.facade and not a.compile_only:
+                    facade_rows += facade.run_facade(model_name, token, a, device, meta)
+                    release(device)
+                    save()
     finally:
         if pool is not None:
             pool.close()
@@ -245,5 +279,8 @@ def main(argv=None) -> dict:
         if a.inductor_options:
             header += "; inductor " + ", ".join(f"{k}={v!r}" for k, v in a.inductor_options.items())
         print(f"\n{header}\n")
-        print(table(rows))
+        if a.facade != "only":
+            print(table(rows))
+        if a.facade:
+            print(("\n" if a.facade != "only" else "") + _common.table(FACADE_COLUMNS, facade_rows))
     return result
