@@ -45,6 +45,9 @@ class StepState(NamedTuple):
             synchronisation; ``()`` otherwise.
         loss: the loss wrapper's own state (`gamfunc.loss.Objective.init_state`), e.g.
             [`gamfunc.precision.LossScale`][gamfunc.precision.LossScale] for fp16; ``()`` for a loss without state.
+        est: the estimator's own state (``estimator.init(params)``, e.g. the running mean of
+            [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]); ``()`` for an
+            estimator without state.
     """
 
     step: Tensor
@@ -53,6 +56,7 @@ class StepState(NamedTuple):
     buffers: dict[str, Tensor] | tuple = ()
     cycle: Tensor | tuple = ()
     loss: Any = ()
+    est: Any = ()
 
 
 def check_state(state, params) -> None:
