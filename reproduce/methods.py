@@ -58,6 +58,12 @@ class Hyper:
     ascent_steps: int = 1  # SAM's normalised ascent steps (of sam, sam+gam's oracle)
     gsam_alpha: Any = 0.3  # α of GSAM: the share of the clean gradient's orthogonal part removed
     wsam_gamma: Any = 0.9  # γ of WSAM: the weight of sharpness
+    looksam_k: int = 5  # k of LookSAM: full SAM every k steps (Liu et al. 2022 use 5)
+    looksam_alpha: Any = 0.7  # α of LookSAM: the weight of the reused component (the paper's 0.7)
+    fsam_sigma: Any = (
+        1.0  # σ of Friendly-SAM: the share of the running mean removed (the paper's 1)
+    )
+    fsam_lmbda: float = 0.9  # λ of Friendly-SAM: the running mean's decay
 
     @property
     def sam_radius(self):
@@ -92,6 +98,8 @@ METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     "sam": _sam,
     "gsam": _gsam,
     "wsam": lambda h: gamfunc.wsam(h.sam_radius, h.wsam_gamma),
+    "looksam": lambda h: gamfunc.looksam(h.sam_radius, h.looksam_k, h.looksam_alpha),
+    "friendly_sam": lambda h: gamfunc.friendly_sam(h.sam_radius, h.fsam_sigma, h.fsam_lmbda),
     "asam": lambda h: gamfunc.asam(h.rho, eta=h.eta),
     "gnp": lambda h: gamfunc.gnp(h.alpha, hvp=h.gnp_hvp, fd_radius=h.gnp_radius),
     "gam": _gam,
