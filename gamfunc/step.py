@@ -51,7 +51,7 @@ from gamfunc.loss import bind, check_params, init_state, next_state
 from gamfunc.optim import Transform, apply_updates, call_update, learning_rate
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
-from gamfunc.state import StepState, check_cycle, check_state
+from gamfunc.state import StepState, check_cycle, check_est, check_state
 
 __all__ = [
     "NONFINITE",
@@ -134,6 +134,7 @@ class _StepImpl:
     def __call__(self, params, state, batch):
         check_state(state, params)
         check_cycle(state.cycle, self.every)
+        check_est(state.est, self.estimator)
         if self.every == 1:
             return self.full(params, state, batch)
         # The choice reads a host-side count of the calls, so it costs no device synchronisation,

@@ -2,6 +2,8 @@
 FriendlySAM over 20 float64 steps, in both conventions; their state through a skipped step, the
 plain-dict form and a fullgraph compile."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -280,3 +282,13 @@ def test_bad_hyperparameters_raise_naming_the_argument(make, name):
 def test_a_cycling_estimator_refuses_every_and_base():
     with pytest.raises(ValueError, match="every and base"):
         gamfunc.make_step(gamfunc.looksam(0.1, 3, 0.7), gamfunc.sgd(lr=0.1), mlp_loss, every=2)
+
+
+def test_a_state_made_for_another_estimator_is_refused():
+    params = mlp_params()
+    fsam = gamfunc.make_step(gamfunc.friendly_sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
+    sam = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss)
+    with pytest.raises(ValueError, match=re.escape("state.est is ()")):
+        fsam(params, sam.init(params), mlp_batch())
+    with pytest.raises(ValueError, match=r"state\.est is set"):
+        sam(params, fsam.init(params), mlp_batch())
