@@ -175,6 +175,7 @@ FACTORIES = {
     "looksam": lambda: gamfunc.looksam(0.05, 3, 0.7),
     "looksam_po": lambda: gamfunc.looksam(0.05, 3, 0.7, convention="pytorch_optimizer"),
     "friendly_sam": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9),
+    "look_gam": lambda: gamfunc.look_gam(0.05, 0.1, 3),
     "friendly_sam_po": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9, convention="pytorch_optimizer"),
 }
 
@@ -270,6 +271,9 @@ def test_stateless_steps_keep_an_empty_estimator_state():
         (lambda: gamfunc.friendly_sam(0.1, lmbda=1.0), "lmbda"),
         (lambda: gamfunc.friendly_sam(0.1, lmbda=-0.1), "lmbda"),
         (lambda: gamfunc.friendly_sam(0.1, convention="x"), "convention"),
+        (lambda: gamfunc.look_gam(0.1, 0.1, 0), "k"),
+        (lambda: gamfunc.look_gam(-0.1, 0.1, 3), "rho"),
+        (lambda: gamfunc.look_gam(0.1, 0.1, 3, oracle=gamfunc.sam(0.1)), "oracle"),
         (lambda: gamfunc.gam(0.1, 0.1, oracle=gamfunc.friendly_sam(0.1)), "oracle"),
         (lambda: gamfunc.gam(0.1, 0.1, oracle=gamfunc.looksam(0.1, 3, 0.7)), "oracle"),
     ],
@@ -292,3 +296,62 @@ def test_a_state_made_for_another_estimator_is_refused():
         fsam(params, sam.init(params), mlp_batch())
     with pytest.raises(ValueError, match=r"state\.est is set"):
         sam(params, fsam.init(params), mlp_batch())
+
+
+# ---- LookGAM -------------------------------------------------------------------------------------
+
+
+def test_look_gam_with_k_one_is_gam():
+    a = gamfunc_trajectory(gamfunc.look_gam(0.1, 0.3, 1), gamfunc.sgd(lr=0.5), mlp())
+    b = gamfunc_trajectory(gamfunc.gam(0.1, 0.3), gamfunc.sgd(lr=0.5), mlp())
+    assert max(rel_err(x, y) for x, y in zip(a, b, strict=True)) <= 1e-12
+
+
+def test_look_gam_takes_gam_then_reuses_the_orthogonal_correction():
+    from gamfunc import tree
+
+    rho, alpha, lr, k = 0.1, 0.3, 0.5, 3
+    step = gamfunc.make_step(gamfunc.look_gam(rho, alpha, k), gamfunc.sgd(lr=lr), mlp_loss)
+    params = mlp_params()
+    state = step.init(params)
+    ours = []
+    for t in range(2 * k):
+        params, state, _ = step(params, state, mlp_batch(seed=t))
+        ours.append(flatten(params))
+
+    def grad(p, b):
+        return torch.func.grad(mlp_loss)(p, b)
+
+    p, u = mlp_params(), None
+    for t in range(2 * k):
+        b = mlp_batch(seed=t)
+        g = grad(p, b)
+        g_norm = tree.norm(g)
+        if t % k == 0:
+            d, _ = gamfunc.gam(rho, alpha)(p, b, mlp_loss)
+            c = tree.sub(d, g)
+            g_hat = tree.scale(g, 1 / g_norm)
+            u = tree.scale(tree.axpy(-tree.vdot(c, g_hat), g_hat, c), 1 / g_norm)
+        else:
+            d = tree.axpy(g_norm, u, g)
+        p = tree.axpy(-lr, d, p)
+        assert rel_err(ours[t], flatten(p)) <= 1e-6, t
+
+
+def test_look_gam_reuse_steps_take_one_gradient():
+    calls = []
+
+    def counted(p, b):
+        calls.append(1)
+        return mlp_loss(p, b)
+
+    step = gamfunc.make_step(gamfunc.look_gam(0.05, 0.1, 3), gamfunc.sgd(lr=0.1), counted)
+    params = mlp_params()
+    state = step.init(params)
+    per_step = []
+    for t in range(6):
+        n = len(calls)
+        params, state, _ = step(params, state, mlp_batch(seed=t))
+        per_step.append(len(calls) - n)
+    assert per_step[1] == per_step[2] == per_step[4] == per_step[5] == 1
+    assert per_step[0] == per_step[3] > 1

@@ -8,6 +8,7 @@ from gamfunc.estimators.gam_accelerated import gam_accelerated
 from gamfunc.estimators.gnp import gnp
 from gamfunc.estimators.gradient import gradient
 from gamfunc.estimators.gsam import gsam
+from gamfunc.estimators.look_gam import LookGAMState, look_gam
 from gamfunc.estimators.looksam import LookSAMState, looksam
 from gamfunc.estimators.sam import sam
 from gamfunc.estimators.wsam import wsam
@@ -16,6 +17,7 @@ __all__ = [
     "Estimate",
     "Estimator",
     "FriendlySAMState",
+    "LookGAMState",
     "LookSAMState",
     "asam",
     "friendly_sam",
@@ -24,6 +26,7 @@ __all__ = [
     "gnp",
     "gradient",
     "gsam",
+    "look_gam",
     "looksam",
     "sam",
     "wsam",
