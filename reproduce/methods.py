@@ -150,7 +150,9 @@ def estimator(name: str, **hparams) -> gamfunc.Estimator:
 def base(name: str, **hparams) -> gamfunc.Estimator:
     """The estimator of the steps that the method ``name`` skips under ``make_step(every=k)``: the
     oracle for ``sam+gam`` and ``gsam+gam`` (SAM or GSAM steps between the GAM steps); the gradient
-    for every other method.
+    for every other method. A method that cycles by itself (``looksam``, ``look_gam``: its
+    estimator's ``every`` > 1) brings its own base, which `reproduce.build` gives to the step
+    instead.
 
     Args:
         name: a key of `METHODS`.
