@@ -355,3 +355,9 @@ def test_look_gam_reuse_steps_take_one_gradient():
         per_step.append(len(calls) - n)
     assert per_step[1] == per_step[2] == per_step[4] == per_step[5] == 1
     assert per_step[0] == per_step[3] > 1
+
+
+@pytest.mark.parametrize("name", ["looksam", "friendly_sam", "look_gam"])
+def test_local_perturbation_refuses_a_stateful_estimator(name):
+    with pytest.raises(ValueError, match="estimator: '"):
+        gamfunc.distributed.local(FACTORIES[name]())
