@@ -194,11 +194,22 @@ def local(estimator: Estimator, *, group=None, bucket_cap_mb: float = 25.0) -> E
     Returns:
         An Estimator with the hyperparameters of ``estimator`` and ``perturbation="local"``.
 
+    Raises:
+        TypeError: ``estimator`` is not an estimator.
+        ValueError: ``estimator`` carries state between steps
+            ([`looksam`][gamfunc.estimators.looksam.looksam],
+            [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]); ``global_mean`` runs it.
+
     Warning:
         ``info["grad_norm"]`` is the mean over ranks of ‖g_r‖, not the norm of the mean gradient.
     """
     if not isinstance(estimator, Estimator):
         raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
+    if estimator.stateful or estimator.every > 1:
+        raise ValueError(
+            f"estimator: {estimator.name!r} carries state between steps, which "
+            f"local(): each rank would keep a state of its own; use perturbation='global'"
+        )
 
     def run(params, batch, loss_fn, clean, step):
         est = estimator.run(params, batch, loss_fn, clean=clean, step=step)

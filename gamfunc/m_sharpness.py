@@ -67,6 +67,13 @@ def m_sharpness(
     Returns:
         An Estimator with the hyperparameters of ``estimator`` plus ``m`` and ``vectorized``.
 
+    Raises:
+        TypeError: ``estimator`` is not an estimator.
+        ValueError: ``m`` is not an integer >= 1, ``randomness`` is not one of `RANDOMNESS`, or
+            ``estimator`` carries state between steps
+            ([`looksam`][gamfunc.estimators.looksam.looksam],
+            [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]).
+
     Example:
         >>> import torch, gamfunc
         >>> from gamfunc.m_sharpness import m_sharpness
@@ -76,6 +83,11 @@ def m_sharpness(
     """
     if not isinstance(estimator, Estimator):
         raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
+    if estimator.stateful or estimator.every > 1:
+        raise ValueError(
+            f"estimator: {estimator.name!r} carries state between steps, which "
+            f"m_sharpness: its sub-batches would each need one"
+        )
     check_int("m", m)
     if randomness not in RANDOMNESS:
         raise ValueError(f"randomness must be one of {RANDOMNESS}; got {randomness!r}")
@@ -96,9 +108,8 @@ def m_sharpness(
             sub = list(leaves)
             for i, t in zip(where, tensors, strict=True):
                 sub[i] = t
-            return tuple(
-                estimator.run(params, pytree.tree_unflatten(sub, spec), loss_fn, step=step)
-            )
+            est = estimator.run(params, pytree.tree_unflatten(sub, spec), loss_fn, step=step)
+            return est.direction, est.info, est.clean
 
         if vectorized:
             try:

@@ -16,7 +16,7 @@ from torch import Tensor
 from gamfunc.loss import check_params
 from gamfunc.optim.groups import GroupsState
 
-__all__ = ["StepState", "as_dict", "check_cycle", "check_state", "from_dict"]
+__all__ = ["StepState", "as_dict", "check_cycle", "check_est", "check_state", "from_dict"]
 
 
 class StepState(NamedTuple):
@@ -45,6 +45,9 @@ class StepState(NamedTuple):
             synchronisation; ``()`` otherwise.
         loss: the loss wrapper's own state (`gamfunc.loss.Objective.init_state`), e.g.
             [`gamfunc.precision.LossScale`][gamfunc.precision.LossScale] for fp16; ``()`` for a loss without state.
+        est: the estimator's own state (``estimator.init(params)``, e.g. the running mean of
+            [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]); ``()`` for an
+            estimator without state.
     """
 
     step: Tensor
@@ -53,6 +56,7 @@ class StepState(NamedTuple):
     buffers: dict[str, Tensor] | tuple = ()
     cycle: Tensor | tuple = ()
     loss: Any = ()
+    est: Any = ()
 
 
 def check_state(state, params) -> None:
@@ -102,6 +106,21 @@ def check_cycle(cycle, every: int) -> None:
         raise ValueError(
             "state.cycle is set, but this step has every=1: the state was made by a step with "
             "every > 1; make it with this step's init(params)"
+        )
+
+
+def check_est(est, estimator) -> None:
+    """Raise a one-line ValueError unless ``est`` (``state.est``) fits ``estimator``: a state for a
+    stateful estimator, ``()`` for one without."""
+    if estimator.stateful and _empty(est):
+        raise ValueError(
+            f"state.est is (), but estimator {estimator.name!r} carries state between steps; make "
+            f"the state with this step's init(params)"
+        )
+    if not estimator.stateful and not _empty(est):
+        raise ValueError(
+            f"state.est is set, but estimator {estimator.name!r} has no state: the state was made "
+            f"by another step; make it with this step's init(params)"
         )
 
 

@@ -12,6 +12,7 @@ StepState(
     buffers=(),    # BatchNorm running statistics (a dict), for a buffered loss_fn
     cycle=(),      # every > 1 only: 0-d int64 on the CPU, the calls so far, skipped included
     loss=(),       # the loss wrapper's own state, e.g. precision.LossScale for fp16
+    est=(),        # the estimator's own state (estimator.init(params)), e.g. LookSAM's g_v
 )
 ```
 
@@ -50,7 +51,7 @@ from gamfunc.loss import bind, check_params, init_state, next_state
 from gamfunc.optim import Transform, apply_updates, call_update, learning_rate
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
-from gamfunc.state import StepState, check_cycle, check_state
+from gamfunc.state import StepState, check_cycle, check_est, check_state
 
 __all__ = [
     "NONFINITE",
@@ -127,11 +128,13 @@ class _StepImpl:
             buffers=dict(buffers) if buffers is not None else (),
             cycle=torch.zeros((), dtype=torch.int64) if self.every > 1 else (),
             loss=loss_state,
+            est=self.estimator.init(params),
         )
 
     def __call__(self, params, state, batch):
         check_state(state, params)
         check_cycle(state.cycle, self.every)
+        check_est(state.est, self.estimator)
         if self.every == 1:
             return self.full(params, state, batch)
         # The choice reads a host-side count of the calls, so it costs no device synchronisation,
@@ -139,7 +142,9 @@ class _StepImpl:
         cycle = state.cycle
         branch = self.full if int(cycle) % self.every == 0 else self.plain
         new_params, new, metrics = branch(params, state._replace(cycle=()), batch)
-        new_state = StepState(new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss)
+        new_state = StepState(
+            new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss, new.est
+        )
         self.schema, metrics = with_schema(self.schema, metrics)
         return new_params, new_state, metrics
 
@@ -195,7 +200,9 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     # One step counter, the step's: the estimator's schedules (ρ) and the optimiser's (lr, bias
     # corrections) read the same t, so a skipped step (the old state kept) moves neither.
     step = state.step
-    est = estimator.run(params, batch, loss, step=step)
+    est = estimator.run(params, batch, loss, step=step, state=state.est)
+    # an estimator without state (the plain steps of every=k) carries the state through
+    new_est = est.state if estimator.stateful else state.est
     updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
     new_params = apply_updates(params, updates)
     metrics = dict(est.info)
@@ -213,10 +220,12 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     new_buffers = est.clean.aux if buffered else ()
     # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
     # made by ``_replace`` from a compiled graph.
-    taken = StepState(step + 1, new_opt, state.skipped, new_buffers, state.cycle, state.loss)
+    taken = StepState(
+        step + 1, new_opt, state.skipped, new_buffers, state.cycle, state.loss, new_est
+    )
     if on_nonfinite == "ignore":
         return new_params, taken, metrics
-    finite = is_finite(est, new_params, new_opt).to(step.device)
+    finite = is_finite(est, new_params, new_opt, new_est).to(step.device)
     if on_nonfinite == "raise":
         if not bool(finite):
             raise FloatingPointError(
@@ -229,12 +238,14 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
         new_params = tree.where(finite, new_params, params)
         new_opt = _select(finite, new_opt, state.opt)
         new_buffers = _select(finite, new_buffers, state.buffers)
+        new_est = _select(finite, new_est, state.est)
     elif not bool(finite):
         new_params, new_opt, new_buffers = params, state.opt, state.buffers
+        new_est = state.est
     loss_state, extra = next_state(loss_fn, state, finite)
     new_step = step + (1 - skipped)
     new_state = StepState(
-        new_step, new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state
+        new_step, new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state, new_est
     )
     metrics["skipped"] = skipped
     metrics.update(extra)
@@ -369,8 +380,11 @@ def make_step(
             updated once per step, from the pass at θ; passes at perturbed points use batch statistics
             and their statistics are dropped.
         every: use ``estimator`` on every ``every``-th step (the first included) and ``base`` on the
-            others (paper Appendix C.3). Compile such a step with ``step.compile()``.
-        base: the estimator of the other steps, ``gradient()`` by default.
+            others (paper Appendix C.3). Compile such a step with ``step.compile()``. An estimator
+            that is itself a cycle ([`looksam`][gamfunc.estimators.looksam.looksam]) brings its own
+            ``every`` and ``base``.
+        base: the estimator of the other steps, ``gradient()`` by default; a stateful one must
+            share the estimator's state (its ``init_fn``).
         on_nonfinite: "skip" (default) leaves params, optimiser state and buffers unchanged when the
             loss or the direction is not finite and counts it in ``metrics["skipped"]`` and
             ``state.skipped``, with no Python branch; "raise" raises FloatingPointError (eager
@@ -383,7 +397,8 @@ def make_step(
     Raises:
         TypeError: ``estimator`` is not an estimator, ``optimizer`` not a Transform, or
             ``loss_fn`` not callable.
-        ValueError: ``every`` or ``on_nonfinite`` is invalid.
+        ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` or ``base`` is given with
+            an estimator that brings its own, or ``base`` has a state of its own.
 
     Example:
         >>> import torch, gamfunc
@@ -399,6 +414,18 @@ def make_step(
     if not isinstance(optimizer, Transform):
         raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
     check_int("every", every)
+    if estimator.every > 1:
+        if every != 1 or base is not None:
+            raise ValueError(
+                f"every and base: estimator {estimator.name!r} brings its own "
+                f"(every={estimator.every}); leave them out"
+            )
+        every, base = estimator.every, estimator.base
+    if base is not None and base.stateful and base.init_fn is not estimator.init_fn:
+        raise ValueError(
+            f"base {base.name!r} has a state of its own, which the step cannot keep beside the "
+            f"estimator's; a stateful base must share the estimator's init_fn"
+        )
     if on_nonfinite not in NONFINITE:
         raise ValueError(f"on_nonfinite must be one of {NONFINITE}; got {on_nonfinite!r}")
     if not callable(loss_fn):

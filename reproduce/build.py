@@ -394,6 +394,8 @@ def setup(
             estimator, step_loss, cfg.perturbation
         )
         base, _ = gamfunc.distributed.data_parallel(base, loss_fn, cfg.perturbation)
+    if estimator.every > 1:  # a cycle (LookSAM) brings its own base
+        base = None
     step = gamfunc.make_step(estimator, optimizer, step_loss, every=cfg.every, base=base)
     state = step.init(params, buffers)
     if scope == "step":

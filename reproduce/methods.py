@@ -58,6 +58,12 @@ class Hyper:
     ascent_steps: int = 1  # SAM's normalised ascent steps (of sam, sam+gam's oracle)
     gsam_alpha: Any = 0.3  # α of GSAM: the share of the clean gradient's orthogonal part removed
     wsam_gamma: Any = 0.9  # γ of WSAM: the weight of sharpness
+    look_k: int = 5  # k of LookSAM and LookGAM: the full step every k steps (Liu et al. 2022: 5)
+    looksam_alpha: Any = 0.7  # α of LookSAM: the weight of the reused component (the paper's 0.7)
+    fsam_sigma: Any = (
+        1.0  # σ of Friendly-SAM: the share of the running mean removed (the paper's 1)
+    )
+    fsam_lmbda: float = 0.9  # λ of Friendly-SAM: the running mean's decay
 
     @property
     def sam_radius(self):
@@ -92,6 +98,11 @@ METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     "sam": _sam,
     "gsam": _gsam,
     "wsam": lambda h: gamfunc.wsam(h.sam_radius, h.wsam_gamma),
+    "looksam": lambda h: gamfunc.looksam(h.sam_radius, h.look_k, h.looksam_alpha),
+    "look_gam": lambda h: gamfunc.look_gam(
+        h.rho, h.alpha, h.look_k, hvp=h.hvp, theorem_norms=h.theorem_norms, adaptive=h.adaptive
+    ),
+    "friendly_sam": lambda h: gamfunc.friendly_sam(h.sam_radius, h.fsam_sigma, h.fsam_lmbda),
     "asam": lambda h: gamfunc.asam(h.rho, eta=h.eta),
     "gnp": lambda h: gamfunc.gnp(h.alpha, hvp=h.gnp_hvp, fd_radius=h.gnp_radius),
     "gam": _gam,
@@ -139,7 +150,9 @@ def estimator(name: str, **hparams) -> gamfunc.Estimator:
 def base(name: str, **hparams) -> gamfunc.Estimator:
     """The estimator of the steps that the method ``name`` skips under ``make_step(every=k)``: the
     oracle for ``sam+gam`` and ``gsam+gam`` (SAM or GSAM steps between the GAM steps); the gradient
-    for every other method.
+    for every other method. A method that cycles by itself (``looksam``, ``look_gam``: its
+    estimator's ``every`` > 1) brings its own base, which `reproduce.build` gives to the step
+    instead.
 
     Args:
         name: a key of `METHODS`.

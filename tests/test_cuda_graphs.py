@@ -16,6 +16,8 @@ ESTIMATORS = {
     "gam_exact": lambda: gamfunc.gam(0.05, 0.5),
     "gam_fd": lambda: gamfunc.gam(0.05, 0.5, hvp="fd"),
     "gam_accelerated": lambda: gamfunc.gam_accelerated(0.05, 0.02, 0.5, 0.5, 0.2),
+    "looksam": lambda: gamfunc.looksam(0.05, 3, 0.7),
+    "friendly_sam": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.6),
 }
 
 

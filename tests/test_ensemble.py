@@ -31,6 +31,10 @@ ESTIMATORS = {
     "gsam": lambda rho, alpha: gamfunc.gsam(rho, alpha),
     "wsam": lambda rho, alpha: gamfunc.wsam(rho, 0.9),
     "sam_3_steps": lambda rho, alpha: gamfunc.sam(rho, ascent_steps=3),
+    "friendly_sam": lambda rho, alpha: gamfunc.friendly_sam(rho, alpha, 0.9),
+    "friendly_sam_po": lambda rho, alpha: gamfunc.friendly_sam(
+        rho, alpha, 0.9, convention="pytorch_optimizer"
+    ),
 }
 OPTIMIZERS = {
     "sgd": lambda lr: gamfunc.sgd(lr, momentum=0.9, weight_decay=1e-3),

@@ -78,6 +78,16 @@ CASES = {
         lambda: gamfunc.sgd(lr=0.1, momentum=0.9, nesterov=True),
         0.1,
     ),
+    "sgd+looksam": (
+        lambda: gamfunc.looksam(0.1, 2, 0.7),
+        lambda: gamfunc.sgd(lr=0.2, momentum=0.9),
+        0.2,
+    ),
+    "adamw+friendly_sam": (
+        lambda: gamfunc.friendly_sam(0.1, 1.0, 0.6),
+        lambda: gamfunc.adamw(lr=0.05, weight_decay=0.1),
+        0.05,
+    ),
 }
 
 

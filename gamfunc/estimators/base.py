@@ -16,11 +16,13 @@ __all__ = ["Estimate", "Estimator"]
 
 
 class Estimate(NamedTuple):
-    """An estimator's full result: the direction, its scalar info, and the clean pass at θ."""
+    """An estimator's full result: the direction, its scalar info, the clean pass at θ and, for a
+    stateful estimator, its next state (``()`` for one without state)."""
 
     direction: Tree
     info: dict[str, Tensor]
     clean: Pass
+    state: Any = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,21 +37,52 @@ class Estimator:
     not recomputed), and ``step``, the step count at which scheduled hyperparameters are read. It
     returns an [`Estimate`][gamfunc.estimators.base.Estimate] whose ``clean.aux`` is the aux of ``loss_fn`` at θ (new BatchNorm
     statistics), never one from a perturbed point.
+
+    A *stateful* estimator (LookSAM's stored component, Friendly-SAM's running mean) has an
+    ``init_fn(params) -> state``, a pytree of tensors; its ``run_fn`` takes the state as a sixth
+    argument and returns the next one in ``Estimate.state``, of the same structure. The step keeps
+    it in [`StepState.est`][gamfunc.state.StepState] and keeps the old one when a step is skipped.
+    An estimator with ``every`` = k > 1 is a cycle: ``run_fn`` on every k-th step of
+    [`make_step`][gamfunc.step.make_step] (the first included), ``base`` on the others, chosen on
+    the host so that each step pays only for the branch it runs; ``base`` shares the state.
+
+    Attributes:
+        name: the estimator's name.
+        run_fn: ``run_fn(params, batch, loss_fn, clean, step)`` (stateless) or ``run_fn(params,
+            batch, loss_fn, clean, step, state)`` (stateful) returning an Estimate.
+        hparams: the hyperparameters, by name.
+        init_fn: ``init_fn(params) -> state`` for a stateful estimator; None for one without state.
+        every: k >= 1; with k > 1 make_step runs ``base`` on the steps between.
+        base: the estimator of the steps between (``every`` > 1 only).
     """
 
     name: str
     run_fn: Callable[..., Estimate] = field(repr=False)
     hparams: dict[str, Any] = field(default_factory=dict)
+    init_fn: Callable[[Tree], Any] | None = field(default=None, repr=False)
+    every: int = 1
+    base: Estimator | None = field(default=None, repr=False)
+
+    @property
+    def stateful(self) -> bool:
+        """Whether the estimator carries state from one step to the next."""
+        return self.init_fn is not None
+
+    def init(self, params: Tree) -> Any:
+        """The state before the first step: ``init_fn(params)``, or ``()`` for no state."""
+        return self.init_fn(params) if self.init_fn is not None else ()
 
     def run(
-        self, params: Tree, batch, loss_fn, *, clean: Pass | None = None, step=None
+        self, params: Tree, batch, loss_fn, *, clean: Pass | None = None, step=None, state=()
     ) -> Estimate:
-        return self.run_fn(params, batch, loss_fn, clean, step)
+        if self.init_fn is None:
+            return self.run_fn(params, batch, loss_fn, clean, step)
+        return self.run_fn(params, batch, loss_fn, clean, step, state)
 
     def __call__(self, params: Tree, batch, loss_fn, *, step=None):
         check_params(params)
         # No autograd graph is needed outside the torch.func transforms; without this, buffers
         # updated in place under a transform can leave one attached to the results.
         with torch.no_grad():
-            est = self.run(params, batch, loss_fn, step=step)
+            est = self.run(params, batch, loss_fn, step=step, state=self.init(params))
         return est.direction, est.info

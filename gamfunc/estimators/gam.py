@@ -77,7 +77,9 @@ def gam(
 
     Raises:
         ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool, or
-            ``hvp`` / ``fd_radius`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]).
+            ``hvp`` / ``fd_radius`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]), or
+            ``oracle`` is stateful ([`looksam`][gamfunc.estimators.looksam.looksam],
+            [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]).
         TypeError: ``oracle`` is not an estimator.
 
     Example:
@@ -101,6 +103,11 @@ def gam(
     oracle = gradient() if oracle is None else oracle
     if not isinstance(oracle, Estimator):
         raise TypeError(f"oracle must be a gamfunc estimator; got {type(oracle).__name__}")
+    if oracle.stateful or oracle.every > 1:
+        raise ValueError(
+            f"oracle: {oracle.name!r} carries state between steps or cycles over them, which "
+            f"GAM's oracle cannot; use a stateless estimator (gradient, sam, gsam, wsam, asam)"
+        )
 
     def run(params, batch, loss_fn, clean, step):
         rho_t = value(rho, step)
