@@ -96,7 +96,7 @@ def metadata(
 
     Returns:
         A dict with ``benchmark``, ``device``, ``device_name``, ``gpus``, ``slug``, ``date`` (UTC,
-        ISO 8601), ``torch``, ``cuda``, ``python``, ``quick`` and ``extra``'s entries.
+            ISO 8601), ``torch``, ``cuda``, ``python``, ``quick`` and ``extra``'s entries.
     """
     device = torch.device(device)
     name = device_name(device)

@@ -82,7 +82,7 @@ def torch_base(kind: str, params, lr: float, device: torch.device) -> torch.opti
 
     Returns:
         ``torch.optim.SGD(lr, momentum=0.9)`` or ``torch.optim.AdamW(ADAMW_LR)``, fused where the
-        device allows.
+            device allows.
     """
     fused = fused_ok(device)
     if kind == "AdamW":
@@ -113,7 +113,7 @@ def plan(mode: str) -> list[tuple[str, str, str]]:
 
     Returns:
         ``(method, estimator, mode)`` of every row: facade and make_step per estimator in ``mode``,
-        then davda54's SAM and the facade's SAM, eager (once, where ``mode`` is "eager").
+            then davda54's SAM and the facade's SAM, eager (once, where ``mode`` is "eager").
     """
     rows = [(m, e, mode) for e in ESTIMATORS for m in ("facade", "make_step")]
     for extra in (("davda54", "sam", "eager"), ("facade", "sam", "eager")):

@@ -67,7 +67,7 @@ def compile_phases(before: dict[str, int], top: int = 10) -> dict[str, dict]:
 
     Returns:
         ``{phase: {"s": seconds, "calls": calls}}``, costliest first; phases nest, so a phase's
-        seconds include those of the phases inside it.
+            seconds include those of the phases inside it.
     """
     new = {k: v[before.get(k, 0) :] for k, v in _compile_timings().items()}
     ranked = sorted(((k, v) for k, v in new.items() if v), key=lambda kv: -sum(kv[1]))[:top]
