@@ -66,6 +66,8 @@ CHECKED = (
     "gam_fd",
     "sam+gam",
     "gam_accelerated_paper",
+    "gsam",
+    "wsam",
 )
 PRECISIONS = ("fp32", "bf16")
 MODES = ("eager", "pass", "step", "graph")
@@ -84,12 +86,16 @@ STEP_COST = (
     "asam",
     "gradient",
     "sam",
+    "gsam",
+    "wsam",
 )
 
 
 def amplification(name: str) -> float:
-    """How much an estimator multiplies gradient rounding: 1, or 1 + 2·α·ρ/r for a finite-difference
-    H·v, which takes the difference of two rounded gradients, divides it by r and scales it by α·ρ.
+    """How much an estimator multiplies gradient rounding: 1; 1 + 2·α·ρ/r for a finite-difference
+    H·v, which takes the difference of two rounded gradients, divides it by r and scales it by α·ρ;
+    |1 − a| + a for WSAM, whose direction (1 − a)·g + a·g_adv, a = γ/(1 − γ), sums two rounded
+    gradients with these weights (17 at γ = 0.9).
 
     Args:
         name: a key of ``ESTIMATORS``.
@@ -98,6 +104,9 @@ def amplification(name: str) -> float:
         The factor on the precision's tolerance.
     """
     h = ESTIMATORS[name]().hparams
+    if name == "wsam":
+        a = float(h["gamma"]) / (1 - float(h["gamma"]))
+        return abs(1 - a) + a
     radius = getattr(h.get("hvp"), "radius", None)  # only a finite difference has one
     if radius is None:
         return 1.0

@@ -44,9 +44,9 @@ def test_every_checked_estimator_is_in_the_registry_and_each_case_is_listed_once
     from registry import ESTIMATORS
 
     assert set(gpu_check.CHECKED) <= set(ESTIMATORS)
-    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == 9 * 2 * 2 * 4 + 3
+    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == 11 * 2 * 2 * 4 + 3
     steps = [g for g, _ in gpu_check.groups("cuda") if g.endswith(":step")]
-    assert len(steps) == 9 * 2 * 2  # every whole-step case a group of its own
+    assert len(steps) == 11 * 2 * 2  # every whole-step case a group of its own
 
 
 def test_a_finite_difference_widens_the_tolerance_by_its_rounding_gain():
@@ -55,6 +55,9 @@ def test_a_finite_difference_widens_the_tolerance_by_its_rounding_gain():
         1 + 2 * h["alpha"] * h["rho"] / h["hvp"].radius
     )
     assert gpu_check.amplification("gam_exact") == 1.0
+    gamma = gpu_check.ESTIMATORS["wsam"]().hparams["gamma"]
+    a = gamma / (1 - gamma)
+    assert gpu_check.amplification("wsam") == pytest.approx(abs(1 - a) + a)
 
 
 @pytest.mark.slow
