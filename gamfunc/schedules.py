@@ -20,6 +20,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gamfunc.checks import check_int, check_number
+
 Schedule = Callable[[Tensor], Tensor]
 
 __all__ = ["Schedule", "constant", "cosine", "inverse_sqrt", "proportional", "value"]
@@ -60,11 +62,13 @@ def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 
         A schedule ``t -> v(t)``, a 0-d float64 tensor.
 
     Raises:
-        ValueError: ``total_steps`` is not positive, or ``warmup_steps`` is outside
-            [0, ``total_steps``].
+        ValueError: ``peak`` or ``final`` is not a finite number, ``total_steps`` is not an integer
+            > 0, or ``warmup_steps`` is outside [0, ``total_steps``].
     """
-    if total_steps <= 0:
-        raise ValueError(f"total_steps must be > 0; got {total_steps}")
+    check_number("peak", peak)
+    check_number("final", final)
+    check_int("total_steps", total_steps)
+    check_int("warmup_steps", warmup_steps, at_least=0)
     if not 0 <= warmup_steps <= total_steps:
         raise ValueError(f"warmup_steps must be in [0, total_steps]; got {warmup_steps}")
     # Float constants: a 0-d float64 tensor and a Python float make one op, an int adds a promotion.

@@ -64,8 +64,8 @@ def test_the_facade_names_itself_and_where_lr_goes(cls):
         TypeError, match=rf"^{name}\(\) takes no lr=: it belongs to the base optimiser"
     ):
         cls(model, gamfunc.sgd(lr=0.1), lr=0.1, **kw)
-    with pytest.raises(TypeError, match=rf"^{name}\(\) takes no lr="):
-        cls(model, lr=0.1, **kw)
+    with pytest.raises(TypeError, match=rf"^{name}\(\) needs a base optimiser as its second"):
+        cls(model, lr=0.1, **kw)  # lr= with no base optimiser to give it to
     with pytest.raises(TypeError, match=rf"^{name}\(\) needs a base optimiser"):
         cls(model, **kw)
     with pytest.raises(TypeError, match=rf"^{name}\(\) got an unexpected argument 'foo'"):

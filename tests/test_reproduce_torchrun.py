@@ -178,7 +178,7 @@ def test_a_refusal_and_a_divergence_are_printed_once_and_the_summary_keeps_the_s
     diverged run's summary.json keeps its real exit status, 3."""
     bad = torchrun(*ARGS, "--epochs=-3", launcher=standalone(2))
     assert bad.returncode == 1
-    assert bad.stderr.count("error: epochs must be") == 1, bad.stderr
+    assert bad.stderr.count("error: --epochs must be") == 1, bad.stderr
     assert re.search(r"exitcode\s*:\s*2\b", bad.stderr), bad.stderr
 
     args = [*ARGS, "--estimator=sgd", "--lr=1e25", "--log_every=1", "--max_skipped=3"]

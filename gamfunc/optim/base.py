@@ -79,19 +79,29 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
         The flat dict θ + u, each tensor in its parameter's dtype.
 
     Raises:
-        ValueError: ``updates`` has other names than ``params``.
+        TypeError: ``params`` or ``updates`` is not a dict of tensors.
+        ValueError: ``updates`` has other names than ``params``, or an update's shape is not its
+            parameter's (named with both shapes): an update is never broadcast onto a parameter.
 
     Example:
         >>> import torch, gamfunc
         >>> gamfunc.apply_updates({"w": torch.ones(2)}, {"w": torch.tensor([0.5, -1.0])})
         {'w': tensor([1.5000, 0.0000])}
     """
+    for name, t in (("params", params), ("updates", updates)):
+        if not isinstance(t, Mapping) or not all(isinstance(v, Tensor) for v in t.values()):
+            raise TypeError(f"{name} must be a flat dict name -> tensor; got {type(t).__name__}")
     if updates.keys() != params.keys():
         missing = sorted(params.keys() - updates.keys())
         extra = sorted(updates.keys() - params.keys())
         raise ValueError(f"updates must have the names of params: missing {missing}, extra {extra}")
     keys = list(params)
     p, u = [params[k] for k in keys], [updates[k] for k in keys]
+    for k, a, b in zip(keys, p, u, strict=True):
+        if a.shape != b.shape:  # metadata only: a compiled step checks it once, when it traces
+            raise ValueError(
+                f"updates[{k!r}] has shape {tuple(b.shape)} but params[{k!r}] has {tuple(a.shape)}"
+            )
     if all(a.dtype == b.dtype for a, b in zip(p, u, strict=True)) and not tree.vmapped([*p, *u]):
         return dict(zip(keys, torch._foreach_add(p, u), strict=True))
     return {k: (params[k] + updates[k]).to(params[k].dtype) for k in keys}
