@@ -53,3 +53,19 @@ def test_a_schedule_from_a_value_that_is_not_a_number_is_refused_naming_it():
         gamfunc.schedules.cosine(0.1, 0)
     with pytest.raises(ValueError, match="warmup_steps"):
         gamfunc.schedules.cosine(0.1, 10, warmup_steps=-1)
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (-1.0, "lr must be a finite number >= 0"),
+        (float("nan"), "lr must be a finite number >= 0"),
+        (torch.tensor(-1.0, dtype=torch.float64), "lr must be a finite number >= 0"),
+        (torch.zeros(3, dtype=torch.float64), r"lr must be a number or a 0-d floating tensor"),
+    ],
+)
+def test_set_hyperparams_takes_what_the_constructor_takes(value, why):
+    state = gamfunc.sgd(lr=0.1).init(P)
+    with pytest.raises(ValueError, match=why):
+        gamfunc.set_hyperparams(state, lr=value)
+    assert float(gamfunc.optim.learning_rate(gamfunc.set_hyperparams(state, lr=0.2))) == 0.2

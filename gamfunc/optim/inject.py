@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from gamfunc.checks import check_nonnegative, check_number
 from gamfunc.optim.base import Transform, call_update, check_state_type, need_step
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
@@ -179,7 +180,10 @@ def set_hyperparams(state, **values: float | Tensor):
 
     Raises:
         ValueError: a name that a schedule sets (the update would overwrite it), or that no
-            injected transform in ``state`` keeps.
+            injected transform in ``state`` keeps; a value that is not a finite number or a 0-d
+            floating tensor, or a negative ``lr`` or ``weight_decay`` (the rules of the
+            optimisers' constructors, [`gamfunc.checks`][gamfunc.checks]; a tensor's value is read
+            only where it lies on the CPU, so that setting one never waits for a device).
 
     Example:
         >>> import torch, gamfunc
@@ -198,7 +202,24 @@ def set_hyperparams(state, **values: float | Tensor):
             )
         if not any(name in s.hyperparams for s in states):
             raise ValueError(f"{name} is not a hyperparameter this optimiser's state keeps")
+        _check_value(name, values[name])
     return map_injected(state, lambda s: _set(s, values))
+
+
+def _check_value(name: str, v) -> None:
+    """A value [`set_hyperparams`][gamfunc.optim.inject.set_hyperparams] may set: what the
+    constructors take, as a number or a 0-d floating tensor."""
+    if isinstance(v, Tensor):
+        if v.ndim != 0 or not v.is_floating_point():
+            raise ValueError(
+                f"{name} must be a number or a 0-d floating tensor; got a tensor of shape "
+                f"{tuple(v.shape)} and dtype {v.dtype}"
+            )
+        if v.device.type != "cpu":
+            return
+        v = float(v)
+    check = check_nonnegative if name in ("lr", "weight_decay") else check_number
+    check(name, v)
 
 
 def _set(s: InjectState, values: dict) -> InjectState:
