@@ -18,27 +18,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from train_cli import DIGITS, NO_FLATNESS, main, one_line_error, out_dir
+
 from reproduce import train
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import loop, report, resume
-
-QUIET = ["--progress=false", "--landscape=false"]
-NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
-DIGITS = ["--preset=digits", "--estimator=sgd", *NO_FLATNESS]
-
-
-def main(logdir: Path, *args: str) -> int:
-    return train.main([f"--logdir={logdir}", *QUIET, *args])
-
-
-def out_dir(logdir: Path, estimator: str = "sgd") -> Path:
-    return logdir / "digits" / estimator
-
-
-def one_line_error(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err and len(err.splitlines()) == 1, err
-    return err
 
 
 def scalars(run: Path) -> dict[str, list[int]]:

@@ -64,17 +64,43 @@ def adam(
         Kingma and Ba, "Adam: A Method for Stochastic Optimization", ICLR 2015,
         https://arxiv.org/abs/1412.6980.
     """
+    return adam_transform(lr, betas, eps, weight_decay, weight_decay_mask, decoupled=False)
+
+
+def adam_transform(
+    lr, betas, eps, weight_decay, weight_decay_mask, *, decoupled: bool
+) -> Transform:
+    """Adam's chain with η and λ injected: L2 decay added to the gradient before the moments
+    (``decoupled=False``, Adam) or to the Adam direction after them (``decoupled=True``, AdamW).
+
+    Args:
+        lr: η, float >= 0 or a schedule.
+        betas: (β₁, β₂), each in [0, 1).
+        eps: ε >= 0.
+        weight_decay: λ >= 0, or a schedule of the step count.
+        weight_decay_mask: which parameters decay.
+        decoupled: AdamW's decay (after the moments) instead of Adam's (before them).
+
+    Returns:
+        The [`Transform`][gamfunc.optim.base.Transform] of [`adam`][gamfunc.optim.adam.adam] or
+            [`adamw`][gamfunc.optim.adamw.adamw].
+
+    Raises:
+        ValueError: an invalid argument, naming it.
+    """
     check_nonnegative("lr", lr, schedule=True)
     beta1, beta2 = check_betas("betas", betas)
     check_nonnegative("eps", eps)
     check_nonnegative("weight_decay", weight_decay, schedule=True)
     check_mask("weight_decay_mask", weight_decay_mask)
-    factory = functools.partial(_adam, betas=(beta1, beta2), eps=eps, mask=weight_decay_mask)
+    factory = functools.partial(
+        _adam, betas=(beta1, beta2), eps=eps, mask=weight_decay_mask, decoupled=decoupled
+    )
     return inject_hyperparams(factory)(lr=lr, **given(weight_decay))
 
 
-def _adam(lr, weight_decay=None, *, betas, eps, mask) -> Transform:
+def _adam(lr, weight_decay=None, *, betas, eps, mask, decoupled) -> Transform:
     decay = decayed(weight_decay, mask)
-    return transforms.chain(
-        *decay, transforms.scale_by_adam(*betas, eps), transforms.scale_by_learning_rate(lr)
-    )
+    moments = transforms.scale_by_adam(*betas, eps)
+    parts = (moments, *decay) if decoupled else (*decay, moments)
+    return transforms.chain(*parts, transforms.scale_by_learning_rate(lr))

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-
-from gamfunc import transforms
-from gamfunc.checks import check_betas, check_mask, check_nonnegative
+from gamfunc.optim.adam import adam_transform
 from gamfunc.optim.base import Mask, Transform
-from gamfunc.optim.decay import decayed, given
-from gamfunc.optim.inject import inject_hyperparams
 
 __all__ = ["adamw"]
 
@@ -59,17 +54,4 @@ def adamw(
         Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019,
         https://arxiv.org/abs/1711.05101.
     """
-    check_nonnegative("lr", lr, schedule=True)
-    beta1, beta2 = check_betas("betas", betas)
-    check_nonnegative("eps", eps)
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
-    check_mask("weight_decay_mask", weight_decay_mask)
-    factory = functools.partial(_adamw, betas=(beta1, beta2), eps=eps, mask=weight_decay_mask)
-    return inject_hyperparams(factory)(lr=lr, **given(weight_decay))
-
-
-def _adamw(lr, weight_decay=None, *, betas, eps, mask) -> Transform:
-    decay = decayed(weight_decay, mask)
-    return transforms.chain(
-        transforms.scale_by_adam(*betas, eps), *decay, transforms.scale_by_learning_rate(lr)
-    )
+    return adam_transform(lr, betas, eps, weight_decay, weight_decay_mask, decoupled=True)
