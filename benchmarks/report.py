@@ -77,6 +77,7 @@ SECTIONS = {
             ("1 GPU img/s", "one.images_per_s", ".1f"),
             ("N GPUs img/s", "many.images_per_s", ".1f"),
             ("efficiency", "efficiency", ".3f"),
+            ("data path cost", "data_path_cost", ".3f"),
         ),
     ),
     "input_pipeline": (
@@ -116,7 +117,9 @@ SECTIONS = {
             ("region", "region", ""),
             ("ms", "ms", ".2f"),
             ("× grad", "x_grad", ".2f"),
+            ("peak GiB", "peak_gib", ".2f"),
             ("× grad mem", "x_grad_mem", ".2f"),
+            ("error", "error", ""),
         ),
     ),
     "vmap_members": (
@@ -156,6 +159,18 @@ SECTIONS = {
         ),
     ),
 }
+
+
+def columns(benchmark: str) -> tuple:
+    """The columns of ``benchmark``'s table, as its command prints them and RESULTS.md shows them.
+
+    Args:
+        benchmark: a key of :data:`SECTIONS`.
+
+    Returns:
+        ``(header, key, spec)`` triples for `benchmarks._common.table`.
+    """
+    return SECTIONS[benchmark][2]
 
 
 def _gpu_check_rows(rows: list[dict]) -> list[dict]:

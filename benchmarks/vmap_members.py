@@ -17,6 +17,7 @@ import time
 import torch
 
 from benchmarks import _common
+from benchmarks.report import columns
 from examples.vmap_grid import build, constant, mlp_params  # the example's model and step
 from gamfunc.ensemble import stack, vmap_step
 
@@ -99,12 +100,7 @@ def main(argv=None) -> dict:
     return result
 
 
-COLUMNS = (
-    ("members", "members", ""),
-    ("vmapped ms", "vmapped_ms", ".2f"),
-    ("looped ms", "looped_ms", ".2f"),
-    ("looped ÷ vmapped", "looped_over_vmapped", ".2f"),
-)
+COLUMNS = columns("vmap_members")
 
 
 if __name__ == "__main__":

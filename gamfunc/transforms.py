@@ -442,10 +442,8 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Tran
     Raises:
         ValueError: an invalid argument, naming it.
     """
-    check_unit("b1", b1)
-    check_unit("b2", b2)
-    if b1 == 1 or b2 == 1:
-        raise ValueError(f"b1 and b2 must be below 1; got {b1!r}, {b2!r}")
+    check_unit("b1", b1, below_one=True)
+    check_unit("b2", b2, below_one=True)
     check_nonnegative("eps", eps)
 
     def init(params):
@@ -507,10 +505,8 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
     Raises:
         ValueError: an invalid argument, naming it.
     """
-    check_unit("b1", b1)
-    check_unit("b2", b2)
-    if b1 == 1 or b2 == 1:
-        raise ValueError(f"b1 and b2 must be below 1; got {b1!r}, {b2!r}")
+    check_unit("b1", b1, below_one=True)
+    check_unit("b2", b2, below_one=True)
 
     def init(params):
         return ScaleByLionState(tree.zeros_like(params))

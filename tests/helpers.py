@@ -58,6 +58,11 @@ def unflatten(flat, like):
     return out
 
 
+def dense_hessian(loss_fn, params, batch):
+    """The Hessian of ``loss_fn`` at ``params`` as one matrix over the flattened parameters."""
+    return torch.func.hessian(lambda t: loss_fn(unflatten(t, params), batch))(flatten(params))
+
+
 def rel_err(a, b):
     if isinstance(a, dict):
         a, b = flatten(a), flatten(b)

@@ -8,16 +8,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err, relu_mlp_loss, unflatten
+from helpers import (
+    dense_hessian,
+    flatten,
+    mlp_batch,
+    mlp_loss,
+    mlp_params,
+    rel_err,
+    relu_mlp_loss,
+)
 
 import gamfunc
 from gamfunc import hvps, tree
 from gamfunc.loss import Pass, gradient_pass
-
-
-def dense_hessian(loss_fn, params, batch):
-    flat = flatten(params)
-    return torch.func.hessian(lambda t: loss_fn(unflatten(t, params), batch))(flat)
 
 
 @pytest.mark.parametrize("backend", [hvps.exact(), hvps.reverse()])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import dense_hessian
 from models import tiny_bn_mlp, vector_batch
 
 import gamfunc
@@ -33,22 +34,6 @@ def tanh_ce(params, batch):
     x, y = batch
     h = torch.tanh(x @ params["w1"].T + params["b1"])
     return F.cross_entropy(h @ params["w2"].T + params["b2"], y)
-
-
-def flatten(t):
-    return torch.cat([v.reshape(-1) for v in t.values()])
-
-
-def unflatten(x, like):
-    out, i = {}, 0
-    for k, v in like.items():
-        out[k] = x[i : i + v.numel()].reshape(v.shape)
-        i += v.numel()
-    return out
-
-
-def dense_hessian(loss_fn, params, batch):
-    return torch.func.hessian(lambda x: loss_fn(unflatten(x, params), batch))(flatten(params))
 
 
 # ---- against the dense Hessian ---------------------------------------------------------------------

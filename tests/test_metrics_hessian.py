@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import dense_hessian, flatten, unflatten
 
 import gamfunc
 from gamfunc import metrics
@@ -48,22 +49,6 @@ def tanh_mse(params, batch):
     x, y = batch
     h = torch.tanh(x @ params["w1"].T + params["b1"])
     return ((h @ params["w2"].T + params["b2"] - y) ** 2).mean()
-
-
-def flatten(t):
-    return torch.cat([v.reshape(-1) for v in t.values()])
-
-
-def unflatten(x, like):
-    out, i = {}, 0
-    for k, v in like.items():
-        out[k] = x[i : i + v.numel()].reshape(v.shape)
-        i += v.numel()
-    return out
-
-
-def dense_hessian(loss_fn, params, batch):
-    return torch.func.hessian(lambda x: loss_fn(unflatten(x, params), batch))(flatten(params))
 
 
 def rel(a, b):

@@ -109,13 +109,10 @@ def test_the_metrics_say_what_they_compute_and_report_each(tmp_path, capsys):
         assert f"[sgd]   {metric}" in out, metric
 
 
-def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
-    """The first SIGTERM waits for a checkpoint write held open (the test hook, far longer than the
-    wait for the exit); the second ends the process in the write, exit 143, saying so, and the
-    checkpoint written before stays whole."""
-    assert train.main([f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--max-steps=2"]) == 0
-    path = run_dir(tmp_path) / "checkpoint.pt"
-    args = [*DIGITS, *NO_FLATNESS, "--max-steps=8", "--checkpoint_every=4", "--resume"]
+def sigterm_twice_in_a_write(tmp_path, path, args) -> str:
+    """Start a run whose checkpoint writes are held open (the test hook), send SIGTERM once a write
+    to ``path`` has begun and again a second later; check that the first waited and the second
+    ended the process (exit 143); its stderr."""
     proc = start(tmp_path, *args, env={ckpt.TEST_PAUSE_ENV: str(10 * WAIT)})
     deadline = time.monotonic() + WAIT
     while not list(path.parent.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
@@ -127,6 +124,17 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=WAIT)
     assert proc.returncode == 143, err
+    return err
+
+
+def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
+    """The first SIGTERM waits for a checkpoint write held open (the test hook, far longer than the
+    wait for the exit); the second ends the process in the write, exit 143, saying so, and the
+    checkpoint written before stays whole."""
+    assert train.main([f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--max-steps=2"]) == 0
+    path = run_dir(tmp_path) / "checkpoint.pt"
+    args = [*DIGITS, *NO_FLATNESS, "--max-steps=8", "--checkpoint_every=4", "--resume"]
+    err = sigterm_twice_in_a_write(tmp_path, path, args)
     assert "SIGTERM again: stopping now" in err and "Traceback" not in err
     assert ckpt.load(path)["position"]["global_step"] == 2
 
@@ -221,17 +229,7 @@ def test_a_second_signal_during_the_first_checkpoint_write_does_not_claim_one_st
     second ends the process there: no checkpoint exists, and the line says so."""
     path = run_dir(tmp_path) / "checkpoint.pt"
     args = [*DIGITS, *NO_FLATNESS, "--max-steps=8", "--checkpoint_every=4"]
-    proc = start(tmp_path, *args, env={ckpt.TEST_PAUSE_ENV: str(10 * WAIT)})
-    deadline = time.monotonic() + WAIT
-    while not list(path.parent.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    time.sleep(1.0)
-    assert proc.poll() is None  # the first signal waits for the write
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=WAIT)
-    assert proc.returncode == 143, err
+    err = sigterm_twice_in_a_write(tmp_path, path, args)
     line = one_line(err)
     assert line.startswith("SIGTERM again: stopping now") and line.endswith("nothing was saved yet")
     assert "stays" not in line and not path.exists()

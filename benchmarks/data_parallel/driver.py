@@ -56,6 +56,7 @@ import torch
 from benchmarks import _common
 from benchmarks.data_parallel import trace_gaps
 from benchmarks.data_parallel.worker import NCCL_ENV, PRESETS
+from benchmarks.report import columns
 
 __all__ = ["efficiency", "loader_args", "main"]
 
@@ -401,15 +402,7 @@ def main(argv=None) -> int:
     return 0
 
 
-COLUMNS = (
-    ("run", "run", ""),
-    ("GPUs", "gpus", ""),
-    ("perturbation", "perturbation", ""),
-    ("1 GPU img/s", "one.images_per_s", ".1f"),
-    ("N GPUs img/s", "many.images_per_s", ".1f"),
-    ("efficiency", "efficiency", ".3f"),
-    ("data path cost", "data_path_cost", ".3f"),
-)
+COLUMNS = columns("data_parallel")
 
 
 def _profiled(prof: dict | None) -> str:

@@ -35,6 +35,7 @@ import torch
 
 import gamfunc
 from benchmarks import _common
+from benchmarks.report import columns
 from benchmarks.step_cost.timing import time_steps
 from gamfunc import tree
 from gamfunc.compile import compile_with, fresh
@@ -238,14 +239,7 @@ def main(argv=None) -> dict:
     return result
 
 
-PASS_COLUMNS = (
-    ("region", "region", ""),
-    ("ms", "ms", ".2f"),
-    ("× grad", "x_grad", ".2f"),
-    ("peak GiB", "peak_gib", ".2f"),
-    ("× grad mem", "x_grad_mem", ".2f"),
-    ("error", "error", ""),
-)
+PASS_COLUMNS = columns("flops_passes")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import torch
 
 from benchmarks import _common
 from benchmarks.input_pipeline import jpeg_folder
+from benchmarks.report import columns
 from reproduce.config import resolve
 from reproduce.data import dali, nvjpeg
 from reproduce.data import sets as data_mod
@@ -172,14 +173,7 @@ def _loader(spec: str, data, args, device):
 
 
 GPU_PIPELINES = ["dali:0.65", "dali_exact:0.65", "nvjpeg:4", "folder:16"]
-COLUMNS = (
-    ("pipeline", "pipeline", ""),
-    ("images/s", "images_per_s", ".0f"),
-    ("first epoch start s", "first_epoch_start_s", ".3f"),
-    ("epoch start s", "epoch_start_s", ".3f"),
-    ("fed step ms", "loaded_ms", ".3f"),
-    ("× stand-in step", "loaded_cost", "+.3f"),
-)
+COLUMNS = columns("input_pipeline")
 
 
 def main(argv=None) -> dict:
