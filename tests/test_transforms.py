@@ -489,6 +489,11 @@ def test_weight_decay_as_a_transform_and_the_lr_at_the_end_equal_torch_sgd():
         (gamfunc.add_decayed_weights, {"weight_decay": 0.1, "mask": 3}, "mask"),
         (gamfunc.scale_by_learning_rate, {"lr": -0.1}, "lr"),
         (gamfunc.transforms.scale, {"factor": float("inf")}, "factor"),
+        (gamfunc.transforms.scale_by_adam, {"b1": 1.0}, "b1"),
+        (gamfunc.transforms.scale_by_adam, {"b2": 1.0}, "b2"),
+        (gamfunc.transforms.scale_by_adam, {"eps": -1.0}, "eps"),
+        (gamfunc.transforms.scale_by_lion, {"b1": -0.1}, "b1"),
+        (gamfunc.transforms.scale_by_lion, {"b2": 1.0}, "b2"),
     ],
 )
 def test_new_transforms_reject_bad_hyperparameters(factory, kwargs, arg):
