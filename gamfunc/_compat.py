@@ -84,12 +84,21 @@ def in_transform() -> bool:
     return level() is not None
 
 
+# torch.compile traces torch._C._functorch.is_batchedtensor from torch 2.5 on; before, it stops the
+# graph ("torch.* op returned non-Tensor bool").
+_TRACES_IS_BATCHED = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 def batched(t) -> bool:
     """Whether the tensor ``t`` is batched by ``torch.func.vmap`` at its outermost level.
 
     Returns:
-        True for a batched tensor, and where torch cannot say.
+        True for a batched tensor, and where torch cannot say; False while ``torch.compile``
+            traces on torch < 2.5, which cannot trace the question (there a vmapped step cannot be
+            compiled whole).
     """
+    if not _TRACES_IS_BATCHED and torch.compiler.is_compiling():
+        return False
     is_batched = _functorch("is_batchedtensor")
     if is_batched is None:
         _fall_back("batched", "torch._C._functorch.is_batchedtensor", "True")

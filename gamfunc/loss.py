@@ -50,7 +50,9 @@ class Pass(NamedTuple):
 
 def with_grad_norm(p: Pass) -> Pass:
     """``p`` carrying ‖∇L‖ in ``grad_norm``, computed unless it is there already."""
-    return p if isinstance(p.grad_norm, Tensor) else p._replace(grad_norm=tree.norm(p.grad))
+    return (
+        p if isinstance(p.grad_norm, Tensor) else Pass(p.grad, p.loss, p.aux, tree.norm(p.grad))
+    )  # not _replace: torch 2.4's compile stops there
 
 
 def unit_grad(p: Pass, eps) -> tuple[Tree, Pass]:

@@ -84,7 +84,9 @@ class CompiledPasses(Objective):
     # Step state (the protocol of gamfunc.loss.Objective): the state is kept whole and bound
     # inside the compiled passes; init_state and next_state forward to loss_fn (the defaults).
     def bind(self, state) -> CompiledPasses:
-        return replace(self, state=state._replace(opt=()))
+        return replace(
+            self, state=type(state)(state.step, (), *state[2:])
+        )  # not _replace: torch 2.4
 
 
 def _for_state(loss_fn: Callable, state: dict | None) -> Callable:
