@@ -74,7 +74,7 @@ from gamfunc.optim import (
 )
 from gamfunc.precision import PRECISIONS, mixed
 from gamfunc.state import StepState, as_dict, from_dict
-from gamfunc.step import make_step
+from gamfunc.step import _all_finite, make_step
 from gamfunc.transforms import chain, clip_by_global_norm
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
@@ -89,36 +89,41 @@ _BACKWARD_INSIDE = (
 
 
 class TorchState(NamedTuple):
-    """The step state of a `torch_transform`: the optimiser's own state lives in the
-    ``torch.optim`` optimiser; the step state holds only what the guard reads of it.
+    """The step state of a `torch_transform`.
 
     Attributes:
-        finite: 0-d float64, 0 when every floating-point tensor of the optimiser's last formed state
-            is finite, NaN otherwise (so that `gamfunc.step.is_finite` skips a step that
-            would make it non-finite).
+        finite: 0-d float64: 0 when every floating-point tensor the base optimiser formed outside
+            ``tensors`` (the entries of its first step) is finite, NaN otherwise, so that
+            `gamfunc.step.is_finite` skips a step that would make them non-finite.
+        tensors: the tensors of the optimiser's state, one dict per parameter it holds, in the order
+            of its param groups (``()`` between steps: they live in the optimiser). Carried here,
+            they are selected by make_step's non-finite guard on the device and pass through a
+            CUDA graph like any other state.
     """
 
     finite: Tensor
+    tensors: list[dict[str, Tensor]] | tuple = ()
 
 
 def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Transform:
     """A ``torch.optim`` optimiser as a [`Transform`][gamfunc.optim.base.Transform] of [`gamfunc.make_step`][gamfunc.make_step].
 
-    ``update(direction, state, params)`` swaps copies of ``params`` and of ``base.state`` into the
-    parameters ``base`` holds, sets each ``.grad`` to the direction, runs ``base.step()`` and
-    restores the tensors: ``base`` itself is left as it was. The new parameters give the updates;
-    the state ``base.step()`` formed waits in ``pending`` until the step is known to be taken, when
-    `commit` installs it (a skipped step forms none). ``base``'s
-    param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set them) are read
-    by its own ``step()``, so a change takes effect on the next step.
+    ``update(direction, state, params)`` runs ``base.step()`` on fresh copies of ``params`` and of
+    ``state.tensors`` (one ``_foreach_copy_`` each), with the direction as each ``.grad``, and
+    restores the tensors ``base`` holds: ``base`` itself is left as it was. The copies, moved, give
+    the updates and the new ``tensors``, of the structure of the old, which make_step's guard keeps
+    or drops on the device. What ``base.step()`` formed that ``state.tensors`` had no place for (the
+    state of its first step, values that are not tensors) waits in ``pending`` for `commit`.
+    ``base``'s param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set
+    them) are read by its own ``step()``, so a change takes effect on the next step.
 
     Args:
         base: the optimiser; each parameter it holds is named in ``names``.
         names: ``id(parameter) -> name`` of the parameters in the step's ``params``.
 
     Returns:
-        A Transform whose state is a `TorchState`; it carries ``pending``
-            (a dict) as an attribute of its update.
+        A Transform whose state is a `TorchState`; it carries ``pending`` (a dict) as an attribute
+            of its update.
     """
     pending: dict[str, Any] = {}
 
@@ -128,70 +133,123 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
 
     def update(direction, state, params):
         held = [p for g in base.param_groups for p in g["params"]]
+        keys = [names[id(p)] for p in held]
+        given = list(state.tensors) if isinstance(state.tensors, list) else []
+        given += [{}] * (len(held) - len(given))
+        moved = _fresh([params[k].to(p.dtype) for p, k in zip(held, keys, strict=True)])
+        copies = _fresh([t for s in given for t in s.values()])
+        trial, at = {}, 0
+        for p, s in zip(held, given, strict=True):
+            kept = base.state.get(p, {})
+            mine = dict(zip(s, copies[at : at + len(s)], strict=True))
+            at += len(s)
+            if kept or mine:
+                others = {k: copy.deepcopy(v) for k, v in kept.items() if not isinstance(v, Tensor)}
+                trial[p] = others | mine
         kept_data = [p.data for p in held]
         kept_grad = [p.grad for p in held]
         kept_state = base.state
-        trial = _copied(kept_state)
         try:
-            base.state = trial
-            for p in held:
-                name = names[id(p)]
-                p.data = params[name].to(p.dtype).clone()
-                p.grad = direction[name].to(p.dtype)
+            base.state = _like(kept_state, trial)
+            for p, k, new in zip(held, keys, moved, strict=True):
+                p.data = new
+                p.grad = direction[k].to(p.dtype)
             with torch.no_grad():
                 base.step()
-            moved = {names[id(p)]: p.data for p in held}
+            moved = [p.data for p in held]
+            formed = base.state
         finally:
             base.state = kept_state
             for p, data, grad in zip(held, kept_data, kept_grad, strict=True):
                 p.data, p.grad = data, grad
-        pending["state"] = trial
+        tensors = [{k: formed[p][k] for k in s} for p, s in zip(held, given, strict=True)]
+        rest = {
+            p: {k: v for k, v in s.items() if k not in g}
+            for (p, s), g in zip(((p, formed.get(p, {})) for p in held), given, strict=True)
+        }
+        pending["state"] = {p: s for p, s in rest.items() if s}
+        start = [params[k].to(p.dtype) for p, k in zip(held, keys, strict=True)]
+        steps = dict(zip(keys, torch._foreach_sub(moved, start) if held else [], strict=True))
         updates = {
-            k: moved[k].to(v.dtype) - v if k in moved else torch.zeros_like(v)
+            k: steps[k].to(v.dtype) if k in steps else torch.zeros_like(v)
             for k, v in params.items()
         }
-        return updates, TorchState(_finite_flag(trial, state.finite))
+        finite = _finite_flag(pending["state"], state.finite)
+        return updates, TorchState(finite, tensors if isinstance(state.tensors, list) else ())
 
     update.pending = pending
     return Transform(init, update)
 
 
-def commit(base: torch.optim.Optimizer, pending: dict, taken: bool) -> None:
-    """Install the state ``base.step()`` formed in the last update when the step was ``taken``;
-    forget it either way. The dict ``base.state`` keeps its identity (a facade shares it).
+def state_tensors(base: torch.optim.Optimizer) -> list[dict[str, Tensor]]:
+    """The tensors of ``base``'s state, one dict per parameter it holds, in its groups' order: the
+    ``tensors`` of a `TorchState` (no copy).
+
+    Args:
+        base: a ``torch.optim`` optimiser.
+
+    Returns:
+        A list of dicts ``key -> tensor`` (``{}`` for a parameter without state).
+    """
+    return [
+        {k: v for k, v in base.state.get(p, {}).items() if isinstance(v, Tensor)}
+        for g in base.param_groups
+        for p in g["params"]
+    ]
+
+
+def commit(base: torch.optim.Optimizer, tensors, pending: dict, skipped: Tensor | None) -> None:
+    """Install a step's state into ``base``: ``tensors`` (a `TorchState`'s, already kept or dropped
+    by the guard) in place of the old, with no copy and no host synchronisation; and what the
+    update left in ``pending`` (a first step's state, values that are not tensors) when the step
+    was taken, which reads ``skipped`` on the host, once per step that formed such state.
 
     Args:
         base: the optimiser of a `torch_transform`.
+        tensors: the new `TorchState`'s ``tensors``.
         pending: that transform's ``update.pending``.
-        taken: whether the step was taken (make_step's guard did not skip it).
+        skipped: the step's ``metrics["skipped"]``; None when the step has no guard.
     """
-    trial = pending.pop("state", None)
-    if taken and trial is not None:
-        base.state.clear()
-        base.state.update(trial)
+    held = [p for g in base.param_groups for p in g["params"]]
+    for p, s in zip(held, tensors, strict=False):
+        if s:
+            base.state[p].update(s)
+    rest = pending.pop("state", None)
+    if rest and (skipped is None or not bool(skipped)):
+        for p, s in rest.items():
+            base.state[p].update(s)
 
 
-def _copied(state) -> Any:
-    """A copy of a ``torch.optim`` state whose tensors ``step()`` may change in place."""
-    out = copy.copy(state)  # a defaultdict stays one
+def _map_torch(opt_state, fn):
+    """``opt_state`` with its `TorchState` (alone, or in a chain) replaced by ``fn`` of it."""
+    is_torch = lambda x: isinstance(x, TorchState)  # noqa: E731
+    return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
+
+
+def _fresh(tensors: list[Tensor]) -> list[Tensor]:
+    """New tensors equal to ``tensors`` (strides kept): one ``_foreach_copy_``, not a copy each."""
+    out = [torch.empty_like(t) for t in tensors]
+    if out:
+        torch._foreach_copy_(out, tensors)
+    return out
+
+
+def _like(state, entries: dict) -> Any:
+    """A mapping of the kind of ``state`` (a defaultdict stays one) holding ``entries``."""
+    out = copy.copy(state)
     out.clear()
-    for p, s in state.items():
-        out[p] = {k: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v) for k, v in s.items()}
+    out.update(entries)
     return out
 
 
 def _finite_flag(state, like: Tensor) -> Tensor:
-    """0 when every floating-point tensor of ``state`` is finite, NaN otherwise (0·max|x|)."""
-    leaves = [
-        t
-        for s in state.values()
-        for t in s.values()
-        if isinstance(t, Tensor) and t.is_floating_point() and t.numel()
-    ]
-    if not leaves:
+    """0 when every floating-point tensor of ``state`` (parameter -> dict) is finite, NaN
+    otherwise; ``like``'s zero when it holds none."""
+    leaves = [t for s in state.values() for t in s.values() if isinstance(t, Tensor)]
+    if not any(t.is_floating_point() and t.numel() for t in leaves):
         return torch.zeros_like(like)
-    top = torch.stack([torch.linalg.vector_norm(t, float("inf")).to(like) for t in leaves]).amax()
-    return top * 0.0
+    ok = _all_finite(leaves).to(like.device)
+    return torch.where(ok, torch.zeros_like(like), torch.full_like(like, float("nan")))
 
 
 class FlatnessOptimizer(torch.optim.Optimizer):
@@ -500,24 +558,35 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     def _advance(self, run, data) -> Tensor:
         params = self._params()
-        buffers = {k: b.detach() for k, b in self._model.named_buffers()}
+        named_buffers = list(self._model.named_buffers())
+        buffers = {k: b.detach() for k, b in named_buffers}
         if self._state is None:
             self._state = run.init(params, None)
         state = self._state._replace(buffers=buffers)
         if self._torch is None:
             state = state._replace(opt=self._with_groups(state.opt))
+        else:
+            tensors = state_tensors(self._torch)
+            state = state._replace(
+                opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors))
+            )
         new_params, new_state, metrics = run(params, state, data)
         if self._torch is not None:
-            taken = "skipped" not in metrics or not bool(metrics["skipped"])
-            commit(self._torch, self._pending, taken)
+            formed = []
+            opt = _map_torch(new_state.opt, lambda s: formed.append(s) or TorchState(s.finite))
+            commit(self._torch, formed[0].tensors, self._pending, metrics.get("skipped"))
+            new_state = new_state._replace(opt=opt)
             metrics.setdefault(
                 "lr", torch.tensor(float(self.param_groups[0]["lr"]), dtype=torch.float64)
             )
-        with torch.no_grad():
-            for k, p in self._trainable.items():
-                p.copy_(new_params[k])
-            for k, b in self._model.named_buffers():
-                b.copy_(new_state.buffers[k])
+        with torch.no_grad():  # one copy per dtype and device, not one per tensor
+            torch._foreach_copy_(
+                list(self._trainable.values()), [new_params[k] for k in self._trainable]
+            )
+            if named_buffers:
+                torch._foreach_copy_(
+                    [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
+                )
         self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
         if self._torch is None and self._hyper.scheduled:
