@@ -136,7 +136,8 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         keys = [names[id(p)] for p in held]
         given = list(state.tensors) if isinstance(state.tensors, list) else []
         given += [{}] * (len(held) - len(given))
-        moved = _fresh([params[k].to(p.dtype) for p, k in zip(held, keys, strict=True)])
+        start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
+        moved = _fresh(start)
         copies = _fresh([t for s in given for t in s.values()])
         trial, at = {}, 0
         for p, s in zip(held, given, strict=True):
@@ -153,7 +154,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
             base.state = _like(kept_state, trial)
             for p, k, new in zip(held, keys, moved, strict=True):
                 p.data = new
-                p.grad = direction[k].to(p.dtype)
+                p.grad = _as(direction[k], p)
             with torch.no_grad():
                 base.step()
             moved = [p.data for p in held]
@@ -168,11 +169,9 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
             for (p, s), g in zip(((p, formed.get(p, {})) for p in held), given, strict=True)
         }
         pending["state"] = {p: s for p, s in rest.items() if s}
-        start = [params[k].to(p.dtype) for p, k in zip(held, keys, strict=True)]
         steps = dict(zip(keys, torch._foreach_sub(moved, start) if held else [], strict=True))
         updates = {
-            k: steps[k].to(v.dtype) if k in steps else torch.zeros_like(v)
-            for k, v in params.items()
+            k: _as(steps[k], v) if k in steps else torch.zeros_like(v) for k, v in params.items()
         }
         finite = _finite_flag(pending["state"], state.finite)
         return updates, TorchState(finite, tensors if isinstance(state.tensors, list) else ())
@@ -226,12 +225,33 @@ def _map_torch(opt_state, fn):
     return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
 
 
+def _as(t: Tensor, like: Tensor) -> Tensor:
+    """``t`` in ``like``'s dtype (itself when it is already)."""
+    return t if t.dtype == like.dtype else t.to(like.dtype)
+
+
 def _fresh(tensors: list[Tensor]) -> list[Tensor]:
-    """New tensors equal to ``tensors`` (strides kept): one ``_foreach_copy_``, not a copy each."""
+    """New tensors equal to ``tensors`` (strides kept), copied by `copy_into`."""
     out = [torch.empty_like(t) for t in tensors]
-    if out:
-        torch._foreach_copy_(out, tensors)
+    copy_into(out, tensors)
     return out
+
+
+def copy_into(dst: list[Tensor], src: list[Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for every i, as one ``_foreach_copy_`` per device and dtype (a list
+    that mixes them would take ``_foreach``'s slow path, a kernel per tensor).
+
+    Args:
+        dst: the tensors written.
+        src: the tensors read, one per ``dst``.
+    """
+    groups: dict[tuple, tuple[list, list]] = {}
+    for d, t in zip(dst, src, strict=True):
+        into, out = groups.setdefault((d.device, d.dtype, t.device, t.dtype), ([], []))
+        into.append(d)
+        out.append(t)
+    for into, out in groups.values():
+        torch._foreach_copy_(into, out)
 
 
 def _like(state, entries: dict) -> Any:
@@ -579,14 +599,11 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             metrics.setdefault(
                 "lr", torch.tensor(float(self.param_groups[0]["lr"]), dtype=torch.float64)
             )
-        with torch.no_grad():  # one copy per dtype and device, not one per tensor
-            torch._foreach_copy_(
-                list(self._trainable.values()), [new_params[k] for k in self._trainable]
+        with torch.no_grad():
+            copy_into(list(self._trainable.values()), [new_params[k] for k in self._trainable])
+            copy_into(
+                [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
             )
-            if named_buffers:
-                torch._foreach_copy_(
-                    [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
-                )
         self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
         if self._torch is None and self._hyper.scheduled:
