@@ -62,6 +62,8 @@ from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from gamfunc.accumulate import accumulate as accumulated
+from gamfunc.cuda_graphs import cuda_graph as graphed
+from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.nn import functionalize
 from gamfunc.optim import (
@@ -313,6 +315,14 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             scale in the step state, in place of ``torch.amp.GradScaler``).
         max_grad_norm: clip the direction to this global norm before the base optimiser
             ([`gamfunc.clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm]).
+        cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph
+            ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]: three eager steps, then a
+            capture, then replays; compiled or not). The model must be on a CUDA device, and a
+            ``torch.optim`` base optimiser capturable: built with ``capturable=True`` where it has
+            that option. A number it reads from its param groups (a float ``lr``) is fixed in the
+            graph, so a change of one (a scheduler's) drops the graphs and captures again; give it
+            as a tensor (``lr=torch.tensor(0.1, device="cuda")``, which schedulers change in place)
+            to keep them. ``step(closure)`` is not captured.
         **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``.
 
     Attributes:
@@ -328,8 +338,9 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     Raises:
         TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
             ``torch.optim`` optimiser whose ``step`` needs a closure, or an argument of the wrong type.
-        ValueError: a base optimiser over tensors that are not the model's parameters, or an invalid
-            option (naming it).
+        ValueError: a base optimiser over tensors that are not the model's parameters, an invalid
+            option (naming it), or ``cuda_graph=True`` with a model off the GPU or a base optimiser
+            built with ``capturable=False``.
 
     Warning:
         With a gamfunc base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the
@@ -369,10 +380,13 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         accumulate: int = 1,
         precision: str = "fp32",
         max_grad_norm: float | None = None,
+        cuda_graph: bool = False,
         **base_kwargs,
     ):
         _check_model(model)
         _check_arguments(criterion, compile, compile_options, accumulate, precision)
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"cuda_graph must be True or False; got {cuda_graph!r}")
         if not isinstance(estimator, Estimator):
             raise TypeError(
                 f"estimator must be a gamfunc estimator; got {getattr(estimator, '__name__', type(estimator).__name__)}"
@@ -412,7 +426,12 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         if compile:
             scope = "pass" if self._torch is not None else "step"
             batch_step = batch_step.compile(scope=scope, **(compile_options or {}))
+        self._graphed = cuda_graph
+        if cuda_graph:
+            _check_capturable(self._torch, trainable)
+            batch_step = graphed(batch_step)
         self._batch_step = batch_step
+        self._captured: list | None = None  # the torch base's groups the graphs were made with
         if self._torch is not None:
             super().__init__(list(self._trainable.values()), dict(opt.defaults))
             # the base optimiser's groups and state, shared: a scheduler of either moves both
@@ -577,6 +596,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         return {k: p.detach() for k, p in self._trainable.items()}
 
     def _advance(self, run, data) -> Tensor:
+        if self._graphed and self._torch is not None and run is self._batch_step:
+            self._recapture_on_change()
         params = self._params()
         named_buffers = list(self._model.named_buffers())
         buffers = {k: b.detach() for k, b in named_buffers}
@@ -610,6 +631,17 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self.param_groups[0]["lr"] = float(learning_rate(new_state.opt))
             self._set[0]["lr"] = self.param_groups[0]["lr"]
         return metrics["loss"]
+
+    def _recapture_on_change(self) -> None:
+        """Drop the graphs when a number the torch base optimiser reads from its param groups (a
+        float lr) changed since they were made: a graph replays the value it was captured with."""
+        numbers = [
+            {k: v for k, v in g.items() if k != "params" and not isinstance(v, Tensor)}
+            for g in self.param_groups
+        ]
+        if self._captured is not None and numbers != self._captured:
+            release(self._batch_step)
+        self._captured = numbers
 
     def _with_groups(self, opt_state):
         """``opt_state`` with each param group's hyperparameters in its injected state (group i, the
@@ -933,6 +965,7 @@ def _held(base: torch.optim.Optimizer, named: dict[str, Tensor]) -> dict[str, Te
 
 
 _OPTIONS = (
+    "cuda_graph",
     "every",
     "base",
     "on_nonfinite",
@@ -988,6 +1021,22 @@ def _check_arguments(criterion, compile, compile_options, accumulate, precision)
         raise ValueError(f"accumulate must be an integer >= 1; got {accumulate!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+
+
+def _check_capturable(base: torch.optim.Optimizer | None, trainable: dict[str, Tensor]) -> None:
+    """``cuda_graph=True`` needs the model on a CUDA device and a base optimiser whose step can be
+    captured: one line saying what to change."""
+    if base is not None and any(g.get("capturable") is False for g in base.param_groups):
+        raise ValueError(
+            f"cuda_graph=True needs a base optimiser that can be captured: build it with "
+            f"capturable=True, {type(base).__name__}(model.parameters(), ..., capturable=True)"
+        )
+    devices = {p.device.type for p in trainable.values()}
+    if devices != {"cuda"}:
+        raise ValueError(
+            f"cuda_graph=True replays CUDA graphs: move the model to a CUDA device first (its "
+            f"parameters are on {sorted(devices)})"
+        )
 
 
 def _check_batch(batch) -> None:
