@@ -221,6 +221,14 @@ def commit(base: torch.optim.Optimizer, tensors, pending: dict, skipped: Tensor 
             base.state[p].update(s)
 
 
+def _lr_metric(lr) -> Tensor:
+    """A param group's lr as a 0-d float64 tensor; a tensor lr (``capturable=True``) is copied on
+    its device rather than read on the host."""
+    if isinstance(lr, Tensor):
+        return lr.detach().to(torch.float64, copy=True)
+    return torch.tensor(float(lr), dtype=torch.float64)
+
+
 def _map_torch(opt_state, fn):
     """``opt_state`` with its `TorchState` (alone, or in a chain) replaced by ``fn`` of it."""
     is_torch = lambda x: isinstance(x, TorchState)  # noqa: E731
@@ -617,9 +625,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             opt = _map_torch(new_state.opt, lambda s: formed.append(s) or TorchState(s.finite))
             commit(self._torch, formed[0].tensors, self._pending, metrics.get("skipped"))
             new_state = new_state._replace(opt=opt)
-            metrics.setdefault(
-                "lr", torch.tensor(float(self.param_groups[0]["lr"]), dtype=torch.float64)
-            )
+            metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
         with torch.no_grad():
             copy_into(list(self._trainable.values()), [new_params[k] for k in self._trainable])
             copy_into(

@@ -75,3 +75,23 @@ def test_cuda_graph_equals_the_uncaptured_facade(base, estimator):
     assert int(got_state["state"]["step"]) == STEPS
     if "base" in want_state:
         torch.testing.assert_close(got_state["base"]["state"], want_state["base"]["state"], **TIGHT)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("base", ["sgd", "adamw-tensor-lr"])
+def test_the_facade_step_reads_nothing_on_the_host_after_its_first(base):
+    """The guard and the base optimiser's state stay on the device: no synchronisation per step
+    (the first forms the optimiser's state and reads whether it was taken)."""
+    device = torch.device("cuda")
+    data = [(x.to(device), y.to(device)) for x, y in batches(4)]
+    model = mlp().to(device)
+    facade = SAM(model, bases(device)[base](model), rho=0.05)
+    facade.step(data[0])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for b in data[1:]:
+            facade.step(b)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert int(facade.metrics["skipped"]) == 0
