@@ -17,9 +17,9 @@ The base optimiser is any of:
 
 A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step (`torch_transform`):
 its ``step()`` runs on copies of the parameters and of its state, with the direction as ``.grad``,
-and the state it forms is kept only when the step is taken. So every option of the step carries
-over whatever the base optimiser: ``compile=``, ``every=``, ``accumulate=``, ``precision=``,
-``max_grad_norm=`` and the guard.
+and its state tensors travel in the step's state, kept or dropped by the guard on the device. So
+every option of the step carries over whatever the base optimiser: ``compile=``, ``every=``,
+``accumulate=``, ``precision=``, ``max_grad_norm=``, ``cuda_graph=`` and the guard.
 
 Switching a ``torch.optim`` loop:
 
