@@ -65,7 +65,7 @@ from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator, gam, sam
-from gamfunc.nn import functionalize
+from gamfunc.nn import functionalize, tied
 from gamfunc.optim import (
     InjectState,
     Transform,
@@ -892,6 +892,7 @@ class _Holder(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.ties = tied(model)
 
     def forward(self, closure):
         return closure()
@@ -904,7 +905,7 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
         {f"model.{k}": v for k, v in params.items()},
         {f"model.{k}": v for k, v in new_buffers.items()},
     )
-    loss = functional_call(holder, tensors, (closure,))
+    loss = functional_call(holder, tensors, (closure,), tie_weights=holder.ties)
     if not isinstance(loss, Tensor):
         raise TypeError(f"the closure must return the loss tensor; it returned {type(loss)}")
     return loss, new_buffers
