@@ -80,15 +80,34 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     autocast_batchnorm(model)
+    ties = tied(model)
 
     def loss_fn(params, batch, buffers, *, train: bool = train):
         inputs, targets = batch
         new_buffers = {k: v.clone() for k, v in buffers.items()}
         with mode(model, train):
-            out = functional_call(model, (params, new_buffers), (inputs,))
+            out = functional_call(model, (params, new_buffers), (inputs,), tie_weights=ties)
         return criterion(out, targets), new_buffers
 
     return loss_fn, params, buffers
+
+
+def tied(model: nn.Module) -> bool:
+    """Whether a tensor of ``model`` sits under two names (tied weights). Where none does,
+    ``torch.func.functional_call(..., tie_weights=False)`` swaps the same tensors as with ties, without
+    walking every submodule at each call to find them.
+
+    Args:
+        model: the module.
+
+    Returns:
+        True when two of its parameter or buffer names share one tensor.
+    """
+    every = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    return len({id(t) for _, t in every}) < len(every)
 
 
 def load(model: nn.Module, params, buffers=None) -> nn.Module:

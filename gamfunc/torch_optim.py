@@ -17,9 +17,9 @@ The base optimiser is any of:
 
 A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step (`torch_transform`):
 its ``step()`` runs on copies of the parameters and of its state, with the direction as ``.grad``,
-and the state it forms is kept only when the step is taken. So every option of the step carries
-over whatever the base optimiser: ``compile=``, ``every=``, ``accumulate=``, ``precision=``,
-``max_grad_norm=`` and the guard.
+and its state tensors travel in the step's state, kept or dropped by the guard on the device. So
+every option of the step carries over whatever the base optimiser: ``compile=``, ``every=``,
+``accumulate=``, ``precision=``, ``max_grad_norm=``, ``cuda_graph=`` and the guard.
 
 Switching a ``torch.optim`` loop:
 
@@ -62,8 +62,10 @@ from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from gamfunc.accumulate import accumulate as accumulated
+from gamfunc.cuda_graphs import cuda_graph as graphed
+from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator, gam, sam
-from gamfunc.nn import functionalize
+from gamfunc.nn import functionalize, tied
 from gamfunc.optim import (
     InjectState,
     Transform,
@@ -74,7 +76,7 @@ from gamfunc.optim import (
 )
 from gamfunc.precision import PRECISIONS, mixed
 from gamfunc.state import StepState, as_dict, from_dict
-from gamfunc.step import make_step
+from gamfunc.step import _all_finite, make_step
 from gamfunc.transforms import chain, clip_by_global_norm
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
@@ -89,36 +91,41 @@ _BACKWARD_INSIDE = (
 
 
 class TorchState(NamedTuple):
-    """The step state of a `torch_transform`: the optimiser's own state lives in the
-    ``torch.optim`` optimiser; the step state holds only what the guard reads of it.
+    """The step state of a `torch_transform`.
 
     Attributes:
-        finite: 0-d float64, 0 when every floating-point tensor of the optimiser's last formed state
-            is finite, NaN otherwise (so that `gamfunc.step.is_finite` skips a step that
-            would make it non-finite).
+        finite: 0-d float64: 0 when every floating-point tensor the base optimiser formed outside
+            ``tensors`` (the entries of its first step) is finite, NaN otherwise, so that
+            `gamfunc.step.is_finite` skips a step that would make them non-finite.
+        tensors: the tensors of the optimiser's state, one dict per parameter it holds, in the order
+            of its param groups (``()`` between steps: they live in the optimiser). Carried here,
+            they are selected by make_step's non-finite guard on the device and pass through a
+            CUDA graph like any other state.
     """
 
     finite: Tensor
+    tensors: list[dict[str, Tensor]] | tuple = ()
 
 
 def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Transform:
     """A ``torch.optim`` optimiser as a [`Transform`][gamfunc.optim.base.Transform] of [`gamfunc.make_step`][gamfunc.make_step].
 
-    ``update(direction, state, params)`` swaps copies of ``params`` and of ``base.state`` into the
-    parameters ``base`` holds, sets each ``.grad`` to the direction, runs ``base.step()`` and
-    restores the tensors: ``base`` itself is left as it was. The new parameters give the updates;
-    the state ``base.step()`` formed waits in ``pending`` until the step is known to be taken, when
-    `commit` installs it (a skipped step forms none). ``base``'s
-    param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set them) are read
-    by its own ``step()``, so a change takes effect on the next step.
+    ``update(direction, state, params)`` runs ``base.step()`` on fresh copies of ``params`` and of
+    ``state.tensors`` (one ``_foreach_copy_`` each), with the direction as each ``.grad``, and
+    restores the tensors ``base`` holds: ``base`` itself is left as it was. The copies, moved, give
+    the updates and the new ``tensors``, of the structure of the old, which make_step's guard keeps
+    or drops on the device. What ``base.step()`` formed that ``state.tensors`` had no place for (the
+    state of its first step, values that are not tensors) waits in ``pending`` for `commit`.
+    ``base``'s param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set
+    them) are read by its own ``step()``, so a change takes effect on the next step.
 
     Args:
         base: the optimiser; each parameter it holds is named in ``names``.
         names: ``id(parameter) -> name`` of the parameters in the step's ``params``.
 
     Returns:
-        A Transform whose state is a `TorchState`; it carries ``pending``
-            (a dict) as an attribute of its update.
+        A Transform whose state is a `TorchState`; it carries ``pending`` (a dict) as an attribute
+            of its update.
     """
     pending: dict[str, Any] = {}
 
@@ -128,70 +135,151 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
 
     def update(direction, state, params):
         held = [p for g in base.param_groups for p in g["params"]]
+        keys = [names[id(p)] for p in held]
+        given = list(state.tensors) if isinstance(state.tensors, list) else []
+        given += [{}] * (len(held) - len(given))
+        start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
+        moved = _fresh(start)
+        copies = _fresh([t for s in given for t in s.values()])
+        trial, at = {}, 0
+        for p, s in zip(held, given, strict=True):
+            kept = base.state.get(p, {})
+            mine = dict(zip(s, copies[at : at + len(s)], strict=True))
+            at += len(s)
+            if kept or mine:
+                others = {k: copy.deepcopy(v) for k, v in kept.items() if not isinstance(v, Tensor)}
+                trial[p] = others | mine
         kept_data = [p.data for p in held]
         kept_grad = [p.grad for p in held]
         kept_state = base.state
-        trial = _copied(kept_state)
         try:
-            base.state = trial
-            for p in held:
-                name = names[id(p)]
-                p.data = params[name].to(p.dtype).clone()
-                p.grad = direction[name].to(p.dtype)
+            base.state = _like(kept_state, trial)
+            for p, k, new in zip(held, keys, moved, strict=True):
+                p.data = new
+                p.grad = _as(direction[k], p)
             with torch.no_grad():
                 base.step()
-            moved = {names[id(p)]: p.data for p in held}
+            moved = [p.data for p in held]
+            formed = base.state
         finally:
             base.state = kept_state
             for p, data, grad in zip(held, kept_data, kept_grad, strict=True):
                 p.data, p.grad = data, grad
-        pending["state"] = trial
-        updates = {
-            k: moved[k].to(v.dtype) - v if k in moved else torch.zeros_like(v)
-            for k, v in params.items()
+        tensors = [{k: formed[p][k] for k in s} for p, s in zip(held, given, strict=True)]
+        rest = {
+            p: {k: v for k, v in s.items() if k not in g}
+            for (p, s), g in zip(((p, formed.get(p, {})) for p in held), given, strict=True)
         }
-        return updates, TorchState(_finite_flag(trial, state.finite))
+        pending["state"] = {p: s for p, s in rest.items() if s}
+        steps = dict(zip(keys, torch._foreach_sub(moved, start) if held else [], strict=True))
+        updates = {
+            k: _as(steps[k], v) if k in steps else torch.zeros_like(v) for k, v in params.items()
+        }
+        finite = _finite_flag(pending["state"], state.finite)
+        return updates, TorchState(finite, tensors if isinstance(state.tensors, list) else ())
 
     update.pending = pending
     return Transform(init, update)
 
 
-def commit(base: torch.optim.Optimizer, pending: dict, taken: bool) -> None:
-    """Install the state ``base.step()`` formed in the last update when the step was ``taken``;
-    forget it either way. The dict ``base.state`` keeps its identity (a facade shares it).
+def state_tensors(base: torch.optim.Optimizer) -> list[dict[str, Tensor]]:
+    """The tensors of ``base``'s state, one dict per parameter it holds, in its groups' order: the
+    ``tensors`` of a `TorchState` (no copy).
+
+    Args:
+        base: a ``torch.optim`` optimiser.
+
+    Returns:
+        A list of dicts ``key -> tensor`` (``{}`` for a parameter without state).
+    """
+    return [
+        {k: v for k, v in base.state.get(p, {}).items() if isinstance(v, Tensor)}
+        for g in base.param_groups
+        for p in g["params"]
+    ]
+
+
+def commit(base: torch.optim.Optimizer, tensors, pending: dict, skipped: Tensor | None) -> None:
+    """Install a step's state into ``base``: ``tensors`` (a `TorchState`'s, already kept or dropped
+    by the guard) in place of the old, with no copy and no host synchronisation; and what the
+    update left in ``pending`` (a first step's state, values that are not tensors) when the step
+    was taken, which reads ``skipped`` on the host, once per step that formed such state.
 
     Args:
         base: the optimiser of a `torch_transform`.
+        tensors: the new `TorchState`'s ``tensors``.
         pending: that transform's ``update.pending``.
-        taken: whether the step was taken (make_step's guard did not skip it).
+        skipped: the step's ``metrics["skipped"]``; None when the step has no guard.
     """
-    trial = pending.pop("state", None)
-    if taken and trial is not None:
-        base.state.clear()
-        base.state.update(trial)
+    held = [p for g in base.param_groups for p in g["params"]]
+    for p, s in zip(held, tensors, strict=False):
+        if s:
+            base.state[p].update(s)
+    rest = pending.pop("state", None)
+    if rest and (skipped is None or not bool(skipped)):
+        for p, s in rest.items():
+            base.state[p].update(s)
 
 
-def _copied(state) -> Any:
-    """A copy of a ``torch.optim`` state whose tensors ``step()`` may change in place."""
-    out = copy.copy(state)  # a defaultdict stays one
+def _lr_metric(lr) -> Tensor:
+    """A param group's lr as a 0-d float64 tensor; a tensor lr (``capturable=True``) is copied on
+    its device rather than read on the host."""
+    if isinstance(lr, Tensor):
+        return lr.detach().to(torch.float64, copy=True)
+    return torch.tensor(float(lr), dtype=torch.float64)
+
+
+def _map_torch(opt_state, fn):
+    """``opt_state`` with its `TorchState` (alone, or in a chain) replaced by ``fn`` of it."""
+    is_torch = lambda x: isinstance(x, TorchState)  # noqa: E731
+    return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
+
+
+def _as(t: Tensor, like: Tensor) -> Tensor:
+    """``t`` in ``like``'s dtype (itself when it is already)."""
+    return t if t.dtype == like.dtype else t.to(like.dtype)
+
+
+def _fresh(tensors: list[Tensor]) -> list[Tensor]:
+    """New tensors equal to ``tensors`` (strides kept), copied by `copy_into`."""
+    out = [torch.empty_like(t) for t in tensors]
+    copy_into(out, tensors)
+    return out
+
+
+def copy_into(dst: list[Tensor], src: list[Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for every i, as one ``_foreach_copy_`` per device and dtype (a list
+    that mixes them would take ``_foreach``'s slow path, a kernel per tensor).
+
+    Args:
+        dst: the tensors written.
+        src: the tensors read, one per ``dst``.
+    """
+    groups: dict[tuple, tuple[list, list]] = {}
+    for d, t in zip(dst, src, strict=True):
+        into, out = groups.setdefault((d.device, d.dtype, t.device, t.dtype), ([], []))
+        into.append(d)
+        out.append(t)
+    for into, out in groups.values():
+        torch._foreach_copy_(into, out)
+
+
+def _like(state, entries: dict) -> Any:
+    """A mapping of the kind of ``state`` (a defaultdict stays one) holding ``entries``."""
+    out = copy.copy(state)
     out.clear()
-    for p, s in state.items():
-        out[p] = {k: v.clone() if isinstance(v, Tensor) else copy.deepcopy(v) for k, v in s.items()}
+    out.update(entries)
     return out
 
 
 def _finite_flag(state, like: Tensor) -> Tensor:
-    """0 when every floating-point tensor of ``state`` is finite, NaN otherwise (0·max|x|)."""
-    leaves = [
-        t
-        for s in state.values()
-        for t in s.values()
-        if isinstance(t, Tensor) and t.is_floating_point() and t.numel()
-    ]
-    if not leaves:
+    """0 when every floating-point tensor of ``state`` (parameter -> dict) is finite, NaN
+    otherwise; ``like``'s zero when it holds none."""
+    leaves = [t for s in state.values() for t in s.values() if isinstance(t, Tensor)]
+    if not any(t.is_floating_point() and t.numel() for t in leaves):
         return torch.zeros_like(like)
-    top = torch.stack([torch.linalg.vector_norm(t, float("inf")).to(like) for t in leaves]).amax()
-    return top * 0.0
+    ok = _all_finite(leaves).to(like.device)
+    return torch.where(ok, torch.zeros_like(like), torch.full_like(like, float("nan")))
 
 
 class FlatnessOptimizer(torch.optim.Optimizer):
@@ -235,6 +323,14 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             scale in the step state, in place of ``torch.amp.GradScaler``).
         max_grad_norm: clip the direction to this global norm before the base optimiser
             ([`gamfunc.clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm]).
+        cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph
+            ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]: three eager steps, then a
+            capture, then replays; compiled or not). The model must be on a CUDA device, and a
+            ``torch.optim`` base optimiser capturable: built with ``capturable=True`` where it has
+            that option. A number it reads from its param groups (a float ``lr``) is fixed in the
+            graph, so a change of one (a scheduler's) drops the graphs and captures again; give it
+            as a tensor (``lr=torch.tensor(0.1, device="cuda")``, which schedulers change in place)
+            to keep them. ``step(closure)`` is not captured.
         **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``.
 
     Attributes:
@@ -250,8 +346,9 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     Raises:
         TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
             ``torch.optim`` optimiser whose ``step`` needs a closure, or an argument of the wrong type.
-        ValueError: a base optimiser over tensors that are not the model's parameters, or an invalid
-            option (naming it).
+        ValueError: a base optimiser over tensors that are not the model's parameters, an invalid
+            option (naming it), or ``cuda_graph=True`` with a model off the GPU or a base optimiser
+            built with ``capturable=False``.
 
     Warning:
         With a gamfunc base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the
@@ -291,10 +388,13 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         accumulate: int = 1,
         precision: str = "fp32",
         max_grad_norm: float | None = None,
+        cuda_graph: bool = False,
         **base_kwargs,
     ):
         _check_model(model)
         _check_arguments(criterion, compile, compile_options, accumulate, precision)
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"cuda_graph must be True or False; got {cuda_graph!r}")
         if not isinstance(estimator, Estimator):
             raise TypeError(
                 f"estimator must be a gamfunc estimator; got {getattr(estimator, '__name__', type(estimator).__name__)}"
@@ -334,7 +434,12 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         if compile:
             scope = "pass" if self._torch is not None else "step"
             batch_step = batch_step.compile(scope=scope, **(compile_options or {}))
+        self._graphed = cuda_graph
+        if cuda_graph:
+            _check_capturable(self._torch, trainable)
+            batch_step = graphed(batch_step)
         self._batch_step = batch_step
+        self._captured: list | None = None  # the torch base's groups the graphs were made with
         if self._torch is not None:
             super().__init__(list(self._trainable.values()), dict(opt.defaults))
             # the base optimiser's groups and state, shared: a scheduler of either moves both
@@ -499,31 +604,50 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         return {k: p.detach() for k, p in self._trainable.items()}
 
     def _advance(self, run, data) -> Tensor:
+        if self._graphed and self._torch is not None and run is self._batch_step:
+            self._recapture_on_change()
         params = self._params()
-        buffers = {k: b.detach() for k, b in self._model.named_buffers()}
+        named_buffers = list(self._model.named_buffers())
+        buffers = {k: b.detach() for k, b in named_buffers}
         if self._state is None:
             self._state = run.init(params, None)
         state = self._state._replace(buffers=buffers)
         if self._torch is None:
             state = state._replace(opt=self._with_groups(state.opt))
+        else:
+            tensors = state_tensors(self._torch)
+            state = state._replace(
+                opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors))
+            )
         new_params, new_state, metrics = run(params, state, data)
         if self._torch is not None:
-            taken = "skipped" not in metrics or not bool(metrics["skipped"])
-            commit(self._torch, self._pending, taken)
-            metrics.setdefault(
-                "lr", torch.tensor(float(self.param_groups[0]["lr"]), dtype=torch.float64)
-            )
+            formed = []
+            opt = _map_torch(new_state.opt, lambda s: formed.append(s) or TorchState(s.finite))
+            commit(self._torch, formed[0].tensors, self._pending, metrics.get("skipped"))
+            new_state = new_state._replace(opt=opt)
+            metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
         with torch.no_grad():
-            for k, p in self._trainable.items():
-                p.copy_(new_params[k])
-            for k, b in self._model.named_buffers():
-                b.copy_(new_state.buffers[k])
+            copy_into(list(self._trainable.values()), [new_params[k] for k in self._trainable])
+            copy_into(
+                [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
+            )
         self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
         if self._torch is None and self._hyper.scheduled:
             self.param_groups[0]["lr"] = float(learning_rate(new_state.opt))
             self._set[0]["lr"] = self.param_groups[0]["lr"]
         return metrics["loss"]
+
+    def _recapture_on_change(self) -> None:
+        """Drop the graphs when a number the torch base optimiser reads from its param groups (a
+        float lr) changed since they were made: a graph replays the value it was captured with."""
+        numbers = [
+            {k: v for k, v in g.items() if k != "params" and not isinstance(v, Tensor)}
+            for g in self.param_groups
+        ]
+        if self._captured is not None and numbers != self._captured:
+            release(self._batch_step)
+        self._captured = numbers
 
     def _with_groups(self, opt_state):
         """``opt_state`` with each param group's hyperparameters in its injected state (group i, the
@@ -768,6 +892,7 @@ class _Holder(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.ties = tied(model)
 
     def forward(self, closure):
         return closure()
@@ -780,7 +905,7 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
         {f"model.{k}": v for k, v in params.items()},
         {f"model.{k}": v for k, v in new_buffers.items()},
     )
-    loss = functional_call(holder, tensors, (closure,))
+    loss = functional_call(holder, tensors, (closure,), tie_weights=holder.ties)
     if not isinstance(loss, Tensor):
         raise TypeError(f"the closure must return the loss tensor; it returned {type(loss)}")
     return loss, new_buffers
@@ -847,6 +972,7 @@ def _held(base: torch.optim.Optimizer, named: dict[str, Tensor]) -> dict[str, Te
 
 
 _OPTIONS = (
+    "cuda_graph",
     "every",
     "base",
     "on_nonfinite",
@@ -902,6 +1028,22 @@ def _check_arguments(criterion, compile, compile_options, accumulate, precision)
         raise ValueError(f"accumulate must be an integer >= 1; got {accumulate!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}; got {precision!r}")
+
+
+def _check_capturable(base: torch.optim.Optimizer | None, trainable: dict[str, Tensor]) -> None:
+    """``cuda_graph=True`` needs the model on a CUDA device and a base optimiser whose step can be
+    captured: one line saying what to change."""
+    if base is not None and any(g.get("capturable") is False for g in base.param_groups):
+        raise ValueError(
+            f"cuda_graph=True needs a base optimiser that can be captured: build it with "
+            f"capturable=True, {type(base).__name__}(model.parameters(), ..., capturable=True)"
+        )
+    devices = {p.device.type for p in trainable.values()}
+    if devices != {"cuda"}:
+        raise ValueError(
+            f"cuda_graph=True replays CUDA graphs: move the model to a CUDA device first (its "
+            f"parameters are on {sorted(devices)})"
+        )
 
 
 def _check_batch(batch) -> None:

@@ -491,3 +491,17 @@ def test_facade_bases_are_the_torch_and_gamfunc_twins():
     assert sgd.defaults["fused"] == adamw.defaults["fused"] == facade.fused_ok(cpu)
     assert facade.plan("compile")[-2:] == [("davda54", "sam", "eager"), ("facade", "sam", "eager")]
     assert len(facade.plan("eager")) == 7  # the eager facade SAM is listed once
+
+
+def test_facade_estimators_choose_the_rows_and_davda54_comes_with_sam():
+    a = cli.parse(["--quick", "--facade=only", "--facade-estimators", "gam_exact"])
+    assert facade.plan("pass", a.facade_estimators) == [
+        ("facade", "gam_exact", "pass"),
+        ("make_step", "gam_exact", "pass"),
+    ]
+    assert facade.plan("pass-graph", ["sam"])[-2:] == [
+        ("davda54", "sam", "eager"),
+        ("facade", "sam", "eager"),
+    ]
+    with pytest.raises(SystemExit):
+        cli.parse(["--quick", "--facade=only", "--facade-estimators", "gnp"])

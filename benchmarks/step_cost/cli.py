@@ -168,7 +168,15 @@ def parse(argv=None):
         choices=facade.MODES,
         help="the facade and make_step rows: compile (default; the facade compile=True, make_step "
         "compiled whole), pass (make_step compiled pass by pass), reduce-overhead, "
-        "pass-reduce-overhead (CUDA graphs, both) or eager (--quick's default)",
+        "pass-reduce-overhead (CUDA graphs, both), pass-graph (by pass, each step one CUDA graph: "
+        "the facade's cuda_graph=True, gamfunc.cuda_graph) or eager (--quick's default)",
+    )
+    p.add_argument(
+        "--facade-estimators",
+        type=csv,
+        default=list(facade.ESTIMATORS),
+        help=f"comma list of {list(facade.ESTIMATORS)} for the facade table (default: all); the "
+        "eager davda54 and facade SAM rows come with sam",
     )
     p.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)  # workers
     _common.add_flags(p)
@@ -193,6 +201,7 @@ def parse(argv=None):
         ),
         ("only", [m for m in a.only if not every_ok(m)], (*METHODS, BASELINE)),
         ("composite-hvp", [a.composite_hvp], gamfunc.hvps.BACKENDS),
+        ("facade-estimators", a.facade_estimators, facade.ESTIMATORS),
         ("on-nonfinite", [a.on_nonfinite], ("skip", "raise", "ignore")),
     ):
         bad = [v for v in values if v not in allowed]

@@ -1,8 +1,9 @@
 """``--facade``: the ``torch.optim`` facade (:mod:`gamfunc.torch_optim`) against the functional step
 and against davda54/sam's two-pass SAM, on one model and precision, in the same process.
 
-Per estimator (``gam_fd``, ``gam_exact``, ``sam``) two rows in the mode ``--facade-mode``
-(``compile`` by default, ``eager`` with ``--quick``):
+Per estimator (``gam_fd``, ``gam_exact``, ``sam``, or those of ``--facade-estimators``) two rows in
+the mode ``--facade-mode`` (``compile`` by default, ``eager`` with ``--quick``; ``pass-graph``: both
+compiled pass by pass and each step replayed as one CUDA graph):
 
 - ``facade``: ``GAM(model, base, rho=..., alpha=..., hvp=..., compile=..., precision=...)`` (``SAM``
   for ``sam``), ``base`` a ``torch.optim`` optimiser over the model's parameters: ``SGD(lr,
@@ -12,7 +13,7 @@ Per estimator (``gam_fd``, ``gam_exact``, ``sam``) two rows in the mode ``--faca
   momentum=0.9)`` or ``gamfunc.adamw(lr)``), compiled as the functional rows of that mode are
   (``step.compile(fullgraph=True)`` for ``compile``, ``scope="pass"`` for ``pass``).
 
-And two eager SAM rows: ``davda54`` (davda54/sam's algorithm, written out in :class:`Davda54SAM`) and
+And, where ``sam`` is timed, two eager SAM rows: ``davda54`` (davda54/sam's algorithm, written out in :class:`Davda54SAM`) and
 the eager ``facade`` SAM over the same base optimiser. ``x_make_step`` is a facade row's images/s ÷
 the ``make_step`` row's of the same estimator and mode; ``x_davda54`` the eager facade SAM's ÷
 davda54's.
@@ -39,7 +40,10 @@ HVP = {"gam_fd": "fd", "gam_exact": "exact"}  # GAM's H·v backend per row
 # The facade's and make_step's rows: both compiled (make_step whole, "compile", or pass by pass,
 # "pass", as the facade over a torch.optim optimiser compiles; with CUDA graphs, "-reduce-overhead"),
 # or both eager.
-MODES = ("compile", "pass", "reduce-overhead", "pass-reduce-overhead", "eager")
+# "pass-graph": both compiled pass by pass and replayed as one CUDA graph a step (the facade's
+# cuda_graph=True, gamfunc.cuda_graph for make_step).
+MODES = ("compile", "pass", "reduce-overhead", "pass-reduce-overhead", "pass-graph", "eager")
+GRAPH = "pass-graph"
 ADAMW_LR = 1e-3  # ViT-S/32's base optimiser; SGD takes --lr
 # The davda54/sam file followed by Davda54SAM.
 DAVDA54 = "https://github.com/davda54/sam, sam.py (SAM.first_step, SAM.second_step), adaptive=False"
@@ -71,7 +75,9 @@ def fused_ok(device: torch.device) -> bool:
     return device.type in _get_fused_kernels_supported_devices()
 
 
-def torch_base(kind: str, params, lr: float, device: torch.device) -> torch.optim.Optimizer:
+def torch_base(
+    kind: str, params, lr: float, device: torch.device, capturable: bool = False
+) -> torch.optim.Optimizer:
     """The ``torch.optim`` base optimiser of the facade and davda54 rows.
 
     Args:
@@ -79,6 +85,7 @@ def torch_base(kind: str, params, lr: float, device: torch.device) -> torch.opti
         params: the parameters it moves.
         lr: SGD's learning rate (AdamW takes :data:`ADAMW_LR`).
         device: the device, for ``fused``.
+        capturable: AdamW built with ``capturable=True`` (for a CUDA graph; SGD has no such option).
 
     Returns:
         ``torch.optim.SGD(lr, momentum=0.9)`` or ``torch.optim.AdamW(ADAMW_LR)``, fused where the
@@ -86,7 +93,7 @@ def torch_base(kind: str, params, lr: float, device: torch.device) -> torch.opti
     """
     fused = fused_ok(device)
     if kind == "AdamW":
-        return torch.optim.AdamW(params, lr=ADAMW_LR, fused=fused)
+        return torch.optim.AdamW(params, lr=ADAMW_LR, fused=fused, capturable=capturable)
     return torch.optim.SGD(params, lr=lr, momentum=0.9, fused=fused)
 
 
@@ -105,18 +112,21 @@ def gamfunc_base(kind: str, lr: float) -> gamfunc.Transform:
     return gamfunc.sgd(lr=lr, momentum=0.9)
 
 
-def plan(mode: str) -> list[tuple[str, str, str]]:
+def plan(mode: str, estimators=ESTIMATORS) -> list[tuple[str, str, str]]:
     """The rows of one model and precision.
 
     Args:
         mode: ``--facade-mode``.
+        estimators: ``--facade-estimators``, names in :data:`ESTIMATORS`.
 
     Returns:
         ``(method, estimator, mode)`` of every row: facade and make_step per estimator in ``mode``,
-            then davda54's SAM and the facade's SAM, eager (once, where ``mode`` is "eager").
+            then, where ``sam`` is among them, davda54's SAM and the facade's SAM, eager (once,
+            where ``mode`` is "eager").
     """
-    rows = [(m, e, mode) for e in ESTIMATORS for m in ("facade", "make_step")]
-    for extra in (("davda54", "sam", "eager"), ("facade", "sam", "eager")):
+    rows = [(m, e, mode) for e in ESTIMATORS if e in estimators for m in ("facade", "make_step")]
+    extras = (("davda54", "sam", "eager"), ("facade", "sam", "eager"))
+    for extra in extras if "sam" in estimators else ():
         if extra not in rows:
             rows.append(extra)
     return rows
@@ -126,23 +136,27 @@ class FacadeStep:
     """One ``optimizer.step((x, y))`` of a :mod:`gamfunc.torch_optim` facade on its own copy of the
     model, over a ``torch.optim`` base optimiser: ``compile=True`` unless ``mode`` is "eager", with
     ``compile_options={"mode": ...}`` for a mode such as "reduce-overhead" (CUDA graphs) and
-    ``--inductor``'s options."""
+    ``--inductor``'s options; ``cuda_graph=True`` (a capturable base optimiser) in
+    :data:`GRAPH` mode."""
 
     def __init__(self, model, batch, estimator, hvp, kind, a, device, dtype, mode):
         self.model, self.batch = copy.deepcopy(model).train(), batch
-        base = torch_base(kind, self.model.parameters(), a.lr, device)
+        graph = mode == GRAPH
+        base = torch_base(kind, self.model.parameters(), a.lr, device, capturable=graph)
         rho = rho_schedule(a.rho)
         compiled = mode != "eager"
         common = {"compile": compiled, "precision": dtype, "on_nonfinite": a.on_nonfinite}
+        if graph:
+            common["cuda_graph"] = True
         options = {}
-        if compiled and split_mode(mode)[1] != "compile":  # reduce-overhead: CUDA graphs
+        if compiled and split_mode(mode)[1] not in ("compile", "graph"):  # reduce-overhead
             options["mode"] = split_mode(mode)[1]
         if compiled and a.inductor_options:  # --inductor, as for make_step's compile
             options["options"] = dict(a.inductor_options)
         if options:
             common["compile_options"] = options
         self.cuda_graphs = compiled and bool(
-            compile_options(mode, a.inductor_options).get("triton.cudagraphs")
+            compile_options("pass" if graph else mode, a.inductor_options).get("triton.cudagraphs")
         )
         if estimator == "sam":
             self.opt = torch_optim.SAM(self.model, base, rho=rho, **common)
@@ -238,7 +252,25 @@ def factory(method, estimator, mode, g, model_name, a, device):
     rho = rho_schedule(a.rho)
     est = gamfunc.sam(rho) if estimator == "sam" else gamfunc.gam(rho, a.alpha, hvp=hvp)
     step = gamfunc.make_step(est, gamfunc_base(kind, a.lr), g.loss_fn, on_nonfinite=a.on_nonfinite)
+    if mode == GRAPH:
+        return lambda: graphed(step, g, a)
     return lambda: Functional(step, g.params, g.buffers, g.batch, mode, 1, a.inductor_options)
+
+
+def graphed(step, g, a) -> Functional:
+    """make_step's runner in :data:`GRAPH` mode: compiled pass by pass, then ``gamfunc.cuda_graph``.
+
+    Args:
+        step: the make_step step.
+        g: the prepared group.
+        a: the parsed flags.
+
+    Returns:
+        The runner.
+    """
+    runner = Functional(step, g.params, g.buffers, g.batch, "pass", 1, a.inductor_options)
+    runner.fn = gamfunc.cuda_graph(runner.fn)
+    return runner
 
 
 def ratios(rows):
@@ -279,7 +311,7 @@ def run_facade(model_name, token, a, device, meta) -> list[dict]:
     batch_bytes = sum(t.numel() * t.element_size() for t in g.batch)
     kind, fused = base_kind(model_name), fused_ok(device)
     rows, runners = {}, {}
-    for method, estimator, mode in plan(a.facade_mode):
+    for method, estimator, mode in plan(a.facade_mode, a.facade_estimators):
         hvp = HVP.get(estimator)
         row = {
             "model": model_name,
