@@ -67,7 +67,7 @@ def gam(
 
     so ‖θ_adv − θ‖ ≤ ρ (the triangle inequality) and every iterate stays in the ball of R1_ρ; n
     changes how well its maximiser is found, not the ball. Each step after the first costs one
-    gradient and one H·v (two more gradients with ``hvp="fd"``). n = 1 is the one step above,
+    gradient and one H·v (with ``hvp="fd"``, two gradients). n = 1 is the one step above,
     operation for operation. With ``adaptive=True`` each step is the adaptive one of length ρ/n,
     its T = |θ| taken at θ (not at θ_i), so the steps add up inside the same ellipsoid
     ‖ε/|θ|‖ ≤ ρ. The multi-step ascent is not defined for
