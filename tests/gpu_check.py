@@ -9,18 +9,24 @@ Cases: the estimators of :data:`CHECKED` (built by ``tests/registry.py``'s ``EST
 bf16 (:func:`gamfunc.precision.bf16`)} × {a CIFAR ResNet with BatchNorm in channels-last, a small
 ViT} × {eager, ``scope="pass"`` with CUDA graphs (``mode="reduce-overhead"``), ``scope="step"``, the
 eager step replayed as one CUDA graph (:func:`gamfunc.cuda_graph`)}, plus the vmapped ensemble and the
-``torch.optim`` facade on the device.
+``torch.optim`` facade on the device. The estimators with state of :data:`STATEFUL` run on the ResNet
+only: its BatchNorm statistics travel in the step's state beside theirs.
 
-Each compiled step is called three times from the same parameters and state (CUDA graphs: warm-up,
-recording, replay), and every result is checked after the last call, so a replay that overwrote an
-earlier result is caught. The reference is the same step of the same network in float64, eager, on
-the same device. The relative error of the update ‖Δθ − Δθ₆₄‖/‖Δθ₆₄‖ must stay under the precision's
-tolerance: fp32 (TF32 off) ``1e-4``, the rounding of cuDNN's convolution algorithms with room; bf16
-8·2⁻⁸, eight units of bfloat16's rounding (``tests/test_precision.py`` measures 1–5 units on the CPU);
-a finite-difference H·v multiplies gradient rounding by 1 + 2·α·ρ/r, and its tolerance with it
-(:func:`amplification`). The ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a unit on
-or off, and a finite difference or a perturbed gradient is then not a rounding away from its float64
-value.
+Each compiled step of an estimator without state is called three times from the same parameters and
+state (CUDA graphs: warm-up, recording, replay), and every result is checked after the last call, so
+a replay that overwrote an earlier result is caught. An estimator with state (LookSAM's stored
+component, Friendly-SAM's running mean, LookGAM's stored correction, all in ``StepState.est``) is
+right only if its state is, so its case is a trajectory of :func:`trajectory` steps, each step from
+the last one's parameters and state: its full and its reusing branch each run three times (warm-up,
+recording, replay), and every step's update θ_t − θ_0 is checked against the float64 trajectory's
+after the last step. The reference is the same step (or trajectory) of the same network in float64,
+eager, on the same device. The relative error of the update ‖Δθ − Δθ₆₄‖/‖Δθ₆₄‖ must stay under the
+precision's tolerance: fp32 (TF32 off) ``1e-4``, the rounding of cuDNN's convolution algorithms with
+room; bf16 8·2⁻⁸, eight units of bfloat16's rounding (``tests/test_precision.py`` measures 1–5 units
+on the CPU); an estimator that multiplies gradient rounding multiplies its tolerance by the same
+factor (:func:`amplification`). The ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a
+unit on or off, and a finite difference or a perturbed gradient is then not a rounding away from its
+float64 value.
 
 Groups of cases (model, precision, mode) run in worker processes in parallel (:func:`run_all`), so
 their compiles overlap; every whole-step case is a group of its own.
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import os
 import subprocess
@@ -38,6 +45,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 for _path in (HERE.parent, HERE):  # a worker, run as a script: gamfunc, reproduce and registry
@@ -49,11 +57,22 @@ from registry import ESTIMATORS  # noqa: E402
 
 import gamfunc  # noqa: E402
 from gamfunc import tree  # noqa: E402
+from gamfunc.loss import bind  # noqa: E402
 from gamfunc.precision import bf16  # noqa: E402
 from gamfunc.regional import compile_passes  # noqa: E402
 from reproduce.run.report import dumps  # noqa: E402
 
-__all__ = ["CHECKED", "MODES", "PRECISIONS", "TOLERANCE", "cases", "run_all", "run_group"]
+__all__ = [
+    "CHECKED",
+    "MODES",
+    "PRECISIONS",
+    "STATEFUL",
+    "TOLERANCE",
+    "cases",
+    "run_all",
+    "run_group",
+    "trajectory",
+]
 
 # One of each kind of estimator: every H·v backend, each oracle, both accelerated forms' passes.
 CHECKED = (
@@ -68,7 +87,13 @@ CHECKED = (
     "gam_accelerated_paper",
     "gsam",
     "wsam",
+    "looksam",
+    "friendly_sam",
+    "look_gam",
 )
+# The estimators with state, each checked along a trajectory (trajectory()), on STATEFUL_MODELS.
+STATEFUL = ("looksam", "friendly_sam", "look_gam")
+STATEFUL_MODELS = ("resnet",)
 PRECISIONS = ("fp32", "bf16")
 MODES = ("eager", "pass", "step", "graph")
 MODELS = ("resnet", "vit")
@@ -77,10 +102,12 @@ EXTRAS += (("resnet", "fp32", "eager", "facade"),)
 TOLERANCE = {"fp32": 1e-4, "bf16": 8 * 2.0**-8}
 # Estimators by the seconds their whole-step compile took on an H100, costliest first.
 STEP_COST = (
+    "look_gam",
     "sam+gam",
     "gam_exact",
     "gam_reverse",
     "gam_accelerated_paper",
+    "looksam",
     "gnp_exact",
     "gam_fd",
     "asam",
@@ -88,17 +115,40 @@ STEP_COST = (
     "sam",
     "gsam",
     "wsam",
+    "friendly_sam",
 )
 
 
-def amplification(name: str) -> float:
+def models_of(name: str) -> tuple[str, ...]:
+    """The models ``name`` is checked on: :data:`STATEFUL_MODELS` for an estimator with state, every
+    model for the others."""
+    return STATEFUL_MODELS if name in STATEFUL else MODELS
+
+
+def trajectory(name: str) -> int:
+    """The steps of ``name``'s case: 1 without state (its compiled step is called :data:`CALLS`
+    times from one state instead); with state, enough that each branch of its cycle (every = k)
+    runs :data:`CALLS` times, from the first full step: k·(CALLS − 1) + 1 (7 for k = 3, 3 for a
+    state without cycle)."""
+    if name not in STATEFUL:
+        return 1
+    return ESTIMATORS[name]().every * (CALLS - 1) + 1
+
+
+def amplification(name: str, reuse_ratio: float = 1.0) -> float:
     """How much an estimator multiplies gradient rounding: 1; 1 + 2·α·ρ/r for a finite-difference
     H·v, which takes the difference of two rounded gradients, divides it by r and scales it by α·ρ;
     |1 − a| + a for WSAM, whose direction (1 − a)·g + a·g_adv, a = γ/(1 − γ), sums two rounded
-    gradients with these weights (17 at γ = 0.9).
+    gradients with these weights (17 at γ = 0.9); 1 + α·‖g_s‖/‖g_v‖ for LookSAM, whose steps
+    between add α·‖g‖·g_v/‖g_v‖: g_v = g_s − ⟨ĝ, g_s⟩·ĝ, the part of SAM's gradient g_s orthogonal
+    to g = ∇L, is a difference of rounded gradients, each off by a rounding of ‖g_s‖, so its
+    direction is off by that over ‖g_v‖ = ‖g_s‖·sin∠(g, g_s), and the step by α·‖g‖ times that
+    (``reuse_ratio`` = ‖g_s‖/‖g_v‖ = 1/sin∠(g, g_s), the largest over the full steps of the float64
+    trajectory whose g_v a later step reuses: :func:`reference`).
 
     Args:
         name: a key of ``ESTIMATORS``.
+        reuse_ratio: LookSAM's ‖g_s‖/‖g_v‖ (ignored for the other estimators).
 
     Returns:
         The factor on the precision's tolerance.
@@ -107,6 +157,8 @@ def amplification(name: str) -> float:
     if name == "wsam":
         a = float(h["gamma"]) / (1 - float(h["gamma"]))
         return abs(1 - a) + a
+    if name == "looksam":
+        return 1 + float(h["alpha"]) * reuse_ratio
     radius = getattr(h.get("hvp"), "radius", None)  # only a finite difference has one
     if radius is None:
         return 1.0
@@ -117,15 +169,23 @@ def cases(device: str = "cuda") -> list[tuple[str, str, str, str]]:
     """Every case ``(model, precision, mode, estimator)`` of the check on ``device``: all modes on
     CUDA, the eager ones elsewhere, then the ensemble and facade cases."""
     modes = MODES if device.startswith("cuda") else ("eager",)
-    grid = [(m, p, mode, e) for mode in modes for m in MODELS for p in PRECISIONS for e in CHECKED]
+    grid = [
+        (m, p, mode, e)
+        for mode in modes
+        for m in MODELS
+        for p in PRECISIONS
+        for e in CHECKED
+        if m in models_of(e)
+    ]
     return grid + list(EXTRAS)
 
 
-CALLS = 3  # a compiled step's calls from one state: CUDA graphs warm up, record, replay
+BATCH = 32  # images per batch
 
 
-def build(model: str, device: torch.device, dtype=torch.float32):
-    """``(module, batch)``: the network (seeded) and one batch of 32 images of 16×16, on ``device``."""
+def build(model: str, device: torch.device, dtype=torch.float32, size: int = BATCH):
+    """``(module, batch)``: the network (seeded) and one batch of ``size`` images of 16×16, on
+    ``device``."""
     from reproduce.models import CifarResNet, ViT, _Basic
 
     torch.manual_seed(0)
@@ -135,14 +195,25 @@ def build(model: str, device: torch.device, dtype=torch.float32):
         net = CifarResNet(_Basic, [1, 1], num_classes=10, act=torch.nn.functional.gelu)
     else:
         net = ViT(image_size=16, patch=4, dim=64, depth=2, heads=4, mlp_dim=128, num_classes=10)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(32, 3, 16, 16, generator=g)
-    y = torch.randint(0, 10, (32,), generator=g)
     net = net.to(device, dtype)
+    if model == "resnet":
+        net = net.to(memory_format=torch.channels_last)
+    return net, data(model, device, dtype, size=size)
+
+
+def data(model: str, device: torch.device, dtype=torch.float32, seed: int = 1, size: int = BATCH):
+    """One batch of ``size`` images of 16×16 and their labels, drawn from ``seed``, on ``device``
+    (channels-last for the ResNet): seed 1 is :func:`build`'s, a trajectory's step t takes 1 + t."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(size, 3, 16, 16, generator=g)
+    y = torch.randint(0, 10, (size,), generator=g)
     x = x.to(device, dtype)
     if model == "resnet":
-        net, x = net.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
-    return net, (x, y.to(device))
+        x = x.to(memory_format=torch.channels_last)
+    return x, y.to(device)
+
+
+CALLS = 3  # a compiled step's calls from one state: CUDA graphs warm up, record, replay
 
 
 def _update(new, old):
@@ -155,21 +226,73 @@ def _rel(a, b) -> float:
     return num / den if den > 0 else num
 
 
-def reference(model: str, estimator: str, device: torch.device):
-    """The float64 eager step: ``(update, loss)``."""
-    net, (x, y) = build(model, device, torch.float64)
+class Reference(NamedTuple):
+    """The float64 trajectory: each step's update θ_t − θ_0 and loss, and for LookSAM the largest
+    ‖g_s‖/‖g_v‖ of a full step whose g_v a later step reuses (1.0 for the others)."""
+
+    updates: list
+    losses: list
+    reuse_ratio: float = 1.0
+
+
+@functools.cache
+def reference(
+    model: str, estimator: str, device: torch.device, steps: int = 1, size: int = BATCH
+) -> Reference:
+    """The float64 eager trajectory of ``steps`` steps of ``estimator`` on the batches of
+    :func:`batches` (see :class:`Reference`), computed once per process for all the precisions
+    that compare with it."""
+    net, _ = build(model, device, torch.float64)
     loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     step = gamfunc.make_step(ESTIMATORS[estimator](), gamfunc.sgd(lr=0.1, momentum=0.9), loss_fn)
-    new, _, m = step(params, step.init(params, buffers), (x, y))
-    return _update(new, params), float(m["loss"])
+    new, state, updates, losses, ratio = params, step.init(params, buffers), [], [], 1.0
+    for t, batch in enumerate(batches(model, device, torch.float64, steps, size)):
+        if estimator == "looksam" and int(state.cycle) % step.every == 0 and t < steps - 1:
+            ratio = max(ratio, _reuse_ratio(step, new, state, batch))
+        new, state, m = step(new, state, batch)
+        updates.append(_update(new, params))
+        losses.append(float(m["loss"]))
+    return Reference(updates, losses, ratio)
 
 
-def run_group(model: str, precision: str, mode: str, device: torch.device, names=CHECKED):
+def _reuse_ratio(step, params, state, batch) -> float:
+    """‖g_s‖/‖g_v‖ of LookSAM's full step at ``params``: its direction g_s and the g_v it stores."""
+    with torch.no_grad():
+        est = step.estimator.run(
+            params, batch, bind(step.loss_fn, state), step=state.step, state=state.est
+        )
+    return float(tree.norm(est.direction) / tree.norm(est.state.g_v))
+
+
+def batches(model: str, device: torch.device, dtype, steps: int, size: int = BATCH) -> list:
+    """The batches of a trajectory of ``steps`` steps, a new one each step (seeds 1, 2, ...), so
+    that a state carried from one step to the next (a running mean, a stored component) meets
+    gradients of other batches, as in training."""
+    return [data(model, device, dtype, seed=1 + t, size=size) for t in range(steps)]
+
+
+def _run(step, params, state, model, device, steps: int, calls: int, size: int) -> list:
+    """``(new params, metrics)`` of each call: ``steps`` steps in a row from ``params`` and
+    ``state`` on :func:`batches` (a trajectory), or with ``steps`` = 1 ``calls`` calls from the
+    same ones on the same batch."""
+    if steps == 1:
+        batch = data(model, device, size=size)
+        return [step(params, state, batch)[::2] for _ in range(calls)]
+    outs = []
+    for batch in batches(model, device, torch.float32, steps, size):
+        params, state, metrics = step(params, state, batch)
+        outs.append((params, metrics))
+    return outs
+
+
+def run_group(
+    model: str, precision: str, mode: str, device: torch.device, names=CHECKED, size: int = BATCH
+):
     """The rows of one (model, precision, mode) group: each estimator of ``names``, its error against
-    float64."""
+    float64, on batches of ``size`` images."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    net, batch = build(model, device)
+    net, _ = build(model, device)
     loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     loss = bf16(loss_fn) if precision == "bf16" else loss_fn
     if mode == "pass":  # one set of compiled passes for every estimator of the group
@@ -178,7 +301,8 @@ def run_group(model: str, precision: str, mode: str, device: torch.device, names
     for name in names:
         row = {"model": model, "precision": precision, "mode": mode, "estimator": name}
         try:
-            want, want_loss = reference(model, name, device)
+            steps = trajectory(name)
+            wants, want_losses, reuse_ratio = reference(model, name, device, steps, size)
             step = gamfunc.make_step(ESTIMATORS[name](), gamfunc.sgd(lr=0.1, momentum=0.9), loss)
             if mode == "step":
                 step = step.compile()
@@ -186,17 +310,24 @@ def run_group(model: str, precision: str, mode: str, device: torch.device, names
                 step = gamfunc.cuda_graph(step, warmup=1)
             state = step.init(params, buffers)
             t0 = time.perf_counter()
-            outs = [step(params, state, batch) for _ in range(1 if mode == "eager" else CALLS)]
+            calls = 1 if mode == "eager" else CALLS
+            outs = _run(step, params, state, model, device, steps, calls, size)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             row["seconds"] = round(time.perf_counter() - t0, 2)
-            errors = [_rel(_update(new, params), want) for new, _, _ in outs]
-            loss_errors = [abs(float(m["loss"]) - want_loss) / abs(want_loss) for _, _, m in outs]
+            if steps == 1:  # every call against the one step
+                wants, want_losses = wants * len(outs), want_losses * len(outs)
+            pairs = list(zip(outs, wants, want_losses, strict=True))
+            errors = [_rel(_update(new, params), want) for (new, _), want, _ in pairs]
+            loss_errors = [abs(float(m["loss"]) - w) / abs(w) for (_, m), _, w in pairs]
+            row["steps"] = steps
             row["update_rel_err"] = max(errors)
             row["loss_rel_err"] = max(loss_errors)
-            row["skipped"] = max(int(m["skipped"]) for _, _, m in outs)
-            tol = TOLERANCE[precision] * amplification(name)
+            row["skipped"] = max(int(m["skipped"]) for _, m in outs)
+            tol = TOLERANCE[precision] * amplification(name, reuse_ratio)
             row["tolerance"] = tol
+            if name == "looksam":
+                row["reuse_ratio"] = reuse_ratio
             ok = row["update_rel_err"] < tol and row["loss_rel_err"] < tol and row["skipped"] == 0
             row["status"] = "pass" if ok else "fail"
         except Exception as e:  # a case that raises is a failed case, reported
@@ -355,11 +486,12 @@ def groups(device: str, models=MODELS, names=CHECKED, extra: bool = True) -> lis
 
     order = [m for m in ("pass", "step", "graph", "eager") if m in modes]
     found = [
-        (f"{m}:{p}:{mode}", part)
+        (f"{m}:{p}:{mode}", on_model)
         for mode in order
         for part in parts(mode)
         for m in models
         for p in PRECISIONS
+        if (on_model := [n for n in part if m in models_of(n)])
     ]
     return found + ([("extras", list(names))] if extra else [])
 

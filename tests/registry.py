@@ -87,6 +87,7 @@ INVALID = [
     (gamfunc.gam, {"rho": 0.05, "alpha": -0.1}, "alpha"),
     (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "hvp": "jvp"}, "hvp"),
     (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "hvp": "fd", "fd_radius": -1e-3}, "fd_radius"),
+    (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "ascent_steps": 0}, "ascent_steps"),
     (
         gamfunc.gam_accelerated,
         {"rho": -1, "rho_prime": 0.01, "alpha": 0.5, "beta": 0.5, "gamma": 0.1},

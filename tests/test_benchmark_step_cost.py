@@ -75,6 +75,12 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
         "sam_gam",
         "gam_every10",
         "gam_every20",
+        "gsam",
+        "wsam",
+        "looksam",
+        "friendly_sam",
+        "look_gam",
+        "sam_2_steps",
     }
     # GAM on one step in k: its floor is ((k − 1)·gradient step + GAM step)/k, measured here.
     for name, k in (("gam_every10", 10), ("gam_every20", 20)):
@@ -88,7 +94,7 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
     assert rows["grad_eval"]["grad_impl"] == "torch.autograd.grad"
     assert rows["grad_eval_func"]["grad_impl"] == "torch.func.grad"
     evals = {m for m, r in rows.items() if r.get("x_evals") is not None}
-    assert evals == floors - {"grad_eval"}
+    assert evals == floors - {"grad_eval", "look_gam"}  # LookGAM's full steps take exact H·v
     for m in evals:
         r = rows[m]
         assert r["x_evals"] == pytest.approx(r["ms"] / (r["grads"] * rows["grad_eval"]["ms"]))
@@ -168,6 +174,40 @@ def test_every_k_methods_mix_estimators_as_stated():
     exact = methods.build_methods(cli.parse(["--quick", "--composite-hvp", "exact"]))
     assert exact["gam_every20"].floor == (20, "gradient", "gam_exact")
     assert exact["gam_every20"].grads is None
+
+
+def test_the_rows_beside_gam_are_the_registry_estimators_and_cycle_by_themselves():
+    """GSAM, WSAM, LookSAM, Friendly-SAM, LookGAM and two-step SAM, each built by
+    ``reproduce.methods`` with ρ's cosine schedule; LookSAM and LookGAM run their own cycle of k
+    steps (the step's ``every``), whose floor is ((k − 1)·gradient + full step)/k."""
+    from reproduce.methods import Hyper
+
+    a = cli.parse(["--quick"])
+    table = methods.build_methods(a)
+    k = Hyper().look_k
+    names = {n: table[n].estimator.name for n in methods.FAMILY}
+    assert names == {
+        "gsam": "gsam",
+        "wsam": "wsam",
+        "looksam": "looksam",
+        "friendly_sam": "friendly_sam",
+        "look_gam": "look_gam",
+        "sam_2_steps": "sam",
+    }
+    assert table["sam_2_steps"].estimator.hparams["ascent_steps"] == 2
+    assert table["sam_2_steps"].grads == 3.0
+    assert [table[n].grads for n in ("gsam", "wsam", "friendly_sam")] == [2.0] * 3
+    for name, full in (("looksam", "sam"), ("look_gam", "gam_exact")):
+        m = table[name]
+        assert m.every == 1 and m.estimator.every == k  # the estimator brings its cycle
+        assert m.floor == (k, "gradient", full)
+    assert table["looksam"].grads == (k + 1) / k and table["look_gam"].grads is None
+    rho = table["sam"].estimator.hparams["rho"]
+    for name in methods.FAMILY:  # ρ follows the cosine of every other row
+        assert table[name].estimator.hparams["rho"] is rho
+    g = models.prepare("tiny", "fp32", a, torch.device("cpu"))
+    runner = runners.runner_factory("looksam", "eager", g, table, a, torch.device("cpu"))()
+    assert runner.every == k  # timed over whole cycles
 
 
 @pytest.mark.parametrize("bad", ["gam_every1", "gam_every0", "sam_every4", "gam_everyx"])

@@ -36,6 +36,8 @@ METHODS = (
     "gam_every10",
     "gam_every20",
 )
+FAMILY = ("gsam", "wsam", "looksam", "friendly_sam", "look_gam", "sam_2_steps")  # beside GAM
+METHODS += FAMILY
 EVERY = re.compile(r"(gam|sam_gam)_every(\d+)")  # GAM on one step in k (paper Appendix C.3)
 RHO_STEPS = 100_000  # ρ follows a cosine over this many steps, so it changes at every step
 # Accelerated GAM with the values of the authors' released code (reproduce's preset
@@ -48,9 +50,11 @@ class Method(NamedTuple):
     """One functional row.
 
     ``every``: the estimator runs on one step in ``every`` and ``base`` (None: the plain gradient) on
-    the others. ``grads``: gradient evaluations per step, None where an H·v is not made of gradients.
-    ``floor``: for the ``*_every<k>`` rows, ``(k, base row, GAM row)``, whose measured times give the
-    floor ((k − 1)·base + GAM)/k of × floor. ``hvp``: GAM's H·v backend, if the row has one.
+    the others (an estimator that cycles by itself, LookSAM or LookGAM, keeps ``every`` = 1 here and
+    brings its own). ``grads``: gradient evaluations per step (the mean over a cycle), None where an
+    H·v is not made of gradients. ``floor``: for the ``*_every<k>`` rows and the cycling estimators,
+    ``(k, base row, full row)``, whose measured times give the floor ((k − 1)·base + full)/k of
+    × floor. ``hvp``: GAM's H·v backend, if the row has one.
     """
 
     estimator: gamfunc.Estimator | None
@@ -86,6 +90,24 @@ def rho_at(rho: float, t: int) -> float:
     return rho * 0.5 * (1.0 + math.cos(math.pi * min(1.0, t / RHO_STEPS)))
 
 
+def family(hyper: dict) -> dict[str, Method]:
+    """The rows of the estimators beside GAM, each with ``reproduce.methods``'s default
+    hyperparameters but ρ (``hyper``): GSAM, WSAM, Friendly-SAM and SAM with two ascent steps, made
+    of gradients; LookSAM (SAM on one step in k, one gradient between: floor ((k − 1)·gradient +
+    sam)/k) and LookGAM (exact GAM on one step in k: floor ((k − 1)·gradient + gam_exact)/k)."""
+    looksam = estimator("looksam", **hyper)
+    look_gam = estimator("look_gam", **hyper)
+    k, k_gam = looksam.every, look_gam.every
+    return {
+        "gsam": Method(estimator("gsam", **hyper), grads=2.0),
+        "wsam": Method(estimator("wsam", **hyper), grads=2.0),
+        "looksam": Method(looksam, grads=(k + 1) / k, floor=(k, "gradient", "sam")),
+        "friendly_sam": Method(estimator("friendly_sam", **hyper), grads=2.0),
+        "look_gam": Method(look_gam, floor=(k_gam, "gradient", "gam_exact"), hvp="exact"),
+        "sam_2_steps": Method(estimator("sam", **hyper, ascent_steps=2), grads=3.0),
+    }
+
+
 def build_methods(a, names=()) -> dict[str, Method]:
     """name -> :class:`Method` for every functional row, plus the ``gam_every<k>`` (GAM on one step in
     k, plain gradient steps between) and ``sam_gam_every<k>`` (SAM+GAM on one step in k, SAM steps
@@ -118,6 +140,7 @@ def build_methods(a, names=()) -> dict[str, Method]:
         ),
         AUTHORS: Method(None, grads=4.0),
         "sam_gam": Method(sam_gam, grads=5.0 if fd_grads else None, hvp=a.composite_hvp),
+        **family(hyper),
     }
     for name in [m for m in METHODS if EVERY.fullmatch(m)] + list(names):
         match = EVERY.fullmatch(name)

@@ -17,9 +17,10 @@ def ratios(rows):
     - ``x_sgd``: images/s ÷ images/s of the eager ``torch_sgd`` row;
     - ``x_grad``: ms ÷ ms of gamfunc's ``gradient`` step in the same mode (compiled the same way);
     - ``x_authors``: ms ÷ ms of the eager ``authors_gam`` row;
-    - ``x_floor``: for the ``*_every<k>`` rows, ms ÷ ``floor_ms`` = ((k − 1)·ms of the base step +
-      ms of the GAM step)/k, both measured in the same mode in this run; for the other rows made
-      of gradients only, ms ÷ (gradient evaluations × the ``gradient`` step's ms);
+    - ``x_floor``: for the rows with a ``floor`` (``*_every<k>``, LookSAM, LookGAM), ms ÷
+      ``floor_ms`` = ((k − 1)·ms of the base step + ms of the full step)/k, both measured in the
+      same mode in this run; for the other rows made of gradients only, ms ÷ (gradient
+      evaluations × the ``gradient`` step's ms);
     - ``x_evals``: ms ÷ (gradient evaluations × the ``grad_eval`` row's ms in the same mode): what
       the step adds to its gradient evaluations. ``grad_eval`` is the cheapest plain evaluation of
       the mode (``torch.autograd.grad`` eager, compiled ``torch.func.grad`` compiled), so

@@ -173,4 +173,7 @@ def runner_factory(method, mode, g, methods, a, device):
     step = gamfunc.make_step(
         m.estimator, opt, g.loss_fn, every=m.every, base=m.base, on_nonfinite=a.on_nonfinite
     )
-    return lambda: Functional(step, g.params, g.buffers, g.batch, mode, m.every, a.inductor_options)
+    # step.every: the row's every=k, or the cycle of an estimator that brings its own (LookSAM)
+    return lambda: Functional(
+        step, g.params, g.buffers, g.batch, mode, step.every, a.inductor_options
+    )

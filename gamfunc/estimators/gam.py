@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gamfunc import hvps, tree
-from gamfunc.checks import check_nonnegative
+from gamfunc.checks import check_int, check_nonnegative
 from gamfunc.estimators.asam import adaptive_ascent
 from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import gradient
@@ -22,6 +22,7 @@ def gam(
     eps: float = 1e-12,
     theorem_norms: bool = False,
     adaptive: bool = False,
+    ascent_steps: int = 1,
 ) -> Estimator:
     r"""GAM (Zhang et al. 2023, Algorithm 1): descend L_oracle + α·R1_ρ, R1_ρ(θ) = ρ·max_{‖θ'−θ‖≤ρ} ‖∇L(θ')‖.
 
@@ -54,6 +55,27 @@ def gam(
     authors' code is Algorithm 2 ([`gamfunc.gam_accelerated`][gamfunc.estimators.gam_accelerated.gam_accelerated]); here only the ascent to θ_adv
     is scaled, not the Hessian-vector products (nor ``hvp="fd"``'s difference radius).
 
+    With ``ascent_steps`` = n > 1 the ascent to θ_adv takes n normalised steps of ‖∇L‖, each of
+    length ρ/n, the convention of [`sam`][gamfunc.estimators.sam.sam]'s ``ascent_steps``:
+
+    $$
+    \theta _0 = \theta ,\qquad
+    f_i = H(\theta _i)\cdot \frac{\nabla L(\theta _i)}{\| \nabla L(\theta _i)\| + \xi },\qquad
+    \theta _{i+1} = \theta _i + \frac{\rho }{n}\cdot \frac{f_i}{\| f_i\| + \xi },\qquad
+    \theta _{\mathrm{adv}} = \theta _n ,
+    $$
+
+    so ‖θ_adv − θ‖ ≤ ρ (the triangle inequality) and every iterate stays in the ball of R1_ρ; n
+    changes how well its maximiser is found, not the ball. Each step after the first costs one
+    gradient and one H·v (with ``hvp="fd"``, two gradients). n = 1 is the one step above,
+    operation for operation. With ``adaptive=True`` each step is the adaptive one of length ρ/n,
+    its T = |θ| taken at θ (not at θ_i), so the steps add up inside the same ellipsoid
+    ‖ε/|θ|‖ ≤ ρ. The multi-step ascent is not defined for
+    [`gam_accelerated`][gamfunc.estimators.gam_accelerated.gam_accelerated], whose ascent
+    direction is itself a finite difference of two SAM gradients mixed with two more (Algorithm
+    2), nor for [`gnp`][gamfunc.estimators.gnp.gnp], which penalises ‖∇L(θ)‖ where it stands and
+    has no ascent. ``oracle=sam(ρ, ascent_steps=m)`` is the oracle's own ascent, independent of n.
+
     Args:
         rho: ρ, radius of the ascent to θ_adv (float >= 0 or a schedule).
         alpha: α, weight of the first-order flatness (float >= 0 or a schedule). α = 0 gives the
@@ -70,13 +92,15 @@ def gam(
             step): ``overall_grad_sq`` = ‖∇L_overall(θ)‖², the squared norm of the direction, and
             ``penalty_grad_sq`` = ‖α·ρ_t·∇‖∇L(θ_adv)‖‖².
         adaptive: scale the ascent to θ_adv per element by |θ| (the authors' ``adaptive=True``).
+        ascent_steps: n >= 1, the normalised steps of the ascent to θ_adv (above).
 
     Returns:
         An Estimator; its info adds ``f_norm`` = ‖f‖, ``adv_grad_norm`` = ‖∇L(θ_adv)‖ and ``adv_loss``
             (and with ``theorem_norms`` the two squared norms above).
 
     Raises:
-        ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool, or
+        ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool,
+            ``ascent_steps`` is not an integer >= 1, or
             ``hvp`` / ``fd_radius`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]), or
             ``oracle`` is stateful ([`looksam`][gamfunc.estimators.looksam.looksam],
             [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]).
@@ -99,6 +123,8 @@ def gam(
     check_nonnegative("eps", eps)
     if not isinstance(adaptive, bool):
         raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
+    check_int("ascent_steps", ascent_steps)
+    n = ascent_steps
     backend = hvps.get(hvp, fd_radius)
     oracle = gradient() if oracle is None else oracle
     if not isinstance(oracle, Estimator):
@@ -112,11 +138,17 @@ def gam(
     def run(params, batch, loss_fn, clean, step):
         rho_t = value(rho, step)
         f, clean = hvps.grad_norm_grad(loss_fn, params, batch, backend, eps=eps, clean=clean)
-        if adaptive:
+        if n == 1 and adaptive:
             f_norm, theta_adv = tree.norm(f), adaptive_ascent(params, f, rho_t, 0.0, eps)
-        else:
+        elif n == 1:
             f_hat, f_norm = tree.normalize(f, eps)
             theta_adv = tree.axpy(rho_t, f_hat, params)
+        else:
+            f_norm, theta_adv = tree.norm(f), params
+            for i in range(n):
+                if i > 0:
+                    f, _ = hvps.grad_norm_grad(loss_fn, theta_adv, batch, backend, eps=eps)
+                theta_adv = _ascend(theta_adv, f, rho_t / n, params if adaptive else None, eps)
         f_adv, adv = hvps.grad_norm_grad(loss_fn, theta_adv, batch, backend, eps=eps)
         base = oracle.run(params, batch, loss_fn, clean=clean, step=step)
         weight = value(alpha, step) * rho_t
@@ -140,5 +172,16 @@ def gam(
         "oracle": oracle.name,
         "eps": eps,
         "adaptive": adaptive,
-    }
+    } | ({"ascent_steps": n} if n > 1 else {})
     return Estimator("gam" if oracle.name == "gradient" else f"{oracle.name}+gam", run, hparams)
+
+
+def _ascend(point, f, radius, scale_at, eps):
+    """point + radius·f/(‖f‖ + ξ), or with ``scale_at`` = θ the adaptive step
+    radius·T²f/(‖T f‖ + ξ), T = |θ|, added to point."""
+    if scale_at is None:
+        f_hat, _ = tree.normalize(f, eps)
+        return tree.axpy(radius, f_hat, point)
+    tf = tree.map(lambda p, g: p.abs() * g, scale_at, f)
+    t2f = tree.map(lambda p, x: p.abs() * x, scale_at, tf)
+    return tree.axpy(radius / (tree.norm(tf) + eps), t2f, point)

@@ -37,9 +37,9 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
     by ρ each time, which for n > 1 reaches radius nρ); Kim et al. (2023) study such ascents.
 
     As the oracle of [`gam`][gamfunc.estimators.gam.gam] (``gam(..., oracle=sam(ρ,
-    ascent_steps=n))``) the multi-step ascent applies to the oracle's loss. For GAM's own ascent
-    on ‖∇L‖ the same recursion is well defined with f_k = H(θ_k)·∇L(θ_k)/‖∇L(θ_k)‖ in place of
-    ∇L (one gradient and one Hessian-vector product per step) but is not provided here; for
+    ascent_steps=n))``) the multi-step ascent applies to the oracle's loss. GAM's own ascent on
+    ‖∇L‖ takes the same recursion with f_k = H(θ_k)·∇L(θ_k)/‖∇L(θ_k)‖ in place of ∇L
+    (``gam(..., ascent_steps=n)``, the same steps of ρ/n); for
     [`gam_accelerated`][gamfunc.estimators.gam_accelerated.gam_accelerated] it is not defined,
     since its ascent is itself a finite difference of two SAM-like gradients.
 
