@@ -12,6 +12,12 @@ kernels. `gamfunc.Step.compile` with ``scope="pass"`` builds such a step.
 The price: no graph spans the whole step, so inductor cannot fuse the update into the last pass's
 kernels, and with CUDA graphs each pass is a graph replay of its own (its inputs copied into the
 graph's memory, its outputs copied out of it) with eager kernels in between.
+
+Each pass graph holds every block of the network: the repeated blocks of a ResNet or a ViT are traced
+and lowered once per call. ``torch.compiler.nested_compile_region`` (torch >= 2.8), which compiles such
+a block once and reuses it, cannot mark them here: its region does not trace inside the
+``torch.func`` transforms that form every pass (torch 2.14: ``AssertionError: Expected FakeTensor``
+from a region called under ``torch.func.grad``).
 """
 
 from __future__ import annotations

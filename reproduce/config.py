@@ -142,7 +142,7 @@ class Config:
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
     cuda_graph: bool = False  # replay each step, update and all-reduces included, as one CUDA graph
-    loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else folder)
+    loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else gpu where torchvision decodes JPEG on it, else folder; one line says which and why)
     dali_hw_load: float = 1.0  # --loader=dali*: the share of each batch on the hardware decoder
     dali_roi: bool = True  # --loader=dali: decode each crop's window alone (false: whole images)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)

@@ -127,17 +127,51 @@ def test_loader_choice_on_a_machine_without_a_gpu(tmp_path, monkeypatch):
     assert isinstance(train, D.FolderLoader) and name.startswith("folder")
 
 
-def test_auto_takes_dali_only_with_a_gpu_dali_and_imagenet_jpegs(monkeypatch):
-    from reproduce.data import dali
-    from reproduce.run.loaders import auto_loader
+AUTO_CASES = [  # (jpeg, device, dali, nvjpeg) -> loader, the reason its line gives
+    ((True, "cuda", True, True), "dali", "loader: dali (DALI): a CUDA device and NVIDIA DALI"),
+    ((True, "cuda", True, False), "dali", "loader: dali (DALI): a CUDA device and NVIDIA DALI"),
+    ((True, "cuda", False, True), "gpu", "loader: gpu (torchvision nvJPEG): a CUDA device whose"),
+    ((True, "cuda", False, False), "folder", "loader: folder (DataLoader): NVIDIA DALI is not"),
+    ((True, "cpu", True, True), "folder", "loader: folder (DataLoader): no CUDA device"),
+    ((True, "cpu", False, False), "folder", "loader: folder (DataLoader): no CUDA device"),
+    ((False, "cuda", True, True), "folder", "loader: folder (DataLoader): not ImageNet JPEGs"),
+]
 
-    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
-    monkeypatch.setattr(dali, "available", lambda: True)
-    assert auto_loader(True, cuda) == "dali"
-    assert auto_loader(True, cpu) == "folder"  # without a GPU, the DataLoader as before
-    assert auto_loader(False, cuda) == "folder"  # another data set, or another augmentation
-    monkeypatch.setattr(dali, "available", lambda: False)
-    assert auto_loader(True, cuda) == "folder"
+
+@pytest.mark.parametrize(("facts", "kind", "line"), AUTO_CASES)
+def test_auto_prefers_dali_then_nvjpeg_then_the_dataloader(facts, kind, line):
+    from reproduce.config import LOADERS
+    from reproduce.run.loaders import choose_loader
+
+    jpeg, device, has_dali, has_nvjpeg = facts
+    chosen, said = choose_loader(jpeg, torch.device(device), dali=has_dali, nvjpeg=has_nvjpeg)
+    assert chosen == kind and chosen in LOADERS
+    assert said.startswith(line) and "\n" not in said
+
+
+def test_auto_probes_this_process_and_says_its_choice_once(tmp_path, capsys):
+    """Here (no CUDA device) ``auto`` runs the DataLoader and prints one line that says so."""
+    from types import SimpleNamespace
+
+    from reproduce.run.loaders import auto_loader, loaders
+
+    assert auto_loader(True, torch.device("cpu")) == (
+        "folder",
+        "loader: folder (DataLoader): no CUDA device",
+    )
+    root = jpeg_folder(tmp_path, per_class=2)
+    cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
+    cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", "--workers=0"])
+    capsys.readouterr()
+    train, _, name = loaders(cfg, D.load(cfg), cpu)
+    assert isinstance(train, D.FolderLoader) and name.startswith("folder")
+    assert capsys.readouterr().out == "loader: folder (DataLoader): no CUDA device\n"
+    lines = []
+    cfg = resolve(
+        ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--workers=0", "--loader=folder"]
+    )
+    loaders(cfg, D.load(cfg), cpu, say=lines.append)
+    assert lines == []  # a loader named by --loader needs no notice
 
 
 @pytest.mark.gpu

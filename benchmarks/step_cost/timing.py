@@ -58,7 +58,7 @@ def _compile_timings() -> dict[str, list[float]]:
     return getattr(utils, "compilation_time_metrics", {})
 
 
-def compile_phases(before: dict[str, int], top: int = 10) -> dict[str, dict]:
+def compile_phases(before: dict[str, int], top: int = 20) -> dict[str, dict]:
     """Where a compile spent its time: the ``top`` compiler phases by seconds since ``before``.
 
     Args:

@@ -10,31 +10,90 @@ from reproduce.data import dali, nvjpeg
 from reproduce.data import sets as data_mod
 from reproduce.run.launch import Processes
 
-__all__ = ["auto_loader", "loaders"]
+__all__ = ["auto_loader", "choose_loader", "loaders"]
 
 
-def auto_loader(jpeg: bool, device) -> str:
-    """What ``--loader=auto`` runs: DALI (``dali``) where it is installed, the process has a CUDA
-    device and the data are ImageNet JPEGs under the basic augmentation; the DataLoader (``folder``)
-    anywhere else. DALI decodes on each process's own GPU, where the DataLoader's CPU decoding is bounded by
-    the host's cores, whatever the number of GPUs (``python -m benchmarks.input_pipeline`` measures
-    each loader)."""
-    return "dali" if jpeg and device.type == "cuda" and dali.available() else "folder"
+def choose_loader(jpeg: bool, device, *, dali: bool, nvjpeg: bool) -> tuple[str, str]:
+    """What ``--loader=auto`` runs, from the facts alone, and the line that says why.
+
+    DALI (``dali``) where the process has a CUDA device and DALI is installed; else torchvision's
+    nvJPEG decoder (``gpu``) where that device decodes JPEG; else the DataLoader (``folder``). The
+    GPU loaders need ImageNet JPEGs under the basic augmentation. As in NVIDIA's ImageNet examples,
+    decoding goes to each process's own GPU, where the DataLoader's CPU decoding is bounded by the
+    host's cores, whatever the number of GPUs (``python -m benchmarks.input_pipeline`` measures
+    each loader).
+
+    Args:
+        jpeg: the data are ImageNet JPEG folders under ``--augment=basic``.
+        device: the process's device.
+        dali: NVIDIA DALI is importable.
+        nvjpeg: torchvision decodes JPEG on ``device`` (`reproduce.data.nvjpeg.available`).
+
+    Returns:
+        ``(loader, line)``: a name of ``--loader`` and one line such as
+            ``"loader: folder (DataLoader): no CUDA device"``.
+    """
+    if not jpeg:
+        why = "not ImageNet JPEGs under --augment=basic, which the GPU loaders need"
+        return "folder", f"loader: folder (DataLoader): {why}"
+    if device.type != "cuda":
+        return "folder", "loader: folder (DataLoader): no CUDA device"
+    if dali:
+        return "dali", "loader: dali (DALI): a CUDA device and NVIDIA DALI"
+    if nvjpeg:
+        why = "a CUDA device whose torchvision decodes JPEG; NVIDIA DALI is not installed"
+        return "gpu", f"loader: gpu (torchvision nvJPEG): {why}"
+    why = "NVIDIA DALI is not installed and torchvision does not decode JPEG on this CUDA device"
+    return "folder", f"loader: folder (DataLoader): {why}"
 
 
-def loaders(cfg: Config, data: data_mod.Data, procs: Processes):
+def auto_loader(jpeg: bool, device) -> tuple[str, str]:
+    """`choose_loader` on what this process has: DALI importable, nvJPEG working on ``device``
+    (probed with one small decode, only where DALI is absent).
+
+    Args:
+        jpeg: the data are ImageNet JPEG folders under ``--augment=basic``.
+        device: the process's device.
+
+    Returns:
+        ``(loader, line)`` of `choose_loader`.
+    """
+    gpu = jpeg and device.type == "cuda"
+    has_dali = gpu and dali.available()
+    has_nvjpeg = gpu and not has_dali and nvjpeg.available(device)
+    return choose_loader(jpeg, device, dali=has_dali, nvjpeg=has_nvjpeg)
+
+
+def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
     """``(train loader, eval batches of a split, its name)`` for folder data sets.
 
     ``--loader=dali``: DALI reads, decodes (hardware JPEG decoder and nvJPEG) and augments on the
     GPU, its crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
     and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
     read and draw; ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``:
-    DataLoader workers on the CPU; ``auto``: `auto_loader`. In-memory data needs none."""
+    DataLoader workers on the CPU; ``auto``: `auto_loader`, whose line goes to ``say``. In-memory
+    data needs none.
+
+    Args:
+        cfg: the run's configuration (``loader``, ``augment``, batch sizes, DALI's options).
+        data: the data sets.
+        procs: the processes (device, world size).
+        say: receives ``--loader=auto``'s line of what it chose and why.
+
+    Returns:
+        ``(train, eval_batches, name)``; ``train`` is None for in-memory data.
+
+    Raises:
+        SetupError: a loader named by ``--loader`` cannot run here.
+    """
     if data.train.tensors() is not None:
         return None, lambda ds: data_mod.eval_batches(ds, cfg.eval_batch_size), "in memory"
     per_rank = cfg.batch_size // procs.world
     jpeg = data.name == "imagenet" and cfg.augment == "basic"
-    kind = auto_loader(jpeg, procs.device) if cfg.loader == "auto" else cfg.loader
+    kind = cfg.loader
+    if kind == "auto":
+        kind, line = auto_loader(jpeg, procs.device)
+        say(line)
     if kind.startswith("dali") and not (jpeg and dali.available()):
         raise SetupError(
             f"--loader={kind} needs ImageNet folder data, --augment=basic and NVIDIA DALI "

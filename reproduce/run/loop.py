@@ -128,7 +128,9 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     data = data_mod.to_device(data or data_mod.load(cfg), device)
     weights = ckpt.state_dict(cfg.weights) if cfg.weights else None
     t = setup(cfg, name, data, procs, weights)
-    train_loader, eval_batches, loader_name = loaders(cfg, data, procs)
+    train_loader, eval_batches, loader_name = loaders(
+        cfg, data, procs, say=lambda line: r.say(f"[{name}] {line}")
+    )
     r.say(f"[{name}] data: {loader_name}; {procs.world} process(es), global batch {cfg.batch_size}")
     for note in t.notes:
         r.say(f"[{name}] {note}")
