@@ -89,7 +89,7 @@ def test_every_preset_builds_its_estimator_and_optimizer(preset):
     for name in c.estimator.split(","):
         lr = train.lr_schedule(c, steps_per_epoch=10)
         estimator, _ = train.build_estimator(c, name, lr)
-        names = {"gradient", "sam", "gnp", "gam", "sam+gam", "gam_accelerated"}
+        names = {"gradient", "sam", "gnp", "gam", "sam+gam", "gam_accelerated", "gsam"}
         assert estimator.name in names | {"gam_accelerated[official]"}
         train.build_optimizer(c, lr)
 
@@ -346,6 +346,27 @@ def test_each_new_flag_reaches_its_estimator(argv, name, hparams):
     assert estimator.name == name
     for key, value in hparams.items():
         assert estimator.hparams[key] == value, key
+
+
+@pytest.mark.parametrize(
+    "model, rho_max, rho_min, alpha",
+    [
+        ("resnet50", 0.04, 0.02, 0.01),
+        ("resnet101", 0.04, 0.02, 0.01),
+        ("vit_s32", 0.6, 0.0, 0.4),
+        ("vit_b32", 0.6, 0.1, 0.6),
+    ],
+)
+def test_gsam_presets_carry_table_4_of_the_gsam_paper_on_the_hp2_recipe(
+    model, rho_max, rho_min, alpha
+):
+    """Zhuang et al. 2022, appendix Table 4: (ρ_max, ρ_min, α), ρ ∝ lr; the rest is hp2's."""
+    c = resolve([f"--preset=gsam.imagenet.{model}"])
+    assert (c.estimator, c.rho, c.rho_min, c.gsam_alpha) == ("gsam", rho_max, rho_min, alpha)
+    assert c.rho_schedule == "proportional" and c.sam_rho == 0
+    hp2 = resolve([f"--preset=hp2.imagenet.{model}"])
+    same = ("base", "lr", "weight_decay", "epochs", "batch_size", "warmup_epochs", "clip_norm")
+    assert [getattr(c, k) for k in same] == [getattr(hp2, k) for k in same]
 
 
 def test_gsam_under_the_proportional_schedule_follows_the_lr_down_to_rho_min():
