@@ -435,3 +435,31 @@ def test_results_cnn_spectra_prose_equals_its_json():
     ) in text
     ahead = sorted(mean(rs, "test_acc") - mean(tuned, "test_acc") for rs in (sam, gnp))
     assert f"which are also {ahead[0]:.1f}–{ahead[1]:.1f} points more accurate" in text
+
+
+def test_results_lookgam_prose_equals_its_json():
+    """The LookGAM paragraph's numbers are those of docs/evidence/reuse/reuse.json."""
+    text = " ".join(RESULTS.split())
+    record = json.loads((EVIDENCE / "reuse" / "reuse.json").read_text())
+    runs = dict(zip(("look", "every", "equal", "gam", "sgd"), record["runs"].values(), strict=True))
+
+    def pm(rs, key):
+        values = [r[key] for r in rs]
+        return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+    assert f"λ_max {pm(runs['look'], 'lambda_max')} against {pm(runs['gam'], 'lambda_max')}" in text
+    train = ", ".join(f"{r['train_acc']:.1f}%" for r in runs["look"][:-1])
+    assert f"train accuracy {train} and {runs['look'][-1]['train_acc']:.1f}%" in text
+    gam_train = sorted(r["train_acc"] for r in runs["gam"])
+    assert f"(GAM over 100 epochs: {gam_train[0]:.1f}–{gam_train[-1]:.1f}%)" in text
+    assert f"test accuracy {pm(runs['look'], 'test_acc')}, below GAM over 40 epochs" in text
+    assert f"at the same passes ({pm(runs['equal'], 'test_acc')})" in text
+    assert f"every 5th step ({pm(runs['every'], 'test_acc')})" in text
+    assert f"Seed 0 stayed at {runs['look'][0]['test_acc']:.1f}% test" in text
+    assert f"(gap {pm(runs['every'], 'gap')}, λ_max {pm(runs['every'], 'lambda_max')}" in text
+    sgd_lam = statistics.mean(r["lambda_max"] for r in runs["sgd"])
+    assert f"against SGD's {sgd_lam:.2f}" in text
+    best = max(
+        ("look", "every", "equal"), key=lambda k: statistics.mean(r["test_acc"] for r in runs[k])
+    )
+    assert best == "every"  # "the best test accuracy of the three equal-cost runs"
