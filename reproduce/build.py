@@ -10,6 +10,7 @@ with ``--compile``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
@@ -37,6 +38,7 @@ __all__ = [
     "compile_scope",
     "exact_hvp_backend",
     "fd_gam_warning",
+    "hyperparameters",
     "load_weights",
     "lr_schedule",
     "setup",
@@ -164,14 +166,37 @@ def _has(model: nn.Module, *kinds: type) -> bool:
     return any(isinstance(m, kinds) for m in model.modules())
 
 
+# Fields of methods.Hyper that no flag sets: build_estimator chooses them for the run.
+CHOSEN = frozenset({"hvp", "theorem_norms"})
+
+
+def hyperparameters(cfg: Config) -> dict:
+    """The fields of `reproduce.methods.Hyper` that ``cfg`` sets, each from the `Config` field of
+    the same name (every field of ``Hyper`` but those of `CHOSEN` is one).
+
+    Args:
+        cfg: the run's configuration.
+
+    Returns:
+        ``{field: value}``, as ``cfg`` holds them (ρ unscheduled).
+    """
+    names = {f.name for f in dataclasses.fields(methods.Hyper)} - CHOSEN
+    return {name: getattr(cfg, name) for name in sorted(names)}
+
+
 def build_estimator(
     cfg: Config, name: str, lr, hvp: str = "exact"
 ) -> tuple[gamfunc.Estimator, gamfunc.Estimator]:
     """The estimator called ``name`` (`reproduce.methods.METHODS`) with the hyperparameters of
     ``cfg``, and the one of the steps it skips (``every``).
 
+    Every hyperparameter comes from the `Config` field of its name (`hyperparameters`); ρ takes
+    its schedule (``rho_schedule="proportional"``: ρ_t ∝ lr_t down to ``rho_min``, GSAM's
+    schedule), and so does SAM's ρ (of sam, gsam, wsam, looksam, friendly_sam and the oracles)
+    where ``sam_rho`` is 0.
+
     Args:
-        cfg: the run's configuration (ρ and its schedule, α, SAM's ρ, ρ', β, γ, the radii).
+        cfg: the run's configuration.
         name: the method.
         lr: the learning rate or its schedule (``rho_schedule="proportional"`` scales ρ with it).
         hvp: the backend of the exact H·v (`exact_hvp_backend`).
@@ -185,17 +210,12 @@ def build_estimator(
     rho = cfg.rho
     if cfg.rho_schedule == "proportional" and callable(lr):
         rho = schedules.proportional(cfg.rho, lr, cfg.lr, floor=cfg.rho_min)
-    hparams = dict(
+    hparams = hyperparameters(cfg)
+    hparams.update(
         rho=rho,
-        alpha=cfg.alpha,
         sam_rho=cfg.sam_rho or rho,
-        rho_prime=cfg.rho_prime,
-        beta=cfg.beta,
-        gamma=cfg.gamma,
         hvp=hvp,
-        fd_radius=cfg.fd_radius,
         gnp_hvp=hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp,
-        gnp_radius=cfg.gnp_radius,
         theorem_norms=True,  # Theorem 4.3's two squared norms, logged under theory/
     )
     return methods.estimator(name, **hparams), methods.base(name, **hparams)
@@ -362,7 +382,9 @@ def setup(
         new_head(model, data.num_classes, seed=cfg.seed)
     notes = []
     hvp = exact_hvp_backend(cfg, model)
-    exact = name in ("gam", "sam+gam") or (name == "gnp" and cfg.gnp_hvp == "exact")
+    exact = name in ("gam", "sam+gam", "gsam+gam", "look_gam") or (
+        name == "gnp" and cfg.gnp_hvp == "exact"
+    )
     if exact and hvp != "exact":
         notes.append(f"{name}: H·v by reverse-over-reverse AD (--bf16_hvp=reverse)")
     if exact and hvp == "exact" and cfg.compile and _has(model, _BatchNorm, nn.LayerNorm):

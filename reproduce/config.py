@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from reproduce.methods import METHODS
 from reproduce.presets import AUTHORS_ACCELERATED, PRESETS, authors_smoothing, closest_presets
 
 __all__ = [
@@ -53,17 +54,8 @@ __all__ = [
     "validate",
 ]
 
-ESTIMATORS = (
-    "sgd",
-    "sam",
-    "gnp",
-    "gam",
-    "gam_fd",
-    "gam_reverse",
-    "gam_accelerated",
-    "gam_accelerated_official",
-    "sam+gam",
-)
+# --estimator takes the names of reproduce.methods.METHODS, the one table of the estimators
+ESTIMATORS = tuple(METHODS)
 BASES = ("sgd", "adamw")
 DATASETS = ("mnist1d", "digits", "cifar10", "cifar100", "imagenet", "cars", "pets", "food101")
 AUGMENTS = ("none", "basic", "cutout", "randaugment", "autoaugment")
@@ -109,6 +101,15 @@ class Config:
     rho_prime: float = 0.05  # ρ' of gam_accelerated (the SAM-like finite differences)
     beta: float = 0.5  # β of gam_accelerated
     gamma: float = 0.1  # γ of gam_accelerated
+    eta: float = 0.01  # η of asam (Kwon et al. 2021)
+    adaptive: bool = False  # gam, look_gam and gam_accelerated in ASAM's scale-invariant geometry
+    ascent_steps: int = 1  # normalised ascent steps of sam (and of the SAM oracle of sam+gam)
+    gsam_alpha: float = 0.3  # α of gsam (and gsam+gam's oracle): share of ∇L's part ⟂ ∇f_p removed
+    wsam_gamma: float = 0.9  # γ of wsam, the weight of sharpness, in [0, 1) (Yue et al. 2023: 0.9)
+    look_k: int = 5  # k of looksam and look_gam: the full step every k steps
+    looksam_alpha: float = 0.7  # α of looksam: the weight of the reused component (Liu et al. 2022)
+    fsam_sigma: float = 1.0  # σ of friendly_sam: the share of the running mean removed
+    fsam_lmbda: float = 0.9  # λ of friendly_sam: the running mean's decay, in [0, 1)
     every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3)
     # --- the base optimiser and schedule
     base: str = "sgd"  # sgd | adamw
@@ -368,9 +369,14 @@ def validate(cfg: Config) -> None:
         v = getattr(cfg, f.name)
         if isinstance(v, float) and f.name != "max_param_rms":
             _check(math.isfinite(v), f.name, "a finite number", v)
-    for name in ("rho", "alpha", "sam_rho", "rho_prime", "gamma", "lr", "momentum", "weight_decay"):
+    for name in (
+        *("rho", "alpha", "sam_rho", "rho_prime", "gamma", "lr", "momentum", "weight_decay"),
+        *("eta", "gsam_alpha", "looksam_alpha", "fsam_sigma"),
+    ):
         v = getattr(cfg, name)
         _check(v >= 0 and v != float("inf"), name, "a finite number >= 0", v)
+    for name in ("wsam_gamma", "fsam_lmbda"):
+        _check(0 <= getattr(cfg, name) < 1, name, "in [0, 1)", getattr(cfg, name))
     _check(0 <= cfg.rho_min <= cfg.rho, "rho_min", f"in [0, rho={cfg.rho}]", cfg.rho_min)
     if any(e.startswith("gam_accelerated") for e in names):
         _check(0 <= cfg.alpha <= 1, "alpha", "in [0, 1] for gam_accelerated", cfg.alpha)
@@ -393,7 +399,10 @@ def validate(cfg: Config) -> None:
     frac = cfg.max_skipped_fraction
     _check(0 <= frac <= 1, "max_skipped_fraction", "a number in [0, 1]", frac)
     _check(cfg.max_param_rms > 0, "max_param_rms", "a number > 0", cfg.max_param_rms)
-    for name in ("every", "epochs", "batch_size", "eval_batch_size", "log_every", "eval_every"):
+    for name in (
+        *("every", "epochs", "batch_size", "eval_batch_size", "log_every", "eval_every"),
+        *("ascent_steps", "look_k"),
+    ):
         _check(getattr(cfg, name) >= 1, name, "an integer >= 1", getattr(cfg, name))
     for name in (
         "num_classes",

@@ -18,7 +18,9 @@ steps a method skips under ``make_step(..., every=k)``: the oracle for ``sam+gam
 ``gsam+gam``, the gradient for the others.
 
 A new estimator of ``gamfunc.estimators`` gets one entry in `METHODS` (and, if it reads a
-new hyperparameter, a field of `Hyper`); the contract tests then run it once it is listed in
+new hyperparameter, a field of `Hyper` and the field of the same name in
+`reproduce.config.Config`, its ``--flag``, which `reproduce.build.hyperparameters` reads);
+``--estimator`` then takes its name, and the contract tests run it once it is listed in
 ``tests/registry.py``.
 """
 

@@ -37,6 +37,8 @@ SOURCES = {
     "time": "Appendix C.3, Table app:tab:time",
     "accelerated": "Appendix D, Algorithm 2 (the authors' code)",
     "gnp": "GNP table (CIFAR-100)",
+    "gsam": "GSAM (Zhuang et al. 2022), Table 4; the recipe of hp2",
+    "gsam/adamw": "GSAM (Zhuang et al. 2022), Table 4; the recipe of hp2",
     "transfer": "transfer table (Section 5.3)",
     "transfer/adamw": "transfer table (Section 5.3)",
 }
@@ -57,7 +59,10 @@ SHOWN = {
     "batch_size": "batch",
     "clip_norm": "clip",
     "rho": "ρ",
+    "rho_schedule": "ρ schedule",
+    "rho_min": "ρ_min",
     "alpha": "α",
+    "gsam_alpha": "GSAM α",
     "sam_rho": "SAM ρ",
     "rho_prime": "ρ'",
     "beta": "β",
@@ -77,6 +82,7 @@ ONLY_FOR = {
     "beta": lambda c: "accelerated" in c["estimator"],
     "gamma": lambda c: "accelerated" in c["estimator"],
     "gnp_radius": lambda c: "gnp" in c["estimator"],
+    "gsam_alpha": lambda c: "gsam" in c["estimator"],
     "sam_rho": lambda c: "sam" in c["estimator"] or c["sam_rho"] > 0,
     "augment": lambda c: c["dataset"] not in ("mnist1d", "digits"),
 }
@@ -104,7 +110,7 @@ def family_key(name: str, values: dict[str, Any]) -> str:
     return head if base == "sgd" or head not in SPLIT_BY_BASE else f"{head}/{base}"
 
 
-SPLIT_BY_BASE = {"hp1", "hp2", "transfer"}
+SPLIT_BY_BASE = {"hp1", "hp2", "transfer", "gsam"}
 
 
 def families() -> dict[str, list[str]]:

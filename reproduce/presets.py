@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AUTHORS_ACCELERATED", "PRESETS", "authors_smoothing", "closest_presets"]
+__all__ = [
+    "AUTHORS_ACCELERATED",
+    "GSAM_IMAGENET",
+    "PRESETS",
+    "authors_smoothing",
+    "closest_presets",
+]
 
 
 # main_cifar.py of github.com/xxgege/GAM (commit 694133d) sets (grad_norm_rho, grad_rho, grad_beta_0,
@@ -29,6 +35,19 @@ AUTHORS_ACCELERATED = {
     ("cifar10", "pyramidnet110"): dict(
         rho=0.2, rho_prime=0.03, beta=0.1, alpha=0.1, gamma=0.03
     ),  # l.133
+}
+
+
+# GSAM (Zhuang et al., "Surrogate Gap Minimization Improves Sharpness-Aware Training", ICLR 2022,
+# arXiv:2203.08065), Table 4 of its appendix, "Hyper-parameters to reproduce experimental results"
+# (also img/gsam_hyperparam2.png of github.com/juntang-zhuang/GSAM): (ρ_max, ρ_min, α) per network,
+# ρ_t following the lr from ρ_max down to ρ_min. ViT-B/32's row is also the authors' big_vision
+# config (big_vision/configs/proj/gsam/vit_i1k_gsam_no_aug.py: rho_max 0.6, rho_min 0.1, alpha 0.6).
+GSAM_IMAGENET = {
+    "resnet50": (0.04, 0.02, 0.01),
+    "resnet101": (0.04, 0.02, 0.01),
+    "vit_s32": (0.6, 0.0, 0.4),
+    "vit_b32": (0.6, 0.1, 0.6),
 }
 
 
@@ -145,6 +164,22 @@ def _presets() -> dict[str, dict[str, Any]]:
             out[f"hp1.{dataset}.{model}"] = _cifar(dataset, model)
     for model in ("resnet50", "resnet101", "vit_s32", "vit_b32"):
         out[f"hp2.imagenet.{model}"] = _imagenet(model)
+    # GSAM on the paper's ImageNet recipe (hp2: its lr, weight decay, batch 256, cosine decay to 0),
+    # with GSAM's ρ_max (--rho), ρ_min and α (GSAM_IMAGENET) and ρ ∝ lr (rho_schedule=proportional:
+    # ρ_t = ρ_min + (ρ_max − ρ_min)·lr_t/lr_0). GSAM's own base recipe (batch 4096, lr 1.6 for
+    # ResNets and 3e-3 for ViTs, linear decay to lr_max/100, where ρ reaches ρ_min) is not taken:
+    # here ρ reaches ρ_min where the cosine reaches 0. Its SAM radius is --rho (sam_rho stays 0).
+    # GSAM gives no CIFAR setting: its Table 4 is ImageNet only, and the CIFAR-10 defaults of the
+    # authors' PyTorch example (example/train.py: adaptive ρ = 2, α = 0.4) use ASAM's adaptive
+    # geometry, which gamfunc.gsam does not take.
+    for model, (rho_max, rho_min, gsam_alpha) in GSAM_IMAGENET.items():
+        out[f"gsam.imagenet.{model}"] = _imagenet(model) | dict(
+            estimator="gsam",
+            rho=rho_max,
+            rho_min=rho_min,
+            rho_schedule="proportional",
+            gsam_alpha=gsam_alpha,
+        )
     for pct in (0, 20, 40, 60, 80):
         out[f"noise.cifar10.resnet32.p{pct}"] = _cifar("cifar10", "resnet32") | dict(
             label_noise=pct / 100, alpha=0.1

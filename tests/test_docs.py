@@ -435,3 +435,72 @@ def test_results_cnn_spectra_prose_equals_its_json():
     ) in text
     ahead = sorted(mean(rs, "test_acc") - mean(tuned, "test_acc") for rs in (sam, gnp))
     assert f"which are also {ahead[0]:.1f}–{ahead[1]:.1f} points more accurate" in text
+
+
+def test_results_lookgam_prose_equals_its_json():
+    """The LookGAM paragraph's numbers are those of docs/evidence/reuse/reuse.json."""
+    text = " ".join(RESULTS.split())
+    record = json.loads((EVIDENCE / "reuse" / "reuse.json").read_text())
+    runs = dict(zip(("look", "every", "equal", "gam", "sgd"), record["runs"].values(), strict=True))
+
+    def pm(rs, key):
+        values = [r[key] for r in rs]
+        return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+    assert f"λ_max {pm(runs['look'], 'lambda_max')} against {pm(runs['gam'], 'lambda_max')}" in text
+    train = ", ".join(f"{r['train_acc']:.1f}%" for r in runs["look"][:-1])
+    assert f"train accuracy {train} and {runs['look'][-1]['train_acc']:.1f}%" in text
+    gam_train = sorted(r["train_acc"] for r in runs["gam"])
+    assert f"(GAM over 100 epochs: {gam_train[0]:.1f}–{gam_train[-1]:.1f}%)" in text
+    assert f"test accuracy {pm(runs['look'], 'test_acc')}, below GAM over 40 epochs" in text
+    assert f"at the same passes ({pm(runs['equal'], 'test_acc')})" in text
+    assert f"every 5th step ({pm(runs['every'], 'test_acc')})" in text
+    assert f"Seed 0 stayed at {runs['look'][0]['test_acc']:.1f}% test" in text
+    assert f"(gap {pm(runs['every'], 'gap')}, λ_max {pm(runs['every'], 'lambda_max')}" in text
+    sgd_lam = statistics.mean(r["lambda_max"] for r in runs["sgd"])
+    assert f"against SGD's {sgd_lam:.2f}" in text
+    best = max(
+        ("look", "every", "equal"), key=lambda k: statistics.mean(r["test_acc"] for r in runs[k])
+    )
+    assert best == "every"  # "the best test accuracy of the three equal-cost runs"
+
+
+def test_results_family_prose_equals_its_json():
+    """The all-estimators paragraph's numbers are those of docs/evidence/family/family.json."""
+    text = " ".join(RESULTS.split())
+    record = json.loads((EVIDENCE / "family" / "family.json").read_text())
+    runs, cost = record["runs"], record["cost"]
+
+    def mean(label, key):
+        return statistics.mean(r[key] for r in runs[label])
+
+    gam = runs["GAM"]
+    acc = f"{mean('GAM', 'test_acc'):.2f} ± {statistics.stdev(r['test_acc'] for r in gam):.2f}"
+    assert f"({acc}, λ_max {mean('GAM', 'lambda_max'):.2f}) at the highest cost" in text
+    assert max(runs, key=lambda m: mean(m, "test_acc")) == "GAM"
+    singles = [m for m in cost if m not in ("SAM+GAM", "GSAM+GAM")]
+    assert max(singles, key=lambda m: cost[m]["x_gradient"]) == "GAM"
+    assert f"({cost['GAM']['x_gradient']:.1f} SGD steps:" in text
+    fd = "GAM, finite difference"
+    drop = mean("GAM", "test_acc") - mean(fd, "test_acc")
+    assert f"is {drop:.0f} points below with a lower λ_max ({mean(fd, 'lambda_max'):.2f})" in text
+    assert f"at {cost[fd]['x_gradient']:.1f} SGD steps" in text
+    sam_like = ("SAM", "GSAM", "LookSAM", "Friendly-SAM", "ASAM")
+    accs = sorted(mean(m, "test_acc") for m in sam_like)
+    lams = sorted(mean(m, "lambda_max") for m in sam_like)
+    assert (
+        f"between {accs[0]:.2f} and {accs[-1]:.2f}% test, SGD at {mean('SGD', 'test_acc'):.2f}"
+        in text
+    )
+    assert (
+        f"λ_max {lams[0]:.2f}–{lams[-1]:.2f} against SGD's {mean('SGD', 'lambda_max'):.2f}" in text
+    )
+    assert f"at {cost['LookSAM']['x_gradient']:.1f} SGD steps" in text
+    assert f"like SGD here (λ_max {mean('GAM, accelerated', 'lambda_max'):.2f})" in text
+    assert all(r["test_acc"] < 11 for r in runs["WSAM"])  # "at chance on both seeds"
+    under = ("LookGAM", "SAM+GAM", "GSAM+GAM")
+    gaps = sorted(mean(m, "gap") for m in under)
+    tests = sorted(mean(m, "test_acc") for m in under)
+    assert (
+        f"(gap {gaps[0]:.2f}–{gaps[-1]:.2f} points, test {tests[0]:.2f}–{tests[-1]:.2f}%)" in text
+    )

@@ -32,6 +32,8 @@ FIGURES = {
     "ablation": [],
     "variants": [],
     "fd": [],
+    "family": [],
+    "reuse": [],
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -60,7 +62,14 @@ def table_cells(md: str) -> list[str]:
     return cells
 
 
-@pytest.mark.parametrize("command", list(evidence.SUBCOMMANDS))
+# --quick modes that take more than a few seconds: family trains and times all 15 methods (20 s)
+SLOW = {"family"}
+
+
+@pytest.mark.parametrize(
+    "command",
+    [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in evidence.SUBCOMMANDS],
+)
 def test_quick_writes_finite_table_json_and_figures(command, tmp_path):
     assert evidence.main([command, "--quick", "--threads=1", f"--out={tmp_path}"]) == 0
     md = (tmp_path / f"{command}.md").read_text()
@@ -275,7 +284,8 @@ def test_fd_hvp_matches_exact_on_gelu_but_not_on_relu():
 
 
 @pytest.mark.parametrize(
-    ("command", "seeds"), [("spectra", 5), ("ablation", 3), ("noise", 3), ("fd", 3)]
+    ("command", "seeds"),
+    [("spectra", 5), ("ablation", 3), ("noise", 3), ("fd", 3), ("family", 2), ("reuse", 3)],
 )
 def test_full_settings_per_subcommand(command, seeds, monkeypatch, tmp_path):
     seen = {}
@@ -284,3 +294,23 @@ def test_full_settings_per_subcommand(command, seeds, monkeypatch, tmp_path):
     assert (seen["seeds"], seen["epochs"]) == (seeds, 100)
     evidence.main([command, "--quick", f"--out={tmp_path}"])
     assert (seen["seeds"], seen["epochs"]) == (1, 2)
+
+
+def test_family_names_every_method_of_the_registry():
+    """The all-estimators table covers each method of reproduce.methods but the second routes to
+    the same estimator (reverse-mode H·v, the authors' convention of accelerated GAM)."""
+    from reproduce.methods import METHODS
+
+    same = {"gam_reverse", "gam_accelerated_official"}
+    named = {name for name, _ in evidence.FAMILY.values()}
+    assert named == set(METHODS) - same
+
+
+def test_reuse_gives_full_gam_the_passes_of_lookgam():
+    """Equal cost: LookGAM's (4 + k − 1)/k passes per step over E epochs, GAM's 4 over fewer."""
+    from reproduce.evidence import reuse
+
+    rows = reuse.rows(100, 5)
+    look, every, equal = (rows[k] for k in list(rows)[:3])
+    assert look[2] == every[2] == pytest.approx(8 / 5)
+    assert equal[1]["epochs"] * equal[2] == pytest.approx(100 * look[2])

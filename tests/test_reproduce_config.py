@@ -11,6 +11,7 @@ sys.path.insert(
 )  # reproduce/ lives at the repository root
 from reproduce import train
 from reproduce.config import (
+    ESTIMATORS,
     PRESETS,
     RESUME_FREE,
     Config,
@@ -88,7 +89,7 @@ def test_every_preset_builds_its_estimator_and_optimizer(preset):
     for name in c.estimator.split(","):
         lr = train.lr_schedule(c, steps_per_epoch=10)
         estimator, _ = train.build_estimator(c, name, lr)
-        names = {"gradient", "sam", "gnp", "gam", "sam+gam", "gam_accelerated"}
+        names = {"gradient", "sam", "gnp", "gam", "sam+gam", "gam_accelerated", "gsam"}
         assert estimator.name in names | {"gam_accelerated[official]"}
         train.build_optimizer(c, lr)
 
@@ -129,6 +130,16 @@ def test_overrides_apply_after_the_preset_whatever_their_order():
         (["--lr_schedule_unit=epoch", "--warmup_epochs=0.5"], "warmup_epochs"),
         (["--rho=0.1", "--rho_min=0.2"], "rho_min"),
         (["--rho_min=-0.01"], "rho_min"),
+        (["--eta=-0.1"], "--eta must be"),
+        (["--gsam_alpha=-0.1"], "--gsam_alpha must be"),
+        (["--wsam_gamma=1"], "--wsam_gamma must be"),
+        (["--wsam_gamma=-0.5"], "--wsam_gamma must be"),
+        (["--look_k=0"], "--look_k must be"),
+        (["--looksam_alpha=-1"], "--looksam_alpha must be"),
+        (["--fsam_sigma=-1"], "--fsam_sigma must be"),
+        (["--fsam_lmbda=1.0"], "--fsam_lmbda must be"),
+        (["--ascent_steps=0"], "--ascent_steps must be"),
+        (["--gsam_alpha=nan"], "--gsam_alpha must be"),
     ],
 )
 def test_bad_values_name_the_field(argv, word):
@@ -281,3 +292,95 @@ def test_an_unknown_preset_suggests_the_closest_of_its_family(typo, first, also)
 def test_an_unknown_preset_far_from_all_points_to_help():
     with pytest.raises(ValueError, match=r"unknown preset 'xyz'; --help lists all \d+"):
         resolve(["--preset=xyz"])
+
+
+def test_estimator_takes_every_method_of_the_registry_and_nothing_else():
+    from reproduce.methods import METHODS
+
+    assert set(ESTIMATORS) == set(METHODS)
+    for name in METHODS:
+        assert resolve([f"--estimator={name}"]).estimator == name
+    assert resolve(["--estimator=sgd,gsam+gam,look_gam"]).estimator == "sgd,gsam+gam,look_gam"
+
+
+def test_every_hyperparameter_of_the_registry_is_a_flag_with_help_and_hypers_default():
+    """Each field of methods.Hyper that a run sets is a Config field of the same name (build
+    reads it from there), with a --help line; the fields of the flatness family keep Hyper's
+    defaults, so a method named without its flags is the registry's."""
+    from reproduce.build import CHOSEN
+    from reproduce.methods import Hyper
+
+    helps = field_help()
+    for f in dataclasses.fields(Hyper):
+        if f.name in CHOSEN:
+            continue
+        assert f.name in helps, f.name
+    family = ("eta", "ascent_steps", "gsam_alpha", "wsam_gamma", "look_k", "looksam_alpha")
+    for name in (*family, "fsam_sigma", "fsam_lmbda", "adaptive"):
+        assert getattr(Config(), name) == getattr(Hyper(), name), name
+
+
+@pytest.mark.parametrize(
+    "argv, name, hparams",
+    [
+        (["--estimator=gsam", "--gsam_alpha=0.2"], "gsam", {"alpha": 0.2}),
+        (["--estimator=wsam", "--wsam_gamma=0.5"], "wsam", {"gamma": 0.5}),
+        (
+            ["--estimator=looksam", "--look_k=3", "--looksam_alpha=0.4"],
+            "looksam",
+            {"k": 3, "alpha": 0.4},
+        ),
+        (["--estimator=look_gam", "--look_k=4"], "look_gam", {"k": 4}),
+        (
+            ["--estimator=friendly_sam", "--fsam_sigma=0.5", "--fsam_lmbda=0.8"],
+            "friendly_sam",
+            {"sigma": 0.5, "lmbda": 0.8},
+        ),
+        (["--estimator=sam", "--ascent_steps=3"], "sam", {"ascent_steps": 3}),
+        (["--estimator=asam", "--eta=0.02"], "asam", {"eta": 0.02}),
+    ],
+)
+def test_each_new_flag_reaches_its_estimator(argv, name, hparams):
+    c = resolve(argv)
+    estimator, _ = train.build_estimator(c, c.estimator, c.lr)
+    assert estimator.name == name
+    for key, value in hparams.items():
+        assert estimator.hparams[key] == value, key
+
+
+@pytest.mark.parametrize(
+    "model, rho_max, rho_min, alpha",
+    [
+        ("resnet50", 0.04, 0.02, 0.01),
+        ("resnet101", 0.04, 0.02, 0.01),
+        ("vit_s32", 0.6, 0.0, 0.4),
+        ("vit_b32", 0.6, 0.1, 0.6),
+    ],
+)
+def test_gsam_presets_carry_table_4_of_the_gsam_paper_on_the_hp2_recipe(
+    model, rho_max, rho_min, alpha
+):
+    """Zhuang et al. 2022, appendix Table 4: (ρ_max, ρ_min, α), ρ ∝ lr; the rest is hp2's."""
+    c = resolve([f"--preset=gsam.imagenet.{model}"])
+    assert (c.estimator, c.rho, c.rho_min, c.gsam_alpha) == ("gsam", rho_max, rho_min, alpha)
+    assert c.rho_schedule == "proportional" and c.sam_rho == 0
+    hp2 = resolve([f"--preset=hp2.imagenet.{model}"])
+    same = ("base", "lr", "weight_decay", "epochs", "batch_size", "warmup_epochs", "clip_norm")
+    assert [getattr(c, k) for k in same] == [getattr(hp2, k) for k in same]
+
+
+def test_gsam_under_the_proportional_schedule_follows_the_lr_down_to_rho_min():
+    """GSAM's ρ_t = ρ_min + (ρ_max − ρ_min)·lr_t/lr_0 (Zhuang et al. 2022), with --rho as ρ_max."""
+    import torch
+
+    argv = ["--estimator=gsam", "--rho=0.6", "--rho_min=0.1", "--rho_schedule=proportional"]
+    c = resolve([*argv, "--sam_rho=0"])  # a SAM ρ of its own (the mnist1d preset's) stays fixed
+    lr = train.lr_schedule(c, 40)
+    estimator, _ = train.build_estimator(c, c.estimator, lr)
+    rho = estimator.hparams["rho"]
+    total = c.epochs * 40
+    for t in (0, total // 2, total):
+        step = torch.tensor(t)
+        expected = 0.1 + 0.5 * float(lr(step)) / c.lr
+        assert float(rho(step)) == pytest.approx(expected)
+    assert float(rho(torch.tensor(total))) == pytest.approx(0.1)

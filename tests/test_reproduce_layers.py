@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from test_layers import import_graph
 
-# Lowest first. The models, the data and the paper's presets know nothing of a run; the
-# configuration reads the presets and the models' names; the registry of estimators and what a
-# run trains with (build) are made from a configuration; the training loop (run/) is built on
+# Lowest first. The models, the data, the paper's presets and the registry of estimators know
+# nothing of a run; the configuration reads the presets, the models' names and the estimators'
+# names; what a run trains with (build) is made from a configuration; the training loop (run/) is built on
 # them, and the entry point train.py on the loop; the sweeps run train.py or the loop; the
 # evidence commands run the loop or a vmapped sweep; the sweep and table commands sit on top.
 FLOORS = [
-    ("reproduce.presets", "reproduce.models", "reproduce.data"),
+    ("reproduce.presets", "reproduce.models", "reproduce.data", "reproduce.methods"),
     ("reproduce.config",),
-    ("reproduce.methods",),
     ("reproduce.build",),
     ("reproduce.run",),
     ("reproduce.train",),
@@ -53,4 +52,4 @@ def test_an_upward_import_is_found():
     """A build that imported a part of the training loop would be named."""
     graph = import_graph("reproduce")
     graph["reproduce.build"] = graph["reproduce.build"] | {"reproduce.run.checkpoint"}
-    assert upward(graph) == ["reproduce.build (floor 3) imports reproduce.run.checkpoint (floor 4)"]
+    assert upward(graph) == ["reproduce.build (floor 2) imports reproduce.run.checkpoint (floor 3)"]

@@ -16,6 +16,8 @@ python -m reproduce.evidence landscape   # 2-D filter-normalised landscapes (Fig
 python -m reproduce.evidence ablation    # ρ × α grid, ρ = 0 is GNP (Figure ablation-hyperparameter)
 python -m reproduce.evidence variants    # exact vs finite-difference vs accelerated GAM
 python -m reproduce.evidence fd          # why finite-difference GAM collapses on a ReLU MLP
+python -m reproduce.evidence family      # every estimator: accuracy, λ_max, trace, cost per step
+python -m reproduce.evidence reuse       # LookGAM against GAM every k-th step, at equal passes
 python -m reproduce.evidence spectra --quick   # any of them in under a minute (what the tests run)
 python -m reproduce.evidence ablation --vmap   # the grid × seeds as one vmapped step per estimator
 ```
@@ -38,7 +40,8 @@ split; ``--gam=ρ,α`` replaces them), SAM ρ = 0.2, SAM+GAM (GAM's ρ, α aroun
 One module per claim: `spectra`, `accuracy`,
 `noise`, `minima`,
 `landscape`, `ablation`,
-`variants` and `fd`; what they share (the methods,
+`variants`, `fd`, `family` (every estimator of `reproduce.methods`) and `reuse` (LookGAM);
+what they share (the methods,
 their configs, training, the table and JSON) is in `common`, the runs of
 every method × seed that spectra, accuracy and noise train in `grid`, and
 the command line in `cli`.
@@ -65,6 +68,7 @@ from reproduce.evidence.common import (
     train_together,
     write,
 )
+from reproduce.evidence.family import FAMILY, cmd_family, family_table, step_costs
 from reproduce.evidence.fd import (
     ACTIVATION_OF,
     cmd_fd,
@@ -77,6 +81,7 @@ from reproduce.evidence.grid import ACC_HEADER, accuracy_rows, accuracy_table, r
 from reproduce.evidence.landscape import cmd_landscape, landscape_table
 from reproduce.evidence.minima import MINIMA_METHODS, cmd_minima, minima_table
 from reproduce.evidence.noise import cmd_noise, noise_table
+from reproduce.evidence.reuse import cmd_reuse, reuse_table
 from reproduce.evidence.spectra import cmd_spectra, spectra_table
 from reproduce.evidence.variants import VARIANTS, cmd_variants, variants_table
 
@@ -84,6 +89,7 @@ __all__ = [
     "ACC_HEADER",
     "ACTIVATION_OF",
     "DEFAULTS",
+    "FAMILY",
     "FOUR",
     "FULL",
     "GAM",
@@ -101,14 +107,17 @@ __all__ = [
     "base_config",
     "cmd_ablation",
     "cmd_accuracy",
+    "cmd_family",
     "cmd_fd",
     "cmd_landscape",
     "cmd_minima",
     "cmd_noise",
+    "cmd_reuse",
     "cmd_spectra",
     "cmd_variants",
     "dead_units",
     "eval_loss",
+    "family_table",
     "fd_table",
     "flatness",
     "hidden_preactivations",
@@ -123,8 +132,10 @@ __all__ = [
     "pm",
     "png",
     "probe_batch",
+    "reuse_table",
     "run_grid",
     "spectra_table",
+    "step_costs",
     "table",
     "train",
     "train_together",

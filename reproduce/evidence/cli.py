@@ -18,11 +18,13 @@ from reproduce.config import Config, validate
 from reproduce.evidence.ablation import ablation_table, cmd_ablation
 from reproduce.evidence.accuracy import cmd_accuracy
 from reproduce.evidence.common import METHODS, NotTrained
+from reproduce.evidence.family import cmd_family, family_table
 from reproduce.evidence.fd import cmd_fd, fd_table
 from reproduce.evidence.grid import accuracy_table
 from reproduce.evidence.landscape import cmd_landscape, landscape_table
 from reproduce.evidence.minima import cmd_minima, minima_table
 from reproduce.evidence.noise import cmd_noise, noise_table
+from reproduce.evidence.reuse import cmd_reuse, reuse_table
 from reproduce.evidence.spectra import cmd_spectra, spectra_table
 from reproduce.evidence.variants import cmd_variants, variants_table
 
@@ -40,6 +42,8 @@ SUBCOMMANDS = {
     "ablation": cmd_ablation,
     "variants": cmd_variants,
     "fd": cmd_fd,
+    "family": cmd_family,
+    "reuse": cmd_reuse,
 }
 
 # subcommand -> its markdown table from its JSON record (tests/test_docs.py recomputes the tables
@@ -53,6 +57,8 @@ TABLES = {
     "landscape": landscape_table,
     "ablation": ablation_table,
     "variants": variants_table,
+    "family": family_table,
+    "reuse": reuse_table,
 }
 
 REUSE = "runs/evidence/spectra/spectra.json"
@@ -76,7 +82,13 @@ DEFAULTS = dict(
     radii=("0.1,0.01,0.001,0.0001", "0.01,0.001"),
 )
 # Full values that differ per subcommand: each full run stays under 30 minutes on one thread.
-FULL = {"ablation": dict(seeds=3), "noise": dict(seeds=3), "fd": dict(seeds=3)}
+FULL = {
+    "ablation": dict(seeds=3),
+    "noise": dict(seeds=3),
+    "fd": dict(seeds=3),
+    "family": dict(seeds=2),
+    "reuse": dict(seeds=3),
+}
 
 
 class _Parser(argparse.ArgumentParser):
