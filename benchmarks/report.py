@@ -147,6 +147,7 @@ SECTIONS = {
     "gpu_check": (
         "The GPU check",
         "`pytest -m gpu tests/test_gpu_check.py`: every estimator × {fp32, bf16} × {ResNet, ViT} "
+        "(those with state, LookSAM, Friendly-SAM and LookGAM, over a trajectory on the ResNet) "
         '× {eager, `scope="pass"` with CUDA graphs, `scope="step"`, `gamfunc.cuda_graph`}, '
         "each update against the float64 step; one row per kind of case, with the largest error "
         "÷ tolerance among its cases.",

@@ -1,6 +1,6 @@
 """Every estimator in every precision through the public API, each step against float64: the GPU check.
 
-``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 6.5 minutes on one
+``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 8 minutes on one
 H100), one test per case; this module is its machinery. ``python tests/gpu_check.py`` runs the same
 cases and writes their JSON (``benchmarks/results/gpu_check_<device>.json`` unless ``--out`` says);
 ``python tests/gpu_check.py --group MODEL:PRECISION:MODE`` is one of its worker processes.
