@@ -43,7 +43,7 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12) -> Estimator:
         clean = clean if clean is not None else gradient_pass(loss_fn, params, batch)
         theta_adv = adaptive_ascent(params, clean.grad, value(rho, step), eta, eps)
         adv = gradient_pass(loss_fn, theta_adv, batch)
-        return Estimate(adv.grad, clean_info(clean) | {"perturbed_loss": adv.loss}, clean)
+        return Estimate(adv.grad, {**clean_info(clean), "perturbed_loss": adv.loss}, clean)
 
     return Estimator("asam", run, {"rho": rho, "eta": eta, "eps": eps})
 

@@ -103,7 +103,7 @@ def friendly_sam(
             d = tree.axpy(-s, mean, g)
         d_hat, _ = tree.normalize(d, eps)
         adv = gradient_pass(loss_fn, tree.axpy(value(rho, step), d_hat, params), batch)
-        info = clean_info(clean) | {"perturbed_loss": adv.loss}
+        info = {**clean_info(clean), "perturbed_loss": adv.loss}
         new = FriendlySAMState(mean, torch.ones_like(state.started))
         return Estimate(adv.grad, info, clean, new)
 

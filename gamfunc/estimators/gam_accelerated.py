@@ -110,7 +110,7 @@ def gam_accelerated(
         h_plus_hat, _ = tree.normalize(h_plus, eps)
         h_perp = tree.axpy(-tree.vdot(h_minus, h_plus_hat), h_plus_hat, h_minus)
         direction = tree.axpy(-gamma_t, h_perp, h_plus)
-        info = clean_info(g0) | {"adv_grad_norm": g2.grad_norm, "adv_loss": g2.loss}
+        info = {**clean_info(g0), "adv_grad_norm": g2.grad_norm, "adv_loss": g2.loss}
         return Estimate(direction, info, g0)
 
     hparams = {"rho": rho, "rho_prime": rho_prime, "alpha": alpha, "beta": beta, "gamma": gamma}

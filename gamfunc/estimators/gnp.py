@@ -57,6 +57,6 @@ def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> 
     def run(params, batch, loss_fn, clean, step):
         f, clean = hvps.grad_norm_grad(loss_fn, params, batch, backend, eps=eps, clean=clean)
         direction = tree.axpy(value(alpha, step), f, clean.grad)
-        return Estimate(direction, clean_info(clean) | {"f_norm": tree.norm(f)}, clean)
+        return Estimate(direction, {**clean_info(clean), "f_norm": tree.norm(f)}, clean)
 
     return Estimator("gnp", run, {"alpha": alpha, "hvp": backend, "eps": eps})

@@ -69,7 +69,8 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
         p_hat, _ = unit_grad(adv, eps)
         vertical = tree.axpy(-tree.vdot(clean.grad, p_hat), p_hat, clean.grad)
         direction = tree.axpy(-value(alpha, step), vertical, adv.grad)
-        info = clean_info(clean) | {
+        info = {
+            **clean_info(clean),
             "perturbed_loss": adv.loss,
             "surrogate_gap": adv.loss - clean.loss,
         }

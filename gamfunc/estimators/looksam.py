@@ -100,7 +100,7 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
             g_v = tree.map(_orthogonal_per_tensor(eps), adv.grad, clean.grad)
         else:
             g_v = tree.axpy(-tree.vdot(g_hat, adv.grad), g_hat, adv.grad)
-        info = clean_info(clean) | {"perturbed_loss": adv.loss}
+        info = {**clean_info(clean), "perturbed_loss": adv.loss}
         return Estimate(adv.grad, info, clean, LookSAMState(g_v))
 
     def reuse(params, batch, loss_fn, clean, step, state):

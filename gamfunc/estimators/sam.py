@@ -86,7 +86,7 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
                 g_hat, _ = unit_grad(gradient_pass(loss_fn, point, batch), eps)
                 point = tree.axpy(r, g_hat, point)
             adv = gradient_pass(loss_fn, point, batch)
-        info = clean_info(clean) | {"perturbed_loss": adv.loss}
+        info = {**clean_info(clean), "perturbed_loss": adv.loss}
         return Estimate(adv.grad, info, clean)
 
     hparams = {"rho": rho, "eps": eps} | ({"ascent_steps": n} if n > 1 else {})

@@ -74,7 +74,7 @@ def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
         g = value(gamma, step)
         a = g / (1 - g)
         direction = tree.lincomb((1 - a, clean.grad), (a, adv.grad))
-        info = clean_info(clean) | {"perturbed_loss": adv.loss}
+        info = {**clean_info(clean), "perturbed_loss": adv.loss}
         return Estimate(direction, info, clean)
 
     return Estimator("wsam", run, {"rho": rho, "gamma": gamma, "eps": eps})
