@@ -116,7 +116,7 @@ def metadata(
 
 
 def out_path(out: str | None, meta: dict) -> Path:
-    """Where a run's JSON goes: ``out``, else ``benchmarks/results/<benchmark>_<slug>.json``, or
+    """Where a run's JSON goes: ``out``, else ``benchmarks/results/`` and :func:`file_name`, or
     for a ``--quick`` run, whose numbers are no result, the same name in the temporary folder.
 
     Args:
@@ -129,7 +129,21 @@ def out_path(out: str | None, meta: dict) -> Path:
     if out:
         return Path(out)
     folder = Path(tempfile.gettempdir()) if meta.get("quick") else RESULTS
-    return folder / f"{meta['benchmark']}_{meta['slug']}.json"
+    return folder / file_name(meta)
+
+
+def file_name(meta: dict) -> str:
+    """A result's file name: ``<benchmark>_<slug>.json``, or ``<benchmark>_<part>_<slug>.json`` for a
+    run that measured one part of a benchmark (``meta["part"]``: a model, a group of estimators).
+
+    Args:
+        meta: the run's :func:`metadata`.
+
+    Returns:
+        The file name.
+    """
+    part = [meta["part"]] if meta.get("part") else []
+    return "_".join([meta["benchmark"], *part, meta["slug"]]) + ".json"
 
 
 def save(result: dict, out: str | None) -> Path:

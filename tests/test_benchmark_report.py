@@ -14,13 +14,13 @@ def test_the_committed_results_md_is_generated_from_the_results():
     assert report.OUT.read_text() == report.render(), "run: python -m benchmarks.report"
 
 
-def test_results_keep_one_file_per_benchmark_and_device():
+def test_results_keep_one_file_per_benchmark_part_and_device():
     files = sorted(_common.RESULTS.glob("*"))
     assert 0 < len(files) <= 20
     for path in files:
         result = json.loads(path.read_text())
         meta = result["meta"]
-        assert path.name == f"{result['benchmark']}_{meta['slug']}.json"
+        assert path.name == _common.file_name(meta)
         assert {"device_name", "date", "torch"} <= set(meta)
 
 
@@ -64,3 +64,9 @@ def test_the_json_goes_where_out_says_else_into_results(tmp_path):
     assert json.loads(out.read_text())["meta"]["torch"] == meta["torch"]
     with pytest.raises(ValueError, match="gpus"):
         _common.slug("NVIDIA H100", 0)
+
+
+def test_a_file_name_says_benchmark_part_and_device():
+    meta = {"benchmark": "step_cost", "slug": "h100"}
+    assert _common.file_name(meta) == "step_cost_h100.json"
+    assert _common.file_name({**meta, "part": "family"}) == "step_cost_family_h100.json"
