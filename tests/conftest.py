@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +36,14 @@ class _SkipWithoutExtras(pytest.Module):
 
 def pytest_pycollect_makemodule(module_path, parent):
     return _SkipWithoutExtras.from_parent(parent, path=module_path)
+
+
+def pytest_configure(config):
+    # pytest-xdist runs one process per core (-n auto): each torch then takes its share of the cores
+    # for its intra-op threads, not all of them, so the workers' thread pools do not contend.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_collection_modifyitems(config, items):
