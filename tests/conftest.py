@@ -41,9 +41,12 @@ def pytest_pycollect_makemodule(module_path, parent):
 def pytest_configure(config):
     # pytest-xdist runs one process per core (-n auto): each torch then takes its share of the cores
     # for its intra-op threads, not all of them, so the workers' thread pools do not contend.
+    # The processes a test starts (train.py, torchrun, the GPU check's workers) inherit the share.
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 def pytest_collection_modifyitems(config, items):
