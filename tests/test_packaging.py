@@ -12,7 +12,9 @@ import pytest
 from helpers import OPTIONAL
 
 ROOT = Path(__file__).resolve().parents[1]
-PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no_extras", "-p", "no:cacheprovider")
+# -n 0: the suite's -n auto would start workers that each import torch and collect it all again
+PYTEST = (sys.executable, "-m", "pytest", "-q", "-n", "0")
+PYTEST += ("-p", "no_extras", "-p", "no:cacheprovider")
 
 
 @pytest.mark.slow
@@ -50,7 +52,9 @@ def test_readme_blocks_with_dev_alone_skip_instead_of_failing(tmp_path):
     out = subprocess.run(
         [*PYTEST, str(ROOT / "tests" / "test_readme.py")],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        # one thread: the blocks' small trainings otherwise contend for the cores with the
+        # suite's other worker and take several times as long
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=600,

@@ -37,8 +37,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(*args: str, launcher=(), log: Path | None = None):
-    """Run train.py under torchrun to the end, or, with ``log``, start it writing its output there."""
+def torchrun(*args: str, launcher=(), log: Path | None = None, wait=True):
+    """Run train.py under torchrun to the end, or, with ``log``, start it writing its output there;
+    ``wait=False`` starts it with its output piped (:func:`finish` waits for it)."""
     cmd = [
         sys.executable,
         "-m",
@@ -47,12 +48,21 @@ def torchrun(*args: str, launcher=(), log: Path | None = None):
         str(ROOT / "reproduce/train.py"),
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    if log is None:
+    if log is None and wait:
         return subprocess.run(
             cmd + list(args), env=env, capture_output=True, text=True, timeout=WAIT
         )
+    if log is None:
+        pipe = subprocess.PIPE
+        return subprocess.Popen(cmd + list(args), env=env, stdout=pipe, stderr=pipe, text=True)
     with open(log, "w") as out:
         return subprocess.Popen(cmd + list(args), env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def finish(job: subprocess.Popen) -> subprocess.CompletedProcess:
+    """Wait for a job started with ``wait=False``; its exit status and output."""
+    out, err = job.communicate(timeout=WAIT)
+    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
 
 
 def standalone(n: int) -> list[str]:
@@ -69,18 +79,22 @@ def test_two_processes_train_as_one_and_resume_bit_for_bit(tmp_path, capsys):
     run stopped after 4 steps and resumed under torchrun ends bit for bit where an uninterrupted
     one does; a resume with another number of processes is refused in one line."""
     steps = ["--max_steps=10", "--estimator=sgd,gam"]
-    whole = torchrun(f"--logdir={tmp_path / 'two'}", *ARGS, *steps, launcher=standalone(2))
+    cut = ["--estimator=gam", f"--logdir={tmp_path / 'cut'}"]
+    # the whole run, the first part of the cut one and the 1-process run at once
+    whole = torchrun(
+        f"--logdir={tmp_path / 'two'}", *ARGS, *steps, launcher=standalone(2), wait=False
+    )
+    first = torchrun(*ARGS, *cut, "--max_steps=4", launcher=standalone(2), wait=False)
+    assert train.main([f"--logdir={tmp_path / 'one'}", *ARGS, *steps]) == 0
+    whole, first = finish(whole), finish(first)
     assert whole.returncode == 0, whole.stdout + whole.stderr
     assert "2 process(es), global batch 100" in whole.stdout
-    assert train.main([f"--logdir={tmp_path / 'one'}", *ARGS, *steps]) == 0
     for est in ("sgd", "gam"):
         a, b = params(tmp_path / "two", est), params(tmp_path / "one", est)
         assert any(not torch.equal(a[k], b[k]) for k in a) or est == "sgd"
         for k in a:
             torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
-    cut = ["--estimator=gam", f"--logdir={tmp_path / 'cut'}"]
-    first = torchrun(*ARGS, *cut, "--max_steps=4", launcher=standalone(2))
     assert first.returncode == 0, first.stdout + first.stderr
     rest = torchrun(*ARGS, *cut, "--max_steps=10", "--resume", launcher=standalone(2))
     assert rest.returncode == 0, rest.stdout + rest.stderr
@@ -162,11 +176,10 @@ def test_two_nodes_on_localhost_train_as_one_process(tmp_path):
     args = [f"--logdir={tmp_path / 'nodes'}", *ARGS, "--estimator=gam", "--max_steps=6"]
     logs = [tmp_path / f"node{r}.log" for r in (0, 1)]
     nodes = [torchrun(*args, launcher=[*common, f"--node_rank={r}"], log=logs[r]) for r in (0, 1)]
+    one = train.main([f"--logdir={tmp_path / 'one'}", *ARGS, "--estimator=gam", "--max_steps=6"])
     codes = [n.wait(timeout=WAIT) for n in nodes]
     assert codes == [0, 0], [log.read_text() for log in logs]
-    assert (
-        train.main([f"--logdir={tmp_path / 'one'}", *ARGS, "--estimator=gam", "--max_steps=6"]) == 0
-    )
+    assert one == 0
     a, b = params(tmp_path / "nodes", "gam"), params(tmp_path / "one", "gam")
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
@@ -176,13 +189,14 @@ def test_a_refusal_and_a_divergence_are_printed_once_and_the_summary_keeps_the_s
     """torchrun exits 1 whatever its workers' status; it names the status in its report
     ("exitcode : 2"). The one-line error comes once (from the first process of the node), and a
     diverged run's summary.json keeps its real exit status, 3."""
-    bad = torchrun(*ARGS, "--epochs=-3", launcher=standalone(2))
+    args = [*ARGS, "--estimator=sgd", "--lr=1e25", "--log_every=1", "--max_skipped=3"]
+    bad = torchrun(*ARGS, "--epochs=-3", launcher=standalone(2), wait=False)  # both at once
+    diverged = torchrun(f"--logdir={tmp_path}", *args, launcher=standalone(2), wait=False)
+    bad, diverged = finish(bad), finish(diverged)
     assert bad.returncode == 1
     assert bad.stderr.count("error: --epochs must be") == 1, bad.stderr
     assert re.search(r"exitcode\s*:\s*2\b", bad.stderr), bad.stderr
 
-    args = [*ARGS, "--estimator=sgd", "--lr=1e25", "--log_every=1", "--max_skipped=3"]
-    diverged = torchrun(f"--logdir={tmp_path}", *args, launcher=standalone(2))
     assert diverged.returncode == 1
     assert diverged.stderr.count("steps were all skipped") == 1, diverged.stderr
     assert re.search(r"exitcode\s*:\s*3\b", diverged.stderr), diverged.stderr
