@@ -121,7 +121,8 @@ def test_a_state_lost_between_steps_fails_the_check(monkeypatch):
 
 @pytest.mark.slow
 def test_the_eager_cases_pass_on_the_cpu():
-    rows = gpu_check.run_all("cpu", workers=2, names=("gam_exact", "gam_fd"))
+    # Batches of 8 images: the same cases and tolerances, a quarter of the float64 and bf16 work.
+    rows = gpu_check.run_all("cpu", workers=2, size=8, names=("gam_exact", "gam_fd"))
     got = {(r["model"], r["precision"], r["estimator"]) for r in rows if r["estimator"] != "facade"}
     want = {
         (m, p, e)
