@@ -158,7 +158,8 @@ def test_a_wrong_step_fails_the_check(monkeypatch):
 @pytest.mark.slow
 def test_the_command_writes_every_case_and_a_summary(tmp_path, capsys):
     out = tmp_path / "check.json"
-    assert gpu_check.main(["--device", "cpu", "--estimators", "gradient", "--out", str(out)]) == 0
+    argv = ["--device", "cpu", "--estimators", "gradient", "--size", "8", "--out", str(out)]
+    assert gpu_check.main(argv) == 0
     result = json.loads(out.read_text())
     assert result["benchmark"] == "gpu_check" and result["meta"]["slug"] == "cpu"
     assert result["meta"]["passed"] == len(result["rows"]) == 2 * 2 + 3
