@@ -346,14 +346,14 @@ def _without_buffers(loss_fn):
     return plain
 
 
-def extras(device: torch.device) -> list[dict]:
+def extras(device: torch.device, size: int = BATCH) -> list[dict]:
     """The vmapped ensemble (each member against its own step) and the torch.optim facade (against
-    ``make_step``), eager, fp32 and bf16."""
+    ``make_step``), eager, fp32 and bf16, on batches of ``size`` images."""
     rows = []
     for precision in PRECISIONS:
         row = {"model": "vit", "precision": precision, "mode": "eager", "estimator": "ensemble"}
         try:
-            net, batch = build("vit", device)
+            net, batch = build("vit", device, size=size)
             loss_fn, params, _ = gamfunc.nn.functionalize(net)
             plain = _without_buffers(loss_fn)
             loss = bf16(plain) if precision == "bf16" else plain
@@ -382,7 +382,7 @@ def extras(device: torch.device) -> list[dict]:
         from gamfunc.torch_optim import GAM
 
         torch.backends.cudnn.allow_tf32 = False
-        net, batch = build("resnet", device)
+        net, batch = build("resnet", device, size=size)
         loss_fn, params, buffers = gamfunc.nn.functionalize(copy.deepcopy(net))
         step = gamfunc.make_step(gamfunc.gam(0.05, 0.5), gamfunc.sgd(lr=0.1), loss_fn)
         want, _, _ = step(params, step.init(params, buffers), batch)
@@ -447,12 +447,13 @@ def main(argv=None) -> int:
     ap.add_argument("--group", default="", help="MODEL:PRECISION:MODE, or extras (a worker)")
     ap.add_argument("--estimators", default=",".join(CHECKED))
     ap.add_argument("--out", default=None, help="JSON file (every case, without --group)")
+    ap.add_argument("--size", type=int, default=BATCH, help="images per batch")
     args = ap.parse_args(argv)
     if not args.group:
         from benchmarks import _common
 
         start = time.time()
-        rows = run_all(args.device, names=args.estimators.split(","))
+        rows = run_all(args.device, names=args.estimators.split(","), size=args.size)
         failed = sum(r["status"] != "pass" for r in rows)
         meta = _common.metadata("gpu_check", args.device)
         meta.update(seconds=round(time.time() - start, 1), passed=len(rows) - failed, failed=failed)
@@ -463,10 +464,10 @@ def main(argv=None) -> int:
         return 1 if failed else 0
     device = torch.device(args.device)
     if args.group == "extras":
-        rows = extras(device)
+        rows = extras(device, args.size)
     else:
         model, precision, mode = args.group.split(":")
-        rows = run_group(model, precision, mode, device, args.estimators.split(","))
+        rows = run_group(model, precision, mode, device, args.estimators.split(","), args.size)
     print("ROWS " + dumps(rows, indent=None), flush=True)
     return 0
 
@@ -496,12 +497,15 @@ def groups(device: str, models=MODELS, names=CHECKED, extra: bool = True) -> lis
     return found + ([("extras", list(names))] if extra else [])
 
 
-def run_all(device: str = "cuda", workers: int | None = None, **selection) -> list[dict]:
+def run_all(
+    device: str = "cuda", workers: int | None = None, size: int = BATCH, **selection
+) -> list[dict]:
     """Every case of the check, each group in a worker process, ``workers`` at a time.
 
     Args:
         device: where the steps run.
         workers: groups at once (default: the cores less two, 8 to 16).
+        size: images per batch.
         **selection: ``models``, ``names``, ``extra`` of :func:`groups`.
 
     Returns:
@@ -513,13 +517,15 @@ def run_all(device: str = "cuda", workers: int | None = None, **selection) -> li
         **os.environ,
         "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "2"),
     }
+    if device == "cpu":  # workers side by side on the cores: threads of one would wait on another's
+        env.setdefault("OMP_NUM_THREADS", "1")
     logs = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     pending, running, rows = groups(device, **selection), [], []
     while pending or running:
         while pending and len(running) < workers:
             g, part = pending.pop(0)
             cmd = [sys.executable, __file__, "--device", device, "--group", g]
-            cmd += ["--estimators", ",".join(part)]
+            cmd += ["--estimators", ",".join(part), "--size", str(size)]
             log = open(logs / f"{g.replace(':', '_')}_{part[0]}.log", "w+")  # noqa: SIM115
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             running.append((g, proc, log))

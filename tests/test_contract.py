@@ -196,15 +196,15 @@ def test_many_steps_compile_in_one_process_without_hitting_the_recompile_limit()
     torch._dynamo.reset()
     counter = CompileCounter()
     params, batch = mlp_params(), mlp_batch()
-    limit = (
-        getattr(torch._dynamo.config, "recompile_limit", None)
-        or torch._dynamo.config.cache_size_limit
-    )
-    for i in range(limit + 2):
-        step = gamfunc.make_step(gamfunc.sam(0.01 * (i + 1)), gamfunc.sgd(lr=0.1), mlp_loss)
-        torch.compile(step, fullgraph=True, backend=counter)(params, step.init(params), batch)
-        every = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss, every=2)
-        every.compile(fullgraph=True, backend=counter)(params, every.init(params), batch)
+    # A limit of 2 instead of the default 8: going past it takes 4 steps of each kind, not 10, and
+    # steps that shared one compiled frame would hit a limit of 2 as surely as one of 8.
+    limit = 2
+    with torch._dynamo.config.patch(recompile_limit=limit):
+        for i in range(limit + 2):
+            step = gamfunc.make_step(gamfunc.sam(0.01 * (i + 1)), gamfunc.sgd(lr=0.1), mlp_loss)
+            torch.compile(step, fullgraph=True, backend=counter)(params, step.init(params), batch)
+            every = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss, every=2)
+            every.compile(fullgraph=True, backend=counter)(params, every.init(params), batch)
     assert counter.frame_count == 2 * (limit + 2)
 
 
@@ -229,8 +229,18 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: the ops of a step of the tiny MLP are too small to share, and on a busy
+    machine their threads would only wait on each other (ten times the step's time)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.slow
-def test_soak_2000_compiled_steps_no_recompilation_and_flat_memory():
+def test_soak_2000_compiled_steps_no_recompilation_and_flat_memory(one_thread):
     from torch._dynamo.testing import CompileCounter
 
     torch._dynamo.reset()
