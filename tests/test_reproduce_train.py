@@ -71,12 +71,12 @@ def test_shortened_default_reaches_its_accuracy_and_prints_the_table(tmp_path, c
 def test_image_folder_trains_and_writes_tensorboard_events(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    data = make_image_folder(tmp_path / "imagenet", per_class=4)
+    data = make_image_folder(tmp_path / "imagenet", per_class=4, size=16)
     args = [
         "--preset=hp2.imagenet.resnet50",
         f"--data={data}",
         "--model=wrn28_2",
-        "--image_size=32",
+        "--image_size=16",
         "--batch_size=4",
         "--eval_batch_size=8",
         "--epochs=2",
