@@ -140,12 +140,14 @@ def test_dali_evaluation_keeps_the_last_partial_batch(tmp_path):
 @pytest.mark.slow
 def test_train_py_with_the_dali_loader_resumes_bit_exact(tmp_path, capsys):
     """reproduce/train.py on a JPEG folder through --loader=dali (DALI's CPU decoder here): it says
-    which loader runs, and 2 steps, a stop, and 2 more give the parameters of 4 steps at once."""
+    which loader runs, and 2 steps, a stop, and 2 more give the parameters of 4 steps at once.
+    Crops of 32 px (one ViT-S/32 patch): the resume is the loader's and the run's, not the model's."""
     from reproduce import train
     from reproduce.run import checkpoint as ckpt
 
     root = jpeg_folder(tmp_path / "data")
     args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--model=vit_s32", "--loader=dali"]
+    args += ["--image_size=32"]
     args += ["--estimator=gam_fd", "--batch_size=4", "--eval_batch_size=5", "--workers=0"]
     args += ["--progress=false", "--landscape=false", "--eig_iters=0", "--trace_samples=0"]
     args += ["--r1_steps=0", "--max_steps=4"]

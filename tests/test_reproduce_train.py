@@ -71,12 +71,12 @@ def test_shortened_default_reaches_its_accuracy_and_prints_the_table(tmp_path, c
 def test_image_folder_trains_and_writes_tensorboard_events(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    data = make_image_folder(tmp_path / "imagenet", per_class=4)
+    data = make_image_folder(tmp_path / "imagenet", per_class=4, size=16)
     args = [
         "--preset=hp2.imagenet.resnet50",
         f"--data={data}",
         "--model=wrn28_2",
-        "--image_size=32",
+        "--image_size=16",
         "--batch_size=4",
         "--eval_batch_size=8",
         "--epochs=2",
@@ -343,21 +343,23 @@ def test_bf16_hvp_reverse_takes_the_reverse_hvp_and_says_so(tmp_path, capsys):
 
 def test_resume_is_bit_exact_with_augmented_folder_data_and_any_worker_count(tmp_path):
     """Augmentation draws from per-example seeds, so neither the resume point nor the number of
-    DataLoader workers changes a single bit."""
-    data = make_image_folder(tmp_path / "cifar", splits=("train", "test"), per_class=8, size=32)
+    DataLoader workers changes a single bit. 8 images of 16 px in batches of 4: 2 steps an epoch, so
+    a stop after step 1 falls mid-epoch and the resumed run crosses into the second epoch."""
+    data = make_image_folder(tmp_path / "cifar", splits=("train", "test"), per_class=4, size=16)
     common = [
         "--preset=hp1.cifar10.resnet18",
         f"--data={data}",
         "--model=resnet32",
+        "--image_size=16",
         "--batch_size=4",
     ]
     common += ["--epochs=2", "--augment=autoaugment", "--eval_batch_size=16", *NO_FLATNESS]
     assert main(tmp_path / "a", *common) == 0
-    assert main(tmp_path / "b", *common, "--max-steps=3") == 0
+    assert main(tmp_path / "b", *common, "--max-steps=1") == 0
     assert main(tmp_path / "b", *common, "--resume", "--workers=2") == 0
     a = ckpt.load(run_dir(tmp_path / "a", "hp1.cifar10.resnet18", "gam") / "checkpoint.pt")
     b = ckpt.load(run_dir(tmp_path / "b", "hp1.cifar10.resnet18", "gam") / "checkpoint.pt")
-    assert b["position"]["global_step"] == 8
+    assert b["position"]["global_step"] == 4
     for (ka, ta), (kb, tb) in zip(_tensors(a["params"]), _tensors(b["params"]), strict=True):
         assert ka == kb and torch.equal(ta, tb), ka
     for (ka, ta), (kb, tb) in zip(_tensors(a["state"]), _tensors(b["state"]), strict=True):
