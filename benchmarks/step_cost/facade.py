@@ -22,7 +22,6 @@ davda54's.
 from __future__ import annotations
 
 import copy
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +31,7 @@ import gamfunc
 from benchmarks.step_cost.methods import rho_at, rho_schedule
 from benchmarks.step_cost.models import prepare
 from benchmarks.step_cost.runners import Functional, autocast, compile_options, split_mode
-from benchmarks.step_cost.timing import interleaved, log, setup
+from benchmarks.step_cost.timing import log, setup, time_rows
 from gamfunc import torch_optim
 
 ESTIMATORS = ("gam_fd", "gam_exact", "sam")
@@ -341,12 +340,6 @@ def run_facade(model_name, token, a, device, meta) -> list[dict]:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     log(f"{model_name} {token} facade: timing {len(runners)} steps, {a.repeats} rounds")
-    samples, errors = interleaved(runners, a, device)
-    for key, error in errors.items():
-        rows[key]["error"] = error
-    for key, ms in samples.items():
-        row = rows[key]
-        row.update(ms=statistics.median(ms), ms_samples=ms)
-        row["img_s"] = row["batch"] / row["ms"] * 1e3
+    time_rows(runners, rows, a, device)
     ratios(list(rows.values()))
     return list(rows.values())

@@ -3,8 +3,6 @@ time them together, then profile them."""
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 
 from benchmarks.step_cost.methods import BASELINE, EAGER_ROWS, build_methods, method_names
@@ -12,7 +10,7 @@ from benchmarks.step_cost.models import prepare
 from benchmarks.step_cost.profiling import profile_steps, profile_summary
 from benchmarks.step_cost.report import ratios
 from benchmarks.step_cost.runners import runner_factory
-from benchmarks.step_cost.timing import interleaved, log, setup
+from benchmarks.step_cost.timing import log, setup, time_rows
 
 
 def plan(a) -> list[tuple[str, str]]:
@@ -101,13 +99,7 @@ def run_group(model_name, token, a, device, meta, save=None, pool=None) -> list[
         save(list(rows.values()))
     if not a.compile_only:
         log(f"{model_name} {token}: timing {len(runners)} steps, {a.repeats} rounds")
-        samples, errors = interleaved(runners, a, device)
-        for key, error in errors.items():
-            rows[key]["error"] = error
-        for key, ms in samples.items():
-            row = rows[key]
-            row.update(ms=statistics.median(ms), ms_samples=ms)
-            row["img_s"] = row["batch"] / row["ms"] * 1e3
+        samples = time_rows(runners, rows, a, device)
         ratios(list(rows.values()))
         if a.profile:  # after all timing, so that the profiler never runs beside a timed step
             for key in samples:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import math
+import statistics
 import sys
 import time
 
@@ -134,6 +135,19 @@ def interleaved(runners: dict, a, device) -> tuple[dict, dict]:
             except Exception as e:
                 errors[name] = f"timing: {type(e).__name__}: {str(e).strip()[:300]}"
     return {k: v for k, v in samples.items() if k not in errors}, errors
+
+
+def time_rows(runners: dict, rows: dict, a, device) -> dict:
+    """Time ``runners`` (`interleaved`) and write into each row of ``rows`` (same keys) its
+    ``ms`` (the median), ``ms_samples`` and ``img_s``, or its timing error; the samples."""
+    samples, errors = interleaved(runners, a, device)
+    for key, error in errors.items():
+        rows[key]["error"] = error
+    for key, ms in samples.items():
+        row = rows[key]
+        row.update(ms=statistics.median(ms), ms_samples=ms)
+        row["img_s"] = row["batch"] / row["ms"] * 1e3
+    return samples
 
 
 def release(device):
