@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from gamfunc import tree
 from gamfunc._compat import in_forward_ad
 
 __all__ = [
@@ -84,7 +85,7 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
 
     def loss_fn(params, batch, buffers, *, train: bool = train):
         inputs, targets = batch
-        new_buffers = {k: v.clone() for k, v in buffers.items()}
+        new_buffers = tree.clone(buffers)
         with mode(model, train):
             out = functional_call(model, (params, new_buffers), (inputs,), tie_weights=ties)
         return criterion(out, targets), new_buffers

@@ -254,13 +254,34 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
 
 def _branch_on_host(finite: Tensor) -> bool:
     """Whether the non-finite guard reads ``finite`` on the host and branches, rather than select
-    every tensor on the device: only for an eager step on the CPU, where reading a value costs no
-    wait. On a GPU the read would stall the host until the device has finished the step, so the
-    next step could not be queued while this one runs (and, under data parallel, each rank would
-    wait for every all-reduce); a compiled or vmapped step cannot branch on a value at all."""
+    every tensor on the device (a ``torch.where`` per parameter, optimiser-state and buffer tensor).
+
+    It branches wherever a step runs eagerly in one process: the eager step, and the eager glue
+    between the compiled passes of ``scope="pass"``. There the host is what bounds the step (it
+    issues every kernel), and one read of a boolean, which waits for the step's last kernels, costs
+    less than issuing hundreds of selects. It selects on the device where the step cannot read or
+    must not wait: under ``torch.compile`` or ``vmap``, while a CUDA graph is captured
+    ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph], the facade's ``cuda_graph=True``), and
+    on a GPU in a job of several processes, where each rank keeps its queue full while its
+    all-reduces run (``tests/test_distributed.py``)."""
     if torch.compiler.is_compiling() or tree.vmapped([finite]):
         return False
-    return finite.device.type == "cpu"
+    if finite.device.type == "cpu":
+        return True
+    capturing = finite.is_cuda and torch.cuda.is_current_stream_capturing()
+    return _host_may_wait(capturing, _ranks() > 1)
+
+
+def _host_may_wait(capturing: bool, distributed: bool) -> bool:
+    """The rule of `_branch_on_host` for a step on a GPU: read on the host unless a CUDA graph is
+    being captured or the step is one rank of several."""
+    return not capturing and not distributed
+
+
+def _ranks() -> int:
+    """The processes of the default group (1 without one)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
@@ -347,8 +368,13 @@ def _norm(est) -> Tensor:
 
 
 def _select(cond: Tensor, new, old):
-    """``torch.where(cond, new, old)`` over two pytrees of one structure (states, buffers)."""
-    return pytree.tree_map(lambda n, o: torch.where(cond.to(n.device), n, o), new, old)
+    """``torch.where(cond, new, old)`` over two pytrees of one structure (states, buffers); ``cond``
+    is moved to a tensor's device only where it is on another (one call per tensor saved)."""
+    return pytree.tree_map(
+        lambda n, o: torch.where(cond if n.device == cond.device else cond.to(n.device), n, o),
+        new,
+        old,
+    )
 
 
 def make_step(
@@ -387,8 +413,10 @@ def make_step(
             share the estimator's state (its ``init_fn``).
         on_nonfinite: "skip" (default) leaves params, optimiser state and buffers unchanged when the
             loss or the direction is not finite and counts it in ``metrics["skipped"]`` and
-            ``state.skipped``, with no Python branch; "raise" raises FloatingPointError (eager
-            only); "ignore" applies the step regardless.
+            ``state.skipped``: an eager step reads that one boolean on the host and keeps the old
+            tensors, a compiled one (or one captured in a CUDA graph, or one rank of several on a
+            GPU) selects them on the device and reads nothing; "raise" raises
+            FloatingPointError (eager only); "ignore" applies the step regardless.
 
     Returns:
         A [`Step`][gamfunc.step.Step]: ``step(params, state, batch) -> (new_params, new_state, metrics)``, with

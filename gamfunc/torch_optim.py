@@ -61,6 +61,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
+from gamfunc import tree
 from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
@@ -78,6 +79,7 @@ from gamfunc.precision import PRECISIONS, mixed
 from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import _all_finite, make_step
 from gamfunc.transforms import chain, clip_by_global_norm
+from gamfunc.tree import copy_into
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
@@ -241,27 +243,10 @@ def _as(t: Tensor, like: Tensor) -> Tensor:
 
 
 def _fresh(tensors: list[Tensor]) -> list[Tensor]:
-    """New tensors equal to ``tensors`` (strides kept), copied by `copy_into`."""
+    """New tensors equal to ``tensors`` (strides kept), copied by `gamfunc.tree.copy_into`."""
     out = [torch.empty_like(t) for t in tensors]
     copy_into(out, tensors)
     return out
-
-
-def copy_into(dst: list[Tensor], src: list[Tensor]) -> None:
-    """``dst[i].copy_(src[i])`` for every i, as one ``_foreach_copy_`` per device and dtype (a list
-    that mixes them would take ``_foreach``'s slow path, a kernel per tensor).
-
-    Args:
-        dst: the tensors written.
-        src: the tensors read, one per ``dst``.
-    """
-    groups: dict[tuple, tuple[list, list]] = {}
-    for d, t in zip(dst, src, strict=True):
-        into, out = groups.setdefault((d.device, d.dtype, t.device, t.dtype), ([], []))
-        into.append(d)
-        out.append(t)
-    for into, out in groups.values():
-        torch._foreach_copy_(into, out)
 
 
 def _like(state, entries: dict) -> Any:
@@ -900,7 +885,7 @@ class _Holder(nn.Module):
 
 def _closure_loss(holder: _Holder, params, closure, buffers):
     """``closure()`` evaluated at (params, buffers): the loss and the new buffers, for make_step."""
-    new_buffers = {k: v.clone() for k, v in buffers.items()}
+    new_buffers = tree.clone(buffers)
     tensors = (
         {f"model.{k}": v for k, v in params.items()},
         {f"model.{k}": v for k, v in new_buffers.items()},

@@ -30,6 +30,7 @@ __all__ = [
     "axpy",
     "check_keys",
     "clone",
+    "copy_into",
     "lincomb",
     "map",
     "norm",
@@ -85,15 +86,45 @@ def map(fn, *trees: Tree) -> Tree:
 
 
 def clone(a: Tree) -> Tree:
-    """A copy of ``a`` that shares no storage with it.
+    """A copy of ``a`` that shares no storage with it, strides kept.
+
+    Eager, one ``torch._foreach_copy_`` per dtype and device (`copy_into`): a clone per tensor
+    costs a kernel launch each, and a ResNet-50's 159 BatchNorm buffers are copied for every pass.
+    Traced (``torch.compile`` fuses the copies), inside a ``torch.func`` transform (``vmap`` has no
+    rule for foreach kernels) or where autograd records, a clone per tensor.
 
     Args:
         a: a flat dict of tensors.
 
     Returns:
-        A flat dict with the keys of ``a`` and a clone of each tensor.
+        A flat dict with the keys of ``a`` and a copy of each tensor.
     """
-    return {k: v.clone() for k, v in a.items()}
+    if (
+        torch.compiler.is_compiling()
+        or in_transform()
+        or (torch.is_grad_enabled() and any(v.requires_grad for v in a.values()))
+    ):
+        return {k: v.clone() for k, v in a.items()}
+    out = {k: torch.empty_like(v) for k, v in a.items()}
+    copy_into(list(out.values()), list(a.values()))
+    return out
+
+
+def copy_into(dst: list[Tensor], src: list[Tensor]) -> None:
+    """``dst[i].copy_(src[i])`` for every i, as one ``_foreach_copy_`` per device and dtype (a list
+    that mixes them would take ``_foreach``'s slow path, a kernel per tensor).
+
+    Args:
+        dst: the tensors written.
+        src: the tensors read, one per ``dst``.
+    """
+    groups: dict[tuple, tuple[list, list]] = {}
+    for d, t in zip(dst, src, strict=True):
+        into, out = groups.setdefault((d.device, d.dtype, t.device, t.dtype), ([], []))
+        into.append(d)
+        out.append(t)
+    for into, out in groups.values():
+        torch._foreach_copy_(into, out)
 
 
 def zeros_like(a: Tree) -> Tree:

@@ -415,3 +415,15 @@ def test_a_bare_chain_drives_make_step_and_gets_the_step_count():
     p2, _, m2 = run(gamfunc.make_step(gamfunc.gradient(), opt, mlp_loss), params, data)
     assert all(torch.equal(p1[k], p2[k]) for k in params)
     assert int(s1.step) == 4 and "lr" not in m1 and float(m2["lr"]) == float(lr(torch.tensor(3)))
+
+
+def test_the_guard_reads_on_the_host_only_where_a_step_may_wait():
+    """An eager step reads its one finiteness flag on the host; a GPU step captured in a CUDA graph
+    or run by one rank of several selects on the device instead (reads nothing)."""
+    from gamfunc.step import _branch_on_host, _host_may_wait
+
+    assert _branch_on_host(torch.tensor(True))  # eager, on the CPU
+    assert _host_may_wait(capturing=False, distributed=False)  # eager, on one GPU
+    assert not _host_may_wait(capturing=True, distributed=False)
+    assert not _host_may_wait(capturing=False, distributed=True)
+    assert not torch.compile(lambda f: _branch_on_host(f) * f, fullgraph=True)(torch.tensor(True))

@@ -81,21 +81,41 @@ def test_cuda_graph_equals_the_uncaptured_facade(base, estimator):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("base", ["sgd", "adamw-tensor-lr"])
-def test_the_facade_step_reads_nothing_on_the_host_after_its_first(base):
-    """The guard and the base optimiser's state stay on the device: no synchronisation per step
-    (the first forms the optimiser's state and reads whether it was taken)."""
+def test_the_facade_step_reads_one_value_per_step_eagerly_and_nothing_once_captured(base):
+    """Eagerly the guard reads one boolean per step on the host (cheaper than a select per tensor);
+    the base optimiser's state stays on the device. Captured in a CUDA graph (``cuda_graph=True``:
+    three eager steps, then the capture), a step reads nothing."""
     device = torch.device("cuda")
-    data = [(x.to(device), y.to(device)) for x, y in batches(4)]
-    model = mlp().to(device)
-    facade = SAM(model, bases(device)[base](model), rho=0.05)
-    facade.step(data[0])
-    torch.cuda.synchronize()
-    with warnings.catch_warnings():  # torch calls the mode a prototype, once, as a UserWarning
-        warnings.simplefilter("ignore", UserWarning)
-        torch.cuda.set_sync_debug_mode("error")
-    try:
-        for b in data[1:]:
+    data = [(x.to(device), y.to(device)) for x, y in batches(8)]
+    for graph in (False, True):
+        model = mlp().to(device)
+        facade = SAM(model, bases(device)[base](model), rho=0.05, cuda_graph=graph)
+        first = 4 if graph else 1  # the first forms the base optimiser's state
+        for b in data[:first]:
             facade.step(b)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    assert int(facade.metrics["skipped"]) == 0
+        torch.cuda.synchronize()
+        with HostReads() as seen:
+            if graph:  # and no synchronisation at all
+                with warnings.catch_warnings():  # torch calls the mode a prototype (UserWarning)
+                    warnings.simplefilter("ignore", UserWarning)
+                    torch.cuda.set_sync_debug_mode("error")
+            try:
+                for b in data[first:]:
+                    facade.step(b)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert seen.count == (0 if graph else len(data) - first)
+        assert int(facade.metrics["skipped"]) == 0
+
+
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the reads of a device value on the host (``.item()``, ``bool()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
