@@ -12,7 +12,7 @@ autocast, and each perturbation θ + ρ·v is formed in fp32.
   g = ∇(S·L)/S, so that small backward activations do not underflow in fp16. An overflow (an inf or
   nan anywhere in the step) makes the direction non-finite, and [`gamfunc.make_step`][gamfunc.make_step]'s
   ``on_nonfinite="skip"`` then leaves parameters, optimiser state and BatchNorm buffers unchanged
-  (``metrics["skipped"] = 1``), with no Python branch. S lives in the step state as tensors,
+  (``metrics["skipped"] = 1``), with no host read once compiled. S lives in the step state as tensors,
   ``state.loss = LossScale(scale=fp32, growth_tracker=int32)``, and is updated as GradScaler's
   ``update()``: halved (``backoff_factor``) after a skipped step, doubled (``growth_factor``) after
   ``growth_interval`` taken steps in a row; ``metrics["loss_scale"]`` reports it.

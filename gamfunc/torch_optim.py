@@ -17,7 +17,7 @@ The base optimiser is any of:
 
 A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step (`torch_transform`):
 its ``step()`` runs on copies of the parameters and of its state, with the direction as ``.grad``,
-and its state tensors travel in the step's state, kept or dropped by the guard on the device. So
+and its state tensors travel in the step's state, kept or dropped by make_step's guard. So
 every option of the step carries over whatever the base optimiser: ``compile=``, ``every=``,
 ``accumulate=``, ``precision=``, ``max_grad_norm=``, ``cuda_graph=`` and the guard.
 
@@ -101,7 +101,7 @@ class TorchState(NamedTuple):
             `gamfunc.step.is_finite` skips a step that would make them non-finite.
         tensors: the tensors of the optimiser's state, one dict per parameter it holds, in the order
             of its param groups (``()`` between steps: they live in the optimiser). Carried here,
-            they are selected by make_step's non-finite guard on the device and pass through a
+            they are kept or dropped by make_step's non-finite guard and pass through a
             CUDA graph like any other state.
     """
 
@@ -116,7 +116,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
     ``state.tensors`` (one ``_foreach_copy_`` each), with the direction as each ``.grad``, and
     restores the tensors ``base`` holds: ``base`` itself is left as it was. The copies, moved, give
     the updates and the new ``tensors``, of the structure of the old, which make_step's guard keeps
-    or drops on the device. What ``base.step()`` formed that ``state.tensors`` had no place for (the
+    or drops. What ``base.step()`` formed that ``state.tensors`` had no place for (the
     state of its first step, values that are not tensors) waits in ``pending`` for `commit`.
     ``base``'s param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set
     them) are read by its own ``step()``, so a change takes effect on the next step.

@@ -96,16 +96,22 @@ def test_the_facade_step_reads_one_value_per_step_eagerly_and_nothing_once_captu
         torch.cuda.synchronize()
         with HostReads() as seen:
             if graph:  # and no synchronisation at all
-                with warnings.catch_warnings():  # torch calls the mode a prototype (UserWarning)
-                    warnings.simplefilter("ignore", UserWarning)
-                    torch.cuda.set_sync_debug_mode("error")
+                sync_debug_mode("error")
             try:
                 for b in data[first:]:
                     facade.step(b)
             finally:
-                torch.cuda.set_sync_debug_mode("default")
+                if graph:
+                    sync_debug_mode("default")
         assert seen.count == (0 if graph else len(data) - first)
         assert int(facade.metrics["skipped"]) == 0
+
+
+def sync_debug_mode(mode: str) -> None:
+    """``torch.cuda.set_sync_debug_mode``, whose UserWarning (a prototype feature) is not an error."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
