@@ -180,3 +180,16 @@ def poison_digits_test_labels(monkeypatch) -> None:
         return train_set, data_mod.TensorData(test_set.x, wrong)
 
     monkeypatch.setattr(data_mod, "_digits", poisoned)
+
+
+class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the reads of a device value on the host (``.item()``, ``bool()``, ``float()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))

@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from helpers import HostReads
 from torch import nn
 
 import gamfunc
@@ -278,19 +279,6 @@ def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(ranks):
         assert torch.equal(trace.momentum_buffer["w1"], torch.zeros(6, 4))
 
 
-class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the reads of a device value on the host (``.item()``, ``bool()``, ``float()``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize(
     "estimator",
     [
@@ -321,7 +309,7 @@ def test_the_global_mean_step_reads_no_device_value_on_a_gpu(monkeypatch, estima
     state = step.init(params, buffers)
     for branch, reads in ((True, 1), (False, 0)):
         monkeypatch.setattr(gamfunc.step, "_branch_on_host", lambda finite, b=branch: b)
-        with _HostReads() as seen:
+        with HostReads() as seen:
             new, _, m = step(params, state, batch)
         assert seen.count == reads
         assert int(m["skipped"]) == 0 and not torch.equal(new["0.weight"], params["0.weight"])

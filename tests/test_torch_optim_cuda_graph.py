@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import HostReads
 from test_torch_optim_bases import TIGHT, batches, mlp, params_of
 
 import gamfunc
@@ -112,16 +113,3 @@ def sync_debug_mode(mode: str) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         torch.cuda.set_sync_debug_mode(mode)
-
-
-class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the reads of a device value on the host (``.item()``, ``bool()``)."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is torch.ops.aten._local_scalar_dense.default:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
