@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ._compat import mode_options
 from .graph_sharing import SHARE_EQUAL_WORK
+from .tree import copies
 
 __all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh", "fresh_copies"]
 
@@ -63,20 +64,12 @@ def cudagraph_safe(fn):
 
 
 def fresh_copies(leaves: list) -> list:
-    """``leaves`` with each CUDA tensor replaced by a copy of its own, one ``_foreach`` kernel per
-    (dtype, device) group (a boolean tensor is cloned on its own); anything else as it is."""
+    """``leaves`` with each CUDA tensor replaced by a copy of its own (`gamfunc.tree.copies`: one
+    ``_foreach`` kernel per dtype and device); anything else as it is."""
     out = list(leaves)
-    groups: dict[tuple, list[int]] = {}  # a foreach kernel needs one dtype and one device
-    for i, t in enumerate(out):
-        if isinstance(t, Tensor) and t.is_cuda:
-            groups.setdefault((t.dtype, t.device), []).append(i)
-    for (dtype, _), group in groups.items():
-        tensors = [out[i] for i in group]
-        copies = (
-            [t.clone() for t in tensors] if dtype == torch.bool else torch._foreach_mul(tensors, 1)
-        )
-        for i, copy in zip(group, copies, strict=True):
-            out[i] = copy
+    on_gpu = [i for i, t in enumerate(out) if isinstance(t, Tensor) and t.is_cuda]
+    for i, t in zip(on_gpu, copies([out[i] for i in on_gpu]), strict=True):
+        out[i] = t
     return out
 
 

@@ -113,7 +113,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
     """A ``torch.optim`` optimiser as a [`Transform`][gamfunc.optim.base.Transform] of [`gamfunc.make_step`][gamfunc.make_step].
 
     ``update(direction, state, params)`` runs ``base.step()`` on fresh copies of ``params`` and of
-    ``state.tensors`` (one ``_foreach_copy_`` each), with the direction as each ``.grad``, and
+    ``state.tensors`` (`gamfunc.tree.copies`: one foreach kernel per dtype), with the direction as each ``.grad``, and
     restores the tensors ``base`` holds: ``base`` itself is left as it was. The copies, moved, give
     the updates and the new ``tensors``, of the structure of the old, which make_step's guard keeps
     or drops. What ``base.step()`` formed that ``state.tensors`` had no place for (the
@@ -141,8 +141,8 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         given = list(state.tensors) if isinstance(state.tensors, list) else []
         given += [{}] * (len(held) - len(given))
         start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
-        moved = _fresh(start)
-        copies = _fresh([t for s in given for t in s.values()])
+        moved = tree.copies(start)
+        copies = tree.copies([t for s in given for t in s.values()])
         trial, at = {}, 0
         for p, s in zip(held, given, strict=True):
             kept = base.state.get(p, {})
@@ -240,13 +240,6 @@ def _map_torch(opt_state, fn):
 def _as(t: Tensor, like: Tensor) -> Tensor:
     """``t`` in ``like``'s dtype (itself when it is already)."""
     return t if t.dtype == like.dtype else t.to(like.dtype)
-
-
-def _fresh(tensors: list[Tensor]) -> list[Tensor]:
-    """New tensors equal to ``tensors`` (strides kept), copied by `gamfunc.tree.copy_into`."""
-    out = [torch.empty_like(t) for t in tensors]
-    copy_into(out, tensors)
-    return out
 
 
 def _like(state, entries: dict) -> Any:

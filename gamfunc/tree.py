@@ -30,6 +30,7 @@ __all__ = [
     "axpy",
     "check_keys",
     "clone",
+    "copies",
     "copy_into",
     "lincomb",
     "map",
@@ -88,10 +89,10 @@ def map(fn, *trees: Tree) -> Tree:
 def clone(a: Tree) -> Tree:
     """A copy of ``a`` that shares no storage with it, strides kept.
 
-    Eager, one ``torch._foreach_copy_`` per dtype and device (`copy_into`): a clone per tensor
-    costs a kernel launch each, and a ResNet-50's 159 BatchNorm buffers are copied for every pass.
-    Traced (``torch.compile`` fuses the copies), inside a ``torch.func`` transform (``vmap`` has no
-    rule for foreach kernels) or where autograd records, a clone per tensor.
+    Eager, the copies of `copies`: one kernel per dtype and device, where a clone per tensor costs a
+    kernel launch each (a ResNet-50's 159 BatchNorm buffers are copied for every pass). Traced
+    (``torch.compile`` fuses the copies), inside a ``torch.func`` transform (``vmap`` has no rule for
+    foreach kernels) or where autograd records, a clone per tensor.
 
     Args:
         a: a flat dict of tensors.
@@ -105,8 +106,33 @@ def clone(a: Tree) -> Tree:
         or (torch.is_grad_enabled() and any(v.requires_grad for v in a.values()))
     ):
         return {k: v.clone() for k, v in a.items()}
-    out = {k: torch.empty_like(v) for k, v in a.items()}
-    copy_into(list(out.values()), list(a.values()))
+    return dict(zip(a, copies(list(a.values())), strict=True))
+
+
+def copies(tensors: list[Tensor]) -> list[Tensor]:
+    """New tensors equal to ``tensors``, strides kept: ``torch._foreach_mul(group, 1)`` per dtype
+    and device (exact; a list that mixes them would take ``_foreach``'s slow path, a kernel per
+    tensor), a clone for a boolean tensor (no foreach kernel takes it).
+
+    Args:
+        tensors: the tensors to copy.
+
+    Returns:
+        Their copies, in order.
+    """
+    out = list(tensors)
+    groups: dict[tuple, list[int]] = {}
+    for i, t in enumerate(out):
+        groups.setdefault((t.dtype, t.device), []).append(i)
+    for (dtype, _), group in groups.items():
+        group_tensors = [out[i] for i in group]
+        new = (
+            [t.clone() for t in group_tensors]
+            if dtype == torch.bool
+            else torch._foreach_mul(group_tensors, 1)
+        )
+        for i, t in zip(group, new, strict=True):
+            out[i] = t
     return out
 
 

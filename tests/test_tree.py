@@ -94,3 +94,15 @@ def test_half_leaves_times_a_factor_beyond_their_range_on_cuda(dtype):
     assert torch.isfinite(
         tree.normalize({"w": torch.zeros(3, dtype=dtype, device="cuda")})[0]["w"]
     ).all()
+
+
+def test_copies_are_exact_new_tensors_of_every_dtype_with_their_strides():
+    x = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    nan_zero_inf = torch.tensor([float("nan"), -0.0, float("inf")])
+    given = [x, nan_zero_inf, torch.arange(3), torch.tensor([True])]
+    got = tree.copies(given)
+    for g, t in zip(got, given, strict=True):
+        assert g.dtype == t.dtype and g.stride() == t.stride()
+        assert g.data_ptr() != t.data_ptr()
+        bits = lambda v: v.contiguous().view(torch.uint8)  # noqa: E731  (nan, -0.0 bit for bit)
+        assert torch.equal(bits(g), bits(t))
