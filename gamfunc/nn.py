@@ -13,6 +13,7 @@ from gamfunc import tree
 from gamfunc._compat import in_forward_ad
 
 __all__ = [
+    "Caller",
     "autocast_batchnorm",
     "elementary_norms",
     "elementary_softmax",
@@ -51,7 +52,8 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
     """Split a module into ``(loss_fn, params, buffers)`` for gamfunc's pure functions.
 
     ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` with ``batch = (inputs, targets)`` and
-    ``loss = criterion(model(inputs), targets)``, evaluated through ``torch.func.functional_call``.
+    ``loss = criterion(model(inputs), targets)``, evaluated with the given tensors in the module's place,
+    as ``torch.func.functional_call`` does ([`Caller`][gamfunc.nn.Caller]).
     The buffers are cloned inside, so BatchNorm's in-place update of its running statistics touches
     only the clones (this is what lets ``torch.func.grad``, ``jvp`` and ``vmap`` run through BatchNorm
     in train mode) and ``new_buffers`` returns them; the caller's tensors are never modified.
@@ -81,16 +83,81 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     autocast_batchnorm(model)
-    ties = tied(model)
+    call = Caller(model)
 
     def loss_fn(params, batch, buffers, *, train: bool = train):
         inputs, targets = batch
         new_buffers = tree.clone(buffers)
         with mode(model, train):
-            out = functional_call(model, (params, new_buffers), (inputs,), tie_weights=ties)
+            out = call((params, new_buffers), (inputs,))
         return criterion(out, targets), new_buffers
 
     return loss_fn, params, buffers
+
+
+class Caller:
+    """``torch.func.functional_call(model, tensors, args)`` with the place of each named tensor found
+    once, when the caller is built.
+
+    ``functional_call`` finds the submodule of every name, checks it and swaps the tensor in and out at
+    each call, a few µs of Python per tensor (0.3 ms per pass of a ResNet-50's 320 parameters and
+    buffers on one CPU core), every pass of every eager step. Run eagerly, the caller writes each tensor straight into the
+    ``_parameters`` or ``_buffers`` dict that holds it, as ``functional_call`` does, calls the
+    module, and puts the module's own tensors back, also when the call raises. Under
+    ``torch.compile``, for a module with tied weights, or for a name it did not find, it is
+    ``functional_call`` itself. The module's structure is read once: replace a submodule and build
+    a new caller.
+
+    Args:
+        model: the module.
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.nn import Caller
+        >>> model = torch.nn.Linear(2, 1)
+        >>> out = Caller(model)(({"weight": torch.ones(1, 2), "bias": torch.zeros(1)},), (torch.ones(3, 2),))
+        >>> out.flatten().tolist()
+        [2.0, 2.0, 2.0]
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.ties = tied(model)
+        self.places: dict[str, tuple[dict, str]] = {}
+        for prefix, m in model.named_modules():
+            head = f"{prefix}." if prefix else ""
+            self.places.update({head + k: (m._parameters, k) for k in m._parameters})
+            self.places.update({head + k: (m._buffers, k) for k in m._buffers})
+
+    def __call__(self, tensors: dict | tuple[dict, ...], args: tuple):
+        """``model(*args)`` with the module's tensors named in ``tensors`` (one dict or several)
+        replaced by those given.
+
+        Args:
+            tensors: ``name -> tensor``, or a tuple of such dicts (parameters, buffers).
+            args: the positional arguments of the module's forward.
+
+        Returns:
+            What the module returns.
+        """
+        dicts = tensors if isinstance(tensors, tuple) else (tensors,)
+        places = self.places
+        if (
+            self.ties
+            or torch.compiler.is_compiling()
+            or any(k not in places for d in dicts for k in d)
+        ):
+            return functional_call(self.model, tensors, args, tie_weights=self.ties)
+        slots = [places[k] for d in dicts for k in d]
+        new = [v for d in dicts for v in d.values()]
+        old = [held[k] for held, k in slots]
+        for (held, k), v in zip(slots, new, strict=True):
+            held[k] = v
+        try:
+            return self.model(*args)
+        finally:
+            for (held, k), v in zip(slots, old, strict=True):
+                held[k] = v
 
 
 def tied(model: nn.Module) -> bool:

@@ -35,11 +35,11 @@ for inputs, targets in loader:
 How the loss reaches the pure step:
 
 * ``step(batch)`` with ``batch = (inputs, targets)``: the loss is ``criterion(model(inputs), targets)``,
-  evaluated through ``torch.func.functional_call`` ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be
+  evaluated with the step's tensors in the module's place ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be
   compiled (``compile=True``) and accumulated (``accumulate=n``).
 * ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
   model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
-  needs (θ, θ + ε, ...) with the module's tensors swapped by ``torch.func.functional_call``, like the
+  needs (θ, θ + ε, ...) with the module's tensors swapped ([`gamfunc.nn.Caller`][gamfunc.nn.Caller]), like the
   closure of davda54/sam, but it must not call ``backward()``: gamfunc differentiates it. This form
   always runs eagerly.
 * ``step(closure, batch=batch)``: what trainers such as Lightning pass (their closure runs hooks). The
@@ -58,7 +58,6 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
@@ -66,7 +65,7 @@ from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator, gam, sam
-from gamfunc.nn import functionalize, tied
+from gamfunc.nn import Caller, functionalize
 from gamfunc.optim import (
     InjectState,
     Transform,
@@ -141,9 +140,9 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         given = list(state.tensors) if isinstance(state.tensors, list) else []
         given += [{}] * (len(held) - len(given))
         start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
-        moved = tree.copies(start)
-        copies = tree.copies([t for s in given for t in s.values()])
-        trial, at = {}, 0
+        copies = tree.copies(start + [t for s in given for t in s.values()])
+        moved, at = copies[: len(held)], len(held)
+        trial = {}
         for p, s in zip(held, given, strict=True):
             kept = base.state.get(p, {})
             mine = dict(zip(s, copies[at : at + len(s)], strict=True))
@@ -167,12 +166,13 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
             base.state = kept_state
             for p, data, grad in zip(held, kept_data, kept_grad, strict=True):
                 p.data, p.grad = data, grad
-        tensors = [{k: formed[p][k] for k in s} for p, s in zip(held, given, strict=True)]
-        rest = {
-            p: {k: v for k, v in s.items() if k not in g}
-            for (p, s), g in zip(((p, formed.get(p, {})) for p in held), given, strict=True)
-        }
-        pending["state"] = {p: s for p, s in rest.items() if s}
+        tensors, rest = [], {}
+        for p, s in zip(held, given, strict=True):
+            f = formed.get(p, {})
+            tensors.append({k: f[k] for k in s})
+            if f.keys() != s.keys() and (extra := {k: v for k, v in f.items() if k not in s}):
+                rest[p] = extra
+        pending["state"] = rest
         steps = dict(zip(keys, torch._foreach_sub(moved, start) if held else [], strict=True))
         updates = {
             k: _as(steps[k], v) if k in steps else torch.zeros_like(v) for k, v in params.items()
@@ -865,12 +865,12 @@ def _as_is(module_loss, model: nn.Module, params, batch, buffers):
 
 
 class _Holder(nn.Module):
-    """Holds the model as a submodule, so that functional_call swaps its tensors around ``closure()``."""
+    """Holds the model as a submodule, so that its tensors are swapped around ``closure()``."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.ties = tied(model)
+        self.call = Caller(self)
 
     def forward(self, closure):
         return closure()
@@ -883,7 +883,7 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
         {f"model.{k}": v for k, v in params.items()},
         {f"model.{k}": v for k, v in new_buffers.items()},
     )
-    loss = functional_call(holder, tensors, (closure,), tie_weights=holder.ties)
+    loss = holder.call(tensors, (closure,))
     if not isinstance(loss, Tensor):
         raise TypeError(f"the closure must return the loss tensor; it returned {type(loss)}")
     return loss, new_buffers

@@ -34,3 +34,93 @@ def test_functionalize_moves_every_name_of_a_tied_weight():
     w = torch.randn(4, 4)
     loss, _ = loss_fn({"0.weight": w}, (x, None), buffers)
     torch.testing.assert_close(loss, (x @ w.T @ w.T).sum())
+
+
+def _bn_net():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3),
+        torch.nn.BatchNorm2d(4),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 4 * 4, 2),
+    )
+
+
+def test_the_caller_computes_what_functional_call_computes_and_leaves_the_module_as_it_was():
+    """Values, gradients with respect to the given tensors, the batch statistics written into the
+    given buffers: each as ``torch.func.functional_call``; the module's own tensors are the same
+    objects, unchanged, after the call."""
+    torch.manual_seed(0)
+    model = _bn_net().train()
+    own = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    saved = {k: v.detach().clone() for k, v in own.items()}
+    params = {k: torch.randn_like(p, requires_grad=True) for k, p in model.named_parameters()}
+    x = torch.randn(5, 3, 6, 6)
+    outs, grads, stats = [], [], []
+    for call in (gamfunc.nn.Caller(model), torch.func.functional_call):
+        buffers = {k: b.clone() for k, b in model.named_buffers()}
+        args = (params, buffers), (x,)
+        out = call(*args) if isinstance(call, gamfunc.nn.Caller) else call(model, *args)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), list(params.values())))
+        stats.append(buffers)
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert stats[0]["1.num_batches_tracked"] == 1
+    for k in stats[1]:
+        torch.testing.assert_close(stats[0][k], stats[1][k], rtol=0, atol=0)
+    now = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    assert all(now[k] is own[k] for k in own)
+    for k, v in saved.items():
+        torch.testing.assert_close(now[k], v, rtol=0, atol=0)
+
+
+def test_the_caller_puts_the_modules_tensors_back_when_the_call_raises():
+    model = torch.nn.Linear(3, 2)
+    weight = model.weight
+    call = gamfunc.nn.Caller(model)
+    try:
+        call({"weight": torch.zeros(2, 3)}, (torch.zeros(4, 5),))
+    except RuntimeError:
+        pass
+    else:
+        raise AssertionError("a wrong input shape must raise")
+    assert model.weight is weight and isinstance(model.weight, torch.nn.Parameter)
+
+
+def test_the_caller_of_a_partial_dict_keeps_the_other_tensors_and_falls_back_for_unknown_names():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    call = gamfunc.nn.Caller(model)
+    w = torch.randn(2, 3)
+    torch.testing.assert_close(call({"weight": w}, (x,)), x @ w.T + model.bias)
+    # a name the caller did not find goes to functional_call, which reports it
+    try:
+        call({"weight": w, "nothing.here": w}, (x,))
+    except AttributeError as e:
+        assert "nothing" in str(e)
+    else:
+        raise AssertionError("an unknown name must raise")
+
+
+def test_the_caller_of_tied_weights_is_functional_call():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 4, bias=False), torch.nn.Linear(4, 4, bias=False)
+    )
+    model[1].weight = model[0].weight
+    call = gamfunc.nn.Caller(model)
+    x, w = torch.randn(3, 4), torch.randn(4, 4)
+    torch.testing.assert_close(call({"0.weight": w}, (x,)), x @ w.T @ w.T)
+
+
+def test_the_caller_runs_under_torch_compile():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    call = gamfunc.nn.Caller(model)
+    params = {k: torch.randn_like(v) for k, v in model.named_parameters()}
+    x = torch.randn(4, 3)
+    compiled = torch.compile(lambda p, x: call(p, (x,)), backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(params, x), torch.func.functional_call(model, params, (x,)))
