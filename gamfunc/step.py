@@ -235,10 +235,11 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
         return new_params, taken, metrics
     skipped = (~finite).to(torch.int64)
     if not _branch_on_host(finite):  # no Python branch on a value
-        new_params = tree.where(finite, new_params, params)
-        new_opt = _select(finite, new_opt, state.opt)
-        new_buffers = _select(finite, new_buffers, state.buffers)
-        new_est = _select(finite, new_est, state.est)
+        new_params, new_opt, new_buffers, new_est = _select(
+            finite,
+            (new_params, new_opt, new_buffers, new_est),
+            (params, state.opt, state.buffers, state.est),
+        )
     elif not bool(finite):
         new_params, new_opt, new_buffers = params, state.opt, state.buffers
         new_est = state.est
@@ -254,12 +255,12 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
 
 def _branch_on_host(finite: Tensor) -> bool:
     """Whether the non-finite guard reads ``finite`` on the host and branches, rather than select
-    every tensor on the device (a ``torch.where`` per parameter, optimiser-state and buffer tensor).
+    every parameter, optimiser-state and buffer tensor on the device (`gamfunc.tree.selects`).
 
     It branches wherever a step runs eagerly in one process: the eager step, and the eager glue
     between the compiled passes of ``scope="pass"``. There the host is what bounds the step (it
-    issues every kernel), and one read of a boolean, which waits for the step's last kernels, costs
-    less than issuing hundreds of selects. It selects on the device where the step cannot read or
+    issues every kernel), and one read of a boolean, which waits for the step's last kernels, was
+    measured to cost less than selecting on the device, per tensor or by foreach kernels. It selects on the device where the step cannot read or
     must not wait: under ``torch.compile`` or ``vmap``, while a CUDA graph is captured
     ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph], the facade's ``cuda_graph=True``), and
     on a GPU in a job of several processes, where each rank keeps its queue full while its
@@ -368,13 +369,15 @@ def _norm(est) -> Tensor:
 
 
 def _select(cond: Tensor, new, old):
-    """``torch.where(cond, new, old)`` over two pytrees of one structure (states, buffers); ``cond``
-    is moved to a tensor's device only where it is on another (one call per tensor saved)."""
-    return pytree.tree_map(
-        lambda n, o: torch.where(cond if n.device == cond.device else cond.to(n.device), n, o),
-        new,
-        old,
-    )
+    """``torch.where(cond, new, old)`` over two pytrees of one structure (parameters, states,
+    buffers), by `gamfunc.tree.selects`: a few foreach kernels for all of them, eager."""
+    leaves, spec = pytree.tree_flatten(new)
+    before, old_spec = pytree.tree_flatten(old)
+    if spec != old_spec:
+        raise ValueError(
+            f"the guard selects between trees of one structure; got {spec} and {old_spec}"
+        )
+    return pytree.tree_unflatten(tree.selects(cond, leaves, before), spec)
 
 
 def make_step(

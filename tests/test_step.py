@@ -427,3 +427,31 @@ def test_the_guard_reads_on_the_host_only_where_a_step_may_wait():
     assert not _host_may_wait(capturing=True, distributed=False)
     assert not _host_may_wait(capturing=False, distributed=True)
     assert not torch.compile(lambda f: _branch_on_host(f) * f, fullgraph=True)(torch.tensor(True))
+
+
+def test_the_guard_selecting_on_the_device_keeps_what_the_host_branch_keeps(monkeypatch):
+    """Taken and skipped steps of a model with BatchNorm buffers and AdamW's state: the device
+    select (foreach, eager) leaves the same parameters, state and buffers as the host's branch,
+    bit for bit."""
+    import gamfunc.step as step_module
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3)
+    )
+    loss_fn, params0, buffers0 = gamfunc.nn.functionalize(model)
+    x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+    batches = [(x, y), (x * float("nan"), y), (x + 1, y), (x, y)]
+    results = []
+    for on_host in (True, False):
+        monkeypatch.setattr(step_module, "_branch_on_host", lambda finite, h=on_host: h)
+        step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.adamw(lr=0.01), loss_fn)
+        params, state = params0, step.init(params0, buffers0)
+        skipped = []
+        for batch in batches:
+            params, state, metrics = step(params, state, batch)
+            skipped.append(int(metrics["skipped"]))
+        assert skipped == [0, 1, 0, 0]
+        results.append(torch.utils._pytree.tree_leaves((params, state)))
+    for a, b in zip(*results, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)

@@ -106,3 +106,64 @@ def test_copies_are_exact_new_tensors_of_every_dtype_with_their_strides():
         assert g.data_ptr() != t.data_ptr()
         bits = lambda v: v.contiguous().view(torch.uint8)  # noqa: E731  (nan, -0.0 bit for bit)
         assert torch.equal(bits(g), bits(t))
+
+
+def _selects_cases(device):
+    g = torch.Generator().manual_seed(0)
+    special = torch.tensor([float("nan"), -0.0, float("inf"), -float("inf"), 1.5])
+    pairs = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        a = torch.randn(7, generator=g).to(dtype)
+        pairs.append((special.to(dtype), a[:5]))
+        pairs.append((a, special.repeat(2)[:7].to(dtype)))
+    cl = lambda: torch.randn(2, 3, 4, 4, generator=g).contiguous(memory_format=torch.channels_last)  # noqa: E731
+    pairs += [
+        (cl(), cl()),
+        (torch.tensor(3.0), torch.tensor(float("nan"))),  # 0-d, as the optimiser's step counts
+        (torch.arange(5), -torch.arange(5)),
+        (torch.tensor([True, False]), torch.tensor([False, True])),
+        (
+            torch.randint(-128, 127, (4,), dtype=torch.int8, generator=g),
+            torch.zeros(4, dtype=torch.int8),
+        ),
+        (
+            torch.randn(3, dtype=torch.complex64, generator=g),
+            torch.randn(3, dtype=torch.complex64, generator=g),
+        ),
+        (
+            torch.randn(2, dtype=torch.complex128, generator=g),
+            torch.randn(2, dtype=torch.complex128, generator=g),
+        ),
+        (torch.randn(3, 3, generator=g).t(), torch.randn(3, 3, generator=g)),  # unlike strides
+    ]
+    return [(n.to(device), o.to(device)) for n, o in pairs]
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)], ids=["cpu", "cuda"]
+)
+@pytest.mark.parametrize("take", [True, False])
+def test_selects_is_torch_where_bit_for_bit_for_every_dtype(device, take):
+    """NaN, -0.0 and inf on either side, every float width, integers, booleans, complex, 0-d,
+    channels-last and transposed tensors: the selected bits are torch.where's, in new tensors."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pairs = _selects_cases(device)
+    new, old = [n for n, _ in pairs], [o for _, o in pairs]
+    cond = torch.tensor(take)  # on the CPU, as a step's flag may be
+    got = tree.selects(cond, new, old)
+    for g, n, o in zip(got, new, old, strict=True):
+        want = torch.where(cond.to(device), n, o)
+        assert g.dtype == want.dtype and g.shape == want.shape and g.device == want.device
+        bits = lambda v: v.reshape(-1).contiguous().view(torch.uint8)  # noqa: E731
+        assert torch.equal(bits(g), bits(want))
+        assert g.data_ptr() not in (n.data_ptr(), o.data_ptr())
+
+
+def test_selects_keeps_a_differentiable_where_and_checks_its_lists():
+    a = torch.randn(3, requires_grad=True)
+    (out,) = tree.selects(torch.tensor(True), [a * 2], [torch.zeros(3)])
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, torch.full((3,), 2.0))
+    with pytest.raises(ValueError, match="one old tensor per new one"):
+        tree.selects(torch.tensor(True), [a], [])
