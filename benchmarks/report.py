@@ -69,7 +69,10 @@ SECTIONS = {
         "Data-parallel scaling against DDP",
         "`python -m benchmarks.data_parallel`: images/s of one step on 1 GPU and on N, each on a "
         "batch already on the device; efficiency = N-GPU images/s ÷ (N × 1-GPU images/s). "
-        "`ddp` is the anchor: DistributedDataParallel around the compiled `nn.Module`.",
+        "`ddp` is the anchor: DistributedDataParallel around the compiled `nn.Module`. A "
+        "`train_*` row with a loader: `reproduce/train.py` on a JPEG folder through that "
+        "`--loader` (loader img/s), data path cost = 1 − that ÷ the in-memory rate at the same "
+        "count of GPUs.",
         (
             ("run", "run", ""),
             ("GPUs", "gpus", ""),
@@ -77,6 +80,8 @@ SECTIONS = {
             ("1 GPU img/s", "one.images_per_s", ".1f"),
             ("N GPUs img/s", "many.images_per_s", ".1f"),
             ("efficiency", "efficiency", ".3f"),
+            ("loader", "loader", ""),
+            ("loader img/s", "folder.images_per_s", ".1f"),
             ("data path cost", "data_path_cost", ".3f"),
         ),
     ),

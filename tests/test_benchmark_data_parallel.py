@@ -81,10 +81,12 @@ def test_gpu_counts_are_two_or_more():
 
 
 def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, tmp_path):
-    """A train row: train.py on 1 GPU and on each N in memory, and on the folder through the loader
-    with --data; the data path's cost is 1 − folder rate ÷ in-memory rate at the same N."""
+    """A train row: train.py on 1 GPU and on each N in memory, and with --data on the folder
+    through the loader at each count, 1 GPU included; the data path's cost is 1 − folder rate ÷
+    in-memory rate at the same count."""
     rates = {(1, ""): 100.0, (2, ""): 190.0, (4, ""): 360.0, (2, "dali"): 171.0}
     rates[(4, "dali")] = 360.0
+    rates[(1, "dali")] = 95.0
     calls = []
 
     def train_py(a, model, est, gpus, timeout, graph=False, folder=""):
@@ -94,20 +96,20 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
     monkeypatch.setattr(data_parallel, "_train_py", train_py)
     out = tmp_path / "dp.json"
     args = ["--gpus", "2,4", "--runs", "r50:train_gam_fd:graph", "--data", str(tmp_path)]
-    args += ["--logs", str(tmp_path)]
+    args += ["--logs", str(tmp_path), "--loader", "dali"]
     assert data_parallel.main([*args, "--no-busbw", "--out", str(out)]) == 0
     assert calls == [
         ("r50", "gam_fd", n, True, f)
-        for n, f in [(1, ""), (2, ""), (2, "dali"), (4, ""), (4, "dali")]
+        for n, f in [(1, ""), (1, "dali"), (2, ""), (2, "dali"), (4, ""), (4, "dali")]
     ]
     rows = json.loads(out.read_text())["rows"]
-    assert [r["gpus"] for r in rows] == [2, 4]
-    assert [r["efficiency"] for r in rows] == [0.95, 0.9]
-    assert [r["data_path_cost"] for r in rows] == [0.1, 0.0]
+    assert [r["gpus"] for r in rows] == [1, 2, 4]
+    assert [r.get("efficiency") for r in rows] == [None, 0.95, 0.9]
+    assert [r["data_path_cost"] for r in rows] == [0.05, 0.1, 0.0]
 
-    calls.clear()  # without the 1-GPU run: no efficiency, the folder's cost all the same
+    calls.clear()  # without the 1-GPU runs: no efficiency, the folder's cost all the same
     assert data_parallel.main([*args, "--no-busbw", "--no-train_one", "--out", str(out)]) == 0
-    assert (1, "") not in [(c[2], c[4]) for c in calls]
+    assert 1 not in [c[2] for c in calls]
     rows = json.loads(out.read_text())["rows"]
     assert ["efficiency" in r for r in rows] == [False, False]
     assert [r["data_path_cost"] for r in rows] == [0.1, 0.0]
@@ -123,6 +125,40 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
         ("dali", 0.1),
         ("dali+dali_roi", 0.2),
     ]
+
+
+def test_the_default_loader_settings_are_train_py_s_choice_then_each_loader():
+    from reproduce.config import LOADERS
+
+    settings = data_parallel.TRAIN_LOADERS.split(",")
+    assert settings[0] == "auto" and set(settings) <= set(LOADERS)
+    assert {"dali", "gpu", "folder"} <= set(settings)
+
+
+def test_data_synthetic_writes_a_jpeg_folder_of_imagenet_sizes_in_the_logs(monkeypatch, tmp_path):
+    """--data synthetic: the folder is written into --logs before any run, every class with a
+    training and a validation image, and the train rows read it."""
+    from PIL import Image
+
+    seen = []
+
+    def train_py(a, model, est, gpus, timeout, graph=False, folder=""):
+        seen.append(a.data)
+        return {"world": gpus, "images_per_s": 10.0}
+
+    monkeypatch.setattr(data_parallel, "_train_py", train_py)
+    args = ["--gpus", "2", "--runs", "r50:train_sgd", "--data", "synthetic"]
+    args += ["--synthetic_images", "3", "--logs", str(tmp_path), "--loader", "folder"]
+    assert data_parallel.main([*args, "--no-busbw", "--out", str(tmp_path / "dp.json")]) == 0
+    folder = tmp_path / "jpeg_folder"
+    assert set(seen) == {str(folder)}
+    for split in ("train", "val"):
+        classes = sorted((folder / split).iterdir())
+        assert len(classes) == 3 and all(len(list(c.iterdir())) == 1 for c in classes)
+    with Image.open(next((folder / "train").rglob("*.JPEG"))) as im:
+        assert im.format == "JPEG" and all(300 <= side <= 500 for side in im.size)
+    with pytest.raises(ValueError, match="synthetic_images"):
+        data_parallel.synthetic_folder(tmp_path / "none", 0)
 
 
 def test_a_loader_setting_is_train_py_s_loader_and_its_options():

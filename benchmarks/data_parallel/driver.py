@@ -4,8 +4,8 @@
     python -m benchmarks.data_parallel --quick                         # r50: DDP, SGD, fd GAM
     python -m benchmarks.data_parallel --gpus 2 --runs r50:ddp,r50:gam_fd
     python -m benchmarks.data_parallel --gpus 2,4 --runs r50:sgd:graph   # 1, 2 and 4 GPUs
-    python -m benchmarks.data_parallel --gpus 2 --runs r50:train_sgd:graph \
-        --data /tmp/imagenet-synth --loader dali                        # the data path's cost
+    python -m benchmarks.data_parallel --gpus 2 --runs r50:train_sgd:graph,r50:train_gam_fd:graph \
+        --data synthetic                                                # the data path's cost
 
 Rows (``--runs``, ``model:kind``): ``r50`` is ``hp2.imagenet.resnet50`` (bf16, channels-last, SGD),
 ``vit`` is ``hp2.imagenet.vit_s32`` (bf16, AdamW); ``ddp`` is the anchor: the ``nn.Module`` compiled
@@ -15,8 +15,10 @@ wrapped in ``DistributedDataParallel``; ``sgd`` (the preset's base optimiser alo
 on N GPUs made data parallel in ``--perturbation=global`` and ``local``; ``train_<estimator>`` runs
 ``reproduce/train.py`` itself on in-memory synthetic data (60 steps), the loop and its data path
 included, its rate from the run's summary (``r50:train_gam_fd:graph``: with ``--cuda_graph``); with
-``--data`` (a JPEG folder, :mod:`benchmarks.input_pipeline.jpeg_folder`) each N-GPU train run is repeated on the folder
-through ``--loader``, and ``data_path_cost`` = 1 − its images/s ÷ the in-memory images/s. A third
+``--data`` (a JPEG folder; ``synthetic``: one of ``--synthetic_images`` JPEG files of ImageNet's sizes,
+written first by :mod:`benchmarks.input_pipeline.jpeg_folder`) each train run, on 1 GPU and on N, is
+repeated on the folder through each ``--loader`` setting (default: train.py's ``auto``, then each loader
+by name), and ``data_path_cost`` = 1 − its images/s ÷ the in-memory images/s at the same count. A third
 field ``sync`` (``r50:gam_fd:sync``) runs the step with the non-finite guard of before, which read the step's finiteness on the host at every step;
 ``twin`` (``r50:sgd:twin``) first runs the 1-GPU step alone, then one independent copy of it on
 every GPU at once (no process group): a slowdown there comes from what the processes share on the
@@ -56,6 +58,7 @@ import torch
 from benchmarks import _common
 from benchmarks.data_parallel import trace_gaps
 from benchmarks.data_parallel.worker import NCCL_ENV, PRESETS
+from benchmarks.input_pipeline import jpeg_folder
 from benchmarks.report import columns
 
 __all__ = ["efficiency", "loader_args", "main"]
@@ -67,6 +70,8 @@ DEFAULT_RUNS = (
 )
 WARM_AT_ONCE = 3  # rows compiled at once (GPU memory: ResNet-50 exact GAM alone takes 37 GiB)
 QUICK_RUNS = "r50:ddp,r50:sgd,r50:gam_fd"
+# The loader settings of a train row with --data: train.py's own choice, then each loader by name.
+TRAIN_LOADERS = "auto,dali,gpu,folder"
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: the workers import `benchmarks`
 
 
@@ -156,10 +161,20 @@ def _timeline(trace: Path) -> dict:
 
 def _train_rows(a, name, model, est, graph) -> list[dict]:
     """A ``train_<estimator>`` row: train.py on 1 GPU and on each N in memory, and with ``--data``
-    on the folder through each ``--loader`` setting too, a row each: ``data_path_cost`` is 1 − its
-    rate ÷ the in-memory rate at the same N."""
+    on the folder through each ``--loader`` setting too, on 1 GPU (with ``--train_one``) and on
+    each N, a row each: ``data_path_cost`` is 1 − its rate ÷ the in-memory rate at the same count."""
     one = _train_py(a, model, est, 1, a.run_timeout, graph) if a.train_one else {"skipped": True}
     rows = []
+    for setting in a.loader.split(",") if a.data and a.train_one else []:
+        row = {"run": name, "gpus": 1, "perturbation": "global", "one": one, "many": one}
+        row["loader"] = setting
+        row["folder"] = _train_py(a, model, est, 1, a.run_timeout, graph, folder=setting)
+        if row["folder"].get("images_per_s") and one.get("images_per_s"):
+            row["data_path_cost"] = round(
+                1 - row["folder"]["images_per_s"] / one["images_per_s"], 3
+            )
+        rows.append(row)
+        print(_line(row), flush=True)
     for n in a.gpus:
         many = _train_py(a, model, est, n, a.run_timeout, graph)
         for setting in a.loader.split(",") if a.data else [""]:
@@ -236,6 +251,30 @@ def _result(proc, timeout) -> dict:
     return {"error": "timed out" if stopped else _tail(proc.log), "log": proc.log.name}
 
 
+def synthetic_folder(out: Path, images: int) -> str:
+    """``--data synthetic``: a JPEG ImageFolder of ``images`` training images of ImageNet's sizes
+    (:func:`benchmarks.input_pipeline.jpeg_folder.build`), min(1000, ``images``) classes and as
+    many validation images (one per class: an ImageFolder refuses a class without a file).
+
+    Args:
+        out: the folder to write.
+        images: training images, at least 1.
+
+    Returns:
+        The folder's path, for train.py's ``--data``.
+
+    Raises:
+        ValueError: ``images`` below 1.
+    """
+    if images < 1:
+        raise ValueError(f"--synthetic_images must be >= 1; got {images}")
+    classes = min(1000, images)
+    print(f"writing {images} synthetic JPEG images in {classes} classes to {out}", flush=True)
+    written = jpeg_folder.build(out, train=images, val=classes, classes=classes)
+    print(f"  {written / 2**20:.0f} MiB", flush=True)
+    return str(out)
+
+
 def _counts(text: str) -> list[int]:
     """``--gpus``: one process count, or several (``2,4``), each timed against the same 1-GPU run."""
     counts = [int(v) for v in text.split(",") if v]
@@ -271,10 +310,22 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--run_timeout", type=float, default=900, help="seconds after which a hung run is ended"
     )
-    ap.add_argument("--data", default="", help="train rows: also a JPEG folder through --loader")
+    ap.add_argument(
+        "--data",
+        default="",
+        help="train rows: also a JPEG folder through --loader; 'synthetic' writes one first "
+        "(--synthetic_images files of ImageNet's sizes, in --logs)",
+    )
+    ap.add_argument(
+        "--synthetic_images",
+        type=int,
+        default=16384,
+        help="--data synthetic: its training images (its classes and validation images: "
+        "min(1000, this) each)",
+    )
     ap.add_argument(
         "--loader",
-        default="dali",
+        default=TRAIN_LOADERS,
         help="train rows with --data: train.py's --loader, options joined by + "
         "(dali+dali_roi+dali_hw_load=1.0); several settings, comma-separated, a row each",
     )
@@ -321,6 +372,8 @@ def main(argv=None) -> int:
     a.steps = a.steps if a.steps is not None else (5 if a.quick else 20)
     a.warmup = a.warmup if a.warmup is not None else (2 if a.quick else 5)
     a.logs = a.logs or tempfile.mkdtemp(prefix="data_parallel_")
+    if a.data == "synthetic":
+        a.data = synthetic_folder(Path(a.logs) / "jpeg_folder", a.synthetic_images)
     os.environ.update(NCCL_ENV)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="dp_inductor_"))
     runs = [tuple((r + "::").split(":")[:3]) for r in a.runs.split(",")]
