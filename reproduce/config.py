@@ -146,6 +146,7 @@ class Config:
     loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else gpu where torchvision decodes JPEG on it, else folder; one line says which and why)
     dali_hw_load: float = 1.0  # --loader=dali*: the share of each batch on the hardware decoder
     dali_roi: bool = True  # --loader=dali: decode each crop's window alone (false: whole images)
+    read_ahead: int = 3  # --loader=dali*|gpu: batches prepared ahead of the one the step takes (DALI's prefetch_queue_depth)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
     # --- logging and evaluation
@@ -212,6 +213,7 @@ RESUME_FREE = frozenset(
         "loader",
         "dali_hw_load",
         "dali_roi",
+        "read_ahead",
         "dist_timeout",
         "resume",
         "overwrite",
@@ -358,6 +360,7 @@ def validate(cfg: Config) -> None:
     )
     hw = cfg.dali_hw_load
     _check(0 <= hw <= 1, "dali_hw_load", "a share in [0, 1]", hw)
+    _check(cfg.read_ahead >= 1, "read_ahead", "an integer >= 1 (batches)", cfg.read_ahead)
     _check(cfg.dist_timeout >= 1, "dist_timeout", "an integer >= 1 (seconds)", cfg.dist_timeout)
     names = estimators_of(cfg)
     _check(bool(names), "estimator", f"one or more of {ESTIMATORS}", cfg.estimator)

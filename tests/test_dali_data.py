@@ -167,8 +167,9 @@ def test_train_py_with_the_dali_loader_resumes_bit_exact(tmp_path, capsys):
 
 
 def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
-    """``--dali_hw_load`` and ``--dali_roi`` reach the training loader, and its name says so; a
-    share outside [0, 1] is refused, naming the argument."""
+    """``--dali_hw_load``, ``--dali_roi`` and ``--read_ahead`` (DALI's prefetch queue) reach the
+    training loader, and its name says so; a share outside [0, 1] or a queue shorter than one batch
+    is refused, naming the argument."""
     from types import SimpleNamespace
 
     from reproduce.run.loaders import loaders
@@ -179,11 +180,15 @@ def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
     cfg = resolve(args)  # by default: all on the hardware decoder, each window decoded alone
     train, _, name = loaders(cfg, D.load(cfg), cpu)
     assert train.hw_decoder_load == 1.0 and train.roi_decode and "window decoded alone" in name
-    cfg = resolve([*args, "--dali_hw_load=0.65", "--dali_roi=false"])
+    assert train.read_ahead == 3
+    cfg = resolve([*args, "--dali_hw_load=0.65", "--dali_roi=false", "--read_ahead=6"])
     train, _, name = loaders(cfg, D.load(cfg), cpu)
     assert train.hw_decoder_load == 0.65 and not train.roi_decode and "window" not in name
+    assert train.read_ahead == 6
     with pytest.raises(ValueError, match="dali_hw_load"):
         resolve([*args, "--dali_hw_load=1.5"])
+    with pytest.raises(ValueError, match="read_ahead"):
+        resolve([*args, "--read_ahead=0"])
 
 
 def test_jpeg_size_reads_the_header(tmp_path):

@@ -107,7 +107,7 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
     if kind != "folder":
         size = data.image_size
         if kind == "gpu":
-            make = functools.partial(nvjpeg.GpuJpegLoader, size=size)
+            make = functools.partial(nvjpeg.GpuJpegLoader, size=size, read_ahead=cfg.read_ahead)
             how = "torchvision nvJPEG decoding, augmentation on the GPU"
         else:
             crops = "dali" if kind == "dali" else "exact"
@@ -118,6 +118,7 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
                 workers=cfg.workers,
                 hw_decoder_load=cfg.dali_hw_load,
                 roi_decode=cfg.dali_roi,
+                read_ahead=cfg.read_ahead,
             )
             decoder = "GPU" if procs.device.type == "cuda" else "CPU"
             how = f"DALI, decoding and augmentation on the {decoder}, " + (
