@@ -455,3 +455,14 @@ def test_the_guard_selecting_on_the_device_keeps_what_the_host_branch_keeps(monk
         results.append(torch.utils._pytree.tree_leaves((params, state)))
     for a, b in zip(*results, strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def test_the_guard_selects_by_name_when_a_tree_holds_its_keys_in_another_order():
+    from gamfunc.step import _select
+
+    new = {"a": torch.tensor([1.0, float("nan")]), "b": torch.tensor(2.0)}
+    old = {"b": torch.tensor(3.0), "a": torch.tensor([0.0, 0.0])}
+    kept = _select(torch.tensor(False), new, old)
+    assert torch.equal(kept["a"], old["a"]) and torch.equal(kept["b"], old["b"])
+    taken = _select(torch.tensor(True), new, old)
+    assert torch.equal(taken["b"], new["b"]) and taken["a"][0] == 1 and taken["a"][1].isnan()
