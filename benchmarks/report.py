@@ -30,7 +30,9 @@ FACADE_COLUMNS = (
     ("ms/step", "ms", ".2f"),
     ("img/s", "img_s", ".1f"),
     ("facade ÷ make_step", "x_make_step", ".3f"),
+    ("per round", "x_make_step_rounds", ""),
     ("facade ÷ davda54", "x_davda54", ".3f"),
+    ("per round", "x_davda54_rounds", ""),
     ("note", "error", ""),
 )
 
@@ -62,7 +64,8 @@ SECTIONS = {
         "`python -m benchmarks.step_cost --facade=only`: the `gamfunc.torch_optim` facade over a "
         "fused `torch.optim` optimiser against `make_step` with the equivalent gamfunc optimiser "
         "(facade ÷ make_step, images/s), both compiled, and the eager facade SAM against "
-        "davda54/sam's two-pass SAM (facade ÷ davda54).",
+        "davda54/sam's two-pass SAM (facade ÷ davda54); per round: the first and third quartiles of "
+        "that ratio taken round by round (the rounds are interleaved).",
         FACADE_COLUMNS,
     ),
     "data_parallel": (

@@ -480,7 +480,9 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
     assert sam["x_davda54"] == sam["img_s"] / rows[("davda54", "sam", "eager")]["img_s"]
     assert [r for r in result["rows"] if r.get("x_davda54") is not None] == [sam]
     assert "github.com/davda54/sam" in result["meta"]["davda54"]
-    assert "| facade ÷ make_step | facade ÷ davda54 |" in stdout
+    assert "| facade ÷ make_step | per round | facade ÷ davda54 | per round |" in stdout
+    rounds = [float(v) for v in sam["x_davda54_rounds"].split("–")]
+    assert rounds[0] <= rounds[1]
     # benchmarks.report renders it as a table of its own
     (tmp_path / "result.json").rename(tmp_path / "step_cost_facade_cpu.json")
     text = report.render(tmp_path)
@@ -545,3 +547,30 @@ def test_facade_estimators_choose_the_rows_and_davda54_comes_with_sam():
     ]
     with pytest.raises(SystemExit):
         cli.parse(["--quick", "--facade=only", "--facade-estimators", "gnp"])
+
+
+def test_a_ratio_per_round_pairs_the_samples_of_each_round():
+    """images/s ratio of round i = reference ms ÷ row ms of round i (here 1, 0.5, 2, 0.8, 1.25):
+    their first and third quartiles."""
+    from benchmarks.step_cost.facade import per_round, ratios
+
+    assert per_round([10.0, 10.0, 20.0, 10.0, 10.0], [10.0, 20.0, 10.0, 12.5, 8.0]) == "0.800–1.250"
+    assert per_round([10.0], [10.0]) is None and per_round(None, [1.0]) is None
+    rows = [
+        {
+            "method": "make_step",
+            "estimator": "sam",
+            "mode": "pass",
+            "img_s": 2.0,
+            "ms_samples": [1.0, 2.0, 1.0],
+        },
+        {
+            "method": "facade",
+            "estimator": "sam",
+            "mode": "pass",
+            "img_s": 1.0,
+            "ms_samples": [2.0, 2.0, 4.0],
+        },
+    ]
+    ratios(rows)
+    assert rows[1]["x_make_step"] == 0.5 and rows[1]["x_make_step_rounds"] == "0.375–0.750"

@@ -22,6 +22,7 @@ davda54's.
 from __future__ import annotations
 
 import copy
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -278,7 +279,8 @@ def ratios(rows):
     Args:
         rows: the timed rows of one model and precision; each facade row gets ``x_make_step``
             (images/s ÷ the ``make_step`` row's of the same estimator and mode), the eager facade
-            SAM also ``x_davda54`` (images/s ÷ the ``davda54`` row's).
+            SAM also ``x_davda54`` (images/s ÷ the ``davda54`` row's); and beside each, ``_rounds``:
+            the middle half of the same ratio taken round by round (`per_round`).
     """
     by = {(r["method"], r["estimator"], r["mode"]): r for r in rows if r.get("img_s")}
     davda54 = by.get(("davda54", "sam", "eager"))
@@ -288,8 +290,30 @@ def ratios(rows):
         ref = by.get(("make_step", r["estimator"], r["mode"]))
         if ref:
             r["x_make_step"] = r["img_s"] / ref["img_s"]
+            r["x_make_step_rounds"] = per_round(ref.get("ms_samples"), r.get("ms_samples"))
         if davda54 and r["estimator"] == "sam" and r["mode"] == "eager":
             r["x_davda54"] = r["img_s"] / davda54["img_s"]
+            r["x_davda54_rounds"] = per_round(davda54.get("ms_samples"), r.get("ms_samples"))
+
+
+def per_round(reference_ms, ms) -> str | None:
+    """How a ratio of images/s varies from round to round: the first and third quartiles of
+    ``reference_ms[i] ÷ ms[i]`` over the rounds i, which are interleaved, so that each pair ran
+    close in time. On a machine whose speed drifts between rounds, the ratio of the two medians
+    can sit anywhere in that range.
+
+    Args:
+        reference_ms: the reference row's ms/step, one per round.
+        ms: the row's, one per round.
+
+    Returns:
+        ``"q1–q3"`` to three decimals; None with fewer than two rounds.
+    """
+    pairs = [a / b for a, b in zip(reference_ms or (), ms or (), strict=False)]
+    if len(pairs) < 2:
+        return None
+    q1, _, q3 = statistics.quantiles(pairs, n=4, method="inclusive")
+    return f"{q1:.3f}–{q3:.3f}"
 
 
 def run_facade(model_name, token, a, device, meta) -> list[dict]:
