@@ -52,8 +52,8 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
     """Split a module into ``(loss_fn, params, buffers)`` for gamfunc's pure functions.
 
     ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` with ``batch = (inputs, targets)`` and
-    ``loss = criterion(model(inputs), targets)``, evaluated with the given tensors in the module's place,
-    as ``torch.func.functional_call`` does ([`Caller`][gamfunc.nn.Caller]).
+    ``loss = criterion(model(inputs), targets)``, evaluated with the given tensors in the module's
+    place, as ``torch.func.functional_call`` does ([`Caller`][gamfunc.nn.Caller]).
     The buffers are cloned inside, so BatchNorm's in-place update of its running statistics touches
     only the clones (this is what lets ``torch.func.grad``, ``jvp`` and ``vmap`` run through BatchNorm
     in train mode) and ``new_buffers`` returns them; the caller's tensors are never modified.
@@ -96,17 +96,17 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
 
 
 class Caller:
-    """``torch.func.functional_call(model, tensors, args)`` with the place of each named tensor found
-    once, when the caller is built.
+    """``torch.func.functional_call(model, tensors, args)``, with the place of each named tensor
+    found once, when the caller is built.
 
-    ``functional_call`` finds the submodule of every name, checks it and swaps the tensor in and out at
-    each call, a few µs of Python per tensor (0.3 ms per pass of a ResNet-50's 320 parameters and
-    buffers on one CPU core), every pass of every eager step. Run eagerly, the caller writes each tensor straight into the
-    ``_parameters`` or ``_buffers`` dict that holds it, as ``functional_call`` does, calls the
-    module, and puts the module's own tensors back, also when the call raises. Under
-    ``torch.compile``, for a module with tied weights, or for a name it did not find, it is
-    ``functional_call`` itself. The module's structure is read once: replace a submodule and build
-    a new caller.
+    ``functional_call`` finds the submodule of every name, checks it and swaps the tensor in and
+    out at each call: a few µs of Python per tensor (0.3 ms per pass of a ResNet-50's 320
+    parameters and buffers on one CPU core), every pass of every eager step. Run eagerly, the
+    caller writes each tensor straight into the ``_parameters`` or ``_buffers`` dict that holds it,
+    as ``functional_call`` does, calls the module, and puts the module's own tensors back, also
+    when the call raises. Under ``torch.compile``, for a module with tied weights, or for a name it
+    did not find, it is ``functional_call`` itself. The module's structure is read once: replace a
+    submodule and build a new caller.
 
     Args:
         model: the module.
@@ -115,7 +115,8 @@ class Caller:
         >>> import torch
         >>> from gamfunc.nn import Caller
         >>> model = torch.nn.Linear(2, 1)
-        >>> out = Caller(model)(({"weight": torch.ones(1, 2), "bias": torch.zeros(1)},), (torch.ones(3, 2),))
+        >>> tensors = {"weight": torch.ones(1, 2), "bias": torch.zeros(1)}
+        >>> out = Caller(model)(tensors, (torch.ones(3, 2),))
         >>> out.flatten().tolist()
         [2.0, 2.0, 2.0]
     """

@@ -35,13 +35,14 @@ for inputs, targets in loader:
 How the loss reaches the pure step:
 
 * ``step(batch)`` with ``batch = (inputs, targets)``: the loss is ``criterion(model(inputs), targets)``,
-  evaluated with the step's tensors in the module's place ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be
-  compiled (``compile=True``) and accumulated (``accumulate=n``).
+  evaluated with the step's tensors in the module's place
+  ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be compiled
+  (``compile=True``) and accumulated (``accumulate=n``).
 * ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
   model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
-  needs (θ, θ + ε, ...) with the module's tensors swapped ([`gamfunc.nn.Caller`][gamfunc.nn.Caller]), like the
-  closure of davda54/sam, but it must not call ``backward()``: gamfunc differentiates it. This form
-  always runs eagerly.
+  needs (θ, θ + ε, ...) with the module's tensors swapped
+  ([`gamfunc.nn.Caller`][gamfunc.nn.Caller]), like the closure of davda54/sam, but it must not call
+  ``backward()``: gamfunc differentiates it. This form always runs eagerly.
 * ``step(closure, batch=batch)``: what trainers such as Lightning pass (their closure runs hooks). The
   closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is ignored,
   and the step is computed from ``batch``.

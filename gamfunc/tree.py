@@ -375,7 +375,8 @@ _WIDTHS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def selects(cond: Tensor, new: list[Tensor], old: list[Tensor]) -> list[Tensor]:
-    """``[torch.where(cond, n, o) for n, o in zip(new, old)]`` for a 0-d boolean ``cond``, bit for bit.
+    """``[torch.where(cond, n, o) for n, o in zip(new, old)]``, bit for bit, for a 0-d boolean
+    ``cond``.
 
     Eager, with three foreach kernels per element width and device where ``torch.where`` takes a
     kernel per tensor (a ResNet-50 step selects 480 parameter, state and buffer tensors): each
