@@ -142,14 +142,9 @@ class Caller:
             What the module returns.
         """
         dicts = tensors if isinstance(tensors, tuple) else (tensors,)
-        places = self.places
-        if (
-            self.ties
-            or torch.compiler.is_compiling()
-            or any(k not in places for d in dicts for k in d)
-        ):
+        slots = None if self.ties or torch.compiler.is_compiling() else self._slots(dicts)
+        if slots is None:
             return functional_call(self.model, tensors, args, tie_weights=self.ties)
-        slots = [places[k] for d in dicts for k in d]
         new = [v for d in dicts for v in d.values()]
         old = [held[k] for held, k in slots]
         for (held, k), v in zip(slots, new, strict=True):
@@ -159,6 +154,13 @@ class Caller:
         finally:
             for (held, k), v in zip(slots, old, strict=True):
                 held[k] = v
+
+    def _slots(self, dicts) -> list[tuple[dict, str]] | None:
+        """The place of every name in ``dicts``; None where one is not the module's."""
+        try:
+            return [self.places[k] for d in dicts for k in d]
+        except KeyError:
+            return None
 
 
 def tied(model: nn.Module) -> bool:

@@ -370,12 +370,10 @@ def _norm(est) -> Tensor:
 
 def _select(cond: Tensor, new, old):
     """``torch.where(cond, new, old)`` over two pytrees of one structure (parameters, states,
-    buffers), by `gamfunc.tree.selects`: a few foreach kernels for all of them, eager. Trees whose
-    structures differ in form only (a dict's keys in another order) go tensor by tensor."""
+    buffers), by `gamfunc.tree.selects`: a few foreach kernels for all of them, eager. The leaves
+    of ``old`` are matched to those of ``new`` by place (a dict's by key, whatever its order)."""
     leaves, spec = pytree.tree_flatten(new)
-    before, old_spec = pytree.tree_flatten(old)
-    if spec != old_spec:
-        return pytree.tree_map(lambda n, o: torch.where(cond.to(n.device), n, o), new, old)
+    before = pytree.tree_leaves(pytree.tree_map(lambda _, o: o, new, old))
     return pytree.tree_unflatten(tree.selects(cond, leaves, before), spec)
 
 

@@ -79,7 +79,6 @@ from gamfunc.precision import PRECISIONS, mixed
 from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import _all_finite, make_step
 from gamfunc.transforms import chain, clip_by_global_norm
-from gamfunc.tree import copy_into
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
@@ -606,8 +605,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             new_state = new_state._replace(opt=opt)
             metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
         with torch.no_grad():
-            copy_into(list(self._trainable.values()), [new_params[k] for k in self._trainable])
-            copy_into(
+            tree.copy_into(list(self._trainable.values()), [new_params[k] for k in self._trainable])
+            tree.copy_into(
                 [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
             )
         self._state = new_state._replace(buffers=())  # the buffers live in the module

@@ -100,13 +100,20 @@ def clone(a: Tree) -> Tree:
     Returns:
         A flat dict with the keys of ``a`` and a copy of each tensor.
     """
-    if (
-        torch.compiler.is_compiling()
-        or in_transform()
-        or (torch.is_grad_enabled() and any(v.requires_grad for v in a.values()))
-    ):
+    if _per_tensor(a.values()):
         return {k: v.clone() for k, v in a.items()}
     return dict(zip(a, copies(list(a.values())), strict=True))
+
+
+def _per_tensor(tensors) -> bool:
+    """Whether `clone` and `selects` take their per-tensor form: traced (``torch.compile`` fuses
+    it), inside a ``torch.func`` transform (foreach kernels have no batching rule), or where
+    autograd records (the bit views of `selects` are not differentiable)."""
+    return (
+        torch.compiler.is_compiling()
+        or in_transform()
+        or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+    )
 
 
 def copies(tensors: list[Tensor]) -> list[Tensor]:
@@ -396,11 +403,7 @@ def selects(cond: Tensor, new: list[Tensor], old: list[Tensor]) -> list[Tensor]:
     """
     if len(new) != len(old):
         raise ValueError(f"selects needs one old tensor per new one; got {len(new)} and {len(old)}")
-    if (
-        torch.compiler.is_compiling()
-        or in_transform()
-        or (torch.is_grad_enabled() and any(t.requires_grad for t in (*new, *old)))
-    ):
+    if _per_tensor((*new, *old)):
         return [torch.where(cond.to(n.device), n, o) for n, o in zip(new, old, strict=True)]
     out: list = [None] * len(new)
     groups: dict[tuple, list[int]] = {}

@@ -165,14 +165,17 @@ def _train_rows(a, name, model, est, graph) -> list[dict]:
     each N, a row each: ``data_path_cost`` is 1 − its rate ÷ the in-memory rate at the same count."""
     one = _train_py(a, model, est, 1, a.run_timeout, graph) if a.train_one else {"skipped": True}
     rows = []
+
+    def through(row, setting, n, memory):  # the folder through one loader, against memory
+        row["loader"] = setting
+        row["folder"] = _train_py(a, model, est, n, a.run_timeout, graph, folder=setting)
+        if row["folder"].get("images_per_s") and memory.get("images_per_s"):
+            cost = 1 - row["folder"]["images_per_s"] / memory["images_per_s"]
+            row["data_path_cost"] = round(cost, 3)
+
     for setting in a.loader.split(",") if a.data and a.train_one else []:
         row = {"run": name, "gpus": 1, "perturbation": "global", "one": one, "many": one}
-        row["loader"] = setting
-        row["folder"] = _train_py(a, model, est, 1, a.run_timeout, graph, folder=setting)
-        if row["folder"].get("images_per_s") and one.get("images_per_s"):
-            row["data_path_cost"] = round(
-                1 - row["folder"]["images_per_s"] / one["images_per_s"], 3
-            )
+        through(row, setting, 1, one)
         rows.append(row)
         print(_line(row), flush=True)
     for n in a.gpus:
@@ -184,11 +187,7 @@ def _train_rows(a, name, model, est, graph) -> list[dict]:
                     efficiency(many["images_per_s"], one["images_per_s"], n), 3
                 )
             if setting:
-                row["loader"] = setting
-                row["folder"] = _train_py(a, model, est, n, a.run_timeout, graph, folder=setting)
-                if row["folder"].get("images_per_s") and many.get("images_per_s"):
-                    cost = 1 - row["folder"]["images_per_s"] / many["images_per_s"]
-                    row["data_path_cost"] = round(cost, 3)
+                through(row, setting, n, many)
             rows.append(row)
             print(_line(row), flush=True)
     return rows
