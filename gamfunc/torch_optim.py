@@ -139,25 +139,29 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         keys = [names[id(p)] for p in held]
         given = list(state.tensors) if isinstance(state.tensors, list) else []
         given += [{}] * (len(held) - len(given))
-        start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
+        start = [params[k] for k in keys]
+        start = [
+            t if t.dtype == p.dtype else t.to(p.dtype) for t, p in zip(start, held, strict=True)
+        ]
         copies = tree.copies(start + [t for s in given for t in s.values()])
-        moved, at = copies[: len(held)], len(held)
-        trial = {}
+        moved, at, trial = copies[: len(held)], len(held), {}
         for p, s in zip(held, given, strict=True):
-            kept = base.state.get(p, {})
-            mine = dict(zip(s, copies[at : at + len(s)], strict=True))
+            mine = dict(zip(s, copies[at : at + len(s)], strict=True)) if s else {}
             at += len(s)
-            if kept or mine:
+            kept = base.state.get(p)
+            if kept:
                 others = {k: copy.deepcopy(v) for k, v in kept.items() if not isinstance(v, Tensor)}
-                trial[p] = others | mine
+                trial[p] = others | mine if others else mine
+            elif mine:
+                trial[p] = mine
         kept_data = [p.data for p in held]
         kept_grad = [p.grad for p in held]
         kept_state = base.state
         try:
             base.state = _like(kept_state, trial)
             for p, k, new in zip(held, keys, moved, strict=True):
-                p.data = new
-                p.grad = _as(direction[k], p)
+                d = direction[k]
+                p.data, p.grad = new, d if d.dtype == p.dtype else d.to(p.dtype)
             with torch.no_grad():
                 base.step()
             moved = [p.data for p in held]
@@ -174,8 +178,10 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
                 rest[p] = extra
         pending["state"] = rest
         steps = dict(zip(keys, torch._foreach_sub(moved, start) if held else [], strict=True))
+        if len(steps) != len(params):
+            steps = {k: steps[k] if k in steps else torch.zeros_like(v) for k, v in params.items()}
         updates = {
-            k: _as(steps[k], v) if k in steps else torch.zeros_like(v) for k, v in params.items()
+            k: t if (t := steps[k]).dtype == v.dtype else t.to(v.dtype) for k, v in params.items()
         }
         finite = _finite_flag(pending["state"], state.finite)
         return updates, TorchState(finite, tensors if isinstance(state.tensors, list) else ())
@@ -387,6 +393,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             raise ValueError("model has no parameter with requires_grad=True to optimise")
         opt = _built(optimizer if optimizer is not None else base_optimizer, trainable, base_kwargs)
         self._model, self.metrics = model, {}
+        self._buffer_at = _buffer_places(model)
         self._state: StepState | None = None
         self._torch: torch.optim.Optimizer | None = None
         if isinstance(opt, torch.optim.Optimizer):
@@ -585,7 +592,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         if self._graphed and self._torch is not None and run is self._batch_step:
             self._recapture_on_change()
         params = self._params()
-        named_buffers = list(self._model.named_buffers())
+        named_buffers = [(k, b) for k, d, key in self._buffer_at if (b := d.get(key)) is not None]
         buffers = {k: b.detach() for k, b in named_buffers}
         if self._state is None:
             self._state = run.init(params, None)
@@ -890,6 +897,17 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
 
 
 # ---- the base optimiser -----------------------------------------------------------------------------
+
+
+def _buffer_places(model: nn.Module) -> list[tuple[str, dict, str]]:
+    """``(name, submodule._buffers, key)`` of each of ``model``'s buffers, found once: a step reads
+    the buffers there, which follows a buffer the module replaces (``.to()``, an assignment)."""
+    modules = dict(model.named_modules())
+    places = []
+    for name, _ in model.named_buffers():
+        owner, _, key = name.rpartition(".")
+        places.append((name, modules[owner]._buffers, key))
+    return places
 
 
 def _is_torch(opt) -> bool:

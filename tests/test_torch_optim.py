@@ -154,6 +154,19 @@ def test_batchnorm_running_stats_are_those_of_the_pure_step():
     assert not torch.equal(model[1].running_mean, before["1.running_mean"])
 
 
+def test_a_buffer_the_module_replaces_after_the_optimiser_is_built_is_the_one_stepped():
+    model = tiny_bn_mlp(torch.float64)
+    opt = FlatnessOptimizer(model, gamfunc.sam(0.05), gamfunc.sgd(lr=0.1))
+    model[1].running_mean = torch.full_like(model[1].running_mean, 3.0)  # a new tensor object
+    replaced = model[1].running_mean
+    batch = batches(1)[0]
+    with torch.no_grad():
+        hidden = model[0](batch[0])
+    opt.step(batch)
+    assert model[1].running_mean is replaced
+    torch.testing.assert_close(replaced, 0.9 * 3.0 + 0.1 * hidden.mean(0), **TIGHT)
+
+
 def test_eval_mode_module_keeps_its_running_stats():
     model = tiny_bn_mlp(torch.float64).eval()
     before = {k: b.clone() for k, b in model.named_buffers()}
