@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from ._compat import mode_options
-from .graph_sharing import SHARE_EQUAL_WORK
+from .graph_sharing import share_equal_work_pass
 from .tree import copies
 
 __all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh", "fresh_copies"]
@@ -32,8 +32,8 @@ def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[C
         if mode is not None:
             options = {**mode_options(mode), **options}
         options.update(INDUCTOR_WORKAROUNDS)
-        if SHARE_EQUAL_WORK is not None:
-            options.setdefault("post_grad_custom_pre_pass", SHARE_EQUAL_WORK)
+        if (sharing := share_equal_work_pass()) is not None:
+            options.setdefault("post_grad_custom_pre_pass", sharing)
         kwargs["options"] = options
     elif mode is not None:
         kwargs["mode"] = mode

@@ -29,6 +29,7 @@ weights than the gradient pass's (a point then costs 4 gradient passes).
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -36,7 +37,7 @@ from torch import fx
 
 from gamfunc._compat import custom_graph_pass, mutates
 
-__all__ = ["SHARE_EQUAL_WORK", "share_equal_work"]
+__all__ = ["share_equal_work", "share_equal_work_pass"]
 
 aten = torch.ops.aten
 
@@ -148,6 +149,17 @@ def share_equal_work(graph: fx.Graph) -> None:
     graph.eliminate_dead_code()
 
 
-SHARE_EQUAL_WORK = custom_graph_pass(share_equal_work, __file__)
-"""`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes; None
-where torch has no such form (`gamfunc._compat.custom_graph_pass`), and then no pass runs."""
+@functools.cache
+def share_equal_work_pass():
+    """`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes; None
+    where torch has no such form (`gamfunc._compat.custom_graph_pass`), and then no pass runs.
+
+    Built on the first call, when a step is compiled, and read as ``SHARE_EQUAL_WORK``: the form
+    imports inductor, which would add about 1.5 s to ``import gamfunc``."""
+    return custom_graph_pass(share_equal_work, __file__)
+
+
+def __getattr__(name: str):
+    if name == "SHARE_EQUAL_WORK":
+        return share_equal_work_pass()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -60,3 +60,11 @@ def test_readme_blocks_with_dev_alone_skip_instead_of_failing(tmp_path):
         timeout=600,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_importing_gamfunc_leaves_the_compiler_unloaded():
+    # torch's compiler (dynamo, inductor) costs about 1.5 s to import: a process that never compiles
+    # (a worker, a data loader, a metrics script) must not pay for it.
+    code = "import sys, gamfunc; print([m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
