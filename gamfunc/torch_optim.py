@@ -139,10 +139,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         keys = [names[id(p)] for p in held]
         given = list(state.tensors) if isinstance(state.tensors, list) else []
         given += [{}] * (len(held) - len(given))
-        start = [params[k] for k in keys]
-        start = [
-            t if t.dtype == p.dtype else t.to(p.dtype) for t, p in zip(start, held, strict=True)
-        ]
+        start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
         copies = tree.copies(start + [t for s in given for t in s.values()])
         moved, at, trial = copies[: len(held)], len(held), {}
         for p, s in zip(held, given, strict=True):
@@ -160,8 +157,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         try:
             base.state = _like(kept_state, trial)
             for p, k, new in zip(held, keys, moved, strict=True):
-                d = direction[k]
-                p.data, p.grad = new, d if d.dtype == p.dtype else d.to(p.dtype)
+                p.data, p.grad = new, _as(direction[k], p)
             with torch.no_grad():
                 base.step()
             moved = [p.data for p in held]
@@ -180,9 +176,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         steps = dict(zip(keys, torch._foreach_sub(moved, start) if held else [], strict=True))
         if len(steps) != len(params):
             steps = {k: steps[k] if k in steps else torch.zeros_like(v) for k, v in params.items()}
-        updates = {
-            k: t if (t := steps[k]).dtype == v.dtype else t.to(v.dtype) for k, v in params.items()
-        }
+        updates = {k: _as(steps[k], v) for k, v in params.items()}
         finite = _finite_flag(pending["state"], state.finite)
         return updates, TorchState(finite, tensors if isinstance(state.tensors, list) else ())
 
