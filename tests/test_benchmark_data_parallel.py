@@ -26,14 +26,14 @@ def test_efficiency_is_n_gpu_rate_over_n_times_one():
 
 @pytest.mark.slow
 def test_rows_on_two_cpu_processes(monkeypatch, tmp_path):
-    # The cost is the 14 launches (4 warm-ups, 10 timed runs), each importing torch: the four
-    # warm-ups start at once, and one thread per process (what torchrun sets for two) keeps the
-    # 1-process runs' tiny steps from contending for the cores. One step per window still gives
+    # The cost is the 10 timed launches, each importing torch: no warm-up (--warm_at_once 0: the
+    # CPU's workers compile nothing), and one thread per process (what torchrun sets for two) keeps
+    # the 1-process runs' tiny steps from contending for the cores. One step per window still gives
     # three windows and a loss that falls.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     out = tmp_path / "dp.json"
     args = ["--gpus", "2", "--runs", "digits:ddp,digits:gam_fd,digits:sgd:twin", "--batch", "4"]
-    args += ["--logs", str(tmp_path / "dp_logs"), "--warm_at_once", "4"]
+    args += ["--logs", str(tmp_path / "dp_logs"), "--warm_at_once", "0"]
     assert data_parallel.main([*args, "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["benchmark"] == "data_parallel" and result["meta"]["gpus"] == 0  # the CPU
@@ -264,6 +264,24 @@ def test_a_first_step_past_its_time_prints_where_its_main_thread_is():
     assert worker.returncode == 0, err
     assert "rank 0: first step" in out
     assert "most recent call first" not in out + err
+
+
+def test_warm_at_once_0_skips_the_warm_up_and_a_negative_count_is_refused(monkeypatch, tmp_path):
+    launched = []
+    monkeypatch.setattr(
+        data_parallel,
+        "_launch",
+        lambda a, m, k, n, pert="global", steps=None, **_: launched.append(steps),
+    )
+    monkeypatch.setattr(
+        data_parallel, "_result", lambda proc, timeout: {"world": 1, "images_per_s": 10.0}
+    )
+    args = ["--gpus", "2", "--runs", "vit:gam:graph", "--no-busbw", "--logs", str(tmp_path)]
+    args += ["--out", str(tmp_path / "d.json")]
+    assert data_parallel.main([*args, "--warm_at_once", "0"]) == 0
+    assert launched and 0 not in launched  # timed runs only
+    with pytest.raises(ValueError, match="--warm_at_once"):
+        data_parallel.main([*args, "--warm_at_once", "-1"])
 
 
 def test_the_warm_up_compiles_the_modes_timed_alone(monkeypatch, tmp_path):

@@ -343,7 +343,12 @@ def main(argv=None) -> int:
         default=True,
         help="train rows: the 1-GPU run too (for the efficiency)",
     )
-    ap.add_argument("--warm_at_once", type=int, default=WARM_AT_ONCE, help="rows compiled at once")
+    ap.add_argument(
+        "--warm_at_once",
+        type=int,
+        default=WARM_AT_ONCE,
+        help="rows compiled at once before the timing (0: none, each timed run compiles its own)",
+    )
     ap.add_argument(
         "--warm_timeout",
         type=float,
@@ -364,6 +369,8 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--busbw", action=argparse.BooleanOptionalAction, default=True)
     a = ap.parse_args(argv)
+    if a.warm_at_once < 0:
+        raise ValueError(f"--warm_at_once must be >= 0; got {a.warm_at_once}")
     cuda = torch.cuda.is_available()
     quick_runs = QUICK_RUNS if cuda else QUICK_RUNS.replace("r50", "digits")
     a.runs = a.runs or (quick_runs if a.quick else DEFAULT_RUNS)
@@ -396,7 +403,9 @@ def main(argv=None) -> int:
     # global mode's passes take the global gradient from outside (a gradient pass, an H·v pass),
     # local mode and the 1-GPU step form g and H·g/‖g‖ in one point pass of their own.
     warmed = sorted(
-        {
+        set()
+        if a.warm_at_once == 0
+        else {
             (m, k, pert)
             for m, k, _ in runs
             if not k.startswith("train")
@@ -404,7 +413,7 @@ def main(argv=None) -> int:
         }
     )
     report["compile"] = {}
-    for i in range(0, len(warmed), a.warm_at_once):
+    for i in range(0, len(warmed), max(a.warm_at_once, 1)):
         part = warmed[i : i + a.warm_at_once]
         warm = [_launch(a, m, k, most, pert, steps=0, warmup=0) for m, k, pert in part]
         for (m, k, pert), p in zip(part, warm, strict=True):
