@@ -124,11 +124,7 @@ class Caller:
     def __init__(self, model: nn.Module):
         self.model = model
         self.ties = tied(model)
-        self.places: dict[str, tuple[dict, str]] = {}
-        for prefix, m in model.named_modules():
-            head = f"{prefix}." if prefix else ""
-            self.places.update({head + k: (m._parameters, k) for k in m._parameters})
-            self.places.update({head + k: (m._buffers, k) for k in m._buffers})
+        self.places = _places(model)
 
     def __call__(self, tensors: dict | tuple[dict, ...], args: tuple):
         """``model(*args)`` with the module's tensors named in ``tensors`` (one dict or several)
@@ -161,6 +157,17 @@ class Caller:
             return [self.places[k] for d in dicts for k in d]
         except KeyError:
             return None
+
+
+def _places(model: nn.Module) -> dict[str, tuple[dict, str]]:
+    """``name -> (submodule._parameters or ._buffers, key)`` of each of ``model``'s tensors: where
+    the tensor of that name is read, and where another is written in its place."""
+    places = {}
+    for prefix, m in model.named_modules():
+        head = f"{prefix}." if prefix else ""
+        places.update({head + k: (m._parameters, k) for k in m._parameters})
+        places.update({head + k: (m._buffers, k) for k in m._buffers})
+    return places
 
 
 def tied(model: nn.Module) -> bool:

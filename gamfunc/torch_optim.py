@@ -66,7 +66,7 @@ from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator, gam, sam
-from gamfunc.nn import Caller, functionalize
+from gamfunc.nn import Caller, _places, functionalize
 from gamfunc.optim import (
     InjectState,
     Transform,
@@ -387,7 +387,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             raise ValueError("model has no parameter with requires_grad=True to optimise")
         opt = _built(optimizer if optimizer is not None else base_optimizer, trainable, base_kwargs)
         self._model, self.metrics = model, {}
-        self._buffer_at = _buffer_places(model)
+        places = _places(model)  # a buffer the module replaces later is read at its place
+        self._buffer_at = [(k, *places[k]) for k, _ in model.named_buffers()]
         self._state: StepState | None = None
         self._torch: torch.optim.Optimizer | None = None
         if isinstance(opt, torch.optim.Optimizer):
@@ -891,17 +892,6 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
 
 
 # ---- the base optimiser -----------------------------------------------------------------------------
-
-
-def _buffer_places(model: nn.Module) -> list[tuple[str, dict, str]]:
-    """``(name, submodule._buffers, key)`` of each of ``model``'s buffers, found once: a step reads
-    the buffers there, which follows a buffer the module replaces (``.to()``, an assignment)."""
-    modules = dict(model.named_modules())
-    places = []
-    for name, _ in model.named_buffers():
-        owner, _, key = name.rpartition(".")
-        places.append((name, modules[owner]._buffers, key))
-    return places
 
 
 def _is_torch(opt) -> bool:

@@ -403,17 +403,17 @@ def main(argv=None) -> int:
     # global mode's passes take the global gradient from outside (a gradient pass, an H·v pass),
     # local mode and the 1-GPU step form g and H·g/‖g‖ in one point pass of their own.
     warmed = sorted(
-        set()
-        if a.warm_at_once == 0
-        else {
+        {
             (m, k, pert)
             for m, k, _ in runs
             if not k.startswith("train")
             for pert in (a.perturbations if k.startswith("gam") else ("global",))
         }
     )
+    if a.warm_at_once == 0:  # no warm-up: each timed run compiles its own
+        warmed = []
     report["compile"] = {}
-    for i in range(0, len(warmed), max(a.warm_at_once, 1)):
+    for i in range(0, len(warmed), a.warm_at_once or 1):
         part = warmed[i : i + a.warm_at_once]
         warm = [_launch(a, m, k, most, pert, steps=0, warmup=0) for m, k, pert in part]
         for (m, k, pert), p in zip(part, warm, strict=True):
