@@ -87,7 +87,9 @@ class Config:
     cutout_size: int = 16  # side of the Cutout square in pixels (DeVries and Taylor 2017)
     label_noise: float = 0.0  # fraction of training labels replaced by another class (App. C.2)
     val_fraction: float = 0.0  # share of the training set held out for validation (model selection)
-    workers: int = 0  # DataLoader worker processes for image data sets
+    workers: int = (
+        0  # DataLoader worker processes for image data sets (DALI: its CPU threads; 0: 8)
+    )
     # --- the gradient estimator
     estimator: str = "sgd,gam"  # one of ESTIMATORS, or a comma list trained one after the other
     rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
@@ -146,6 +148,7 @@ class Config:
     loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else gpu where torchvision decodes JPEG on it, else folder; one line says which and why)
     dali_hw_load: float = 1.0  # --loader=dali*: the share of each batch on the hardware decoder
     dali_roi: bool = True  # --loader=dali: decode each crop's window alone (false: whole images)
+    dali_cpu: bool = False  # --loader=dali*: decode and resize on --workers CPU threads (0: 8), normalise on the GPU
     read_ahead: int = 3  # --loader=dali*|gpu: batches prepared ahead of the one the step takes (DALI's prefetch_queue_depth)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
@@ -213,6 +216,7 @@ RESUME_FREE = frozenset(
         "loader",
         "dali_hw_load",
         "dali_roi",
+        "dali_cpu",
         "read_ahead",
         "dist_timeout",
         "resume",

@@ -167,9 +167,10 @@ def test_train_py_with_the_dali_loader_resumes_bit_exact(tmp_path, capsys):
 
 
 def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
-    """``--dali_hw_load``, ``--dali_roi`` and ``--read_ahead`` (DALI's prefetch queue) reach the
-    training loader, and its name says so; a share outside [0, 1] or a queue shorter than one batch
-    is refused, naming the argument."""
+    """``--dali_hw_load``, ``--dali_roi``, ``--read_ahead`` (DALI's prefetch queue) and
+    ``--dali_cpu`` with ``--workers`` (DALI's CPU decoder on that many threads) reach the training
+    loader, and its name says so; a share outside [0, 1] or a queue shorter than one batch is
+    refused, naming the argument."""
     from types import SimpleNamespace
 
     from reproduce.run.loaders import loaders
@@ -185,6 +186,11 @@ def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
     train, _, name = loaders(cfg, D.load(cfg), cpu)
     assert train.hw_decoder_load == 0.65 and not train.roi_decode and "window" not in name
     assert train.read_ahead == 6
+    cuda = SimpleNamespace(device=torch.device("cuda:0"), world=1)  # nothing runs on it here
+    train, _, name = loaders(resolve([*args, "--dali_cpu", "--workers=3"]), D.load(cfg), cuda)
+    assert train.decoder == "cpu" and train.threads == 3 and "decoding on 3 CPU threads" in name
+    train, _, name = loaders(resolve(args), D.load(cfg), cuda)
+    assert train.decoder == "mixed" and train.threads == 8 and "decoding on the GPU" in name
     with pytest.raises(ValueError, match="dali_hw_load"):
         resolve([*args, "--dali_hw_load=1.5"])
     with pytest.raises(ValueError, match="read_ahead"):
@@ -219,6 +225,21 @@ def test_dali_gpu_decoder_with_exact_crops_makes_the_batches_of_the_cpu_pipeline
         for g, w in zip(gx.cpu(), wx, strict=True):
             assert float(torch.corrcoef(torch.stack([g.flatten(), w.flatten()]))[0, 1]) > 0.98
         assert (gx.cpu() - wx).abs().mean() < 0.1
+
+
+@pytest.mark.gpu
+def test_the_cpu_decoder_feeding_a_gpu_makes_the_batches_of_the_cpu_pipeline(tmp_path):
+    """``decoder="cpu"`` on a CUDA device (``--dali_cpu``): decoded and resized on the CPU,
+    normalised on the GPU, the batches are those of the same pipeline run on the CPU alone, to
+    float rounding, and they arrive on the GPU."""
+    data = imagenet(jpeg_folder(tmp_path))
+    keys = D.epoch_keys(D.epoch_order(len(data.train), 3, 0), 0, 6, seed=3, epoch=0)
+    host = list(DaliJpegLoader(data.train, 6, torch.device("cpu")).batches(keys))
+    fed = DaliJpegLoader(data.train, 6, torch.device("cuda"), decoder="cpu").batches(keys)
+    for (gx, gy), (hx, hy) in zip(fed, host, strict=True):
+        assert gx.is_cuda and gy.is_cuda and gx.shape == hx.shape
+        assert torch.equal(gy.cpu(), hy)
+        torch.testing.assert_close(gx.cpu(), hx, rtol=0, atol=1e-5)
 
 
 @pytest.mark.gpu

@@ -30,8 +30,11 @@ its decoding thread waits in ``cudaEventSynchronize`` from early in a step until
 end, on the legacy default stream or a stream of its own, with the batch handed over on the
 consumer's stream or a side stream (``python -m benchmarks.input_pipeline`` measures it).
 
-With ``decoder="cpu"`` the same pipelines run on the CPU (DALI's CPU decoder, libjpeg-turbo as in
-PIL): no GPU needed, which is how their tests run without one.
+With ``decoder="cpu"`` the files are decoded (DALI's CPU decoder, libjpeg-turbo as in PIL) and
+resized on DALI's CPU threads: on a CUDA device the resized uint8 images then go to the GPU, where
+they are normalised and handed over as above (``--dali_cpu``, as in NVIDIA's ImageNet examples: the
+host's cores decode, the GPU's engines and kernels are left to the step); without one the whole
+pipeline runs on the CPU, which is how its tests run.
 """
 
 from __future__ import annotations
@@ -45,7 +48,9 @@ from torch import Tensor
 
 from reproduce.data.nvjpeg import _LOG_RATIO, MEAN, SCALE, STD, _resize_shorter, crop_and_flip
 
-__all__ = ["DaliJpegLoader", "available"]
+__all__ = ["THREADS", "DaliJpegLoader", "available"]
+
+THREADS = 8  # DALI's CPU threads unless told
 
 
 def available() -> bool:
@@ -73,14 +78,15 @@ class DaliJpegLoader:
     Args:
         ds: the examples (``ds.base`` an ImageFolder; ``ds.indices`` and ``ds.labels`` as usual).
         batch_size: examples per batch (this process's share of the global batch).
-        device: the CUDA device (``decoder="mixed"``) or the CPU (``decoder="cpu"``).
+        device: where the batches go: a CUDA device, or the CPU (``decoder="cpu"`` only).
         train: training transforms (random crop and flip) or evaluation ones (resize, centre crop).
         size: the side of the output images.
         threads: DALI's CPU threads.
         workers: DataLoader worker processes that read the files and draw the crops of
             ``crops="exact"`` (0: the calling process does).
         read_ahead: batches prepared ahead of the one being consumed (by DALI, and by each worker).
-        decoder: DALI's decoder backend: ``"mixed"`` (GPU) or ``"cpu"``.
+        decoder: DALI's decoder backend: ``"mixed"`` (the GPU's; the default on a CUDA device) or
+            ``"cpu"`` (decoding and resizing on ``threads`` CPU threads).
         hw_decoder_load: the share of each batch that the hardware JPEG decoder takes (all of it
             by default: on 2 × H200 the fastest while training, and alone; where a GPU has no
             hardware decoder, nvJPEG's CUDA decoder takes every image).
@@ -100,7 +106,7 @@ class DaliJpegLoader:
         *,
         train: bool = True,
         size: int = 224,
-        threads: int = 8,
+        threads: int = THREADS,
         workers: int = 0,
         read_ahead: int = 3,
         decoder: str | None = None,
@@ -121,6 +127,7 @@ class DaliJpegLoader:
         self.ds, self.batch_size, self.train, self.size = ds, batch_size, train, size
         self.threads, self.read_ahead, self.hw_decoder_load = threads, read_ahead, hw_decoder_load
         self.fancy_upsampling, self.roi_decode = fancy_upsampling, roi_decode
+        self._cuda = self.device.type == "cuda"
         self.paths = [p for p, _ in ds.base.samples]
         self.workers = workers
         self._reader = None  # crops="exact": the DataLoader of encoded examples, made on first use
@@ -152,6 +159,8 @@ class DaliJpegLoader:
     def _normalise(self, images, **kwargs):
         from nvidia.dali import fn, types
 
+        if self._cuda and self.decoder == "cpu":  # resized on the CPU: uint8 to the GPU
+            images = images.gpu()
         mean = [m * 255 for m in MEAN]
         std = [s * 255 for s in STD]
         return fn.crop_mirror_normalize(
@@ -159,19 +168,18 @@ class DaliJpegLoader:
         )
 
     def _labels(self, labels):
-        """The labels as the pipeline returns them: on the GPU with the mixed decoder, so that no
-        batch waits for a copy from pageable host memory (which synchronises the training stream)."""
-        return labels.gpu() if self.decoder == "mixed" else labels
+        """The labels as the pipeline returns them: on the GPU for a CUDA device, so that no batch
+        waits for a copy from pageable host memory (which synchronises the training stream)."""
+        return labels.gpu() if self._cuda else labels
 
     def _pipeline(self, graph):
         from nvidia.dali import pipeline_def
 
-        mixed = self.decoder == "mixed"
         return pipeline_def(
             graph,
             batch_size=self.batch_size,
             num_threads=self.threads,
-            device_id=(self.device.index or 0) if mixed else None,
+            device_id=(self.device.index or 0) if self._cuda else None,
             prefetch_queue_depth=self.read_ahead,
             exec_dynamic=True,
         )()
@@ -295,7 +303,7 @@ class DaliJpegLoader:
         pipe, self._open = self._pipe, True
         # The GPU outputs are bound to the training stream, not synchronised with the host: a
         # batch's copy waits on the GPU for DALI's work, and the host runs on to the next step.
-        stream = torch.cuda.current_stream(self.device) if self.decoder == "mixed" else None
+        stream = torch.cuda.current_stream(self.device) if self._cuda else None
         try:
             for b in range(n):
                 if self._epoch != epoch:
@@ -332,7 +340,7 @@ class DaliJpegLoader:
         """A batch of DALI's outputs as one tensor on ``self.device``; from the GPU, copied on
         ``stream`` after DALI's work there."""
         tensor = outputs.as_tensor()
-        if self.decoder == "mixed":
+        if self._cuda:
             from nvidia.dali.plugin.pytorch import feed_ndarray, to_torch_type
 
             dtype = to_torch_type[tensor.dtype]

@@ -111,20 +111,24 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
             how = "torchvision nvJPEG decoding, augmentation on the GPU"
         else:
             crops = "dali" if kind == "dali" else "exact"
+            gpu = procs.device.type == "cuda" and not cfg.dali_cpu
+            threads = cfg.workers or dali.THREADS
             make = functools.partial(
                 dali.DaliJpegLoader,
                 size=size,
-                crops=crops,
+                threads=threads,
                 workers=cfg.workers,
+                decoder="mixed" if gpu else "cpu",
+                crops=crops,
                 hw_decoder_load=cfg.dali_hw_load,
                 roi_decode=cfg.dali_roi,
                 read_ahead=cfg.read_ahead,
             )
-            decoder = "GPU" if procs.device.type == "cuda" else "CPU"
-            how = f"DALI, decoding and augmentation on the {decoder}, " + (
+            where = "the GPU" if gpu else f"{threads} CPU threads"
+            how = f"DALI, decoding on {where}, " + (
                 "crops computed in DALI" if crops == "dali" else "torchvision's crops"
             )
-            if procs.device.type == "cuda":
+            if gpu:
                 how += f", {cfg.dali_hw_load:.0%} on the hardware decoder"
             how += ", each crop's window decoded alone" if cfg.dali_roi and crops == "dali" else ""
 
