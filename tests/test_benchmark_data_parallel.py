@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import _common
 from benchmarks.data_parallel import driver as data_parallel
 from benchmarks.data_parallel import projection as dp_projection
 from benchmarks.data_parallel import trace_gaps
@@ -102,7 +103,10 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
         ("r50", "gam_fd", n, True, f)
         for n, f in [(1, ""), (1, "dali"), (2, ""), (2, "dali"), (4, ""), (4, "dali")]
     ]
-    rows = json.loads(out.read_text())["rows"]
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert report["meta"]["part"] == "data_path" and report["meta"]["loaders"] == ["dali"]
+    assert _common.file_name(report["meta"]).startswith("data_parallel_data_path_")
     assert [r["gpus"] for r in rows] == [1, 2, 4]
     assert [r.get("efficiency") for r in rows] == [None, 0.95, 0.9]
     assert [r["data_path_cost"] for r in rows] == [0.05, 0.1, 0.0]

@@ -388,6 +388,8 @@ def main(argv=None) -> int:
         "data_parallel", "cuda" if cuda else "cpu", gpus=most, quick=a.quick, counts=a.gpus
     )
     meta.update(per_gpu_batch=a.batch, steps=a.steps, windows=a.windows, logs=a.logs)
+    if a.data:  # the data path's rows: a file of their own beside the scaling results
+        meta.update(part="data_path", data=a.data, loaders=a.loader.split(","), workers=a.workers)
     report = {"benchmark": "data_parallel", "meta": meta, "rows": []}
     print(f"logs and profiles: {a.logs}", flush=True)
 
