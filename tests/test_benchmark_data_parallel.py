@@ -132,11 +132,15 @@ def test_train_rows_time_each_count_and_the_folder_against_memory(monkeypatch, t
 
 
 def test_the_default_loader_settings_are_train_py_s_choice_then_each_loader():
-    from reproduce.config import LOADERS
+    """train.py's choice first, then DALI's other arrangements and every other loader, each a
+    setting that train.py takes."""
+    from reproduce.config import LOADERS, resolve
 
     settings = data_parallel.TRAIN_LOADERS.split(",")
-    assert settings[0] == "auto" and set(settings) <= set(LOADERS)
-    assert {"dali", "gpu", "folder"} <= set(settings)
+    assert settings[0] == "auto" and {s.split("+")[0] for s in settings} <= set(LOADERS)
+    assert {"dali+dali_hw_load=1", "dali+dali_cpu", "gpu", "folder"} <= set(settings)
+    for s in settings:
+        resolve(["--preset=hp2.imagenet.resnet50", *data_parallel.loader_args(s)])
 
 
 def test_data_synthetic_writes_a_jpeg_folder_of_imagenet_sizes_in_the_logs(monkeypatch, tmp_path):

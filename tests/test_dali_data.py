@@ -21,7 +21,7 @@ from reproduce.data.dali import DaliJpegLoader, jpeg_size, uniforms
 from tests.test_gpu_data import imagenet, jpeg_folder
 
 
-def batches(tmp_path, train: bool, device: torch.device, crops: str = "exact"):
+def batches(tmp_path, train: bool, device: torch.device, crops: str = "exact", **options):
     """The DALI loader's batches and the CPU pipeline's, of an epoch's order (training) or of the
     split in order (evaluation), 6 images a batch."""
     data = imagenet(jpeg_folder(tmp_path))
@@ -32,7 +32,7 @@ def batches(tmp_path, train: bool, device: torch.device, crops: str = "exact"):
     else:
         keys = [(j, None) for j in range(len(ds))]
         want = list(D.eval_batches(ds, 6))
-    got = list(DaliJpegLoader(ds, 6, device, train=train, crops=crops).batches(keys))
+    got = list(DaliJpegLoader(ds, 6, device, train=train, crops=crops, **options).batches(keys))
     assert len(got) == len(want) == 3
     return got, want
 
@@ -178,9 +178,9 @@ def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
     root = jpeg_folder(tmp_path, per_class=2)
     cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
     args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--loader=dali"]
-    cfg = resolve(args)  # by default: all on the hardware decoder, each window decoded alone
+    cfg = resolve(args)  # by default: nvJPEG's CUDA decoder, each window decoded alone
     train, _, name = loaders(cfg, D.load(cfg), cpu)
-    assert train.hw_decoder_load == 1.0 and train.roi_decode and "window decoded alone" in name
+    assert train.hw_decoder_load == 0.0 and train.roi_decode and "window decoded alone" in name
     assert train.read_ahead == 3
     cfg = resolve([*args, "--dali_hw_load=0.65", "--dali_roi=false", "--read_ahead=6"])
     train, _, name = loaders(cfg, D.load(cfg), cpu)
@@ -191,6 +191,9 @@ def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
     assert train.decoder == "cpu" and train.threads == 3 and "decoding on 3 CPU threads" in name
     train, _, name = loaders(resolve(args), D.load(cfg), cuda)
     assert train.decoder == "mixed" and train.threads == 8 and "decoding on the GPU" in name
+    assert train.hw_decoder_load == 0.0 and "nvJPEG's CUDA decoder" in name
+    train, _, name = loaders(resolve([*args, "--dali_hw_load=1"]), D.load(cfg), cuda)
+    assert train.hw_decoder_load == 1.0 and "the hardware JPEG decoder" in name
     with pytest.raises(ValueError, match="dali_hw_load"):
         resolve([*args, "--dali_hw_load=1.5"])
     with pytest.raises(ValueError, match="read_ahead"):
@@ -213,11 +216,15 @@ def test_a_mixed_decoder_needs_a_gpu():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("hw_load", [0.0, 1.0])
 @pytest.mark.parametrize("train", [True, False])
-def test_dali_gpu_decoder_with_exact_crops_makes_the_batches_of_the_cpu_pipeline(tmp_path, train):
-    """The hardware decoder and nvJPEG round their IDCT otherwise than libjpeg-turbo: the same crops
-    and flips (nearly collinear images), a few grey levels apart on average."""
-    got, want = batches(tmp_path, train, torch.device("cuda"))
+def test_dali_gpu_decoder_with_exact_crops_makes_the_batches_of_the_cpu_pipeline(
+    tmp_path, train, hw_load
+):
+    """nvJPEG's CUDA decoder (the default) and the hardware decoder round their IDCT otherwise than
+    libjpeg-turbo: the same crops and flips (nearly collinear images), a few grey levels apart on
+    average."""
+    got, want = batches(tmp_path, train, torch.device("cuda"), hw_decoder_load=hw_load)
     for (gx, gy), (wx, wy) in zip(got, want, strict=True):
         assert gx.device.type == "cuda" and gx.shape == wx.shape == (6, 3, 224, 224)
         assert gy.device.type == "cuda" and gy.dtype == torch.int64

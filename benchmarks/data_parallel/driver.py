@@ -70,8 +70,10 @@ DEFAULT_RUNS = (
 )
 WARM_AT_ONCE = 3  # rows compiled at once (GPU memory: ResNet-50 exact GAM alone takes 37 GiB)
 QUICK_RUNS = "r50:ddp,r50:sgd,r50:gam_fd"
-# The loader settings of a train row with --data: train.py's own choice, then each loader by name.
-TRAIN_LOADERS = "auto,dali,gpu,folder"
+# The loader settings of a train row with --data: train.py's own choice (DALI on nvJPEG's CUDA
+# decoder, where DALI is installed), DALI's other arrangements (the GPU's hardware JPEG decoder,
+# decoding on the CPU), then each other loader by name.
+TRAIN_LOADERS = "auto,dali+dali_hw_load=1,dali+dali_cpu,gpu,folder"
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: the workers import `benchmarks`
 
 

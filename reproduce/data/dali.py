@@ -2,8 +2,9 @@
 
 `DaliJpegLoader` serves the batches of an epoch's (example, augmentation seed) keys, this
 rank's part of the global order as `reproduce.data.batches.FolderLoader` serves them, through a DALI
-pipeline. DALI's ``mixed`` decoder decodes on the GPU: its hardware JPEG engines take a share of
-each batch (``hw_decoder_load``; A100, H100 and H200 have them) and nvJPEG's CUDA decoder the rest.
+pipeline. DALI's ``mixed`` decoder decodes on the GPU: nvJPEG's CUDA decoder (Huffman decoding
+on DALI's CPU threads, the rest in CUDA kernels) and, for a share ``hw_decoder_load`` of each batch,
+the GPU's hardware JPEG engines (A100, H100 and H200 have them; none by default, below).
 The augmentation (RandomResizedCrop 224 with scale (0.08, 1) and ratio (3/4, 4/3), a horizontal
 flip with probability 1/2, the ImageNet normalisation; for evaluation the shorter side resized to
 256 and the centre 224×224 kept) runs on the GPU. Two ways to draw the crops:
@@ -28,7 +29,12 @@ its own, `reproduce.run.launch.own_stream`): the copy waits on the GPU for DALI'
 host does not. Beside a training step, DALI's hardware decoding advances only in the step's gaps:
 its decoding thread waits in ``cudaEventSynchronize`` from early in a step until the step's kernels
 end, on the legacy default stream or a stream of its own, with the batch handed over on the
-consumer's stream or a side stream (``python -m benchmarks.input_pipeline`` measures it).
+consumer's stream or a side stream, so each batch's hardware-decoding latency is added to the step.
+nvJPEG's CUDA decoder runs beside the step instead. Measured with ``train.py --cuda_graph`` on
+2 × H200 (``python -m benchmarks.data_parallel --data``, benchmarks/RESULTS.md), the share of the
+in-memory rate lost to the data path, ResNet-50 SGD and fd GAM: all on the hardware decoder 21.9%
+and 7.4%, none 11.1% and 1.9%; a share of 0.2 or 0.4 costs more than either (36.7%, 41.5% in SGD),
+since each batch then waits for both decoders; ``decoder="cpu"`` on 14 threads 44.7% and 0.1%.
 
 With ``decoder="cpu"`` the files are decoded (DALI's CPU decoder, libjpeg-turbo as in PIL) and
 resized on DALI's CPU threads: on a CUDA device the resized uint8 images then go to the GPU, where
@@ -87,9 +93,9 @@ class DaliJpegLoader:
         read_ahead: batches prepared ahead of the one being consumed (by DALI, and by each worker).
         decoder: DALI's decoder backend: ``"mixed"`` (the GPU's; the default on a CUDA device) or
             ``"cpu"`` (decoding and resizing on ``threads`` CPU threads).
-        hw_decoder_load: the share of each batch that the hardware JPEG decoder takes (all of it
-            by default: on 2 × H200 the fastest while training, and alone; where a GPU has no
-            hardware decoder, nvJPEG's CUDA decoder takes every image).
+        hw_decoder_load: the share of each batch that the hardware JPEG decoder takes (none by
+            default: nvJPEG's CUDA decoder overlaps a training step, the hardware decoder does
+            not; see above).
         fancy_upsampling: libjpeg-turbo's chroma upsampling in the GPU decoder too (as PIL decodes).
         crops: ``"dali"`` (DALI reads and draws) or ``"exact"`` (torchvision's draws; see above).
         roi_decode: with ``crops="dali"`` in training, decode only each crop's window (its corner and
@@ -110,7 +116,7 @@ class DaliJpegLoader:
         workers: int = 0,
         read_ahead: int = 3,
         decoder: str | None = None,
-        hw_decoder_load: float = 1.0,
+        hw_decoder_load: float = 0.0,
         fancy_upsampling: bool = False,
         crops: str = "dali",
         roi_decode: bool = True,

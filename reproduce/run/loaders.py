@@ -64,6 +64,15 @@ def auto_loader(jpeg: bool, device) -> tuple[str, str]:
     return choose_loader(jpeg, device, dali=has_dali, nvjpeg=has_nvjpeg)
 
 
+def _decoders(hw_load: float) -> str:
+    """Which of the GPU's JPEG decoders DALI's mixed decoder uses, in words."""
+    if hw_load == 0:
+        return "nvJPEG's CUDA decoder"
+    if hw_load == 1:
+        return "the hardware JPEG decoder"
+    return f"{hw_load:.0%} on the hardware JPEG decoder, the rest on nvJPEG's CUDA decoder"
+
+
 def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
     """``(train loader, eval batches of a split, its name)`` for folder data sets.
 
@@ -129,7 +138,7 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
                 "crops computed in DALI" if crops == "dali" else "torchvision's crops"
             )
             if gpu:
-                how += f", {cfg.dali_hw_load:.0%} on the hardware decoder"
+                how += ", " + _decoders(cfg.dali_hw_load)
             how += ", each crop's window decoded alone" if cfg.dali_roi and crops == "dali" else ""
 
         evaluators = {}  # a loader per split, its pipeline kept from one evaluation to the next
