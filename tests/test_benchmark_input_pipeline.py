@@ -67,3 +67,13 @@ def test_each_dali_pipeline_feeds_the_stand_in_and_its_steps_are_profiled(tmp_pa
         table = (trace / name / "profile.txt").read_text()
         assert table.startswith("5 steps after step 0:")
         assert (trace / name / "profile_trace.json.gz").stat().st_size > 0
+
+
+def test_the_default_gpu_pipelines_begin_with_train_py_s_dali_loader():
+    """On a GPU the benchmark first times the DALI arrangement that ``train.py --loader=dali`` runs
+    by default (its crop windows decoded alone, its share on the hardware decoder), then the others."""
+    from reproduce.config import Config
+
+    kind, share = bench.GPU_PIPELINES[0].split(":")
+    assert (kind == "dali_roi") == Config.dali_roi and float(share) == Config.dali_hw_load
+    assert {p.split(":")[0] for p in bench.GPU_PIPELINES} >= {"dali_exact", "nvjpeg", "folder"}

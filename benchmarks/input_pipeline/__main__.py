@@ -172,7 +172,9 @@ def _loader(spec: str, data, args, device):
     )
 
 
-GPU_PIPELINES = ["dali:0.65", "dali_exact:0.65", "nvjpeg:4", "folder:16"]
+# train.py's default first (each crop's window decoded, nvJPEG's CUDA decoder), then the hardware
+# decoder, DALI decoding torchvision's crops, torchvision's nvJPEG, the DataLoader.
+GPU_PIPELINES = ["dali_roi:0", "dali_roi:1", "dali_exact:0", "nvjpeg:4", "folder:16"]
 COLUMNS = columns("input_pipeline")
 
 
