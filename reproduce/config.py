@@ -87,9 +87,7 @@ class Config:
     cutout_size: int = 16  # side of the Cutout square in pixels (DeVries and Taylor 2017)
     label_noise: float = 0.0  # fraction of training labels replaced by another class (App. C.2)
     val_fraction: float = 0.0  # share of the training set held out for validation (model selection)
-    workers: int = (
-        0  # DataLoader worker processes for image data sets (DALI: its CPU threads; 0: 8)
-    )
+    workers: int = 0  # DataLoader workers for image folders; DALI's CPU threads (0: 8)
     # --- the gradient estimator
     estimator: str = "sgd,gam"  # one of ESTIMATORS, or a comma list trained one after the other
     rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
