@@ -76,8 +76,9 @@ def _decoders(hw_load: float) -> str:
 def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
     """``(train loader, eval batches of a split, its name)`` for folder data sets.
 
-    ``--loader=dali``: DALI reads, decodes (hardware JPEG decoder and nvJPEG) and augments on the
-    GPU, its crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
+    ``--loader=dali``: DALI reads, decodes (nvJPEG's CUDA decoder; ``--dali_hw_load`` sends a share
+    to the hardware JPEG decoder, ``--dali_cpu`` decodes on the CPU) and augments on the GPU, its
+    crops computed from each example's seed in the pipeline; ``dali_exact``: DALI decodes
     and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
     read and draw; ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``:
     DataLoader workers on the CPU; ``auto``: `auto_loader`, whose line goes to ``say``. In-memory
