@@ -154,12 +154,6 @@ def share_equal_work_pass():
     """`share_equal_work` in the form inductor's ``post_grad_custom_pre_pass`` option takes; None
     where torch has no such form (`gamfunc._compat.custom_graph_pass`), and then no pass runs.
 
-    Built on the first call, when a step is compiled, and read as ``SHARE_EQUAL_WORK``: the form
-    imports inductor, which would add about 1.5 s to ``import gamfunc``."""
+    Built on the first call, when a step is compiled: the form imports inductor, which would add
+    about 1.5 s to ``import gamfunc``."""
     return custom_graph_pass(share_equal_work, __file__)
-
-
-def __getattr__(name: str):
-    if name == "SHARE_EQUAL_WORK":
-        return share_equal_work_pass()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

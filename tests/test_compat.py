@@ -141,16 +141,16 @@ def test_graph_sharing_is_off_where_inductor_takes_no_custom_pass(monkeypatch, c
     fell_back(caplog, "custom_graph_pass")
     sharing = importlib.import_module("gamfunc.graph_sharing")
     try:
-        assert importlib.reload(sharing).SHARE_EQUAL_WORK is None
+        assert importlib.reload(sharing).share_equal_work_pass() is None
         options = compiled_options(monkeypatch, importlib.reload(gamfunc.compile))
         assert "post_grad_custom_pre_pass" not in options
     finally:
         monkeypatch.undo()
         importlib.reload(sharing)
         importlib.reload(gamfunc.compile)
-    assert sharing.SHARE_EQUAL_WORK is not None
+    assert sharing.share_equal_work_pass() is not None
     options = compiled_options(pytest.MonkeyPatch(), gamfunc.compile)
-    assert options["post_grad_custom_pre_pass"] is sharing.SHARE_EQUAL_WORK
+    assert options["post_grad_custom_pre_pass"] is sharing.share_equal_work_pass()
 
 
 def compiled_options(monkeypatch, compile_module) -> dict:

@@ -157,7 +157,7 @@ def test_compile_with_installs_the_pass_unless_the_caller_has_one():
         torch.compile = lambda fn, **kw: spy(**kw)(fn)
         compile_with(True, None, {})(lambda x: x)
         # read now: a test that reloads gamfunc.graph_sharing makes a new pass object
-        assert seen["options"]["post_grad_custom_pre_pass"] is graph_sharing.SHARE_EQUAL_WORK
+        assert seen["options"]["post_grad_custom_pre_pass"] is graph_sharing.share_equal_work_pass()
         mine = object()
         compile_with(True, None, {"options": {"post_grad_custom_pre_pass": mine}})(lambda x: x)
         assert seen["options"]["post_grad_custom_pre_pass"] is mine

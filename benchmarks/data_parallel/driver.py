@@ -410,12 +410,10 @@ def main(argv=None) -> int:
         {
             (m, k, pert)
             for m, k, _ in runs
-            if not k.startswith("train")
+            if not k.startswith("train") and a.warm_at_once  # 0: each timed run compiles its own
             for pert in (a.perturbations if k.startswith("gam") else ("global",))
         }
     )
-    if a.warm_at_once == 0:  # no warm-up: each timed run compiles its own
-        warmed = []
     report["compile"] = {}
     for i in range(0, len(warmed), a.warm_at_once or 1):
         part = warmed[i : i + a.warm_at_once]
