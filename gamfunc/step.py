@@ -321,7 +321,11 @@ def is_finite(est, *trees) -> Tensor:
         A 0-d bool tensor, on the loss's device (no host synchronisation).
     """
     loss = est.info["loss"]
-    finite = torch.isfinite(loss) & torch.isfinite(_norm(est)).to(loss.device)
+    finite = torch.isfinite(loss)
+    norm = _known_norm(est)
+    if norm is None:  # the direction's entries are checked with the others', in the same kernels
+        return finite & _all_finite(est.direction, *trees).to(loss.device)
+    finite = finite & torch.isfinite(norm).to(loss.device)
     return finite & _all_finite(*trees).to(loss.device) if trees else finite
 
 
@@ -353,11 +357,10 @@ def _all_finite(*trees) -> Tensor:
     return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
 
-def _norm(est) -> Tensor:
-    """‖direction‖, for the finiteness check: eager, the clean pass's norm where the direction is its
-    gradient (the plain gradient step) and the pass carries it, else computed. (Dynamo cannot trace
-    ``is`` between dicts on every torch; compiled, the graph's common-subexpression pass can merge
-    the two norms instead.)"""
+def _known_norm(est) -> Tensor | None:
+    """‖direction‖ where the step already has it: eager, the clean pass's norm where the direction
+    is its gradient (the plain gradient step) and the pass carries it; None otherwise. (Dynamo
+    cannot trace ``is`` between dicts on every torch.)"""
     clean = est.clean
     if (
         not torch.compiler.is_compiling()
@@ -365,7 +368,7 @@ def _norm(est) -> Tensor:
         and isinstance(clean.grad_norm, Tensor)
     ):
         return clean.grad_norm
-    return tree.norm(est.direction)
+    return None
 
 
 def _select(cond: Tensor, new, old):

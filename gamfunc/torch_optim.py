@@ -137,23 +137,24 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
     def update(direction, state, params):
         held = [p for g in base.param_groups for p in g["params"]]
         keys = [names[id(p)] for p in held]
-        given = list(state.tensors) if isinstance(state.tensors, list) else []
-        given += [{}] * (len(held) - len(given))
+        given = state.tensors if isinstance(state.tensors, list) else []
+        if len(given) < len(held):
+            given = [*given, *([{}] * (len(held) - len(given)))]
         start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
         copies = tree.copies(start + [t for s in given for t in s.values()])
         moved, at, trial = copies[: len(held)], len(held), {}
+        kept_state = base.state
         for p, s in zip(held, given, strict=True):
-            mine = dict(zip(s, copies[at : at + len(s)], strict=True)) if s else {}
-            at += len(s)
-            kept = base.state.get(p)
-            if kept:
-                others = {k: copy.deepcopy(v) for k, v in kept.items() if not isinstance(v, Tensor)}
-                trial[p] = others | mine if others else mine
-            elif mine:
+            n = len(s)
+            mine = dict(zip(s, copies[at : at + n], strict=True)) if n else {}
+            at += n
+            kept = kept_state.get(p)
+            if kept is not None and len(kept) != n:  # entries that are not tensors: a copy each
+                mine = {k: copy.deepcopy(v) for k, v in kept.items() if k not in mine} | mine
+            if mine:
                 trial[p] = mine
         kept_data = [p.data for p in held]
         kept_grad = [p.grad for p in held]
-        kept_state = base.state
         try:
             base.state = _like(kept_state, trial)
             for p, k, new in zip(held, keys, moved, strict=True):
@@ -170,10 +171,17 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         for p, s in zip(held, given, strict=True):
             f = formed.get(p, {})
             tensors.append({k: f[k] for k in s})
-            if f.keys() != s.keys() and (extra := {k: v for k, v in f.items() if k not in s}):
-                rest[p] = extra
+            if len(f) != len(s):
+                rest[p] = {k: v for k, v in f.items() if k not in s}
         pending["state"] = rest
-        steps = dict(zip(keys, torch._foreach_sub(moved, start) if held else [], strict=True))
+        # moved - start, in place where base.step() moved the copies themselves (they are this
+        # update's own), not where it put other tensors in the parameters' place
+        own = [c.data_ptr() for c in copies[: len(held)]]
+        if [m.data_ptr() for m in moved] == own:
+            torch._foreach_sub_(moved, start)
+        else:
+            moved = torch._foreach_sub(moved, start)
+        steps = dict(zip(keys, moved, strict=True))
         if len(steps) != len(params):
             steps = {k: steps[k] if k in steps else torch.zeros_like(v) for k, v in params.items()}
         updates = {k: _as(steps[k], v) for k, v in params.items()}

@@ -237,3 +237,32 @@ def test_the_base_optimiser_is_left_as_it_was_between_steps():
     assert model[0].weight is weight and base.param_groups[0]["params"][0] is weight
     assert not torch.equal(model[0].weight, ref[0].weight)
     assert all(p.grad is None for p in model.parameters())
+
+
+class _Rebinding(torch.optim.Optimizer):
+    """Plain gradient descent that puts a new tensor in each parameter's place and keeps that same
+    tensor in its state (``p.data = state["last"]``), rather than moving ``p`` in place."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                new = p - group["lr"] * p.grad
+                self.state[p]["last"] = new
+                p.data = new
+
+
+def test_an_optimiser_that_puts_other_tensors_in_the_parameters_place():
+    """The update is read from the tensors in the parameters' place after base.step(), without
+    writing into them: here they are also the optimiser's state, which stays the new parameters."""
+    data = batches(5)
+    want, _ = pure(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), data)
+    model = mlp()
+    opt = SAM(model, _Rebinding, lr=0.1, rho=0.05)
+    run(opt, data)
+    torch.testing.assert_close(params_of(model), want, **TIGHT)
+    for p in model.parameters():
+        torch.testing.assert_close(opt.state[p]["last"], p.detach(), rtol=0, atol=0)
