@@ -335,18 +335,15 @@ def _all_finite(*trees) -> Tensor:
     (device, dtype) group, so that on a GPU each group is one kernel (a list that mixes dtypes or
     devices, such as parameters with the optimiser's float64 lr, takes ``_foreach``'s per-tensor
     path), then one ``isfinite`` per group."""
-    leaves = [
-        t
-        for t in torch.utils._pytree.tree_leaves(trees)
-        if isinstance(t, Tensor) and t.is_floating_point() and t.numel() > 0
-    ]
-    if not leaves:
+    groups: dict[tuple, list[Tensor]] = {}
+    for t in tree.tensors(trees):
+        if t.dtype.is_floating_point and t.numel():
+            groups.setdefault((t.device, t.dtype), []).append(t)
+    if not groups:
         return torch.ones((), dtype=torch.bool)
+    leaves = [t for group in groups.values() for t in group]
     device = leaves[0].device
     vmapped = tree.vmapped(leaves)  # foreach kernels have no batching rule
-    groups: dict[tuple, list[Tensor]] = {}
-    for t in leaves:
-        groups.setdefault((t.device, t.dtype), []).append(t)
     flags = []
     for group in groups.values():
         if vmapped:

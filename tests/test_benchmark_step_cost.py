@@ -463,6 +463,7 @@ def test_compile_phases_rank_the_compilers_own_timings_since_a_point():
 def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
     result, stdout = run(tmp_path, "--facade=only")
     assert result["benchmark"] == result["meta"]["benchmark"] == "step_cost_facade"
+    assert result["meta"]["part"] == "tiny"  # one model: step_cost_facade_tiny_<device>.json
     rows = {(r["method"], r["estimator"], r["mode"]): r for r in result["rows"]}
     want = {
         (m, e, "eager") for e in ("gam_fd", "gam_exact", "sam") for m in ("facade", "make_step")
@@ -484,7 +485,7 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
     rounds = [float(v) for v in sam["x_davda54_rounds"].split("–")]
     assert rounds[0] <= rounds[1]
     # benchmarks.report renders it as a table of its own
-    (tmp_path / "result.json").rename(tmp_path / "step_cost_facade_cpu.json")
+    (tmp_path / "result.json").rename(tmp_path / "step_cost_facade_tiny_cpu.json")
     text = report.render(tmp_path)
     assert "## The torch.optim facade's speed" in text
     assert "| tiny | fp32 | False | sam | — | eager | facade | torch.optim.SGD |" in text

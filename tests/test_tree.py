@@ -167,3 +167,36 @@ def test_selects_keeps_a_differentiable_where_and_checks_its_lists():
     torch.testing.assert_close(a.grad, torch.full((3,), 2.0))
     with pytest.raises(ValueError, match="one old tensor per new one"):
         tree.selects(torch.tensor(True), [a], [])
+
+
+class _Point:
+    """A node of torch's pytree registry, as a user's own optimiser state may be."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+torch.utils._pytree.register_pytree_node(
+    _Point, lambda p: ([p.x, p.y], None), lambda xs, _: _Point(*xs)
+)
+
+
+def test_tensors_finds_every_tensor_pytree_finds():
+    from typing import NamedTuple
+
+    class State(NamedTuple):
+        count: torch.Tensor
+        inner: tuple
+
+    t = [torch.full((2,), float(i)) for i in range(8)]
+    nest = (
+        {"a": t[0], "b": [t[1], {"c": t[2]}], "n": None, "s": "text", "i": 3},
+        State(t[3], (t[4], ())),
+        _Point(t[5], {"d": t[6]}),
+        t[7],
+        t[0],  # a tensor in two places counts twice, as in pytree
+    )
+    want = [x for x in torch.utils._pytree.tree_leaves(nest) if isinstance(x, torch.Tensor)]
+    got = tree.tensors(nest)
+    assert sorted(map(id, got)) == sorted(map(id, want)) and len(got) == 9
+    assert tree.tensors(t[0]) == [t[0]] and tree.tensors(()) == []
