@@ -452,8 +452,8 @@ def _vmapped(a: Tree, s=None) -> bool:
 
 def tensors(nest) -> list[Tensor]:
     """Every tensor in ``nest``: its dicts, lists and tuples (NamedTuple states included) walked
-    here, any other node through ``torch.utils._pytree`` (a registered node's leaves); values that
-    are not tensors are left out. The order is not pytree's.
+    here, any other node registered with ``torch.utils._pytree`` through it; values that are not
+    tensors are left out. The order is not pytree's.
 
     A step's guard looks at every tensor of the new parameters and optimiser state. The pytree walk
     costs a few microseconds of Python per tensor; this one a fraction of it.
@@ -473,7 +473,7 @@ def tensors(nest) -> list[Tensor]:
             todo.extend(x.values())
         elif isinstance(x, (list, tuple)):
             todo.extend(x)
-        elif x is not None:
+        elif type(x) in pytree.SUPPORTED_NODES:
             out.extend(t for t in pytree.tree_leaves(x) if isinstance(t, Tensor))
     return out
 
