@@ -468,7 +468,7 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
     want = {
         (m, e, "eager") for e in ("gam_fd", "gam_exact", "sam") for m in ("facade", "make_step")
     }
-    assert set(rows) == want | {("davda54", "sam", "eager")}
+    assert set(rows) == want | {("davda54", "sam", "eager"), ("facade_unguarded", "sam", "eager")}
     for key, r in rows.items():
         assert r["error"] is None, (key, r["error"])
         assert (r["model"], r["dtype"], r["batch"]) == ("tiny", "fp32", 4)
@@ -478,8 +478,14 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
         r = rows[("facade", est, "eager")]
         assert r["x_make_step"] == r["img_s"] / rows[("make_step", est, "eager")]["img_s"]
     sam = rows[("facade", "sam", "eager")]
-    assert sam["x_davda54"] == sam["img_s"] / rows[("davda54", "sam", "eager")]["img_s"]
-    assert [r for r in result["rows"] if r.get("x_davda54") is not None] == [sam]
+    bare = rows[
+        ("facade_unguarded", "sam", "eager")
+    ]  # on_nonfinite="ignore", as davda54 has no guard
+    davda54 = rows[("davda54", "sam", "eager")]
+    assert sam["x_davda54"] == sam["img_s"] / davda54["img_s"]
+    assert bare["x_davda54"] == bare["img_s"] / davda54["img_s"]
+    assert [r for r in result["rows"] if r.get("x_davda54") is not None] == [sam, bare]
+    assert bare.get("x_make_step") is None and bare["base"] == "torch.optim.SGD"
     assert "github.com/davda54/sam" in result["meta"]["davda54"]
     assert "| facade ÷ make_step | per round | facade ÷ davda54 | per round |" in stdout
     rounds = [float(v) for v in sam["x_davda54_rounds"].split("–")]
@@ -495,7 +501,12 @@ def test_facade_beside_the_step_cost_rows_in_one_json(tmp_path):
     result, stdout = run(tmp_path, "--facade", "--only", "gradient")
     assert result["benchmark"] == "step_cost"
     assert sorted(r["method"] for r in result["rows"]) == ["gradient", "torch_sgd"]
-    assert {r["method"] for r in result["facade"]} == {"facade", "make_step", "davda54"}
+    assert {r["method"] for r in result["facade"]} == {
+        "facade",
+        "make_step",
+        "davda54",
+        facade.UNGUARDED,
+    }
     assert "| model | dtype | mode | method | ms/step |" in stdout
     assert "| facade ÷ make_step |" in stdout
     (tmp_path / "result.json").rename(tmp_path / "step_cost_cpu.json")
@@ -532,8 +543,12 @@ def test_facade_bases_are_the_torch_and_gamfunc_twins():
     assert isinstance(sgd, torch.optim.SGD) and sgd.defaults["momentum"] == 0.9
     assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["lr"] == facade.ADAMW_LR
     assert sgd.defaults["fused"] == adamw.defaults["fused"] == facade.fused_ok(cpu)
-    assert facade.plan("compile")[-2:] == [("davda54", "sam", "eager"), ("facade", "sam", "eager")]
-    assert len(facade.plan("eager")) == 7  # the eager facade SAM is listed once
+    assert facade.plan("compile")[-3:] == [
+        ("davda54", "sam", "eager"),
+        ("facade", "sam", "eager"),
+        (facade.UNGUARDED, "sam", "eager"),
+    ]
+    assert len(facade.plan("eager")) == 8  # the eager facade SAM is listed once
 
 
 def test_facade_estimators_choose_the_rows_and_davda54_comes_with_sam():
@@ -542,9 +557,10 @@ def test_facade_estimators_choose_the_rows_and_davda54_comes_with_sam():
         ("facade", "gam_exact", "pass"),
         ("make_step", "gam_exact", "pass"),
     ]
-    assert facade.plan("pass-graph", ["sam"])[-2:] == [
+    assert facade.plan("pass-graph", ["sam"])[-3:] == [
         ("davda54", "sam", "eager"),
         ("facade", "sam", "eager"),
+        (facade.UNGUARDED, "sam", "eager"),
     ]
     with pytest.raises(SystemExit):
         cli.parse(["--quick", "--facade=only", "--facade-estimators", "gnp"])
@@ -575,3 +591,13 @@ def test_a_ratio_per_round_pairs_the_samples_of_each_round():
     ]
     ratios(rows)
     assert rows[1]["x_make_step"] == 0.5 and rows[1]["x_make_step_rounds"] == "0.375–0.750"
+
+
+def test_the_unguarded_facade_row_is_the_facade_without_its_guard():
+    a = cli.parse(["--quick", "--facade=only"])
+    cpu = torch.device("cpu")
+    g = models.prepare("tiny", "fp32", a, cpu)
+    guarded = facade.factory("facade", "sam", "eager", g, "tiny", a, cpu)()
+    bare = facade.factory(facade.UNGUARDED, "sam", "eager", g, "tiny", a, cpu)()
+    assert guarded.opt._batch_step.on_nonfinite == a.on_nonfinite == "skip"
+    assert bare.opt._batch_step.on_nonfinite == "ignore"

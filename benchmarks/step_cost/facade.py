@@ -13,10 +13,11 @@ compiled pass by pass and each step replayed as one CUDA graph):
   momentum=0.9)`` or ``gamfunc.adamw(lr)``), compiled as the functional rows of that mode are
   (``step.compile(fullgraph=True)`` for ``compile``, ``scope="pass"`` for ``pass``).
 
-And, where ``sam`` is timed, two eager SAM rows: ``davda54`` (davda54/sam's algorithm, written out in :class:`Davda54SAM`) and
-the eager ``facade`` SAM over the same base optimiser. ``x_make_step`` is a facade row's images/s ÷
-the ``make_step`` row's of the same estimator and mode; ``x_davda54`` the eager facade SAM's ÷
-davda54's.
+And, where ``sam`` is timed, three eager SAM rows: ``davda54`` (davda54/sam's algorithm, written out
+in :class:`Davda54SAM`), the eager ``facade`` SAM over the same base optimiser, and the same with
+``on_nonfinite="ignore"`` (``facade_unguarded``): without the non-finite guard, which davda54/sam does
+not have. ``x_make_step`` is a facade row's images/s ÷ the ``make_step`` row's of the same estimator
+and mode; ``x_davda54`` an eager facade SAM's ÷ davda54's.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ GRAPH = "pass-graph"
 ADAMW_LR = 1e-3  # ViT-S/32's base optimiser; SGD takes --lr
 # The davda54/sam file followed by Davda54SAM.
 DAVDA54 = "https://github.com/davda54/sam, sam.py (SAM.first_step, SAM.second_step), adaptive=False"
+UNGUARDED = (
+    "facade_unguarded"  # the eager facade SAM with on_nonfinite="ignore", as davda54 has no guard
+)
 
 
 def base_kind(model_name: str) -> str:
@@ -121,11 +125,12 @@ def plan(mode: str, estimators=ESTIMATORS) -> list[tuple[str, str, str]]:
 
     Returns:
         ``(method, estimator, mode)`` of every row: facade and make_step per estimator in ``mode``,
-            then, where ``sam`` is among them, davda54's SAM and the facade's SAM, eager (once,
-            where ``mode`` is "eager").
+            then, where ``sam`` is among them, davda54's SAM, the facade's SAM and the facade's SAM
+            without its guard (:data:`UNGUARDED`), eager (the facade's once, where ``mode`` is
+            "eager").
     """
     rows = [(m, e, mode) for e in ESTIMATORS if e in estimators for m in ("facade", "make_step")]
-    extras = (("davda54", "sam", "eager"), ("facade", "sam", "eager"))
+    extras = (("davda54", "sam", "eager"), ("facade", "sam", "eager"), (UNGUARDED, "sam", "eager"))
     for extra in extras if "sam" in estimators else ():
         if extra not in rows:
             rows.append(extra)
@@ -232,7 +237,7 @@ def factory(method, estimator, mode, g, model_name, a, device):
     """How to build the runner of one row.
 
     Args:
-        method: "facade", "make_step" or "davda54".
+        method: "facade", :data:`UNGUARDED`, "make_step" or "davda54".
         estimator: a name in :data:`ESTIMATORS`.
         mode: the row's mode (:data:`MODES`).
         g: the prepared group (:func:`.models.prepare`).
@@ -249,6 +254,12 @@ def factory(method, estimator, mode, g, model_name, a, device):
         return lambda: Davda54SAM(g.model, g.batch, kind, a, device, g.dtype)
     if method == "facade":
         return lambda: FacadeStep(g.model, g.batch, estimator, hvp, kind, a, device, g.dtype, mode)
+    if method == UNGUARDED:
+        unguarded = copy.copy(a)
+        unguarded.on_nonfinite = "ignore"
+        return lambda: FacadeStep(
+            g.model, g.batch, estimator, hvp, kind, unguarded, device, g.dtype, mode
+        )
     rho = rho_schedule(a.rho)
     est = gamfunc.sam(rho) if estimator == "sam" else gamfunc.gam(rho, a.alpha, hvp=hvp)
     step = gamfunc.make_step(est, gamfunc_base(kind, a.lr), g.loss_fn, on_nonfinite=a.on_nonfinite)
@@ -278,17 +289,18 @@ def ratios(rows):
 
     Args:
         rows: the timed rows of one model and precision; each facade row gets ``x_make_step``
-            (images/s ÷ the ``make_step`` row's of the same estimator and mode), the eager facade
-            SAM also ``x_davda54`` (images/s ÷ the ``davda54`` row's); and beside each, ``_rounds``:
+            (images/s ÷ the ``make_step`` row's of the same estimator and mode), an eager facade
+            SAM (guarded or not) also ``x_davda54`` (images/s ÷ the ``davda54`` row's); and beside
+            each, ``_rounds``:
             the middle half of the same ratio taken round by round (`per_round`).
     """
     by = {(r["method"], r["estimator"], r["mode"]): r for r in rows if r.get("img_s")}
     davda54 = by.get(("davda54", "sam", "eager"))
     for r in rows:
-        if r["method"] != "facade" or not r.get("img_s"):
+        if r["method"] not in ("facade", UNGUARDED) or not r.get("img_s"):
             continue
         ref = by.get(("make_step", r["estimator"], r["mode"]))
-        if ref:
+        if ref and r["method"] == "facade":
             r["x_make_step"] = r["img_s"] / ref["img_s"]
             r["x_make_step_rounds"] = per_round(ref.get("ms_samples"), r.get("ms_samples"))
         if davda54 and r["estimator"] == "sam" and r["mode"] == "eager":
