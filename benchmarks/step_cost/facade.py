@@ -48,9 +48,8 @@ GRAPH = "pass-graph"
 ADAMW_LR = 1e-3  # ViT-S/32's base optimiser; SGD takes --lr
 # The davda54/sam file followed by Davda54SAM.
 DAVDA54 = "https://github.com/davda54/sam, sam.py (SAM.first_step, SAM.second_step), adaptive=False"
-UNGUARDED = (
-    "facade_unguarded"  # the eager facade SAM with on_nonfinite="ignore", as davda54 has no guard
-)
+# The eager facade SAM with on_nonfinite="ignore": davda54/sam has no non-finite guard.
+UNGUARDED = "facade_unguarded"
 
 
 def base_kind(model_name: str) -> str:

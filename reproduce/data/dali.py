@@ -30,11 +30,9 @@ host does not. Beside a training step, DALI's hardware decoding advances only in
 its decoding thread waits in ``cudaEventSynchronize`` from early in a step until the step's kernels
 end, on the legacy default stream or a stream of its own, with the batch handed over on the
 consumer's stream or a side stream, so each batch's hardware-decoding latency is added to the step.
-nvJPEG's CUDA decoder runs beside the step instead. Measured with ``train.py --cuda_graph`` on
-2 × H200 (``python -m benchmarks.data_parallel --data``, benchmarks/RESULTS.md), the share of the
-in-memory rate lost to the data path, ResNet-50 SGD and fd GAM: all on the hardware decoder 21.9%
-and 7.4%, none 11.1% and 1.9%; a share of 0.2 or 0.4 costs more than either (36.7%, 41.5% in SGD),
-since each batch then waits for both decoders; ``decoder="cpu"`` on 14 threads 44.7% and 0.1%.
+nvJPEG's CUDA decoder runs beside the step instead, and a share split between the two costs more
+than either, since each batch then waits for both (``python -m benchmarks.data_parallel --data``;
+the measured data-path costs are in benchmarks/RESULTS.md and docs/guides/imagenet.md).
 
 With ``decoder="cpu"`` the files are decoded (DALI's CPU decoder, libjpeg-turbo as in PIL) and
 resized on DALI's CPU threads: on a CUDA device the resized uint8 images then go to the GPU, where
