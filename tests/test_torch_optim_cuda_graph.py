@@ -81,31 +81,38 @@ def test_cuda_graph_equals_the_uncaptured_facade(base, estimator):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["eager", "compiled", "graph"])
 @pytest.mark.parametrize("base", ["sgd", "adamw-tensor-lr"])
-def test_the_facade_step_reads_one_value_per_step_eagerly_and_nothing_once_captured(base):
-    """Eagerly the guard reads one boolean per step on the host (cheaper than a select per tensor);
-    the base optimiser's state stays on the device. Captured in a CUDA graph (``cuda_graph=True``:
-    three eager steps, then the capture), a step reads nothing."""
+def test_the_facade_step_reads_one_value_per_step_eagerly_and_nothing_once_captured(base, mode):
+    """Eagerly, and in the eager glue between compiled passes (``compile=True``), the guard reads
+    one boolean per step on the host (cheaper than a select per tensor, both measured); the base
+    optimiser's state stays on the device. Captured in a CUDA graph (``cuda_graph=True``: three
+    eager steps, then the capture), a step reads nothing and does not synchronise at all."""
     device = torch.device("cuda")
     data = [(x.to(device), y.to(device)) for x, y in batches(8)]
-    for graph in (False, True):
-        model = mlp().to(device)
-        facade = SAM(model, bases(device)[base](model), rho=0.05, cuda_graph=graph)
-        first = 4 if graph else 1  # the first forms the base optimiser's state
-        for b in data[:first]:
-            facade.step(b)
-        torch.cuda.synchronize()
-        with HostReads() as seen:
-            if graph:  # and no synchronisation at all
-                sync_debug_mode("error")
-            try:
-                for b in data[first:]:
-                    facade.step(b)
-            finally:
-                if graph:
-                    sync_debug_mode("default")
-        assert seen.count == (0 if graph else len(data) - first)
-        assert int(facade.metrics["skipped"]) == 0
+    model = mlp().to(device)
+    facade = SAM(
+        model,
+        bases(device)[base](model),
+        rho=0.05,
+        cuda_graph=mode == "graph",
+        compile=mode == "compiled",
+    )
+    first = 4 if mode == "graph" else 1  # the first forms the base optimiser's state
+    for b in data[:first]:
+        facade.step(b)
+    torch.cuda.synchronize()
+    with HostReads() as seen:
+        if mode == "graph":
+            sync_debug_mode("error")
+        try:
+            for b in data[first:]:
+                facade.step(b)
+        finally:
+            if mode == "graph":
+                sync_debug_mode("default")
+    assert seen.count == (0 if mode == "graph" else len(data) - first)
+    assert int(facade.metrics["skipped"]) == 0
 
 
 def sync_debug_mode(mode: str) -> None:
