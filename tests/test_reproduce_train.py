@@ -714,3 +714,17 @@ def test_each_estimator_of_the_flatness_family_trains_through_train_py(tmp_path,
     s = summary(tmp_path, "digits", estimator)
     assert s["steps"] == 4 and s["skipped_steps"] == 0
     assert s["config"]["estimator"] == estimator and s["config"]["look_k"] == 2
+
+
+@pytest.mark.parametrize("world", ["1", "2", "", "two"])
+def test_a_process_of_a_job_of_several_ends_without_the_interpreters_finalisation(
+    monkeypatch, world
+):
+    """A torchrun process exits by ``os._exit`` once its run is over (its files closed, its process
+    group left); a single process, or one whose WORLD_SIZE main() refused, by ``sys.exit``."""
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setattr(train.os, "_exit", lambda code: calls.append(("os._exit", code)))
+    monkeypatch.setattr(train.sys, "exit", lambda code: calls.append(("sys.exit", code)))
+    train.exit_process(3)
+    assert calls[0] == (("os._exit", 3) if world == "2" else ("sys.exit", 3))
