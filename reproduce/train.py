@@ -264,26 +264,5 @@ def _write_error(e: OSError, root: Path) -> bool:
     return e.errno is not None and e.errno == errno.EACCES
 
 
-def exit_process(code: int) -> None:
-    """End the process of ``python reproduce/train.py`` with ``code``.
-
-    One process of a job of several (torchrun, ``WORLD_SIZE`` > 1) ends without the interpreter's
-    finalisation (``os._exit``, after flushing its output): by then `main` has closed every file it
-    wrote and left the process group (`reproduce.run.launch.finish`), so nothing is lost, and no
-    destruction of the collective library's objects or a library's daemon threads runs after it. A
-    rank of a job whose run had succeeded was seen to abort at its very end ("terminate called without
-    an active exception", status -6, rarely), which fails the whole job. A single process exits as
-    usual."""
-    try:
-        several = int(os.environ.get("WORLD_SIZE") or 1) > 1
-    except ValueError:  # main() has refused it already
-        several = False
-    if several:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
-
-
 if __name__ == "__main__":
-    exit_process(main())
+    launch.exit_process(main())

@@ -716,15 +716,19 @@ def test_each_estimator_of_the_flatness_family_trains_through_train_py(tmp_path,
     assert s["config"]["estimator"] == estimator and s["config"]["look_k"] == 2
 
 
+@pytest.mark.parametrize("code", [0, 3])
 @pytest.mark.parametrize("world", ["1", "2", "", "two"])
 def test_a_process_of_a_job_of_several_ends_without_the_interpreters_finalisation(
-    monkeypatch, world
+    monkeypatch, world, code
 ):
-    """A torchrun process exits by ``os._exit`` once its run is over (its files closed, its process
-    group left); a single process, or one whose WORLD_SIZE main() refused, by ``sys.exit``."""
+    """A torchrun process whose run succeeded exits by ``os._exit`` (its files closed, its process
+    group left); one that failed, a single process, or one whose WORLD_SIZE start() refuses, by
+    ``sys.exit``."""
+    from reproduce.run import launch
+
     calls = []
     monkeypatch.setenv("WORLD_SIZE", world)
-    monkeypatch.setattr(train.os, "_exit", lambda code: calls.append(("os._exit", code)))
-    monkeypatch.setattr(train.sys, "exit", lambda code: calls.append(("sys.exit", code)))
-    train.exit_process(3)
-    assert calls[0] == (("os._exit", 3) if world == "2" else ("sys.exit", 3))
+    monkeypatch.setattr(launch.os, "_exit", lambda c: calls.append(("os._exit", c)))
+    monkeypatch.setattr(launch.sys, "exit", lambda c: calls.append(("sys.exit", c)))
+    launch.exit_process(code)
+    assert calls[0] == ("os._exit" if world == "2" and code == 0 else "sys.exit", code)

@@ -11,7 +11,6 @@ import dataclasses
 import faulthandler
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -278,4 +277,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from reproduce.run import launch
+
+    launch.exit_process(main())

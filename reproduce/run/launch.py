@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -143,6 +144,30 @@ def finish(procs: Processes, completed: bool = False) -> None:
             cuda = procs.backend == "nccl"
             dist.barrier(device_ids=[procs.device.index] if cuda else None)
         dist.destroy_process_group()
+
+
+def exit_process(code: int) -> None:
+    """End the process of a script (``reproduce/train.py``, a benchmark's worker) with ``code``.
+
+    One process of a job of several (torchrun, ``WORLD_SIZE`` > 1) whose run succeeded (``code`` 0)
+    ends without the interpreter's finalisation (``os._exit``, after flushing its output): call it once
+    the script has closed every file it wrote and left the process group (`finish`, whose barrier every
+    rank of a successful run passes), so that nothing is lost, and no destruction of the collective
+    library's objects or a library's daemon threads runs after it. A rank of a ``train.py`` job whose
+    run had succeeded was seen to abort at its very end ("terminate called without an active
+    exception", status -6, rarely), which fails the whole job. A process that failed exits as usual:
+    where only the first process of a node prints the error (a refused option), the others must not
+    end the job before it has. So does a single process, or one whose ``WORLD_SIZE`` is not a number
+    (which `start` refuses)."""
+    try:
+        several = int(os.environ.get("WORLD_SIZE") or 1) > 1
+    except ValueError:
+        several = False
+    if several and code == 0:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def sum_over_ranks(procs: Processes, tensors: list[Tensor]) -> list[Tensor]:
