@@ -478,9 +478,8 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
         r = rows[("facade", est, "eager")]
         assert r["x_make_step"] == r["img_s"] / rows[("make_step", est, "eager")]["img_s"]
     sam = rows[("facade", "sam", "eager")]
-    bare = rows[
-        ("facade_unguarded", "sam", "eager")
-    ]  # on_nonfinite="ignore", as davda54 has no guard
+    # on_nonfinite="ignore", as davda54 has no guard
+    bare = rows[("facade_unguarded", "sam", "eager")]
     davda54 = rows[("davda54", "sam", "eager")]
     assert sam["x_davda54"] == sam["img_s"] / davda54["img_s"]
     assert bare["x_davda54"] == bare["img_s"] / davda54["img_s"]

@@ -160,7 +160,7 @@ def exit_process(code: int) -> None:
     end the job before it has. So does a single process, or one whose ``WORLD_SIZE`` is not a number
     (which `start` refuses)."""
     try:
-        several = int(os.environ.get("WORLD_SIZE") or 1) > 1
+        several = _env_int("WORLD_SIZE", 1) > 1
     except ValueError:
         several = False
     if several and code == 0:
