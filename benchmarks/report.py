@@ -27,6 +27,7 @@ FACADE_COLUMNS = (
     ("mode", "mode", ""),
     ("method", "method", ""),
     ("base", "base", ""),
+    ("batch", "batch", ""),
     ("ms/step", "ms", ".2f"),
     ("img/s", "img_s", ".1f"),
     ("facade ÷ make_step", "x_make_step", ".3f"),

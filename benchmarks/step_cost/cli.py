@@ -261,8 +261,8 @@ def main(argv=None) -> dict:
         result["facade"] = facade_rows
     if a.facade == "only":  # a result of its own, beside the step_cost one of the same device
         meta["benchmark"] = result["benchmark"] = FACADE_ONLY
-        if len(a.model) == 1:  # step_cost_facade_<model>_<device>.json
-            meta["part"] = a.model[0]
+        if len(a.model) == 1:  # step_cost_facade_<model>[_b<batch>]_<device>.json
+            meta["part"] = a.model[0] + (f"_b{a.batch_size}" if a.batch_size else "")
         result["rows"] = facade_rows
         del result["facade"]
 
