@@ -62,11 +62,11 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import os
 import sys
 from pathlib import Path
 
 if __name__ == "__main__":  # a signal while the modules load: stop at once, nothing is written yet
+    import os
     import signal
 
     def _stop_loading(signum, frame):  # ends the process here: an exception could be swallowed
