@@ -201,6 +201,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     # corrections) read the same t, so a skipped step (the old state kept) moves neither.
     step = state.step
     est = estimator.run(params, batch, loss, step=step, state=state.est)
+    passes_queued = _gpu_mark(est.info["loss"].device)
     # an estimator without state (the plain steps of every=k) carries the state through
     new_est = est.state if estimator.stateful else state.est
     updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
@@ -234,7 +235,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
             )
         return new_params, taken, metrics
     skipped = (~finite).to(torch.int64)
-    if not _branch_on_host(finite):  # no Python branch on a value
+    if not _branch_on_host(finite, passes_queued):  # no Python branch on a value
         new_params, new_opt, new_buffers, new_est = _select(
             finite,
             (new_params, new_opt, new_buffers, new_est),
@@ -253,32 +254,54 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     return new_params, new_state, metrics
 
 
-def _branch_on_host(finite: Tensor) -> bool:
+def _gpu_mark(device: torch.device) -> torch.cuda.Event | None:
+    """An event on the current stream, recorded when the host has queued the step's passes, where
+    the guard may read on the host (an eager step on a GPU, not captured); None elsewhere."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return None
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+def _branch_on_host(finite: Tensor, passes_queued: torch.cuda.Event | None = None) -> bool:
     """Whether the non-finite guard reads ``finite`` on the host and branches, rather than select
     every parameter, optimiser-state and buffer tensor on the device (`gamfunc.tree.selects`).
 
-    It branches wherever a step runs eagerly in one process: the eager step, and the eager glue
-    between the compiled passes of ``scope="pass"``. There the host is what bounds the step (it
-    issues every kernel), and one read of a boolean, which waits for the step's last kernels, was
-    measured to cost less than selecting on the device, per tensor or by foreach kernels: between
-    compiled passes too (ResNet-50 and ViT-S/32 in bf16, SAM and fd GAM, make_step and the
-    torch.optim facade, one H200: a select took 1.01 to 1.35 times as long per step). It
-    selects on the device where the step cannot read or must not wait: under ``torch.compile`` or
+    A read waits for the step's last kernel, and the GPU then idles until the host has queued the
+    next step's first ones; a select waits for nothing but costs host time per tensor (about 1,000
+    views a step on ResNet-50). Which is cheaper depends on which of the two bounds the step, and
+    the guard asks the GPU: ``passes_queued``, an event recorded once the host had queued the
+    step's passes, has completed by the time the host has queued the update too when the GPU keeps
+    up with the host. Then the host bounds the step, and the guard reads. Otherwise the GPU bounds
+    it, and the guard selects. Measured eagerly on one H200 (SAM, bf16, interleaved rounds):
+
+    - ResNet-50 at batch 256, GPU-bound: a select took 0.96-0.97 of a read's time per step
+      (make_step and the torch.optim facade), and the rule selected at every step;
+    - ResNet-50 at batch 64 and ViT-S/32 at 128 and 256, host-bound: a select took 1.04-1.24 of a
+      read's time, and the rule read at every step.
+
+    It always selects where the step cannot read or must not wait: under ``torch.compile`` or
     ``vmap``, while a CUDA graph is captured ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph],
     the facade's ``cuda_graph=True``), and on a GPU in a job of several processes, where each rank
-    keeps its queue full while its all-reduces run (``tests/test_distributed.py``)."""
+    keeps its queue full while its all-reduces run (``tests/test_distributed.py``). On the CPU it
+    reads."""
     if torch.compiler.is_compiling() or tree.vmapped([finite]):
         return False
     if finite.device.type == "cpu":
         return True
     capturing = finite.is_cuda and torch.cuda.is_current_stream_capturing()
-    return _host_may_wait(capturing, _ranks() > 1)
+    gpu_behind = passes_queued is not None and not passes_queued.query()
+    return _host_may_wait(capturing, _ranks() > 1, gpu_behind)
 
 
-def _host_may_wait(capturing: bool, distributed: bool) -> bool:
+def _host_may_wait(capturing: bool, distributed: bool, gpu_behind: bool = False) -> bool:
     """The rule of `_branch_on_host` for a step on a GPU: read on the host unless a CUDA graph is
-    being captured or the step is one rank of several."""
-    return not capturing and not distributed
+    being captured, the step is one rank of several, or the GPU has yet to finish the step's
+    passes (it bounds the step)."""
+    return not (capturing or distributed or gpu_behind)
 
 
 def _ranks() -> int:

@@ -2,7 +2,17 @@
 
 import pytest
 import torch
-from helpers import as_flat, flatten, mlp_batch, mlp_loss, mlp_params, quadratic, rel_err, split
+from helpers import (
+    HostReads,
+    as_flat,
+    flatten,
+    mlp_batch,
+    mlp_loss,
+    mlp_params,
+    quadratic,
+    rel_err,
+    split,
+)
 from models import TinyResNet, image_batch
 
 import gamfunc
@@ -418,14 +428,16 @@ def test_a_bare_chain_drives_make_step_and_gets_the_step_count():
 
 
 def test_the_guard_reads_on_the_host_only_where_a_step_may_wait():
-    """An eager step reads its one finiteness flag on the host; a GPU step captured in a CUDA graph
-    or run by one rank of several selects on the device instead (reads nothing)."""
+    """An eager step reads its one finiteness flag on the host; a GPU step captured in a CUDA graph,
+    run by one rank of several, or whose GPU is still running its passes once the host has queued
+    the update selects on the device instead (reads nothing)."""
     from gamfunc.step import _branch_on_host, _host_may_wait
 
     assert _branch_on_host(torch.tensor(True))  # eager, on the CPU
     assert _host_may_wait(capturing=False, distributed=False)  # eager, on one GPU
     assert not _host_may_wait(capturing=True, distributed=False)
     assert not _host_may_wait(capturing=False, distributed=True)
+    assert not _host_may_wait(capturing=False, distributed=False, gpu_behind=True)
     assert not torch.compile(lambda f: _branch_on_host(f) * f, fullgraph=True)(torch.tensor(True))
 
 
@@ -444,7 +456,9 @@ def test_the_guard_selecting_on_the_device_keeps_what_the_host_branch_keeps(monk
     batches = [(x, y), (x * float("nan"), y), (x + 1, y), (x, y)]
     results = []
     for on_host in (True, False):
-        monkeypatch.setattr(step_module, "_branch_on_host", lambda finite, h=on_host: h)
+        monkeypatch.setattr(
+            step_module, "_branch_on_host", lambda finite, passes=None, h=on_host: h
+        )
         step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.adamw(lr=0.01), loss_fn)
         params, state = params0, step.init(params0, buffers0)
         skipped = []
@@ -466,3 +480,37 @@ def test_the_guard_selects_by_name_when_a_tree_holds_its_keys_in_another_order()
     assert torch.equal(kept["a"], old["a"]) and torch.equal(kept["b"], old["b"])
     taken = _select(torch.tensor(True), new, old)
     assert torch.equal(taken["b"], new["b"]) and taken["a"][0] == 1 and taken["a"][1].isnan()
+
+
+@pytest.mark.gpu
+def test_the_guard_selects_on_the_device_while_the_gpu_is_behind_the_host():
+    """A step queued behind a long kernel (the GPU bounds the step) selects and reads nothing; the
+    same step once the GPU has caught up reads its one flag. Both take the step, and the selecting
+    step also skips a non-finite batch."""
+    device = torch.device("cuda")
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net.to(device))
+    step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(0.1, momentum=0.9), loss_fn)
+    state = step.init(params, buffers)
+    batch = (torch.randn(16, 4, device=device), torch.randint(0, 3, (16,), device=device))
+    # warm: the sleep kernel's first launch and the dispatch mode's first use each take longer
+    # than the GPU's lead; the first step forms the momentum, both fill the allocator's cache
+    torch.cuda._sleep(1000)
+    with HostReads():
+        for _ in range(2):
+            params, state, _ = step(params, state, batch)
+    torch.cuda.synchronize()
+    for behind, reads in ((True, 0), (False, 1)):
+        if behind:
+            torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time ahead of the step
+        with HostReads() as seen:
+            new, _, m = step(params, state, batch)
+        torch.cuda.synchronize()
+        assert seen.count == reads, behind
+        assert int(m["skipped"]) == 0 and not torch.equal(new["0.weight"], params["0.weight"])
+    torch.cuda._sleep(1_000_000_000)
+    bad = (torch.full_like(batch[0], float("nan")), batch[1])
+    with HostReads() as seen:
+        kept, kept_state, m = step(params, state, bad)
+    assert seen.count == 0 and int(m["skipped"]) == 1 and int(kept_state.step) == int(state.step)
+    assert all(torch.equal(kept[k], params[k]) for k in params)

@@ -186,7 +186,7 @@ def worker(a) -> None:
     if a.guard == "sync":  # the guard of before: read `finite` on the host, branch eagerly
         import gamfunc.step
 
-        gamfunc.step._branch_on_host = lambda finite: not torch.compiler.is_compiling()
+        gamfunc.step._branch_on_host = lambda finite, passes=None: not torch.compiler.is_compiling()
     result: dict = {"world": procs.world}
     if a.kind == "busbw":
         result["busbw_GBps"] = _bus_bandwidth(procs)
