@@ -498,8 +498,14 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
 
 def test_a_facade_run_at_a_batch_of_its_own_names_it_in_its_file(tmp_path):
     result, _ = run(tmp_path, "--facade=only", "--facade-estimators", "sam", "--batch-size", "2")
-    assert result["meta"]["part"] == "tiny_b2"  # step_cost_facade_tiny_b2_<device>.json
+    assert result["meta"]["part"] == "tiny_b2_sam"  # step_cost_facade_tiny_b2_sam_<device>.json
     assert {r["batch"] for r in result["rows"]} == {2}
+
+
+def test_a_facade_run_of_every_estimator_names_none_in_its_file(tmp_path):
+    every = ",".join(reversed(facade.ESTIMATORS))
+    result, _ = run(tmp_path, "--facade=only", "--facade-estimators", every, "--batch-size", "2")
+    assert result["meta"]["part"] == "tiny_b2"
 
 
 def test_facade_beside_the_step_cost_rows_in_one_json(tmp_path):

@@ -308,7 +308,9 @@ def test_the_global_mean_step_reads_no_device_value_on_a_gpu(monkeypatch, estima
     step = gamfunc.make_step(estimator, gamfunc.sgd(0.1, momentum=0.9), loss)
     state = step.init(params, buffers)
     for branch, reads in ((True, 1), (False, 0)):
-        monkeypatch.setattr(gamfunc.step, "_branch_on_host", lambda finite, passes=None, b=branch: b)
+        monkeypatch.setattr(
+            gamfunc.step, "_branch_on_host", lambda finite, passes=None, b=branch: b
+        )
         with HostReads() as seen:
             new, _, m = step(params, state, batch)
         assert seen.count == reads

@@ -261,8 +261,10 @@ def main(argv=None) -> dict:
         result["facade"] = facade_rows
     if a.facade == "only":  # a result of its own, beside the step_cost one of the same device
         meta["benchmark"] = result["benchmark"] = FACADE_ONLY
-        if len(a.model) == 1:  # step_cost_facade_<model>[_b<batch>]_<device>.json
+        if len(a.model) == 1:  # step_cost_facade_<model>[_b<batch>][_<estimators>]_<device>.json
             meta["part"] = a.model[0] + (f"_b{a.batch_size}" if a.batch_size else "")
+            if set(a.facade_estimators) != set(facade.ESTIMATORS):  # a subset: beside the full run
+                meta["part"] += "_" + "_".join(a.facade_estimators)
         result["rows"] = facade_rows
         del result["facade"]
 
