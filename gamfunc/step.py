@@ -201,7 +201,8 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     # corrections) read the same t, so a skipped step (the old state kept) moves neither.
     step = state.step
     est = estimator.run(params, batch, loss, step=step, state=state.est)
-    passes_queued = _gpu_mark(est.info["loss"].device)
+    # marks how far the GPU has come once the passes are queued: the guard's read or select
+    passes_queued = _gpu_mark(est.info["loss"].device) if on_nonfinite == "skip" else None
     # an estimator without state (the plain steps of every=k) carries the state through
     new_est = est.state if estimator.stateful else state.est
     updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
