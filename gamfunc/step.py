@@ -36,6 +36,7 @@ and [`gamfunc.regional`][gamfunc.regional]; [`gamfunc.gam_step`][gamfunc.gam_ste
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -44,6 +45,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
+from gamfunc._compat import in_transform
 from gamfunc.checks import check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
@@ -276,12 +278,15 @@ def _branch_on_host(finite: Tensor, passes_queued: torch.cuda.Event | None = Non
     views a step on ResNet-50). Which is cheaper depends on which of the two bounds the step, and
     the guard asks the GPU: ``passes_queued``, an event recorded once the host had queued the
     step's passes, has completed by the time the host has queued the update too when the GPU keeps
-    up with the host. Then the host bounds the step, and the guard reads. Otherwise the GPU bounds
-    it, and the guard selects. Measured eagerly on one H200 (SAM, bf16, interleaved rounds):
+    up with the host. Then the host bounds the step, and the guard reads. Where the GPU was still
+    behind at three eager steps in a row (`_gpu_bounds`), it bounds the steps, and the guard
+    selects: one step behind, a burst of large kernels, does not switch it, since a select where
+    the host bounds the step costs more than a read where the GPU does. Measured eagerly on one
+    H200 (SAM, bf16, interleaved rounds, with the check of `_finite_groups`):
 
-    - ResNet-50 at batch 256, GPU-bound: a select took 0.96-0.97 of a read's time per step
-      (make_step and the torch.optim facade), and the rule selected at every step;
-    - ResNet-50 at batch 64 and ViT-S/32 at 128 and 256, host-bound: a select took 1.04-1.24 of a
+    - ResNet-50 at batch 256, GPU-bound: a select took 0.95-0.97 of a read's time per step
+      (make_step and the torch.optim facade), and the rule selected at 40 of 42 steps;
+    - ResNet-50 at batch 64 and ViT-S/32 at 128 and 256, host-bound: a select took 1.11-1.22 of a
       read's time, and the rule read at every step.
 
     It always selects where the step cannot read or must not wait: under ``torch.compile`` or
@@ -294,8 +299,22 @@ def _branch_on_host(finite: Tensor, passes_queued: torch.cuda.Event | None = Non
     if finite.device.type == "cpu":
         return True
     capturing = finite.is_cuda and torch.cuda.is_current_stream_capturing()
-    gpu_behind = passes_queued is not None and not passes_queued.query()
-    return _host_may_wait(capturing, _ranks() > 1, gpu_behind)
+    return _host_may_wait(capturing, _ranks() > 1, _gpu_bounds(passes_queued))
+
+
+# How many eager steps in a row must find the GPU behind the host before the guard selects: a
+# select where the host bounds the step costs more than a read where the GPU does.
+_SELECT_AFTER = 3
+_behind = {"steps": 0}  # eager steps in a row that found the GPU behind
+
+
+def _gpu_bounds(passes_queued: torch.cuda.Event | None) -> bool:
+    """Whether the GPU bounds the steps: it had yet to finish the passes (``passes_queued``) when
+    the host had queued the update, at this eager step and the `_SELECT_AFTER` - 1 before it."""
+    if passes_queued is None:
+        return False
+    _behind["steps"] = _behind["steps"] + 1 if not passes_queued.query() else 0
+    return _behind["steps"] >= _SELECT_AFTER
 
 
 def _host_may_wait(capturing: bool, distributed: bool, gpu_behind: bool = False) -> bool:
@@ -350,17 +369,21 @@ def is_finite(est, *trees) -> Tensor:
     finite = torch.isfinite(loss)
     norm = _known_norm(est)
     if norm is None:  # the direction's entries are checked with the others', in the same kernels
-        return finite & _all_finite(est.direction, *trees).to(loss.device)
-    finite = finite & torch.isfinite(norm).to(loss.device)
-    return finite & _all_finite(*trees).to(loss.device) if trees else finite
+        return finite & _all_finite(est.direction, *trees, device=loss.device)
+    finite = finite & _moved(torch.isfinite(norm), loss.device)
+    return finite & _all_finite(*trees, device=loss.device) if trees else finite
 
 
-def _all_finite(*trees) -> Tensor:
+def _all_finite(*trees, device: torch.device | None = None) -> Tensor:
     """Whether every floating-point entry of ``trees`` (the new params and optimiser state) is
-    finite: the largest magnitude of each tensor (a nan stays nan), one ``_foreach_norm`` per
-    (device, dtype) group, so that on a GPU each group is one kernel (a list that mixes dtypes or
-    devices, such as parameters with the optimiser's float64 lr, takes ``_foreach``'s per-tensor
-    path), then one ``isfinite`` per group."""
+    finite, one group of tensors per (device, dtype).
+
+    Eager, each group is one ``torch._amp_foreach_non_finite_check_and_unscale_`` (`_finite_groups`):
+    the check of ``torch.amp.GradScaler``, one multi-tensor kernel that raises a flag, with no
+    tensor made per input. Traced, inside ``vmap`` (foreach kernels have no batching rule), or
+    where that kernel does not serve: the largest magnitude of each tensor (a nan stays nan), one
+    ``_foreach_norm`` per group, then one ``isfinite`` per group. The flag is on ``device`` (by
+    default the first tensor's), moved there without waiting for the GPU (`_moved`)."""
     groups: dict[tuple, list[Tensor]] = {}
     for t in tree.tensors(trees):
         if t.dtype.is_floating_point and t.numel():
@@ -368,16 +391,71 @@ def _all_finite(*trees) -> Tensor:
     if not groups:
         return torch.ones((), dtype=torch.bool)
     leaves = [t for group in groups.values() for t in group]
-    device = leaves[0].device
+    device = leaves[0].device if device is None else device
     vmapped = tree.vmapped(leaves)  # foreach kernels have no batching rule
+    if not vmapped and _checks_in_place(groups, leaves):
+        return _finite_groups(groups, device)
     flags = []
     for group in groups.values():
         if vmapped:
             maxima = [torch.linalg.vector_norm(t, float("inf")) for t in group]
         else:
             maxima = list(torch._foreach_norm(group, float("inf")))
-        flags.append(torch.isfinite(torch.stack(maxima)).all().to(device))
+        flags.append(_moved(torch.isfinite(torch.stack(maxima)).all(), device))
     return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
+
+# The dtypes GradScaler's check takes.
+_CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _checks_in_place(groups: dict, leaves: list[Tensor]) -> bool:
+    """Whether `_finite_groups` may check ``groups``: eager, with autograd not recording, of the
+    dtypes it takes, on devices where it runs, and each tensor one it may write (no two elements
+    at one address, as in an expanded tensor)."""
+    if torch.compiler.is_compiling() or in_transform() or torch.is_grad_enabled():
+        return False
+    if any(dtype not in _CHECKED or not _amp_check_runs(d.type) for d, dtype in groups):
+        return False
+    for t in leaves:
+        dense = t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+        if not dense and torch._debug_has_internal_overlap(t) != 0:
+            return False
+    return True
+
+
+def _finite_groups(groups: dict, device: torch.device) -> Tensor:
+    """`_all_finite` by ``torch._amp_foreach_non_finite_check_and_unscale_`` with an inverse scale
+    of 1: it raises a float flag of its device where any element is inf or nan, and writes each
+    element times 1 back in place, which is that element bit for bit (a nan stays a nan)."""
+    found: dict[torch.device, Tensor] = {}
+    for (d, _), group in groups.items():
+        if d not in found:
+            found[d] = torch.zeros(1, dtype=torch.float32, device=d)
+        one = torch.ones(1, dtype=torch.float32, device=d)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found[d], one)
+    flags = [_moved((f == 0).reshape(()), device) for f in found.values()]
+    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
+
+def _moved(flag: Tensor, device: torch.device) -> Tensor:
+    """``flag`` on ``device``. A flag formed on the CPU (say, over the CPU step counts of a
+    ``torch.optim.AdamW`` whose parameters are on a GPU) goes without ``non_blocking``'s stream
+    synchronisation: a copy from pageable host memory is staged before the call returns."""
+    return flag.to(device, non_blocking=flag.device.type == "cpu" and device.type != "cpu")
+
+
+@functools.cache
+def _amp_check_runs(device_type: str) -> bool:
+    """Whether ``torch._amp_foreach_non_finite_check_and_unscale_`` has a kernel for
+    ``device_type`` (CUDA always; the CPU from torch 2.3)."""
+    try:
+        t = torch.ones(1, device=device_type)
+        found, one = torch.zeros(1, device=device_type), torch.ones(1, device=device_type)
+        torch._amp_foreach_non_finite_check_and_unscale_([t], found, one)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
 
 
 def _known_norm(est) -> Tensor | None:

@@ -264,7 +264,7 @@ def _finite_flag(state, like: Tensor) -> Tensor:
     leaves = [t for s in state.values() for t in s.values() if isinstance(t, Tensor)]
     if not any(t.is_floating_point() and t.numel() for t in leaves):
         return torch.zeros_like(like)
-    ok = _all_finite(leaves).to(like.device)
+    ok = _all_finite(leaves, device=like.device)
     return torch.where(ok, torch.zeros_like(like), torch.full_like(like, float("nan")))
 
 

@@ -362,28 +362,74 @@ def test_the_metrics_schema_stays_fixed_under_every_k_with_a_skipped_step():
     assert torch.stack([m["loss"] for m in seen]).shape == (6,)
 
 
-def test_the_finiteness_check_takes_one_foreach_kernel_per_dtype_and_device(monkeypatch):
-    # A list that mixes dtypes (the parameters and the optimiser's float64 lr) would send every
-    # tensor down _foreach_norm's per-tensor path on a GPU: one kernel per tensor, on the host's time.
-    from gamfunc import step as step_mod
-
+def _recording(monkeypatch, name):
     calls = []
-    real = torch._foreach_norm
+    real = getattr(torch, name)
 
     def recording(tensors, *args, **kwargs):
         calls.append({(t.device, t.dtype) for t in tensors})
         return real(tensors, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "_foreach_norm", recording)
+    monkeypatch.setattr(torch, name, recording)
+    return calls
+
+
+@pytest.mark.parametrize("eager_check", [True, False], ids=["amp-check", "foreach-norm"])
+def test_the_finiteness_check_takes_one_kernel_per_dtype_and_device(monkeypatch, eager_check):
+    # A list that mixes dtypes (the parameters and the optimiser's float64 lr) would send every
+    # tensor down the kernels' per-tensor path on a GPU: one kernel per tensor, on the host's time.
+    # The step runs its check without grad: GradScaler's check then; where autograd records (or
+    # traced, or under vmap) the _foreach_norm of each group.
+    from gamfunc import step as step_mod
+
+    name = "_amp_foreach_non_finite_check_and_unscale_" if eager_check else "_foreach_norm"
+    assert step_mod._amp_check_runs("cpu")  # its probe, once per device type, before recording
+    calls = _recording(monkeypatch, name)
     params = {f"w{i}": torch.randn(3, dtype=torch.float32) for i in range(5)}
     opt = gamfunc.sgd(lr=0.1, momentum=0.9).init(params)
-    assert bool(step_mod._all_finite(params, opt))
-    assert calls and all(len(kinds) == 1 for kinds in calls)
-    params["w3"] = params["w3"].clone().index_fill_(0, torch.tensor([1]), float("nan"))
-    assert not bool(step_mod._all_finite(params, opt))
-    opt_inf = opt._replace(hyperparams={"lr": torch.tensor(float("inf"), dtype=torch.float64)})
-    params["w3"] = torch.zeros(3)
-    assert not bool(step_mod._all_finite(params, opt_inf))
+    with torch.set_grad_enabled(not eager_check):
+        assert bool(step_mod._all_finite(params, opt))
+        assert len(calls) == 2 and all(len(kinds) == 1 for kinds in calls)  # float32, float64
+        params["w3"] = params["w3"].clone().index_fill_(0, torch.tensor([1]), float("nan"))
+        assert not bool(step_mod._all_finite(params, opt))
+        opt_inf = opt._replace(hyperparams={"lr": torch.tensor(float("inf"), dtype=torch.float64)})
+        params["w3"] = torch.zeros(3)
+        assert not bool(step_mod._all_finite(params, opt_inf))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_eager_finiteness_check_leaves_every_bit_as_it_was(dtype):
+    # GradScaler's check writes each element times 1 back in place: the same bits, -0, the
+    # smallest subnormal and the largest value included; a nan or an inf is found and stays one.
+    from gamfunc import step as step_mod
+
+    info = torch.finfo(dtype)
+    edge = [-0.0, 0.0, info.tiny / 4, -info.max, info.max, 1.0 / 3]
+    values = torch.tensor(edge, dtype=torch.float64).to(dtype)
+    width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[values.element_size()]
+    for bad in (None, float("nan"), float("inf"), -float("inf")):
+        t = values.clone() if bad is None else torch.cat([values, torch.tensor([bad], dtype=dtype)])
+        before = t.clone()
+        with torch.no_grad():
+            finite = step_mod._all_finite({"w": t, "v": t[::2]})
+        assert bool(finite) == (bad is None)
+        same = t.view(width) == before.view(width)
+        assert bool(same.all() if bad is None or bad != bad else same[:-1].all())
+        assert torch.equal(t.isnan(), before.isnan()) and torch.equal(t.isinf(), before.isinf())
+
+
+def test_the_finiteness_check_takes_expanded_and_inference_tensors():
+    # An expanded tensor (one address for many elements) cannot be written in place: the check
+    # reads it instead. An inference tensor, written outside inference mode, keeps its values.
+    from gamfunc import step as step_mod
+
+    with torch.inference_mode():
+        frozen = torch.tensor([1.0, float("inf")])
+    expanded = torch.tensor([2.0, float("nan")])[:, None].expand(2, 3)
+    for t in (expanded, frozen):
+        with torch.no_grad():
+            assert not bool(step_mod._all_finite({"w": torch.ones(3), "b": t}))
+            assert bool(step_mod._all_finite({"w": torch.ones(3), "b": t[:1]}))
 
 
 # ---- any transform is an optimiser ------------------------------------------------------------------
@@ -484,9 +530,9 @@ def test_the_guard_selects_by_name_when_a_tree_holds_its_keys_in_another_order()
 
 @pytest.mark.gpu
 def test_the_guard_selects_on_the_device_while_the_gpu_is_behind_the_host():
-    """A step queued behind a long kernel (the GPU bounds the step) selects and reads nothing; the
-    same step once the GPU has caught up reads its one flag. Both take the step, and the selecting
-    step also skips a non-finite batch."""
+    """Steps queued behind a long kernel (the GPU bounds them) read their flag until the third in a
+    row, which selects and reads nothing; a step once the GPU has caught up reads again. Each takes
+    the step; non-finite batches are skipped by the reads and by the select alike."""
     device = torch.device("cuda")
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     loss_fn, params, buffers = gamfunc.nn.functionalize(net.to(device))
@@ -500,7 +546,8 @@ def test_the_guard_selects_on_the_device_while_the_gpu_is_behind_the_host():
         for _ in range(2):
             params, state, _ = step(params, state, batch)
     torch.cuda.synchronize()
-    for behind, reads in ((True, 0), (False, 1)):
+    assert gamfunc.step._SELECT_AFTER == 3
+    for behind, reads in ((True, 1), (True, 1), (True, 0), (False, 1)):
         if behind:
             torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time ahead of the step
         with HostReads() as seen:
@@ -508,9 +555,30 @@ def test_the_guard_selects_on_the_device_while_the_gpu_is_behind_the_host():
         torch.cuda.synchronize()
         assert seen.count == reads, behind
         assert int(m["skipped"]) == 0 and not torch.equal(new["0.weight"], params["0.weight"])
-    torch.cuda._sleep(1_000_000_000)
     bad = (torch.full_like(batch[0], float("nan")), batch[1])
-    with HostReads() as seen:
-        kept, kept_state, m = step(params, state, bad)
-    assert seen.count == 0 and int(m["skipped"]) == 1 and int(kept_state.step) == int(state.step)
-    assert all(torch.equal(kept[k], params[k]) for k in params)
+    for reads in (1, 1, 0):
+        torch.cuda._sleep(1_000_000_000)
+        with HostReads() as seen:
+            kept, kept_state, m = step(params, state, bad)
+        torch.cuda.synchronize()
+        assert seen.count == reads and int(m["skipped"]) == 1
+        assert int(kept_state.step) == int(state.step)
+        assert all(torch.equal(kept[k], params[k]) for k in params)
+
+
+def test_the_guard_selects_once_the_gpu_was_behind_at_three_steps_in_a_row(monkeypatch):
+    # A select where the host bounds the step costs more than a read where the GPU does, so one
+    # step that finds the GPU behind (a burst of large kernels) does not switch the guard.
+    from gamfunc import step as step_mod
+
+    class Event:
+        def __init__(self, done):
+            self.done = done
+
+        def query(self):
+            return self.done
+
+    monkeypatch.setitem(step_mod._behind, "steps", 0)
+    seen = [step_mod._gpu_bounds(Event(done)) for done in (0, 0, 1, 0, 0, 0, 0, 1, 0)]
+    assert seen == [False, False, False, False, False, True, True, False, False]
+    assert not step_mod._gpu_bounds(None)
