@@ -305,7 +305,7 @@ def _branch_on_host(finite: Tensor, passes_queued: torch.cuda.Event | None = Non
 # How many eager steps in a row must find the GPU behind the host before the guard selects: a
 # select where the host bounds the step costs more than a read where the GPU does.
 _SELECT_AFTER = 3
-_behind = {"steps": 0}  # eager steps in a row that found the GPU behind
+_behind = {"steps": 0}  # eager steps in a row that found the GPU behind, one count per process
 
 
 def _gpu_bounds(passes_queued: torch.cuda.Event | None) -> bool:

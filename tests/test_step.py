@@ -397,18 +397,21 @@ def test_the_finiteness_check_takes_one_kernel_per_dtype_and_device(monkeypatch,
         assert not bool(step_mod._all_finite(params, opt_inf))
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
-def test_the_eager_finiteness_check_leaves_every_bit_as_it_was(dtype):
+def test_the_eager_finiteness_check_leaves_every_bit_as_it_was(dtype, device):
     # GradScaler's check writes each element times 1 back in place: the same bits, -0, the
     # smallest subnormal and the largest value included; a nan or an inf is found and stays one.
     from gamfunc import step as step_mod
 
     info = torch.finfo(dtype)
     edge = [-0.0, 0.0, info.tiny / 4, -info.max, info.max, 1.0 / 3]
-    values = torch.tensor(edge, dtype=torch.float64).to(dtype)
+    values = torch.tensor(edge, dtype=torch.float64).to(device=device, dtype=dtype)
     width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[values.element_size()]
     for bad in (None, float("nan"), float("inf"), -float("inf")):
-        t = values.clone() if bad is None else torch.cat([values, torch.tensor([bad], dtype=dtype)])
+        t = values.clone()
+        if bad is not None:
+            t = torch.cat([t, torch.tensor([bad], dtype=dtype, device=device)])
         before = t.clone()
         with torch.no_grad():
             finite = step_mod._all_finite({"w": t, "v": t[::2]})
