@@ -19,6 +19,10 @@ and function. The public paths give the same numbers; what they may cost is spee
   mutates its inputs, so `gamfunc.graph_sharing` merges nothing.
 * `load_jvp_decompositions` (``torch.autograd.forward_ad._maybe_load_decompositions``):
   without it the first ``torch.func.jvp`` loads them itself, and torch's own warning may show.
+* `flag_nonfinite` and `nonfinite_check_runs` (``torch._amp_foreach_non_finite_check_and_unscale_``,
+  the check of ``torch.amp.GradScaler``), `overlaps` (``torch._debug_has_internal_overlap``): without
+  them the step's non-finite guard checks its tensors by one ``_foreach_norm`` per group and a stack
+  of their maxima, more host time per tensor.
 
 Two private names stay where they are used, as the rest of the ecosystem uses them:
 ``torch._foreach_*`` (the multi-tensor kernels: the documented fast path of ``torch.optim``'s
@@ -40,11 +44,14 @@ __all__ = [
     "batched",
     "batched_at_any_level",
     "custom_graph_pass",
+    "flag_nonfinite",
     "in_forward_ad",
     "in_transform",
     "load_jvp_decompositions",
     "mode_options",
     "mutates",
+    "nonfinite_check_runs",
+    "overlaps",
 ]
 
 log = logging.getLogger("gamfunc")
@@ -241,3 +248,41 @@ def load_jvp_decompositions() -> None:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
         load()
+
+
+def flag_nonfinite(tensors: list, found: torch.Tensor) -> None:
+    """Set ``found`` (a 1-element float32 tensor on the device of ``tensors``) to 1 where any element
+    of ``tensors`` (of one dtype and device, none two elements at one address) is inf or nan, leaving
+    it as it is otherwise: ``torch.amp.GradScaler``'s check, one multi-tensor kernel, with an inverse
+    scale of 1, so that each element it writes back is itself, bit for bit (a nan stays a nan). Call
+    it only where `nonfinite_check_runs` says it runs."""
+    one = torch.ones(1, dtype=torch.float32, device=found.device)
+    torch._amp_foreach_non_finite_check_and_unscale_(tensors, found, one)
+
+
+@functools.cache
+def nonfinite_check_runs(device_type: str) -> bool:
+    """Whether `flag_nonfinite` runs on ``device_type`` (CUDA always; the CPU from torch 2.3): False
+    where torch has no such kernel there, or none at all."""
+    if not hasattr(torch, "_amp_foreach_non_finite_check_and_unscale_"):
+        _fall_back(
+            "flag_nonfinite",
+            "torch._amp_foreach_non_finite_check_and_unscale_",
+            "one _foreach_norm per group",
+        )
+        return False
+    try:
+        flag_nonfinite([torch.ones(1, device=device_type)], torch.zeros(1, device=device_type))
+    except (RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` may sit at one address (an expanded tensor): True where torch
+    cannot say."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is None:
+        _fall_back("overlaps", "torch._debug_has_internal_overlap", "True")
+        return True
+    return check(t) != 0

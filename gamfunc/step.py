@@ -36,7 +36,6 @@ and [`gamfunc.regional`][gamfunc.regional]; [`gamfunc.gam_step`][gamfunc.gam_ste
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -45,7 +44,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
-from gamfunc._compat import in_transform
+from gamfunc._compat import flag_nonfinite, in_transform, nonfinite_check_runs, overlaps
 from gamfunc.checks import check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
@@ -378,9 +377,9 @@ def _all_finite(*trees, device: torch.device | None = None) -> Tensor:
     """Whether every floating-point entry of ``trees`` (the new params and optimiser state) is
     finite, one group of tensors per (device, dtype).
 
-    Eager, each group is one ``torch._amp_foreach_non_finite_check_and_unscale_`` (`_finite_groups`):
-    the check of ``torch.amp.GradScaler``, one multi-tensor kernel that raises a flag, with no
-    tensor made per input. Traced, inside ``vmap`` (foreach kernels have no batching rule), or
+    Eager, each group is one `gamfunc._compat.flag_nonfinite` (`_finite_groups`): the check of
+    ``torch.amp.GradScaler``, one multi-tensor kernel that raises a flag, with no tensor made per
+    input. Traced, inside ``vmap`` (foreach kernels have no batching rule), or
     where that kernel does not serve: the largest magnitude of each tensor (a nan stays nan), one
     ``_foreach_norm`` per group, then one ``isfinite`` per group. The flag is on ``device`` (by
     default the first tensor's), moved there without waiting for the GPU (`_moved`)."""
@@ -415,25 +414,23 @@ def _checks_in_place(groups: dict, leaves: list[Tensor]) -> bool:
     at one address, as in an expanded tensor)."""
     if torch.compiler.is_compiling() or in_transform() or torch.is_grad_enabled():
         return False
-    if any(dtype not in _CHECKED or not _amp_check_runs(d.type) for d, dtype in groups):
+    if any(dtype not in _CHECKED or not nonfinite_check_runs(d.type) for d, dtype in groups):
         return False
     for t in leaves:
         dense = t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
-        if not dense and torch._debug_has_internal_overlap(t) != 0:
+        if not dense and overlaps(t):
             return False
     return True
 
 
 def _finite_groups(groups: dict, device: torch.device) -> Tensor:
-    """`_all_finite` by ``torch._amp_foreach_non_finite_check_and_unscale_`` with an inverse scale
-    of 1: it raises a float flag of its device where any element is inf or nan, and writes each
-    element times 1 back in place, which is that element bit for bit (a nan stays a nan)."""
+    """`_all_finite` by `gamfunc._compat.flag_nonfinite`, one call per group raising one float flag
+    per device, which writes each element back bit for bit."""
     found: dict[torch.device, Tensor] = {}
     for (d, _), group in groups.items():
         if d not in found:
             found[d] = torch.zeros(1, dtype=torch.float32, device=d)
-        one = torch.ones(1, dtype=torch.float32, device=d)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found[d], one)
+        flag_nonfinite(group, found[d])
     flags = [_moved((f == 0).reshape(()), device) for f in found.values()]
     return flags[0] if len(flags) == 1 else torch.stack(flags).all()
 
@@ -443,19 +440,6 @@ def _moved(flag: Tensor, device: torch.device) -> Tensor:
     ``torch.optim.AdamW`` whose parameters are on a GPU) goes without ``non_blocking``'s stream
     synchronisation: a copy from pageable host memory is staged before the call returns."""
     return flag.to(device, non_blocking=flag.device.type == "cpu" and device.type != "cpu")
-
-
-@functools.cache
-def _amp_check_runs(device_type: str) -> bool:
-    """Whether ``torch._amp_foreach_non_finite_check_and_unscale_`` has a kernel for
-    ``device_type`` (CUDA always; the CPU from torch 2.3)."""
-    try:
-        t = torch.ones(1, device=device_type)
-        found, one = torch.zeros(1, device=device_type), torch.ones(1, device=device_type)
-        torch._amp_foreach_non_finite_check_and_unscale_([t], found, one)
-    except (RuntimeError, NotImplementedError):
-        return False
-    return True
 
 
 def _known_norm(est) -> Tensor | None:

@@ -24,8 +24,10 @@ def fresh_log(monkeypatch):
     """Each test sees every door not yet fallen back, and the loader of decompositions not yet run."""
     monkeypatch.setattr(_compat, "_fallen_back", set())
     _compat.load_jvp_decompositions.cache_clear()
+    _compat.nonfinite_check_runs.cache_clear()
     yield
     _compat.load_jvp_decompositions.cache_clear()
+    _compat.nonfinite_check_runs.cache_clear()
 
 
 def fell_back(caplog, name: str) -> None:
@@ -198,6 +200,40 @@ def test_load_jvp_decompositions_falls_back_to_the_first_jvp(monkeypatch, caplog
     monkeypatch.delattr(torch.autograd.forward_ad, "_maybe_load_decompositions")
     assert _compat.load_jvp_decompositions() is None
     fell_back(caplog, "load_jvp_decompositions")
+
+
+def test_flag_nonfinite_raises_its_flag_and_keeps_every_value():
+    assert _compat.nonfinite_check_runs("cpu")
+    t = torch.tensor([1.0, -0.0, 3.0])
+    found = torch.zeros(1)
+    _compat.flag_nonfinite([t, t[:1]], found)
+    assert found.item() == 0 and torch.equal(t, torch.tensor([1.0, -0.0, 3.0]))
+    _compat.flag_nonfinite([torch.tensor([float("inf")]), t], found)
+    assert found.item() == 1
+
+
+def test_the_nonfinite_check_falls_back_to_the_norms_of_the_guard(monkeypatch, caplog):
+    # Without GradScaler's kernel the step's guard takes _foreach_norm: the same skips, the same step.
+    from gamfunc import step as step_mod
+
+    monkeypatch.delattr(torch, "_amp_foreach_non_finite_check_and_unscale_")
+    assert not _compat.nonfinite_check_runs("cpu")
+    fell_back(caplog, "flag_nonfinite")
+    params = {"w": torch.ones(3), "b": torch.zeros(2, dtype=torch.float64)}
+    with torch.no_grad():
+        assert bool(step_mod._all_finite(params))
+        assert not bool(step_mod._all_finite({**params, "b": torch.tensor([0.0, float("nan")])}))
+
+
+def test_overlaps():
+    assert _compat.overlaps(torch.zeros(3)[:, None].expand(3, 2))
+    assert not _compat.overlaps(torch.zeros(3, 2).t())
+
+
+def test_overlaps_falls_back_to_true(monkeypatch, caplog):
+    monkeypatch.delattr(torch, "_debug_has_internal_overlap")
+    assert _compat.overlaps(torch.zeros(3, 2).t())
+    fell_back(caplog, "overlaps")
 
 
 def test_every_fallback_at_once_gives_the_same_gam_direction(monkeypatch, caplog):
