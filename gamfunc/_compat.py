@@ -262,8 +262,8 @@ def flag_nonfinite(tensors: list, found: torch.Tensor) -> None:
 
 @functools.cache
 def nonfinite_check_runs(device_type: str) -> bool:
-    """Whether `flag_nonfinite` runs on ``device_type`` (CUDA always; the CPU from torch 2.3): False
-    where torch has no such kernel there, or none at all."""
+    """Whether `flag_nonfinite` runs on ``device_type``: on CUDA, and on the CPU where this torch has
+    a kernel for it; False where it has none there, or none at all."""
     if not hasattr(torch, "_amp_foreach_non_finite_check_and_unscale_"):
         _fall_back(
             "flag_nonfinite",
