@@ -118,7 +118,10 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
     or drops. What ``base.step()`` formed that ``state.tensors`` had no place for (the
     state of its first step, values that are not tensors) waits in ``pending`` for `commit`.
     ``base``'s param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set
-    them) are read by its own ``step()``, so a change takes effect on the next step.
+    them) are read by its own ``step()``, so a change takes effect on the next step. A caller whose
+    ``params`` are the held parameters' own tensors, detached (the facade's eager step), sets
+    ``pending["aliases"] = True`` before the update, which then puts those back in the parameters'
+    place rather than reading each parameter's ``.data`` (a tensor made per parameter).
 
     Args:
         base: the optimiser; each parameter it holds is named in ``names``.
@@ -142,8 +145,9 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
             given = [*given, *([{}] * (len(held) - len(given)))]
         start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
         copies = tree.copies(start + [t for s in given for t in s.values()])
-        moved, at, trial = copies[: len(held)], len(held), {}
+        moved = copies[: len(held)]
         kept_state = base.state
+        trial, at = _like(kept_state, {}), len(held)
         for p, s in zip(held, given, strict=True):
             n = len(s)
             mine = dict(zip(s, copies[at : at + n], strict=True)) if n else {}
@@ -153,15 +157,22 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
                 mine = {k: copy.deepcopy(v) for k, v in kept.items() if k not in mine} | mine
             if mine:
                 trial[p] = mine
-        kept_data = [p.data for p in held]
+        # what each parameter holds now: read from it, or, where the caller says that ``params`` are
+        # those very tensors (the facade's eager step), taken from ``params``
+        kept_data = (
+            [params[k] for k in keys] if pending.pop("aliases", False) else [p.data for p in held]
+        )
         kept_grad = [p.grad for p in held]
         try:
-            base.state = _like(kept_state, trial)
+            base.state = trial
             for p, k, new in zip(held, keys, moved, strict=True):
                 p.data, p.grad = new, _as(direction[k], p)
             with torch.no_grad():
                 base.step()
-            moved = [p.data for p in held]
+            # base.step() moved the copies in place, or put other tensors in the parameters' place
+            own = [p.data_ptr() for p in held] == [c.data_ptr() for c in moved]
+            if not own:
+                moved = [p.data for p in held]
             formed = base.state
         finally:
             base.state = kept_state
@@ -176,8 +187,7 @@ def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Trans
         pending["state"] = rest
         # moved - start, in place where base.step() moved the copies themselves (they are this
         # update's own), not where it put other tensors in the parameters' place
-        own = [c.data_ptr() for c in copies[: len(held)]]
-        if [m.data_ptr() for m in moved] == own:
+        if own:
             torch._foreach_sub_(moved, start)
         else:
             moved = torch._foreach_sub(moved, start)
@@ -607,6 +617,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             state = state._replace(
                 opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors))
             )
+            if not self._graphed:  # the update may restore the module's tensors from params
+                self._pending["aliases"] = True
         new_params, new_state, metrics = run(params, state, data)
         if self._torch is not None:
             formed = []

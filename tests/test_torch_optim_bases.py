@@ -239,6 +239,30 @@ def test_the_base_optimiser_is_left_as_it_was_between_steps():
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.parametrize("facade", [True, False])
+def test_each_parameter_keeps_its_storage_through_the_update(facade):
+    """After the update each parameter holds its own storage again, with its shape and strides,
+    whether the facade hands its tensors in (``params`` are the parameters' own, detached) or the
+    transform reads them from the parameters (called on its own)."""
+    from gamfunc.torch_optim import TorchState, state_tensors, torch_transform
+
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    before = {k: (p.data_ptr(), p.shape, p.stride()) for k, p in model.named_parameters()}
+    if facade:
+        run(SAM(model, base, rho=0.05), batches(3))
+    else:
+        named = dict(model.named_parameters())
+        transform = torch_transform(base, {id(p): k for k, p in named.items()})
+        params = {k: p.detach().clone() for k, p in named.items()}  # not the parameters' own
+        direction = {k: torch.ones_like(p) for k, p in params.items()}
+        state = TorchState(torch.zeros((), dtype=torch.float64), state_tensors(base))
+        updates, _ = transform.update(direction, state, params)
+        torch.testing.assert_close(updates["0.bias"], torch.full((6,), -0.1, dtype=torch.float64))
+    after = {k: (p.data_ptr(), p.shape, p.stride()) for k, p in model.named_parameters()}
+    assert after == before
+
+
 class _Rebinding(torch.optim.Optimizer):
     """Plain gradient descent that puts a new tensor in each parameter's place and keeps that same
     tensor in its state (``p.data = state["last"]``), rather than moving ``p`` in place."""
