@@ -23,6 +23,9 @@ and function. The public paths give the same numbers; what they may cost is spee
   the check of ``torch.amp.GradScaler``), `overlaps` (``torch._debug_has_internal_overlap``): without
   them the step's non-finite guard checks its tensors by one ``_foreach_norm`` per group and a stack
   of their maxima, more host time per tensor.
+* `group_by_device_and_dtype` (``torch.utils._foreach_utils._group_tensors_by_device_and_dtype``,
+  the grouping of ``torch.optim``'s foreach steps, in C++): without it `gamfunc.tree.grouped`
+  groups tensors by a Python loop, more host time per tensor.
 
 Two private names stay where they are used, as the rest of the ecosystem uses them:
 ``torch._foreach_*`` (the multi-tensor kernels: the documented fast path of ``torch.optim``'s
@@ -45,6 +48,7 @@ __all__ = [
     "batched_at_any_level",
     "custom_graph_pass",
     "flag_nonfinite",
+    "group_by_device_and_dtype",
     "in_forward_ad",
     "in_transform",
     "load_jvp_decompositions",
@@ -286,3 +290,19 @@ def overlaps(t: torch.Tensor) -> bool:
         _fall_back("overlaps", "torch._debug_has_internal_overlap", "True")
         return True
     return check(t) != 0
+
+
+def group_by_device_and_dtype(lists: list[list]) -> dict | None:
+    """``lists`` (of tensors, one length) grouped by the device and dtype of the first list's
+    tensors, by ``torch.optim``'s own grouping in C++: ``(device, dtype) -> (lists, indices)``.
+    None where this torch lacks it (the caller groups them itself)."""
+    try:
+        from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+    except ImportError:
+        _fall_back(
+            "group_by_device_and_dtype",
+            "torch.utils._foreach_utils._group_tensors_by_device_and_dtype",
+            "a Python loop",
+        )
+        return None
+    return dict(_group_tensors_by_device_and_dtype(lists, with_indices=True))

@@ -384,9 +384,9 @@ def _all_finite(*trees, device: torch.device | None = None) -> Tensor:
     ``_foreach_norm`` per group, then one ``isfinite`` per group. The flag is on ``device`` (by
     default the first tensor's), moved there without waiting for the GPU (`_moved`)."""
     groups: dict[tuple, list[Tensor]] = {}
-    for t in tree.tensors(trees):
-        if t.dtype.is_floating_point and t.numel():
-            groups.setdefault((t.device, t.dtype), []).append(t)
+    for key, ((group,), _) in tree.grouped(tree.tensors(trees)).items():
+        if key[1].is_floating_point and (group := [t for t in group if t.numel()]):
+            groups[key] = group
     if not groups:
         return torch.ones((), dtype=torch.bool)
     leaves = [t for group in groups.values() for t in group]

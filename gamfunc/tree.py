@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc._compat import batched, batched_at_any_level, in_transform
+from gamfunc._compat import batched, batched_at_any_level, group_by_device_and_dtype, in_transform
 
 Tree = dict[str, Tensor]
 Scalar = float | Tensor
@@ -130,36 +130,54 @@ def copies(tensors: list[Tensor]) -> list[Tensor]:
         Their copies, in order.
     """
     out = list(tensors)
-    groups: dict[tuple, list[int]] = {}
-    for i, t in enumerate(out):
-        groups.setdefault((t.dtype, t.device), []).append(i)
-    for (dtype, _), group in groups.items():
-        group_tensors = [out[i] for i in group]
-        new = (
-            [t.clone() for t in group_tensors]
-            if dtype == torch.bool
-            else torch._foreach_mul(group_tensors, 1)
-        )
-        for i, t in zip(group, new, strict=True):
+    for (_, dtype), ((group,), at) in grouped(out).items():
+        new = [t.clone() for t in group] if dtype == torch.bool else torch._foreach_mul(group, 1)
+        for i, t in zip(at, new, strict=True):
             out[i] = t
     return out
 
 
 def copy_into(dst: list[Tensor], src: list[Tensor]) -> None:
-    """``dst[i].copy_(src[i])`` for every i, as one ``_foreach_copy_`` per device and dtype (a list
-    that mixes them would take ``_foreach``'s slow path, a kernel per tensor).
+    """``dst[i].copy_(src[i])`` for every i, as one ``_foreach_copy_`` per device and dtype of
+    ``dst`` (a list that mixes them would take ``_foreach``'s slow path, a kernel per tensor).
 
     Args:
         dst: the tensors written.
         src: the tensors read, one per ``dst``.
     """
-    groups: dict[tuple, tuple[list, list]] = {}
-    for d, t in zip(dst, src, strict=True):
-        into, out = groups.setdefault((d.device, d.dtype, t.device, t.dtype), ([], []))
-        into.append(d)
-        out.append(t)
-    for into, out in groups.values():
+    if len(dst) != len(src):
+        raise ValueError(f"copy_into: {len(dst)} tensors to write, {len(src)} to read")
+    for (into, out), _ in grouped(dst, src).values():
         torch._foreach_copy_(into, out)
+
+
+def grouped(first: list[Tensor], *others: list[Tensor]) -> dict[tuple, tuple[list, list[int]]]:
+    """The tensors of ``first`` and ``others`` (lists of one length) grouped by the device and
+    dtype of ``first``'s, as foreach kernels take them: ``(device, dtype) -> (lists, indices)``,
+    ``lists`` holding each list's tensors of the group, ``indices`` their places.
+
+    Eager, ``torch.optim``'s own grouping in C++ (`gamfunc._compat.group_by_device_and_dtype`), a
+    fraction of a Python loop's cost per tensor; traced, that loop.
+
+    Args:
+        first: the tensors whose device and dtype group them.
+        *others: tensors at the same places, which go with them.
+
+    Returns:
+        The groups.
+    """
+    lists = [list(first), *(list(o) for o in others)]
+    if not lists[0]:
+        return {}
+    if not torch.compiler.is_compiling() and (found := group_by_device_and_dtype(lists)):
+        return found
+    groups: dict[tuple, tuple[list, list[int]]] = {}
+    for i, t in enumerate(lists[0]):
+        members, at = groups.setdefault((t.device, t.dtype), ([[] for _ in lists], []))
+        for m, ts in zip(members, lists, strict=True):
+            m.append(ts[i])
+        at.append(i)
+    return groups
 
 
 def zeros_like(a: Tree) -> Tree:
@@ -465,17 +483,22 @@ def tensors(nest) -> list[Tensor]:
         The tensors, each once per place it holds.
     """
     out, todo = [], [nest]
+    eager = not torch.compiler.is_compiling()
     while todo:
         x = todo.pop()
         if isinstance(x, Tensor):
             out.append(x)
-        elif isinstance(x, dict):
-            todo.extend(x.values())
-        elif isinstance(x, (list, tuple)):
-            todo.extend(x)
+        elif isinstance(x, (dict, list, tuple)):
+            items = x.values() if isinstance(x, dict) else x
+            # eager, a container of plain tensors (a step's parameters, a state's list) at once
+            plain = eager and {type(v) for v in items} <= _PLAIN
+            (out if plain else todo).extend(items)
         elif type(x) in pytree.SUPPORTED_NODES:
             out.extend(t for t in pytree.tree_leaves(x) if isinstance(t, Tensor))
     return out
+
+
+_PLAIN = {Tensor}
 
 
 def vmapped(tensors: list) -> bool:

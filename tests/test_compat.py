@@ -276,3 +276,31 @@ def test_the_pattern_finds_private_names():
         assert PRIVATE.search(ALLOWED.sub("", line)), line
     for line in ("torch._foreach_add(a, b)", "torch.utils._pytree.tree_map", "gamfunc._compat"):
         assert not PRIVATE.search(ALLOWED.sub("", line)), line
+
+
+def test_grouping_falls_back_to_a_python_loop(monkeypatch, caplog):
+    """Without torch.optim's grouping in C++, gamfunc.tree groups tensors itself: the same groups."""
+    import torch.utils._foreach_utils as foreach_utils
+
+    from gamfunc import tree
+
+    ts = [
+        torch.zeros(2),
+        torch.zeros(3, dtype=torch.float64),
+        torch.ones(2),
+        torch.zeros(1, dtype=torch.int64),
+    ]
+    want = {
+        k: ([list(m) for m in members], list(at)) for k, (members, at) in tree.grouped(ts).items()
+    }
+    monkeypatch.delattr(foreach_utils, "_group_tensors_by_device_and_dtype")
+    got = {
+        k: ([list(m) for m in members], list(at)) for k, (members, at) in tree.grouped(ts).items()
+    }
+    fell_back(caplog, "group_by_device_and_dtype")
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k][1] == want[k][1]
+        assert all(a is b for a, b in zip(got[k][0][0], want[k][0][0], strict=True))
+    copies = tree.copies(ts)
+    assert all(torch.equal(a, b) and a is not b for a, b in zip(copies, ts, strict=True))
