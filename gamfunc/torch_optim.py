@@ -15,10 +15,10 @@ The base optimiser is any of:
 * davda54/sam's form, the class and its keyword arguments,
   ``GAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05, alpha=0.1)``.
 
-A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step (`torch_transform`):
-its ``step()`` runs on copies of the parameters and of its state, with the direction as ``.grad``,
-and its state tensors travel in the step's state, kept or dropped by make_step's guard. So
-every option of the step carries over whatever the base optimiser: ``compile=``, ``every=``,
+A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step
+([`gamfunc.torch_bridge`][gamfunc.torch_bridge]): the step runs on copies of the parameters and of
+its state, its ``step()`` on its own tensors with the direction as ``.grad``, and its state tensors
+travel in the step's state, kept or dropped by make_step's guard. So every option of the step carries over whatever the base optimiser: ``compile=``, ``every=``,
 ``accumulate=``, ``precision=``, ``max_grad_norm=``, ``cuda_graph=`` and the guard.
 
 Switching a ``torch.optim`` loop:
@@ -50,7 +50,6 @@ How the loss reaches the pure step:
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 from collections.abc import Callable, Iterable
@@ -77,7 +76,8 @@ from gamfunc.optim import (
 )
 from gamfunc.precision import PRECISIONS, mixed
 from gamfunc.state import StepState, as_dict, from_dict
-from gamfunc.step import _all_finite, make_step
+from gamfunc.step import make_step
+from gamfunc.torch_bridge import TorchBridge, TorchState
 from gamfunc.transforms import chain, clip_by_global_norm
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
@@ -89,156 +89,6 @@ _BACKWARD_INSIDE = (
     "backward through the graph a second time",
     "element 0 of tensors does not require grad",
 )
-
-
-class TorchState(NamedTuple):
-    """The step state of a `torch_transform`.
-
-    Attributes:
-        finite: 0-d float64: 0 when every floating-point tensor the base optimiser formed outside
-            ``tensors`` (the entries of its first step) is finite, NaN otherwise, so that
-            `gamfunc.step.is_finite` skips a step that would make them non-finite.
-        tensors: the tensors of the optimiser's state, one dict per parameter it holds, in the order
-            of its param groups (``()`` between steps: they live in the optimiser). Carried here,
-            they are kept or dropped by make_step's non-finite guard and pass through a
-            CUDA graph like any other state.
-    """
-
-    finite: Tensor
-    tensors: list[dict[str, Tensor]] | tuple = ()
-
-
-def torch_transform(base: torch.optim.Optimizer, names: dict[int, str]) -> Transform:
-    """A ``torch.optim`` optimiser as a [`Transform`][gamfunc.optim.base.Transform] of [`gamfunc.make_step`][gamfunc.make_step].
-
-    ``update(direction, state, params)`` runs ``base.step()`` on fresh copies of ``params`` and of
-    ``state.tensors`` (`gamfunc.tree.copies`: one foreach kernel per dtype), with the direction as each ``.grad``, and
-    restores the tensors ``base`` holds: ``base`` itself is left as it was. The copies, moved, give
-    the updates and the new ``tensors``, of the structure of the old, which make_step's guard keeps
-    or drops. What ``base.step()`` formed that ``state.tensors`` had no place for (the
-    state of its first step, values that are not tensors) waits in ``pending`` for `commit`.
-    ``base``'s param groups (lr, weight decay, momentum, as any ``torch.optim.lr_scheduler`` set
-    them) are read by its own ``step()``, so a change takes effect on the next step. A caller whose
-    ``params`` are the held parameters' own tensors, detached (the facade's eager step), sets
-    ``pending["aliases"] = True`` before the update, which then puts those back in the parameters'
-    place rather than reading each parameter's ``.data`` (a tensor made per parameter).
-
-    Args:
-        base: the optimiser; each parameter it holds is named in ``names``.
-        names: ``id(parameter) -> name`` of the parameters in the step's ``params``.
-
-    Returns:
-        A Transform whose state is a `TorchState`; it carries ``pending`` (a dict) as an attribute
-            of its update.
-    """
-    pending: dict[str, Any] = {}
-
-    def init(params):
-        device = next(iter(params.values())).device
-        return TorchState(torch.zeros((), dtype=torch.float64, device=device))
-
-    def update(direction, state, params):
-        held = [p for g in base.param_groups for p in g["params"]]
-        keys = [names[id(p)] for p in held]
-        given = state.tensors if isinstance(state.tensors, list) else []
-        if len(given) < len(held):
-            given = [*given, *([{}] * (len(held) - len(given)))]
-        start = [_as(params[k], p) for p, k in zip(held, keys, strict=True)]
-        copies = tree.copies(start + [t for s in given for t in s.values()])
-        moved = copies[: len(held)]
-        kept_state = base.state
-        trial, at = _like(kept_state, {}), len(held)
-        for p, s in zip(held, given, strict=True):
-            n = len(s)
-            mine = dict(zip(s, copies[at : at + n], strict=True)) if n else {}
-            at += n
-            kept = kept_state.get(p)
-            if kept is not None and len(kept) != n:  # entries that are not tensors: a copy each
-                mine = {k: copy.deepcopy(v) for k, v in kept.items() if k not in mine} | mine
-            if mine:
-                trial[p] = mine
-        # what each parameter holds now: read from it, or, where the caller says that ``params`` are
-        # those very tensors (the facade's eager step), taken from ``params``
-        kept_data = (
-            [params[k] for k in keys] if pending.pop("aliases", False) else [p.data for p in held]
-        )
-        kept_grad = [p.grad for p in held]
-        try:
-            base.state = trial
-            for p, k, new in zip(held, keys, moved, strict=True):
-                p.data, p.grad = new, _as(direction[k], p)
-            with torch.no_grad():
-                base.step()
-            # base.step() moved the copies in place, or put other tensors in the parameters' place
-            own = [p.data_ptr() for p in held] == [c.data_ptr() for c in moved]
-            if not own:
-                moved = [p.data for p in held]
-            formed = base.state
-        finally:
-            base.state = kept_state
-            for p, data, grad in zip(held, kept_data, kept_grad, strict=True):
-                p.data, p.grad = data, grad
-        tensors, rest = [], {}
-        for p, s in zip(held, given, strict=True):
-            f = formed.get(p, {})
-            tensors.append({k: f[k] for k in s})
-            if len(f) != len(s):
-                rest[p] = {k: v for k, v in f.items() if k not in s}
-        pending["state"] = rest
-        # moved - start, in place where base.step() moved the copies themselves (they are this
-        # update's own), not where it put other tensors in the parameters' place
-        if own:
-            torch._foreach_sub_(moved, start)
-        else:
-            moved = torch._foreach_sub(moved, start)
-        steps = dict(zip(keys, moved, strict=True))
-        if len(steps) != len(params):
-            steps = {k: steps[k] if k in steps else torch.zeros_like(v) for k, v in params.items()}
-        updates = {k: _as(steps[k], v) for k, v in params.items()}
-        finite = _finite_flag(pending["state"], state.finite)
-        return updates, TorchState(finite, tensors if isinstance(state.tensors, list) else ())
-
-    update.pending = pending
-    return Transform(init, update)
-
-
-def state_tensors(base: torch.optim.Optimizer) -> list[dict[str, Tensor]]:
-    """The tensors of ``base``'s state, one dict per parameter it holds, in its groups' order: the
-    ``tensors`` of a `TorchState` (no copy).
-
-    Args:
-        base: a ``torch.optim`` optimiser.
-
-    Returns:
-        A list of dicts ``key -> tensor`` (``{}`` for a parameter without state).
-    """
-    return [
-        {k: v for k, v in base.state.get(p, {}).items() if isinstance(v, Tensor)}
-        for g in base.param_groups
-        for p in g["params"]
-    ]
-
-
-def commit(base: torch.optim.Optimizer, tensors, pending: dict, skipped: Tensor | None) -> None:
-    """Install a step's state into ``base``: ``tensors`` (a `TorchState`'s, already kept or dropped
-    by the guard) in place of the old, with no copy and no host synchronisation; and what the
-    update left in ``pending`` (a first step's state, values that are not tensors) when the step
-    was taken, which reads ``skipped`` on the host, once per step that formed such state.
-
-    Args:
-        base: the optimiser of a `torch_transform`.
-        tensors: the new `TorchState`'s ``tensors``.
-        pending: that transform's ``update.pending``.
-        skipped: the step's ``metrics["skipped"]``; None when the step has no guard.
-    """
-    held = [p for g in base.param_groups for p in g["params"]]
-    for p, s in zip(held, tensors, strict=False):
-        if s:
-            base.state[p].update(s)
-    rest = pending.pop("state", None)
-    if rest and (skipped is None or not bool(skipped)):
-        for p, s in rest.items():
-            base.state[p].update(s)
 
 
 def _lr_metric(lr) -> Tensor:
@@ -253,29 +103,6 @@ def _map_torch(opt_state, fn):
     """``opt_state`` with its `TorchState` (alone, or in a chain) replaced by ``fn`` of it."""
     is_torch = lambda x: isinstance(x, TorchState)  # noqa: E731
     return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
-
-
-def _as(t: Tensor, like: Tensor) -> Tensor:
-    """``t`` in ``like``'s dtype (itself when it is already)."""
-    return t if t.dtype == like.dtype else t.to(like.dtype)
-
-
-def _like(state, entries: dict) -> Any:
-    """A mapping of the kind of ``state`` (a defaultdict stays one) holding ``entries``."""
-    out = copy.copy(state)
-    out.clear()
-    out.update(entries)
-    return out
-
-
-def _finite_flag(state, like: Tensor) -> Tensor:
-    """0 when every floating-point tensor of ``state`` (parameter -> dict) is finite, NaN
-    otherwise; ``like``'s zero when it holds none."""
-    leaves = [t for s in state.values() for t in s.values() if isinstance(t, Tensor)]
-    if not any(t.is_floating_point() and t.numel() for t in leaves):
-        return torch.zeros_like(like)
-    ok = _all_finite(leaves, device=like.device)
-    return torch.where(ok, torch.zeros_like(like), torch.full_like(like, float("nan")))
 
 
 class FlatnessOptimizer(torch.optim.Optimizer):
@@ -407,14 +234,16 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         self._model, self.metrics = model, {}
         places = _places(model)  # a buffer the module replaces later is read at its place
         self._buffer_at = [(k, *places[k]) for k, _ in model.named_buffers()]
+        self._views: dict[str, tuple[Tensor, Tensor]] = {}  # buffer name -> (buffer, detached)
         self._state: StepState | None = None
         self._torch: torch.optim.Optimizer | None = None
+        self._bridge: TorchBridge | None = None
         if isinstance(opt, torch.optim.Optimizer):
             self._torch = opt
             self._trainable = _held(opt, named)
             self._ids = {id(p): k for k, p in self._trainable.items()}
-            transform = torch_transform(opt, self._ids)
-            self._pending = transform.update.pending
+            self._bridge = TorchBridge(opt, self._ids)
+            transform = self._bridge.transform
         else:
             self._trainable = trainable
             transform = opt
@@ -602,28 +431,33 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         return {k: p.detach() for k, p in self._trainable.items()}
 
     def _advance(self, run, data) -> Tensor:
-        if self._graphed and self._torch is not None and run is self._batch_step:
+        bridge = self._bridge
+        if self._graphed and bridge is not None and run is self._batch_step:
             self._recapture_on_change()
-        params = self._params()
+        if bridge is None:
+            params = self._params()
+        else:  # copies, which the step reads while the base optimiser moves its own tensors
+            params, tensors = bridge.snapshot()
         named_buffers = [(k, b) for k, d, key in self._buffer_at if (b := d.get(key)) is not None]
-        buffers = {k: b.detach() for k, b in named_buffers}
+        buffers = self._detached(named_buffers)
         if self._state is None:
             self._state = run.init(params, None)
         state = self._state._replace(buffers=buffers)
-        if self._torch is None:
+        if bridge is None:
             state = state._replace(opt=self._with_groups(state.opt))
+            new_params, new_state, metrics = run(params, state, data)
         else:
-            tensors = state_tensors(self._torch)
             state = state._replace(
                 opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors))
             )
-            if not self._graphed:  # the update may restore the module's tensors from params
-                self._pending["aliases"] = True
-        new_params, new_state, metrics = run(params, state, data)
-        if self._torch is not None:
+            try:
+                new_params, new_state, metrics = run(params, state, data)
+            except BaseException:
+                bridge.rollback(params, tensors)
+                raise
             formed = []
             opt = _map_torch(new_state.opt, lambda s: formed.append(s) or TorchState(s.finite))
-            commit(self._torch, formed[0].tensors, self._pending, metrics.get("skipped"))
+            bridge.commit(formed[0].tensors, metrics.get("skipped"))
             new_state = new_state._replace(opt=opt)
             metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
         with torch.no_grad():
@@ -633,10 +467,21 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             )
         self._state = new_state._replace(buffers=())  # the buffers live in the module
         self.metrics = metrics
-        if self._torch is None and self._hyper.scheduled:
+        if bridge is None and self._hyper.scheduled:
             self.param_groups[0]["lr"] = float(learning_rate(new_state.opt))
             self._set[0]["lr"] = self.param_groups[0]["lr"]
         return metrics["loss"]
+
+    def _detached(self, named_buffers: list[tuple[str, Tensor]]) -> dict[str, Tensor]:
+        """The buffers, detached: the views of the last step where each buffer is the same tensor
+        over the same memory (a module that replaces a buffer, or ``.to()``, makes a new view)."""
+        views, out = self._views, {}
+        for k, b in named_buffers:
+            seen = views.get(k)
+            if seen is None or seen[0] is not b or seen[1].data_ptr() != b.data_ptr():
+                seen = views[k] = (b, b.detach())
+            out[k] = seen[1]
+        return out
 
     def _recapture_on_change(self) -> None:
         """Drop the graphs when a number the torch base optimiser reads from its param groups (a

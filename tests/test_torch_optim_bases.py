@@ -239,28 +239,36 @@ def test_the_base_optimiser_is_left_as_it_was_between_steps():
     assert all(p.grad is None for p in model.parameters())
 
 
-@pytest.mark.parametrize("facade", [True, False])
-def test_each_parameter_keeps_its_storage_through_the_update(facade):
-    """After the update each parameter holds its own storage again, with its shape and strides,
-    whether the facade hands its tensors in (``params`` are the parameters' own, detached) or the
-    transform reads them from the parameters (called on its own)."""
-    from gamfunc.torch_optim import TorchState, state_tensors, torch_transform
-
+def test_each_parameter_keeps_its_storage_through_the_update():
+    """The base optimiser moves its own parameters in place, and the facade's copy of the new
+    parameters goes into them: each keeps its storage, shape and strides."""
     model = mlp()
     base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     before = {k: (p.data_ptr(), p.shape, p.stride()) for k, p in model.named_parameters()}
-    if facade:
-        run(SAM(model, base, rho=0.05), batches(3))
-    else:
-        named = dict(model.named_parameters())
-        transform = torch_transform(base, {id(p): k for k, p in named.items()})
-        params = {k: p.detach().clone() for k, p in named.items()}  # not the parameters' own
-        direction = {k: torch.ones_like(p) for k, p in params.items()}
-        state = TorchState(torch.zeros((), dtype=torch.float64), state_tensors(base))
-        updates, _ = transform.update(direction, state, params)
-        torch.testing.assert_close(updates["0.bias"], torch.full((6,), -0.1, dtype=torch.float64))
+    run(SAM(model, base, rho=0.05), batches(3))
     after = {k: (p.data_ptr(), p.shape, p.stride()) for k, p in model.named_parameters()}
     assert after == before
+
+
+def test_the_bridge_updates_from_its_snapshot_only():
+    """The update runs on the values of the bridge's last snapshot: called without one, it says so
+    rather than step from whatever the optimiser holds; with one, it gives base.step()'s move and
+    leaves the snapshot's tensors as they were."""
+    from gamfunc.torch_bridge import TorchBridge, TorchState
+
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    bridge = TorchBridge(base, {id(p): k for k, p in model.named_parameters()})
+    params, tensors = bridge.snapshot()
+    direction = {k: torch.ones_like(p) for k, p in params.items()}
+    state = TorchState(torch.zeros((), dtype=torch.float64), tensors)
+    seen = {k: v.clone() for k, v in params.items()}
+    updates, _ = bridge.transform.update(direction, state, params)
+    torch.testing.assert_close(updates["0.bias"], torch.full((6,), -0.1, dtype=torch.float64))
+    for k, v in params.items():
+        torch.testing.assert_close(v, seen[k], rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="snapshot"):
+        bridge.transform.update(direction, state, params)
 
 
 class _Rebinding(torch.optim.Optimizer):
@@ -290,3 +298,90 @@ def test_an_optimiser_that_puts_other_tensors_in_the_parameters_place():
     torch.testing.assert_close(params_of(model), want, **TIGHT)
     for p in model.parameters():
         torch.testing.assert_close(opt.state[p]["last"], p.detach(), rtol=0, atol=0)
+
+
+class _Counting(torch.optim.Optimizer):
+    """Gradient descent with momentum whose state keeps a Python int besides its tensor, as some
+    third-party optimisers keep their step count."""
+
+    def __init__(self, params, lr):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if not state:
+                    state["t"], state["buf"] = 0, torch.zeros_like(p)
+                state["t"] += 1
+                state["buf"].mul_(0.9).add_(p.grad)
+                p.add_(state["buf"], alpha=-group["lr"])
+
+
+def _base_state(opt):
+    return copy.deepcopy(opt.state_dict()["base"]["state"])
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for i in a:
+        assert a[i].keys() == b[i].keys()
+        for k, v in a[i].items():
+            assert torch.equal(v, b[i][k]) if isinstance(v, torch.Tensor) else v == b[i][k]
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+        lambda p: torch.optim.Adam(p, lr=1e-2),
+        lambda p: _Counting(p, lr=0.1),
+    ],
+    ids=["sgd", "adam", "int_state"],
+)
+def test_a_skipped_step_leaves_the_base_optimiser_s_state_as_it_was(make):
+    """After two kept steps, a step whose batch is not finite moves neither the parameters nor any
+    entry of the base optimiser's state (tensors moved in place by its step(), a Python int), and
+    the next step continues from them as if the skipped one had not been."""
+    data = batches(3)
+    model, twin = mlp(), mlp()
+    opt, ref = (
+        SAM(model, make(model.parameters()), rho=0.05),
+        SAM(twin, make(twin.parameters()), rho=0.05),
+    )
+    run(opt, data[:2])
+    run(ref, data[:2])
+    params, state = copy.deepcopy(params_of(model)), _base_state(opt)
+    x, y = data[2]
+    opt.step((torch.full_like(x, float("nan")), y))
+    assert int(opt.metrics["skipped"]) == 1
+    assert all(torch.equal(p, params[k]) for k, p in params_of(model).items())
+    _same(_base_state(opt), state)
+    opt.step(data[2])
+    ref.step(data[2])
+    torch.testing.assert_close(params_of(model), params_of(twin), rtol=0, atol=0)
+    _same(_base_state(opt), _base_state(ref))
+
+
+def test_a_step_that_raises_leaves_the_model_and_the_base_optimiser_as_they_were():
+    """on_nonfinite="raise": the error comes after the base optimiser's step() moved its own
+    tensors; the parameters and its state are put back."""
+    data = batches(2)
+    model = mlp()
+    opt = SAM(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        rho=0.05,
+        on_nonfinite="raise",
+    )
+    run(opt, data[:1])
+    params, state = copy.deepcopy(params_of(model)), _base_state(opt)
+    opt.param_groups[0]["lr"] = float("inf")
+    with pytest.raises(FloatingPointError):
+        opt.step(data[1])
+    assert all(torch.equal(p, params[k]) for k, p in params_of(model).items())
+    _same(_base_state(opt), state)
+    opt.param_groups[0]["lr"] = 0.1
+    opt.step(data[1])
+    assert int(opt.state_dict()["state"]["step"]) == 2
