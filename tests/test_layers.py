@@ -65,6 +65,7 @@ LAYERS = [
     (
         "gamfunc.convenience",
         "gamfunc.torch_optim",
+        "gamfunc.torch_bridge",
         "gamfunc.logging",
         "gamfunc.ensemble",
         "gamfunc.cuda_graphs",
