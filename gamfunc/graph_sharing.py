@@ -65,7 +65,7 @@ def _same_layout(a: fx.Node, b: fx.Node) -> bool:
     x, y = _val(a), _val(b)
     if x is None or y is None:
         return False
-    return (x.shape, x.stride(), x.dtype, x.device) == (y.shape, y.stride(), y.dtype, y.device)
+    return _layout(x)[:2] + _layout(x)[3:] == _layout(y)[:2] + _layout(y)[3:]
 
 
 def _mutates(node: fx.Node) -> bool:
@@ -113,7 +113,19 @@ def _layout(val) -> tuple:
     """The layout of a value: what two results must share besides their work to be one tensor."""
     if val is None:
         return ()
-    return (tuple(val.shape), tuple(val.stride()), val.storage_offset(), val.dtype, val.device)
+    return (
+        _sizes(val.shape),
+        _sizes(val.stride()),
+        _sizes((val.storage_offset(),))[0],
+        val.dtype,
+        val.device,
+    )
+
+
+def _sizes(dims) -> tuple:
+    """Sizes as keys: an int as it is, a symbolic size (a compile with dynamic shapes), which no
+    dict can hash, as its expression (``s0``, ``2*s0``): one symbol of one graph names one size."""
+    return tuple(d if isinstance(d, int) else str(d) for d in dims)
 
 
 def _key(node: fx.Node):

@@ -227,3 +227,21 @@ def test_a_compiled_point_with_the_pass_equals_the_eager_point_on_cuda():
     for a, b in zip(fn(params, batch, buffers), compiled(params, batch, buffers), strict=True):
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11)
+
+
+def test_a_graph_of_symbolic_shapes_is_merged_too():
+    """A compile with dynamic shapes (Dynamo marks a dimension dynamic once a pass of the same
+    code has seen two batch sizes) hands the pass SymInt shapes, which no set or dict can hash:
+    the same work is still found and merged."""
+    gm = make_fx(lambda t: ((t * 2).sin(), (t * 2).sin()), tracing_mode="symbolic")(
+        torch.randn(5, 3)
+    )
+    assert not isinstance(gm.graph.find_nodes(op="placeholder")[0].meta["val"].shape[0], int)
+    share_equal_work(gm.graph)
+    gm.recompile()
+    muls = [n for n in gm.graph.nodes if n.target == torch.ops.aten.mul.Tensor]
+    assert len(muls) == 1  # t * 2 once; the sines are outputs, which are never merged
+    x = torch.randn(7, 3)
+    a, b = gm(x)
+    torch.testing.assert_close(a, (x * 2).sin())
+    torch.testing.assert_close(b, a)
