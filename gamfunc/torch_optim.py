@@ -664,8 +664,8 @@ class SAM(FlatnessOptimizer):
 class TorchBase(FlatnessOptimizer):
     """[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] over a ``torch.optim`` base optimiser, named so.
 
-    It adds nothing to the facade: the step is make_step's, the base optimiser a
-    `torch_transform` of it. ``param_groups`` and ``state``
+    It adds nothing to the facade: the step is make_step's, the base optimiser joined to it by a
+    `gamfunc.torch_bridge.TorchBridge`. ``param_groups`` and ``state``
     are the base optimiser's own; ``state_dict()`` holds its ``state_dict()`` under ``"base"``.
 
     Args:
