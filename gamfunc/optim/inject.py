@@ -142,7 +142,8 @@ def injected(state) -> list[InjectState]:
             walk(node.inner)
         elif isinstance(node, tuple | list):
             for v in node:
-                walk(v)
+                if not isinstance(v, Tensor):  # a state's list of tensors holds none
+                    walk(v)
 
     walk(state)
     return found
