@@ -288,8 +288,8 @@ class _Rebinding(torch.optim.Optimizer):
 
 
 def test_an_optimiser_that_puts_other_tensors_in_the_parameters_place():
-    """The update is read from the tensors in the parameters' place after base.step(), without
-    writing into them: here they are also the optimiser's state, which stays the new parameters."""
+    """The update is read from the tensors in the parameters' place after base.step(): here they
+    are also the optimiser's state, which stays the new parameters."""
     data = batches(5)
     want, _ = pure(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), data)
     model = mlp()
