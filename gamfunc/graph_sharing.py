@@ -65,7 +65,11 @@ def _same_layout(a: fx.Node, b: fx.Node) -> bool:
     x, y = _val(a), _val(b)
     if x is None or y is None:
         return False
-    return _layout(x)[:2] + _layout(x)[3:] == _layout(y)[:2] + _layout(y)[3:]
+    (shape, stride, _, dtype, device), (shape2, stride2, _, dtype2, device2) = (
+        _layout(x),
+        _layout(y),
+    )
+    return (shape, stride, dtype, device) == (shape2, stride2, dtype2, device2)
 
 
 def _mutates(node: fx.Node) -> bool:
