@@ -228,4 +228,55 @@ def test_a_signal_to_torchrun_stops_every_rank_and_the_summary_says_143(tmp_path
     assert text.count("stopped by SIGTERM during training; kept: the checkpoint") == 1, text
     s = json.loads((run / "summary.json").read_text())
     assert (s["status"], s["exit_code"]) == ("interrupted", 143)
-    assert ckpt.load(run / "checkpoint.pt")["position"]["global_step"] == s["steps"]
+    assert ckpt.load(run / "checkpoint.pt")["position"]["global_step"] == kept_step(text)
+    assert kept_step(text) <= s["steps"]  # equal unless a rank left a collective (test below)
+
+
+def kept_step(text: str) -> int:
+    """The step of the checkpoint that the one line of a stop says it kept."""
+    (step,) = re.findall(r"kept: the checkpoint of step (\d+) at", text)
+    return int(step)
+
+
+def test_a_rank_that_leaves_a_collective_after_a_signal_stops_the_others_with_what_they_kept(
+    tmp_path,
+):
+    """Rank 0 takes SIGTERM while rank 1 cannot answer (stopped), then rank 1 dies: rank 0's
+    collective fails, and that failure is the signal's stop, in the phase it came in (training),
+    with the last checkpoint written named as what is kept, exit 143 and an interrupted summary.
+    Two processes joined through the environment, without torchrun, whose agent would signal
+    rank 0 a second time."""
+    logdir, port = tmp_path / "runs", free_port()
+    args = [f"--logdir={logdir}", *ARGS, "--estimator=sgd", "--epochs=100000"]
+    cmd = [sys.executable, str(ROOT / "reproduce/train.py"), *args, "--checkpoint_every=3"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", WORLD_SIZE="2")
+    env |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    logs = [tmp_path / f"rank{r}.log" for r in (0, 1)]
+    ranks = []
+    for r, log in enumerate(logs):
+        with open(log, "w") as out:
+            rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r))
+            ranks.append(subprocess.Popen(cmd, env=rank_env, stdout=out, stderr=subprocess.STDOUT))
+    run = logdir / "digits" / "sgd"
+    try:
+        deadline = time.monotonic() + WAIT
+        while not (run / "checkpoint.pt").exists() and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in ranks), logs[0].read_text()
+            time.sleep(0.2)
+        ranks[1].send_signal(signal.SIGSTOP)  # rank 0's next collective waits for it
+        ranks[0].send_signal(signal.SIGTERM)
+        time.sleep(1)
+        ranks[1].kill()
+        code = ranks[0].wait(timeout=WAIT)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    text = logs[0].read_text()
+    assert code == 143, text
+    assert text.count("stopped by SIGTERM during training; kept: the checkpoint") == 1, text
+    assert "Traceback" not in text
+    s = json.loads((run / "summary.json").read_text())
+    assert (s["status"], s["exit_code"]) == ("interrupted", 143)
+    assert ckpt.load(run / "checkpoint.pt")["position"]["global_step"] == kept_step(text)

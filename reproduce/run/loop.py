@@ -99,9 +99,17 @@ def _train(r: Run, data, saved: dict | None) -> dict:
     """Train from ``saved`` (a checkpoint body; None: afresh) to the end of the run; its summary."""
     parts, p, s = _start(r, data, saved)
     try:
-        r.stop.now("training")
-        stopped = train(r, parts, p, s)
-        status, final = end_of_run(r, parts, p, s, stopped)
+        try:
+            r.stop.now("training")
+            stopped = train(r, parts, p, s)
+            status, final = end_of_run(r, parts, p, s, stopped)
+        except RuntimeError as error:
+            # after a signal, a collective that another rank left (or whose wait the signal broke):
+            # the stop, in its phase; the checkpoint it would write is a collective too, so the
+            # last one written is what the run keeps
+            if r.stop.signum is None or r.procs.world == 1:
+                raise
+            raise Interrupted(r.stop.signum, r.stop.phase) from error
     except Interrupted as e:
         e.kept = r.kept()
         if r.saved_step is not None:  # the summary of what is kept, with the reason and status
