@@ -237,10 +237,11 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
         _error(f"cannot write{target}: {e.strerror or e}; {what}")
         return 2
     except RuntimeError:
-        if stop.signum is None or procs.world == 1:
+        signum = stop.arrived()
+        if signum is None or procs.world == 1:
             raise
         # another rank stopped on the same signal and left the collective this one waits in
-        return _stopped(Interrupted(stop.signum, stop.phase), stop)
+        return _stopped(Interrupted(signum, stop.phase), stop)
     if procs.main:
         print()
         print(report.table(summaries))

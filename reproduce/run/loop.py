@@ -107,9 +107,10 @@ def _train(r: Run, data, saved: dict | None) -> dict:
             # after a signal, a collective that another rank left (or whose wait the signal broke):
             # the stop, in its phase; the checkpoint it would write is a collective too, so the
             # last one written is what the run keeps
-            if r.stop.signum is None or r.procs.world == 1:
+            signum = r.stop.arrived()
+            if signum is None or r.procs.world == 1:
                 raise
-            raise Interrupted(r.stop.signum, r.stop.phase) from error
+            raise Interrupted(signum, r.stop.phase) from error
     except Interrupted as e:
         e.kept = r.kept()
         if r.saved_step is not None:  # the summary of what is kept, with the reason and status

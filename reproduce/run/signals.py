@@ -102,6 +102,18 @@ class StopFlag:
             _say_once(f"{e}; {e.kept}", sys.stderr)
         return e.code
 
+    def arrived(self) -> int | None:
+        """The signal that stops the run, or None. Where a failure may come of a signal (a
+        collective that a stopped rank left, a data loader whose workers it stopped), ask this, not
+        ``signum``: a signal that came while a call in C blocked the main thread is handed to its
+        handler at the next call of a Python function, this one's, so it is recorded by the time
+        the answer is read.
+
+        Returns:
+            The signal's number, or None.
+        """
+        return self.signum
+
     def check(self) -> None:
         """Raise `Interrupted` if a signal arrived."""
         if self.signum is not None:
@@ -183,7 +195,7 @@ def until_stopped(batches: Iterable, stop: StopFlag):
         except StopIteration:
             return
         except Exception:
-            if stop.signum is None:
+            if stop.arrived() is None:
                 raise
             return
         yield item
