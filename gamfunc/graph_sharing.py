@@ -65,11 +65,7 @@ def _same_layout(a: fx.Node, b: fx.Node) -> bool:
     x, y = _val(a), _val(b)
     if x is None or y is None:
         return False
-    (shape, stride, _, dtype, device), (shape2, stride2, _, dtype2, device2) = (
-        _layout(x),
-        _layout(y),
-    )
-    return (shape, stride, dtype, device) == (shape2, stride2, dtype2, device2)
+    return _layout(x, offset=False) == _layout(y, offset=False)
 
 
 def _mutates(node: fx.Node) -> bool:
@@ -113,23 +109,23 @@ def _drop_identity_copies(graph: fx.Graph) -> None:
         graph.erase_node(node)
 
 
-def _layout(val) -> tuple:
-    """The layout of a value: what two results must share besides their work to be one tensor."""
+def _layout(val, offset: bool = True) -> tuple:
+    """The layout of a value: what two results must share besides their work to be one tensor
+    (shape, strides, storage offset unless ``offset`` is False, dtype, device)."""
     if val is None:
         return ()
-    return (
-        _sizes(val.shape),
-        _sizes(val.stride()),
-        _sizes((val.storage_offset(),))[0],
-        val.dtype,
-        val.device,
-    )
+    where = (_size(val.storage_offset()),) if offset else ()
+    return (_sizes(val.shape), _sizes(val.stride()), *where, val.dtype, val.device)
+
+
+def _size(d):
+    """A size as a key: an int as it is, a symbolic size (a compile with dynamic shapes), which no
+    dict can hash, as its expression (``s0``, ``2*s0``): one symbol of one graph names one size."""
+    return d if isinstance(d, int) else str(d)
 
 
 def _sizes(dims) -> tuple:
-    """Sizes as keys: an int as it is, a symbolic size (a compile with dynamic shapes), which no
-    dict can hash, as its expression (``s0``, ``2*s0``): one symbol of one graph names one size."""
-    return tuple(d if isinstance(d, int) else str(d) for d in dims)
+    return tuple(map(_size, dims))
 
 
 def _key(node: fx.Node):
