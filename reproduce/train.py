@@ -237,11 +237,10 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
         _error(f"cannot write{target}: {e.strerror or e}; {what}")
         return 2
     except RuntimeError:
-        signum = stop.arrived()
-        if signum is None or procs.world == 1:
+        stopped = stop.left_collective(procs.world)
+        if stopped is None:
             raise
-        # another rank stopped on the same signal and left the collective this one waits in
-        return _stopped(Interrupted(signum, stop.phase), stop)
+        return _stopped(stopped, stop)
     if procs.main:
         print()
         print(report.table(summaries))

@@ -104,13 +104,11 @@ def _train(r: Run, data, saved: dict | None) -> dict:
             stopped = train(r, parts, p, s)
             status, final = end_of_run(r, parts, p, s, stopped)
         except RuntimeError as error:
-            # after a signal, a collective that another rank left (or whose wait the signal broke):
-            # the stop, in its phase; the checkpoint it would write is a collective too, so the
-            # last one written is what the run keeps
-            signum = r.stop.arrived()
-            if signum is None or r.procs.world == 1:
+            # the checkpoint a stop writes is a collective too: the last one written is what is kept
+            interrupted = r.stop.left_collective(r.procs.world)
+            if interrupted is None:
                 raise
-            raise Interrupted(signum, r.stop.phase) from error
+            raise interrupted from error
     except Interrupted as e:
         e.kept = r.kept()
         if r.saved_step is not None:  # the summary of what is kept, with the reason and status

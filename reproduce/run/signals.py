@@ -114,6 +114,21 @@ class StopFlag:
         """
         return self.signum
 
+    def left_collective(self, world: int) -> Interrupted | None:
+        """What a failed collective is in a job of ``world`` processes: after a signal, another rank
+        that it stopped may have left the collective (or the signal broke the wait), so the failure
+        is the signal's stop, in the current phase; None where no signal arrived or the job is one
+        process (the failure is then itself).
+
+        Args:
+            world: the job's processes.
+
+        Returns:
+            The stop, or None.
+        """
+        signum = self.arrived()
+        return Interrupted(signum, self.phase) if signum is not None and world > 1 else None
+
     def check(self) -> None:
         """Raise `Interrupted` if a signal arrived."""
         if self.signum is not None:
