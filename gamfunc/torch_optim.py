@@ -518,7 +518,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             group = next(groups)
             # new 0-d tensors, never in-place writes: earlier metrics and states share the old ones
             new = {
-                k: torch.full((), float(group[k]), dtype=torch.float64, device=v.device)
+                k: torch.full((), float(group[k]), dtype=v.dtype, device=v.device)
                 for k, v in s.hyperparams.items()
                 if k in group
             }

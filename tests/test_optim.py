@@ -198,17 +198,53 @@ def test_optimiser_states_hold_their_statistics_and_injected_hyperparameters():
         assert type(new) is type(opt.init(params))
 
 
+@pytest.mark.parametrize(
+    "dtypes, want",
+    [
+        ((torch.float32,), torch.float32),
+        ((torch.bfloat16, torch.float16), torch.float32),
+        ((torch.float32, torch.float64), torch.float64),
+    ],
+)
+def test_hyperparameters_live_in_the_widest_dtype_of_the_params_at_least_float32(dtypes, want):
+    # A 0-d float64 tensor on the CPU is what torch.compile turns into a symbolic float (and a
+    # second trace of the step): a step on float32 params carries none in its state.
+    params = {f"w{i}": torch.ones(3, dtype=d) for i, d in enumerate(dtypes)}
+    params["count"] = torch.zeros(2, dtype=torch.int64)  # not floating: no say in the dtype
+    assert gamfunc.optim.hyperparam_dtype(params) == want
+    lr = schedules.cosine(0.1, total_steps=10, warmup_steps=2)
+    opt = gamfunc.chain(gamfunc.sgd(lr=lr, momentum=0.9), gamfunc.adamw(lr=1e-3))
+    step = gamfunc.make_step(
+        gamfunc.sam(rho=0.05), opt, lambda p, b: sum(v.sum() for v in p.values())
+    )
+    state = step.init({k: v for k, v in params.items() if v.is_floating_point()})
+    scalars = [
+        t for t in torch.utils._pytree.tree_leaves(state) if t.ndim == 0 and t.is_floating_point()
+    ]
+    assert scalars and {t.dtype for t in scalars} == {want}
+    for s in gamfunc.optim.injected(state):  # a schedule's kept value too, after an update
+        assert all(v.dtype == want for v in (*s.hyperparams.values(), *s.scheduled.values()))
+    _, new, _ = step({k: v for k, v in params.items() if v.is_floating_point()}, state, None)
+    assert {t.dtype for s in gamfunc.optim.injected(new.opt) for t in s.scheduled.values()} == {
+        want
+    }
+
+
 def test_set_hyperparams_sets_a_constant_through_a_chain_and_refuses_a_schedule():
     params = {"w": torch.ones(3)}
-    lr = torch.tensor(0.5, dtype=torch.float64)
+    lr = torch.tensor(0.5)  # in the state's dtype (float32 for float32 params): kept as given
     state = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(0.1)).init(params)
     changed = gamfunc.set_hyperparams(state, lr=lr)
     assert changed.states[1].hyperparams["lr"] is lr and gamfunc.optim.learning_rate(changed) is lr
-    assert float(gamfunc.optim.learning_rate(state)) == 0.1  # the state given is not changed
+    # the state given is not changed
+    assert gamfunc.optim.learning_rate(state).item() == torch.tensor(0.1).item()
+    wide = gamfunc.set_hyperparams(state, lr=torch.tensor(0.25, dtype=torch.float64))
+    assert gamfunc.optim.learning_rate(wide).dtype == torch.float32  # taken in the state's dtype
+    assert float(gamfunc.optim.learning_rate(wide)) == 0.25
     with pytest.raises(ValueError, match="momentum is not a hyperparameter"):
         gamfunc.set_hyperparams(state, momentum=lr)
     schedule = schedules.cosine(0.1, total_steps=10)
-    five = torch.tensor(5.0, dtype=torch.float64)
+    five = torch.tensor(5.0)
     for make in (gamfunc.sgd, gamfunc.adamw, gamfunc.adam, gamfunc.lion):
         for state in (
             make(lr=schedule).init(params),

@@ -376,8 +376,9 @@ def _recording(monkeypatch, name):
 
 @pytest.mark.parametrize("eager_check", [True, False], ids=["amp-check", "foreach-norm"])
 def test_the_finiteness_check_takes_one_kernel_per_dtype_and_device(monkeypatch, eager_check):
-    # A list that mixes dtypes (the parameters and the optimiser's float64 lr) would send every
-    # tensor down the kernels' per-tensor path on a GPU: one kernel per tensor, on the host's time.
+    # A list that mixes dtypes (float32 and float64 parameters, and the optimiser's lr, float64 with
+    # them) would send every tensor down the kernels' per-tensor path on a GPU: one kernel per
+    # tensor, on the host's time.
     # The step runs its check without grad: GradScaler's check then; where autograd records (or
     # traced, or under vmap) the _foreach_norm of each group.
     from gamfunc import step as step_mod
@@ -387,6 +388,7 @@ def test_the_finiteness_check_takes_one_kernel_per_dtype_and_device(monkeypatch,
     assert nonfinite_check_runs("cpu")  # its probe, once per device type, before recording
     calls = _recording(monkeypatch, name)
     params = {f"w{i}": torch.randn(3, dtype=torch.float32) for i in range(5)}
+    params["wide"] = torch.randn(3, dtype=torch.float64)
     opt = gamfunc.sgd(lr=0.1, momentum=0.9).init(params)
     with torch.set_grad_enabled(not eager_check):
         assert bool(step_mod._all_finite(params, opt))

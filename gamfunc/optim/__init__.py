@@ -7,6 +7,7 @@ from gamfunc.optim.base import Transform, apply_updates, call_update
 from gamfunc.optim.groups import GroupsState, param_groups
 from gamfunc.optim.inject import (
     InjectState,
+    hyperparam_dtype,
     inject_hyperparams,
     injected,
     learning_rate,
@@ -24,6 +25,7 @@ __all__ = [
     "adamw",
     "apply_updates",
     "call_update",
+    "hyperparam_dtype",
     "inject_hyperparams",
     "injected",
     "learning_rate",

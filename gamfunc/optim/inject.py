@@ -17,6 +17,7 @@ from gamfunc.tree import Tree
 
 __all__ = [
     "InjectState",
+    "hyperparam_dtype",
     "inject_hyperparams",
     "injected",
     "learning_rate",
@@ -29,10 +30,11 @@ class InjectState(NamedTuple):
     """The state of a transform made by [`inject_hyperparams`][gamfunc.optim.inject.inject_hyperparams].
 
     Attributes:
-        hyperparams: name -> 0-d float64 tensor, the constants the next update uses. Replace one
+        hyperparams: name -> 0-d tensor in `hyperparam_dtype` of the params, the constants the
+            next update uses. Replace one
             (``state._replace(hyperparams={**state.hyperparams, "lr": new})``, or
             [`set_hyperparams`][gamfunc.optim.inject.set_hyperparams]) to change it between steps; a compiled step does not recompile.
-        scheduled: name -> 0-d float64 tensor, each schedule's value at the last update (at t = 0
+        scheduled: name -> 0-d tensor of the same dtype, each schedule's value at the last update (at t = 0
             in the state ``init`` returns: the value the first update will use). Set by the
             schedule alone.
         inner: the state of the transform the factory builds.
@@ -47,10 +49,32 @@ def _device(params: Tree) -> torch.device:
     return next(iter(params.values())).device if params else torch.device("cpu")
 
 
-def _f64(v, device: torch.device) -> Tensor:
+def hyperparam_dtype(params: Tree) -> torch.dtype:
+    """The dtype in which an injected transform keeps its hyperparameters: the widest floating-point
+    dtype of the params, at least float32 (float32 for float32, bfloat16 and float16 params,
+    float64 where one is float64).
+
+    An update computes in the params' dtype, so a wider hyperparameter would be rounded to it there
+    anyway. A 0-d float64 tensor on the CPU is also the one input that ``torch.compile`` turns into a
+    symbolic float, which sends Dynamo through a second trace of the whole step.
+
+    Args:
+        params: a flat dict of tensors.
+
+    Returns:
+        float32 or float64.
+    """
+    dtype = torch.float32
+    for v in params.values():
+        if v.is_floating_point():
+            dtype = torch.promote_types(dtype, v.dtype)
+    return dtype
+
+
+def _scalar(v, device: torch.device, dtype: torch.dtype) -> Tensor:
     if isinstance(v, Tensor):
-        return v.to(device=device, dtype=torch.float64)
-    return torch.tensor(float(v), dtype=torch.float64, device=device)
+        return v.to(device=device, dtype=dtype)
+    return torch.tensor(float(v), dtype=dtype, device=device)
 
 
 def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Transform]:
@@ -90,10 +114,10 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
         static = {k: v for k, v in kwargs.items() if k not in numbers and k not in schedules}
 
         def init(params):
-            dev = _device(params)
-            hyper = {k: _f64(v, dev) for k, v in numbers.items()}
+            dev, dtype = _device(params), hyperparam_dtype(params)
+            hyper = {k: _scalar(v, dev, dtype) for k, v in numbers.items()}
             sched = {
-                k: _f64(value(h, torch.zeros((), dtype=torch.int64, device=dev)), dev)
+                k: _scalar(value(h, torch.zeros((), dtype=torch.int64, device=dev)), dev, dtype)
                 for k, h in schedules.items()
             }
             return InjectState(hyper, sched, factory(**static, **hyper, **sched).init(params))
@@ -109,7 +133,7 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
             inner = factory(**static, **state.hyperparams, **sched)
             updates, inner_state = call_update(inner, direction, state.inner, params, step)
             dev = _device(params)
-            kept = {k: v.to(device=dev, dtype=torch.float64) for k, v in sched.items()}
+            kept = {k: v.to(device=dev, dtype=state.scheduled[k].dtype) for k, v in sched.items()}
             return updates, InjectState(state.hyperparams, kept, inner_state)
 
         return Transform(init, update)
@@ -158,7 +182,7 @@ def learning_rate(state) -> Tensor | None:
         state: an optimiser's state.
 
     Returns:
-        A 0-d float64 tensor, or None where no transform injects an ``lr``.
+        A 0-d tensor (in `hyperparam_dtype`), or None where no transform injects an ``lr``.
     """
     for s in injected(state):
         if "lr" in s.hyperparams:
@@ -170,7 +194,8 @@ def learning_rate(state) -> Tensor | None:
 
 def set_hyperparams(state, **values: float | Tensor):
     """``state`` with the hyperparameters ``values`` set in every [`InjectState`][gamfunc.optim.inject.InjectState] that keeps
-    them; a number becomes a new 0-d float64 tensor on that state's device.
+    them; a number becomes a new 0-d tensor on that state's device and in its dtype, and a tensor
+    is taken in that dtype.
 
     Args:
         state: an optimiser's state.
@@ -225,7 +250,9 @@ def _check_value(name: str, v) -> None:
 
 def _set(s: InjectState, values: dict) -> InjectState:
     mine = {
-        k: v if isinstance(v, Tensor) else _f64(v, s.hyperparams[k].device)
+        k: v.to(s.hyperparams[k].dtype)
+        if isinstance(v, Tensor)
+        else _scalar(v, s.hyperparams[k].device, s.hyperparams[k].dtype)
         for k, v in values.items()
         if k in s.hyperparams
     }
