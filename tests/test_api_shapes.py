@@ -68,4 +68,5 @@ def test_set_hyperparams_takes_what_the_constructor_takes(value, why):
     state = gamfunc.sgd(lr=0.1).init(P)
     with pytest.raises(ValueError, match=why):
         gamfunc.set_hyperparams(state, lr=value)
-    assert float(gamfunc.optim.learning_rate(gamfunc.set_hyperparams(state, lr=0.2))) == 0.2
+    lr = gamfunc.optim.learning_rate(gamfunc.set_hyperparams(state, lr=0.2))
+    assert lr.dtype == torch.float32 and lr.item() == torch.tensor(0.2).item()  # P is float32
