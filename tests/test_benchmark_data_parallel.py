@@ -58,8 +58,9 @@ def test_rows_on_two_cpu_processes(monkeypatch, tmp_path):
     timed = [
         p.read_text() for p in logs if "RESULT" in p.read_text() and "window 3:" in p.read_text()
     ]
-    # ddp: 1 and 2 GPUs; gam_fd: 1, 2 global, 2 local; twin: alone, 2 copies, then 1 and 2 GPUs
-    assert len(timed) == 2 + 3 + 5
+    # ddp: 1 and 2 GPUs; gam_fd: 1, 2 global, 2 local; twin: alone (its 1 GPU), 2 copies, 2 GPUs
+    assert len(timed) == 2 + 3 + 4
+    assert rows[4]["one"] is not None and rows[4]["one"] == twin["one"]
     for r in rows[1:3]:  # gamfunc's runs say how many steps they took, and that they trained
         for run in (r["one"], r["many"]):
             assert run["steps_taken"] == 1 + 1 + 3 * 1 and run["skipped"] == 0

@@ -22,7 +22,7 @@ by name), and ``data_path_cost`` = 1 − its images/s ÷ the in-memory images/s 
 field ``sync`` (``r50:gam_fd:sync``) runs the step with the non-finite guard of before, which read the step's finiteness on the host at every step;
 ``twin`` (``r50:sgd:twin``) first runs the 1-GPU step alone, then one independent copy of it on
 every GPU at once (no process group): a slowdown there comes from what the processes share on the
-host, not from the collectives; ``graph`` (``r50:gam_fd:graph``) runs the same step replayed as a
+host, not from the collectives; the run alone is also the 1-GPU side of the row's efficiency; ``graph`` (``r50:gam_fd:graph``) runs the same step replayed as a
 CUDA graph (:func:`gamfunc.cuda_graph`, all-reduces included), on 1 GPU and on N.
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
@@ -447,7 +447,8 @@ def main(argv=None) -> int:
             )
             save()
             perts, guard = ["global"], ""
-        one = _result(_launch(a, m, k, 1, guard=guard), a.run_timeout)
+        else:
+            one = _result(_launch(a, m, k, 1, guard=guard), a.run_timeout)
         for n in a.gpus:
             for pert in perts:
                 tag = f"{name.replace(':', '_')}_{pert}" + (f"_{n}gpus" if len(a.gpus) > 1 else "")
