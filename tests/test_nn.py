@@ -124,3 +124,42 @@ def test_the_caller_runs_under_torch_compile():
     x = torch.randn(4, 3)
     compiled = torch.compile(lambda p, x: call(p, (x,)), backend="eager", fullgraph=True)
     torch.testing.assert_close(compiled(params, x), torch.func.functional_call(model, params, (x,)))
+
+
+def test_the_caller_traced_writes_its_tensors_in_place_and_leaves_the_module_as_it_was(
+    monkeypatch,
+):
+    # Under torch.compile too the caller writes each tensor into the dict that holds it (Dynamo
+    # follows functional_call's per-name swaps in more steps), through
+    # torch.func.grad, with a BatchNorm's buffers, and the module keeps its own tensors after it.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1)
+    )
+    own = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+    call = gamfunc.nn.Caller(model)
+    monkeypatch.setattr(gamfunc.nn, "functional_call", None)  # the caller's own path, not this
+
+    def loss(p, b, x):  # the buffers cloned inside, as gamfunc.nn.functionalize does
+        return call((p, {k: v.clone() for k, v in b.items()}), (x,)).square().mean()
+
+    def grad(p, b, x):
+        return torch.func.grad(loss)(p, b, x)
+
+    compiled = torch.compile(grad, backend="aot_eager", fullgraph=True)
+    for seed in range(2):  # new tensors each call: nothing of the first stays in the graph
+        torch.manual_seed(seed)
+        p = {k: torch.randn_like(v) for k, v in model.named_parameters()}
+        b = {k: v.clone() for k, v in model.named_buffers()}
+        x = torch.randn(8, 3)
+
+        def plain(p, b=b, x=x):
+            fresh = {k: v.clone() for k, v in b.items()}
+            return torch.func.functional_call(model, (p, fresh), (x,)).square().mean()
+
+        want = torch.func.grad(plain)(p)
+        got = compiled(p, b, x)
+        for k in p:
+            torch.testing.assert_close(got[k], want[k])
+        now = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
+        assert now.keys() == own.keys() and all(now[k] is own[k] for k in own)
