@@ -100,7 +100,7 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
         >>> opt = gamfunc.inject_hyperparams(gamfunc.transforms.scale_by_learning_rate)(lr=0.1)
         >>> p = {"w": torch.ones(2)}
         >>> state = opt.init(p)
-        >>> state = state._replace(hyperparams={"lr": torch.tensor(0.5, dtype=torch.float64)})
+        >>> state = state._replace(hyperparams={"lr": torch.tensor(0.5)})
         >>> opt.update({"w": torch.ones(2)}, state, p)[0]
         {'w': tensor([-0.5000, -0.5000])}
     """
