@@ -69,6 +69,10 @@ class StopFlag:
         self.kept: Callable[[], str] = lambda: "the last checkpoint written stays"
         self.said = False  # the one line of the stop is printed
 
+    # A signal is handled at whatever Python frame is running, also in the instant a compiled
+    # function has installed Dynamo's frame hook: there, untraced, Dynamo would try to compile the
+    # handler's own frames (fullgraph: "Attempt to trace generator" from a directory listing).
+    @torch.compiler.disable
     def __call__(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         self.received += 1
