@@ -217,14 +217,15 @@ def test_hyperparameters_live_in_the_widest_dtype_of_the_params_at_least_float32
     step = gamfunc.make_step(
         gamfunc.sam(rho=0.05), opt, lambda p, b: sum(v.sum() for v in p.values())
     )
-    state = step.init({k: v for k, v in params.items() if v.is_floating_point()})
+    floats = {k: v for k, v in params.items() if v.is_floating_point()}
+    state = step.init(floats)
     scalars = [
         t for t in torch.utils._pytree.tree_leaves(state) if t.ndim == 0 and t.is_floating_point()
     ]
     assert scalars and {t.dtype for t in scalars} == {want}
     for s in gamfunc.optim.injected(state):  # a schedule's kept value too, after an update
         assert all(v.dtype == want for v in (*s.hyperparams.values(), *s.scheduled.values()))
-    _, new, _ = step({k: v for k, v in params.items() if v.is_floating_point()}, state, None)
+    _, new, _ = step(floats, state, None)
     assert {t.dtype for s in gamfunc.optim.injected(new.opt) for t in s.scheduled.values()} == {
         want
     }
