@@ -139,6 +139,48 @@ def test_a_second_signal_stops_at_once_and_the_last_checkpoint_stays(tmp_path):
     assert ckpt.load(path)["position"]["global_step"] == 2
 
 
+# A signal that lands while a compiled function has Dynamo's frame hook on (here: a graph break that
+# runs os.kill) must not have the handler's frames traced; an eager run never imports Dynamo for it.
+_UNDER_THE_HOOK = """
+import os, signal, sys, torch, warnings
+import reproduce.train
+from reproduce.run import signals
+warnings.filterwarnings("ignore")  # Dynamo's notes on os.kill
+traced = []
+signals._say_once = lambda *a, **k: traced.append(torch.compiler.is_compiling())
+print("dynamo at import:", "torch._dynamo" in sys.modules)
+stop = signals.StopFlag()
+with stop.installed():
+    stop.now("training")
+    print("bare before a compile:", signal.getsignal(signal.SIGINT) is stop)
+    def f(x):
+        os.kill(os.getpid(), signal.SIGINT)
+        return x + 1
+    compiled = torch.compile(f, backend="eager")
+    stop.now("training")
+    print("bare after:", signal.getsignal(signal.SIGINT) is stop)
+    compiled(torch.ones(2))
+print("signal:", stop.signum, "traced:", traced)
+"""
+
+
+def test_the_handler_stays_out_of_dynamo_and_an_eager_run_never_imports_it():
+    out = subprocess.run(
+        [sys.executable, "-c", _UNDER_THE_HOOK],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+    )
+    assert out.returncode == 0, out
+    assert out.stdout.splitlines() == [
+        "dynamo at import: False",
+        "bare before a compile: True",
+        "bare after: False",
+        "signal: 2 traced: [False]",
+    ]
+
+
 # A signal in start-up, where the handler ends the process itself: inside a finaliser (where a raised
 # exception is printed as "Exception ignored" and dropped, and the run goes on) and inside a backward
 # pass under anomaly mode (which a compiler turns on while it traces, and which prints a stack).

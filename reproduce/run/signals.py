@@ -68,11 +68,8 @@ class StopFlag:
         # another kind writes its checkpoints atomically: the last one stays.
         self.kept: Callable[[], str] = lambda: "the last checkpoint written stays"
         self.said = False  # the one line of the stop is printed
+        self._wrapped: Callable | None = None  # the handler installed out of Dynamo's reach
 
-    # A signal is handled at whatever Python frame is running, also in the instant a compiled
-    # function has installed Dynamo's frame hook: there, untraced, Dynamo would try to compile the
-    # handler's own frames (fullgraph: "Attempt to trace generator" from a directory listing).
-    @torch.compiler.disable
     def __call__(self, signum, frame) -> None:
         name = signal.Signals(signum).name
         self.received += 1
@@ -142,8 +139,26 @@ class StopFlag:
         """The run is in ``phase`` from here (named when it stops); with ``at_once``, a signal stops
         it at once, and one that arrived before stops it here."""
         self.phase, self.at_once = phase, at_once
+        self._out_of_dynamo()
         if at_once:
             self.check()
+
+    def _out_of_dynamo(self) -> None:
+        """Once ``torch._dynamo`` is imported (a compiled step is built), install this flag wrapped
+        in ``torch.compiler.disable``. A signal is handled at whatever Python frame runs, also in the
+        instant a compiled function has installed Dynamo's frame hook: there, unwrapped, Dynamo
+        would try to compile the handler's own frames (fullgraph: "Attempt to trace generator").
+        Before that import no such hook exists, and an eager run never pays for the import."""
+        if self._wrapped is not None or "torch._dynamo" not in sys.modules:
+            return
+        wrapped = torch.compiler.disable(self.__call__)
+        try:
+            for s in _SIGNALS:
+                if signal.getsignal(s) is self:
+                    signal.signal(s, wrapped)
+        except ValueError:  # not the main thread: leave signals alone
+            return
+        self._wrapped = wrapped
 
     @contextlib.contextmanager
     def during(self, phase: str, at_once: bool = False):
@@ -172,12 +187,13 @@ class StopFlag:
         """This flag as the handler of SIGINT and SIGTERM within the block. After a signal it stays
         the handler, so that a later signal, however soon, ends the process quietly with the
         first one's status instead of meeting a handler of before."""
-        signals = (signal.SIGINT, signal.SIGTERM)
         try:
-            old = {s: signal.signal(s, self) for s in signals}
+            old = {s: signal.signal(s, self) for s in _SIGNALS}
         except ValueError:  # not the main thread: leave signals alone
             yield self
             return
+        self._wrapped = None
+        self._out_of_dynamo()
         try:
             yield self
         finally:
@@ -187,6 +203,7 @@ class StopFlag:
 
 
 NOTHING = "nothing was saved yet"
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _leave(code: int) -> None:
