@@ -1,8 +1,9 @@
 """The one door to torch's private APIs: every use of one in gamfunc is a function here.
 
-Each function reaches the internal it needs when it is called. Where torch has no such internal
-(a release that renamed or moved it: ``AttributeError`` or ``ImportError``), it takes the public
-path instead and says so in one logged line of ``logging.getLogger("gamfunc")``, once per process
+Each function reaches the internal it needs when it is called (`batched`, which Dynamo traces once
+per tensor of every tree operation of a compiled step, finds it once, at import). Where torch has no
+such internal (a release that renamed or moved it: ``AttributeError`` or ``ImportError``), it takes
+the public path instead and says so in one logged line of ``logging.getLogger("gamfunc")``, once per process
 and function. The public paths give the same numbers; what they may cost is speed or memory:
 
 * `in_transform`, `batched`, `batched_at_any_level`, `in_forward_ad`
@@ -100,6 +101,9 @@ def in_transform() -> bool:
 _TRACES_IS_BATCHED = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
+_IS_BATCHED = _functorch("is_batchedtensor")
+
+
 def batched(t) -> bool:
     """Whether the tensor ``t`` is batched by ``torch.func.vmap`` at its outermost level.
 
@@ -108,13 +112,14 @@ def batched(t) -> bool:
             traces on torch < 2.5, which cannot trace the question (there a vmapped step cannot be
             compiled whole).
     """
+    if _IS_BATCHED is not None and _TRACES_IS_BATCHED:  # the common case: few steps for Dynamo
+        return _IS_BATCHED(t)
     if not _TRACES_IS_BATCHED and torch.compiler.is_compiling():
         return False
-    is_batched = _functorch("is_batchedtensor")
-    if is_batched is None:
+    if _IS_BATCHED is None:
         _fall_back("batched", "torch._C._functorch.is_batchedtensor", "True")
         return True
-    return is_batched(t)
+    return _IS_BATCHED(t)
 
 
 def batched_at_any_level(t) -> bool:
