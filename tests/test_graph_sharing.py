@@ -165,18 +165,6 @@ def test_compile_with_installs_the_pass_unless_the_caller_has_one():
         torch.compile = original
 
 
-@pytest.mark.slow
-def test_a_compiled_point_with_the_pass_equals_the_eager_point():
-    """Inductor on the CPU with the pass: the same g and H·g/‖g‖ as eager, in float64."""
-    loss_fn, params, buffers, batch = setup(lambda: gamfunc.nn.elementary_norms(conv_net()))
-    fn = point(loss_fn)
-    torch._dynamo.reset()
-    compiled = compile_with(True, None, {})(fn)
-    for a, b in zip(fn(params, batch, buffers), compiled(params, batch, buffers), strict=True):
-        for k in a:
-            torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11)
-
-
 def test_equal_work_with_another_layout_is_not_merged():
     """Two nodes of the same op on the same inputs are one tensor only if their results also share
     shape, strides and storage offset: a value's layout is part of its merge key."""

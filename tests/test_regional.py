@@ -26,9 +26,11 @@ ESTIMATORS = {
 }
 
 
-def conv_bn(dtype=torch.float64, device="cpu"):
+def conv_bn(dtype=torch.float64, device="cpu", elementary=False):
     torch.manual_seed(0)
     model = tiny_conv_bn().to(device, dtype)
+    if elementary:
+        model = gamfunc.nn.elementary_norms(model)
     gen = torch.Generator().manual_seed(1)
     batches = [
         (
@@ -132,9 +134,11 @@ def test_step_compile_scope_is_checked():
 
 @pytest.mark.slow
 def test_pass_scope_with_inductor_matches_eager_cpu():
-    """Inductor's kernels: equal to eager to float64 rounding, fd GAM and exact GAM."""
-    loss_fn, params, buffers, batches = conv_bn()
+    """Inductor's kernels: equal to eager to float64 rounding, fd GAM and exact GAM. Exact GAM's
+    BatchNorm in elementary operations, as reproduce/ compiles it: the pass's ∇L and H·∇L/‖∇L‖ then
+    share their gradient (`gamfunc.graph_sharing`, on by default)."""
     for hvp in ("fd", "exact"):
+        loss_fn, params, buffers, batches = conv_bn(elementary=hvp == "exact")
         step = gamfunc.make_step(gamfunc.gam(0.05, 0.5, hvp=hvp), gamfunc.sgd(0.1), loss_fn)
         got = run(step.compile(scope="pass"), params, buffers, batches[:2])
         assert_same(got, run(step, params, buffers, batches[:2]), rtol=1e-9, atol=1e-11)
