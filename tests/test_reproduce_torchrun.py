@@ -275,7 +275,11 @@ def test_a_rank_that_leaves_a_collective_after_a_signal_stops_the_others_with_wh
             p.wait()
     text = logs[0].read_text()
     assert code == 143, text
-    assert text.count("stopped by SIGTERM during training; kept: the checkpoint") == 1, text
+    # within a step, or in the epoch's end where a loaded machine let rank 0 reach its last step
+    # before the signal: either way the one line says what the run kept
+    phase = r"(training|the end of epoch \d+ \(evaluation, metrics\))"
+    stops = re.findall(rf"stopped by SIGTERM during {phase}; kept: the checkpoint", text)
+    assert len(stops) == 1, text
     assert "Traceback" not in text
     s = json.loads((run / "summary.json").read_text())
     assert (s["status"], s["exit_code"]) == ("interrupted", 143)
