@@ -242,8 +242,9 @@ def test_a_rank_that_leaves_a_collective_after_a_signal_stops_the_others_with_wh
     tmp_path,
 ):
     """Rank 0 takes SIGTERM while rank 1 cannot answer (stopped), then rank 1 dies: rank 0's
-    collective fails, and that failure is the signal's stop, in the phase it came in (training),
-    with the last checkpoint written named as what is kept, exit 143 and an interrupted summary.
+    collective fails, and that failure is the signal's stop, in the phase it came in (training, or
+    the epoch's end), with the last checkpoint written named as what is kept, exit 143 and an
+    interrupted summary.
     Two processes joined through the environment, without torchrun, whose agent would signal
     rank 0 a second time."""
     logdir, port = tmp_path / "runs", free_port()
