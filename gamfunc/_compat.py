@@ -3,8 +3,8 @@
 Each function reaches the internal it needs when it is called (`batched`, which Dynamo traces once
 per tensor of every tree operation of a compiled step, finds it once, at import). Where torch has no
 such internal (a release that renamed or moved it: ``AttributeError`` or ``ImportError``), it takes
-the public path instead and says so in one logged line of ``logging.getLogger("gamfunc")``, once per process
-and function. The public paths give the same numbers; what they may cost is speed or memory:
+the public path instead and says so in one logged line of ``logging.getLogger("gamfunc")``, once per
+process and function. The public paths give the same numbers; what they may cost is speed or memory:
 
 * `in_transform`, `batched`, `batched_at_any_level`, `in_forward_ad`
   (``torch._C._functorch``): without them gamfunc cannot tell whether it runs inside a
@@ -112,8 +112,6 @@ def batched(t) -> bool:
             traces on torch < 2.5, which cannot trace the question (there a vmapped step cannot be
             compiled whole).
     """
-    if _IS_BATCHED is not None and _TRACES_IS_BATCHED:  # the common case: few steps for Dynamo
-        return _IS_BATCHED(t)
     if not _TRACES_IS_BATCHED and torch.compiler.is_compiling():
         return False
     if _IS_BATCHED is None:
