@@ -85,28 +85,31 @@ def test_batchnorm_running_stats_come_from_the_clean_pass_only():
         assert all(torch.equal(before[k], buffers[k]) for k in buffers)  # inputs untouched
 
 
+def harmonic(initial):
+    """ρ_t = ρ₀/(t+1): a radius that vanishes fast enough for 300 steps to reach the minimum."""
+    return lambda t: initial / (t.to(torch.float64) + 1)
+
+
 @pytest.mark.parametrize(
     "estimator",
     [
         gamfunc.gradient(),
-        gamfunc.sam(schedules.inverse_sqrt(0.05)),
-        gamfunc.gnp(schedules.inverse_sqrt(0.01), hvp="exact"),
-        gamfunc.gam(schedules.inverse_sqrt(0.05), 0.1),
-        gamfunc.gam(schedules.inverse_sqrt(0.05), 0.1, hvp="fd"),
-        gamfunc.gam(
-            schedules.inverse_sqrt(0.05), 0.1, oracle=gamfunc.sam(schedules.inverse_sqrt(0.05))
-        ),
-        gamfunc.gam_accelerated(
-            schedules.inverse_sqrt(0.05), schedules.inverse_sqrt(0.01), 0.5, 0.5, 0.1
-        ),
+        gamfunc.sam(harmonic(0.05)),
+        gamfunc.gnp(harmonic(0.01), hvp="exact"),
+        gamfunc.gam(harmonic(0.05), 0.1),
+        gamfunc.gam(harmonic(0.05), 0.1, hvp="fd"),
+        gamfunc.gam(harmonic(0.05), 0.1, oracle=gamfunc.sam(harmonic(0.05))),
+        gamfunc.gam_accelerated(harmonic(0.05), harmonic(0.01), 0.5, 0.5, 0.1),
     ],
     ids=lambda e: e.name,
 )
 def test_every_estimator_reaches_the_minimum_of_a_convex_quadratic(estimator):
+    """Each estimator's bias vanishes with its radius: 300 steps of SGD along it, with ρ_t → 0, end
+    at θ* (the error left is O(ρ_300) ≈ 2·10⁻⁴)."""
     loss_fn, _A, theta_star = quadratic(cond=5.0)
     params = split(theta_star + 1.0)
     step = gamfunc.make_step(estimator, gamfunc.sgd(lr=0.1), loss_fn)
-    params, _, _ = run(step, params, [None] * 1000)
+    params, _, _ = run(step, params, [None] * 300)
     assert (as_flat(params) - theta_star).norm() < 2e-3
 
 
@@ -461,7 +464,7 @@ def test_a_users_own_two_function_transform_drives_make_step_compiled_too():
     p2, _, m2 = run(ours, params, data)
     assert all(torch.equal(p1[k], p2[k]) for k in params)
     assert int(s1.step) == 4 and s1.opt == () and "lr" not in m1 and "lr" in m2
-    compiled = torch.compile(mine, fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(mine, fullgraph=True, backend="eager")
     p3, s3 = params, mine.init(params)
     for b in data:
         p3, s3, _ = compiled(p3, s3, b)
