@@ -446,6 +446,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--group", default="", help="MODEL:PRECISION:MODE, or extras (a worker)")
     ap.add_argument("--estimators", default=",".join(CHECKED))
+    ap.add_argument("--models", default=",".join(MODELS), help="of " + ",".join(MODELS))
     ap.add_argument("--out", default=None, help="JSON file (every case, without --group)")
     ap.add_argument("--size", type=int, default=BATCH, help="images per batch")
     args = ap.parse_args(argv)
@@ -453,7 +454,10 @@ def main(argv=None) -> int:
         from benchmarks import _common
 
         start = time.time()
-        rows = run_all(args.device, names=args.estimators.split(","), size=args.size)
+        models = tuple(args.models.split(","))
+        if not set(models) <= set(MODELS):
+            ap.error(f"--models: each of {', '.join(MODELS)}; got {args.models}")
+        rows = run_all(args.device, size=args.size, models=models, names=args.estimators.split(","))
         failed = sum(r["status"] != "pass" for r in rows)
         meta = _common.metadata("gpu_check", args.device)
         meta.update(seconds=round(time.time() - start, 1), passed=len(rows) - failed, failed=failed)
