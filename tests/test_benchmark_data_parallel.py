@@ -27,8 +27,9 @@ def test_efficiency_is_n_gpu_rate_over_n_times_one():
 
 @pytest.mark.slow
 def test_rows_on_two_cpu_processes(monkeypatch, tmp_path):
-    # The cost is the 10 timed launches, each importing torch: no warm-up (--warm_at_once 0: the
-    # CPU's workers compile nothing), and one thread per process (what torchrun sets for two) keeps
+    # The cost is the 9 timed launches, each importing torch (the 4 of two processes through
+    # torchrun, the 1-process ones without it): no warm-up (--warm_at_once 0: the CPU's workers
+    # compile nothing), and one thread per process (what torchrun sets for two) keeps
     # the 1-process runs' tiny steps from contending for the cores. One step per window still gives
     # three windows and a loss that falls.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")

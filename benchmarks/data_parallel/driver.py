@@ -27,8 +27,8 @@ CUDA graph (:func:`gamfunc.cuda_graph`, all-reduces included), on 1 GPU and on N
 
 Every step runs on a batch already on the device (``--batch`` images per GPU), so the rates count the
 step alone: compute, collectives and whatever the step synchronises. Each row is timed on 1 GPU
-(the plain step: no process group, no wrapper) and on N (each N of ``--gpus 2,4``), each a
-``torchrun`` of :mod:`benchmarks.data_parallel.worker`, its output in ``--logs``; efficiency is N-GPU
+(the plain step: no process group, no wrapper, no launcher) and on N (each N of ``--gpus 2,4``, a
+``torchrun``), each a run of :mod:`benchmarks.data_parallel.worker`, its output in ``--logs``; efficiency is N-GPU
 images/s ÷ (N × 1-GPU images/s). Before the timing, every row's step is compiled once on all N GPUs
 (a few at once; GAM in the modes of ``--perturbations``), filling one inductor cache that the
 timed runs load. The NCCL
@@ -86,7 +86,10 @@ def efficiency(rate_n: float, rate_1: float, n: int) -> float:
 
 
 def _torchrun(gpus: int) -> list[str]:
-    """The command that starts ``gpus`` processes on this machine."""
+    """The command that starts ``gpus`` processes on this machine: ``torchrun`` for several; for one,
+    the interpreter itself, as a user runs one GPU (no launcher, no rendezvous, no process group)."""
+    if gpus == 1:
+        return [sys.executable]
     return [
         sys.executable,
         "-m",
