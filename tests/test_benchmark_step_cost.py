@@ -114,17 +114,19 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
         assert f"| {name} |" in stdout
 
 
-def test_only_dtype_and_loop_reorder_flags(tmp_path):
+def test_only_dtype_loop_reorder_and_every_k_flags(tmp_path):
+    methods = ("sam", "authors_gam", "gam_exact", "gam_every2", "sam_gam_every3")
     result, stdout = run(
         tmp_path,
-        *("--only", "sam,authors_gam,gam_exact", "--dtype", "fp32,bf16-cl", "--no-loop-reorder"),
+        *("--only", ",".join(methods), "--dtype", "fp32,bf16-cl", "--no-loop-reorder"),
     )
     got = sorted((r["method"], r["dtype"], r["channels_last"]) for r in result["rows"])
-    want = [(m, "fp32", False) for m in ("authors_gam", "gam_exact", "sam", "torch_sgd")]
-    want += [(m, "bf16", True) for m in ("authors_gam", "gam_exact", "sam", "torch_sgd")]
+    want = [(m, "fp32", False) for m in (*methods, "torch_sgd")]
+    want += [(m, "bf16", True) for m in (*methods, "torch_sgd")]
     assert got == sorted(want)
     for r in result["rows"]:  # exact GAM too: forward-over-reverse runs in bf16
         assert r["error"] is None, r["error"]
+        assert finite_positive(r["img_s"])
         if r["dtype"] == "bf16":  # over the same row in fp32
             assert finite_positive(r["x_fp32"])
     assert "| tiny | bf16 cl | eager | authors_gam |" in stdout
@@ -215,15 +217,6 @@ def test_bad_every_k_names_are_rejected(capsys, bad):
     with pytest.raises(SystemExit):
         cli.parse(["--quick", "--only", bad])
     assert f"--only: unknown ['{bad}']" in capsys.readouterr().err
-
-
-def test_tiny_every_k_runs(tmp_path):
-    result, _ = run(tmp_path, "--only", "sam,gam_every2,sam_gam_every3")
-    rows = {r["method"]: r for r in result["rows"]}
-    assert set(rows) == {"torch_sgd", "sam", "gam_every2", "sam_gam_every3"}
-    for r in rows.values():
-        assert r["error"] is None, r["error"]
-        assert r["img_s"] > 0
 
 
 def tiny_model():
@@ -461,9 +454,9 @@ def test_compile_phases_rank_the_compilers_own_timings_since_a_point():
 
 
 def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
-    result, stdout = run(tmp_path, "--facade=only")
+    result, stdout = run(tmp_path, "--facade=only", "--batch-size", "2")
     assert result["benchmark"] == result["meta"]["benchmark"] == "step_cost_facade"
-    assert result["meta"]["part"] == "tiny"  # one model: step_cost_facade_tiny_<device>.json
+    assert result["meta"]["part"] == "tiny_b2"  # one model: step_cost_facade_tiny_b2_<device>.json
     rows = {(r["method"], r["estimator"], r["mode"]): r for r in result["rows"]}
     want = {
         (m, e, "eager") for e in ("gam_fd", "gam_exact", "sam") for m in ("facade", "make_step")
@@ -471,7 +464,7 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
     assert set(rows) == want | {("davda54", "sam", "eager"), ("facade_unguarded", "sam", "eager")}
     for key, r in rows.items():
         assert r["error"] is None, (key, r["error"])
-        assert (r["model"], r["dtype"], r["batch"]) == ("tiny", "fp32", 4)
+        assert (r["model"], r["dtype"], r["batch"]) == ("tiny", "fp32", 2)
         assert finite_positive(r["img_s"]) and r["img_s"] == r["batch"] / r["ms"] * 1e3
         assert r["base"] == ("gamfunc.sgd" if key[0] == "make_step" else "torch.optim.SGD")
     for est in ("gam_fd", "gam_exact", "sam"):
@@ -493,19 +486,17 @@ def test_facade_rows_time_the_facade_make_step_and_davda54_sam(tmp_path):
     (tmp_path / "result.json").rename(tmp_path / "step_cost_facade_tiny_cpu.json")
     text = report.render(tmp_path)
     assert "## The torch.optim facade's speed" in text
-    assert "| tiny | fp32 | False | sam | — | eager | facade | torch.optim.SGD | 4 |" in text
+    assert "| tiny | fp32 | False | sam | — | eager | facade | torch.optim.SGD | 2 |" in text
 
 
-def test_a_facade_run_at_a_batch_of_its_own_names_it_in_its_file(tmp_path):
-    result, _ = run(tmp_path, "--facade=only", "--facade-estimators", "sam", "--batch-size", "2")
-    assert result["meta"]["part"] == "tiny_b2_sam"  # step_cost_facade_tiny_b2_sam_<device>.json
-    assert {r["batch"] for r in result["rows"]} == {2}
+def test_a_facade_run_names_its_batch_and_a_subset_of_estimators_in_its_file():
+    def part(*args):
+        return cli.facade_part(cli.parse(["--quick", "--facade=only", *args]))
 
-
-def test_a_facade_run_of_every_estimator_names_none_in_its_file(tmp_path):
-    every = ",".join(reversed(facade.ESTIMATORS))
-    result, _ = run(tmp_path, "--facade=only", "--facade-estimators", every, "--batch-size", "2")
-    assert result["meta"]["part"] == "tiny_b2"
+    assert part() == "tiny"  # step_cost_facade_tiny_<device>.json
+    assert part("--facade-estimators", "sam", "--batch-size", "2") == "tiny_b2_sam"
+    every = ",".join(reversed(facade.ESTIMATORS))  # all of them, in any order: no suffix
+    assert part("--facade-estimators", every, "--batch-size", "2") == "tiny_b2"
 
 
 def test_facade_beside_the_step_cost_rows_in_one_json(tmp_path):

@@ -227,6 +227,16 @@ def _precision_ok(token: str) -> bool:
     return True
 
 
+def facade_part(a) -> str:
+    """The part of a ``--facade=only`` run of one model in its file's name,
+    ``step_cost_facade_<model>[_b<batch>][_<estimators>]_<device>.json``: the batch where
+    ``--batch-size`` set one, the estimators where they are a subset (a run beside the full one)."""
+    part = a.model[0] + (f"_b{a.batch_size}" if a.batch_size else "")
+    if set(a.facade_estimators) != set(facade.ESTIMATORS):
+        part += "_" + "_".join(a.facade_estimators)
+    return part
+
+
 def main(argv=None) -> dict:
     """Run the groups (every model × precision), write the JSON after each, print the table."""
     a = parse(argv)
@@ -261,10 +271,8 @@ def main(argv=None) -> dict:
         result["facade"] = facade_rows
     if a.facade == "only":  # a result of its own, beside the step_cost one of the same device
         meta["benchmark"] = result["benchmark"] = FACADE_ONLY
-        if len(a.model) == 1:  # step_cost_facade_<model>[_b<batch>][_<estimators>]_<device>.json
-            meta["part"] = a.model[0] + (f"_b{a.batch_size}" if a.batch_size else "")
-            if set(a.facade_estimators) != set(facade.ESTIMATORS):  # a subset: beside the full run
-                meta["part"] += "_" + "_".join(a.facade_estimators)
+        if len(a.model) == 1:
+            meta["part"] = facade_part(a)
         result["rows"] = facade_rows
         del result["facade"]
 
