@@ -202,9 +202,9 @@ def test_many_steps_compile_in_one_process_without_hitting_the_recompile_limit()
     torch._dynamo.reset()
     counter = CompileCounter()
     params, batch = mlp_params(torch.float32), mlp_batch(dtype=torch.float32)
-    # A limit of 2 instead of the default 8: going past it takes 4 steps of each kind, not 10, and
-    # steps that shared one compiled frame would hit a limit of 2 as surely as one of 8.
-    limit = 2
+    # A limit of 1 instead of the default 8: going past it takes 3 steps of each kind, not 10, and
+    # steps that shared one compiled frame would hit a limit of 1 as surely as one of 8.
+    limit = 1
     with torch._dynamo.config.patch(recompile_limit=limit):
         for i in range(limit + 2):
             step = gamfunc.make_step(gamfunc.sam(0.01 * (i + 1)), gamfunc.sgd(lr=0.1), mlp_loss)
