@@ -276,7 +276,11 @@ def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
     if isinstance(s, Tensor) or not _fits(s, xs):
         # a number beyond the leaves' range (ρ = 1e308 in float32) becomes ±inf there, as in any
         # product, instead of failing to convert: the step's non-finite guard then skips it
-        return _pack(x.keys(), torch._foreach_add(ys, torch._foreach_mul(xs, scalar_like(s, xs))))
+        out = torch._foreach_mul(xs, scalar_like(s, xs))
+        if torch.compiler.is_compiling() or in_transform():
+            return _pack(x.keys(), torch._foreach_add(ys, out))
+        torch._foreach_add_(out, ys)  # eager: the sum into the product's new tensors, one per leaf
+        return _pack(x.keys(), out)
     return _pack(x.keys(), torch._foreach_add(ys, xs, alpha=s))
 
 

@@ -271,6 +271,36 @@ def test_the_bridge_updates_from_its_snapshot_only():
         bridge.transform.update(direction, state, params)
 
 
+def test_the_state_copies_are_rewritten_in_place_and_a_skipped_step_still_restores_the_state():
+    """Each snapshot writes the copies of the optimiser's state tensors into those of the last one
+    (AdamW: no three new tensors per parameter at every step); a step skipped after that leaves the
+    state bit for bit as it was, and a state tensor that changes shape gets a new copy."""
+    model = mlp()
+    base = torch.optim.AdamW(model.parameters(), lr=0.1)
+    opt = SAM(model, base, rho=0.05)
+    run(opt, batches(2))
+    bridge = opt._bridge
+    _, first = bridge.snapshot()
+    _, second = bridge.snapshot()
+    assert len(first) == len(second) == 3 * len(list(model.parameters()))
+    assert all(a is b for a, b in zip(first, second, strict=True))
+    before = {p: {k: v.clone() for k, v in s.items()} for p, s in base.state.items()}
+    weights = {k: p.detach().clone() for k, p in model.named_parameters()}
+    x, y = batches(1, seed=5)[0]
+    opt.step((x * float("nan"), y))
+    assert int(opt.metrics["skipped"]) == 1
+    for p, s in base.state.items():
+        assert all(torch.equal(v, before[p][k]) for k, v in s.items())
+    assert all(torch.equal(p, weights[k]) for k, p in model.named_parameters())
+    run(opt, batches(1, seed=6))  # and the next step moves on from there
+    assert any(not torch.equal(p, weights[k]) for k, p in model.named_parameters())
+    held = next(iter(base.state))
+    base.state[held]["exp_avg"] = torch.zeros(held.numel(), dtype=held.dtype)  # another shape
+    _, third = bridge.snapshot()
+    assert any(a is not b for a, b in zip(second, third, strict=True))
+    assert (held.numel(),) in [tuple(t.shape) for t in third]
+
+
 class _Rebinding(torch.optim.Optimizer):
     """Plain gradient descent that puts a new tensor in each parameter's place and keeps that same
     tensor in its state (``p.data = state["last"]``), rather than moving ``p`` in place."""
