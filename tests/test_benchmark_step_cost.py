@@ -497,6 +497,9 @@ def test_a_facade_run_names_its_batch_and_a_subset_of_estimators_in_its_file():
     assert part("--facade-estimators", "sam", "--batch-size", "2") == "tiny_b2_sam"
     every = ",".join(reversed(facade.ESTIMATORS))  # all of them, in any order: no suffix
     assert part("--facade-estimators", every, "--batch-size", "2") == "tiny_b2"
+    both = ("--model", "resnet50,vit_s32")  # several models: no model in the name
+    assert part(*both, "--facade-estimators", "sam") == "sam"
+    assert part(*both) == ""
 
 
 def test_facade_beside_the_step_cost_rows_in_one_json(tmp_path):

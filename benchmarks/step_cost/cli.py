@@ -228,13 +228,16 @@ def _precision_ok(token: str) -> bool:
 
 
 def facade_part(a) -> str:
-    """The part of a ``--facade=only`` run of one model in its file's name,
-    ``step_cost_facade_<model>[_b<batch>][_<estimators>]_<device>.json``: the batch where
-    ``--batch-size`` set one, the estimators where they are a subset (a run beside the full one)."""
-    part = a.model[0] + (f"_b{a.batch_size}" if a.batch_size else "")
+    """The part of a ``--facade=only`` run in its file's name,
+    ``step_cost_facade[_<model>][_b<batch>][_<estimators>]_<device>.json``: the model of a run of
+    one, the batch where ``--batch-size`` set one, the estimators where they are a subset (a run
+    beside the full one); "" for none of these."""
+    parts = list(a.model[:1]) if len(a.model) == 1 else []
+    if a.batch_size:
+        parts.append(f"b{a.batch_size}")
     if set(a.facade_estimators) != set(facade.ESTIMATORS):
-        part += "_" + "_".join(a.facade_estimators)
-    return part
+        parts += a.facade_estimators
+    return "_".join(parts)
 
 
 def main(argv=None) -> dict:
@@ -271,8 +274,8 @@ def main(argv=None) -> dict:
         result["facade"] = facade_rows
     if a.facade == "only":  # a result of its own, beside the step_cost one of the same device
         meta["benchmark"] = result["benchmark"] = FACADE_ONLY
-        if len(a.model) == 1:
-            meta["part"] = facade_part(a)
+        if part := facade_part(a):
+            meta["part"] = part
         result["rows"] = facade_rows
         del result["facade"]
 
