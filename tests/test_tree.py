@@ -200,3 +200,21 @@ def test_tensors_finds_every_tensor_pytree_finds():
     got = tree.tensors(nest)
     assert sorted(map(id, got)) == sorted(map(id, want)) and len(got) == 9
     assert tree.tensors(t[0]) == [t[0]] and tree.tensors(()) == []
+
+
+def test_axpy_with_a_tensor_factor_leaves_its_inputs_and_broadcasts_as_the_sum_does():
+    """Eager, s·x + y with a tensor s is summed into the product's own tensors where the leaves
+    match in shape; where they do not, it broadcasts as ``s * x + y`` does."""
+    s = torch.tensor(2.0)
+    x, y = (
+        {"a": torch.ones(2, 3), "b": torch.ones(3)},
+        {"a": torch.full((2, 3), 0.5), "b": torch.zeros(3)},
+    )
+    before = {k: (v.clone(), y[k].clone()) for k, v in x.items()}
+    out = tree.axpy(s, x, y)
+    assert all(torch.equal(out[k], s * x[k] + y[k]) for k in x)
+    assert all(torch.equal(x[k], a) and torch.equal(y[k], b) for k, (a, b) in before.items())
+    assert all(out[k] is not x[k] and out[k] is not y[k] for k in x)
+    wide = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(2, 3)}  # y wider than x
+    out = tree.axpy(s, {"a": torch.ones(3), "b": torch.ones(3)}, wide)
+    assert out["b"].shape == (2, 3) and torch.equal(out["a"], 2 * torch.ones(3) + wide["a"])
