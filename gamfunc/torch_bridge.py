@@ -227,7 +227,7 @@ def _dicts(state: dict, held: list[Tensor]) -> list[dict | None]:
 def _same_layout(kept: list[Tensor], state: list[Tensor], sources: list[Tensor]) -> bool:
     """Whether ``kept``, copies of ``sources``, can hold a copy of ``state``: the same tensors as
     ``sources`` (a step moves its state in place), or, tensor for tensor, the same shape, strides,
-    dtype and device, and no tensor of ``state`` itself."""
+    dtype and device."""
     if len(kept) != len(state):
         return False
     if len(sources) == len(state) and all(map(operator.is_, state, sources)):
@@ -237,7 +237,6 @@ def _same_layout(kept: list[Tensor], state: list[Tensor], sources: list[Tensor])
         and k.stride() == t.stride()
         and k.dtype == t.dtype
         and k.device == t.device
-        and k is not t
         for k, t in zip(kept, state, strict=True)
     )
 
