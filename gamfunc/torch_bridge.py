@@ -9,17 +9,20 @@ two without copying either world into the other one tensor at a time:
 ```text
 params, old = bridge.snapshot()          # copies of the parameters and of the state's tensors
 direction   = estimator(params, ...)     # the step's passes read the copies
-updates     = base.step() on its own tensors, .grad = direction;  updates = p_new - params
+moved       = base.step() on its own tensors, .grad = direction: its parameters, moved (Moved)
 new         = the state's tensors, as base.step() left them
-guard       : keeps (updates, new), or drops them for (0, old)
+guard       : keeps (moved, new), or drops them for (params, old)
 bridge.commit(kept)                      # base's state set to what the guard kept
-module      ← params + updates            # the facade's copy into the parameters
+module      ← params                     # the facade's copy, where the guard dropped the step
 ```
 
 So ``base.step()`` runs on the optimiser's own parameters and state, as in a ``torch.optim`` loop:
-its hooks, and state it keys by its parameters, work as there. The step's inputs are the copies,
-which nothing writes, so make_step's guard can keep or drop the step; a dropped step puts the copies
-back ([`commit`][gamfunc.torch_bridge.TorchBridge.commit], and the facade's copy into the parameters).
+its hooks, and state it keys by its parameters, work as there, and a kept step leaves its result,
+bit for bit, with nothing formed after it (the update returns the moved parameters themselves,
+[`Moved`][gamfunc.optim.base.Moved], not their difference from the copies). The step's inputs are
+the copies, which nothing writes, so make_step's guard can keep or drop the step; a dropped step
+puts the copies back ([`commit`][gamfunc.torch_bridge.TorchBridge.commit], and the facade's copy
+into the parameters).
 A copy of all the parameters and state tensors is one foreach kernel per dtype, and the per-step
 work on the host is a few list comprehensions over the parameters, where a swap of each
 parameter's ``.data`` and of its state would build a tensor and a dict per parameter.
@@ -36,6 +39,7 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.optim import Transform
+from gamfunc.optim.base import Moved
 from gamfunc.step import _all_finite
 
 __all__ = ["TorchBridge", "TorchState"]
@@ -88,13 +92,18 @@ class TorchBridge:
         base: the optimiser; each parameter it holds is named in ``names``.
         names: ``id(parameter) -> name`` of the parameters in the step's ``params``; read at each
             step, so a caller that adds a param group adds its names here.
+        keeps_inputs: whether the step may keep its ``params`` beyond the step (a stateful
+            estimator's state): then each snapshot copies the parameters into new tensors;
+            otherwise into those of the last snapshot.
 
     Attributes:
         transform: the Transform, whose state is a [`TorchState`][gamfunc.torch_bridge.TorchState].
     """
 
-    def __init__(self, base: torch.optim.Optimizer, names: dict[int, str]):
-        self.base, self.names = base, names
+    def __init__(
+        self, base: torch.optim.Optimizer, names: dict[int, str], *, keeps_inputs: bool = True
+    ):
+        self.base, self.names, self.keeps_inputs = base, names, keeps_inputs
         self.transform = Transform(self._init, self._update)
         self._layout: _Layout | None = None
         self._groups: list | None = None
@@ -102,6 +111,8 @@ class TorchBridge:
         self._formed: dict = {}  # what the last update formed beyond the layout, for commit
         self._kept: list[Tensor] = []  # the state tensors' copies, rewritten at each snapshot
         self._sources: list[Tensor] = []  # the state tensors they last copied
+        self._copies: list[Tensor] = []  # the parameters' copies, where the step keeps no input
+        self._held: list[Tensor] = []  # the parameters they last copied
 
     def layout(self) -> _Layout:
         """The optimiser's parameters and state entries, rebuilt where its groups or the structure
@@ -129,10 +140,11 @@ class TorchBridge:
         as one foreach kernel per dtype: the ``params`` and the state of the next step, whose
         update then finds the optimiser holding those very values.
 
-        The parameters' copies are new tensors: the step's estimator may keep its inputs. The state
-        tensors' copies are written into the same tensors at every step where the state keeps its
-        shapes (for AdamW, three fewer tensors per parameter to allocate each step): only the step
-        reads them, and the bridge, which keeps no ``TorchState.tensors`` between steps.
+        The copies are written into those of the last snapshot where the tensors keep their
+        shapes (for SGD with momentum, two tensors per parameter fewer to allocate at each step;
+        for AdamW, four): only the step reads the state's, and the bridge, which keeps no
+        ``TorchState.tensors`` between steps. The parameters' copies are new tensors where the step
+        may keep its inputs (``keeps_inputs``).
 
         Returns:
             ``(params, tensors)``.
@@ -140,11 +152,12 @@ class TorchBridge:
         lay = self.layout()
         state = _tensors(lay)
         with torch.no_grad():
-            params = tree.copies(lay.held)
-            if _same_layout(self._kept, state, self._sources):
-                tree.copy_into(self._kept, state)
+            if self.keeps_inputs:
+                params = tree.copies(lay.held)
             else:
-                self._kept = tree.copies(state)
+                params = self._copies = _copied(self._copies, lay.held, self._held)
+                self._held = lay.held
+            self._kept = _copied(self._kept, state, self._sources)
             self._sources = state
         self._snapped, self._formed = lay, {}
         return dict(zip(lay.keys, params, strict=True)), list(self._kept)
@@ -213,15 +226,22 @@ class TorchBridge:
                 p.grad = g
             self._formed = _restore(self.base.state, lay, _dicts(self.base.state, held), kept)
         moved = _tensors(lay)  # the step's: moved in place, or put in the entries' place
-        with torch.no_grad():
-            steps = torch._foreach_sub(held, [params[k] for k in keys])
         finite = _finite_flag(self._formed, state.finite)
-        return dict(zip(keys, steps, strict=True)), TorchState(finite, moved)
+        return Moved(zip(keys, held, strict=True)), TorchState(finite, moved)
 
 
 def _dicts(state: dict, held: list[Tensor]) -> list[dict | None]:
     get = state.get
     return [get(p) for p in held]
+
+
+def _copied(kept: list[Tensor], tensors: list[Tensor], sources: list[Tensor]) -> list[Tensor]:
+    """Copies of ``tensors``: written into ``kept`` (copies of ``sources``) where they can hold them
+    (`_same_layout`), new tensors otherwise."""
+    if _same_layout(kept, tensors, sources):
+        tree.copy_into(kept, tensors)
+        return kept
+    return tree.copies(tensors)
 
 
 def _same_layout(kept: list[Tensor], state: list[Tensor], sources: list[Tensor]) -> bool:

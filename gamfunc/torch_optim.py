@@ -242,7 +242,9 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self._torch = opt
             self._trainable = _held(opt, named)
             self._ids = {id(p): k for k, p in self._trainable.items()}
-            self._bridge = TorchBridge(opt, self._ids)
+            # the parameters' copies rewritten at each step, unless an estimator keeps a state
+            keeps = any(e is not None and e.stateful for e in (estimator, base, estimator.base))
+            self._bridge = TorchBridge(opt, self._ids, keeps_inputs=keeps)
             transform = self._bridge.transform
         else:
             self._trainable = trainable
@@ -460,8 +462,11 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             bridge.commit(formed[0].tensors, metrics.get("skipped"))
             new_state = new_state._replace(opt=opt)
             metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
-        with torch.no_grad():
-            tree.copy_into(list(self._trainable.values()), [new_params[k] for k in self._trainable])
+        with torch.no_grad():  # where the step moved the parameters themselves, nothing to copy
+            moved = [
+                (p, new_params[k]) for k, p in self._trainable.items() if new_params[k] is not p
+            ]
+            tree.copy_into([p for p, _ in moved], [n for _, n in moved])
             tree.copy_into(
                 [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
             )

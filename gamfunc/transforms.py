@@ -43,6 +43,7 @@ from gamfunc.checks import (
 )
 from gamfunc.optim.base import (
     Mask,
+    Moved,
     Transform,
     call_update,
     check_state_type,
@@ -204,7 +205,12 @@ def chain(*elements: Transform) -> Transform:
             n = len(state.states)
             check_state_type(state, ChainState, "chain", f" of {n} states for {len(elements)}")
         new_states = []
-        for t, s in zip(elements, state.states, strict=True):
+        for i, (t, s) in enumerate(zip(elements, state.states, strict=True)):
+            if isinstance(direction, Moved):
+                raise ValueError(
+                    f"chain's elements[{i - 1}] moves the parameters itself (a torch.optim "
+                    f"optimiser): it must be the chain's last element"
+                )
             direction, s = call_update(t, direction, s, params, step)
             new_states.append(s)
         return direction, ChainState(tuple(new_states))

@@ -399,6 +399,20 @@ def test_apply_updates_adds_keeps_dtype_and_checks_names():
         gamfunc.apply_updates(params, {"w": updates["w"]})
 
 
+def test_apply_updates_takes_moved_parameters_as_they_are():
+    """A transform that moved its parameters itself returns them (Moved): apply_updates gives those
+    very tensors, in the order of params, and still checks the names."""
+    from gamfunc.optim.base import Moved
+
+    params = {"a": torch.zeros(2), "b": torch.zeros(3)}
+    moved = Moved(b=torch.ones(3), a=torch.full((2,), 2.0))
+    new = gamfunc.apply_updates(params, moved)
+    assert list(new) == ["a", "b"] and new["a"] is moved["a"] and new["b"] is moved["b"]
+    assert type(new) is dict
+    with pytest.raises(ValueError, match=r"missing \['b'\]"):
+        gamfunc.apply_updates(params, Moved(a=moved["a"]))
+
+
 def test_sgd_updates_are_minus_lr_times_the_direction_bit_for_bit():
     params, g = mlp_params(), mlp_params(seed=4)
     u, _ = gamfunc.sgd(lr=0.1).update(g, gamfunc.sgd(lr=0.1).init(params), params)

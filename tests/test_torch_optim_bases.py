@@ -252,8 +252,10 @@ def test_each_parameter_keeps_its_storage_through_the_update():
 
 def test_the_bridge_updates_from_its_snapshot_only():
     """The update runs on the values of the bridge's last snapshot: called without one, it says so
-    rather than step from whatever the optimiser holds; with one, it gives base.step()'s move and
-    leaves the snapshot's tensors as they were."""
+    rather than step from whatever the optimiser holds; with one, it gives the parameters as
+    base.step() moved them (`Moved`, the model's own tensors, no difference formed) and leaves the
+    snapshot's tensors as they were."""
+    from gamfunc.optim.base import Moved
     from gamfunc.torch_bridge import TorchBridge, TorchState
 
     model = mlp()
@@ -264,7 +266,10 @@ def test_the_bridge_updates_from_its_snapshot_only():
     state = TorchState(torch.zeros((), dtype=torch.float64), tensors)
     seen = {k: v.clone() for k, v in params.items()}
     updates, _ = bridge.transform.update(direction, state, params)
-    torch.testing.assert_close(updates["0.bias"], torch.full((6,), -0.1, dtype=torch.float64))
+    assert isinstance(updates, Moved)
+    assert all(updates[k] is p for k, p in model.named_parameters())
+    moved = gamfunc.apply_updates(params, updates)
+    torch.testing.assert_close(moved["0.bias"], seen["0.bias"] - 0.1, rtol=0, atol=1e-15)
     for k, v in params.items():
         torch.testing.assert_close(v, seen[k], rtol=0, atol=0)
     with pytest.raises(RuntimeError, match="snapshot"):
@@ -415,3 +420,47 @@ def test_a_step_that_raises_leaves_the_model_and_the_base_optimiser_as_they_were
     opt.param_groups[0]["lr"] = 0.1
     opt.step(data[1])
     assert int(opt.state_dict()["state"]["step"]) == 2
+
+
+def test_a_kept_step_leaves_the_base_optimisers_result_bit_for_bit():
+    """With the gradient as the direction, the facade over torch.optim.SGD is a torch.optim loop: a
+    kept step leaves the parameters exactly as base.step() moved them (in float32, where forming
+    θ + (θ_new − θ) after the step would round some of them differently)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 3))
+    loop = copy.deepcopy(model)
+    opt = FlatnessOptimizer(
+        model, gamfunc.gradient(), torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+    )
+    base = torch.optim.SGD(loop.parameters(), lr=0.3, momentum=0.9)
+    for x, y in batches(6):
+        x = x.float()
+        opt.step((x, y))
+        base.zero_grad()
+        torch.nn.functional.cross_entropy(loop(x), y).backward()
+        base.step()
+        for (k, p), q in zip(model.named_parameters(), loop.parameters(), strict=True):
+            assert torch.equal(p, q), k
+
+
+def test_the_parameter_copies_are_rewritten_only_where_no_estimator_keeps_a_state():
+    """Without an estimator state, each step's copies of the parameters are written into the last
+    step's (no tensor to allocate per parameter); LookSAM keeps a state, so its copies are new
+    tensors at every step. Both still equal a step from new copies."""
+    for estimator, reused in (
+        (gamfunc.sam(0.05), True),
+        (gamfunc.looksam(0.05, k=2, alpha=0.7), False),
+    ):
+        model, fresh = mlp(), mlp()
+        opt = FlatnessOptimizer(model, estimator, torch.optim.SGD(model.parameters(), lr=0.1))
+        ref = FlatnessOptimizer(fresh, estimator, torch.optim.SGD(fresh.parameters(), lr=0.1))
+        ref._bridge.keeps_inputs = True
+        run(opt, batches(2))
+        first, _ = opt._bridge.snapshot()
+        second, _ = opt._bridge.snapshot()
+        assert all((first[k] is second[k]) == reused for k in first)
+        run(opt, batches(3, seed=1))
+        run(ref, batches(2))
+        run(ref, batches(3, seed=1))
+        for (k, p), q in zip(model.named_parameters(), fresh.parameters(), strict=True):
+            assert torch.equal(p, q), k

@@ -411,6 +411,22 @@ def test_chain_rejects_bad_arguments(args, name):
         gamfunc.chain(*args)
 
 
+def test_chain_refuses_a_transform_after_one_that_moved_the_parameters():
+    """A torch.optim base optimiser's step is taken when its update returns (Moved): a chain that
+    puts a transform after it says so, naming the element, rather than transform parameters as if
+    they were updates."""
+    from gamfunc.optim.base import Moved
+
+    moves = gamfunc.Transform(lambda p: (), lambda d, s, p: (Moved(p), s))
+    params = {"w": torch.ones(2)}
+    last = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), moves)
+    u, _ = last.update(params, last.init(params), params)
+    assert isinstance(u, Moved) and u["w"] is params["w"]
+    after = gamfunc.chain(moves, gamfunc.transforms.scale(2.0))
+    with pytest.raises(ValueError, match=r"elements\[0\] moves the parameters itself"):
+        after.update(params, after.init(params), params)
+
+
 # ---- transforms before, between and after the optimiser -------------------------------------------
 
 

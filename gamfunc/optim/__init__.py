@@ -3,7 +3,7 @@ the injection of their hyperparameters into their state."""
 
 from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import adamw
-from gamfunc.optim.base import Transform, apply_updates, call_update
+from gamfunc.optim.base import Moved, Transform, apply_updates, call_update
 from gamfunc.optim.groups import GroupsState, param_groups
 from gamfunc.optim.inject import (
     InjectState,
@@ -20,6 +20,7 @@ from gamfunc.optim.sgd import sgd
 __all__ = [
     "GroupsState",
     "InjectState",
+    "Moved",
     "Transform",
     "adam",
     "adamw",

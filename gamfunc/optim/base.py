@@ -16,6 +16,7 @@ from gamfunc.tree import Tree
 
 __all__ = [
     "Mask",
+    "Moved",
     "Transform",
     "apply_updates",
     "call_update",
@@ -65,6 +66,16 @@ class Transform(NamedTuple):
     update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
 
 
+class Moved(dict):
+    """Updates already applied: the new parameters θ + u themselves, by name, from a transform
+    that moves its parameters in place (a ``torch.optim`` optimiser, through
+    ``gamfunc.torch_bridge.TorchBridge``) rather than returning u.
+    [`apply_updates`][gamfunc.optim.base.apply_updates] returns them as they are, so the step keeps
+    the optimiser's own result, with no u = θ_new − θ formed and added back. Only the last
+    transform of a [`chain`][gamfunc.chain] may return them: nothing can transform a step that is
+    already taken."""
+
+
 def apply_updates(params: Tree, updates: Tree) -> Tree:
     """θ + u for every parameter: the new parameters from a [`Transform`][gamfunc.optim.base.Transform]'s updates.
 
@@ -73,10 +84,12 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
 
     Args:
         params: the parameters θ, a flat dict of tensors.
-        updates: the updates u, a flat dict with the names and shapes of ``params``.
+        updates: the updates u, a flat dict with the names and shapes of ``params``, or the new
+            parameters themselves ([`Moved`][gamfunc.optim.base.Moved]).
 
     Returns:
-        The flat dict θ + u, each tensor in its parameter's dtype.
+        The flat dict θ + u, each tensor in its parameter's dtype (for ``Moved``, a dict of its
+        tensors, not copied).
 
     Raises:
         TypeError: ``params`` or ``updates`` is not a dict of tensors.
@@ -95,6 +108,8 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
         missing = sorted(params.keys() - updates.keys())
         extra = sorted(updates.keys() - params.keys())
         raise ValueError(f"updates must have the names of params: missing {missing}, extra {extra}")
+    if isinstance(updates, Moved):
+        return {k: updates[k] for k in params}
     keys = list(params)
     p, u = [params[k] for k in keys], [updates[k] for k in keys]
     for k, a, b in zip(keys, p, u, strict=True):
