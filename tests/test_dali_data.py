@@ -141,12 +141,12 @@ def test_dali_evaluation_keeps_the_last_partial_batch(tmp_path):
 def test_train_py_with_the_dali_loader_resumes_bit_exact(tmp_path, capsys):
     """reproduce/train.py on a JPEG folder through --loader=dali (DALI's CPU decoder here): it says
     which loader runs, and 2 steps, a stop, and 2 more give the parameters of 4 steps at once.
-    Crops of 32 px (one ViT-S/32 patch): the resume is the loader's and the run's, not the model's."""
+    Crops of 32 px and the CIFAR ResNet-32: the resume is the loader's and the run's, not the model's."""
     from reproduce import train
     from reproduce.run import checkpoint as ckpt
 
     root = jpeg_folder(tmp_path / "data")
-    args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--model=vit_s32", "--loader=dali"]
+    args = ["--preset=hp2.imagenet.resnet50", f"--data={root}", "--model=resnet32", "--loader=dali"]
     args += ["--image_size=32"]
     args += ["--estimator=gam_fd", "--batch_size=4", "--eval_batch_size=5", "--workers=0"]
     args += ["--progress=false", "--landscape=false", "--eig_iters=0", "--trace_samples=0"]
