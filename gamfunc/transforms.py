@@ -206,12 +206,12 @@ def chain(*elements: Transform) -> Transform:
             check_state_type(state, ChainState, "chain", f" of {n} states for {len(elements)}")
         new_states = []
         for i, (t, s) in enumerate(zip(elements, state.states, strict=True)):
-            if isinstance(direction, Moved):
+            direction, s = call_update(t, direction, s, params, step)
+            if isinstance(direction, Moved) and i < len(elements) - 1:
                 raise ValueError(
-                    f"chain's elements[{i - 1}] moves the parameters itself (a torch.optim "
+                    f"chain's elements[{i}] moves the parameters itself (a torch.optim "
                     f"optimiser): it must be the chain's last element"
                 )
-            direction, s = call_update(t, direction, s, params, step)
             new_states.append(s)
         return direction, ChainState(tuple(new_states))
 
