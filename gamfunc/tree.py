@@ -277,17 +277,17 @@ def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
         # a number beyond the leaves' range (ρ = 1e308 in float32) becomes ±inf there, as in any
         # product, instead of failing to convert: the step's non-finite guard then skips it
         out = torch._foreach_mul(xs, scalar_like(s, xs))
-        if torch.compiler.is_compiling() or in_transform() or not _same_shapes(xs, ys):
+        if torch.compiler.is_compiling() or in_transform() or not _alike(out, ys):
             return _pack(x.keys(), torch._foreach_add(ys, out))
         torch._foreach_add_(out, ys)  # eager: the sum into the product's new tensors, one per leaf
         return _pack(x.keys(), out)
     return _pack(x.keys(), torch._foreach_add(ys, xs, alpha=s))
 
 
-def _same_shapes(a: list[Tensor], b: list[Tensor]) -> bool:
-    """Whether ``a[i]`` and ``b[i]`` have one shape for every i (a sum in place into ``a`` then
-    holds what ``a[i] + b[i]`` would, broadcasting included)."""
-    return all(u.shape == v.shape for u, v in zip(a, b, strict=True))
+def _alike(a: list[Tensor], b: list[Tensor]) -> bool:
+    """Whether ``a[i]`` and ``b[i]`` have one shape and one dtype for every i (a sum in place into
+    ``a`` then holds what ``a[i] + b[i]`` would, broadcasting and type promotion included)."""
+    return all(u.shape == v.shape and u.dtype == v.dtype for u, v in zip(a, b, strict=True))
 
 
 def _fits(s, values: list[Tensor]) -> bool:

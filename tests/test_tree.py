@@ -204,7 +204,7 @@ def test_tensors_finds_every_tensor_pytree_finds():
 
 def test_axpy_with_a_tensor_factor_leaves_its_inputs_and_broadcasts_as_the_sum_does():
     """Eager, s·x + y with a tensor s is summed into the product's own tensors where the leaves
-    match in shape; where they do not, it broadcasts as ``s * x + y`` does."""
+    match in shape and dtype; where they do not, it broadcasts and promotes as ``s * x + y`` does."""
     s = torch.tensor(2.0)
     x, y = (
         {"a": torch.ones(2, 3), "b": torch.ones(3)},
@@ -218,3 +218,6 @@ def test_axpy_with_a_tensor_factor_leaves_its_inputs_and_broadcasts_as_the_sum_d
     wide = {"a": torch.arange(6.0).view(2, 3), "b": torch.ones(2, 3)}  # y wider than x
     out = tree.axpy(s, {"a": torch.ones(3), "b": torch.ones(3)}, wide)
     assert out["b"].shape == (2, 3) and torch.equal(out["a"], 2 * torch.ones(3) + wide["a"])
+    double = {"a": torch.ones(3, dtype=torch.float64), "b": torch.ones(3, dtype=torch.float64)}
+    out = tree.axpy(s, {"a": torch.ones(3), "b": torch.ones(3)}, double)  # y wider in dtype
+    assert all(out[k].dtype == (s * torch.ones(3) + double[k]).dtype for k in out)
