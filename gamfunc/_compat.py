@@ -96,9 +96,35 @@ def in_transform() -> bool:
     return level() is not None
 
 
+_VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
 # torch.compile traces torch._C._functorch.is_batchedtensor from torch 2.5 on; before, it stops the
 # graph ("torch.* op returned non-Tensor bool").
-_TRACES_IS_BATCHED = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+_TRACES_IS_BATCHED = _VERSION >= (2, 5)
+# Dynamo folds torch._C._functorch.get_dynamic_layer_stack_depth to a constant, with a guard, and
+# enters the torch.func transforms it traces on that stack (checked on torch 2.11 and 2.14); it
+# cannot trace maybe_current_level.
+_TRACES_LAYER_DEPTH = _VERSION >= (2, 11)
+_LAYER_DEPTH = _functorch("get_dynamic_layer_stack_depth")
+
+
+def traced_outside_transforms() -> bool:
+    """Whether ``torch.compile`` traces the caller outside every ``torch.func`` transform, where no
+    tensor is batched and no question need be asked of each one.
+
+    Returns:
+        True only while tracing, outside every transform, on a torch whose tracer can say so; False
+            where torch cannot say (the tensors are then asked one by one).
+    """
+    if not (_TRACES_LAYER_DEPTH and torch.compiler.is_compiling()):
+        return False
+    if _LAYER_DEPTH is None:
+        _fall_back(
+            "traced_outside_transforms",
+            "torch._C._functorch.get_dynamic_layer_stack_depth",
+            "False",
+        )
+        return False
+    return _LAYER_DEPTH() == 0
 
 
 _IS_BATCHED = _functorch("is_batchedtensor")

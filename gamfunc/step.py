@@ -459,7 +459,10 @@ def _known_norm(est) -> Tensor | None:
 def _select(cond: Tensor, new, old):
     """``torch.where(cond, new, old)`` over two pytrees of one structure (parameters, states,
     buffers), by `gamfunc.tree.selects`: a few foreach kernels for all of them, eager. The leaves
-    of ``old`` are matched to those of ``new`` by place (a dict's by key, whatever its order)."""
+    of ``old`` are matched to those of ``new`` by place (a dict's by key, whatever its order).
+    Traced, one walk of the two trees, a ``torch.where`` per leaf (inductor fuses them)."""
+    if torch.compiler.is_compiling():
+        return pytree.tree_map(lambda n, o: torch.where(cond.to(n.device), n, o), new, old)
     leaves, spec = pytree.tree_flatten(new)
     before = pytree.tree_leaves(pytree.tree_map(lambda _, o: o, new, old))
     return pytree.tree_unflatten(tree.selects(cond, leaves, before), spec)

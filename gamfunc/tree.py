@@ -20,7 +20,13 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc._compat import batched, batched_at_any_level, group_by_device_and_dtype, in_transform
+from gamfunc._compat import (
+    batched,
+    batched_at_any_level,
+    group_by_device_and_dtype,
+    in_transform,
+    traced_outside_transforms,
+)
 
 Tree = dict[str, Tensor]
 Scalar = float | Tensor
@@ -516,6 +522,8 @@ def vmapped(tensors: list) -> bool:
     around it). Eager and outside every torch.func transform nothing is, and one call says so
     without a look at each tensor."""
     if torch.compiler.is_compiling():  # traced: wrappers are not unwrapped, the outer one says
+        if traced_outside_transforms():  # the tree math between a step's passes
+            return False
         return any(isinstance(t, Tensor) and batched(t) for t in tensors)
     if not in_transform():
         return False

@@ -84,6 +84,32 @@ def test_batched_falls_back_to_true(monkeypatch, caplog, name, removed):
     fell_back(caplog, name)
 
 
+@pytest.mark.skipif(not _compat._TRACES_LAYER_DEPTH, reason="traced by Dynamo from torch 2.11")
+def test_traced_outside_transforms():
+    def flagged(t):  # the answer, as a factor the graph keeps
+        return t * (2.0 if _compat.traced_outside_transforms() else 3.0)
+
+    def f(x):
+        return (
+            flagged(x),
+            torch.func.vmap(flagged)(x),
+            torch.func.grad(lambda t: flagged(t).sum())(x),
+            torch.func.jvp(flagged, (x,), (x,))[1],
+        )
+
+    x = torch.ones(2, 3)
+    assert [float(o[0, 0]) for o in f(x)] == [3.0] * 4  # eager: never
+    compiled = torch.compile(f, fullgraph=True, backend="eager")
+    assert [float(o[0, 0]) for o in compiled(x)] == [2.0, 3.0, 3.0, 3.0]
+
+
+def test_traced_outside_transforms_falls_back_to_false(monkeypatch, caplog):
+    monkeypatch.setattr(_compat, "_LAYER_DEPTH", None)  # looked up at import
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not _compat.traced_outside_transforms()
+    fell_back(caplog, "traced_outside_transforms")
+
+
 def test_in_forward_ad():
     x = torch.ones(3)
     seen = []
