@@ -101,9 +101,9 @@ _VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
 # graph ("torch.* op returned non-Tensor bool").
 _TRACES_IS_BATCHED = _VERSION >= (2, 5)
 # Dynamo folds torch._C._functorch.get_dynamic_layer_stack_depth to a constant, with a guard, and
-# enters the torch.func transforms it traces on that stack (checked on torch 2.11 and 2.14); it
-# cannot trace maybe_current_level.
-_TRACES_LAYER_DEPTH = _VERSION >= (2, 11)
+# enters the torch.func transforms it traces on that stack (torch 2.14); torch 2.11's Dynamo skips
+# the function ("marked as skipped"), and neither traces maybe_current_level.
+_TRACES_LAYER_DEPTH = _VERSION >= (2, 14)
 _LAYER_DEPTH = _functorch("get_dynamic_layer_stack_depth")
 
 

@@ -84,7 +84,7 @@ def test_batched_falls_back_to_true(monkeypatch, caplog, name, removed):
     fell_back(caplog, name)
 
 
-@pytest.mark.skipif(not _compat._TRACES_LAYER_DEPTH, reason="traced by Dynamo from torch 2.11")
+@pytest.mark.skipif(not _compat._TRACES_LAYER_DEPTH, reason="traced by Dynamo from torch 2.14")
 def test_traced_outside_transforms():
     def flagged(t):  # the answer, as a factor the graph keeps
         return t * (2.0 if _compat.traced_outside_transforms() else 3.0)
