@@ -130,20 +130,25 @@ def traced_outside_transforms() -> bool:
 _IS_BATCHED = _functorch("is_batchedtensor")
 
 
-def batched(t) -> bool:
-    """Whether the tensor ``t`` is batched by ``torch.func.vmap`` at its outermost level.
+def batched(tensors) -> bool:
+    """Whether any of ``tensors`` is batched by ``torch.func.vmap`` at its outermost level (values
+    that are not tensors are passed over), asked of the tensors at once: ``torch.compile`` traces
+    the question once per tensor of every tree operation in a step.
 
     Returns:
-        True for a batched tensor, and where torch cannot say; False while ``torch.compile``
-            traces on torch < 2.5, which cannot trace the question (there a vmapped step cannot be
-            compiled whole).
+        True where one is, and where torch cannot say; False while ``torch.compile`` traces on
+            torch < 2.5, which cannot trace the question (there a vmapped step cannot be compiled
+            whole).
     """
     if not _TRACES_IS_BATCHED and torch.compiler.is_compiling():
         return False
     if _IS_BATCHED is None:
         _fall_back("batched", "torch._C._functorch.is_batchedtensor", "True")
         return True
-    return _IS_BATCHED(t)
+    for t in tensors:  # noqa: SIM110 (traced, a generator costs Dynamo a third more steps)
+        if isinstance(t, torch.Tensor) and _IS_BATCHED(t):
+            return True
+    return False
 
 
 def batched_at_any_level(t) -> bool:

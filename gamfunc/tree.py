@@ -524,7 +524,7 @@ def vmapped(tensors: list) -> bool:
     if torch.compiler.is_compiling():  # traced: wrappers are not unwrapped, the outer one says
         if traced_outside_transforms():  # the tree math between a step's passes
             return False
-        return any(isinstance(t, Tensor) and batched(t) for t in tensors)
+        return batched(tensors)
     if not in_transform():
         return False
     return any(isinstance(t, Tensor) and batched_at_any_level(t) for t in tensors)

@@ -55,11 +55,11 @@ def test_in_transform_falls_back_to_true(monkeypatch, caplog):
 
 def test_batched():
     x = torch.ones(2, 3)
-    assert not _compat.batched(x) and not _compat.batched_at_any_level(x)
+    assert not _compat.batched([x]) and not _compat.batched_at_any_level(x)
     seen = []
 
     def record(t):
-        seen.append((_compat.batched(t), _compat.batched_at_any_level(t)))
+        seen.append((_compat.batched([1.0, t]), _compat.batched_at_any_level(t)))
         return t
 
     torch.func.vmap(record)(x)
@@ -80,7 +80,7 @@ def test_batched_falls_back_to_true(monkeypatch, caplog, name, removed):
     monkeypatch.delattr(functorch, removed)
     if name == "batched":  # looked up at import: what a torch without it finds
         monkeypatch.setattr(_compat, "_IS_BATCHED", None)
-    assert getattr(_compat, name)(torch.ones(2))
+    assert getattr(_compat, name)([torch.ones(2)] if name == "batched" else torch.ones(2))
     fell_back(caplog, name)
 
 
