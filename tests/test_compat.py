@@ -105,6 +105,7 @@ def test_traced_outside_transforms():
 
 def test_traced_outside_transforms_falls_back_to_false(monkeypatch, caplog):
     monkeypatch.setattr(_compat, "_LAYER_DEPTH", None)  # looked up at import
+    monkeypatch.setattr(_compat, "_TRACES_LAYER_DEPTH", True)  # a torch that would trace it
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert not _compat.traced_outside_transforms()
     fell_back(caplog, "traced_outside_transforms")

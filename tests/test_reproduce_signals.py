@@ -233,7 +233,7 @@ def test_a_signal_in_start_up_ends_the_process_with_one_line_wherever_it_lands(w
 @pytest.mark.parametrize(
     ("marker", "signum", "compile_"),
     [
-        # each phase once and each signal more than once (one handler takes both)
+        # each phase once and each signal at least once (one handler takes both)
         ("compiling the step", signal.SIGINT, True),
         ("data: in memory", signal.SIGTERM, False),
         pytest.param("epoch 40/", signal.SIGTERM, False, marks=pytest.mark.slow),
