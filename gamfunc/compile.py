@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._compat import mode_options
+from ._compat import _VERSION, mode_options
 from .graph_sharing import share_equal_work_pass
 from .tree import copies
 
@@ -90,8 +90,7 @@ def fresh(fn):
 
 def loop_reordering_asserts() -> bool:
     """Whether this torch has inductor's loop-reordering assertion (fixed in 2.14)."""
-    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    return (major, minor) < (2, 14)
+    return _VERSION < (2, 14)
 
 
 INDUCTOR_WORKAROUNDS = {"loop_ordering_after_fusion": False} if loop_reordering_asserts() else {}
