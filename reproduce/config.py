@@ -144,7 +144,7 @@ class Config:
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
     cuda_graph: bool = False  # replay each step, update and all-reduces included, as one CUDA graph
     loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else gpu where torchvision decodes JPEG on it, else folder; one line says which and why)
-    dali_hw_load: float = 0.0  # --loader=dali*: the share of each batch on the hardware JPEG decoder (0: nvJPEG's CUDA decoder, which overlaps the step)
+    dali_hw_load: float = 0.0  # --loader=dali*: the share of each batch on the hardware JPEG decoder (0: nvJPEG's CUDA decoder, which costs the step least)
     dali_roi: bool = True  # --loader=dali: decode each crop's window alone (false: whole images)
     dali_cpu: bool = False  # --loader=dali*: decode and resize on --workers CPU threads (0: 8), normalise on the GPU
     read_ahead: int = 3  # --loader=dali*|gpu: batches prepared ahead of the one the step takes (DALI's prefetch_queue_depth)

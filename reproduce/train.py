@@ -45,7 +45,8 @@ Under ``torchrun`` every process trains on its GPU (``LOCAL_RANK``) through ``ga
 and nodes"). The code: ``build`` (model, loss, estimator, optimiser, step); ``run/``: ``loop``
 (start-up, epochs, end) over ``epoch``, ``records``, ``summary``, ``resume``, ``signals``, ``loaders``;
 ``checkpoint``, ``evaluation``, ``launch`` (processes), ``report`` (logs and tables); ``data/`` (input
-pipelines).
+pipelines). Run as a script, it gives CUDA 32 hardware work queues a process
+(``CUDA_DEVICE_MAX_CONNECTIONS``, unless set), so that a loader's GPU work runs beside the step's.
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
 a run folder that holds a run's outputs but no checkpoint (``--overwrite`` trains it again), a locked
@@ -68,6 +69,11 @@ from pathlib import Path
 if __name__ == "__main__":  # a signal while the modules load: stop at once, nothing is written yet
     import os
     import signal
+
+    # CUDA's hardware work queues, read when CUDA starts: 32 rather than 8 unless set, so that the
+    # input pipeline's streams (DALI's decoders) do not queue behind the step's kernels
+    # (reproduce/data/dali.py; measured in benchmarks/RESULTS.md)
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
     def _stop_loading(signum, frame):  # ends the process here: an exception could be swallowed
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal adds no second line

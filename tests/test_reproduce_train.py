@@ -293,6 +293,31 @@ def test_bad_options_exit_2_and_help_lists_fields_and_presets(tmp_path, capsys):
     )
 
 
+def test_run_as_a_script_it_gives_cuda_32_hardware_queues_unless_the_environment_sets_them():
+    """``CUDA_DEVICE_MAX_CONNECTIONS``, which CUDA reads when it starts, is set before torch loads:
+    32 where unset (a loader's streams then run beside the step's kernels; 8, CUDA's default, added
+    DALI's decoding to the step: benchmarks/RESULTS.md), a value already there is kept."""
+    script = (
+        "import os, runpy, sys\n"
+        "def run():\n"
+        "    sys.argv = [sys.argv[0], '--help']\n"
+        "    try:\n"
+        f"        runpy.run_path({str(ROOT / 'reproduce' / 'train.py')!r}, run_name='__main__')\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "    return os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS')\n"
+        "first = run()\n"
+        "os.environ['CUDA_DEVICE_MAX_CONNECTIONS'] = '8'\n"
+        "print('queues', first, run())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "queues 32 8"
+
+
 def test_bf16_autocast_runs_exact_gam(tmp_path):
     args = ["--preset=digits", "--estimator=gam", "--bf16", "--max-steps=3", *NO_FLATNESS]
     assert main(tmp_path, *args) == 0

@@ -26,13 +26,16 @@ flip with probability 1/2, the ImageNet normalisation; for evaluation the shorte
 
 On the GPU a batch is handed over on the consumer's current stream (``train.py``'s is a stream of
 its own, `reproduce.run.launch.own_stream`): the copy waits on the GPU for DALI's work, the
-host does not. Beside a training step, DALI's hardware decoding advances only in the step's gaps:
-its decoding thread waits in ``cudaEventSynchronize`` from early in a step until the step's kernels
-end, on the legacy default stream or a stream of its own, with the batch handed over on the
-consumer's stream or a side stream, so each batch's hardware-decoding latency is added to the step.
-nvJPEG's CUDA decoder runs beside the step instead, and a share split between the two costs more
-than either, since each batch then waits for both (``python -m benchmarks.data_parallel --data``;
-the measured data-path costs are in benchmarks/RESULTS.md and docs/guides/imagenet.md).
+host does not. DALI decodes on streams of its own, and CUDA carries a process's streams on a fixed
+number of hardware work queues, 8 unless ``CUDA_DEVICE_MAX_CONNECTIONS`` sets another: a decoding
+stream that shares a queue with the training stream can wait behind the step's kernels queued there.
+With 8, DALI's decoding thread waited in ``cudaEventSynchronize`` from early in a step until its
+kernels ended, so each batch's decoding latency was added to the step, most of all on the hardware
+decoder. ``reproduce/train.py`` sets 32 unless the variable is set, and decoding runs beside the
+step; a script of its own that trains beside this loader should set it before CUDA starts. Either way
+nvJPEG's CUDA decoder costs the step less than the hardware decoder, and a share split between the
+two costs about what the hardware decoder does (``python -m benchmarks.data_parallel --data``; the
+measured data-path costs are in benchmarks/RESULTS.md and docs/guides/imagenet.md).
 
 With ``decoder="cpu"`` the files are decoded (DALI's CPU decoder, libjpeg-turbo as in PIL) and
 resized on DALI's CPU threads: on a CUDA device the resized uint8 images then go to the GPU, where
@@ -92,8 +95,7 @@ class DaliJpegLoader:
         decoder: DALI's decoder backend: ``"mixed"`` (the GPU's; the default on a CUDA device) or
             ``"cpu"`` (decoding and resizing on ``threads`` CPU threads).
         hw_decoder_load: the share of each batch that the hardware JPEG decoder takes (none by
-            default: nvJPEG's CUDA decoder overlaps a training step, the hardware decoder does
-            not; see above).
+            default: nvJPEG's CUDA decoder costs a training step least; see above).
         fancy_upsampling: libjpeg-turbo's chroma upsampling in the GPU decoder too (as PIL decodes).
         crops: ``"dali"`` (DALI reads and draws) or ``"exact"`` (torchvision's draws; see above).
         roi_decode: with ``crops="dali"`` in training, decode only each crop's window (its corner and
