@@ -70,9 +70,9 @@ if __name__ == "__main__":  # a signal while the modules load: stop at once, not
     import os
     import signal
 
-    # CUDA's hardware work queues, read when CUDA starts: 32 rather than 8 unless set, so that the
-    # input pipeline's streams (DALI's decoders) do not queue behind the step's kernels
-    # (reproduce/data/dali.py; measured in benchmarks/RESULTS.md)
+    # CUDA's hardware work queues, read when CUDA starts: 32 (reproduce.run.loaders.QUEUES) rather
+    # than 8 unless set, so that the input pipeline's streams (DALI's decoders) do not queue behind
+    # the step's kernels (reproduce/data/dali.py; measured in benchmarks/RESULTS.md)
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
     def _stop_loading(signum, frame):  # ends the process here: an exception could be swallowed

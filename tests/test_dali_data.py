@@ -200,6 +200,40 @@ def test_the_decoders_share_and_roi_decoding_reach_the_loader(tmp_path):
         resolve([*args, "--read_ahead=0"])
 
 
+@pytest.mark.parametrize("queues, says", [(None, True), ("8", True), ("32", False), ("64", False)])
+def test_dali_on_the_gpu_says_when_cuda_has_too_few_hardware_queues(
+    tmp_path, monkeypatch, queues, says
+):
+    """Fewer than 32 of CUDA's hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS; 8 where unset)
+    left DALI's decoding behind the step's kernels (benchmarks/RESULTS.md): DALI on the GPU says so
+    in one line; on the CPU it has nothing to say."""
+    from types import SimpleNamespace
+
+    from reproduce.run.loaders import loaders
+
+    if queues is None:
+        monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", queues)
+    root = jpeg_folder(tmp_path, per_class=2)
+    cfg = resolve(["--preset=hp2.imagenet.resnet50", f"--data={root}", "--loader=dali"])
+    lines = []
+    cuda = SimpleNamespace(device=torch.device("cuda:0"), world=1)  # nothing runs on it here
+    loaders(cfg, D.load(cfg), cuda, say=lines.append)
+    assert lines == (
+        [
+            f"CUDA_DEVICE_MAX_CONNECTIONS is {queues or 8}: DALI's decoding can wait behind the "
+            "step's kernels; 32 (train.py's default where unset) runs it beside them"
+        ]
+        if says
+        else []
+    )
+    cpu = SimpleNamespace(device=torch.device("cpu"), world=1)
+    lines.clear()
+    loaders(cfg, D.load(cfg), cpu, say=lines.append)
+    assert lines == []
+
+
 def test_jpeg_size_reads_the_header(tmp_path):
     from PIL import Image
 

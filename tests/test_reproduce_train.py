@@ -21,7 +21,7 @@ from test_reproduce_data import make_image_folder
 
 from reproduce import build, train
 from reproduce.run import checkpoint as ckpt
-from reproduce.run import report
+from reproduce.run import loaders, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -295,8 +295,9 @@ def test_bad_options_exit_2_and_help_lists_fields_and_presets(tmp_path, capsys):
 
 def test_run_as_a_script_it_gives_cuda_32_hardware_queues_unless_the_environment_sets_them():
     """``CUDA_DEVICE_MAX_CONNECTIONS``, which CUDA reads when it starts, is set before torch loads:
-    32 where unset (a loader's streams then run beside the step's kernels; 8, CUDA's default, added
-    DALI's decoding to the step: benchmarks/RESULTS.md), a value already there is kept."""
+    32 (``reproduce.run.loaders.QUEUES``) where unset, and a value already there is kept. With 32 a
+    loader's streams run beside the step's kernels; CUDA's default, 8, added DALI's decoding to the
+    step (benchmarks/RESULTS.md)."""
     script = (
         "import os, runpy, sys\n"
         "def run():\n"
@@ -315,7 +316,7 @@ def test_run_as_a_script_it_gives_cuda_32_hardware_queues_unless_the_environment
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == "queues 32 8"
+    assert done.stdout.splitlines()[-1] == f"queues {loaders.QUEUES} 8"  # the loader's threshold
 
 
 def test_bf16_autocast_runs_exact_gam(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 from reproduce.build import SetupError
 from reproduce.config import Config
@@ -73,6 +74,16 @@ def _decoders(hw_load: float) -> str:
     return f"{hw_load:.0%} on the hardware JPEG decoder, the rest on nvJPEG's CUDA decoder"
 
 
+QUEUES = 32  # CUDA's hardware work queues a process that DALI's decoding needs beside the step
+
+
+def hardware_queues() -> int:
+    """CUDA's hardware work queues a process: ``CUDA_DEVICE_MAX_CONNECTIONS``, or CUDA's 8 where it
+    is unset or not a number (CUDA reads it when it starts; ``reproduce/train.py`` sets `QUEUES`)."""
+    text = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "").strip()
+    return int(text) if text.isdigit() else 8
+
+
 def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
     """``(train loader, eval batches of a split, its name)`` for folder data sets.
 
@@ -82,13 +93,14 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
     and resizes the crops that torchvision draws under each example's seed, which DataLoader workers
     read and draw; ``gpu``: torchvision's nvJPEG decoder and our own GPU augmentation; ``folder``:
     DataLoader workers on the CPU; ``auto``: `auto_loader`, whose line goes to ``say``. In-memory
-    data needs none.
+    data needs none. DALI on the GPU with fewer than `QUEUES` hardware work queues
+    (`hardware_queues`) says in one line to ``say`` that its decoding can wait behind the step.
 
     Args:
         cfg: the run's configuration (``loader``, ``augment``, batch sizes, DALI's options).
         data: the data sets.
         procs: the processes (device, world size).
-        say: receives ``--loader=auto``'s line of what it chose and why.
+        say: receives ``--loader=auto``'s line of what it chose and why, and the queues' line.
 
     Returns:
         ``(train, eval_batches, name)``; ``train`` is None for in-memory data.
@@ -140,6 +152,11 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
             )
             if gpu:
                 how += ", " + _decoders(cfg.dali_hw_load)
+            if gpu and (queues := hardware_queues()) < QUEUES:
+                say(
+                    f"CUDA_DEVICE_MAX_CONNECTIONS is {queues}: DALI's decoding can wait behind the "
+                    f"step's kernels; {QUEUES} (train.py's default where unset) runs it beside them"
+                )
             how += ", each crop's window decoded alone" if cfg.dali_roi and crops == "dali" else ""
 
         evaluators = {}  # a loader per split, its pipeline kept from one evaluation to the next
