@@ -11,7 +11,7 @@ from reproduce.data import dali, nvjpeg
 from reproduce.data import sets as data_mod
 from reproduce.run.launch import Processes
 
-__all__ = ["auto_loader", "choose_loader", "loaders"]
+__all__ = ["QUEUES", "auto_loader", "choose_loader", "hardware_queues", "loaders"]
 
 
 def choose_loader(jpeg: bool, device, *, dali: bool, nvjpeg: bool) -> tuple[str, str]:
@@ -152,11 +152,12 @@ def loaders(cfg: Config, data: data_mod.Data, procs: Processes, say=print):
             )
             if gpu:
                 how += ", " + _decoders(cfg.dali_hw_load)
-            if gpu and (queues := hardware_queues()) < QUEUES:
-                say(
-                    f"CUDA_DEVICE_MAX_CONNECTIONS is {queues}: DALI's decoding can wait behind the "
-                    f"step's kernels; {QUEUES} (train.py's default where unset) runs it beside them"
-                )
+                if (queues := hardware_queues()) < QUEUES:
+                    say(
+                        f"CUDA_DEVICE_MAX_CONNECTIONS is {queues}: DALI's decoding can wait behind "
+                        f"the step's kernels; {QUEUES} (train.py's default where unset) runs it "
+                        "beside them"
+                    )
             how += ", each crop's window decoded alone" if cfg.dali_roi and crops == "dali" else ""
 
         evaluators = {}  # a loader per split, its pipeline kept from one evaluation to the next
