@@ -82,17 +82,25 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
     """
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
+    return _module_loss(model, criterion, train, tree.clone), params, buffers
+
+
+def _module_loss(model: nn.Module, criterion, train: bool, copy_buffers):
+    """[`functionalize`][gamfunc.nn.functionalize]'s ``loss_fn``, each pass writing into the
+    buffers that ``copy_buffers(buffers)`` returns: `gamfunc.tree.clone` there; copies reused from
+    step to step in the ``torch.optim`` facade, which knows when a step's are no longer read.
+    Makes ``model``'s BatchNorm layers safe for forward-mode AD under autocast, in place."""
     autocast_batchnorm(model)
     call = Caller(model)
 
     def loss_fn(params, batch, buffers, *, train: bool = train):
         inputs, targets = batch
-        new_buffers = tree.clone(buffers)
+        new_buffers = copy_buffers(buffers)
         with mode(model, train):
             out = call((params, new_buffers), (inputs,))
         return criterion(out, targets), new_buffers
 
-    return loss_fn, params, buffers
+    return loss_fn
 
 
 class Caller:

@@ -141,7 +141,7 @@ class TorchBridge:
         update then finds the optimiser holding those very values.
 
         The copies are written into those of the last snapshot where the tensors keep their
-        shapes (for SGD with momentum, two tensors per parameter fewer to allocate at each step;
+        shapes ([`gamfunc.tree.recopy`][gamfunc.tree.recopy]; for SGD with momentum, two tensors per parameter fewer to allocate at each step;
         for AdamW, four): only the step reads the state's, and the bridge, which keeps no
         ``TorchState.tensors`` between steps. The parameters' copies are new tensors where the step
         may keep its inputs (``keeps_inputs``).
@@ -155,9 +155,9 @@ class TorchBridge:
             if self.keeps_inputs:
                 params = tree.copies(lay.held)
             else:
-                params = self._copies = _copied(self._copies, lay.held, self._held)
+                params = self._copies = tree.recopy(self._copies, lay.held, self._held)
                 self._held = lay.held
-            self._kept = _copied(self._kept, state, self._sources)
+            self._kept = tree.recopy(self._kept, state, self._sources)
             self._sources = state
         self._snapped, self._formed = lay, {}
         return dict(zip(lay.keys, params, strict=True)), list(self._kept)
@@ -233,32 +233,6 @@ class TorchBridge:
 def _dicts(state: dict, held: list[Tensor]) -> list[dict | None]:
     get = state.get
     return [get(p) for p in held]
-
-
-def _copied(kept: list[Tensor], tensors: list[Tensor], sources: list[Tensor]) -> list[Tensor]:
-    """Copies of ``tensors``: written into ``kept`` (copies of ``sources``) where they can hold them
-    (`_same_layout`), new tensors otherwise."""
-    if _same_layout(kept, tensors, sources):
-        tree.copy_into(kept, tensors)
-        return kept
-    return tree.copies(tensors)
-
-
-def _same_layout(kept: list[Tensor], state: list[Tensor], sources: list[Tensor]) -> bool:
-    """Whether ``kept``, copies of ``sources``, can hold a copy of ``state``: the same tensors as
-    ``sources`` (a step moves its state in place), or, tensor for tensor, the same shape, strides,
-    dtype and device."""
-    if len(kept) != len(state):
-        return False
-    if len(sources) == len(state) and all(map(operator.is_, state, sources)):
-        return True
-    return all(
-        k.shape == t.shape
-        and k.stride() == t.stride()
-        and k.dtype == t.dtype
-        and k.device == t.device
-        for k, t in zip(kept, state, strict=True)
-    )
 
 
 def _sizes(dicts: list[dict | None]) -> list[int]:

@@ -61,11 +61,12 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
+from gamfunc._compat import in_transform
 from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator, gam, sam
-from gamfunc.nn import Caller, _places, functionalize
+from gamfunc.nn import Caller, _module_loss, _places
 from gamfunc.optim import (
     InjectState,
     Transform,
@@ -251,11 +252,14 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             transform = opt
         if max_grad_norm is not None:
             transform = chain(clip_by_global_norm(max_grad_norm), transform)
-        module_loss, _, _ = functionalize(model, criterion)
+        self._pass_buffers = _PassBuffers()
+        module_loss = _module_loss(model, criterion, True, self._pass_buffers)
         batch_loss = mixed(functools.partial(_as_is, module_loss, model), precision)
         if accumulate > 1:
             batch_loss = accumulated(batch_loss, accumulate)
-        closure_loss = mixed(functools.partial(_closure_loss, _Holder(model)), precision)
+        closure_loss = mixed(
+            functools.partial(_closure_loss, _Holder(model), self._pass_buffers), precision
+        )
         options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
         batch_step = make_step(estimator, transform, batch_loss, **options)
         self._closure_step = make_step(estimator, transform, closure_loss, **options)
@@ -434,6 +438,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     def _advance(self, run, data) -> Tensor:
         bridge = self._bridge
+        self._pass_buffers.new_step()  # the last step's buffers are in the module
         if self._graphed and bridge is not None and run is self._batch_step:
             self._recapture_on_change()
         if bridge is None:
@@ -748,9 +753,9 @@ class _Holder(nn.Module):
         return closure()
 
 
-def _closure_loss(holder: _Holder, params, closure, buffers):
+def _closure_loss(holder: _Holder, copy_buffers, params, closure, buffers):
     """``closure()`` evaluated at (params, buffers): the loss and the new buffers, for make_step."""
-    new_buffers = tree.clone(buffers)
+    new_buffers = copy_buffers(buffers)
     tensors = (
         {f"model.{k}": v for k, v in params.items()},
         {f"model.{k}": v for k, v in new_buffers.items()},
@@ -759,6 +764,48 @@ def _closure_loss(holder: _Holder, params, closure, buffers):
     if not isinstance(loss, Tensor):
         raise TypeError(f"the closure must return the loss tensor; it returned {type(loss)}")
     return loss, new_buffers
+
+
+class _PassBuffers:
+    """The buffers that each pass of the facade's step writes (BatchNorm's running statistics):
+    copies of the module's, written in place from step to step
+    ([`gamfunc.tree.recopy`][gamfunc.tree.recopy]), where a new copy per pass allocates every
+    buffer anew (ResNet-50: 159 tensors a pass, a host cost that davda54/sam's in-place BatchNorm
+    does not have). The k-th pass of a step writes into the k-th set; `new_step` counts from the
+    first again, once the last step's buffers were copied into the module and nothing reads them.
+    Traced, inside a ``torch.func`` transform, for buffers that require grad, or while a CUDA graph
+    is captured, each pass gets new copies (`gamfunc.tree.clone`)."""
+
+    def __init__(self):
+        self._sets: list[list[Tensor]] = []
+        self._sources: list[list[Tensor]] = []
+        self._next = 0
+
+    def new_step(self) -> None:
+        self._next = 0
+
+    def __call__(self, buffers: dict[str, Tensor]) -> dict[str, Tensor]:
+        values = list(buffers.values())
+        if not values or not _reusable(values):
+            return tree.clone(buffers)
+        i = self._next
+        self._next += 1
+        if i == len(self._sets):
+            self._sets.append([])
+            self._sources.append([])
+        self._sets[i] = tree.recopy(self._sets[i], values, self._sources[i])
+        self._sources[i] = values
+        return dict(zip(buffers, self._sets[i], strict=True))
+
+
+def _reusable(buffers: list[Tensor]) -> bool:
+    """Whether a pass may write into buffers kept from an earlier step: eager, outside torch.func
+    transforms, none requiring grad, and no CUDA graph being captured."""
+    if torch.compiler.is_compiling() or in_transform():
+        return False
+    if any(b.requires_grad for b in buffers):
+        return False
+    return not (buffers[0].is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 # ---- the base optimiser -----------------------------------------------------------------------------

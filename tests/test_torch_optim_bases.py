@@ -464,3 +464,49 @@ def test_the_parameter_copies_are_rewritten_only_where_no_estimator_keeps_a_stat
         run(ref, batches(3, seed=1))
         for (k, p), q in zip(model.named_parameters(), fresh.parameters(), strict=True):
             assert torch.equal(p, q), k
+
+
+def test_each_pass_writes_into_the_buffers_of_the_last_step_and_moves_the_model_as_new_copies_do(
+    monkeypatch,
+):
+    """The buffers each pass writes (BatchNorm's statistics) are the same tensors from step to step,
+    one set per pass of a step (SAM: two), and the model moves bit for bit as with a new copy of the
+    buffers at every pass, a skipped step and a closure step included."""
+
+    def bn():
+        torch.manual_seed(0)
+        return nn.Sequential(
+            nn.Linear(4, 6), nn.BatchNorm1d(6), nn.Tanh(), nn.Linear(6, 3)
+        ).double()
+
+    data = batches(4)
+    x, y = data[1]
+    data[1] = (x * float("nan"), y)  # skipped
+
+    def train(opt, model):
+        for b in data:
+            opt.step(b)
+        opt.step(lambda: nn.functional.cross_entropy(model(data[0][0]), data[0][1]))
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    model = bn()
+    opt = SAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05)
+    opt.step(data[0])
+    sets = [list(s) for s in opt._pass_buffers._sets]
+    assert len(sets) == 2 and all(len(s) == 3 for s in sets)  # running mean, var, count
+    got = train(opt, model)
+    assert int(opt._state.skipped) == 1
+    assert all(
+        a is b
+        for s, t in zip(sets, opt._pass_buffers._sets, strict=True)
+        for a, b in zip(s, t, strict=True)
+    )
+    with monkeypatch.context() as m:  # the reference: new copies at every pass
+        m.setattr("gamfunc.torch_optim._reusable", lambda buffers: False)
+        ref_model = bn()
+        ref = SAM(ref_model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05)
+        ref.step(data[0])
+        want = train(ref, ref_model)
+        assert ref._pass_buffers._sets == []
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
