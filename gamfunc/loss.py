@@ -22,6 +22,7 @@ from gamfunc.tree import Tree
 __all__ = [
     "Objective",
     "Pass",
+    "ascent_point",
     "bind",
     "check_params",
     "gradient_pass",
@@ -60,6 +61,14 @@ def unit_grad(p: Pass, eps) -> tuple[Tree, Pass]:
     pass's gradient, reusing a norm the pass already carries."""
     p = with_grad_norm(p)
     return tree.scale(p.grad, (p.grad_norm + eps).reciprocal()), p
+
+
+def ascent_point(params: Tree, p: Pass, rho, eps) -> tuple[Tree, Pass]:
+    """(θ + ρ·∇L/(‖∇L‖ + ξ), ``p`` with its ``grad_norm``): SAM's ascent from θ along the pass's
+    gradient, formed as (ρ/(‖∇L‖ + ξ))·∇L + θ, one product per leaf (davda54/sam's order), where
+    `unit_grad` and then a step from θ form two."""
+    p = with_grad_norm(p)
+    return tree.axpy(rho / (p.grad_norm + eps), p.grad, params), p
 
 
 def loss_and_aux(loss_fn, params: Tree, batch) -> tuple[Tensor, Any]:

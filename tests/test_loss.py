@@ -102,6 +102,25 @@ def test_unit_grad_equals_tree_normalize_and_reuses_the_carried_norm(monkeypatch
     assert calls == []
 
 
+def test_ascent_point_is_davda54s_perturbation_bit_for_bit_and_reuses_the_carried_norm():
+    """θ + ρ·g/(‖g‖ + ξ) formed as davda54/sam forms it, p + g·(ρ/(‖g‖ + ξ)), for a number or a
+    tensor ρ and in bfloat16 (the product in float32, rounded once), from the pass's norm."""
+    params, batch = mlp_params(), mlp_batch()
+    p = gradient_pass(mlp_loss, params, batch)
+    for rho in (0.05, torch.tensor(0.05)):
+        point, q = loss_mod.ascent_point(params, p, rho, 1e-12)
+        scale = rho / (q.grad_norm + 1e-12)
+        assert torch.equal(q.grad_norm, tree.norm(p.grad))
+        assert all(torch.equal(point[k], params[k] + p.grad[k] * scale) for k in params)
+    half = {k: v.bfloat16() for k, v in params.items()}
+    hp = Pass({k: v.bfloat16() for k, v in p.grad.items()}, p.loss, (), q.grad_norm)
+    point, same = loss_mod.ascent_point(half, hp, torch.tensor(0.05), 1e-12)
+    assert same is hp
+    for k, v in half.items():
+        want = (hp.grad[k].float() * (0.05 / (q.grad_norm + 1e-12))).bfloat16() + v
+        assert point[k].dtype == torch.bfloat16 and torch.equal(point[k], want), k
+
+
 # Tree norms per step: one per vector normalised, and ‖∇L(θ)‖ and ‖∇L(θ_adv)‖ once each. The step's
 # finiteness check takes none: it reuses ‖∇L(θ)‖ for the plain gradient step and otherwise looks at
 # the direction's entries in the kernels that look at the new parameters'.

@@ -6,7 +6,7 @@ from gamfunc import tree
 from gamfunc.checks import check_int, check_nonnegative
 from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
-from gamfunc.loss import gradient_pass, unit_grad
+from gamfunc.loss import ascent_point, gradient_pass, unit_grad
 from gamfunc.schedules import value
 
 __all__ = ["sam"]
@@ -75,11 +75,12 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
     def run(params, batch, loss_fn, clean, step):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        g_hat, clean = unit_grad(clean, eps)
         r = value(rho, step)
         if n == 1:
-            adv = gradient_pass(loss_fn, tree.axpy(r, g_hat, params), batch)
+            point, clean = ascent_point(params, clean, r, eps)
+            adv = gradient_pass(loss_fn, point, batch)
         else:
+            g_hat, clean = unit_grad(clean, eps)
             r = r / n
             point = tree.axpy(r, g_hat, params)
             for _ in range(n - 1):

@@ -6,7 +6,7 @@ from gamfunc import tree
 from gamfunc.checks import check_nonnegative, check_unit
 from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
-from gamfunc.loss import gradient_pass, unit_grad
+from gamfunc.loss import ascent_point, gradient_pass
 from gamfunc.schedules import value
 
 __all__ = ["wsam"]
@@ -69,8 +69,8 @@ def wsam(rho, gamma, eps: float = 1e-12) -> Estimator:
     def run(params, batch, loss_fn, clean, step):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        g_hat, clean = unit_grad(clean, eps)
-        adv = gradient_pass(loss_fn, tree.axpy(value(rho, step), g_hat, params), batch)
+        point, clean = ascent_point(params, clean, value(rho, step), eps)
+        adv = gradient_pass(loss_fn, point, batch)
         g = value(gamma, step)
         a = g / (1 - g)
         direction = tree.lincomb((1 - a, clean.grad), (a, adv.grad))
