@@ -65,8 +65,11 @@ SECTIONS = {
         "`python -m benchmarks.step_cost --facade=only`: the `gamfunc.torch_optim` facade over a "
         "fused `torch.optim` optimiser against `make_step` with the equivalent gamfunc optimiser "
         "(facade ÷ make_step, images/s), both compiled, and the eager facade SAM against "
-        "davda54/sam's two-pass SAM (facade ÷ davda54); per round: the first and third quartiles of "
-        "that ratio taken round by round (the rounds are interleaved).",
+        "davda54/sam's two-pass SAM (facade ÷ davda54); per round: the median and, in brackets, the "
+        "first and third quartiles of that ratio taken round by round. The rounds are interleaved, "
+        "so each pair ran close in time: where the host bounds the step, the machine's speed "
+        "drifts by several percent from round to round, and the median of the paired ratios is "
+        "the steadier figure.",
         FACADE_COLUMNS,
     ),
     "data_parallel": (

@@ -308,23 +308,24 @@ def ratios(rows):
 
 
 def per_round(reference_ms, ms) -> str | None:
-    """How a ratio of images/s varies from round to round: the first and third quartiles of
-    ``reference_ms[i] ÷ ms[i]`` over the rounds i, which are interleaved, so that each pair ran
-    close in time. On a machine whose speed drifts between rounds, the ratio of the two medians
-    can sit anywhere in that range.
+    """How a ratio of images/s varies from round to round: the median and the first and third
+    quartiles of ``reference_ms[i] ÷ ms[i]`` over the rounds i, which are interleaved, so that each
+    pair ran close in time. On a machine whose speed drifts between rounds (a step that the host
+    bounds), the ratio of the two medians can sit anywhere in that range; the median of the paired
+    ratios is the steadier figure.
 
     Args:
         reference_ms: the reference row's ms/step, one per round.
         ms: the row's, one per round.
 
     Returns:
-        ``"q1–q3"`` to three decimals; None with fewer than two rounds.
+        ``"median (q1–q3)"`` to three decimals; None with fewer than two rounds.
     """
     pairs = [a / b for a, b in zip(reference_ms or (), ms or (), strict=False)]
     if len(pairs) < 2:
         return None
-    q1, _, q3 = statistics.quantiles(pairs, n=4, method="inclusive")
-    return f"{q1:.3f}–{q3:.3f}"
+    q1, median, q3 = statistics.quantiles(pairs, n=4, method="inclusive")
+    return f"{median:.3f} ({q1:.3f}–{q3:.3f})"
 
 
 def run_facade(model_name, token, a, device, meta) -> list[dict]:
