@@ -141,10 +141,10 @@ class TorchBridge:
         update then finds the optimiser holding those very values.
 
         The copies are written into those of the last snapshot where the tensors keep their
-        shapes ([`gamfunc.tree.recopy`][gamfunc.tree.recopy]; for SGD with momentum, two tensors per parameter fewer to allocate at each step;
-        for AdamW, four): only the step reads the state's, and the bridge, which keeps no
-        ``TorchState.tensors`` between steps. The parameters' copies are new tensors where the step
-        may keep its inputs (``keeps_inputs``).
+        shapes ([`gamfunc.tree.recopy`][gamfunc.tree.recopy]; for SGD with momentum, two tensors
+        per parameter fewer to allocate at each step; for AdamW, four): only the step reads the
+        state's, and the bridge, which keeps no ``TorchState.tensors`` between steps. The
+        parameters' copies are new tensors where the step may keep its inputs (``keeps_inputs``).
 
         Returns:
             ``(params, tensors)``.
