@@ -61,7 +61,6 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
-from gamfunc._compat import in_transform
 from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
@@ -773,8 +772,8 @@ class _PassBuffers:
     buffer anew (ResNet-50: 159 tensors a pass, a host cost that davda54/sam's in-place BatchNorm
     does not have). The k-th pass of a step writes into the k-th set; `new_step` counts from the
     first again, once the last step's buffers were copied into the module and nothing reads them.
-    Traced, inside a ``torch.func`` transform, for buffers that require grad, or while a CUDA graph
-    is captured, each pass gets new copies (`gamfunc.tree.clone`)."""
+    Traced, inside a ``torch.func`` transform, for buffers that autograd records, or while a CUDA
+    graph is captured, each pass gets new copies (`gamfunc.tree.clone`)."""
 
     def __init__(self):
         self._sets: list[list[Tensor]] = []
@@ -799,11 +798,10 @@ class _PassBuffers:
 
 
 def _reusable(buffers: list[Tensor]) -> bool:
-    """Whether a pass may write into buffers kept from an earlier step: eager, outside torch.func
-    transforms, none requiring grad, and no CUDA graph being captured."""
-    if torch.compiler.is_compiling() or in_transform():
-        return False
-    if any(b.requires_grad for b in buffers):
+    """Whether a pass may write into buffers kept from an earlier step: where `gamfunc.tree.clone`
+    takes its foreach kernels (eager, outside torch.func transforms, autograd not recording the
+    buffers), and no CUDA graph is being captured."""
+    if tree._per_tensor(buffers):
         return False
     return not (buffers[0].is_cuda and torch.cuda.is_current_stream_capturing())
 
