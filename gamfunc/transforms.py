@@ -183,7 +183,7 @@ def chain(*elements: Transform) -> Transform:
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), opt, loss_fn)
         >>> params = {"w": torch.zeros(3)}
         >>> params, state, metrics = step(params, step.init(params), (torch.randn(8, 3), torch.randn(8)))
-        >>> type(state.opt).__name__, int(state.step), float(metrics["lr"])
+        >>> type(state.opt).__name__, int(state.step), round(float(metrics["lr"]), 6)
         ('ChainState', 1, 0.001)
     """
     if not elements:

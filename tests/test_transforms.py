@@ -566,7 +566,7 @@ def test_a_groups_lr_moves_its_own_group_only_also_through_the_facade_s_param_gr
     # one group's lr set in its own state: the other group's parameters move as before
     states = list(state.opt.states)
     states[1] = gamfunc.set_hyperparams(states[1], lr=0.0)
-    changed = state._replace(opt=gamfunc.optim.GroupsState(tuple(states)))
+    changed = state._replace(opt=state.opt._replace(states=tuple(states)))
     p_same, _, _ = step(p, state, data[0])
     p_new, s_new, _ = step(p, changed, data[0])
     assert lrs(s_new.opt) == pytest.approx([0.1, 0.0])
@@ -592,3 +592,46 @@ def test_param_groups_reject_bad_options_naming_argument_and_pattern():
         gamfunc.param_groups(["*.bias"], gamfunc.adamw)
     with pytest.raises(ValueError, match="lr"):
         gamfunc.param_groups({}, gamfunc.sgd, lr=-1.0)
+
+
+def test_groups_state_names_each_groups_parameters_outside_the_leaves():
+    """GroupsState records its groups' names in the tree's structure: no leaf is a string, so a
+    state goes through as_dict/from_dict, vmap and torch.compile as a pytree of tensors."""
+    params = mlp_params()
+    opt = gamfunc.param_groups(
+        {"*2": {"lr": 0.02}, "b*": {"weight_decay": 0.0}}, gamfunc.sgd, lr=0.1
+    )
+    state = opt.init(params)
+    assert state.members() == [["w1"], ["b1"], ["w2"], ["b2"]]
+    assert all(isinstance(v, torch.Tensor) for v in torch.utils._pytree.tree_leaves(state))
+    saved = gamfunc.state.as_dict(state)
+    assert gamfunc.state.from_dict(saved, like=state).members() == state.members()
+    _, new = opt.update(params, state, params)
+    assert new.members() == state.members()
+
+
+def test_lr_groups_and_learning_rates_name_each_parameters_lr():
+    params = mlp_params()
+    names = list(params)
+    opt = gamfunc.chain(
+        gamfunc.clip_by_global_norm(1.0),
+        gamfunc.param_groups({"*2": {"lr": 0.02}}, gamfunc.sgd, lr=0.1, momentum=0.9),
+    )
+    state = opt.init(params)
+    groups = gamfunc.optim.lr_groups(state, names)
+    assert [ks for ks, _ in groups] == [["w1", "b1"], ["w2", "b2"]]
+    rates = gamfunc.optim.learning_rates(state, names)
+    assert {k: round(float(v), 6) for k, v in rates.items()} == {
+        "w1": 0.1,
+        "b1": 0.1,
+        "w2": 0.02,
+        "b2": 0.02,
+    }
+    # one optimiser: every parameter its lr; a schedule's value at the last update
+    sched = gamfunc.sgd(lr=gamfunc.schedules.constant(0.3))
+    rates = gamfunc.optim.learning_rates(sched.init(params), names)
+    assert sorted({round(float(v), 6) for v in rates.values()}) == [0.3]
+    # a transform that keeps no lr: None
+    assert (
+        gamfunc.optim.learning_rates(gamfunc.clip_by_global_norm(1.0).init(params), names) is None
+    )

@@ -4,7 +4,7 @@ the injection of their hyperparameters into their state."""
 from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import adamw
 from gamfunc.optim.base import Moved, Transform, apply_updates, call_update
-from gamfunc.optim.groups import GroupsState, param_groups
+from gamfunc.optim.groups import GroupsState, learning_rates, lr_groups, param_groups
 from gamfunc.optim.inject import (
     InjectState,
     hyperparam_dtype,
@@ -30,7 +30,9 @@ __all__ = [
     "inject_hyperparams",
     "injected",
     "learning_rate",
+    "learning_rates",
     "lion",
+    "lr_groups",
     "map_injected",
     "param_groups",
     "set_hyperparams",

@@ -215,8 +215,8 @@ def set_hyperparams(state, **values: float | Tensor):
         >>> import torch, gamfunc
         >>> opt = gamfunc.sgd(lr=0.1)
         >>> state = gamfunc.set_hyperparams(opt.init({"w": torch.zeros(2)}), lr=0.2)
-        >>> float(gamfunc.optim.learning_rate(state))
-        0.2
+        >>> gamfunc.optim.learning_rate(state)
+        tensor(0.2000)
     """
     states = injected(state)
     for name in values:
