@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 from gamfunc.checks import check_int
 from gamfunc.compile import fresh_copies
-from gamfunc.step import Step, _new_step
+from gamfunc.step import Step
 
 __all__ = ["cuda_graph", "release"]
 
@@ -65,7 +65,7 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
         params, state, metrics = step(params, state, batch)
     ```
     """
-    if not isinstance(step, Step) or not hasattr(step, "impl"):
+    if not isinstance(step, Step):
         raise TypeError(f"step must be made by gamfunc.make_step; got {type(step).__name__}")
     check_int("warmup", warmup)
     if step.on_nonfinite == "raise":
@@ -74,12 +74,7 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
             "cannot: graph a step made with on_nonfinite='skip' (the default; metrics['skipped'] "
             "tells when one was skipped)"
         )
-    impl = step.impl
-    branches = (_Graphed(impl.full, warmup), _Graphed(impl.plain, warmup))
-    args = (impl.estimator, impl.optimizer, impl.loss_fn, impl.every, impl.base, impl.on_nonfinite)
-    graphed = _new_step(*args, branches=branches)
-    graphed.init = step.init
-    return graphed
+    return step.map_branches(lambda branch: _Graphed(branch, warmup))
 
 
 def release(step: Step) -> None:
@@ -94,8 +89,7 @@ def release(step: Step) -> None:
     Raises:
         TypeError: ``step`` was not made by [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph].
     """
-    branches = [getattr(step.impl, name, None) for name in ("full", "plain")]
-    graphed = [b for b in branches if isinstance(b, _Graphed)]
+    graphed = [b for b in getattr(step, "branches", ()) if isinstance(b, _Graphed)]
     if not graphed:
         raise TypeError("release takes a step made by gamfunc.cuda_graph")
     if any(c.graph is not None for b in graphed for c in b.captures.values()):

@@ -43,11 +43,10 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc import tree
-from gamfunc._compat import flag_nonfinite, in_transform, nonfinite_check_runs, overlaps
 from gamfunc.checks import check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
+from gamfunc.guard import Guard, is_finite
 from gamfunc.loss import bind, check_params, init_state, next_state
 from gamfunc.optim import Transform, apply_updates, call_update, learning_rate
 from gamfunc.regional import compile_passes
@@ -58,7 +57,6 @@ __all__ = [
     "NONFINITE",
     "SCOPES",
     "Step",
-    "is_finite",
     "make_step",
 ]
 
@@ -75,6 +73,9 @@ class Step(Protocol):
     A step is a plain function carrying these attributes, not an instance of a class:
     ``torch.compile`` of a function traces its own code (`gamfunc.compile.fresh`), so every
     step keeps a compile cache of its own. ``isinstance(step, gamfunc.Step)`` holds.
+    ``branches`` are its two functions (the estimator's, and the base's between, for ``every`` > 1)
+    and ``map_branches(wrap)`` makes a step of the same configuration whose branches are wrapped,
+    as ``compile`` and [`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph] do.
     """
 
     estimator: Estimator
@@ -92,6 +93,11 @@ class Step(Protocol):
         self, *, fullgraph: bool = True, mode: str | None = None, scope: str = "step", **kwargs
     ) -> Step: ...
 
+    @property
+    def branches(self) -> tuple[Callable, Callable]: ...
+
+    def map_branches(self, wrap: Callable[[Callable], Callable]) -> Step: ...
+
 
 class _StepImpl:
     """The configuration and methods behind a [`Step`][gamfunc.step.Step] function."""
@@ -99,9 +105,10 @@ class _StepImpl:
     def __init__(self, estimator, optimizer, loss_fn, every, base, on_nonfinite, branches=None):
         self.estimator, self.optimizer, self.loss_fn = estimator, optimizer, loss_fn
         self.every, self.base, self.on_nonfinite = every, base, on_nonfinite
+        guard = Guard()  # one per step function: both branches share its count
         self.full, self.plain = branches or (
-            _branch(estimator, optimizer, loss_fn, on_nonfinite),
-            _branch(base, optimizer, loss_fn, on_nonfinite),
+            _branch(estimator, optimizer, loss_fn, on_nonfinite, guard),
+            _branch(base, optimizer, loss_fn, on_nonfinite, guard),
         )
         # every > 1: the metrics' keys and dtypes, in the order first seen (the full branch runs
         # first), so that every step returns the same keys whichever branch ran
@@ -184,18 +191,37 @@ class _StepImpl:
             return _new_step(
                 self.estimator, self.optimizer, loss_fn, self.every, self.base, self.on_nonfinite
             )
-        compile_fn = compile_with(fullgraph, mode, kwargs)
-        compiled = tuple(compile_fn(fn) for fn in (self.full, self.plain))
+        return self.map_branches(compile_with(fullgraph, mode, kwargs))
+
+    @property
+    def branches(self) -> tuple[Callable, Callable]:
+        """The step's two functions ``(params, state, batch) -> (params, state, metrics)``: the
+        estimator's, and the base's that ``every`` > 1 runs between (with ``every`` = 1, only the
+        first runs)."""
+        return self.full, self.plain
+
+    def map_branches(self, wrap: Callable[[Callable], Callable]) -> Step:
+        """A step of this configuration whose branches are ``wrap(branch)``: how
+        ``compile(scope="step")`` and [`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]
+        transform a step. ``init`` and the choice between the branches are this step's.
+
+        Args:
+            wrap: a function of a branch returning a function of the same signature.
+
+        Returns:
+            The new [`Step`][gamfunc.step.Step].
+        """
+        branches = (wrap(self.full), wrap(self.plain))
         args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
-        return _new_step(*args, self.on_nonfinite, branches=compiled)
+        return _new_step(*args, self.on_nonfinite, branches=branches)
 
 
-def _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
+def _step(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch):
     with torch.no_grad():  # gradients come from torch.func transforms only
-        return _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch)
+        return _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch)
 
 
-def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch):
+def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch):
     buffered = isinstance(state.buffers, dict)
     loss = bind(loss_fn, state)
     # One step counter, the step's: the estimator's schedules (ρ) and the optimiser's (lr, bias
@@ -203,7 +229,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     step = state.step
     est = estimator.run(params, batch, loss, step=step, state=state.est)
     # marks how far the GPU has come once the passes are queued: the guard's read or select
-    passes_queued = _gpu_mark(est.info["loss"].device) if on_nonfinite == "skip" else None
+    passes_queued = guard.mark(est.info["loss"].device) if on_nonfinite == "skip" else None
     # an estimator without state (the plain steps of every=k) carries the state through
     new_est = est.state if estimator.stateful else state.est
     updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
@@ -237,15 +263,12 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
             )
         return new_params, taken, metrics
     skipped = (~finite).to(torch.int64)
-    if not _branch_on_host(finite, passes_queued):  # no Python branch on a value
-        new_params, new_opt, new_buffers, new_est = _select(
-            finite,
-            (new_params, new_opt, new_buffers, new_est),
-            (params, state.opt, state.buffers, state.est),
-        )
-    elif not bool(finite):
-        new_params, new_opt, new_buffers = params, state.opt, state.buffers
-        new_est = state.est
+    new_params, new_opt, new_buffers, new_est = guard.keep(
+        finite,
+        (new_params, new_opt, new_buffers, new_est),
+        (params, state.opt, state.buffers, state.est),
+        passes_queued,
+    )
     loss_state, extra = next_state(loss_fn, state, finite)
     new_step = step + (1 - skipped)
     new_state = StepState(
@@ -254,79 +277,6 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch
     metrics["skipped"] = skipped
     metrics.update(extra)
     return new_params, new_state, metrics
-
-
-def _gpu_mark(device: torch.device) -> torch.cuda.Event | None:
-    """An event on the current stream, recorded when the host has queued the step's passes, where
-    the guard may read on the host (an eager step on a GPU, not captured); None elsewhere."""
-    if device.type != "cuda" or torch.compiler.is_compiling():
-        return None
-    if torch.cuda.is_current_stream_capturing():
-        return None
-    event = torch.cuda.Event()
-    event.record()
-    return event
-
-
-def _branch_on_host(finite: Tensor, passes_queued: torch.cuda.Event | None = None) -> bool:
-    """Whether the non-finite guard reads ``finite`` on the host and branches, rather than select
-    every parameter, optimiser-state and buffer tensor on the device (`gamfunc.tree.selects`).
-
-    A read waits for the step's last kernel, and the GPU then idles until the host has queued the
-    next step's first ones; a select waits for nothing but costs host time per tensor (about 1,000
-    views a step on ResNet-50). Which is cheaper depends on which of the two bounds the step, and
-    the guard asks the GPU: ``passes_queued``, an event recorded once the host had queued the
-    step's passes, has completed by the time the host has queued the update too when the GPU keeps
-    up with the host. Then the host bounds the step, and the guard reads. Where the GPU was still
-    behind at three eager steps in a row (`_gpu_bounds`), it bounds the steps, and the guard
-    selects: one step behind, a burst of large kernels, does not switch it, since a select where
-    the host bounds the step costs more than a read where the GPU does. Measured eagerly on one
-    H200 (SAM, bf16, interleaved rounds, with the check of `_finite_groups`):
-
-    - ResNet-50 at batch 256, GPU-bound: a select took 0.95-0.97 of a read's time per step
-      (make_step and the torch.optim facade), and the rule selected at 40 of 42 steps;
-    - ResNet-50 at batch 64 and ViT-S/32 at 128 and 256, host-bound: a select took 1.11-1.22 of a
-      read's time, and the rule read at every step.
-
-    It always selects where the step cannot read or must not wait: under ``torch.compile`` or
-    ``vmap``, while a CUDA graph is captured ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph],
-    the facade's ``cuda_graph=True``), and on a GPU in a job of several processes, where each rank
-    keeps its queue full while its all-reduces run (``tests/test_distributed.py``). On the CPU it
-    reads."""
-    if torch.compiler.is_compiling() or tree.vmapped([finite]):
-        return False
-    if finite.device.type == "cpu":
-        return True
-    capturing = finite.is_cuda and torch.cuda.is_current_stream_capturing()
-    return _host_may_wait(capturing, _ranks() > 1, _gpu_bounds(passes_queued))
-
-
-# How many eager steps in a row must find the GPU behind the host before the guard selects: a
-# select where the host bounds the step costs more than a read where the GPU does.
-_SELECT_AFTER = 3
-_behind = {"steps": 0}  # eager steps in a row that found the GPU behind, one count per process
-
-
-def _gpu_bounds(passes_queued: torch.cuda.Event | None) -> bool:
-    """Whether the GPU bounds the steps: it had yet to finish the passes (``passes_queued``) when
-    the host had queued the update, at this eager step and the `_SELECT_AFTER` - 1 before it."""
-    if passes_queued is None:
-        return False
-    _behind["steps"] = _behind["steps"] + 1 if not passes_queued.query() else 0
-    return _behind["steps"] >= _SELECT_AFTER
-
-
-def _host_may_wait(capturing: bool, distributed: bool, gpu_behind: bool = False) -> bool:
-    """The rule of `_branch_on_host` for a step on a GPU: read on the host unless a CUDA graph is
-    being captured, the step is one rank of several, or the GPU has yet to finish the step's
-    passes (it bounds the step)."""
-    return not (capturing or distributed or gpu_behind)
-
-
-def _ranks() -> int:
-    """The processes of the default group (1 without one)."""
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
@@ -351,121 +301,6 @@ def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
             out[k] = torch.full((), fill, dtype=dtype, device=device)
     out |= {k: v for k, v in metrics.items() if k not in out}  # anything not a tensor, as it is
     return schema, out
-
-
-def is_finite(est, *trees) -> Tensor:
-    """The non-finite guard of every step: whether the loss at θ, the direction and every
-    floating-point entry of ``trees`` (the new parameters and optimiser state) are finite.
-
-    Args:
-        est: the estimator's [`Estimate`][gamfunc.estimators.base.Estimate].
-        *trees: pytrees of tensors after the update.
-
-    Returns:
-        A 0-d bool tensor, on the loss's device (no host synchronisation).
-    """
-    loss = est.info["loss"]
-    finite = torch.isfinite(loss)
-    norm = _known_norm(est)
-    if norm is None:  # the direction's entries are checked with the others', in the same kernels
-        return finite & _all_finite(est.direction, *trees, device=loss.device)
-    finite = finite & _moved(torch.isfinite(norm), loss.device)
-    return finite & _all_finite(*trees, device=loss.device) if trees else finite
-
-
-def _all_finite(*trees, device: torch.device | None = None) -> Tensor:
-    """Whether every floating-point entry of ``trees`` (the new params and optimiser state) is
-    finite, one group of tensors per (device, dtype).
-
-    Eager, each group is one `gamfunc._compat.flag_nonfinite` (`_finite_groups`): the check of
-    ``torch.amp.GradScaler``, one multi-tensor kernel that raises a flag, with no tensor made per
-    input. Traced, inside ``vmap`` (foreach kernels have no batching rule), or
-    where that kernel does not serve: the largest magnitude of each tensor (a nan stays nan), one
-    ``_foreach_norm`` per group, then one ``isfinite`` per group. The flag is on ``device`` (by
-    default the first tensor's), moved there without waiting for the GPU (`_moved`)."""
-    groups: dict[tuple, list[Tensor]] = {}
-    for key, ((group,), _) in tree.grouped(tree.tensors(trees)).items():
-        if key[1].is_floating_point and (group := [t for t in group if t.numel()]):
-            groups[key] = group
-    if not groups:
-        return torch.ones((), dtype=torch.bool)
-    leaves = [t for group in groups.values() for t in group]
-    device = leaves[0].device if device is None else device
-    vmapped = tree.vmapped(leaves)  # foreach kernels have no batching rule
-    if not vmapped and _checks_in_place(groups, leaves):
-        return _finite_groups(groups, device)
-    flags = []
-    for group in groups.values():
-        if vmapped:
-            maxima = [torch.linalg.vector_norm(t, float("inf")) for t in group]
-        else:
-            maxima = list(torch._foreach_norm(group, float("inf")))
-        flags.append(_moved(torch.isfinite(torch.stack(maxima)).all(), device))
-    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
-
-
-# The dtypes GradScaler's check takes.
-_CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _checks_in_place(groups: dict, leaves: list[Tensor]) -> bool:
-    """Whether `_finite_groups` may check ``groups``: eager, with autograd not recording, of the
-    dtypes it takes, on devices where it runs, and each tensor one it may write (no two elements
-    at one address, as in an expanded tensor)."""
-    if torch.compiler.is_compiling() or in_transform() or torch.is_grad_enabled():
-        return False
-    if any(dtype not in _CHECKED or not nonfinite_check_runs(d.type) for d, dtype in groups):
-        return False
-    for t in leaves:
-        dense = t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
-        if not dense and overlaps(t):
-            return False
-    return True
-
-
-def _finite_groups(groups: dict, device: torch.device) -> Tensor:
-    """`_all_finite` by `gamfunc._compat.flag_nonfinite`, one call per group raising one float flag
-    per device, which writes each element back bit for bit."""
-    found: dict[torch.device, Tensor] = {}
-    for (d, _), group in groups.items():
-        if d not in found:
-            found[d] = torch.zeros(1, dtype=torch.float32, device=d)
-        flag_nonfinite(group, found[d])
-    flags = [_moved((f == 0).reshape(()), device) for f in found.values()]
-    return flags[0] if len(flags) == 1 else torch.stack(flags).all()
-
-
-def _moved(flag: Tensor, device: torch.device) -> Tensor:
-    """``flag`` on ``device``. A flag formed on the CPU (say, over the CPU step counts of a
-    ``torch.optim.AdamW`` whose parameters are on a GPU) goes without ``non_blocking``'s stream
-    synchronisation: a copy from pageable host memory is staged before the call returns."""
-    return flag.to(device, non_blocking=flag.device.type == "cpu" and device.type != "cpu")
-
-
-def _known_norm(est) -> Tensor | None:
-    """‖direction‖ where the step already has it: eager, the clean pass's norm where the direction
-    is its gradient (the plain gradient step) and the pass carries it; None otherwise. (Dynamo
-    cannot trace ``is`` between dicts on every torch.)"""
-    clean = est.clean
-    if (
-        not torch.compiler.is_compiling()
-        and est.direction is clean.grad
-        and isinstance(clean.grad_norm, Tensor)
-    ):
-        return clean.grad_norm
-    return None
-
-
-def _select(cond: Tensor, new, old):
-    """``torch.where(cond, new, old)`` over two pytrees of one structure (parameters, states,
-    buffers), by `gamfunc.tree.selects`: a few foreach kernels for all of them, eager. The leaves
-    of ``old`` are matched to those of ``new`` by place (a dict's by key, whatever its order).
-    Traced, one walk of the two trees, a ``torch.where`` per leaf (inductor fuses them)."""
-    if torch.compiler.is_compiling():
-        return pytree.tree_map(lambda n, o: torch.where(cond.to(n.device), n, o), new, old)
-    leaves, spec = pytree.tree_flatten(new)
-    before = pytree.tree_leaves(pytree.tree_map(lambda _, o: o, new, old))
-    return pytree.tree_unflatten(tree.selects(cond, leaves, before), spec)
 
 
 def make_step(
@@ -554,12 +389,12 @@ def make_step(
     return _new_step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
 
 
-def _branch(estimator, optimizer, loss_fn, on_nonfinite):
+def _branch(estimator, optimizer, loss_fn, on_nonfinite, guard):
     """``_step`` for one estimator, as a function with its own code object (a partial would not do:
     torch.compile traces a partial from a wrapper shared by every callable object)."""
 
     def branch(params, state, batch):
-        return _step(estimator, optimizer, loss_fn, on_nonfinite, params, state, batch)
+        return _step(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch)
 
     return fresh(branch)
 
@@ -577,8 +412,18 @@ def _new_step(*args, **kwargs) -> Step:
         return impl(params, state, batch)
 
     step = fresh(step)
-    for name in ("init", "compile", "estimator", "optimizer", "loss_fn", "every", "base"):
+    for name in (
+        "init",
+        "compile",
+        "map_branches",
+        "estimator",
+        "optimizer",
+        "loss_fn",
+        "every",
+        "base",
+        "on_nonfinite",
+        "branches",
+    ):
         setattr(step, name, getattr(impl, name))
-    step.on_nonfinite, step.impl = impl.on_nonfinite, impl
     step.__doc__ = Step.__doc__
     return step

@@ -38,9 +38,9 @@ import torch
 from torch import Tensor
 
 from gamfunc import tree
+from gamfunc.guard import all_finite
 from gamfunc.optim import Transform
 from gamfunc.optim.base import Moved
-from gamfunc.step import _all_finite
 
 __all__ = ["TorchBridge", "TorchState"]
 
@@ -51,7 +51,7 @@ class TorchState(NamedTuple):
     Attributes:
         finite: 0-d float64: 0 when every floating-point tensor the base optimiser formed outside
             ``tensors`` (the entries of its first step) is finite, NaN otherwise, so that
-            `gamfunc.step.is_finite` skips a step that would make them non-finite.
+            `gamfunc.guard.is_finite` skips a step that would make them non-finite.
         tensors: the tensors of the optimiser's state, in the order of its parameters and of each
             parameter's entries (`TorchBridge.snapshot`); ``()`` between steps, when they live in
             the optimiser. Carried here, they are kept or dropped by make_step's non-finite guard
@@ -286,5 +286,5 @@ def _finite_flag(state: dict, like: Tensor) -> Tensor:
     leaves = [t for s in state.values() for t in s.values() if isinstance(t, Tensor)]
     if not any(t.is_floating_point() and t.numel() for t in leaves):
         return torch.zeros_like(like)
-    ok = _all_finite(leaves, device=like.device)
+    ok = all_finite(leaves, device=like.device)
     return torch.where(ok, torch.zeros_like(like), torch.full_like(like, float("nan")))

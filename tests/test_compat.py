@@ -243,15 +243,15 @@ def test_flag_nonfinite_raises_its_flag_and_keeps_every_value():
 
 def test_the_nonfinite_check_falls_back_to_the_norms_of_the_guard(monkeypatch, caplog):
     # Without GradScaler's kernel the step's guard takes _foreach_norm: the same skips, the same step.
-    from gamfunc import step as step_mod
+    from gamfunc import guard
 
     monkeypatch.delattr(torch, "_amp_foreach_non_finite_check_and_unscale_")
     assert not _compat.nonfinite_check_runs("cpu")
     fell_back(caplog, "flag_nonfinite")
     params = {"w": torch.ones(3), "b": torch.zeros(2, dtype=torch.float64)}
     with torch.no_grad():
-        assert bool(step_mod._all_finite(params))
-        assert not bool(step_mod._all_finite({**params, "b": torch.tensor([0.0, float("nan")])}))
+        assert bool(guard.all_finite(params))
+        assert not bool(guard.all_finite({**params, "b": torch.tensor([0.0, float("nan")])}))
 
 
 def test_overlaps():

@@ -111,7 +111,7 @@ def test_every_k_replays_each_branch_and_keeps_the_schema():
     step = gamfunc.make_step(gamfunc.gam(0.05, 0.5, hvp="fd"), gamfunc.sgd(0.1), loss_fn, every=3)
     graphed = gamfunc.cuda_graph(step, warmup=1)
     assert_same_trajectory(step, graphed, params, buffers, batches)
-    assert len(graphed.impl.full.captures) == len(graphed.impl.plain.captures) == 1
+    assert len(graphed.branches[0].captures) == len(graphed.branches[1].captures) == 1
 
 
 @pytest.mark.gpu
@@ -147,8 +147,8 @@ def test_graphed_step_is_pure():
     small = tuple(t[:4] for t in batches[5])
     for _ in range(2):
         assert_same(step(params, ref_state, small)[0], graphed(params, state, small)[0])
-    assert len(graphed.impl.full.captures) == 2
+    assert len(graphed.branches[0].captures) == 2
     gamfunc.cuda_graphs.release(graphed)  # every graph dropped; the next calls capture anew
-    assert not graphed.impl.full.captures
+    assert not graphed.branches[0].captures
     for _ in range(2):
         assert_same(step(params, ref_state, small)[0], graphed(params, state, small)[0])

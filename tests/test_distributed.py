@@ -309,7 +309,7 @@ def test_the_global_mean_step_reads_no_device_value_on_a_gpu(monkeypatch, estima
     state = step.init(params, buffers)
     for branch, reads in ((True, 1), (False, 0)):
         monkeypatch.setattr(
-            gamfunc.step, "_branch_on_host", lambda finite, passes=None, b=branch: b
+            gamfunc.guard.Guard, "reads", lambda self, finite, passes=None, b=branch: b
         )
         with HostReads() as seen:
             new, _, m = step(params, state, batch)
@@ -320,7 +320,7 @@ def test_the_global_mean_step_reads_no_device_value_on_a_gpu(monkeypatch, estima
 def test_the_guard_that_selects_on_the_device_skips_a_non_finite_step(monkeypatch):
     """The GPU's form of the non-finite guard (select, no host read) leaves parameters, optimiser
     state and buffers as they were, as the host branch does."""
-    monkeypatch.setattr(gamfunc.step, "_branch_on_host", lambda finite, passes=None: False)
+    monkeypatch.setattr(gamfunc.guard.Guard, "reads", lambda self, finite, passes=None: False)
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
     loss_fn, params, buffers = gamfunc.nn.functionalize(net)
     step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(0.1, momentum=0.9), loss_fn)

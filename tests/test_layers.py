@@ -60,7 +60,7 @@ LAYERS = [
         "gamfunc.regional",
         "gamfunc.m_sharpness",
     ),
-    ("gamfunc.state",),
+    ("gamfunc.state", "gamfunc.guard"),
     ("gamfunc.step",),
     (
         "gamfunc.convenience",

@@ -184,9 +184,11 @@ def worker(a) -> None:
     procs = launch.start("auto")
     cuda = procs.device.type == "cuda"
     if a.guard == "sync":  # the guard of before: read `finite` on the host, branch eagerly
-        import gamfunc.step
+        import gamfunc.guard
 
-        gamfunc.step._branch_on_host = lambda finite, passes=None: not torch.compiler.is_compiling()
+        gamfunc.guard.Guard.reads = lambda self, finite, passes=None: (
+            not torch.compiler.is_compiling()
+        )
     result: dict = {"world": procs.world}
     if a.kind == "busbw":
         result["busbw_GBps"] = _bus_bandwidth(procs)
