@@ -19,7 +19,6 @@ from gamfunc import (
     regional,
     schedules,
     torch_optim,
-    transforms,
     tree,
 )
 from gamfunc.convenience import gam_step
@@ -49,9 +48,7 @@ from gamfunc.optim import (
     set_hyperparams,
     sgd,
 )
-from gamfunc.state import StepState
-from gamfunc.step import Step, make_step
-from gamfunc.transforms import (
+from gamfunc.optim.transforms import (
     ChainState,
     Transform,
     add_decayed_weights,
@@ -63,6 +60,8 @@ from gamfunc.transforms import (
     scale_by_lion,
     trace,
 )
+from gamfunc.state import StepState
+from gamfunc.step import Step, make_step
 
 __version__ = "0.1.0"
 
@@ -116,7 +115,6 @@ __all__ = [
     "sgd",
     "torch_optim",
     "trace",
-    "transforms",
     "tree",
     "wsam",
 ]

@@ -173,7 +173,16 @@ def all_finite(*trees, device: torch.device | None = None) -> Tensor:
     input. Traced, inside ``vmap`` (foreach kernels have no batching rule), or
     where that kernel does not serve: the largest magnitude of each tensor (a nan stays nan), one
     ``_foreach_norm`` per group, then one ``isfinite`` per group. The flag is on ``device`` (by
-    default the first tensor's), moved there without waiting for the GPU (`_moved`)."""
+    default the first tensor's), moved there without waiting for the GPU (`_moved`).
+
+    Args:
+        *trees: pytrees of tensors (parameters, optimiser states); entries that are not floating
+            point, or empty, are not checked.
+        device: where the flag is wanted; by default the first checked tensor's.
+
+    Returns:
+        A 0-d bool tensor, True where every entry is finite (True for nothing to check).
+    """
     groups: dict[tuple, list[Tensor]] = {}
     for key, ((group,), _) in tree.grouped(tree.tensors(trees)).items():
         if key[1].is_floating_point and (group := [t for t in group if t.numel()]):
@@ -251,7 +260,16 @@ def select(cond: Tensor, new, old):
     """``torch.where(cond, new, old)`` over two pytrees of one structure (parameters, states,
     buffers), by `gamfunc.tree.selects`: a few foreach kernels for all of them, eager. The leaves
     of ``old`` are matched to those of ``new`` by place (a dict's by key, whatever its order).
-    Traced, one walk of the two trees, a ``torch.where`` per leaf (inductor fuses them)."""
+    Traced, one walk of the two trees, a ``torch.where`` per leaf (inductor fuses them).
+
+    Args:
+        cond: a 0-d bool tensor.
+        new: a pytree of tensors, taken where ``cond`` holds.
+        old: a pytree of the same structure (dicts may list their keys in another order).
+
+    Returns:
+        A pytree of the structure of ``new``: each leaf ``new``'s where ``cond``, else ``old``'s.
+    """
     if torch.compiler.is_compiling():
         return pytree.tree_map(lambda n, o: torch.where(cond.to(n.device), n, o), new, old)
     leaves, spec = pytree.tree_flatten(new)

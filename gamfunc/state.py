@@ -34,7 +34,7 @@ class StepState(NamedTuple):
             schedules, bias corrections).
         opt: the optimiser's state, its own statistics only (an
             [`InjectState`][gamfunc.optim.inject.InjectState] around a chain's
-            [`ChainState`][gamfunc.transforms.ChainState] for [`gamfunc.sgd`][gamfunc.optim.sgd.sgd], or whatever a user's
+            [`ChainState`][gamfunc.optim.transforms.ChainState] for [`gamfunc.sgd`][gamfunc.optim.sgd.sgd], or whatever a user's
             ``init`` returns); [`gamfunc.set_hyperparams`][gamfunc.set_hyperparams] sets a constant lr in it.
         skipped: 0-d int64, steps skipped because the loss, the direction or the update was not
             finite.

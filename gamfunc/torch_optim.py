@@ -74,11 +74,11 @@ from gamfunc.optim import (
     learning_rate,
     map_injected,
 )
+from gamfunc.optim.transforms import chain, clip_by_global_norm
 from gamfunc.precision import PRECISIONS, mixed
 from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import make_step
 from gamfunc.torch_bridge import TorchBridge, TorchState
-from gamfunc.transforms import chain, clip_by_global_norm
 
 __all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
 
@@ -145,7 +145,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
             scale in the step state, in place of ``torch.amp.GradScaler``).
         max_grad_norm: clip the direction to this global norm before the base optimiser
-            ([`gamfunc.clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm]).
+            ([`gamfunc.clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm]).
         cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph
             ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]: three eager steps, then a
             capture, then replays; compiled or not). The model must be on a CUDA device, and a

@@ -81,7 +81,7 @@ def _module_page(module: types.ModuleType, level: str = "#", page: str = "") -> 
         return head + f"::: {module.__name__}\n" + OPTIONS.format("false")
     text = head + f"::: {module.__name__}\n" + OPTIONS.format("false") + "      members: false\n\n"
     mods = [*_modules(gamfunc), "estimators", "optim"]
-    # a definition re-exported here from another page's module (gamfunc.transforms.Transform, made
+    # a definition re-exported here from another page's module (gamfunc.optim.transforms.Transform, made
     # in gamfunc.optim.base) is rendered once, there, and linked here
     foreign = {p for p in _on_module_pages() if _home(p, mods) not in (None, page)}
     text += _names(module, foreign)

@@ -49,7 +49,7 @@ def test_every_core_dependency_is_imported_by_gamfunc():
 # which compile their passes with them, and below the step, whose ``compile`` calls down to them.
 LAYERS = [
     ("gamfunc._compat", "gamfunc.tree", "gamfunc.nn", "gamfunc.schedules", "gamfunc.checks"),
-    ("gamfunc.loss", "gamfunc.optim", "gamfunc.transforms"),
+    ("gamfunc.loss", "gamfunc.optim"),
     ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),
     ("gamfunc.compile", "gamfunc.graph_sharing"),

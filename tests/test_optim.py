@@ -133,7 +133,7 @@ def test_lion_equals_its_paper_loop(lr, betas, weight_decay):
     opt = gamfunc.lion(lr=lr, betas=betas, weight_decay=weight_decay)
     ours, state = gamfunc_trajectory(opt, params, data)
     assert rel_err(flatten(ours), flatten(want)) < 1e-12
-    assert isinstance(state.inner.states[0], gamfunc.transforms.ScaleByLionState)
+    assert isinstance(state.inner.states[0], gamfunc.optim.transforms.ScaleByLionState)
 
 
 def test_gam_trains_with_adam_and_lion():
@@ -183,12 +183,12 @@ def test_optimiser_states_hold_their_statistics_and_injected_hyperparameters():
     assert type(state) is gamfunc.InjectState and set(state.hyperparams) == {"lr"}
     assert state.inner.states == ((),)  # scale_by_learning_rate: no state
     (trace, _) = momentum.init(params).inner.states
-    assert type(trace) is gamfunc.transforms.TraceState
+    assert type(trace) is gamfunc.optim.transforms.TraceState
     assert trace.momentum_buffer.keys() == params.keys()
     state = adamw.init(params)
     assert set(state.hyperparams) == {"lr", "weight_decay"}
     adam_state, decay, lr = state.inner.states
-    assert type(adam_state) is gamfunc.transforms.ScaleByAdamState and decay == lr == ()
+    assert type(adam_state) is gamfunc.optim.transforms.ScaleByAdamState and decay == lr == ()
     assert adam_state._fields == ("exp_avg", "exp_avg_sq")
     chained = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), adamw)
     chain = chained.init(params)

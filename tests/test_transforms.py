@@ -10,8 +10,8 @@ from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 from torch import nn
 
 import gamfunc
+from gamfunc.optim.transforms import ClipState
 from gamfunc.torch_optim import FlatnessOptimizer
-from gamfunc.transforms import ClipState
 
 STEPS = 30
 
@@ -327,7 +327,7 @@ def test_decay_mask_is_the_ndim_rule_and_takes_named_parameters():
         "3.bias": False,
     }
     assert gamfunc.decay_mask(dict(model.named_parameters())) == mask
-    assert gamfunc.transforms.decay_mask is gamfunc.decay_mask
+    assert gamfunc.optim.transforms.decay_mask is gamfunc.decay_mask
 
 
 # ---- torch.compile ---------------------------------------------------------------------------------
@@ -422,7 +422,7 @@ def test_chain_refuses_a_transform_after_one_that_moved_the_parameters():
     last = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), moves)
     u, _ = last.update(params, last.init(params), params)
     assert isinstance(u, Moved) and u["w"] is params["w"]
-    after = gamfunc.chain(moves, gamfunc.transforms.scale(2.0))
+    after = gamfunc.chain(moves, gamfunc.optim.transforms.scale(2.0))
     with pytest.raises(ValueError, match=r"elements\[0\] moves the parameters itself"):
         after.update(params, after.init(params), params)
 
@@ -446,7 +446,7 @@ def test_chain_with_transforms_before_between_and_after_the_optimizer_equals_a_l
         gamfunc.clip_by_global_norm(before),
         gamfunc.sgd(lr=1.0, momentum=mu),
         gamfunc.clip_by_global_norm(between),
-        gamfunc.transforms.scale(eta),
+        gamfunc.optim.transforms.scale(eta),
     )
     ours, state = gamfunc_trajectory(opt, params, data)
     theta, buf, clipped_steps = dict(params), None, 0
@@ -504,12 +504,12 @@ def test_weight_decay_as_a_transform_and_the_lr_at_the_end_equal_torch_sgd():
         (gamfunc.add_decayed_weights, {"weight_decay": -1.0}, "weight_decay"),
         (gamfunc.add_decayed_weights, {"weight_decay": 0.1, "mask": 3}, "mask"),
         (gamfunc.scale_by_learning_rate, {"lr": -0.1}, "lr"),
-        (gamfunc.transforms.scale, {"factor": float("inf")}, "factor"),
-        (gamfunc.transforms.scale_by_adam, {"b1": 1.0}, "b1"),
-        (gamfunc.transforms.scale_by_adam, {"b2": 1.0}, "b2"),
-        (gamfunc.transforms.scale_by_adam, {"eps": -1.0}, "eps"),
-        (gamfunc.transforms.scale_by_lion, {"b1": -0.1}, "b1"),
-        (gamfunc.transforms.scale_by_lion, {"b2": 1.0}, "b2"),
+        (gamfunc.optim.transforms.scale, {"factor": float("inf")}, "factor"),
+        (gamfunc.optim.transforms.scale_by_adam, {"b1": 1.0}, "b1"),
+        (gamfunc.optim.transforms.scale_by_adam, {"b2": 1.0}, "b2"),
+        (gamfunc.optim.transforms.scale_by_adam, {"eps": -1.0}, "eps"),
+        (gamfunc.optim.transforms.scale_by_lion, {"b1": -0.1}, "b1"),
+        (gamfunc.optim.transforms.scale_by_lion, {"b2": 1.0}, "b2"),
     ],
 )
 def test_new_transforms_reject_bad_hyperparameters(factory, kwargs, arg):

@@ -1,6 +1,13 @@
-"""Base optimisers: how to move along a direction, as Transforms whose updates are the step, and
-the injection of their hyperparameters into their state."""
+"""Base optimisers: how to move along a direction.
 
+The wing holds, from the bottom up, as optax's ``base``, ``transform`` and ``alias`` do: the contract
+(`base`: [`Transform`][gamfunc.optim.base.Transform], [`apply_updates`][gamfunc.optim.base.apply_updates]),
+the primitives and [`chain`][gamfunc.optim.transforms.chain] (`transforms`), the injection of
+hyperparameters into the state (`inject`), parameter groups (`groups`), and the optimisers built
+from them (`sgd`, `adam`, `adamw`, `lion`), whose updates are their whole signed step.
+"""
+
+from gamfunc.optim import transforms
 from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import adamw
 from gamfunc.optim.base import Moved, Transform, apply_updates, call_update
@@ -37,4 +44,5 @@ __all__ = [
     "param_groups",
     "set_hyperparams",
     "sgd",
+    "transforms",
 ]

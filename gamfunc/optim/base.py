@@ -40,8 +40,8 @@ class Transform(NamedTuple):
     [`gamfunc.clip_by_global_norm`][gamfunc.clip_by_global_norm] changes the direction it is given. So [`gamfunc.chain`][gamfunc.chain]
     puts any of them before, between or after an optimiser, and the result is again a Transform.
 
-    ``state`` is a NamedTuple of tensors ([`TraceState`][gamfunc.transforms.TraceState],
-    [`ClipState`][gamfunc.transforms.ClipState], ``()`` for a stateless transform), a pytree for
+    ``state`` is a NamedTuple of tensors ([`TraceState`][gamfunc.optim.transforms.TraceState],
+    [`ClipState`][gamfunc.optim.transforms.ClipState], ``()`` for a stateless transform), a pytree for
     ``torch.compile`` and ``torch.func.vmap``. Neither function mutates its arguments, and ``update``
     branches on no tensor value. A state holds the transform's own statistics only: the step count
     is the step's ([`gamfunc.StepState`][gamfunc.StepState] ``.step``). An ``update`` that reads it (bias

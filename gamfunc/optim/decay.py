@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gamfunc import transforms
+from gamfunc.optim import transforms
 from gamfunc.optim.base import Mask, Transform
 
 __all__ = ["decayed", "given"]

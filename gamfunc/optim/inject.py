@@ -97,7 +97,7 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
 
     Example:
         >>> import torch, gamfunc
-        >>> opt = gamfunc.inject_hyperparams(gamfunc.transforms.scale_by_learning_rate)(lr=0.1)
+        >>> opt = gamfunc.inject_hyperparams(gamfunc.optim.transforms.scale_by_learning_rate)(lr=0.1)
         >>> p = {"w": torch.ones(2)}
         >>> state = opt.init(p)
         >>> state = state._replace(hyperparams={"lr": torch.tensor(0.5)})

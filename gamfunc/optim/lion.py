@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 
-from gamfunc import transforms
 from gamfunc.checks import check_betas, check_mask, check_nonnegative
+from gamfunc.optim import transforms
 from gamfunc.optim.base import Mask, Transform
 from gamfunc.optim.decay import decayed, given
 from gamfunc.optim.inject import inject_hyperparams

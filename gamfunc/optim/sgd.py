@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 
-from gamfunc import transforms
 from gamfunc.checks import check_mask, check_nonnegative
+from gamfunc.optim import transforms
 from gamfunc.optim.base import Mask, Transform
 from gamfunc.optim.decay import decayed, given
 from gamfunc.optim.inject import inject_hyperparams
@@ -36,7 +36,7 @@ def sgd(
     $$
 
     that is ``chain(add_decayed_weights(λ, mask), trace(μ, τ, nesterov), scale_by_learning_rate(η))``
-    ([`gamfunc.transforms`][gamfunc.transforms]; an element is left out where λ or μ is 0), with η and λ injected
+    ([`gamfunc.optim.transforms`][gamfunc.optim.transforms]; an element is left out where λ or μ is 0), with η and λ injected
     ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]): a step logs η in ``metrics["lr"]``, and
     [`gamfunc.set_hyperparams`][gamfunc.set_hyperparams] sets a constant η or λ between steps.
 
@@ -53,7 +53,7 @@ def sgd(
     Returns:
         A [`Transform`][gamfunc.optim.base.Transform]; its updates are u = −η·d, its state an
             [`InjectState`][gamfunc.optim.inject.InjectState] around the chain's
-            [`ChainState`][gamfunc.transforms.ChainState].
+            [`ChainState`][gamfunc.optim.transforms.ChainState].
 
     Raises:
         ValueError: an invalid argument, naming it.

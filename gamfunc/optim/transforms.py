@@ -1,4 +1,4 @@
-"""Transforms of a direction, the primitives the optimisers are built from, and [`chain`][gamfunc.transforms.chain].
+"""Transforms of a direction, the primitives the optimisers are built from, and [`chain`][gamfunc.optim.transforms.chain].
 
 Everything here has the one contract of [`Transform`][gamfunc.optim.base.Transform] (optax's):
 ``init(params) -> state`` and ``update(direction, state, params) -> (updates, new_state)``, the new
@@ -9,12 +9,12 @@ updates are its signed step, −η·…), so a chain can hold transforms before,
 estimator ─ d ─▶ clip_by_global_norm ─▶ sgd(lr=1, momentum) ─▶ scale(0.1) ─▶ u;  θ ← θ + u
 ```
 
-The primitives: [`trace`][gamfunc.transforms.trace] (momentum, as ``torch.optim.SGD``), [`scale_by_adam`][gamfunc.transforms.scale_by_adam],
-[`scale_by_lion`][gamfunc.transforms.scale_by_lion], [`add_decayed_weights`][gamfunc.transforms.add_decayed_weights] (weight decay, masked),
-[`scale_by_learning_rate`][gamfunc.transforms.scale_by_learning_rate]; [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] is ``chain(add_decayed_weights, trace,
+The primitives: [`trace`][gamfunc.optim.transforms.trace] (momentum, as ``torch.optim.SGD``), [`scale_by_adam`][gamfunc.optim.transforms.scale_by_adam],
+[`scale_by_lion`][gamfunc.optim.transforms.scale_by_lion], [`add_decayed_weights`][gamfunc.optim.transforms.add_decayed_weights] (weight decay, masked),
+[`scale_by_learning_rate`][gamfunc.optim.transforms.scale_by_learning_rate]; [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] is ``chain(add_decayed_weights, trace,
 scale_by_learning_rate)`` with its lr and weight decay injected ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]).
 An update that reads the step count (bias corrections, schedules) takes it as ``step=``, which
-[`gamfunc.make_step`][gamfunc.make_step] and [`chain`][gamfunc.transforms.chain] pass on ([`call_update`][gamfunc.optim.base.call_update]).
+[`gamfunc.make_step`][gamfunc.make_step] and [`chain`][gamfunc.optim.transforms.chain] pass on ([`call_update`][gamfunc.optim.base.call_update]).
 
 Example:
     >>> import torch, gamfunc
@@ -73,7 +73,7 @@ __all__ = [
 
 
 class ClipState(NamedTuple):
-    """The state of [`clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm].
+    """The state of [`clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm].
 
     Attributes:
         norm: 0-d, ‖d‖₂ of the last direction before clipping (0 before the first update), in
@@ -84,7 +84,7 @@ class ClipState(NamedTuple):
 
 
 class ChainState(NamedTuple):
-    """The state of [`chain`][gamfunc.transforms.chain]: one state per element, in the chain's order.
+    """The state of [`chain`][gamfunc.optim.transforms.chain]: one state per element, in the chain's order.
 
     Attributes:
         states: the elements' states (a tuple), e.g. ``(ClipState(...), InjectState(...))``.
@@ -111,7 +111,7 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
         eps: ξ >= 0, added to the norm before dividing.
 
     Returns:
-        A [`Transform`][gamfunc.transforms.Transform] whose state is a [`ClipState`][gamfunc.transforms.ClipState]: ‖d‖₂ of the last direction
+        A [`Transform`][gamfunc.optim.transforms.Transform] whose state is a [`ClipState`][gamfunc.optim.transforms.ClipState]: ‖d‖₂ of the last direction
             before clipping.
 
     Example:
@@ -162,9 +162,9 @@ def chain(*elements: Transform) -> Transform:
     ```
 
     as ``optax.chain``. An optimiser may stand anywhere: transforms before it see the direction
-    ([`clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm], [`add_decayed_weights`][gamfunc.transforms.add_decayed_weights] = coupled weight decay), those after
-    it see its signed step ([`scale`][gamfunc.transforms.scale], a clip of the step). A chain is a Transform, so chains
-    nest; its state is a [`ChainState`][gamfunc.transforms.ChainState]. The step count given to its update goes to every
+    ([`clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm], [`add_decayed_weights`][gamfunc.optim.transforms.add_decayed_weights] = coupled weight decay), those after
+    it see its signed step ([`scale`][gamfunc.optim.transforms.scale], a clip of the step). A chain is a Transform, so chains
+    nest; its state is a [`ChainState`][gamfunc.optim.transforms.ChainState]. The step count given to its update goes to every
     element that takes it ([`call_update`][gamfunc.optim.base.call_update]).
 
     Args:
@@ -235,7 +235,7 @@ def scale(factor: float) -> Transform:
 
     Example:
         >>> import torch, gamfunc
-        >>> s = gamfunc.transforms.scale(0.5)
+        >>> s = gamfunc.optim.transforms.scale(0.5)
         >>> s.update({"w": torch.ones(2)}, s.init({}), {})[0]
         {'w': tensor([0.5000, 0.5000])}
     """
@@ -260,16 +260,16 @@ def add_decayed_weights(
 ) -> Transform:
     """Weight decay as a transform: u ← u + λ·θ where the mask is true (stateless).
 
-    Before a scaling of the direction ([`trace`][gamfunc.transforms.trace], [`scale_by_adam`][gamfunc.transforms.scale_by_adam]) it is coupled (L2)
+    Before a scaling of the direction ([`trace`][gamfunc.optim.transforms.trace], [`scale_by_adam`][gamfunc.optim.transforms.scale_by_adam]) it is coupled (L2)
     decay, ``torch.optim.SGD``'s and ``Adam``'s ``weight_decay``; after it and before
-    [`scale_by_learning_rate`][gamfunc.transforms.scale_by_learning_rate] it is decoupled decay, ``AdamW``'s. λ is ``weight_decay``. Every
+    [`scale_by_learning_rate`][gamfunc.optim.transforms.scale_by_learning_rate] it is decoupled decay, ``AdamW``'s. λ is ``weight_decay``. Every
     gamfunc optimiser decays through this one transform.
 
     Args:
         weight_decay: λ >= 0, or a schedule of the step count (then ``update`` needs ``step=``).
         mask: which parameters decay: None (all, as torch.optim), a dict name -> bool naming every
             parameter, or a callable ``(name, tensor) -> bool`` that decides from the name or shape
-            ([`decay_mask`][gamfunc.transforms.decay_mask] gives the usual choice). Equal to torch.optim with two param groups,
+            ([`decay_mask`][gamfunc.optim.transforms.decay_mask] gives the usual choice). Equal to torch.optim with two param groups,
             the masked-out one with ``weight_decay=0``.
         mask_name: the name errors give the mask (the optimisers' ``weight_decay_mask``).
 
@@ -347,7 +347,7 @@ def scale_by_learning_rate(lr) -> Transform:
 
 
 class TraceState(NamedTuple):
-    """The state of [`trace`][gamfunc.transforms.trace].
+    """The state of [`trace`][gamfunc.optim.transforms.trace].
 
     Attributes:
         momentum_buffer: b, a dict name -> tensor (``torch.optim.SGD``'s name).
@@ -378,7 +378,7 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Tr
         nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
 
     Returns:
-        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`TraceState`][gamfunc.transforms.TraceState]; its update
+        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`TraceState`][gamfunc.optim.transforms.TraceState]; its update
             takes ``step=`` (needed where τ ≠ 0).
 
     Raises:
@@ -409,7 +409,7 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Tr
 
 
 class ScaleByAdamState(NamedTuple):
-    """The state of [`scale_by_adam`][gamfunc.transforms.scale_by_adam].
+    """The state of [`scale_by_adam`][gamfunc.optim.transforms.scale_by_adam].
 
     Attributes:
         exp_avg: m, the first moment, a dict name -> tensor (``torch.optim.Adam``'s names).
@@ -442,7 +442,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Tran
         eps: ε >= 0.
 
     Returns:
-        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`ScaleByAdamState`][gamfunc.transforms.ScaleByAdamState]; its
+        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`ScaleByAdamState`][gamfunc.optim.transforms.ScaleByAdamState]; its
             update needs ``step=``.
 
     Raises:
@@ -480,7 +480,7 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Tran
 
 
 class ScaleByLionState(NamedTuple):
-    """The state of [`scale_by_lion`][gamfunc.transforms.scale_by_lion].
+    """The state of [`scale_by_lion`][gamfunc.optim.transforms.scale_by_lion].
 
     Attributes:
         exp_avg: m, the momentum, a dict name -> tensor.
@@ -506,7 +506,7 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
         b2: β₂ in [0, 1).
 
     Returns:
-        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`ScaleByLionState`][gamfunc.transforms.ScaleByLionState].
+        A [`Transform`][gamfunc.optim.base.Transform] whose state is a [`ScaleByLionState`][gamfunc.optim.transforms.ScaleByLionState].
 
     Raises:
         ValueError: an invalid argument, naming it.
