@@ -21,6 +21,8 @@ __all__ = [
     "functionalize",
     "load",
     "mode",
+    "module_loss",
+    "places",
 ]
 
 
@@ -82,14 +84,28 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
     """
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    return _module_loss(model, criterion, train, tree.clone), params, buffers
+    return module_loss(model, criterion, train=train), params, buffers
 
 
-def _module_loss(model: nn.Module, criterion, train: bool, copy_buffers):
+def module_loss(
+    model: nn.Module, criterion=F.cross_entropy, *, train: bool = True, copy_buffers=tree.clone
+):
     """[`functionalize`][gamfunc.nn.functionalize]'s ``loss_fn``, each pass writing into the
-    buffers that ``copy_buffers(buffers)`` returns: `gamfunc.tree.clone` there; copies reused from
-    step to step in the ``torch.optim`` facade, which knows when a step's are no longer read.
-    Makes ``model``'s BatchNorm layers safe for forward-mode AD under autocast, in place."""
+    buffers that ``copy_buffers(buffers)`` returns.
+
+    Makes ``model``'s BatchNorm layers safe for forward-mode AD under autocast, in place.
+
+    Args:
+        model: the module.
+        criterion: ``criterion(outputs, targets) -> scalar``.
+        train: the mode of evaluation, which ``loss_fn``'s keyword ``train`` overrides per call.
+        copy_buffers: ``buffers -> new buffers`` that a pass may write: `gamfunc.tree.clone` by
+            default; the ``torch.optim`` facade gives copies kept from step to step, since it knows
+            when a step's are no longer read.
+
+    Returns:
+        ``loss_fn(params, batch, buffers, *, train=train) -> (loss, new_buffers)``.
+    """
     autocast_batchnorm(model)
     call = Caller(model)
 
@@ -135,7 +151,7 @@ class Caller:
     def __init__(self, model: nn.Module):
         self.model = model
         self.ties = tied(model)
-        self.places = _places(model)
+        self.places = places(model)
 
     def __call__(self, tensors: dict | tuple[dict, ...], args: tuple):
         """``model(*args)`` with the module's tensors named in ``tensors`` (one dict or several)
@@ -170,9 +186,16 @@ class Caller:
             return None
 
 
-def _places(model: nn.Module) -> dict[str, tuple[dict, str]]:
-    """``name -> (submodule._parameters or ._buffers, key)`` of each of ``model``'s tensors: where
-    the tensor of that name is read, and where another is written in its place."""
+def places(model: nn.Module) -> dict[str, tuple[dict, str]]:
+    """Where each of a module's tensors lives: the dict that holds it and its key there.
+
+    Args:
+        model: the module.
+
+    Returns:
+        ``name -> (submodule._parameters or ._buffers, key)`` of each parameter and buffer: where
+        the tensor of that name is read, and where another is written in its place.
+    """
     places = {}
     for prefix, m in model.named_modules():
         head = f"{prefix}." if prefix else ""

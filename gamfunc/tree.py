@@ -38,12 +38,11 @@ __all__ = [
     "check_keys",
     "clone",
     "copies",
-    "copy_into",
     "lincomb",
     "map",
     "norm",
     "normalize",
-    "recopy",
+    "per_tensor",
     "scalar_like",
     "scale",
     "sub",
@@ -109,15 +108,22 @@ def clone(a: Tree) -> Tree:
     Returns:
         A flat dict with the keys of ``a`` and a copy of each tensor.
     """
-    if _per_tensor(a.values()):
+    if per_tensor(a.values()):
         return {k: v.clone() for k, v in a.items()}
     return dict(zip(a, copies(list(a.values())), strict=True))
 
 
-def _per_tensor(tensors) -> bool:
+def per_tensor(tensors) -> bool:
     """Whether `clone` and `selects` take their per-tensor form: traced (``torch.compile`` fuses
     it), inside a ``torch.func`` transform (foreach kernels have no batching rule), or where
-    autograd records (the bit views of `selects` are not differentiable)."""
+    autograd records (the bit views of `selects` are not differentiable).
+
+    Args:
+        tensors: the tensors about to be copied or selected.
+
+    Returns:
+        True for a tensor at a time, False for the foreach kernels.
+    """
     return (
         torch.compiler.is_compiling()
         or in_transform()
@@ -142,58 +148,6 @@ def copies(tensors: list[Tensor]) -> list[Tensor]:
         for i, t in zip(at, new, strict=True):
             out[i] = t
     return out
-
-
-def copy_into(dst: list[Tensor], src: list[Tensor]) -> None:
-    """``dst[i].copy_(src[i])`` for every i, as one ``_foreach_copy_`` per device and dtype of
-    ``dst`` (a list that mixes them would take ``_foreach``'s slow path, a kernel per tensor).
-
-    Args:
-        dst: the tensors written.
-        src: the tensors read, one per ``dst``.
-    """
-    if len(dst) != len(src):
-        raise ValueError(f"copy_into: {len(dst)} tensors to write, {len(src)} to read")
-    for (into, out), _ in grouped(dst, src).values():
-        torch._foreach_copy_(into, out)
-
-
-def recopy(kept: list[Tensor], tensors: list[Tensor], sources: list[Tensor]) -> list[Tensor]:
-    """Copies of ``tensors``, written into ``kept`` where it can hold them, new tensors otherwise.
-
-    ``kept`` holds copies of ``sources`` made earlier (by `copies` or by this function) that nothing
-    reads any more. Where ``tensors`` are the very tensors of ``sources`` (a module's buffers, an
-    optimiser's state, from one step to the next), or have, tensor for tensor, their shapes,
-    strides, dtypes and devices, the copies are written into ``kept`` by `copy_into`, and nothing
-    is allocated: one kernel per dtype, where `copies` also makes a tensor for each.
-
-    Args:
-        kept: earlier copies, overwritten where they can hold the new ones.
-        tensors: the tensors to copy.
-        sources: the tensors ``kept`` copied.
-
-    Returns:
-        ``kept`` itself, holding the copies, or new tensors.
-    """
-    if _same_layout(kept, tensors, sources):
-        copy_into(kept, tensors)
-        return kept
-    return copies(tensors)
-
-
-def _same_layout(kept: list[Tensor], tensors: list[Tensor], sources: list[Tensor]) -> bool:
-    """Whether ``kept``, copies of ``sources``, can hold copies of ``tensors``."""
-    if len(kept) != len(tensors):
-        return False
-    if len(sources) == len(tensors) and all(t is s for t, s in zip(tensors, sources, strict=True)):
-        return True
-    return all(
-        k.shape == t.shape
-        and k.stride() == t.stride()
-        and k.dtype == t.dtype
-        and k.device == t.device
-        for k, t in zip(kept, tensors, strict=True)
-    )
 
 
 def grouped(first: list[Tensor], *others: list[Tensor]) -> dict[tuple, tuple[list, list[int]]]:
@@ -478,7 +432,7 @@ def selects(cond: Tensor, new: list[Tensor], old: list[Tensor]) -> list[Tensor]:
     """
     if len(new) != len(old):
         raise ValueError(f"selects needs one old tensor per new one; got {len(new)} and {len(old)}")
-    if _per_tensor((*new, *old)):
+    if per_tensor((*new, *old)):
         return [torch.where(cond.to(n.device), n, o) for n, o in zip(new, old, strict=True)]
     out: list = [None] * len(new)
     groups: dict[tuple, list[int]] = {}

@@ -65,7 +65,6 @@ LAYERS = [
     (
         "gamfunc.convenience",
         "gamfunc.torch_optim",
-        "gamfunc.torch_bridge",
         "gamfunc.logging",
         "gamfunc.ensemble",
         "gamfunc.cuda_graphs",
@@ -235,3 +234,82 @@ def test_metric_modules_share_helpers_only_through_common():
                 f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name not in public
             ]
     assert private == []
+
+
+def _module_aliases(tree: ast.Module) -> dict[str, str]:
+    """The names a module binds to gamfunc modules: ``from gamfunc import tree`` binds ``tree``."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("gamfunc."):
+                    out[a.asname or a.name] = a.name
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gamfunc"):
+            for a in node.names:
+                target = f"{node.module}.{a.name}"
+                if (ROOT / (target.replace(".", "/") + ".py")).exists() or (
+                    ROOT / target.replace(".", "/")
+                ).is_dir():
+                    out[a.asname or a.name] = target
+    return out
+
+
+def private_uses(path: Path, own: str | None = None) -> list[str]:
+    """Where ``path`` imports another gamfunc module's underscore name, or reads one through the
+    module (``tree._per_tensor``). A module whose own name begins with ``_`` (``gamfunc._compat``,
+    the door to torch's internals; ``metrics._common``) is private to the package, its names are not."""
+    tree = ast.parse(path.read_text())
+    own = own or module_name(path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gamfunc"):
+            if node.module == own:
+                continue
+            found += [
+                f"from {node.module} import {a.name}"
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
+    aliases = _module_aliases(tree)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
+            found.append(f"{aliases[node.value.id]}.{node.attr}")
+    return [f"{own}: {f}" for f in found]
+
+
+def test_no_module_reads_another_modules_underscore_names():
+    """What two modules share is public in one place: no module of gamfunc imports, or reads
+    through a module, a name that another module keeps to itself."""
+    found = [u for path in sorted(PACKAGE.rglob("*.py")) for u in private_uses(path)]
+    assert found == []
+
+
+def test_private_uses_are_found(tmp_path):
+    probe = PACKAGE / "_probe_private_use.py"
+    probe.write_text("from gamfunc import tree\nfrom gamfunc.step import _step\n\nx = tree._pack\n")
+    try:
+        assert private_uses(probe) == [
+            "gamfunc._probe_private_use: from gamfunc.step import _step",
+            "gamfunc._probe_private_use: gamfunc.tree._pack",
+        ]
+    finally:
+        probe.unlink()
+
+
+MAX_LINES = 600
+
+
+def test_no_module_is_over_600_lines():
+    """One idea per file: a module that grows past 600 lines is split."""
+    long = {
+        module_name(p): n
+        for p in sorted(PACKAGE.rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}

@@ -394,7 +394,7 @@ def test_a_scheduled_lr_through_a_chain_is_reported_as_the_lr_of_the_step_taken(
         ({"optimizer": "sgd"}, TypeError, "torch.optim.Optimizer .*or a gamfunc optimizer"),
         ({"estimator": torch.optim.SGD}, TypeError, "estimator must be a gamfunc estimator"),
         ({"criterion": "ce"}, TypeError, "criterion must be callable"),
-        ({"compile": "yes"}, TypeError, "compile must be True or False"),
+        ({"compile": "yes"}, ValueError, "compile must be False, True"),
         ({"compile_options": {"fullgraph": True}}, ValueError, "compile=False"),
         ({"every": 0}, ValueError, "every must be"),
         ({"on_nonfinite": "nan"}, ValueError, "on_nonfinite"),
@@ -423,7 +423,8 @@ def test_invalid_step_calls_and_hyperparameters_raise():
 
 
 @pytest.mark.slow
-def test_compiled_facade_equals_eager_without_recompiling_as_lr_changes():
+@pytest.mark.parametrize("compile", [True, "step"])
+def test_compiled_facade_equals_eager_without_recompiling_as_lr_changes(compile):
     data = batches(4)
     model_a = tanh_mlp()
     model_b = copy.deepcopy(model_a)
@@ -432,7 +433,7 @@ def test_compiled_facade_equals_eager_without_recompiling_as_lr_changes():
         model_b,
         gamfunc.sgd(lr=0.2, momentum=0.9),
         rho=0.1,
-        compile=True,
+        compile=compile,
         # Dynamo decides what recompiles; aot_eager runs its graphs without inductor's C++ build
         compile_options={"fullgraph": True, "backend": "aot_eager"},
     )
@@ -559,3 +560,20 @@ def test_a_torch_base_undoes_an_update_that_is_not_finite():
     opt.step(batches(1)[0])
     assert int(opt.metrics["skipped"]) == 1 and int(opt.state_dict()["state"]["step"]) == 0
     assert all(torch.equal(p, before[k]) for k, p in model.named_parameters())
+
+
+def test_compile_true_compiles_the_passes_and_step_the_whole_step():
+    """compile=True and "pass" compile the estimator's passes (the loss becomes compiled passes,
+    the step stays eager around them); "step" compiles the whole step, which needs a gamfunc base."""
+    from gamfunc.regional import CompiledPasses
+
+    for compile in (True, "pass"):
+        opt = SAM(tanh_mlp(), gamfunc.sgd(lr=0.1), rho=0.05, compile=compile)
+        assert isinstance(opt._batch_step.loss_fn, CompiledPasses)
+    whole = SAM(tanh_mlp(), gamfunc.sgd(lr=0.1), rho=0.05, compile="step")
+    assert not isinstance(whole._batch_step.loss_fn, CompiledPasses)
+    assert all(b is not None for b in whole._batch_step.branches)
+    model = tanh_mlp()
+    torch_base = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="compile='step'.*gamfunc base"):
+        SAM(model, torch_base, rho=0.05, compile="step")

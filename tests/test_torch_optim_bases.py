@@ -256,7 +256,7 @@ def test_the_bridge_updates_from_its_snapshot_only():
     base.step() moved them (`Moved`, the model's own tensors, no difference formed) and leaves the
     snapshot's tensors as they were."""
     from gamfunc.optim.base import Moved
-    from gamfunc.torch_bridge import TorchBridge, TorchState
+    from gamfunc.torch_optim.bridge import TorchBridge, TorchState
 
     model = mlp()
     base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -502,7 +502,7 @@ def test_each_pass_writes_into_the_buffers_of_the_last_step_and_moves_the_model_
         for a, b in zip(s, t, strict=True)
     )
     with monkeypatch.context() as m:  # the reference: new copies at every pass
-        m.setattr("gamfunc.torch_optim._reusable", lambda buffers: False)
+        m.setattr("gamfunc.torch_optim.losses._reusable", lambda buffers: False)
         ref_model = bn()
         ref = SAM(ref_model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05)
         ref.step(data[0])

@@ -70,7 +70,7 @@ def test_a_scheduler_drives_each_gamfunc_group_with_its_own_base_lr():
             gamfunc.set_hyperparams(s, lr=lr / (1 + t))
             for s, lr in zip(state.opt.states, (0.05, 0.5), strict=True)
         )
-        state = state._replace(opt=gamfunc.optim.GroupsState(states))
+        state = state._replace(opt=state.opt._replace(states=states))
         params, state, _ = step(params, state, b)
     torch.testing.assert_close(params_of(model), params, **TIGHT)
 
@@ -358,3 +358,37 @@ def test_gam_adaptive_is_the_estimator_s_option():
     model = mlp()
     run(GAM(model, torch.optim.SGD, lr=0.1, rho=0.05, alpha=0.2, adaptive=True), data)
     torch.testing.assert_close(params_of(model), want, **TIGHT)
+
+
+def test_gamfunc_param_groups_show_each_groups_own_hyperparameters():
+    """The facade's param_groups come from the names gamfunc.param_groups records: each group
+    holds its own parameters and its own injected values (weight decay 0 on biases, the default
+    elsewhere), and a value set in a group reaches that group's updates alone."""
+    model = mlp()
+    groups = gamfunc.param_groups(
+        {"*.bias": {"weight_decay": 0.0}, "2.*": {"lr": 0.01}},
+        gamfunc.adamw,
+        lr=1e-3,
+        weight_decay=0.5,
+    )
+    opt = SAM(model, groups, rho=0.05)
+    names = {id(p): k for k, p in model.named_parameters()}
+    seen = [
+        ([names[id(p)] for p in g["params"]], round(g["lr"], 6), g["weight_decay"])
+        for g in opt.param_groups
+    ]
+    assert seen == [
+        (["0.weight"], 0.001, 0.5),
+        (["0.bias"], 0.001, 0.0),
+        (["2.weight"], 0.01, 0.5),
+        (["2.bias"], 0.01, 0.0),
+    ]
+    opt.param_groups[2]["weight_decay"] = 0.25
+    opt.step(batches()[0])
+    injected = gamfunc.optim.lr_groups(opt._state.opt, list(names.values()))
+    decay = [s.hyperparams.get("weight_decay") for _, s in injected]
+    assert [None if d is None else round(float(d), 6) for d in decay] == [0.5, None, 0.25, None]
+    # a group built without weight decay injects none: setting one there is refused, not ignored
+    opt.param_groups[1]["weight_decay"] = 0.1
+    with pytest.raises(RuntimeError, match=r"param_groups\[1\]\['weight_decay'\] was changed"):
+        opt.step(batches()[0])

@@ -68,12 +68,15 @@ class Transform(NamedTuple):
 
 class Moved(dict):
     """Updates already applied: the new parameters θ + u themselves, by name, from a transform
-    that moves its parameters in place (a ``torch.optim`` optimiser, through
-    ``gamfunc.torch_bridge.TorchBridge``) rather than returning u.
-    [`apply_updates`][gamfunc.optim.base.apply_updates] returns them as they are, so the step keeps
-    the optimiser's own result, with no u = θ_new − θ formed and added back. Only the last
-    transform of a [`chain`][gamfunc.chain] may return them: nothing can transform a step that is
-    already taken."""
+    that moves its parameters in place rather than returning u. [`apply_updates`][gamfunc.optim.base.apply_updates]
+    returns them as they are. Only the last transform of a [`chain`][gamfunc.chain] may return
+    them: nothing can transform a step that is already taken.
+
+    Why the contract keeps it: a ``torch.optim`` optimiser, the base optimiser of the
+    ``torch.optim`` facade ([`TorchBridge`][gamfunc.torch_optim.bridge.TorchBridge]), moves its own
+    tensors in place and never forms u. Returning u = θ_new − θ instead would cost two kernels per
+    parameter each step, and θ + (θ_new − θ) is not θ_new in floating point: the facade would no
+    longer take ``torch.optim``'s steps bit for bit. No other transform of gamfunc returns it."""
 
 
 def apply_updates(params: Tree, updates: Tree) -> Tree:

@@ -3,7 +3,7 @@
 The facade ([`gamfunc.torch_optim`][gamfunc.torch_optim]) moves a module by make_step's pure step, whose
 base optimiser is a [`Transform`][gamfunc.optim.base.Transform] ``update(direction, state, params) ->
 (updates, state)``. A ``torch.optim`` optimiser moves its own tensors in place instead: the module's
-parameters and the tensors of its ``state``. [`TorchBridge`][gamfunc.torch_bridge.TorchBridge] joins the
+parameters and the tensors of its ``state``. [`TorchBridge`][gamfunc.torch_optim.bridge.TorchBridge] joins the
 two without copying either world into the other one tensor at a time:
 
 ```text
@@ -21,7 +21,7 @@ its hooks, and state it keys by its parameters, work as there, and a kept step l
 bit for bit, with nothing formed after it (the update returns the moved parameters themselves,
 [`Moved`][gamfunc.optim.base.Moved], not their difference from the copies). The step's inputs are
 the copies, which nothing writes, so make_step's guard can keep or drop the step; a dropped step
-puts the copies back ([`commit`][gamfunc.torch_bridge.TorchBridge.commit], and the facade's copy
+puts the copies back ([`commit`][gamfunc.torch_optim.bridge.TorchBridge.commit], and the facade's copy
 into the parameters).
 A copy of all the parameters and state tensors is one foreach kernel per dtype, and the per-step
 work on the host is a few list comprehensions over the parameters, where a swap of each
@@ -39,14 +39,14 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.guard import all_finite
-from gamfunc.optim import Transform
-from gamfunc.optim.base import Moved
+from gamfunc.optim import Moved, Transform
+from gamfunc.torch_optim.copies import copy_into, recopy
 
 __all__ = ["TorchBridge", "TorchState"]
 
 
 class TorchState(NamedTuple):
-    """The step state of a [`TorchBridge`][gamfunc.torch_bridge.TorchBridge]'s transform.
+    """The step state of a [`TorchBridge`][gamfunc.torch_optim.bridge.TorchBridge]'s transform.
 
     Attributes:
         finite: 0-d float64: 0 when every floating-point tensor the base optimiser formed outside
@@ -97,7 +97,7 @@ class TorchBridge:
             otherwise into those of the last snapshot.
 
     Attributes:
-        transform: the Transform, whose state is a [`TorchState`][gamfunc.torch_bridge.TorchState].
+        transform: the Transform, whose state is a [`TorchState`][gamfunc.torch_optim.bridge.TorchState].
     """
 
     def __init__(
@@ -141,7 +141,7 @@ class TorchBridge:
         update then finds the optimiser holding those very values.
 
         The copies are written into those of the last snapshot where the tensors keep their
-        shapes ([`gamfunc.tree.recopy`][gamfunc.tree.recopy]; for SGD with momentum, two tensors
+        shapes ([`recopy`][gamfunc.torch_optim.copies.recopy]; for SGD with momentum, two tensors
         per parameter fewer to allocate at each step; for AdamW, four): only the step reads the
         state's, and the bridge, which keeps no ``TorchState.tensors`` between steps. The
         parameters' copies are new tensors where the step may keep its inputs (``keeps_inputs``).
@@ -155,9 +155,9 @@ class TorchBridge:
             if self.keeps_inputs:
                 params = tree.copies(lay.held)
             else:
-                params = self._copies = tree.recopy(self._copies, lay.held, self._held)
+                params = self._copies = recopy(self._copies, lay.held, self._held)
                 self._held = lay.held
-            self._kept = tree.recopy(self._kept, state, self._sources)
+            self._kept = recopy(self._kept, state, self._sources)
             self._sources = state
         self._snapped, self._formed = lay, {}
         return dict(zip(lay.keys, params, strict=True)), list(self._kept)
@@ -178,7 +178,7 @@ class TorchBridge:
             moved = [(o, t) for o, t in zip(own, tensors, strict=True) if o is not t]
             if moved:
                 with torch.no_grad():
-                    tree.copy_into([o for o, _ in moved], [t for _, t in moved])
+                    copy_into([o for o, _ in moved], [t for _, t in moved])
         formed, self._formed = self._formed, {}
         if formed and (skipped is None or not bool(skipped)):
             for p, s in formed.items():
@@ -197,7 +197,7 @@ class TorchBridge:
         if lay is None or len(tensors) != len(lay.pairs):
             return
         with torch.no_grad():
-            tree.copy_into(lay.held + _tensors(lay), [params[k] for k in lay.keys] + tensors)
+            copy_into(lay.held + _tensors(lay), [params[k] for k in lay.keys] + tensors)
 
     # ---- the Transform ----------------------------------------------------------------------------
 

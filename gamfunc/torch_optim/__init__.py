@@ -1,0 +1,66 @@
+"""Train an ``nn.Module`` with GAM, SAM or any estimator from ``torch.optim``-style code.
+
+[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer] is a ``torch.optim.Optimizer`` whose ``step`` runs the pure step of
+[`gamfunc.make_step`][gamfunc.make_step] on the module's tensors and writes the result back into the module. It is a
+shell, not a second implementation: the estimator computes the direction as a pure function, the
+base optimiser applies it, and [`gamfunc.make_step`][gamfunc.make_step] joins them, with its one non-finite guard.
+[`GAM`][gamfunc.torch_optim.GAM] and [`SAM`][gamfunc.torch_optim.SAM] only choose the estimator.
+
+The base optimiser is any of:
+
+* a gamfunc optimiser, ``GAM(model, gamfunc.sgd(lr=0.1, momentum=0.9), rho=0.05, alpha=0.1)``;
+* a ``torch.optim.Optimizer`` over the model's parameters (torch's, or a third party's),
+  ``GAM(model, torch.optim.AdamW(model.parameters(), lr=1e-3), rho=0.05, alpha=0.1)`` or
+  ``base_optimizer=torch.optim.AdamW(...)``;
+* davda54/sam's form, the class and its keyword arguments,
+  ``GAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05, alpha=0.1)``.
+
+A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step
+([`gamfunc.torch_optim.bridge`][gamfunc.torch_optim.bridge]): the step runs on copies of the parameters and of
+its state, its ``step()`` on its own tensors with the direction as ``.grad``, and its state tensors
+travel in the step's state, kept or dropped by make_step's guard. So every option of the step carries over whatever the base optimiser: ``compile=``, ``every=``,
+``accumulate=``, ``precision=``, ``max_grad_norm=``, ``cuda_graph=`` and the guard.
+
+Switching a ``torch.optim`` loop:
+
+```python
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)   # before
+optimizer = GAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05, alpha=0.1)   # after
+
+for inputs, targets in loader:
+    loss = optimizer.step((inputs, targets))   # replaces zero_grad / forward / backward / step
+    scheduler.step()                            # any torch.optim.lr_scheduler drives the lr
+```
+
+How the loss reaches the pure step:
+
+* ``step(batch)`` with ``batch = (inputs, targets)``: the loss is ``criterion(model(inputs), targets)``,
+  evaluated with the step's tensors in the module's place
+  ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be compiled
+  (``compile=True``) and accumulated (``accumulate=n``).
+* ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
+  model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
+  needs (θ, θ + ε, ...) with the module's tensors swapped
+  ([`gamfunc.nn.Caller`][gamfunc.nn.Caller]), like the closure of davda54/sam, but it must not call
+  ``backward()``: gamfunc differentiates it. This form always runs eagerly.
+* ``step(closure, batch=batch)``: what trainers such as Lightning pass (their closure runs hooks). The
+  closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is ignored,
+  and the step is computed from ``batch``.
+
+The package, a module per job:
+
+* `optimizer`: [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer], the shell around make_step;
+* `named`: [`GAM`][gamfunc.torch_optim.GAM], [`SAM`][gamfunc.torch_optim.SAM] and
+  [`TorchBase`][gamfunc.torch_optim.TorchBase];
+* `bridge`: a ``torch.optim`` optimiser as make_step's base optimiser;
+* `losses`: the module's loss and a closure's, with the buffers each pass writes;
+* `groups`: a gamfunc optimiser's hyperparameters as param groups, and back;
+* `base`, `checks`, `copies`: the base optimiser as given, the argument checks, the copies kept
+  from step to step.
+
+"""
+
+from gamfunc.torch_optim.named import GAM, SAM, TorchBase
+from gamfunc.torch_optim.optimizer import FlatnessOptimizer
+
+__all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]

@@ -1,0 +1,472 @@
+"""[`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]: a ``torch.optim.Optimizer``
+whose ``step`` runs the pure step of [`gamfunc.make_step`][gamfunc.make_step] on a module's tensors."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils import _pytree as pytree
+
+from gamfunc.accumulate import accumulate as accumulated
+from gamfunc.cuda_graphs import cuda_graph as graphed
+from gamfunc.cuda_graphs import release
+from gamfunc.estimators import Estimator
+from gamfunc.nn import module_loss, places
+from gamfunc.optim.transforms import chain, clip_by_global_norm
+from gamfunc.precision import mixed
+from gamfunc.state import StepState, as_dict, from_dict
+from gamfunc.step import make_step
+from gamfunc.torch_optim.base import built, held
+from gamfunc.torch_optim.bridge import TorchBridge, TorchState
+from gamfunc.torch_optim.checks import (
+    check_arguments,
+    check_capturable,
+    check_model,
+    step_arguments,
+)
+from gamfunc.torch_optim.copies import copy_into
+from gamfunc.torch_optim.groups import Groups
+from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
+
+__all__ = ["FlatnessOptimizer"]
+
+# What torch raises when the closure calls backward() itself: inside a torch.func transform (compiled
+# or nested steps), or before gamfunc's own backward pass of an eager step.
+_BACKWARD_INSIDE = (
+    "backward() called inside a functorch transform",
+    "backward through the graph a second time",
+    "element 0 of tensors does not require grad",
+)
+
+
+def _lr_metric(lr) -> Tensor:
+    """A param group's lr as a 0-d float64 tensor; a tensor lr (``capturable=True``) is copied on
+    its device rather than read on the host."""
+    if isinstance(lr, Tensor):
+        return lr.detach().to(torch.float64, copy=True)
+    return torch.tensor(float(lr), dtype=torch.float64)
+
+
+def _map_torch(opt_state, fn):
+    """``opt_state`` with its `TorchState` (alone, or in a chain) replaced by ``fn`` of it."""
+    is_torch = lambda x: isinstance(x, TorchState)  # noqa: E731
+    return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
+
+
+class FlatnessOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` that moves a module by ``make_step(estimator, optimizer, loss_fn)``.
+
+    One step, with θ the module's trainable parameters and B its buffers:
+
+    ```text
+    direction, info = estimator(θ, batch, loss_fn)        # e.g. GAM, paper Algorithm 1
+    u, opt_state   = optimizer.update(direction, opt_state, θ)
+    θ              = gamfunc.apply_updates(θ, u)
+    B              = the buffers of the pass at θ           # BatchNorm: once per step
+    ```
+
+    and θ and B are copied back into the module in place, so the model stays usable as it is (eval,
+    ``model.state_dict()``, EMA, checkpoints). A step whose loss, direction, new parameters or new
+    optimiser state is not finite is skipped by make_step's guard and counted in
+    ``metrics["skipped"]``, whatever the base optimiser.
+
+    Args:
+        model: the module to train (not its ``parameters()``). Its parameters with
+            ``requires_grad=False`` are left alone; its buffers (BatchNorm running statistics) are
+            updated once per step from the pass at θ; passes at perturbed points use batch
+            statistics and leave them alone. The module is evaluated in whatever mode it is in.
+        estimator: a gamfunc estimator, e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
+        optimizer: the base optimiser: a gamfunc one (``gamfunc.sgd(lr=0.1, momentum=0.9)``), a
+            ``torch.optim.Optimizer`` over the model's parameters, or an optimiser class or gamfunc
+            factory built here with ``**base_kwargs`` (``torch.optim.SGD, lr=0.1``).
+        criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
+            ``F.cross_entropy`` by default.
+        base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of ``optimizer``.
+        every: run ``estimator`` on every ``every``-th step and ``base`` on the others.
+        base: the estimator of the other steps, ``gradient()`` by default.
+        on_nonfinite: "skip" (default), "raise" or "ignore" (see [`gamfunc.make_step`][gamfunc.make_step]).
+        compile: ``False`` (eager, the default), ``True`` or ``"pass"``: compile the estimator's
+            differentiation passes (``step.compile(scope="pass")``), one graph for every
+            estimator built on gradients, around which the update runs eagerly (a ``torch.optim``
+            base optimiser's ``step()`` runs its own fused or foreach kernels); or ``"step"``:
+            compile the whole step with a gamfunc base optimiser. The whole step is the slower
+            cold compile by far (on ResNet-50 with fd GAM, about six times the passes' for about
+            2% of speed: ``benchmarks/RESULTS.md``); with ``cuda_graph=True`` the passes' compile
+            runs at the whole step's speed.
+        compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
+        accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.accumulate.accumulate]).
+        precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
+            scale in the step state, in place of ``torch.amp.GradScaler``).
+        max_grad_norm: clip the direction to this global norm before the base optimiser
+            ([`gamfunc.clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm]).
+        cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph
+            ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]: three eager steps, then a
+            capture, then replays; compiled or not). The model must be on a CUDA device, and a
+            ``torch.optim`` base optimiser capturable: built with ``capturable=True`` where it has
+            that option. A number it reads from its param groups (a float ``lr``) is fixed in the
+            graph, so a change of one (a scheduler's) drops the graphs and captures again; give it
+            as a tensor (``lr=torch.tensor(0.1, device="cuda")``, which schedulers change in place)
+            to keep them. ``step(closure)`` is not captured.
+        **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``.
+
+    Attributes:
+        param_groups: a ``torch.optim`` base optimiser's own groups. For a gamfunc one, one group per
+            injected lr (one per [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups] group), holding its parameters and
+            its injected hyperparameters (``lr``, ``weight_decay``...), written into the step
+            state before every step, so ``torch.optim.lr_scheduler`` drives them (compiled or not).
+        metrics: the scalar tensors of the last step (``loss``, ``grad_norm``, ``lr``, ``rho``,
+            ``skipped``...).
+
+    ``step`` returns the loss at θ before the update (a 0-d tensor).
+
+    Raises:
+        TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
+            ``torch.optim`` optimiser whose ``step`` needs a closure, or an argument of the wrong type.
+        ValueError: a base optimiser over tensors that are not the model's parameters, an invalid
+            option (naming it), or ``cuda_graph=True`` with a model off the GPU or a base optimiser
+            built with ``capturable=False``.
+
+    Warning:
+        With a gamfunc base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the
+        learning rate; its group's ``"lr"`` reports the last lr used, and changing it raises
+        ``RuntimeError``. Hyperparameters a gamfunc optimiser does not inject (``momentum`` of
+        ``gamfunc.sgd``) cannot be driven from the param groups: use a ``torch.optim`` base
+        optimiser for momentum cycling.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> from gamfunc.torch_optim import FlatnessOptimizer
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 3))
+        >>> opt = FlatnessOptimizer(model, gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1, momentum=0.9))
+        >>> sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.5)
+        >>> x, y = torch.randn(16, 4), torch.randint(0, 3, (16,))
+        >>> loss = opt.step((x, y))
+        >>> sched.step()
+
+    References:
+        Zhang et al., "Gradient Norm Aware Minimization Seeks First-Order Flatness and Improves
+        Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        estimator: Estimator,
+        optimizer=None,
+        criterion: Callable = F.cross_entropy,
+        *,
+        base_optimizer=None,
+        every: int = 1,
+        base: Estimator | None = None,
+        on_nonfinite: str = "skip",
+        compile: bool | str = False,
+        compile_options: dict[str, Any] | None = None,
+        accumulate: int = 1,
+        precision: str = "fp32",
+        max_grad_norm: float | None = None,
+        cuda_graph: bool = False,
+        **base_kwargs,
+    ):
+        check_model(model)
+        check_arguments(criterion, compile, compile_options, accumulate, precision)
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"cuda_graph must be True or False; got {cuda_graph!r}")
+        if not isinstance(estimator, Estimator):
+            raise TypeError(
+                f"estimator must be a gamfunc estimator; got {getattr(estimator, '__name__', type(estimator).__name__)}"
+            )
+        if optimizer is not None and base_optimizer is not None:
+            raise TypeError(
+                "pass the base optimiser once: as the second argument or as base_optimizer="
+            )
+        named = dict(model.named_parameters())
+        trainable = {k: p for k, p in named.items() if p.requires_grad}
+        if not trainable:
+            raise ValueError("model has no parameter with requires_grad=True to optimise")
+        opt = built(optimizer if optimizer is not None else base_optimizer, trainable, base_kwargs)
+        self._model, self.metrics = model, {}
+        where = places(model)  # a buffer the module replaces later is read at its place
+        self._buffer_at = [(k, *where[k]) for k, _ in model.named_buffers()]
+        self._views: dict[str, tuple[Tensor, Tensor]] = {}  # buffer name -> (buffer, detached)
+        self._state: StepState | None = None
+        self._torch: torch.optim.Optimizer | None = None
+        self._bridge: TorchBridge | None = None
+        if isinstance(opt, torch.optim.Optimizer):
+            if compile == "step":
+                raise ValueError(
+                    "compile='step' compiles the whole step, which needs a gamfunc base "
+                    "optimiser; with a torch.optim one write compile=True (its passes)"
+                )
+            self._torch = opt
+            self._trainable = held(opt, named)
+            self._ids = {id(p): k for k, p in self._trainable.items()}
+            # the parameters' copies rewritten at each step, unless an estimator keeps a state
+            keeps = any(e is not None and e.stateful for e in (estimator, base, estimator.base))
+            self._bridge = TorchBridge(opt, self._ids, keeps_inputs=keeps)
+            transform = self._bridge.transform
+        else:
+            self._trainable = trainable
+            transform = opt
+        if max_grad_norm is not None:
+            transform = chain(clip_by_global_norm(max_grad_norm), transform)
+        self._pass_buffers = PassBuffers()
+        on_batch = module_loss(model, criterion, copy_buffers=self._pass_buffers)
+        batch_loss = mixed(functools.partial(as_is, on_batch, model), precision)
+        if accumulate > 1:
+            batch_loss = accumulated(batch_loss, accumulate)
+        on_closure = mixed(
+            functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers), precision
+        )
+        options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
+        batch_step = make_step(estimator, transform, batch_loss, **options)
+        self._closure_step = make_step(estimator, transform, on_closure, **options)
+        self._accumulate = accumulate
+        if compile:
+            scope = "step" if compile == "step" else "pass"
+            batch_step = batch_step.compile(scope=scope, **(compile_options or {}))
+        self._graphed = cuda_graph
+        if cuda_graph:
+            check_capturable(self._torch, trainable)
+            batch_step = graphed(batch_step)
+        self._batch_step = batch_step
+        self._captured: list | None = None  # the torch base's groups the graphs were made with
+        self._groups: Groups | None = None
+        if self._torch is not None:
+            super().__init__(list(self._trainable.values()), dict(opt.defaults))
+            # the base optimiser's groups and state, shared: a scheduler of either moves both
+            self.param_groups, self.state = opt.param_groups, opt.state
+        else:
+            self._groups = Groups(transform, self._trainable)
+            first, *others = self._groups.param_groups
+            super().__init__(first["params"], {k: v for k, v in first.items() if k != "params"})
+            for g in others:
+                super().add_param_group(g)
+            self._groups.remember(self.param_groups)
+        self._ready = True
+
+    # ---- torch.optim.Optimizer interface ----------------------------------------------------------
+
+    def step(self, closure=None, *, batch=None) -> Tensor:
+        """One step; returns the loss at θ before the update (a 0-d tensor).
+
+        Args:
+            closure: a callable ``closure() -> loss`` that calls the model (it must not call
+                ``backward()``), or the batch itself, ``step((inputs, targets))``.
+            batch: ``(inputs, targets)`` for ``criterion(model(inputs), targets)``. Given together with
+                a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
+                and the batch drives the step.
+
+        Returns:
+            The loss at θ before the update.
+
+        Raises:
+            TypeError: neither a batch nor a closure, or a closure that does not return a tensor.
+            ValueError: a batch that is not a pair, or a closure with ``accumulate > 1``.
+            RuntimeError: a closure that calls ``backward()``.
+        """
+        closure, batch = step_arguments(closure, batch)
+        if batch is not None:
+            return self._advance(self._batch_step, batch)
+        if self._accumulate > 1:
+            raise ValueError(
+                "accumulate > 1 cuts a batch into micro-batches: call step((inputs, targets)), "
+                "not step(closure)"
+            )
+        try:
+            return self._advance(self._closure_step, closure)
+        except RuntimeError as e:
+            if not any(m in str(e) for m in _BACKWARD_INSIDE):
+                raise
+            raise RuntimeError(
+                "the closure given to step() must return the loss without calling backward() "
+                "(write step(lambda: criterion(model(x), y))): gamfunc differentiates it"
+            ) from None
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"state": {step, skipped, opt, ...}, "param_groups": [...]}``: the step state as plain
+        dicts (`gamfunc.state.as_dict`, so ``torch.load(weights_only=True)`` reads it), tensors
+        keyed by parameter name, ``{}`` before the first step; with a ``torch.optim`` base
+        optimiser, ``"base"``: its own ``state_dict()``.
+
+        Returns:
+            The dict.
+        """
+        state = {} if self._state is None else as_dict(self._state)
+        if self._torch is not None:
+            return {"state": state, "base": self._torch.state_dict()}
+        groups = [
+            {k: v for k, v in g.items() if k != "params"} | {"params": self._names(g)}
+            for g in self.param_groups
+        ]
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what [`state_dict`][gamfunc.torch_optim.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device.
+
+        Args:
+            state_dict: what ``state_dict()`` returned.
+
+        Raises:
+            ValueError: a dict of another form, or saved for other parameters.
+        """
+        keys = ("state", "base") if self._torch is not None else ("state", "param_groups")
+        if not isinstance(state_dict, dict) or set(state_dict) != set(keys):
+            raise ValueError(f"state_dict must be a dict with keys {keys[0]!r} and {keys[1]!r}")
+        if self._torch is not None:
+            self._torch.load_state_dict(state_dict["base"])
+            self.param_groups, self.state = self._torch.param_groups, self._torch.state
+        else:
+            groups = state_dict["param_groups"]
+            if [list(g.get("params", ())) for g in groups] != [
+                self._names(g) for g in self.param_groups
+            ]:
+                raise ValueError(
+                    "state_dict was saved for other parameters; expected groups with params "
+                    f"{[self._names(g) for g in self.param_groups]}"
+                )
+            for g, saved in zip(self.param_groups, groups, strict=True):
+                g.update({k: v for k, v in saved.items() if k != "params"})
+        state = state_dict["state"]
+        if state:
+            reference = self._batch_step.init(self._params(), None)
+            try:
+                restored = from_dict(state, reference, "state")
+            except ValueError as e:
+                raise ValueError(f"state_dict {e}") from None
+            self._state = pytree.tree_map(_placed, restored, reference)
+        else:
+            self._state = None
+        if self._torch is None:
+            self._groups.remember(self.param_groups)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group, as ``torch.optim`` does: to a ``torch.optim`` base optimiser, whose step then
+        moves its parameters too (they must be the model's).
+
+        Args:
+            param_group: ``{"params": [...], **options}``.
+
+        Raises:
+            TypeError: with a gamfunc base optimiser, whose groups are fixed when it is built.
+            ValueError: parameters that are not the model's.
+        """
+        if not getattr(self, "_ready", False):
+            return super().add_param_group(param_group)
+        if self._torch is None:
+            raise TypeError(
+                "add_param_group needs a torch.optim base optimiser; with a gamfunc one, give the "
+                "groups when building it: gamfunc.param_groups({'pattern': {'lr': ...}}, gamfunc.sgd, lr=...)"
+            )
+        self._torch.add_param_group(param_group)
+        self.param_groups = self._torch.param_groups
+        self._trainable = held(self._torch, dict(self._model.named_parameters()))
+        self._ids.clear()  # the dict the transform reads the names from
+        self._ids.update({id(p): k for k, p in self._trainable.items()})
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the gradients of the parameters (the step itself neither reads nor writes them).
+
+        Args:
+            set_to_none: as ``torch.optim.Optimizer.zero_grad``.
+        """
+        if self._torch is not None:
+            self._torch.zero_grad(set_to_none=set_to_none)
+        else:
+            super().zero_grad(set_to_none=set_to_none)
+
+    def __repr__(self) -> str:
+        est = self._batch_step.estimator
+        hp = ", ".join(f"{k}={v!r}" for k, v in est.hparams.items())
+        base = type(self._torch).__name__ if self._torch is not None else "gamfunc"
+        return (
+            f"{type(self).__name__}(estimator={est.name}({hp}), base={base}, "
+            f"lr={self.param_groups[0].get('lr')})"
+        )
+
+    # ---- the step ---------------------------------------------------------------------------------
+
+    def _names(self, group) -> list[str]:
+        ids = {id(p): k for k, p in self._trainable.items()}
+        return [ids[id(p)] for p in group["params"]]
+
+    def _params(self) -> dict[str, Tensor]:
+        return {k: p.detach() for k, p in self._trainable.items()}
+
+    def _advance(self, run, data) -> Tensor:
+        bridge = self._bridge
+        self._pass_buffers.new_step()  # the last step's buffers are in the module
+        if self._graphed and bridge is not None and run is self._batch_step:
+            self._recapture_on_change()
+        if bridge is None:
+            params = self._params()
+        else:  # copies, which the step reads while the base optimiser moves its own tensors
+            params, tensors = bridge.snapshot()
+        named_buffers = [(k, b) for k, d, key in self._buffer_at if (b := d.get(key)) is not None]
+        buffers = self._detached(named_buffers)
+        if self._state is None:
+            self._state = run.init(params, None)
+        state = self._state._replace(buffers=buffers)
+        if bridge is None:
+            state = state._replace(opt=self._groups.written(state.opt, self.param_groups))
+            new_params, new_state, metrics = run(params, state, data)
+        else:
+            state = state._replace(
+                opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors))
+            )
+            try:
+                new_params, new_state, metrics = run(params, state, data)
+            except BaseException:
+                bridge.rollback(params, tensors)
+                raise
+            formed = []
+            opt = _map_torch(new_state.opt, lambda s: formed.append(s) or TorchState(s.finite))
+            bridge.commit(formed[0].tensors, metrics.get("skipped"))
+            new_state = new_state._replace(opt=opt)
+            metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
+        with torch.no_grad():  # where the step moved the parameters themselves, nothing to copy
+            moved = [
+                (p, new_params[k]) for k, p in self._trainable.items() if new_params[k] is not p
+            ]
+            copy_into([p for p, _ in moved], [n for _, n in moved])
+            copy_into(
+                [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
+            )
+        self._state = new_state._replace(buffers=())  # the buffers live in the module
+        self.metrics = metrics
+        if self._groups is not None:
+            self._groups.read(new_state.opt, self.param_groups)
+        return metrics["loss"]
+
+    def _detached(self, named_buffers: list[tuple[str, Tensor]]) -> dict[str, Tensor]:
+        """The buffers, detached: the views of the last step where each buffer is the same tensor
+        over the same memory (a module that replaces a buffer, or ``.to()``, makes a new view)."""
+        views, out = self._views, {}
+        for k, b in named_buffers:
+            seen = views.get(k)
+            if seen is None or seen[0] is not b or seen[1].data_ptr() != b.data_ptr():
+                seen = views[k] = (b, b.detach())
+            out[k] = seen[1]
+        return out
+
+    def _recapture_on_change(self) -> None:
+        """Drop the graphs when a number the torch base optimiser reads from its param groups (a
+        float lr) changed since they were made: a graph replays the value it was captured with."""
+        numbers = [
+            {k: v for k, v in g.items() if k != "params" and not isinstance(v, Tensor)}
+            for g in self.param_groups
+        ]
+        if self._captured is not None and numbers != self._captured:
+            release(self._batch_step)
+        self._captured = numbers
+
+
+def _placed(saved, reference):
+    """A saved tensor as a copy in the dtype and on the device of its ``reference`` (a fresh state's)."""
+    if isinstance(reference, Tensor):
+        return saved.to(device=reference.device, dtype=reference.dtype, copy=True)
+    return saved
