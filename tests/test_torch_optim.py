@@ -575,5 +575,5 @@ def test_compile_true_compiles_the_passes_and_step_the_whole_step():
     assert all(b is not None for b in whole._batch_step.branches)
     model = tanh_mlp()
     torch_base = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ValueError, match="compile='step'.*gamfunc base"):
+    with pytest.raises(ValueError, match=r"compile='step'.*gamfunc base"):
         SAM(model, torch_base, rho=0.05, compile="step")
