@@ -1,8 +1,10 @@
 """``python -m benchmarks.report``: ``benchmarks/RESULTS.md`` from the JSON files in ``benchmarks/results/``.
 
 One section per benchmark and one table per file (a device), each headed by the device, the date and
-the torch version of its run. ``tests/test_benchmark_report.py`` checks that the committed
-RESULTS.md is what this command writes.
+the torch version of its run; then the hand-curated findings of ``benchmarks/notes.json``: what the
+guides state in words and no benchmark command measures, each with its device, date, torch and how it
+was measured. ``tests/test_benchmark_report.py`` checks that the committed RESULTS.md is what this
+command writes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from pathlib import Path
 from benchmarks._common import RESULTS, table
 
 OUT = Path(__file__).resolve().parent / "RESULTS.md"
+NOTES = Path(__file__).resolve().parent / "notes.json"
+# what every entry of notes.json holds; ``rows`` are ``[what was measured, the result]`` pairs and
+# ``guide`` the document, from the repository root, that states the finding in words
+NOTE_KEYS = ("title", "guide", "device", "date", "torch", "how", "finding", "rows")
+NOTES_TITLE = "Measured outside these commands"
 
 # The rows of step_cost's --facade (benchmarks/step_cost/facade.py): the "facade" list of a step_cost
 # result, or the rows of a step_cost_facade one (--facade=only).
@@ -209,17 +216,66 @@ def heading(meta: dict) -> str:
     return f"{name}, {meta['date'][:10]}, torch {meta['torch']}"
 
 
-def render(folder: Path = RESULTS) -> str:
-    """RESULTS.md's text from the JSON files in ``folder``.
+def notes(entries: list[dict]) -> list[str]:
+    """RESULTS.md's last section: one sub-section per hand-curated finding.
+
+    Args:
+        entries: the ``notes`` list of ``benchmarks/notes.json``, each a dict with the keys of
+            :data:`NOTE_KEYS`.
+
+    Returns:
+        The section's lines: its heading and what it holds, then per entry a heading with its
+        device, date and torch, the finding, how it was measured, the guide that states it and a
+        table of its rows.
+
+    Raises:
+        ValueError: if an entry lacks a key of :data:`NOTE_KEYS`, a row is not a pair, or a cell
+            is longer than a table cell shows (120 characters).
+    """
+    lines = [
+        "",
+        f"## {NOTES_TITLE}",
+        "",
+        "Findings that the guides state in words and that no command above measures, each a "
+        "hand-curated entry of `benchmarks/notes.json` with its device, date, torch and how it was "
+        "measured.",
+    ]
+    for entry in entries:
+        missing = [k for k in NOTE_KEYS if k not in entry]
+        if missing:
+            raise ValueError(f"note {entry.get('title')!r} lacks {', '.join(missing)}")
+        if not all(isinstance(r, list) and len(r) == 2 for r in entry["rows"]):
+            raise ValueError(f"note {entry['title']!r}: every row is a [what, result] pair")
+        if any(len(str(c)) > 120 for r in entry["rows"] for c in r):
+            raise ValueError(f"note {entry['title']!r}: a cell over 120 characters would be cut")
+        rows = [{"what": what, "result": result} for what, result in entry["rows"]]
+        lines += [
+            "",
+            f"### {entry['title']} ({entry['device']}, {entry['date']}, torch {entry['torch']})",
+            "",
+            f"{entry['finding']} Measured: {entry['how']}. Stated in "
+            f"[{entry['guide']}](../{entry['guide']}).",
+            "",
+            table((("measured", "what", ""), ("result", "result", "")), rows),
+        ]
+    return lines
+
+
+def render(folder: Path = RESULTS, notes_file: Path | None = NOTES) -> str:
+    """RESULTS.md's text from the JSON files in ``folder`` and the findings of ``notes_file``.
 
     Args:
         folder: where the results are.
+        notes_file: the hand-curated findings (``benchmarks/notes.json``); None or a missing file
+            leaves their section out.
 
     Returns:
-        The Markdown: a section per benchmark in :data:`SECTIONS`' order, a table per file.
+        The Markdown: a section per benchmark in :data:`SECTIONS`' order, a table per file, then
+        the findings (:func:`notes`).
 
     Raises:
-        ValueError: if a file names a benchmark that :data:`SECTIONS` does not know.
+        ValueError: if a file names a benchmark that :data:`SECTIONS` does not know, or a note is
+            malformed.
     """
     results: dict[str, list[tuple[str, dict]]] = {}
     for path in sorted(folder.glob("*.json")):
@@ -247,6 +303,8 @@ def render(folder: Path = RESULTS) -> str:
             if result.get("facade"):  # step_cost --facade
                 lines += ["", "The `torch.optim` facade (`--facade`):", ""]
                 lines.append(table(FACADE_COLUMNS, result["facade"]))
+    if notes_file is not None and notes_file.is_file():
+        lines += notes(json.loads(notes_file.read_text())["notes"])
     return "\n".join(lines) + "\n"
 
 

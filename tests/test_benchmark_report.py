@@ -70,3 +70,42 @@ def test_a_file_name_says_benchmark_part_and_device():
     meta = {"benchmark": "step_cost", "slug": "h100"}
     assert _common.file_name(meta) == "step_cost_h100.json"
     assert _common.file_name({**meta, "part": "family"}) == "step_cost_family_h100.json"
+
+
+def test_notes_render_as_the_last_section_with_their_provenance(tmp_path):
+    note = {
+        "title": "A finding",
+        "guide": "docs/guides/concepts.md",
+        "device": "2 CPU cores",
+        "date": "2026-11-29",
+        "torch": "2.14",
+        "how": "a loop",
+        "finding": "It is faster.",
+        "rows": [["one way", "1.0 s"], ["the other", "2.0 s"]],
+    }
+    notes = tmp_path / "notes.json"
+    notes.write_text(json.dumps({"notes": [note]}))
+    (tmp_path / "results").mkdir()
+    text = report.render(tmp_path / "results", notes)
+    section = text.split(f"## {report.NOTES_TITLE}", 1)[1]
+    assert "### A finding (2 CPU cores, 2026-11-29, torch 2.14)" in section
+    assert "It is faster. Measured: a loop." in section
+    assert "[docs/guides/concepts.md](../docs/guides/concepts.md)" in section
+    assert "| one way | 1.0 s |" in section and "| the other | 2.0 s |" in section
+    assert report.NOTES_TITLE not in report.render(tmp_path / "results", None)
+    for broken, match in (
+        ({k: v for k, v in note.items() if k != "date"}, "lacks date"),
+        ({**note, "rows": [["only what"]]}, "pair"),
+        ({**note, "rows": [["x", "y" * 121]]}, "120 characters"),
+    ):
+        notes.write_text(json.dumps({"notes": [broken]}))
+        with pytest.raises(ValueError, match=match):
+            report.render(tmp_path / "results", notes)
+
+
+def test_every_note_is_stated_in_a_guide_that_links_it():
+    """A note's finding stays in its guide in words, with a link to the notes' section."""
+    root = report.OUT.parent.parent
+    anchor = "RESULTS.md#" + report.NOTES_TITLE.lower().replace(" ", "-")
+    for note in json.loads(report.NOTES.read_text())["notes"]:
+        assert anchor in (root / note["guide"]).read_text(), note["title"]

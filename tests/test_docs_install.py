@@ -1,5 +1,5 @@
-"""The README's CPU route installs torch and torchvision as one pair from the CPU wheels, and the
-extras never ask for a newer torchvision than that pair holds."""
+"""The README's CPU route installs torch and torchvision as one pinned pair from the CPU wheels, the
+pair its test route installs, and the extras never ask for a newer torchvision than that pair holds."""
 
 from __future__ import annotations
 
@@ -9,13 +9,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+README = (ROOT / "README.md").read_text()
+CPU = (
+    "pip install torch==2.14.1 torchvision==0.29.1 --index-url https://download.pytorch.org/whl/cpu"
+)
 
 
 def test_the_readme_installs_the_cpu_pair_together():
-    readme = " ".join((ROOT / "README.md").read_text().split())
-    assert f"`{CPU}`" in readme
+    """Pinned, from the CPU wheels, before the commands whose resolution it changes."""
+    readme = " ".join(README.split())
+    assert CPU in readme
+    assert readme.index(CPU) < readme.index('pip install -e ".[')
     assert 'pip install --dry-run -e ".[reproduce]"' in readme
+
+
+def test_the_cpu_route_pins_the_pair_of_the_test_route():
+    pairs = re.findall(r"^pip install (torch==\S+ torchvision==\S+)", README, flags=re.M)
+    assert len(pairs) >= 2 and len(set(pairs)) == 1, pairs
 
 
 def test_torchvision_is_asked_for_with_a_floor_only():
