@@ -144,7 +144,7 @@ class _Capture:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: list = []
         self.outputs: list = []
-        self.out_spec = None
+        self.out_spec: pytree.TreeSpec | None = None
         self.returned: list[
             tuple[Tensor, int]
         ] = []  # (tensor, version) of the last carried results
@@ -157,6 +157,7 @@ class _Capture:
         if self.graph is None:
             self._capture(leaves)
         self._copy_in(leaves)
+        assert self.graph is not None and self.out_spec is not None  # captured above
         self.graph.replay()
         out = fresh_copies(self.outputs)
         self.returned = [

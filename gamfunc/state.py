@@ -134,7 +134,8 @@ def _check_like(node, params, checked: list, where: str, group: bool = False) ->
         return
     if isinstance(node, tuple):  # an optimiser's or a transform's state, a chain's transforms
         if _is_record(node):
-            parts = [(f"{where}.{n}", v) for n, v in zip(node._fields, node, strict=True)]
+            fields = getattr(node, "_fields")  # noqa: B009 (a NamedTuple's, read as any tuple's)
+            parts = [(f"{where}.{n}", v) for n, v in zip(fields, node, strict=True)]
         else:
             parts = [(f"{where}[{i}]", v) for i, v in enumerate(node)]
         for name, v in parts:

@@ -37,7 +37,7 @@ and [`gamfunc.regional`][gamfunc.regional]; [`gamfunc.gam_step`][gamfunc.gam_ste
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -426,4 +426,4 @@ def _new_step(*args, **kwargs) -> Step:
     ):
         setattr(step, name, getattr(impl, name))
     step.__doc__ = Step.__doc__
-    return step
+    return cast(Step, step)

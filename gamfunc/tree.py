@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
@@ -283,7 +285,7 @@ def axpy(s: Scalar, x: Tree, y: Tree) -> Tree:
     return _pack(x.keys(), torch._foreach_add(ys, xs, alpha=s))
 
 
-def _alike(a: list[Tensor], b: list[Tensor]) -> bool:
+def _alike(a: Sequence[Tensor], b: Sequence[Tensor]) -> bool:
     """Whether ``a[i]`` and ``b[i]`` have one shape and one dtype for every i (a sum in place into
     ``a`` then holds what ``a[i] + b[i]`` would, broadcasting and type promotion included)."""
     return all(u.shape == v.shape and u.dtype == v.dtype for u, v in zip(a, b, strict=True))
@@ -345,6 +347,7 @@ def norm(a: Tree) -> Tensor:
         ‖a‖₂, a 0-d tensor in float32 or wider.
     """
     values = list(a.values())
+    norms: list[Tensor] | tuple[Tensor, ...]
     if _vmapped(a):
         norms = [torch.linalg.vector_norm(v, dtype=wide_dtype(v.dtype)) for v in values]
     elif all(v.dtype in _WIDE for v in values):
@@ -554,7 +557,7 @@ def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
     return s
 
 
-def _common_dtype(parts: list[Tensor]) -> list[Tensor]:
+def _common_dtype(parts: Sequence[Tensor]) -> Sequence[Tensor]:
     """``parts`` in the dtype they promote to (``to`` keeps a tensor already in it)."""
     if len({p.dtype for p in parts}) == 1:
         return parts

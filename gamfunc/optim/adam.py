@@ -101,6 +101,7 @@ def adam_transform(
 
 def _adam(lr, weight_decay=None, *, betas, eps, mask, decoupled) -> Transform:
     decay = decayed(weight_decay, mask)
-    moments = transforms.scale_by_adam(*betas, eps)
+    b1, b2 = betas
+    moments = transforms.scale_by_adam(b1, b2, eps)
     parts = (moments, *decay) if decoupled else (*decay, moments)
     return transforms.chain(*parts, transforms.scale_by_learning_rate(lr))

@@ -63,7 +63,7 @@ class Transform(NamedTuple):
     """
 
     init: Callable[[Tree], Any]
-    update: Callable[[Tree, Any, Tree], tuple[Tree, Any]]
+    update: Callable[..., tuple[Tree, Any]]  # (direction, state, params, *, step=...)
 
 
 class Moved(dict):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -126,7 +126,8 @@ class TorchBridge:
                 return lay
         held = [p for g in groups for p in g["params"]]
         dicts = _dicts(self.base.state, held)
-        pairs, others = [], []
+        pairs: list[tuple[int, str]] = []
+        others: list[tuple[int, str]] = []
         for i, d in enumerate(dicts):
             for k, v in (d or {}).items():
                 (pairs if isinstance(v, Tensor) else others).append((i, k))
@@ -240,7 +241,7 @@ def _sizes(dicts: list[dict | None]) -> list[int]:
 
 
 def _tensors(lay: _Layout) -> list[Tensor]:
-    dicts = lay.dicts
+    dicts = cast(list[dict], lay.dicts)  # the pairs name only parameters that have a state
     return [dicts[i][k] for i, k in lay.pairs]
 
 

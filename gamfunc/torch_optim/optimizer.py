@@ -184,12 +184,13 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             raise TypeError(
                 "pass the base optimiser once: as the second argument or as base_optimizer="
             )
-        named = dict(model.named_parameters())
-        trainable = {k: p for k, p in named.items() if p.requires_grad}
+        named: dict[str, Tensor] = dict(model.named_parameters())
+        trainable: dict[str, Tensor] = {k: p for k, p in named.items() if p.requires_grad}
         if not trainable:
             raise ValueError("model has no parameter with requires_grad=True to optimise")
         opt = built(optimizer if optimizer is not None else base_optimizer, trainable, base_kwargs)
-        self._model, self.metrics = model, {}
+        self._model = model
+        self.metrics: dict[str, Tensor] = {}
         where = places(model)  # a buffer the module replaces later is read at its place
         self._buffer_at = [(k, *where[k]) for k, _ in model.named_buffers()]
         self._views: dict[str, tuple[Tensor, Tensor]] = {}  # buffer name -> (buffer, detached)
@@ -222,9 +223,12 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         on_closure = mixed(
             functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers), precision
         )
-        options = {"every": every, "base": base, "on_nonfinite": on_nonfinite}
-        batch_step = make_step(estimator, transform, batch_loss, **options)
-        self._closure_step = make_step(estimator, transform, on_closure, **options)
+        batch_step = make_step(
+            estimator, transform, batch_loss, every=every, base=base, on_nonfinite=on_nonfinite
+        )
+        self._closure_step = make_step(
+            estimator, transform, on_closure, every=every, base=base, on_nonfinite=on_nonfinite
+        )
         self._accumulate = accumulate
         if compile:
             scope = "step" if compile == "step" else "pass"
@@ -251,7 +255,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer interface ----------------------------------------------------------
 
-    def step(self, closure=None, *, batch=None) -> Tensor:
+    # the loss comes back as a tensor (torch.optim types it float | None), and batch= is the facade's
+    def step(self, closure=None, *, batch=None) -> Tensor:  # type: ignore[override]
         """One step; returns the loss at θ before the update (a 0-d tensor).
 
         Args:
@@ -341,7 +346,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self._state = pytree.tree_map(_placed, restored, reference)
         else:
             self._state = None
-        if self._torch is None:
+        if self._groups is not None:
             self._groups.remember(self.param_groups)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -412,6 +417,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self._state = run.init(params, None)
         state = self._state._replace(buffers=buffers)
         if bridge is None:
+            assert self._groups is not None  # a gamfunc base optimiser's
             state = state._replace(opt=self._groups.written(state.opt, self.param_groups))
             new_params, new_state, metrics = run(params, state, data)
         else:
@@ -423,8 +429,13 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             except BaseException:
                 bridge.rollback(params, tensors)
                 raise
-            formed = []
-            opt = _map_torch(new_state.opt, lambda s: formed.append(s) or TorchState(s.finite))
+            formed: list[TorchState] = []
+
+            def between_steps(s: TorchState) -> TorchState:  # the tensors live in the optimiser
+                formed.append(s)
+                return TorchState(s.finite)
+
+            opt = _map_torch(new_state.opt, between_steps)
             bridge.commit(formed[0].tensors, metrics.get("skipped"))
             new_state = new_state._replace(opt=opt)
             metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
