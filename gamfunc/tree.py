@@ -557,10 +557,10 @@ def scalar_like(s: Scalar, leaves: list[Tensor]) -> Scalar:
     return s
 
 
-def _common_dtype(parts: Sequence[Tensor]) -> Sequence[Tensor]:
+def _common_dtype(parts: Sequence[Tensor]) -> list[Tensor]:
     """``parts`` in the dtype they promote to (``to`` keeps a tensor already in it)."""
     if len({p.dtype for p in parts}) == 1:
-        return parts
+        return list(parts)
     dtype = parts[0].dtype
     for p in parts[1:]:
         dtype = torch.promote_types(dtype, p.dtype)
