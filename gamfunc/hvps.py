@@ -158,9 +158,13 @@ class Reverse:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class FiniteDifference:
-    """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by [`fd`][gamfunc.hvps.fd], which checks r."""
+    """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by [`fd`][gamfunc.hvps.fd]; built
+    directly it checks r as ``fd`` does, so both give one value."""
 
     radius: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "radius", _radius("radius", self.radius))
 
     def __call__(self, loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
         # An Objective needs no special case: the two gradients below go through gradient_pass.
@@ -227,7 +231,7 @@ def fd(radius: float = DEFAULT_RADIUS) -> FiniteDifference:
         >>> hvps.fd() == hvps.get("fd")
         True
     """
-    return FiniteDifference(_radius("radius", radius))
+    return FiniteDifference(radius)
 
 
 def _radius(name: str, r) -> float:

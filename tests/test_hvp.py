@@ -207,3 +207,10 @@ def test_the_first_exact_hvp_of_a_process_warns_nothing(compiled):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Warning" not in done.stderr, done.stderr[-2000:]
+
+
+def test_the_class_checks_its_radius_as_fd_does():
+    assert hvps.FiniteDifference(1e-2) == hvps.fd(radius=1e-2)
+    assert hvps.FiniteDifference(1).radius == 1.0 and isinstance(hvps.fd(1).radius, float)
+    with pytest.raises(ValueError, match="radius"):
+        hvps.FiniteDifference(-1e-3)
