@@ -262,7 +262,7 @@ def get(hvp="exact"):
     ``jvp`` would load them inside the trace, where the warning that gives reaches the user.
 
     Args:
-        hvp: "exact", "reverse", "fd" or a backend.
+        hvp: "exact" (default), "reverse", "fd" (``fd()``, r = 1e-3) or a backend.
 
     Returns:
         The backend.
@@ -362,7 +362,8 @@ def grad_norm_grad(loss_fn, params: Tree, batch, hvp="exact", *, eps: float = 1e
         loss_fn: the loss (plain, buffered-and-bound, or an Objective).
         params: θ.
         batch: the batch ``loss_fn`` takes.
-        hvp: a backend, or its name ([`get`][gamfunc.hvps.get]).
+        hvp: a backend, or its name ([`get`][gamfunc.hvps.get]): "exact" (default), "reverse",
+            "fd" (``fd()``, r = 1e-3).
         eps: ξ.
         clean: the pass at θ, where the caller has it.
 

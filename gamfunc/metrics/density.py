@@ -194,7 +194,8 @@ def spectral_density(
         generator: draws the probes; None uses a generator seeded with 0.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
         mode: "eval" (running statistics, as PyHessian) or "train". Used only with ``buffers``.
-        hvp: the Hessian-vector product, as
+        hvp: the Hessian-vector product: "reverse" (default), "exact", "fd" (``hvps.fd()``,
+            r = 1e-3) or a backend such as ``hvps.fd(radius=r)``, as
             [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues].
         normalize: rescale the values so that their Riemann sum on the grid is 1 (PyHessian does);
             False returns the mixture itself.
