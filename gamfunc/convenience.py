@@ -11,7 +11,7 @@ from gamfunc.step import make_step
 
 __all__ = ["gam_step"]
 
-_GAM_KEYS = {"fd_radius", "oracle", "eps"}
+_GAM_KEYS = {"oracle", "eps"}
 _SGD_KEYS = {"lr", "momentum", "dampening", "nesterov", "weight_decay"}
 
 
@@ -29,7 +29,7 @@ def gam_step(
     *,
     rho,
     alpha,
-    hvp: str = "exact",
+    hvp="exact",
     optimizer: Transform | None = None,
     buffers=None,
     **kw,
@@ -46,12 +46,13 @@ def gam_step(
             buffered ``loss_fn``).
         rho: ρ of [`gamfunc.gam`][gamfunc.estimators.gam.gam] (float >= 0 or a schedule).
         alpha: α of [`gamfunc.gam`][gamfunc.estimators.gam.gam] (float >= 0 or a schedule).
-        hvp: the H·v backend of [`gamfunc.gam`][gamfunc.estimators.gam.gam]: "exact", "reverse", "fd"
-            or a backend.
+        hvp: the H·v backend of [`gamfunc.gam`][gamfunc.estimators.gam.gam]: "exact" (the
+            default), "reverse", "fd" (``hvps.fd()``, r = 1e-3) or a backend value such as
+            ``gamfunc.hvps.fd(radius=r)``.
         optimizer: the Transform that applies the direction; None builds
             [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] from the sgd keywords.
         buffers: the initial buffers, read only when ``state`` is None.
-        **kw: ``fd_radius``, ``oracle`` and ``eps`` go to [`gamfunc.gam`][gamfunc.estimators.gam.gam];
+        **kw: ``oracle`` and ``eps`` go to [`gamfunc.gam`][gamfunc.estimators.gam.gam];
             ``lr`` (default 0.1), ``momentum``, ``dampening``, ``nesterov`` and ``weight_decay`` to
             the default [`gamfunc.sgd`][gamfunc.optim.sgd.sgd].
 
@@ -60,7 +61,8 @@ def gam_step(
 
     Raises:
         TypeError: an unknown keyword, ``optimizer`` together with sgd keywords, or an argument that
-            is not hashable (a number, a string or a schedule function is).
+            is not hashable (a number, a string, a schedule function or a backend of
+            [`gamfunc.hvps`][gamfunc.hvps] is).
         ValueError: an invalid hyperparameter, naming it (from [`gamfunc.gam`][gamfunc.estimators.gam.gam]
             or [`gamfunc.sgd`][gamfunc.optim.sgd.sgd]).
 
@@ -83,8 +85,8 @@ def gam_step(
             hash(value)
         except TypeError:
             raise TypeError(
-                f"gam_step's {name} must be a number, a string or a schedule function; got "
-                f"{type(value).__name__} {value!r}"
+                f"gam_step's {name} must be a number, a string, a schedule function or an H·v "
+                f"backend; got {type(value).__name__} {value!r}"
             ) from None
     step = _cached_step(loss_fn, rho, alpha, hvp, optimizer, gam_kw, sgd_kw)
     if state is None:

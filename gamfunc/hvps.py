@@ -12,7 +12,8 @@ g and H·v(g) come from one pass where the backend allows it; [`of_gradient`][ga
 `Pass` at θ (gradient, loss, aux). A ``clean`` handed in is reused, never
 recomputed, where the backend can; the one returned is always the pass at θ.
 
-Backends (``hvp=`` everywhere in gamfunc takes one of these values, or its name as a shorthand):
+Backends (``hvp=`` everywhere in gamfunc takes one of these values, or its name as a shorthand for
+its default value; a finite-difference radius is given only as ``fd(radius=r)``):
 
 * ``exact()`` (``"exact"``): forward-over-reverse, H·v = ∂/∂ε ∇L(θ + εv)|₀ by ``torch.func.jvp`` of
   ``torch.func.grad``. Costs about one gradient plus one forward-mode pass.
@@ -157,9 +158,13 @@ class Reverse:
 
 @dataclasses.dataclass(frozen=True, repr=False)
 class FiniteDifference:
-    """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by [`fd`][gamfunc.hvps.fd], which checks r."""
+    """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by [`fd`][gamfunc.hvps.fd]; built
+    directly it checks r as ``fd`` does, so both give one value."""
 
     radius: float
+
+    def __post_init__(self):
+        object.__setattr__(self, "radius", _radius("radius", self.radius))
 
     def __call__(self, loss_fn, params: Tree, batch, v: Vector, *, clean: Pass | None = None):
         # An Objective needs no special case: the two gradients below go through gradient_pass.
@@ -194,19 +199,21 @@ def reverse() -> Reverse:
 
 
 DEFAULT_RADIUS = 1e-3
-"""r of [`fd`][gamfunc.hvps.fd] when none is given, and of ``hvp="fd"`` in [`gamfunc.gam`][gamfunc.estimators.gam.gam] and the metrics.
+"""r of [`fd`][gamfunc.hvps.fd] when none is given, so of ``hvp="fd"`` wherever ``hvp=`` is taken.
 
-[`gamfunc.gnp`][gamfunc.estimators.gnp.gnp] takes 10·r: its difference of two gradients is weighted by α/r where GAM's is
-weighted by α·ρ/r with ρ ≈ 0.05, so a ten times larger r amplifies the gradients' rounding about
-as much (α·ρ/r = 5 in GAM, α/r = 10 in GNP for α = 0.1, ρ = 0.05)."""
+The default backend of [`gamfunc.gnp`][gamfunc.estimators.gnp.gnp] is ``fd(radius=1e-2)``, 10·r:
+its difference of two gradients is weighted by α/r where GAM's is weighted by α·ρ/r with
+ρ ≈ 0.05, so a ten times larger r amplifies the gradients' rounding about as much (α·ρ/r = 5 in
+GAM, α/r = 10 in GNP for α = 0.1, ρ = 0.05)."""
 
 
 def fd(radius: float = DEFAULT_RADIUS) -> FiniteDifference:
     """The finite-difference backend of paper Appendix D: H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r.
 
     One gradient beyond ∇L(θ). On smooth networks the error is O(r); on ReLU networks see the
-    module's warning. ``hvp="fd"`` is short for ``fd()``, except in [`gamfunc.gnp`][gamfunc.estimators.gnp.gnp]
-    (``fd(radius=1e-2)``, see [`DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS]).
+    module's warning. ``hvp="fd"`` is short for ``fd()`` everywhere; this function is the one
+    place a radius is given. [`gamfunc.gnp`][gamfunc.estimators.gnp.gnp]'s default backend is
+    ``fd(radius=1e-2)`` (see [`DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS]).
 
     Args:
         radius: r > 0, finite; [`DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS] (1e-3) by default.
@@ -216,8 +223,15 @@ def fd(radius: float = DEFAULT_RADIUS) -> FiniteDifference:
 
     Raises:
         ValueError: ``radius`` is not a finite number > 0.
+
+    Example:
+        >>> from gamfunc import hvps
+        >>> hvps.fd(radius=1e-2)
+        fd(radius=0.01)
+        >>> hvps.fd() == hvps.get("fd")
+        True
     """
-    return FiniteDifference(_radius("radius", radius))
+    return FiniteDifference(radius)
 
 
 def _radius(name: str, r) -> float:
@@ -234,45 +248,43 @@ SECOND_ORDER = (Exact(), Reverse())
 run it under autocast for them)."""
 
 
-def get(hvp="exact", fd_radius: float | None = None, *, default_radius: float = DEFAULT_RADIUS):
-    """The backend ``hvp=`` names: a name of [`BACKENDS`][gamfunc.hvps.BACKENDS] or a backend (a value such as
-    ``fd(radius=1e-3)``, or any function of the backends' signature), as it is.
+def get(hvp="exact"):
+    """The backend ``hvp=`` names: a name of [`BACKENDS`][gamfunc.hvps.BACKENDS] for its default value,
+    or a backend (a value such as ``fd(radius=1e-2)``, or any function of the backends' signature)
+    as it is.
+
+    The names are shorthands for the defaults: "exact" is ``exact()``, "reverse" is ``reverse()``
+    and "fd" is ``fd()``, r = [`DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS] = 1e-3. Another radius
+    is ``fd(radius=r)``, the one place a radius is given.
 
     For ``exact()`` it loads torch's forward-mode decompositions now, outside any compiled region
     (`gamfunc._compat.load_jvp_decompositions`): traced under ``torch.compile``, the first
     ``jvp`` would load them inside the trace, where the warning that gives reaches the user.
 
     Args:
-        hvp: "exact", "reverse", "fd" or a backend.
-        fd_radius: r for ``hvp="fd"`` (``default_radius`` where None); ignored by "exact" and
-            "reverse". With a backend it must be None or agree with it.
-        default_radius: r of ``hvp="fd"`` without ``fd_radius``.
+        hvp: "exact" (default), "reverse", "fd" (``fd()``, r = 1e-3) or a backend.
 
     Returns:
-        The backend: ``"fd"`` gives ``fd(radius=fd_radius or default_radius)``.
+        The backend.
 
     Raises:
-        ValueError: ``hvp`` is neither a name of [`BACKENDS`][gamfunc.hvps.BACKENDS] nor callable; ``fd_radius`` is not
-            a finite number > 0, or it disagrees with a backend value (only ``fd(radius=fd_radius)``
-            agrees).
+        ValueError: ``hvp`` is neither a name of [`BACKENDS`][gamfunc.hvps.BACKENDS] nor callable.
+
+    Example:
+        >>> from gamfunc import hvps
+        >>> hvps.get("fd")
+        fd(radius=0.001)
+        >>> hvps.get(hvps.fd(radius=1e-2))
+        fd(radius=0.01)
     """
     if isinstance(hvp, str):
         if hvp not in BACKENDS:
             raise ValueError(
                 f"hvp must be one of {BACKENDS} or a backend of gamfunc.hvps; got {hvp!r}"
             )
-        if hvp == "fd":
-            return FiniteDifference(
-                _radius("fd_radius", default_radius if fd_radius is None else fd_radius)
-            )
-        hvp = exact() if hvp == "exact" else reverse()
+        hvp = {"exact": Exact(), "reverse": Reverse(), "fd": FiniteDifference(DEFAULT_RADIUS)}[hvp]
     elif not callable(hvp):
         raise ValueError(f"hvp must be one of {BACKENDS} or a backend of gamfunc.hvps; got {hvp!r}")
-    elif fd_radius is not None and hvp != FiniteDifference(_radius("fd_radius", fd_radius)):
-        raise ValueError(
-            f"fd_radius={fd_radius!r} disagrees with hvp={hvp!r}: give the radius in one place, "
-            "as hvp=gamfunc.hvps.fd(radius=...)"
-        )
     if isinstance(hvp, Exact):
         load_jvp_decompositions()
     return hvp
@@ -350,7 +362,8 @@ def grad_norm_grad(loss_fn, params: Tree, batch, hvp="exact", *, eps: float = 1e
         loss_fn: the loss (plain, buffered-and-bound, or an Objective).
         params: θ.
         batch: the batch ``loss_fn`` takes.
-        hvp: a backend, or its name ([`get`][gamfunc.hvps.get]).
+        hvp: a backend, or its name ([`get`][gamfunc.hvps.get]): "exact" (default), "reverse",
+            "fd" (``fd()``, r = 1e-3).
         eps: ξ.
         clean: the pass at θ, where the caller has it.
 

@@ -96,8 +96,8 @@ class Config:
     rho_schedule: str = "constant"  # constant | proportional (ρ_t = ρ_min + (ρ − ρ_min)·lr_t/lr_0)
     rho_min: float = 0.0  # ρ_min: the floor of --rho_schedule=proportional (in [0, rho])
     gnp_hvp: str = "fd"  # H·v of gnp: fd (Zhao et al.) | exact | reverse
-    fd_radius: float = 1e-3  # r of the finite-difference H·v of gam_fd
-    gnp_radius: float = 1e-2  # r of gnp's finite difference (Zhao et al.'s form)
+    fd_radius: float = 1e-3  # r of the finite-difference H·v of gam_fd: gamfunc.hvps.fd(radius=r)
+    gnp_radius: float = 1e-2  # r of gnp's fd (Zhao et al.'s form): gamfunc.hvps.fd(radius=r)
     rho_prime: float = 0.05  # ρ' of gam_accelerated (the SAM-like finite differences)
     beta: float = 0.5  # β of gam_accelerated
     gamma: float = 0.1  # γ of gam_accelerated

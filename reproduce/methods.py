@@ -52,9 +52,9 @@ class Hyper:
     gamma: Any = 0.1  # γ of accelerated GAM
     eta: float = 0.01  # η of ASAM
     hvp: str = "exact"  # the H·v backend of gam and sam+gam: "exact" or "reverse"
-    fd_radius: float = 1e-3  # r of finite-difference GAM (gam_fd)
+    fd_radius: float = 1e-3  # r of finite-difference GAM (gam_fd): hvp=hvps.fd(radius=fd_radius)
     gnp_hvp: str = "fd"  # GNP's H·v backend: "fd" (Zhao et al.), "exact" or "reverse"
-    gnp_radius: float = 1e-2  # r of GNP's finite difference
+    gnp_radius: float = 1e-2  # r of GNP's "fd": hvp=hvps.fd(radius=gnp_radius)
     theorem_norms: bool = False  # GAM's info adds Theorem 4.3's two squared norms
     adaptive: bool = False  # GAM and accelerated GAM in ASAM's scale-invariant geometry
     ascent_steps: int = 1  # SAM's normalised ascent steps (of sam, sam+gam's oracle)
@@ -87,6 +87,11 @@ def _accelerated(convention: str) -> Callable[[Hyper], gamfunc.Estimator]:
     return build
 
 
+def _gnp(h: Hyper) -> gamfunc.Estimator:
+    hvp = gamfunc.hvps.fd(radius=h.gnp_radius) if h.gnp_hvp == "fd" else h.gnp_hvp
+    return gamfunc.gnp(h.alpha, hvp=hvp)
+
+
 def _sam(h: Hyper) -> gamfunc.Estimator:
     return gamfunc.sam(h.sam_radius, ascent_steps=h.ascent_steps)
 
@@ -106,9 +111,9 @@ METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     ),
     "friendly_sam": lambda h: gamfunc.friendly_sam(h.sam_radius, h.fsam_sigma, h.fsam_lmbda),
     "asam": lambda h: gamfunc.asam(h.rho, eta=h.eta),
-    "gnp": lambda h: gamfunc.gnp(h.alpha, hvp=h.gnp_hvp, fd_radius=h.gnp_radius),
+    "gnp": _gnp,
     "gam": _gam,
-    "gam_fd": lambda h: _gam(h, hvp="fd", fd_radius=h.fd_radius),
+    "gam_fd": lambda h: _gam(h, hvp=gamfunc.hvps.fd(radius=h.fd_radius)),
     "gam_reverse": lambda h: _gam(h, hvp="reverse"),
     "sam+gam": lambda h: _gam(h, oracle=_sam(h)),
     "gsam+gam": lambda h: _gam(h, oracle=_gsam(h)),

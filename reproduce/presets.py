@@ -228,7 +228,7 @@ def _presets() -> dict[str, dict[str, Any]]:
     # GNP (Zhao et al. 2022) for the paper's GNP table on CIFAR-100, with Zhao et al.'s released
     # CIFAR recipe (recipes/resnet-cifar.sh of github.com/zhaoyang-0204/gnp): r = 0.1 and their
     # α_Z = 0.8 in (1 − α_Z)·∇L(θ) + α_Z·∇L(θ + r·g/‖g‖), which is gamfunc.gnp's α = α_Z·r = 0.08
-    # with fd_radius r; the rest is the CIFAR recipe of the SGD rows it is compared with.
+    # with hvp=gamfunc.hvps.fd(radius=r) (--gnp_radius); the rest is the CIFAR recipe of the SGD rows it is compared with.
     for model in ("resnet18", "resnet101", "wrn28_10", "pyramidnet110"):
         out[f"gnp.cifar100.{model}"] = _cifar("cifar100", model) | dict(
             estimator="gnp", alpha=0.08, gnp_hvp="fd", gnp_radius=0.1

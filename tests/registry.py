@@ -82,11 +82,12 @@ INVALID = [
     (gamfunc.asam, {"rho": 0.5, "eps": float("nan")}, "eps"),
     (gamfunc.gnp, {"alpha": -0.1}, "alpha"),
     (gamfunc.gnp, {"alpha": 0.1, "hvp": "dense"}, "hvp"),
-    (gamfunc.gnp, {"alpha": 0.1, "fd_radius": 0.0}, "fd_radius"),
+    (gamfunc.gnp, {"alpha": 0.1, "hvp": 1e-2}, "hvp"),  # a radius is given as hvps.fd(radius=r)
     (gamfunc.gam, {"rho": -0.05, "alpha": 0.1}, "rho"),
     (gamfunc.gam, {"rho": 0.05, "alpha": -0.1}, "alpha"),
     (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "hvp": "jvp"}, "hvp"),
-    (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "hvp": "fd", "fd_radius": -1e-3}, "fd_radius"),
+    (gamfunc.hvps.fd, {"radius": -1e-3}, "radius"),
+    (gamfunc.hvps.fd, {"radius": 0.0}, "radius"),
     (gamfunc.gam, {"rho": 0.05, "alpha": 0.1, "ascent_steps": 0}, "ascent_steps"),
     (
         gamfunc.gam_accelerated,

@@ -34,7 +34,7 @@ from gamfunc import tree
 
 def estimator(name):
     if name == "gam_fd":
-        return gamfunc.gam(rho=0.05, alpha=0.5, hvp="fd", fd_radius=1e-3)
+        return gamfunc.gam(rho=0.05, alpha=0.5, hvp=gamfunc.hvps.fd(radius=1e-3))
     # Algorithm 2 adds ⟨h−, ĥ+⟩: per-tensor sums next to the foreach kernels, the pattern of #176591.
     return gamfunc.gam_accelerated(0.05, 0.02, alpha=0.5, beta=0.5, gamma=0.2)
 

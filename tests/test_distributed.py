@@ -30,7 +30,7 @@ ESTIMATORS = {
     "sam": lambda: gamfunc.sam(0.1),
     "gam_exact": lambda: gamfunc.gam(0.1, 0.5),
     "gam_reverse": lambda: gamfunc.gam(0.1, 0.5, hvp="reverse"),
-    "gam_fd": lambda: gamfunc.gam(0.1, 0.5, hvp="fd", fd_radius=1e-3),
+    "gam_fd": lambda: gamfunc.gam(0.1, 0.5, hvp=gamfunc.hvps.fd(radius=1e-3)),
     "gam_accelerated": lambda: gamfunc.gam_accelerated(0.1, 0.02, 0.6, 0.4, 0.3),
     "gnp": lambda: gamfunc.gnp(0.2),
 }

@@ -70,10 +70,31 @@ def test_gnp_exact_and_reverse(setup, hvp):
     assert rel_err(d, naive.gnp_exact(theta, ALPHA)) < 1e-10
 
 
-def test_gnp_fd_is_zhao_et_al_form(setup):
+@pytest.mark.parametrize("r", [1e-2, 1e-3])
+def test_gnp_fd_is_zhao_et_al_form(setup, r):
     params, batch, naive, theta = setup
-    d, _ = direction(gamfunc.gnp(ALPHA, hvp="fd", fd_radius=1e-2), params, batch)
-    assert rel_err(d, naive.gnp_zhao(theta, ALPHA, 1e-2)) < 1e-10
+    d, _ = direction(gamfunc.gnp(ALPHA, hvp=gamfunc.hvps.fd(radius=r)), params, batch)
+    assert rel_err(d, naive.gnp_zhao(theta, ALPHA, r)) < 1e-10
+
+
+def test_gnp_default_is_zhao_et_al_form_with_radius_1e_2():
+    """gnp(α) is (1 − α/r)·∇L(θ) + (α/r)·∇L(θ + r·g/‖g‖), g = ∇L(θ), r = 1e-2 (Zhao et al.)."""
+    w = torch.tensor([[0.3, -0.7], [1.1, 0.4]], dtype=torch.float64)
+    x = torch.tensor([[1.0, -2.0], [0.5, 0.25], [-1.5, 1.0]], dtype=torch.float64)
+
+    def loss_fn(p, x):
+        return torch.tanh(x @ p["w"]).pow(3).sum()
+
+    grad = torch.func.grad(lambda w: loss_fn({"w": w}, x))
+    alpha, r = 0.1, 1e-2
+    g = grad(w)
+    want = (1 - alpha / r) * g + (alpha / r) * grad(w + r * g / g.norm())
+    est = gamfunc.gnp(alpha)
+    assert est.hparams["hvp"] == gamfunc.hvps.fd(radius=1e-2)
+    got = est({"w": w}, x, loss_fn)[0]["w"]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    # the string "fd" is hvps.fd() here as everywhere: r = 1e-3, another estimator
+    assert gamfunc.gnp(alpha, hvp="fd").hparams["hvp"] == gamfunc.hvps.fd(radius=1e-3)
 
 
 @pytest.mark.parametrize("hvp", ["exact", "reverse"])
@@ -86,29 +107,32 @@ def test_gam_algorithm_1(setup, hvp):
 
 def test_gam_finite_difference(setup):
     params, batch, naive, theta = setup
-    d, _ = direction(gamfunc.gam(RHO, ALPHA, hvp="fd", fd_radius=1e-3), params, batch)
+    d, _ = direction(gamfunc.gam(RHO, ALPHA, hvp="fd"), params, batch)  # hvps.fd(), r = 1e-3
     assert rel_err(d, naive.gam_fd(theta, RHO, ALPHA, 1e-3)) < 1e-10
+    d, _ = direction(gamfunc.gam(RHO, ALPHA, hvp=gamfunc.hvps.fd(radius=1e-2)), params, batch)
+    assert rel_err(d, naive.gam_fd(theta, RHO, ALPHA, 1e-2)) < 1e-10
 
 
 def test_gam_fd_converges_to_exact_as_radius_shrinks(setup):
     params, batch, _naive, _theta = setup
     exact, _ = direction(gamfunc.gam(RHO, ALPHA), params, batch)
     err = [
-        rel_err(direction(gamfunc.gam(RHO, ALPHA, hvp="fd", fd_radius=r), params, batch)[0], exact)
+        rel_err(direction(gamfunc.gam(RHO, ALPHA, hvp=gamfunc.hvps.fd(r)), params, batch)[0], exact)
         for r in (1e-2, 1e-3, 1e-4)
     ]
     assert err[0] > err[1] > err[2]
     assert err[2] < 1e-5
 
 
-# Each backend value and the name that is its shorthand, per estimator (GNP's "fd" is r = 1e-2).
+# Each backend value and the name that is its shorthand, per estimator ("fd" is hvps.fd(), r = 1e-3,
+# in both), and each estimator's default.
 VALUE_FORMS = [
     ("gam", {"hvp": "exact"}, {"hvp": gamfunc.hvps.exact()}),
     ("gam", {"hvp": "reverse"}, {"hvp": gamfunc.hvps.reverse()}),
     ("gam", {"hvp": "fd"}, {"hvp": gamfunc.hvps.fd(radius=1e-3)}),
-    ("gam", {"hvp": "fd", "fd_radius": 1e-2}, {"hvp": gamfunc.hvps.fd(radius=1e-2)}),
-    ("gnp", {"hvp": "fd"}, {"hvp": gamfunc.hvps.fd(radius=1e-2)}),
-    ("gnp", {"hvp": "fd", "fd_radius": 1e-3}, {"hvp": gamfunc.hvps.fd()}),
+    ("gam", {}, {"hvp": gamfunc.hvps.exact()}),
+    ("gnp", {"hvp": "fd"}, {"hvp": gamfunc.hvps.fd(radius=1e-3)}),
+    ("gnp", {}, {"hvp": gamfunc.hvps.fd(radius=1e-2)}),
     ("gnp", {"hvp": "exact"}, {"hvp": gamfunc.hvps.exact()}),
     ("gnp", {"hvp": "reverse"}, {"hvp": gamfunc.hvps.reverse()}),
 ]
@@ -131,12 +155,9 @@ def test_a_backend_value_equals_its_name_exactly(name, short, value):
 
 
 @pytest.mark.parametrize("name", ["gam", "gnp"])
-def test_a_backend_value_and_a_radius_that_disagrees_name_fd_radius(name):
+def test_an_invalid_backend_names_hvp(name):
     fd = gamfunc.hvps.fd(radius=1e-2)
-    assert build(name, hvp=fd, fd_radius=1e-2).hparams["hvp"] == fd
-    for bad in ({"hvp": fd, "fd_radius": 1e-3}, {"hvp": gamfunc.hvps.exact(), "fd_radius": 1e-3}):
-        with pytest.raises(ValueError, match="fd_radius"):
-            build(name, **bad)
+    assert build(name, hvp=fd).hparams["hvp"] == fd
     with pytest.raises(ValueError, match="hvp"):
         build(name, hvp="dense")
     with pytest.raises(ValueError, match="hvp"):
@@ -146,7 +167,7 @@ def test_a_backend_value_and_a_radius_that_disagrees_name_fd_radius(name):
 @pytest.mark.parametrize("hvp", ["exact", "fd"])
 def test_sam_plus_gam(setup, hvp):
     params, batch, naive, theta = setup
-    est = gamfunc.gam(RHO, ALPHA, hvp=hvp, fd_radius=1e-3, oracle=gamfunc.sam(0.05))
+    est = gamfunc.gam(RHO, ALPHA, hvp=hvp, oracle=gamfunc.sam(0.05))  # "fd": r = 1e-3
     d, info = direction(est, params, batch)
     if hvp == "exact":
         ref = naive.gam(theta, RHO, ALPHA, oracle="sam", oracle_rho=0.05)
@@ -318,10 +339,10 @@ def test_quadratic_closed_forms(quad, hvp):
     d, _ = direction(gamfunc.sam(RHO), params, None, loss_fn)
     assert rel_err(d, A @ (e + RHO * unit(g))) < 1e-12
 
-    d, _ = direction(gamfunc.gnp(ALPHA, hvp=hvp, fd_radius=1e-3), params, None, loss_fn)
+    d, _ = direction(gamfunc.gnp(ALPHA, hvp=hvp), params, None, loss_fn)  # "fd": r = 1e-3
     assert rel_err(d, g + ALPHA * A @ A @ e / g.norm()) < 1e-9
 
-    d, info = direction(gamfunc.gam(RHO, ALPHA, hvp=hvp, fd_radius=1e-3), params, None, loss_fn)
+    d, info = direction(gamfunc.gam(RHO, ALPHA, hvp=hvp), params, None, loss_fn)  # "fd": 1e-3
     f = A @ A @ e / g.norm()
     e_adv = e + RHO * unit(f)
     assert torch.allclose(info["f_norm"], f.norm(), rtol=1e-9)

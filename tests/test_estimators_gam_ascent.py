@@ -60,10 +60,8 @@ CASES = [
 def test_multistep_gam_equals_the_naive_loop_over_training(hvp_name, n, adaptive):
     rho, alpha, lr, radius = 0.2, 0.5, 0.3, 1e-4
     params = mlp_params()
-    est = gamfunc.gam(
-        rho, alpha, hvp=hvp_name, fd_radius=radius if hvp_name == "fd" else None,
-        adaptive=adaptive, ascent_steps=n,
-    )  # fmt: skip
+    hvp = gamfunc.hvps.fd(radius=radius) if hvp_name == "fd" else hvp_name
+    est = gamfunc.gam(rho, alpha, hvp=hvp, adaptive=adaptive, ascent_steps=n)
     step = gamfunc.make_step(est, gamfunc.sgd(lr=lr), mlp_loss)
     state = step.init(params)
     theta = flatten(params)

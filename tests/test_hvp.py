@@ -35,12 +35,16 @@ def test_hvp_equals_dense_hessian_product(backend):
     assert torch.equal(clean.loss, ref.loss)
 
 
+# Each backend, the finite difference at a radius small enough to compare with the exact products.
+SMALL_RADIUS = {"exact": hvps.exact(), "reverse": hvps.reverse(), "fd": hvps.fd(radius=1e-6)}
+
+
 @pytest.mark.parametrize("name", ["exact", "reverse", "fd"])
 def test_callable_vector_receives_the_gradient(name):
     params, batch = mlp_params(), mlp_batch()
     H = dense_hessian(mlp_loss, params, batch)
     g = flatten(gradient_pass(mlp_loss, params, batch).grad)
-    hv, _ = hvps.get(name, fd_radius=1e-6)(mlp_loss, params, batch, lambda grad: grad)
+    hv, _ = SMALL_RADIUS[name](mlp_loss, params, batch, lambda grad: grad)
     tol = 1e-5 if name == "fd" else 1e-12
     assert rel_err(flatten(hv), H @ g) < tol
 
@@ -53,7 +57,7 @@ def test_grad_norm_grad_is_gradient_of_gradient_norm(name):
         return tree.norm(torch.func.grad(mlp_loss)(p, batch))
 
     ref = torch.func.grad(grad_norm)(params)
-    f, _clean = hvps.grad_norm_grad(mlp_loss, params, batch, hvps.get(name, 1e-6), eps=0.0)
+    f, _clean = hvps.grad_norm_grad(mlp_loss, params, batch, SMALL_RADIUS[name], eps=0.0)
     assert rel_err(f, ref) < (1e-5 if name == "fd" else 1e-12)
 
 
@@ -97,8 +101,8 @@ def test_fd_reuses_the_clean_pass_it_is_given():
 def test_unknown_backend_names_the_argument():
     with pytest.raises(ValueError, match="hvp"):
         hvps.get("dense")
-    with pytest.raises(ValueError, match="fd_radius"):
-        hvps.get("fd", fd_radius=0.0)
+    with pytest.raises(ValueError, match="hvp"):
+        hvps.get(0.001)
 
 
 def test_backends_are_values_that_read_as_the_call_that_builds_them():
@@ -117,11 +121,9 @@ def test_backends_are_values_that_read_as_the_call_that_builds_them():
 
 def test_names_are_shorthands_for_the_default_values():
     assert hvps.get("exact") == hvps.exact() and hvps.get("reverse") == hvps.reverse()
-    assert hvps.get("fd") == hvps.fd() and hvps.get("fd", 1e-2) == hvps.fd(radius=1e-2)
-    assert hvps.get("fd", default_radius=1e-2) == hvps.fd(radius=1e-2)
-    assert hvps.get("exact", fd_radius=1e-2) == hvps.exact()  # r serves only "fd"
-    fd = hvps.fd(radius=1e-2)
-    assert hvps.get(fd) is fd and hvps.get(fd, fd_radius=1e-2) is fd
+    assert hvps.get("fd") == hvps.fd() == hvps.fd(radius=hvps.DEFAULT_RADIUS)
+    fd = hvps.fd(radius=1e-2)  # another radius: only through hvps.fd
+    assert hvps.get(fd) is fd
     assert hvps.get(mlp_loss) is mlp_loss  # any function of the backends' signature
 
 
@@ -129,17 +131,6 @@ def test_names_are_shorthands_for_the_default_values():
 def test_a_bad_radius_names_radius(radius):
     with pytest.raises(ValueError, match="radius"):
         hvps.fd(radius=radius)
-    if radius is not None:  # fd_radius=None is the default radius
-        with pytest.raises(ValueError, match="fd_radius"):
-            hvps.get("fd", fd_radius=radius)
-
-
-def test_a_backend_value_with_a_radius_that_disagrees_names_fd_radius():
-    for hvp in (hvps.fd(radius=1e-2), hvps.exact(), hvps.reverse()):
-        with pytest.raises(ValueError, match="fd_radius"):
-            hvps.get(hvp, fd_radius=1e-3)
-    with pytest.raises(ValueError, match="hvp"):
-        hvps.get(0.001)
 
 
 @pytest.mark.parametrize(
@@ -216,3 +207,10 @@ def test_the_first_exact_hvp_of_a_process_warns_nothing(compiled):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Warning" not in done.stderr, done.stderr[-2000:]
+
+
+def test_the_class_checks_its_radius_as_fd_does():
+    assert hvps.FiniteDifference(1e-2) == hvps.fd(radius=1e-2)
+    assert hvps.FiniteDifference(1).radius == 1.0 and isinstance(hvps.fd(1).radius, float)
+    with pytest.raises(ValueError, match="radius"):
+        hvps.FiniteDifference(-1e-3)

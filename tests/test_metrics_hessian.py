@@ -129,7 +129,7 @@ def test_eigenvectors_satisfy_hv_equal_lambda_v():
 def test_finite_difference_hvp_approaches_exact():
     params, batch = mlp(CLS), classification_batch()
     expected = torch.linalg.eigvalsh(dense_hessian(tanh_ce, params, batch)).flip(0)[:2]
-    values = metrics.top_eigenvalues(params, batch, tanh_ce, k=2, hvp="fd", fd_radius=1e-6)
+    values = metrics.top_eigenvalues(params, batch, tanh_ce, k=2, hvp=gamfunc.hvps.fd(radius=1e-6))
     assert rel(values, expected) < 1e-4
 
 
@@ -363,15 +363,17 @@ def _raise(done):
     raise _Stop
 
 
-def test_a_radius_given_twice_must_agree():
+def test_the_radius_is_the_backend_values_and_fd_is_its_default():
     params, batch = mlp(CLS), classification_batch()
-    fd = gamfunc.hvps.fd(radius=1e-2)
+    fd = gamfunc.hvps.fd(radius=1e-3)
     by_value = metrics.top_eigenvalues(params, batch, tanh_ce, k=1, hvp=fd, iters=20)
-    by_name = metrics.top_eigenvalues(
-        params, batch, tanh_ce, k=1, hvp="fd", fd_radius=1e-2, iters=20
-    )
+    by_name = metrics.top_eigenvalues(params, batch, tanh_ce, k=1, hvp="fd", iters=20)
     assert torch.equal(by_value, by_name)
-    with pytest.raises(ValueError, match="fd_radius"):
-        metrics.top_eigenvalues(params, batch, tanh_ce, hvp=fd, fd_radius=1e-3)
-    with pytest.raises(ValueError, match="fd_radius"):
-        metrics.hessian_trace(params, batch, tanh_ce, hvp=fd, fd_radius=1e-3)
+    wider = gamfunc.hvps.fd(radius=1e-1)
+    assert not torch.equal(
+        metrics.top_eigenvalues(params, batch, tanh_ce, k=1, hvp=wider, iters=20), by_name
+    )
+    with pytest.raises(ValueError, match="hvp"):
+        metrics.top_eigenvalues(params, batch, tanh_ce, hvp=1e-3)
+    with pytest.raises(ValueError, match="hvp"):
+        metrics.hessian_trace(params, batch, tanh_ce, hvp=1e-3)

@@ -20,7 +20,7 @@ ESTIMATORS = {
     "sam": lambda h: gamfunc.sam(0.05),
     "gnp": lambda h: gamfunc.gnp(0.1, hvp=h),
     "gam": lambda h: gamfunc.gam(0.05, 0.5, hvp=h),
-    "gam_fd": lambda h: gamfunc.gam(0.05, 0.5, hvp="fd", fd_radius=1e-2),
+    "gam_fd": lambda h: gamfunc.gam(0.05, 0.5, hvp=gamfunc.hvps.fd(radius=1e-2)),
     "gam_accelerated": lambda h: gamfunc.gam_accelerated(0.05, 0.02, 0.6, 0.4, 0.3),
     "gsam": lambda h: gamfunc.gsam(0.05, 0.3),
     # γ = 0.3: at γ = 0.9 the direction −8·g + 9·g_adv carries about 9 units of roundoff of its

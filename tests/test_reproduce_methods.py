@@ -23,7 +23,9 @@ def test_train_py_offers_every_method():
         ("gnp", {"alpha": 0.2}, gamfunc.gnp(0.2)),
         ("gnp", {"alpha": 0.2, "gnp_hvp": "exact"}, gamfunc.gnp(0.2, hvp="exact")),
         ("gam", {"rho": 0.1, "alpha": 0.3}, gamfunc.gam(0.1, 0.3)),
-        ("gam_fd", {"fd_radius": 1e-2}, gamfunc.gam(0.05, 0.1, hvp="fd", fd_radius=1e-2)),
+        ("gam_fd", {}, gamfunc.gam(0.05, 0.1, hvp="fd")),
+        ("gam_fd", {"fd_radius": 1e-2}, gamfunc.gam(0.05, 0.1, hvp=gamfunc.hvps.fd(radius=1e-2))),
+        ("gnp", {"gnp_radius": 0.1}, gamfunc.gnp(0.1, hvp=gamfunc.hvps.fd(radius=0.1))),
         ("gam_reverse", {}, gamfunc.gam(0.05, 0.1, hvp="reverse")),
         (
             "sam+gam",

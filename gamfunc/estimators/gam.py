@@ -17,7 +17,6 @@ def gam(
     rho,
     alpha,
     hvp="exact",
-    fd_radius: float | None = None,
     oracle: Estimator | None = None,
     eps: float = 1e-12,
     theorem_norms: bool = False,
@@ -81,11 +80,10 @@ def gam(
         alpha: α, weight of the first-order flatness (float >= 0 or a schedule). α = 0 gives the
             oracle's direction.
         hvp: the H·v backend ([`gamfunc.hvps`][gamfunc.hvps]): ``hvps.exact()`` (forward-over-reverse),
-            ``hvps.reverse()`` (reverse-over-reverse), ``hvps.fd(radius=r)``, or the names "exact",
-            "reverse", "fd" for ``exact()``, ``reverse()``, ``fd()`` (r = ``hvps.DEFAULT_RADIUS``,
-            1e-3, where α·ρ/r = 5 amplifies the gradients' rounding for α = 0.1, ρ = 0.05).
-        fd_radius: r for ``hvp="fd"``; ``hvp="fd", fd_radius=r`` is ``hvp=hvps.fd(radius=r)``.
-            None: ``hvps.DEFAULT_RADIUS``.
+            ``hvps.reverse()`` (reverse-over-reverse), ``hvps.fd(radius=r)``, or the names "exact"
+            (the default), "reverse", "fd" for ``exact()``, ``reverse()``, ``fd()``. ``"fd"`` has
+            r = ``hvps.DEFAULT_RADIUS`` = 1e-3, where α·ρ/r = 5 amplifies the gradients' rounding
+            for α = 0.1, ρ = 0.05; another radius is ``hvp=hvps.fd(radius=r)``.
         oracle: the estimator of ∇L_oracle; ``gradient()`` by default, ``sam(rho)`` gives SAM + GAM.
         eps: ξ.
         theorem_norms: also report Theorem 4.3's two quantities in info (two tree norms more per
@@ -101,7 +99,7 @@ def gam(
     Raises:
         ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool,
             ``ascent_steps`` is not an integer >= 1, or
-            ``hvp`` / ``fd_radius`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]), or
+            ``hvp`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]), or
             ``oracle`` is stateful ([`looksam`][gamfunc.estimators.looksam.looksam],
             [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]).
         TypeError: ``oracle`` is not an estimator.
@@ -125,7 +123,7 @@ def gam(
         raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
     check_int("ascent_steps", ascent_steps)
     n = ascent_steps
-    backend = hvps.get(hvp, fd_radius)
+    backend = hvps.get(hvp)
     oracle = gradient() if oracle is None else oracle
     if not isinstance(oracle, Estimator):
         raise TypeError(f"oracle must be a gamfunc estimator; got {type(oracle).__name__}")

@@ -10,15 +10,16 @@ from gamfunc.schedules import value
 
 __all__ = ["gnp"]
 
-RADIUS = 1e-2
-"""r of GNP's ``hvp="fd"``: ten times [`gamfunc.hvps.DEFAULT_RADIUS`][gamfunc.hvps.DEFAULT_RADIUS] (see [`gnp`][gamfunc.estimators.gnp.gnp])."""
 
-
-def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> Estimator:
+def gnp(
+    alpha,
+    hvp=hvps.fd(radius=1e-2),  # noqa: B008 - a frozen value (hvps.FiniteDifference), built once
+    eps: float = 1e-12,
+) -> Estimator:
     """Gradient norm penalty (Zhao et al. 2022): direction = ∇L(θ) + α·H(θ)·g/(‖g‖ + ξ), g = ∇L(θ).
 
     This is ∇(L + α‖∇L‖)(θ) (paper Eq. 6), GAM of Algorithm 1 without the ascent to θ_adv. With
-    ``hvp=hvps.fd(radius=r)`` it is Zhao et al.'s form
+    ``hvp=hvps.fd(radius=r)`` (the default, r = 1e-2) it is Zhao et al.'s form
 
         (1 − α/r)·∇L(θ) + (α/r)·∇L(θ + r·g/‖g‖),
 
@@ -26,25 +27,36 @@ def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> 
 
     Args:
         alpha: α, the weight of the gradient-norm penalty (float >= 0 or a schedule).
-        hvp: the H·v backend ([`gamfunc.hvps`][gamfunc.hvps]): ``hvps.fd(radius=r)``, ``hvps.exact()``,
-            ``hvps.reverse()``, or the names "exact", "reverse" and "fd" (default, as Zhao et
-            al.). Here "fd" is ``hvps.fd(radius=1e-2)``, ten times ``hvps.DEFAULT_RADIUS``: GNP
-            weights the gradient difference by α/r, GAM by α·ρ/r with ρ ≈ 0.05, so GNP takes a
-            larger r for the same amplification of the gradients' rounding (α/r = 10 for α = 0.1).
-        fd_radius: r for ``hvp="fd"``; ``hvp="fd", fd_radius=r`` is ``hvp=hvps.fd(radius=r)``.
-            None: 1e-2.
+        hvp: the H·v backend ([`gamfunc.hvps`][gamfunc.hvps]): ``hvps.fd(radius=r)``,
+            ``hvps.exact()``, ``hvps.reverse()``, or their shorthands "fd", "exact", "reverse".
+            The default is ``hvps.fd(radius=1e-2)``, Zhao et al.'s form with r = 1e-2, ten times
+            ``hvps.DEFAULT_RADIUS``: GNP weights the gradient difference by α/r, GAM by α·ρ/r with
+            ρ ≈ 0.05, so GNP takes a larger r for the same amplification of the gradients'
+            rounding (α/r = 10 for α = 0.1). The string "fd" means ``hvps.fd()`` here as
+            everywhere, r = 1e-3 (α/r = 100 for α = 0.1), not the default's 1e-2; another radius
+            is ``hvps.fd(radius=r)``.
         eps: ξ.
 
     Returns:
         An Estimator; its info adds ``f_norm`` = ‖H·g/‖g‖‖.
 
     Raises:
-        ValueError: ``alpha`` or ``eps`` is negative, or ``hvp`` / ``fd_radius`` is not a backend
+        ValueError: ``alpha`` or ``eps`` is negative, or ``hvp`` is not a backend
             ([`gamfunc.hvps.get`][gamfunc.hvps.get]).
 
     Warning:
         GNP's α and GAM's are on different scales: GAM's penalty term is α·ρ·∇‖∇L‖(θ_adv), so GNP with
         α' corresponds to GAM with θ_adv = θ and α·ρ = α'.
+
+    Example:
+        >>> import torch, gamfunc
+        >>> est = gamfunc.gnp(alpha=0.1)
+        >>> est.hparams["hvp"]
+        fd(radius=0.01)
+        >>> loss_fn = lambda p, x: torch.tanh(p["w"] @ x).pow(2).sum()
+        >>> d, info = est({"w": torch.ones(2, 2)}, torch.tensor([1.0, 2.0]), loss_fn)
+        >>> sorted(info)
+        ['f_norm', 'grad_norm', 'loss']
 
     References:
         Zhao, Zhang, Hu, "Penalizing Gradient Norm for Efficiently Improving Generalization in Deep
@@ -52,7 +64,7 @@ def gnp(alpha, hvp="fd", fd_radius: float | None = None, eps: float = 1e-12) -> 
     """
     check_nonnegative("alpha", alpha, schedule=True)
     check_nonnegative("eps", eps)
-    backend = hvps.get(hvp, fd_radius, default_radius=RADIUS)
+    backend = hvps.get(hvp)
 
     def run(params, batch, loss_fn, clean, step):
         f, clean = hvps.grad_norm_grad(loss_fn, params, batch, backend, eps=eps, clean=clean)

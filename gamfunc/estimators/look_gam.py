@@ -51,10 +51,11 @@ def look_gam(rho, alpha, k: int, hvp="exact", eps: float = 1e-12, **gam_kwargs) 
         rho: ρ, GAM's ascent radius (float >= 0 or a schedule).
         alpha: α, GAM's weight of first-order flatness (float >= 0 or a schedule).
         k: the period, an integer >= 1; k = 1 is GAM on every step.
-        hvp: GAM's H·v backend ("exact", "reverse" or "fd").
+        hvp: GAM's H·v backend: "exact" (the default), "reverse", "fd" (``hvps.fd()``, r = 1e-3)
+            or a backend value such as ``hvps.fd(radius=r)`` ([`gamfunc.hvps`][gamfunc.hvps]).
         eps: ξ >= 0, keeps the normalisations finite at a zero gradient.
         **gam_kwargs: the other arguments of [`gam`][gamfunc.estimators.gam.gam]
-            (``fd_radius``, ``adaptive``, ``theorem_norms``); not ``oracle``.
+            (``adaptive``, ``theorem_norms``, ``ascent_steps``); not ``oracle``.
 
     Returns:
         A stateful [`Estimator`][gamfunc.estimators.base.Estimator] named "look_gam" with

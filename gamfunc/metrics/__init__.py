@@ -1,17 +1,20 @@
 """Flatness metrics: Hessian spectrum, trace and eigenvalue density, R0/R1 flatness, minima density, loss landscapes.
 
 Every metric is a pure function of ``(params, batch, loss_fn)``, the contract of the estimators,
-and never modifies its inputs. ``hvp=`` picks the Hessian-vector product ("exact", "reverse",
-"fd"); ``buffers=`` with ``mode="eval" | "train"`` handles BatchNorm (see
+and never modifies its inputs. ``hvp=`` picks the Hessian-vector product: a backend of
+[`gamfunc.hvps`][gamfunc.hvps] or its shorthand "exact", "reverse", "fd" (``hvps.fd()``, r = 1e-3;
+another radius is ``hvps.fd(radius=r)``); ``buffers=`` with ``mode="eval" | "train"`` handles BatchNorm (see
 `gamfunc.metrics._common`); randomness comes from a ``generator`` (None: seeded with 0).
 Pictures are in [`gamfunc.metrics.plot`][gamfunc.metrics.plot] (needs matplotlib). λ_max, the trace and R0/R1 check their
 input first: on non-finite parameters, a non-finite loss, or a failed eigendecomposition they return
-NaN and log one line on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`).
+NaN and log one line on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`); each has one
+name, the same function here and in its module.
 """
 
-from gamfunc.metrics import flatness, hessian, plot
+from gamfunc.metrics import plot
 from gamfunc.metrics.density import lanczos_quadrature, spectral_density
-from gamfunc.metrics.guard import measurable
+from gamfunc.metrics.flatness import first_order_flatness, zeroth_order_flatness
+from gamfunc.metrics.hessian import hessian_trace, top_eigenvalues
 from gamfunc.metrics.landscape import (
     Landscape1D,
     Landscape2D,
@@ -20,12 +23,6 @@ from gamfunc.metrics.landscape import (
     random_direction,
 )
 from gamfunc.metrics.minima import MinimaDensity, minima_density
-
-# Each of these gives NaN with one logged line on weights it cannot measure (gamfunc.metrics.guard).
-top_eigenvalues = measurable(hessian._k, pair="return_eigenvectors")(hessian.top_eigenvalues)
-hessian_trace = measurable()(hessian.hessian_trace)
-first_order_flatness = measurable(pair="return_point")(flatness.first_order_flatness)
-zeroth_order_flatness = measurable()(flatness.zeroth_order_flatness)
 
 __all__ = [
     "Landscape1D",

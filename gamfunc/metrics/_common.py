@@ -74,16 +74,17 @@ def rademacher(n: int, generator: torch.Generator, like: Tensor) -> Tensor:
     return (2 * bits - 1).to(device=like.device, dtype=like.dtype)
 
 
-def hessian_operator(loss, params: Tree, batch, hvp="exact", fd_radius: float | None = None):
+def hessian_operator(loss, params: Tree, batch, hvp="exact"):
     """``v -> H(θ)·v`` at the fixed point θ = ``params``, for dict-shaped v (vmap-able).
 
-    ``hvp`` is a backend of [`gamfunc.hvps`][gamfunc.hvps] or its name ([`gamfunc.hvps.get`][gamfunc.hvps.get]). For ``reverse()`` the
+    ``hvp`` is a backend of [`gamfunc.hvps`][gamfunc.hvps] or its name ([`gamfunc.hvps.get`][gamfunc.hvps.get];
+    "fd" is ``hvps.fd()``, r = 1e-3). For ``reverse()`` the
     gradient is linearised once (``torch.func.vjp`` of ``torch.func.grad``) and its pullback reused
     for every product: each H·v then costs one backward pass through the gradient's graph instead of
     a forward, a backward and that pass (the graph is kept in memory meanwhile). ``fd(radius=r)`` computes
     ∇L(θ) once and rescales v to unit norm, so that the radius r is a distance in parameter space.
     """
-    backend = hvps.get(hvp, fd_radius)
+    backend = hvps.get(hvp)
     if isinstance(backend, hvps.Reverse) and not isinstance(loss, Objective):
         with hvps.math_attention():
             _g, pullback, _aux = torch.func.vjp(grad_fn(loss, batch), params, has_aux=True)

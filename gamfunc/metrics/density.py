@@ -40,7 +40,6 @@ def lanczos_quadrature(
     generator: torch.Generator | None = None,
     *,
     hvp="reverse",
-    fd_radius: float = 1e-3,
     buffers=None,
     mode: str = "eval",
 ) -> tuple[Tensor, Tensor]:
@@ -72,8 +71,8 @@ def lanczos_quadrature(
         probes: the number of Rademacher probes (PyHessian's ``n_v``).
         generator: draws the probes (and any restart direction); None uses a generator seeded
             with 0.
-        hvp: "reverse" (default), "exact", "fd" or a backend of [`gamfunc.hvps`][gamfunc.hvps].
-        fd_radius: r for ``hvp="fd"``.
+        hvp: "reverse" (default), "exact", "fd" (``hvps.fd()``, r = 1e-3) or a backend of
+            [`gamfunc.hvps`][gamfunc.hvps], such as ``hvps.fd(radius=r)`` for another radius.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
         mode: "eval" (running statistics, as PyHessian) or "train". Used only with ``buffers``.
 
@@ -103,7 +102,7 @@ def lanczos_quadrature(
     check_int("iters", iters)
     check_int("probes", probes)
     loss = bound_loss(loss_fn, buffers, mode)
-    matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
+    matvec = hessian_operator(loss, params, batch, hvp)
     gen = make_generator(generator, params)
     x0 = flat(params)
     n = x0.numel()
@@ -164,7 +163,6 @@ def spectral_density(
     *,
     mode: str = "eval",
     hvp="reverse",
-    fd_radius: float = 1e-3,
     normalize: bool = True,
 ) -> tuple[Tensor, Tensor]:
     r"""The eigenvalue density of H = ∇²L(θ), smoothed: stochastic Lanczos quadrature.
@@ -196,9 +194,9 @@ def spectral_density(
         generator: draws the probes; None uses a generator seeded with 0.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
         mode: "eval" (running statistics, as PyHessian) or "train". Used only with ``buffers``.
-        hvp: the Hessian-vector product, as
+        hvp: the Hessian-vector product: "reverse" (default), "exact", "fd" (``hvps.fd()``,
+            r = 1e-3) or a backend such as ``hvps.fd(radius=r)``, as
             [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues].
-        fd_radius: r for ``hvp="fd"``.
         normalize: rescale the values so that their Riemann sum on the grid is 1 (PyHessian does);
             False returns the mixture itself.
 
@@ -238,7 +236,6 @@ def spectral_density(
         probes,
         generator,
         hvp=hvp,
-        fd_radius=fd_radius,
         buffers=buffers,
         mode=mode,
     )

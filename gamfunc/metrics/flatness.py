@@ -33,6 +33,7 @@ from gamfunc import hvps, tree
 from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params, gradient_pass, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
+from gamfunc.metrics.guard import measurable
 from gamfunc.metrics.hessian import top_eigenvalues
 from gamfunc.tree import Tree
 
@@ -41,6 +42,7 @@ __all__ = ["first_order_flatness", "zeroth_order_flatness"]
 INITS = ("auto", "gradient", "eigenvector", "random")
 
 
+@measurable(pair="return_point")
 @torch.no_grad()
 def first_order_flatness(
     params: Tree,
@@ -52,7 +54,6 @@ def first_order_flatness(
     lr: float = 1.0,
     init: str = "auto",
     hvp="reverse",
-    fd_radius: float | None = None,
     eps: float = 1e-12,
     generator: torch.Generator | None = None,
     return_point: bool = False,
@@ -75,9 +76,9 @@ def first_order_flatness(
         steps: ascent steps after the start (0 keeps the start).
         lr: step length as a fraction of ρ.
         init: "auto", "gradient", "eigenvector" or "random" (module doc).
-        hvp: "reverse" (default, reverse-over-reverse), "exact" (forward-over-reverse) or "fd"
-            ([`gamfunc.hvps`][gamfunc.hvps]), or a backend function.
-        fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
+        hvp: "reverse" (default, reverse-over-reverse), "exact" (forward-over-reverse), "fd"
+            (``hvps.fd()``, r = 1e-3) or a backend of [`gamfunc.hvps`][gamfunc.hvps], such as
+            ``hvps.fd(radius=r)`` for another radius.
         eps: ξ.
         generator: randomness of the start; None uses a generator seeded with 0.
         return_point: also return the maximiser θ' found.
@@ -103,7 +104,7 @@ def first_order_flatness(
     check_params(params)
     _check(rho, steps, lr, init)
     loss = bound_loss(loss_fn, buffers, mode)
-    backend = hvps.get(hvp, fd_radius)
+    backend = hvps.get(hvp)
 
     def value_and_ascent(point: Tree, need_ascent: bool):
         if not need_ascent:
@@ -112,12 +113,13 @@ def first_order_flatness(
         return tree.norm(clean.grad), f
 
     best, point, _ = _ascent(
-        params, batch, loss, rho, value_and_ascent, steps, lr, init, hvp, fd_radius, eps, generator
+        params, batch, loss, rho, value_and_ascent, steps, lr, init, hvp, eps, generator
     )
     value = rho * best
     return (value, point) if return_point else value
 
 
+@measurable()
 @torch.no_grad()
 def zeroth_order_flatness(
     params: Tree,
@@ -129,7 +131,6 @@ def zeroth_order_flatness(
     lr: float = 1.0,
     init: str = "auto",
     hvp="reverse",
-    fd_radius: float | None = None,
     eps: float = 1e-12,
     generator: torch.Generator | None = None,
     return_point: bool = False,
@@ -139,11 +140,11 @@ def zeroth_order_flatness(
     """R0_ρ(θ) = max_{θ' ∈ B(θ, ρ)} L(θ') − L(θ), paper Definition 4.1 (Eq. 2), ρ is ``rho``.
 
     Projected gradient ascent on φ = L (see `gamfunc.metrics.flatness`): SAM's inner
-    maximisation run for ``steps`` steps instead of one. Each step costs one gradient; ``hvp`` and
-    ``fd_radius`` serve only the Lanczos run of ``init="auto"`` or ``"eigenvector"``.
+    maximisation run for ``steps`` steps instead of one. Each step costs one gradient; ``hvp``
+    serves only the Lanczos run of ``init="auto"`` or ``"eigenvector"``.
 
     Args:
-        params, batch, loss_fn, rho, steps, lr, init, hvp, fd_radius, eps, generator, return_point, buffers, mode: as
+        params, batch, loss_fn, rho, steps, lr, init, hvp, eps, generator, return_point, buffers, mode: as
             [`first_order_flatness`][gamfunc.metrics.flatness.first_order_flatness].
 
     Returns:
@@ -175,13 +176,13 @@ def zeroth_order_flatness(
         return p.loss, p.grad
 
     best, point, at_theta = _ascent(
-        params, batch, loss, rho, value_and_ascent, steps, lr, init, hvp, fd_radius, eps, generator
+        params, batch, loss, rho, value_and_ascent, steps, lr, init, hvp, eps, generator
     )
     value = best - at_theta
     return (value, point) if return_point else value
 
 
-def _ascent(params, batch, loss, rho, evaluate, steps, lr, init, hvp, fd_radius, eps, generator):
+def _ascent(params, batch, loss, rho, evaluate, steps, lr, init, hvp, eps, generator):
     """Projected normalised gradient ascent of φ in B(θ, ρ); returns (max φ found, argmax, φ(θ)).
 
     ``evaluate(point, need_ascent) -> (φ(point), ∇φ(point) or None)``. The choice of the best point
@@ -196,7 +197,7 @@ def _ascent(params, batch, loss, rho, evaluate, steps, lr, init, hvp, fd_radius,
         starts.append(tree.scale(tree.where(d_norm > 0, d_hat, _random_unit(params, gen)), rho))
     if init in ("eigenvector", "auto"):
         _, (v,) = top_eigenvalues(
-            params, batch, loss, k=1, hvp=hvp, fd_radius=fd_radius, generator=gen,
+            params, batch, loss, k=1, hvp=hvp, generator=gen,
             return_eigenvectors=True,
         )  # fmt: skip
         along = tree.vdot(d0, v)

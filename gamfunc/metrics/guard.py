@@ -5,10 +5,18 @@ Lanczos or Hutchinson run on them fails deep inside ``torch.linalg.eigh`` or ret
 metric decorated with `measurable` checks its input first (every parameter finite, the loss at
 θ finite) and catches a failed eigendecomposition; in each case it returns NaN of the metric's shape
 and logs one line on the ``gamfunc.metrics`` logger saying why.
+
+The decorated function is the metric's one public name (``gamfunc.metrics.hessian.top_eigenvalues``
+is ``gamfunc.metrics.top_eigenvalues``). A metric measured inside another (the Lanczos start of
+[`first_order_flatness`][gamfunc.metrics.flatness.first_order_flatness]) or inside
+[`checked`][gamfunc.metrics.guard.checked] runs unchecked: its caller has checked θ and handles the
+failure, so that one call logs one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import logging
 
@@ -18,9 +26,36 @@ from gamfunc._compat import in_transform
 from gamfunc.loss import loss_and_aux
 from gamfunc.metrics._common import bound_loss
 
-__all__ = ["measurable", "why_unmeasurable"]
+__all__ = ["checked", "measurable", "why_unmeasurable"]
 
 log = logging.getLogger("gamfunc.metrics")
+
+# True inside a measurable metric or a `checked` block of this thread or task: a metric called there
+# runs unchecked. Set and reset around each call, so it holds nothing between calls.
+_CHECKED = contextvars.ContextVar("gamfunc.metrics.checked", default=False)
+
+
+@contextlib.contextmanager
+def checked():
+    """A block in which the measurable metrics run unchecked: its caller has checked θ
+    (`why_unmeasurable`) and turns a failed eigendecomposition into its own NaN and log line.
+
+    Every measurable metric runs inside one, so that the metrics it calls are not checked again.
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.metrics import top_eigenvalues
+        >>> from gamfunc.metrics.guard import checked
+        >>> loss_fn = lambda p, x: (x @ p["w"]).pow(2).sum()
+        >>> with checked():  # a LinAlgError would propagate here
+        ...     top_eigenvalues({"w": torch.ones(2)}, torch.eye(2), loss_fn).shape
+        torch.Size([1])
+    """
+    token = _CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
 
 
 def why_unmeasurable(params, batch, loss_fn, buffers=None, mode: str = "eval") -> str | None:
@@ -40,7 +75,17 @@ def measurable(shape=(), pair: str = ""):
     line where `why_unmeasurable` says the input cannot be measured, or where an
     eigendecomposition inside fails. Where the keyword ``pair`` is true the metric returns a pair
     (value, extra), and then returns (NaN, None). Inside a ``torch.func`` transform or a compiled
-    region, where no value can be read, the metric runs unchecked."""
+    region, where no value can be read, and inside another measurable metric or a
+    [`checked`][gamfunc.metrics.guard.checked] block, the metric runs unchecked.
+
+    Args:
+        shape: the shape of the NaN returned, or a function of the call's arguments after
+            ``loss_fn`` that gives it.
+        pair: the keyword that makes the metric return a pair, or "" for none.
+
+    Returns:
+        The decorator; the metric it returns keeps the name and docstring of the one it wraps.
+    """
 
     def wrap(f):
         @functools.wraps(f)
@@ -52,7 +97,7 @@ def measurable(shape=(), pair: str = ""):
                 out = torch.full(size, float("nan"), dtype=first.dtype, device=first.device)
                 return (out, None) if pair and kwargs.get(pair) else out
 
-            if torch.compiler.is_compiling() or in_transform():
+            if torch.compiler.is_compiling() or in_transform() or _CHECKED.get():
                 return f(params, batch, loss_fn, *args, **kwargs)
             why = why_unmeasurable(
                 params, batch, loss_fn, kwargs.get("buffers"), kwargs.get("mode", "eval")
@@ -60,7 +105,8 @@ def measurable(shape=(), pair: str = ""):
             if why is not None:
                 return nan(why)
             try:
-                return f(params, batch, loss_fn, *args, **kwargs)
+                with checked():
+                    return f(params, batch, loss_fn, *args, **kwargs)
             except torch.linalg.LinAlgError as e:
                 return nan(f"the eigendecomposition failed ({str(e).splitlines()[0][:120]})")
 

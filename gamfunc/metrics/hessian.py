@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gamfunc import hvps
 from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import Objective, check_params
 from gamfunc.metrics._common import (
@@ -26,6 +27,7 @@ from gamfunc.metrics._common import (
     tridiagonal,
     unflat,
 )
+from gamfunc.metrics.guard import measurable
 from gamfunc.tree import Tree
 
 __all__ = ["hessian_trace", "top_eigenvalues"]
@@ -41,6 +43,7 @@ def _k(k: int = 1, *args, **kwargs) -> tuple[int]:
     return (kwargs.get("k", k),)
 
 
+@measurable(_k, pair="return_eigenvectors")
 def top_eigenvalues(
     params: Tree,
     batch,
@@ -52,7 +55,6 @@ def top_eigenvalues(
     *,
     method: str = "lanczos",
     hvp="reverse",
-    fd_radius: float | None = None,
     return_eigenvectors: bool = False,
     buffers=None,
     mode: str = "eval",
@@ -85,10 +87,10 @@ def top_eigenvalues(
         method: "lanczos" or "power".
         hvp: the Hessian-vector product: "reverse" (default: the gradient is linearised once, then
             each product is one backward pass, as PyHessian's retained graph; the fastest measured),
-            "exact" (forward-over-reverse, no graph kept between products), "fd" (finite
-            difference of radius ``fd_radius``; Lanczos may then stop at ``iters`` rather than
-            ``tol``), or a backend function of [`gamfunc.hvps`][gamfunc.hvps].
-        fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
+            "exact" (forward-over-reverse, no graph kept between products), "fd" (the finite
+            difference ``hvps.fd()``, r = 1e-3; Lanczos may then stop at ``iters`` rather than
+            ``tol``), or a backend of [`gamfunc.hvps`][gamfunc.hvps], such as
+            ``hvps.fd(radius=r)`` for another radius.
         return_eigenvectors: also return the unit eigenvectors, as a list of k dicts.
         buffers: BatchNorm buffers for a buffered ``loss_fn``; never modified.
         mode: "eval" (running statistics; PyHessian and the paper's Section 5.4 measure in eval
@@ -134,7 +136,7 @@ def top_eigenvalues(
     if method == "lanczos" and iters < k:
         raise ValueError(f"iters must be >= k for Lanczos; got iters={iters}, k={k}")
     loss = bound_loss(loss_fn, buffers, mode)
-    matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
+    matvec = hessian_operator(loss, params, batch, hvp)
     gen = make_generator(generator, params)
     x0 = flat(params)
 
@@ -236,6 +238,7 @@ def _power(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int,
 # ---- trace ---------------------------------------------------------------------------------------
 
 
+@measurable()
 @torch.no_grad()
 def hessian_trace(
     params: Tree,
@@ -245,7 +248,6 @@ def hessian_trace(
     generator: torch.Generator | None = None,
     *,
     hvp="reverse",
-    fd_radius: float | None = None,
     chunk_size: int | None = 10,
     return_stderr: bool = False,
     buffers=None,
@@ -266,9 +268,9 @@ def hessian_trace(
         params, batch, loss_fn: as [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues] (the buffered form with ``buffers``).
         samples: S, the number of probes.
         generator: draws the probes; None uses a generator seeded with 0.
-        hvp: "reverse" (default; one linearisation shared by all probes), "exact" or "fd", or a
-            backend function (see [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues]).
-        fd_radius: r for ``hvp="fd"`` (None: ``gamfunc.hvps.DEFAULT_RADIUS``); with a backend value, None or its own radius.
+        hvp: "reverse" (default; one linearisation shared by all probes), "exact", "fd"
+            (``hvps.fd()``, r = 1e-3) or a backend such as ``hvps.fd(radius=r)`` (see
+            [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues]).
         chunk_size: probes per vmap call.
         return_stderr: also return the standard error.
         buffers, mode: BatchNorm handling, as [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues]; the paper (Section 5.4,
@@ -302,7 +304,7 @@ def hessian_trace(
     if chunk_size is not None:
         check_int("chunk_size", chunk_size)
     loss = bound_loss(loss_fn, buffers, mode)
-    matvec = hessian_operator(loss, params, batch, hvp, fd_radius)
+    matvec = hessian_operator(loss, params, batch, hvp)
     gen = make_generator(generator, params)
     x0 = flat(params)
     n = x0.numel()
@@ -313,7 +315,7 @@ def hessian_trace(
         return sum(torch.sum(hv[key] * v[key]) for key in v)
 
     # The finite difference and Objective hooks (tree math, collectives) are looped over probes.
-    batched = hvp in ("exact", "reverse") and not isinstance(loss, Objective)
+    batched = hvps.get(hvp) in hvps.SECOND_ORDER and not isinstance(loss, Objective)
     step = 1 if not batched else samples if chunk_size is None else chunk_size
     forms = []
     for start in range(0, samples, step):

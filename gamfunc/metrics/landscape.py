@@ -13,7 +13,7 @@ from gamfunc import tree
 from gamfunc.checks import check_int
 from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, make_generator
-from gamfunc.metrics.guard import why_unmeasurable
+from gamfunc.metrics.guard import checked, why_unmeasurable
 from gamfunc.metrics.hessian import top_eigenvalues
 from gamfunc.tree import Tree
 
@@ -110,7 +110,9 @@ def landscape_1d(
         points: P >= 2.
         biasbn: for "random": "ignore" or "include" the tensors of dimension <= 1.
         generator: randomness of "random" and of the Lanczos start; None seeds with 0.
-        hvp: the Hessian-vector product for "hessian" (see [`top_eigenvalues`][gamfunc.metrics.landscape.top_eigenvalues]).
+        hvp: the Hessian-vector product for "hessian": "reverse" (default), "exact", "fd"
+            (``hvps.fd()``, r = 1e-3) or a backend such as ``hvps.fd(radius=r)`` (see
+            [`top_eigenvalues`][gamfunc.metrics.hessian.top_eigenvalues]).
         buffers, mode: BatchNorm handling; Li et al.'s code evaluates in ``"eval"`` mode, the
             default.
 
@@ -220,10 +222,11 @@ def _directions(params, batch, loss, spec, count, biasbn, generator, hvp) -> lis
         why = why_unmeasurable(params, batch, loss)
         if why is None:
             try:
-                _, vectors = top_eigenvalues(
-                    params, batch, loss, k=count, generator=generator, hvp=hvp,
-                    return_eigenvectors=True,
-                )  # fmt: skip
+                with checked():  # checked above; a failure is logged below, once
+                    _, vectors = top_eigenvalues(
+                        params, batch, loss, k=count, generator=generator, hvp=hvp,
+                        return_eigenvectors=True,
+                    )  # fmt: skip
                 return vectors
             except torch.linalg.LinAlgError as e:
                 why = f"the eigendecomposition failed ({str(e).splitlines()[0][:120]})"
