@@ -35,7 +35,7 @@ def gsam(rho, alpha, eps: float = 1e-12, *, adaptive: bool = False, eta: float =
     ``adaptive=True`` is the authors' ``GSAM(adaptive=True)`` (their ``example/train.py`` runs it by
     default): the ascent in ASAM's scale-invariant geometry, θ + ρ·T²g/(‖T g‖ + ξ) with
     T = |θ| + η elementwise on every parameter
-    ([`adaptive_ascent`][gamfunc.estimators.asam.adaptive_ascent]), the decomposition above
+    (the ascent of [`asam`][gamfunc.estimators.asam.asam]), the decomposition above
     unchanged. η = 0 (T = |θ|), the default, is the authors' code; ASAM's own η is 0.01. Their
     example pairs it with a larger ρ (2.0), as ASAM's radius is measured in the parameters' scale.
     Defaults and their sources: ξ = 10⁻¹² is the authors' ``perturb_eps``; ``adaptive=False`` is
