@@ -9,11 +9,12 @@ since reading it would stop a compiled step).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from torch import Tensor
 
 __all__ = [
+    "Mask",
     "check_betas",
     "check_int",
     "check_mask",
@@ -21,7 +22,11 @@ __all__ = [
     "check_number",
     "check_positive",
     "check_unit",
+    "masked_keys",
 ]
+
+Mask = Mapping[str, bool] | Callable[[str, Tensor], bool] | None
+"""Which parameters an option applies to: None (all), a dict name -> bool, or ``(name, tensor) -> bool``."""
 
 
 def _given(v, schedule: bool) -> bool:
@@ -158,3 +163,29 @@ def check_mask(name: str, mask) -> None:
     bad = sorted(str(k) for k, v in mask.items() if not isinstance(v, bool))
     if bad:
         raise ValueError(f"{name} must map names to True or False; {bad} are not bools")
+
+
+def masked_keys(mask: Mask, params: Mapping[str, Tensor], name: str) -> list[str]:
+    """The names of ``params`` that ``mask`` selects, in the order of ``params``.
+
+    The choice is made from names and shapes, as Python bools, so a compiled update traces it once and
+    keeps it as a constant. A dict must name every parameter; a callable must return a bool.
+    """
+    if mask is None:
+        return list(params)
+    if isinstance(mask, Mapping):
+        missing = [k for k in params if k not in mask]
+        if missing:
+            raise ValueError(f"{name} has no entry for the parameters {missing}")
+        return [k for k in params if mask[k]]
+    keys = []
+    for k, v in params.items():
+        chosen = mask(k, v)
+        if not isinstance(chosen, bool):
+            raise ValueError(
+                f"{name} must return a Python bool (from the name or the shape, not the values); "
+                f"got {type(chosen).__name__} for {k!r}"
+            )
+        if chosen:
+            keys.append(k)
+    return keys

@@ -183,7 +183,8 @@ def local(estimator: Estimator, *, group=None, bucket_cap_mb: float = 25.0) -> E
 
     direction = Σ_r n_r·d_r / Σ_r n_r with d_r the estimator's direction from rank r's batch alone
     (its perturbations formed from rank r's gradients) and n_r its batch size. The info scalars
-    (``loss``, ``grad_norm``, ...) and BatchNorm statistics are averaged in the same all-reduce; the
+    (``loss``, ``grad_norm``, ...), BatchNorm statistics and a decoupled part (WSAM's
+    ``decouple=True``) are averaged in the same all-reduce; the
     clean pass's gradient stays this rank's. One all-reduce per step (one per bucket).
 
     Args:
@@ -213,16 +214,17 @@ def local(estimator: Estimator, *, group=None, bucket_cap_mb: float = 25.0) -> E
 
     def run(params, batch, loss_fn, clean, step):
         est = estimator.run(params, batch, loss_fn, clean=clean, step=step)
-        direction, info, aux = all_reduce_mean(
-            [est.direction, est.info, est.clean.aux],
+        direction, info, aux, decoupled = all_reduce_mean(
+            [est.direction, est.info, est.clean.aux, est.decoupled],
             float(batch_size(batch)),
             group=group,
             bucket_cap_mb=bucket_cap_mb,
         )
-        return Estimate(direction, info, Pass(est.clean.grad, info["loss"], aux))
+        clean = Pass(est.clean.grad, info["loss"], aux)
+        return Estimate(direction, info, clean, decoupled=decoupled)
 
     hparams = estimator.hparams | {"perturbation": "local"}
-    return Estimator(f"local({estimator.name})", run, hparams)
+    return Estimator(f"local({estimator.name})", run, hparams, decoupled=estimator.decoupled)
 
 
 def data_parallel(

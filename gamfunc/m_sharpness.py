@@ -52,8 +52,9 @@ def m_sharpness(
 
     direction = (1/m)·Σ_j d(θ, S_j); ``info`` and the clean pass (loss, gradient, BatchNorm
     statistics) are the means over sub-batches too, so ``info["loss"]`` is the loss on the whole
-    batch (``info["grad_norm"]`` is the mean of the sub-batches' ‖g_j‖). Equals
-    ``gamfunc.distributed.local(estimator)`` over m ranks holding S_1..S_m.
+    batch (``info["grad_norm"]`` is the mean of the sub-batches' ‖g_j‖), and so is a decoupled part
+    (WSAM's ``decouple=True``). Equals ``gamfunc.distributed.local(estimator)`` over m ranks holding
+    S_1..S_m.
 
     Args:
         estimator: any gamfunc estimator (SAM, GAM, ...).
@@ -109,7 +110,7 @@ def m_sharpness(
             for i, t in zip(where, tensors, strict=True):
                 sub[i] = t
             est = estimator.run(params, pytree.tree_unflatten(sub, spec), loss_fn, step=step)
-            return est.direction, est.info, est.clean
+            return est.direction, est.info, est.clean, est.decoupled
 
         if vectorized:
             try:
@@ -124,9 +125,10 @@ def m_sharpness(
             mean = None
             for j in range(m):
                 mean = weighted_sum(mean, 1.0 / m, one(*(t[j] for t in stacked)))
-        direction, info, clean_mean = mean
+        direction, info, clean_mean, decoupled = mean
         # The mean of the sub-batches' ‖g_j‖ is not the norm of the mean gradient: drop it.
-        return Estimate(direction, info, Pass(clean_mean.grad, clean_mean.loss, clean_mean.aux))
+        clean = Pass(clean_mean.grad, clean_mean.loss, clean_mean.aux)
+        return Estimate(direction, info, clean, decoupled=decoupled)
 
     hparams = estimator.hparams | {"m": m, "vectorized": vectorized}
-    return Estimator(f"{estimator.name}[m={m}]", run, hparams)
+    return Estimator(f"{estimator.name}[m={m}]", run, hparams, decoupled=estimator.decoupled)

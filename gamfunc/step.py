@@ -48,7 +48,7 @@ from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.guard import Guard, is_finite
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Transform, apply_updates, call_update, learning_rate
+from gamfunc.optim import Transform, apply_updates, call_update, learning_rate, learning_rates
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
 from gamfunc.state import StepState, check_cycle, check_est, check_state
@@ -129,9 +129,16 @@ class _StepImpl:
                 f"({type(loss_state).__name__}; a dynamic loss scale changes when a step is "
                 f"skipped); got {self.on_nonfinite!r}"
             )
+        opt = self.optimizer.init(params)
+        decoupled = [e.name for e in (self.estimator, self.base) if e.decoupled]
+        if decoupled and learning_rates(opt, list(params)) is None:
+            raise ValueError(
+                f"decouple: {decoupled[0]!r} moves each parameter by its learning rate after the "
+                f"optimiser's update, and this optimiser keeps none; a gamfunc optimiser keeps its lr"
+            )
         return StepState(
             step=torch.zeros((), dtype=torch.int64, device=device),
-            opt=self.optimizer.init(params),
+            opt=opt,
             skipped=torch.zeros((), dtype=torch.int64, device=device),
             buffers=dict(buffers) if buffers is not None else (),
             cycle=torch.zeros((), dtype=torch.int64) if self.every > 1 else (),
@@ -234,6 +241,9 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state
     new_est = est.state if estimator.stateful else state.est
     updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
     new_params = apply_updates(params, updates)
+    if isinstance(est.decoupled, dict):  # e.g. WSAM's decoupled sharpness step, after the update
+        rates = learning_rates(new_opt, list(params))
+        new_params = {k: p - rates[k] * est.decoupled[k] for k, p in new_params.items()}
     metrics = dict(est.info)
     lr = learning_rate(new_opt)
     if lr is not None:
@@ -319,7 +329,9 @@ def make_step(
     ``apply_updates(params, updates)``. ``metrics`` holds the estimator's info (``loss``,
     ``grad_norm``, ``f_norm``...), ``lr`` where the optimiser injects one
     ([`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams]; every gamfunc optimiser does, a bare chain or a user's own
-    transform need not), ``rho`` where the estimator has one, and ``skipped``.
+    transform need not), ``rho`` where the estimator has one, and ``skipped``. An estimator with a
+    decoupled part (``Estimate.decoupled``, WSAM's ``decouple=True``) moves each parameter k further
+    by −lr_k·decoupled_k after the update, lr_k its learning rate in the optimiser's state.
 
     Args:
         estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
@@ -352,7 +364,8 @@ def make_step(
         TypeError: ``estimator`` is not an estimator, ``optimizer`` not a Transform, or
             ``loss_fn`` not callable.
         ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` or ``base`` is given with
-            an estimator that brings its own, or ``base`` has a state of its own.
+            an estimator that brings its own, or ``base`` has a state of its own; at
+            ``step.init``, an estimator with a decoupled part beside an optimiser that keeps no lr.
 
     Example:
         >>> import torch, gamfunc

@@ -67,6 +67,7 @@ COMPILE_SCOPES = ("auto", "step", "pass")
 BF16_HVPS = ("exact", "reverse")
 LOADERS = ("auto", "dali", "dali_exact", "gpu", "folder")
 PERTURBATIONS = ("global", "local")
+ASAM_MASKS = ("all", "weights")
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,10 @@ class Config:
     ascent_steps: int = 1  # normalised ascent steps of sam (and of the SAM oracle of sam+gam)
     gsam_alpha: float = 0.3  # α of gsam (and gsam+gam's oracle): share of ∇L's part ⟂ ∇f_p removed
     wsam_gamma: float = 0.9  # γ of wsam, the weight of sharpness, in [0, 1) (Yue et al. 2023: 0.9)
+    wsam_decouple: bool = False  # wsam: the authors' decoupled form (the sharpness step after the update, times its lr)
+    wsam_max_norm: float = 0.0  # wsam: clip ∇L and the perturbed gradient each to this global norm (0: never, the authors' default)
+    gsam_adaptive: bool = False  # gsam (and gsam+gam's oracle): the ascent in ASAM's geometry, T = |θ| (the authors' adaptive=True)
+    asam_mask: str = "all"  # asam: all (T = |θ| + η on every parameter, Eq. 8) | weights (on those named weight, the authors' code)
     look_k: int = 5  # k of looksam and look_gam: the full step every k steps
     looksam_alpha: float = 0.7  # α of looksam: the weight of the reused component (Liu et al. 2022)
     fsam_sigma: float = 1.0  # σ of friendly_sam: the share of the running mean removed
@@ -352,6 +357,7 @@ def validate(cfg: Config) -> None:
         ("compile_scope", COMPILE_SCOPES),
         ("loader", LOADERS),
         ("perturbation", PERTURBATIONS),
+        ("asam_mask", ASAM_MASKS),
     ):
         _check(getattr(cfg, name) in allowed, name, f"one of {allowed}", getattr(cfg, name))
     _check(
@@ -376,7 +382,7 @@ def validate(cfg: Config) -> None:
             _check(math.isfinite(v), f.name, "a finite number", v)
     for name in (
         *("rho", "alpha", "sam_rho", "rho_prime", "gamma", "lr", "momentum", "weight_decay"),
-        *("eta", "gsam_alpha", "looksam_alpha", "fsam_sigma"),
+        *("eta", "gsam_alpha", "looksam_alpha", "fsam_sigma", "wsam_max_norm"),
     ):
         v = getattr(cfg, name)
         _check(v >= 0 and v != float("inf"), name, "a finite number >= 0", v)

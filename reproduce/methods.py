@@ -33,7 +33,7 @@ from typing import Any
 
 import gamfunc
 
-__all__ = ["METHODS", "Hyper", "base", "estimator"]
+__all__ = ["ASAM_MASKS", "METHODS", "Hyper", "base", "estimator", "weights"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,10 @@ class Hyper:
     ascent_steps: int = 1  # SAM's normalised ascent steps (of sam, sam+gam's oracle)
     gsam_alpha: Any = 0.3  # α of GSAM: the share of the clean gradient's orthogonal part removed
     wsam_gamma: Any = 0.9  # γ of WSAM: the weight of sharpness
+    wsam_decouple: bool = False  # WSAM's decoupled form (the authors' default; gamfunc's: coupled)
+    wsam_max_norm: float = 0.0  # WSAM clips ∇L and the perturbed gradient to this norm; 0: never
+    gsam_adaptive: bool = False  # GSAM's ascent in ASAM's geometry, T = |θ| (the authors' option)
+    asam_mask: str = "all"  # ASAM's T on "all" parameters or on the "weights" (the authors' code)
     look_k: int = 5  # k of LookSAM and LookGAM: the full step every k steps (Liu et al. 2022: 5)
     looksam_alpha: Any = 0.7  # α of LookSAM: the weight of the reused component (the paper's 0.7)
     fsam_sigma: Any = (
@@ -97,20 +101,40 @@ def _sam(h: Hyper) -> gamfunc.Estimator:
 
 
 def _gsam(h: Hyper) -> gamfunc.Estimator:
-    return gamfunc.gsam(h.sam_radius, h.gsam_alpha)
+    return gamfunc.gsam(h.sam_radius, h.gsam_alpha, adaptive=h.gsam_adaptive)
+
+
+def _wsam(h: Hyper) -> gamfunc.Estimator:
+    max_norm = h.wsam_max_norm or None
+    return gamfunc.wsam(h.sam_radius, h.wsam_gamma, decouple=h.wsam_decouple, max_norm=max_norm)
+
+
+def weights(name: str, tensor) -> bool:
+    """SamsungLabs/ASAM's rule: T scales the parameters whose name contains ``weight``."""
+    return "weight" in name
+
+
+ASAM_MASKS = {"all": None, "weights": weights}
+"""``asam_mask`` -> the ``mask`` of ``gamfunc.asam``."""
+
+
+def _asam(h: Hyper) -> gamfunc.Estimator:
+    if h.asam_mask not in ASAM_MASKS:
+        raise ValueError(f"asam_mask must be one of {tuple(ASAM_MASKS)}; got {h.asam_mask!r}")
+    return gamfunc.asam(h.rho, eta=h.eta, mask=ASAM_MASKS[h.asam_mask])
 
 
 METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     "sgd": lambda h: gamfunc.gradient(),
     "sam": _sam,
     "gsam": _gsam,
-    "wsam": lambda h: gamfunc.wsam(h.sam_radius, h.wsam_gamma),
+    "wsam": _wsam,
     "looksam": lambda h: gamfunc.looksam(h.sam_radius, h.look_k, h.looksam_alpha),
     "look_gam": lambda h: gamfunc.look_gam(
         h.rho, h.alpha, h.look_k, hvp=h.hvp, theorem_norms=h.theorem_norms, adaptive=h.adaptive
     ),
     "friendly_sam": lambda h: gamfunc.friendly_sam(h.sam_radius, h.fsam_sigma, h.fsam_lmbda),
-    "asam": lambda h: gamfunc.asam(h.rho, eta=h.eta),
+    "asam": _asam,
     "gnp": _gnp,
     "gam": _gam,
     "gam_fd": lambda h: _gam(h, hvp=gamfunc.hvps.fd(radius=h.fd_radius)),

@@ -90,9 +90,13 @@ CHECKED = (
     "looksam",
     "friendly_sam",
     "look_gam",
+    "wsam_decoupled",
+    "gsam_adaptive",
+    "asam_masked",
+    "friendly_sam_authors",
 )
 # The estimators with state, each checked along a trajectory (trajectory()), on STATEFUL_MODELS.
-STATEFUL = ("looksam", "friendly_sam", "look_gam")
+STATEFUL = ("looksam", "friendly_sam", "look_gam", "friendly_sam_authors")
 STATEFUL_MODELS = ("resnet",)
 PRECISIONS = ("fp32", "bf16")
 MODES = ("eager", "pass", "step", "graph")
@@ -116,6 +120,10 @@ STEP_COST = (
     "gsam",
     "wsam",
     "friendly_sam",
+    "wsam_decoupled",
+    "gsam_adaptive",
+    "asam_masked",
+    "friendly_sam_authors",
 )
 
 
@@ -139,7 +147,8 @@ def amplification(name: str, reuse_ratio: float = 1.0) -> float:
     """How much an estimator multiplies gradient rounding: 1; 1 + 2·α·ρ/r for a finite-difference
     H·v, which takes the difference of two rounded gradients, divides it by r and scales it by α·ρ;
     |1 − a| + a for WSAM, whose direction (1 − a)·g + a·g_adv, a = γ/(1 − γ), sums two rounded
-    gradients with these weights (17 at γ = 0.9); 1 + α·‖g_s‖/‖g_v‖ for LookSAM, whose steps
+    gradients with these weights (17 at γ = 0.9), in either form (the decoupled one moves θ by
+    lr·a·(g_adv − g) after the update); 1 + α·‖g_s‖/‖g_v‖ for LookSAM, whose steps
     between add α·‖g‖·g_v/‖g_v‖: g_v = g_s − ⟨ĝ, g_s⟩·ĝ, the part of SAM's gradient g_s orthogonal
     to g = ∇L, is a difference of rounded gradients, each off by a rounding of ‖g_s‖, so its
     direction is off by that over ‖g_v‖ = ‖g_s‖·sin∠(g, g_s), and the step by α·‖g‖ times that
@@ -154,7 +163,7 @@ def amplification(name: str, reuse_ratio: float = 1.0) -> float:
         The factor on the precision's tolerance.
     """
     h = ESTIMATORS[name]().hparams
-    if name == "wsam":
+    if name in ("wsam", "wsam_decoupled"):
         a = float(h["gamma"]) / (1 - float(h["gamma"]))
         return abs(1 - a) + a
     if name == "looksam":

@@ -35,6 +35,16 @@ ESTIMATORS = {
     "gam_accelerated_adaptive": lambda: estimator(
         "gam_accelerated_official", **ACCELERATED, adaptive=True
     ),
+    # ---- the authors' released forms, built with gamfunc's factories directly ----------------
+    # WSAM's decoupled form (atorch's WeightedSAM default) with both gradients clipped
+    "wsam_decoupled": lambda: gamfunc.wsam(0.05, 0.9, decouple=True, max_norm=1.0),
+    # GSAM's ascent in ASAM's geometry (juntang-zhuang/GSAM's adaptive=True)
+    "gsam_adaptive": lambda: gamfunc.gsam(0.5, 0.3, adaptive=True),
+    # ASAM scaling some parameters only (SamsungLabs/ASAM scales those named weight; the names of
+    # these tests' parameters carry no such word, so the matrices stand for them)
+    "asam_masked": lambda: gamfunc.asam(0.5, 0.01, mask=lambda name, p: p.ndim > 1),
+    # Friendly-SAM in nblt/F-SAM's order
+    "friendly_sam_authors": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9, convention="authors"),
 }
 
 OPTIMIZERS = {
@@ -70,6 +80,14 @@ INVALID = [
     (gamfunc.wsam, {"rho": 0.1, "gamma": 1.0}, "gamma"),
     (gamfunc.wsam, {"rho": 0.1, "gamma": -0.1}, "gamma"),
     (gamfunc.wsam, {"rho": 0.1, "gamma": 0.9, "eps": -1.0}, "eps"),
+    (gamfunc.wsam, {"rho": 0.1, "gamma": 0.9, "decouple": "yes"}, "decouple"),
+    (gamfunc.wsam, {"rho": 0.1, "gamma": 0.9, "max_norm": 0.0}, "max_norm"),
+    (gamfunc.wsam, {"rho": 0.1, "gamma": 0.9, "max_norm": float("inf")}, "max_norm"),
+    (gamfunc.gsam, {"rho": 0.1, "alpha": 0.3, "adaptive": 1}, "adaptive"),
+    (gamfunc.gsam, {"rho": 0.1, "alpha": 0.3, "adaptive": True, "eta": -0.01}, "eta"),
+    (gamfunc.asam, {"rho": 0.5, "mask": 1}, "mask"),
+    (gamfunc.asam, {"rho": 0.5, "mask": {"w1": "yes"}}, "mask"),
+    (gamfunc.friendly_sam, {"rho": 0.1, "convention": "pytorch_optimizer"}, "convention"),
     (gamfunc.looksam, {"rho": -0.1, "k": 5, "alpha": 0.7}, "rho"),
     (gamfunc.looksam, {"rho": 0.1, "k": 0, "alpha": 0.7}, "k"),
     (gamfunc.looksam, {"rho": 0.1, "k": 5, "alpha": -0.7}, "alpha"),

@@ -33,6 +33,7 @@ ESTIMATORS = {
     "gam_fd": lambda: gamfunc.gam(0.1, 0.5, hvp=gamfunc.hvps.fd(radius=1e-3)),
     "gam_accelerated": lambda: gamfunc.gam_accelerated(0.1, 0.02, 0.6, 0.4, 0.3),
     "gnp": lambda: gamfunc.gnp(0.2),
+    "wsam_decoupled": lambda: gamfunc.wsam(0.1, 0.9, decouple=True, max_norm=1.0),
 }
 
 
@@ -104,6 +105,11 @@ def _scenarios(rank):
         out[f"global/{name}"] = (p, m)
         est, loss = data_parallel(make(), mlp_loss, "local")
         out[f"local/{name}"] = est(params, batches[0], loss)
+    # A decoupled part (WSAM's) averaged with the direction under local perturbations.
+    est, loss = data_parallel(ESTIMATORS["wsam_decoupled"](), mlp_loss, "local")
+    out["local_step/wsam_decoupled"] = run_steps(
+        gamfunc.make_step(est, opt, loss), params, batches
+    )[0]
     # Unequal shards (7 and 5 examples) and 2 micro-batches per rank.
     uneven = shard(full_batch(0), rank, sizes=(7, 5))
     d, info = gamfunc.gam(0.1, 0.5)(params, uneven, global_mean(mlp_loss))
@@ -208,9 +214,22 @@ def test_local_mode_equals_mean_of_per_rank_directions(ranks, name):
         assert rel(d, mean) < 1e-12
         assert torch.allclose(info["loss"], mean_loss, rtol=1e-12, atol=0)
         assert rel(d, on_one_device) < 1e-12
-    if name != "sgd":  # local perturbations differ from global ones
+    # local perturbations differ from global ones (a decoupled form's direction is the gradient)
+    if name != "sgd" and not ESTIMATORS[name]().decoupled:
         glob, _ = ESTIMATORS[name]()(params, batch, mlp_loss)
         assert rel(mean, glob) > 1e-6
+
+
+def test_local_mode_steps_with_the_mean_of_the_ranks_decoupled_parts(ranks):
+    """The decoupled part is averaged over ranks with the direction: the step equals m-sharpness's
+    on one device, each rank's shard a sub-batch."""
+    est = m_sharpness(ESTIMATORS["wsam_decoupled"](), WORLD)
+    step = gamfunc.make_step(est, gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)
+    ref, _, _ = run_steps(step, mlp_params(), [full_batch(s) for s in range(STEPS)])
+    plain = gamfunc.make_step(m_sharpness(gamfunc.gradient(), WORLD), step.optimizer, mlp_loss)
+    for r in range(WORLD):
+        assert rel(ranks[r]["local_step/wsam_decoupled"], ref) < 1e-12
+    assert rel(run_steps(plain, mlp_params(), [full_batch(s) for s in range(STEPS)])[0], ref) > 1e-4
 
 
 def test_bucketed_all_reduce_is_the_weighted_mean(ranks):

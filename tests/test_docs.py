@@ -485,7 +485,15 @@ def test_results_family_prose_equals_its_json():
     drop = mean("GAM", "test_acc") - mean(fd, "test_acc")
     assert f"is {drop:.0f} points below with a lower λ_max ({mean(fd, 'lambda_max'):.2f})" in text
     assert f"at {cost[fd]['x_gradient']:.1f} SGD steps" in text
-    sam_like = ("SAM", "GSAM", "LookSAM", "Friendly-SAM", "ASAM")
+    sam_like = (
+        "SAM",
+        "GSAM",
+        "GSAM, adaptive",
+        "WSAM, decoupled",
+        "LookSAM",
+        "Friendly-SAM",
+        "ASAM",
+    )
     accs = sorted(mean(m, "test_acc") for m in sam_like)
     lams = sorted(mean(m, "lambda_max") for m in sam_like)
     assert (
@@ -498,6 +506,9 @@ def test_results_family_prose_equals_its_json():
     assert f"at {cost['LookSAM']['x_gradient']:.1f} SGD steps" in text
     assert f"like SGD here (λ_max {mean('GAM, accelerated', 'lambda_max'):.2f})" in text
     assert all(r["test_acc"] < 11 for r in runs["WSAM"])  # "at chance on both seeds"
+    dec = runs["WSAM, decoupled"]
+    acc = f"{mean('WSAM, decoupled', 'test_acc'):.2f} ± {statistics.stdev(r['test_acc'] for r in dec):.2f}"
+    assert f"trains ({acc}, λ_max {mean('WSAM, decoupled', 'lambda_max'):.2f})" in text
     under = ("LookGAM", "SAM+GAM", "GSAM+GAM")
     gaps = sorted(mean(m, "gap") for m in under)
     tests = sorted(mean(m, "test_acc") for m in under)

@@ -32,9 +32,10 @@ ESTIMATORS = {
     "wsam": lambda rho, alpha: gamfunc.wsam(rho, 0.9),
     "sam_3_steps": lambda rho, alpha: gamfunc.sam(rho, ascent_steps=3),
     "friendly_sam": lambda rho, alpha: gamfunc.friendly_sam(rho, alpha, 0.9),
-    "friendly_sam_po": lambda rho, alpha: gamfunc.friendly_sam(
-        rho, alpha, 0.9, convention="pytorch_optimizer"
+    "friendly_sam_authors": lambda rho, alpha: gamfunc.friendly_sam(
+        rho, alpha, 0.9, convention="authors"
     ),
+    "wsam_decoupled": lambda rho, alpha: gamfunc.wsam(rho, 0.9, decouple=True, max_norm=1.0),
 }
 OPTIMIZERS = {
     "sgd": lambda lr: gamfunc.sgd(lr, momentum=0.9, weight_decay=1e-3),

@@ -1,5 +1,5 @@
 """LookSAM and Friendly-SAM, the estimators with state: against pytorch_optimizer's LookSAM and
-FriendlySAM over 20 float64 steps, in both conventions; their state through a skipped step, the
+FriendlySAM over 20 float64 steps, in each convention; their state through a skipped step, the
 plain-dict form and a fullgraph compile."""
 
 import re
@@ -124,10 +124,12 @@ def test_looksam_reuse_steps_take_one_gradient():
 
 @pytest.mark.parametrize("lmbda", [0.6, 0.9])
 @pytest.mark.parametrize("sigma", [1.0, 0.5])
-def test_friendly_sam_equals_pytorch_optimizer(sigma, lmbda):
+def test_friendly_sam_authors_convention_equals_pytorch_optimizer(sigma, lmbda):
+    """pytorch_optimizer's FriendlySAM takes the authors' order; the authors' algorithm itself is
+    the reference of tests/test_estimators_family.py."""
     po = pytest.importorskip("pytorch_optimizer")
     rho, lr = 0.2, 0.5
-    est = gamfunc.friendly_sam(rho, sigma, lmbda, convention="pytorch_optimizer")
+    est = gamfunc.friendly_sam(rho, sigma, lmbda, convention="authors")
     ours = gamfunc_trajectory(est, gamfunc.sgd(lr=lr, momentum=0.9), mlp())
     model = mlp()
     opt = po.FriendlySAM(
@@ -176,7 +178,7 @@ FACTORIES = {
     "looksam_po": lambda: gamfunc.looksam(0.05, 3, 0.7, convention="pytorch_optimizer"),
     "friendly_sam": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9),
     "look_gam": lambda: gamfunc.look_gam(0.05, 0.1, 3),
-    "friendly_sam_po": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9, convention="pytorch_optimizer"),
+    "friendly_sam_authors": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9, convention="authors"),
 }
 
 
@@ -226,10 +228,10 @@ def test_a_skipped_step_leaves_the_estimator_state_unchanged(name):
     assert rel_err(flatten(new_params), flatten(params)) == 0
 
 
-# The conventions of pytorch_optimizer: the estimators of the contract's registry compile in
-# test_contract, these are the others.
+# The other conventions (pytorch_optimizer's LookSAM, the authors' Friendly-SAM): the estimators of
+# the contract's registry compile in test_contract, these are the others.
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["looksam_po", "friendly_sam_po"])
+@pytest.mark.parametrize("name", ["looksam_po", "friendly_sam_authors"])
 def test_fullgraph_compile_on_cpu_equals_eager(name):
     torch._dynamo.reset()
     params = mlp_params()

@@ -62,7 +62,7 @@ def table_cells(md: str) -> list[str]:
     return cells
 
 
-# --quick modes that take more than a few seconds: family trains and times all 15 methods (20 s)
+# --quick modes that take more than a few seconds: family trains and times all 17 methods (20 s)
 SLOW = {"family"}
 
 

@@ -45,11 +45,11 @@ def test_every_checked_estimator_is_in_the_registry_and_each_case_is_listed_once
 
     assert set(gpu_check.CHECKED) <= set(ESTIMATORS)
     assert set(gpu_check.STATEFUL) <= set(gpu_check.CHECKED)
-    # 11 estimators without state on both models, the 3 with state on the ResNet
-    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == (11 * 2 + 3) * 2 * 4 + 3 == 203
+    # 14 estimators without state on both models, the 4 with state on the ResNet
+    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == (14 * 2 + 4) * 2 * 4 + 3 == 259
     assert {c[0] for c in CUDA_CASES if c[3] in gpu_check.STATEFUL} == {"resnet"}
     steps = [g for g, _ in gpu_check.groups("cuda") if g.endswith(":step")]
-    assert len(steps) == (11 * 2 + 3) * 2  # every whole-step case a group of its own
+    assert len(steps) == (14 * 2 + 4) * 2  # every whole-step case a group of its own
     listed = [(g.split(":")[0], n) for g, part in gpu_check.groups("cuda") for n in part]
     assert not [c for c in listed if c[0] == "vit" and c[1] in gpu_check.STATEFUL]
 
@@ -73,6 +73,7 @@ def test_a_finite_difference_widens_the_tolerance_by_its_rounding_gain():
     gamma = gpu_check.ESTIMATORS["wsam"]().hparams["gamma"]
     a = gamma / (1 - gamma)
     assert gpu_check.amplification("wsam") == pytest.approx(abs(1 - a) + a)
+    assert gpu_check.amplification("wsam_decoupled") == gpu_check.amplification("wsam")
     alpha = gpu_check.ESTIMATORS["looksam"]().hparams["alpha"]
     assert gpu_check.amplification("looksam", 15.0) == pytest.approx(1 + alpha * 15.0)
     assert gpu_check.amplification("look_gam") == gpu_check.amplification("friendly_sam") == 1.0
@@ -95,6 +96,21 @@ def test_the_stateful_trajectories_pass_on_the_cpu():
     assert {r["steps"] for r in rows} == {7, 3}
     looksam = [r for r in rows if r["estimator"] == "looksam"]
     assert all(r["reuse_ratio"] > 1 for r in looksam)  # ‖g_s‖/‖g_v‖ = 1/sin∠(g, g_s)
+
+
+@pytest.mark.slow
+def test_the_authors_forms_pass_on_the_cpu():
+    # WSAM's decoupled form, GSAM's adaptive ascent, ASAM with a mask, Friendly-SAM in the
+    # authors' order: eager, both precisions, the ViT with batches of 8 images.
+    names = ["wsam_decoupled", "gsam_adaptive", "asam_masked", "friendly_sam_authors"]
+    cpu = torch.device("cpu")
+    rows = [
+        r
+        for p in gpu_check.PRECISIONS
+        for r in gpu_check.run_group("vit", p, "eager", cpu, names, 8)
+    ]
+    assert len(rows) == 2 * len(names)
+    assert all(r["status"] == "pass" for r in rows), rows
 
 
 def test_a_state_lost_between_steps_fails_the_check(monkeypatch):

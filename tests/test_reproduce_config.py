@@ -140,6 +140,11 @@ def test_overrides_apply_after_the_preset_whatever_their_order():
         (["--fsam_lmbda=1.0"], "--fsam_lmbda must be"),
         (["--ascent_steps=0"], "--ascent_steps must be"),
         (["--gsam_alpha=nan"], "--gsam_alpha must be"),
+        (["--wsam_max_norm=-1"], "--wsam_max_norm must be"),
+        (["--wsam_max_norm=inf"], "--wsam_max_norm must be"),
+        (["--wsam_decouple=maybe"], "--wsam_decouple takes"),
+        (["--gsam_adaptive=2"], "--gsam_adaptive takes"),
+        (["--asam_mask=biases"], "--asam_mask must be"),
     ],
 )
 def test_bad_values_name_the_field(argv, word):
@@ -316,7 +321,8 @@ def test_every_hyperparameter_of_the_registry_is_a_flag_with_help_and_hypers_def
             continue
         assert f.name in helps, f.name
     family = ("eta", "ascent_steps", "gsam_alpha", "wsam_gamma", "look_k", "looksam_alpha")
-    for name in (*family, "fsam_sigma", "fsam_lmbda", "adaptive"):
+    authors = ("wsam_decouple", "wsam_max_norm", "gsam_adaptive", "asam_mask")
+    for name in (*family, *authors, "fsam_sigma", "fsam_lmbda", "adaptive"):
         assert getattr(Config(), name) == getattr(Hyper(), name), name
 
 
@@ -338,6 +344,13 @@ def test_every_hyperparameter_of_the_registry_is_a_flag_with_help_and_hypers_def
         ),
         (["--estimator=sam", "--ascent_steps=3"], "sam", {"ascent_steps": 3}),
         (["--estimator=asam", "--eta=0.02"], "asam", {"eta": 0.02}),
+        (
+            ["--estimator=wsam", "--wsam_decouple", "--wsam_max_norm=1"],
+            "wsam",
+            {"decouple": True, "max_norm": 1.0},
+        ),
+        (["--estimator=gsam", "--gsam_adaptive"], "gsam", {"adaptive": True, "eta": 0.0}),
+        (["--estimator=gsam+gam", "--gsam_adaptive"], "gsam+gam", {"oracle": "gsam"}),
     ],
 )
 def test_each_new_flag_reaches_its_estimator(argv, name, hparams):
@@ -384,3 +397,21 @@ def test_gsam_under_the_proportional_schedule_follows_the_lr_down_to_rho_min():
         expected = 0.1 + 0.5 * float(lr(step)) / c.lr
         assert float(rho(step)) == pytest.approx(expected)
     assert float(rho(torch.tensor(total))) == pytest.approx(0.1)
+
+
+def test_the_authors_forms_are_off_by_default_and_each_flag_turns_one_on():
+    """By default wsam is coupled and unclipped, gsam's ascent plain, asam's T on every parameter
+    (gamfunc's defaults); the flags give the authors' released forms."""
+    from reproduce.methods import weights
+
+    c = resolve(["--estimator=wsam"])
+    wsam, _ = train.build_estimator(c, "wsam", c.lr)
+    assert not wsam.decoupled and "max_norm" not in wsam.hparams
+    asam, _ = train.build_estimator(resolve(["--estimator=asam"]), "asam", 0.1)
+    assert "mask" not in asam.hparams
+    c = resolve(["--estimator=asam", "--asam_mask=weights"])
+    asam, _ = train.build_estimator(c, "asam", c.lr)
+    assert asam.hparams["mask"] is weights
+    c = resolve(["--estimator=gsam+gam", "--gsam_adaptive"])
+    _, base = train.build_estimator(c, "gsam+gam", c.lr)
+    assert base.hparams["adaptive"] is True  # the steps between GAM steps take the same oracle

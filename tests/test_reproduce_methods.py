@@ -36,6 +36,17 @@ def test_train_py_offers_every_method():
         ("gsam", {"gsam_alpha": 0.2}, gamfunc.gsam(0.05, 0.2)),
         ("wsam", {"sam_rho": 0.1, "wsam_gamma": 0.5}, gamfunc.wsam(0.1, 0.5)),
         (
+            "wsam",
+            {"sam_rho": 0.1, "wsam_decouple": True, "wsam_max_norm": 1.0},
+            gamfunc.wsam(0.1, 0.9, decouple=True, max_norm=1.0),
+        ),
+        ("gsam", {"gsam_adaptive": True}, gamfunc.gsam(0.05, 0.3, adaptive=True)),
+        (
+            "asam",
+            {"rho": 0.5, "asam_mask": "weights"},
+            gamfunc.asam(0.5, mask=methods.weights),
+        ),
+        (
             "gsam+gam",
             {"gsam_alpha": 0.2},
             gamfunc.gam(0.05, 0.1, oracle=gamfunc.gsam(0.05, 0.2)),
@@ -73,8 +84,18 @@ def test_the_base_of_an_oracle_and_gam_is_the_oracle_and_of_the_others_the_gradi
         (lambda: methods.base("adam"), "name"),
         (lambda: methods.estimator("gam", radius=1e-3), "radius"),
         (lambda: methods.estimator("gam", rho=-1.0), "rho"),
+        (lambda: methods.estimator("asam", asam_mask="biases"), "asam_mask"),
+        (lambda: methods.estimator("wsam", wsam_max_norm=-1.0), "max_norm"),
     ],
 )
 def test_a_wrong_name_or_value_raises_naming_it(call, named):
     with pytest.raises(ValueError, match=named):
         call()
+
+
+def test_the_weights_mask_is_the_asam_authors_rule_on_a_module():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    marked = {k: methods.weights(k, p) for k, p in model.named_parameters()}
+    assert marked == {"0.weight": True, "0.bias": False, "1.weight": True, "1.bias": False}

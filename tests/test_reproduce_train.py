@@ -758,3 +758,15 @@ def test_a_process_of_a_job_of_several_ends_without_the_interpreters_finalisatio
     monkeypatch.setattr(launch.sys, "exit", lambda c: calls.append(("sys.exit", c)))
     launch.exit_process(code)
     assert calls[0] == ("os._exit" if world == "2" and code == 0 else "sys.exit", code)
+
+
+def test_the_authors_released_forms_train_from_their_flags(tmp_path):
+    """WSAM decoupled and clipped, GSAM adaptive and ASAM on the weights, a few steps each; the
+    saved configuration holds the flags."""
+    args = ["--estimator=wsam,gsam,asam", "--wsam_decouple", "--wsam_max_norm=1", "--gsam_adaptive"]
+    assert main(tmp_path, *args, "--asam_mask=weights", "--max_steps=5", *NO_FLATNESS) == 0
+    for name in ("wsam", "gsam", "asam"):
+        cfg = json.loads((run_dir(tmp_path, "mnist1d", name) / "config.json").read_text())
+        assert (cfg["wsam_decouple"], cfg["wsam_max_norm"]) == (True, 1.0)
+        assert (cfg["gsam_adaptive"], cfg["asam_mask"]) == (True, "weights")
+        assert summary(tmp_path, "mnist1d", name)["steps"] == 5

@@ -16,13 +16,21 @@ __all__ = ["Estimate", "Estimator"]
 
 
 class Estimate(NamedTuple):
-    """An estimator's full result: the direction, its scalar info, the clean pass at θ and, for a
-    stateful estimator, its next state (``()`` for one without state)."""
+    """An estimator's full result: the direction, its scalar info, the clean pass at θ, for a
+    stateful estimator its next state (``()`` for one without state) and, for an estimator with a
+    decoupled part, that part (``()`` for one without).
+
+    ``decoupled`` is a tree like the params that the step applies after the optimiser's update,
+    scaled by each parameter's learning rate: θ ← apply_updates(θ, u) − lr_k·decoupled_k
+    ([`make_step`][gamfunc.step.make_step]); WSAM's decoupled form
+    ([`wsam`][gamfunc.estimators.wsam.wsam] with ``decouple=True``) returns one.
+    """
 
     direction: Tree
     info: dict[str, Tensor]
     clean: Pass
     state: Any = ()
+    decoupled: Any = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,6 +53,9 @@ class Estimator:
     An estimator with ``every`` = k > 1 is a cycle: ``run_fn`` on every k-th step of
     [`make_step`][gamfunc.step.make_step] (the first included), ``base`` on the others, chosen on
     the host so that each step pays only for the branch it runs; ``base`` shares the state.
+    An estimator with ``decoupled`` = True returns, besides the direction the optimiser sees, a
+    part the step applies after the optimiser's update (``Estimate.decoupled``); called directly,
+    ``estimator(params, batch, loss_fn)`` returns the direction alone.
 
     Attributes:
         name: the estimator's name.
@@ -54,6 +65,8 @@ class Estimator:
         init_fn: ``init_fn(params) -> state`` for a stateful estimator; None for one without state.
         every: k >= 1; with k > 1 make_step runs ``base`` on the steps between.
         base: the estimator of the steps between (``every`` > 1 only).
+        decoupled: whether ``run_fn``'s Estimate carries a decoupled part (``Estimate.decoupled``),
+            which needs an optimiser that keeps its learning rate.
     """
 
     name: str
@@ -62,6 +75,7 @@ class Estimator:
     init_fn: Callable[[Tree], Any] | None = field(default=None, repr=False)
     every: int = 1
     base: Estimator | None = field(default=None, repr=False)
+    decoupled: bool = False
 
     @property
     def stateful(self) -> bool:

@@ -17,13 +17,12 @@ from gamfunc.tree import Tree
 
 __all__ = ["CONVENTIONS", "FriendlySAMState", "friendly_sam"]
 
-CONVENTIONS = ("paper", "pytorch_optimizer")
+CONVENTIONS = ("paper", "authors")
 
 
 class FriendlySAMState(NamedTuple):
     """Friendly-SAM's state: ``m``, the running mean of the gradients at θ, and ``started``, a 0-d
-    bool, whether a step has set it (the "pytorch_optimizer" convention starts m at the first
-    gradient)."""
+    bool, whether a step has set it (the "authors" convention starts m at the first gradient)."""
 
     m: Tree
     started: Tensor
@@ -43,19 +42,37 @@ def friendly_sam(
     \text{direction} = \nabla L\Big(\theta_t + \rho\,\frac{d_t}{\lVert d_t\rVert + \xi}\Big),
     $$
 
-    with m_0 = 0 (``convention="paper"``). ``convention="pytorch_optimizer"`` follows the authors'
-    code (github.com/nblt/F-SAM) and ``pytorch_optimizer.FriendlySAM``: the first step sets m = g
+    with m_0 = 0 (``convention="paper"``). ``convention="authors"`` follows the authors' code
+    (github.com/nblt/F-SAM, ``FriendlySAM.first_step`` in ``utils.py``): the first step sets m = g
     and ascends along g, later steps ascend along g − σ·m_{t−1}, the mean *before* this step's
-    gradient joins it. m lives in ``StepState.est``
+    gradient joins it, then m_t = λ·m_{t−1} + (1 − λ)·g_t:
+
+    $$
+    m_1 = g_1,\ d_1 = g_1;\qquad
+    d_t = g_t - \sigma\,m_{t-1},\quad m_t = \lambda\,m_{t-1} + (1-\lambda)\,g_t\quad (t > 1).
+    $$
+
+    ``pytorch_optimizer.FriendlySAM`` (4.1) takes the same order. m lives in ``StepState.est``
     ([`FriendlySAMState`][gamfunc.estimators.friendly_sam.FriendlySAMState]); a skipped step leaves
     it unchanged. σ = 0 is [`sam`][gamfunc.estimators.sam.sam]. Two gradients a step, as SAM.
+
+    The two conventions differ from the second step on whenever σ > 0: "paper" removes σ times a
+    mean that already holds g_t, "authors" the mean of the steps before. Defaults and their
+    sources: σ = 1 and λ = 0.9 are the authors' class defaults (their ``run.sh`` runs λ = 0.6 on
+    CIFAR-100), ξ = 10⁻¹² their constant; ``convention="paper"`` is the paper's order.
+
+    Warning:
+        The "paper" order (m_0 = 0, m_t formed before d_t) is the update as secondary summaries of
+        the paper's Algorithm 1 restate it (e.g. junaidaliop.github.io/zij/math/fsam); it has not
+        been checked against the paper's own text. The "authors" order is checked against the
+        authors' code over 20 steps (``tests/test_estimators_family.py``).
 
     Args:
         rho: ρ >= 0, the radius of the ascent, or a schedule of the step count.
         sigma: σ >= 0, how much of the running mean is removed (the paper uses 1), or a schedule.
         lmbda: λ in [0, 1), the running mean's decay (the paper uses 0.6 to 0.95).
         eps: ξ >= 0, keeps d/(‖d‖ + ξ) finite at d = 0.
-        convention: "paper" or "pytorch_optimizer" (above).
+        convention: "paper" or "authors" (above; the default "paper").
 
     Returns:
         A stateful [`Estimator`][gamfunc.estimators.base.Estimator] named "friendly_sam"; its info
@@ -83,7 +100,7 @@ def friendly_sam(
     check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
-    authors = convention == "pytorch_optimizer"
+    authors = convention == "authors"
 
     def init(params):
         device = next(iter(params.values())).device

@@ -161,7 +161,7 @@ def gam(
                 "overall_grad_sq": tree.norm(direction) ** 2,
                 "penalty_grad_sq": (weight * tree.norm(f_adv)) ** 2,
             }
-        return Estimate(direction, info, clean)
+        return Estimate(direction, info, clean, decoupled=base.decoupled)
 
     hparams = {
         "rho": rho,
@@ -171,7 +171,8 @@ def gam(
         "eps": eps,
         "adaptive": adaptive,
     } | ({"ascent_steps": n} if n > 1 else {})
-    return Estimator("gam" if oracle.name == "gradient" else f"{oracle.name}+gam", run, hparams)
+    name = "gam" if oracle.name == "gradient" else f"{oracle.name}+gam"
+    return Estimator(name, run, hparams, decoupled=oracle.decoupled)
 
 
 def _ascend(point, f, radius, scale_at, eps):

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from gamfunc import tree
 from gamfunc.checks import check_nonnegative
+from gamfunc.estimators.asam import adaptive_ascent
 from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
-from gamfunc.loss import ascent_point, gradient_pass, unit_grad
+from gamfunc.loss import ascent_point, gradient_pass, unit_grad, with_grad_norm
 from gamfunc.schedules import value
 
 __all__ = ["gsam"]
 
 
-def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
+def gsam(rho, alpha, eps: float = 1e-12, *, adaptive: bool = False, eta: float = 0.0) -> Estimator:
     r"""GSAM (Zhuang et al. 2022, Algorithm 1): direction = ∇f_p − α·∇f_⊥.
 
     With g = ∇L(θ) and the SAM gradient ∇f_p = ∇L(θ + ρ·g/(‖g‖ + ξ)), g is split into its
@@ -31,6 +32,15 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
     reproduces (there the norm product ‖∇f_p‖·‖g‖ + ξ and ‖∇f_p‖ + ξ are regularised separately;
     the two agree to O(ξ)). α = 0 gives [`sam`][gamfunc.estimators.sam.sam].
 
+    ``adaptive=True`` is the authors' ``GSAM(adaptive=True)`` (their ``example/train.py`` runs it by
+    default): the ascent in ASAM's scale-invariant geometry, θ + ρ·T²g/(‖T g‖ + ξ) with
+    T = |θ| + η elementwise on every parameter
+    (the ascent of [`asam`][gamfunc.estimators.asam.asam]), the decomposition above
+    unchanged. η = 0 (T = |θ|), the default, is the authors' code; ASAM's own η is 0.01. Their
+    example pairs it with a larger ρ (2.0), as ASAM's radius is measured in the parameters' scale.
+    Defaults and their sources: ξ = 10⁻¹² is the authors' ``perturb_eps``; ``adaptive=False`` is
+    their class's default (not their example's); η = 0 their adaptive T.
+
     The paper schedules ρ with the learning rate, ρ_t = ρ_min + (ρ_max − ρ_min)·(lr_t − lr_min) /
     (lr_max − lr_min): pass
     ``rho=gamfunc.schedules.proportional(ρ_max, lr, lr_max, floor=ρ_min, lr_min=lr_min)``
@@ -40,13 +50,16 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
         rho: ρ >= 0, the radius of the ascent, or a schedule of the step count.
         alpha: α >= 0, how much of ∇f_⊥ is removed (the paper uses α in [0, 0.3]), or a schedule.
         eps: ξ >= 0, keeps the normalisations finite at a zero gradient.
+        adaptive: whether the ascent is ASAM's scale-invariant one (above).
+        eta: η >= 0, added to |θ| in T (``adaptive=True`` only; the authors' code: 0).
 
     Returns:
         An [`Estimator`][gamfunc.estimators.base.Estimator] named "gsam"; its info adds
             ``perturbed_loss`` = L(θ + ε̂) = f_p(θ) and ``surrogate_gap`` = f_p(θ) − L(θ).
 
     Raises:
-        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite (naming it).
+        ValueError: ``rho``, ``alpha``, ``eps`` or ``eta`` is negative or not finite, or
+            ``adaptive`` is not a bool (naming it).
 
     Example:
         >>> import torch, gamfunc
@@ -60,11 +73,18 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
     check_nonnegative("rho", rho, schedule=True)
     check_nonnegative("alpha", alpha, schedule=True)
     check_nonnegative("eps", eps)
+    if not isinstance(adaptive, bool):
+        raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
+    check_nonnegative("eta", eta)
 
     def run(params, batch, loss_fn, clean, step):
         if clean is None:
             clean = gradient_pass(loss_fn, params, batch)
-        point, clean = ascent_point(params, clean, value(rho, step), eps)
+        if adaptive:
+            clean = with_grad_norm(clean)
+            point = adaptive_ascent(params, clean.grad, value(rho, step), eta, eps)
+        else:
+            point, clean = ascent_point(params, clean, value(rho, step), eps)
         adv = gradient_pass(loss_fn, point, batch)
         p_hat, _ = unit_grad(adv, eps)
         vertical = tree.axpy(-tree.vdot(clean.grad, p_hat), p_hat, clean.grad)
@@ -76,4 +96,6 @@ def gsam(rho, alpha, eps: float = 1e-12) -> Estimator:
         }
         return Estimate(direction, info, clean)
 
-    return Estimator("gsam", run, {"rho": rho, "alpha": alpha, "eps": eps})
+    hparams = {"rho": rho, "alpha": alpha, "eps": eps}
+    hparams |= {"adaptive": True, "eta": eta} if adaptive else {}
+    return Estimator("gsam", run, hparams)

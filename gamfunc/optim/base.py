@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from gamfunc import tree
+from gamfunc.checks import Mask, masked_keys
 from gamfunc.tree import Tree
 
 __all__ = [
@@ -25,9 +26,6 @@ __all__ = [
     "need_step",
     "takes_step",
 ]
-
-Mask = Mapping[str, bool] | Callable[[str, Tensor], bool] | None
-"""Which parameters an option applies to: None (all), a dict name -> bool, or ``(name, tensor) -> bool``."""
 
 
 class Transform(NamedTuple):
@@ -123,32 +121,6 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
     if all(a.dtype == b.dtype for a, b in zip(p, u, strict=True)) and not tree.vmapped([*p, *u]):
         return dict(zip(keys, torch._foreach_add(p, u), strict=True))
     return {k: (params[k] + updates[k]).to(params[k].dtype) for k in keys}
-
-
-def masked_keys(mask: Mask, params: Tree, name: str) -> list[str]:
-    """The names of ``params`` that ``mask`` selects, in the order of ``params``.
-
-    The choice is made from names and shapes, as Python bools, so a compiled update traces it once and
-    keeps it as a constant. A dict must name every parameter; a callable must return a bool.
-    """
-    if mask is None:
-        return list(params)
-    if isinstance(mask, Mapping):
-        missing = [k for k in params if k not in mask]
-        if missing:
-            raise ValueError(f"{name} has no entry for the parameters {missing}")
-        return [k for k in params if mask[k]]
-    keys = []
-    for k, v in params.items():
-        chosen = mask(k, v)
-        if not isinstance(chosen, bool):
-            raise ValueError(
-                f"{name} must return a Python bool (from the name or the shape, not the values); "
-                f"got {type(chosen).__name__} for {k!r}"
-            )
-        if chosen:
-            keys.append(k)
-    return keys
 
 
 def takes_step(update: Callable) -> bool:
