@@ -170,6 +170,18 @@ def masked_keys(mask: Mask, params: Mapping[str, Tensor], name: str) -> list[str
 
     The choice is made from names and shapes, as Python bools, so a compiled update traces it once and
     keeps it as a constant. A dict must name every parameter; a callable must return a bool.
+
+    Args:
+        mask: None (every parameter), a dict name -> bool, or ``(name, tensor) -> bool``.
+        params: the parameters by name.
+        name: the argument's name, for the error.
+
+    Returns:
+        The selected names.
+
+    Raises:
+        ValueError: a dict without an entry for some parameter, or a callable that returns no
+            bool (naming ``name``).
     """
     if mask is None:
         return list(params)

@@ -38,6 +38,7 @@ __all__ = [
     "add",
     "axpy",
     "check_keys",
+    "clip_norm",
     "clone",
     "copies",
     "lincomb",
@@ -389,6 +390,29 @@ def _half(a: Tree) -> bool:
 def _times(v: Tensor, s: Tensor) -> Tensor:
     """v · s, computed in float32 or wider where v is half precision, in v's dtype."""
     return v * s if v.dtype in _WIDE else (_wide(v) * s).to(v.dtype)
+
+
+def clip_norm(a: Tree, max_norm: Scalar, eps: float = 1e-6) -> tuple[Tree, Tensor]:
+    """``a`` scaled down to a global L2 norm of at most ``max_norm``, as
+    ``torch.nn.utils.clip_grad_norm_`` does: a·min(1, c/(‖a‖ + ξ)).
+
+    Args:
+        a: a flat dict of tensors.
+        max_norm: c > 0.
+        eps: ξ >= 0, added to the norm before dividing (``clip_grad_norm_``'s 1e-6).
+
+    Returns:
+        ``(clipped, ‖a‖)``, the norm a 0-d tensor in float32 or wider.
+
+    Example:
+        >>> from gamfunc import tree
+        >>> clipped, n = tree.clip_norm({"w": torch.tensor([3.0, 4.0])}, 1.0)
+        >>> clipped["w"], n
+        (tensor([0.6000, 0.8000]), tensor(5.))
+    """
+    n = norm(a)  # in float32 or wider
+    coef = torch.clamp(max_norm / (n + eps), max=1.0)  # clip_grad_norm_'s expression
+    return scale(a, coef), n
 
 
 def normalize(a: Tree, eps: Scalar = 1e-12) -> tuple[Tree, Tensor]:

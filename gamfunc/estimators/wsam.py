@@ -8,7 +8,6 @@ from gamfunc.estimators.base import Estimate, Estimator
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import ascent_point, gradient_pass
 from gamfunc.schedules import value
-from gamfunc.transforms import clip_by_global_norm
 
 __all__ = ["wsam"]
 
@@ -43,7 +42,7 @@ def wsam(
     no weight decay). ``max_norm`` = c clips g and g_adv separately, each to a global norm of at
     most c, after the ascent (which takes the unclipped g), as the authors' code does with
     ``torch.nn.utils.clip_grad_norm_``: v ← v·min(1, c/(‖v‖ + 10⁻⁶))
-    ([`clip_by_global_norm`][gamfunc.transforms.clip_by_global_norm]).
+    ([`gamfunc.tree.clip_norm`][gamfunc.tree.clip_norm], as [`gamfunc.clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm]).
 
     γ = 0 gives [`gradient`][gamfunc.estimators.gradient.gradient], γ = ½ with ``decouple=False``
     gives [`sam`][gamfunc.estimators.sam.sam]; γ > ½ extrapolates beyond SAM (a > 1).
@@ -99,7 +98,6 @@ def wsam(
         raise ValueError(f"decouple must be True or False; got {decouple!r}")
     if max_norm is not None:
         check_positive("max_norm", max_norm)
-    clip = clip_by_global_norm(max_norm) if max_norm is not None else None
 
     def run(params, batch, loss_fn, clean, step):
         if clean is None:
@@ -107,9 +105,9 @@ def wsam(
         point, clean = ascent_point(params, clean, value(rho, step), eps)
         adv = gradient_pass(loss_fn, point, batch)
         g, g_adv = clean.grad, adv.grad
-        if clip is not None:  # each gradient on its own, after the ascent (the authors' order)
-            g, _ = clip.update(g, clip.init(g), params)
-            g_adv, _ = clip.update(g_adv, clip.init(g_adv), params)
+        if max_norm is not None:  # each gradient on its own, after the ascent (the authors' order)
+            g, _ = tree.clip_norm(g, max_norm)
+            g_adv, _ = tree.clip_norm(g_adv, max_norm)
         a = value(gamma, step)
         a = a / (1 - a)
         info = {**clean_info(clean), "perturbed_loss": adv.loss}

@@ -138,9 +138,8 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
         return ClipState(torch.zeros((), dtype=_norm_dtype(params.values()), device=dev))
 
     def update(direction, state, params):
-        n = tree.norm(direction)  # in float32 or wider
-        coef = torch.clamp(max_norm / (n + eps), max=1.0)  # clip_grad_norm_'s expression
-        return tree.scale(direction, coef), ClipState(n)
+        clipped, n = tree.clip_norm(direction, max_norm, eps)
+        return clipped, ClipState(n)
 
     return Transform(init, update)
 
