@@ -153,3 +153,19 @@ def test_quick_runs_cold_warm_and_steady_and_renders_in_results_md(tmp_path):
 def test_results_md_says_the_first_step_is_not_yet_measured_without_a_result(tmp_path):
     text = report.render(tmp_path, None)
     assert "## The first step" in text and report.PENDING["first_step"] in text
+
+
+def test_append_keeps_the_rows_of_other_models_and_their_runs_metadata(tmp_path):
+    out = tmp_path / "r.json"
+    rows = [
+        {"model": "resnet50", "precision": "bf16-cl"},
+        {"model": "vit_s32", "precision": "bf16"},
+    ]
+    meta = {"benchmark": "first_step", "date": "before"}
+    out.write_text(json.dumps({"benchmark": "first_step", "meta": meta, "rows": rows}))
+    now = {"date": "now"}
+    kept = cli.earlier(str(out), {("vit_s32", "bf16")}, now)
+    assert kept == rows[:1] and now["earlier"] == [meta]
+    assert cli.earlier(str(tmp_path / "none.json"), set(), {}) == []
+    with pytest.raises(SystemExit):
+        cli.parse(["--quick", "--append"])

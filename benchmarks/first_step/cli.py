@@ -123,6 +123,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--rho", type=float, default=0.05)
     p.add_argument("--alpha", type=float, default=0.1)
     p.add_argument("--on-nonfinite", default="skip", help="make_step's on_nonfinite")
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="keep the rows of other models and precisions already in --out (a run in parts); "
+        "their run's metadata goes to meta['earlier']",
+    )
     p.add_argument("--first-steps", default=None, help=argparse.SUPPRESS)  # a worker: one cell
     p.add_argument("--steady", default=None, help=argparse.SUPPRESS)  # a worker: its cells
     _common.add_flags(p)
@@ -156,6 +162,8 @@ def parse(argv=None) -> argparse.Namespace:
     pairs = {f"{e}:{m}" for e in ESTIMATORS for m in MODES}
     if bad := [s for s in a.skip if s not in pairs]:
         p.error(f"--skip: {bad} are not ESTIMATOR:MODE pairs of {list(ESTIMATORS)} × {list(MODES)}")
+    if a.append and not a.out:
+        p.error("--append needs --out, the file to add to")
     if "warm" in a.phases and "cold" not in a.phases:
         p.error("--phases: warm reuses the cache a cold start fills; add cold")
     for name in ("repeats", "block", "jobs"):
@@ -360,6 +368,20 @@ def new_row(cell: Cell, a) -> dict:
     }
 
 
+def earlier(out: str, measured: set, meta: dict) -> list[dict]:
+    """``--append``: the rows of ``out`` (if it exists) whose model and precision this run does not
+    measure; the metadata of the run(s) that wrote them is added to ``meta["earlier"]``."""
+    path = Path(out)
+    if not path.is_file():
+        return []
+    old = json.loads(path.read_text())
+    if old.get("benchmark") != BENCHMARK:
+        raise SystemExit(f"--append: {out} is no {BENCHMARK} result")
+    before = old["meta"].pop("earlier", [])
+    meta["earlier"] = [*before, old["meta"]]
+    return [r for r in old["rows"] if (r["model"], r["precision"]) not in measured]
+
+
 def metadata(a, device) -> dict:
     return _common.metadata(
         BENCHMARK,
@@ -409,10 +431,11 @@ def main(argv=None) -> dict:
             table_rows[cell]["note"] = reason
         else:
             runnable.append(cell)
-    result = {"benchmark": BENCHMARK, "meta": meta, "rows": list(table_rows.values())}
+    kept = earlier(a.out, {(c.model, c.precision) for c in cells}, meta) if a.append else []
+    result = {"benchmark": BENCHMARK, "meta": meta, "rows": kept + list(table_rows.values())}
 
     def save():
-        for row in result["rows"]:
+        for row in table_rows.values():
             row["note"] = notes(row)
         _common.save(result, a.out)
 
