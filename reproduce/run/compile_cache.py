@@ -148,9 +148,8 @@ class CompileCache:
             if body.get("torch") != str(torch.__version__):
                 raise ValueError(f"written by torch {body.get('torch')}, not {torch.__version__}")
             blob = body["artifacts"].numpy().tobytes()
-            with (
-                _quiet()
-            ):  # torch logs a traceback where it cannot read them; one line here says it
+            # torch logs a traceback where it cannot read them; the one line below says it
+            with _quiet():
                 info = torch.compiler.load_cache_artifacts(blob)
             if info is None:
                 raise ValueError("torch cannot read the artifacts it holds")
