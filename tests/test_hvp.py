@@ -216,3 +216,11 @@ def test_the_first_exact_hvp_of_a_process_warns_nothing(compiled):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Warning" not in done.stderr, done.stderr[-2000:]
+
+
+def test_forward_mode_names_the_backend_that_differentiates_forward():
+    assert hvps.forward_mode(hvps.exact()) and hvps.forward_mode("exact")
+    for other in (hvps.reverse(), hvps.fd(), "reverse", "fd", None, lambda *a, **k: None):
+        assert not hvps.forward_mode(other)
+    assert hvps.forward_mode(gamfunc.gam(0.05, 0.1, hvp="exact").hparams["hvp"])
+    assert not hvps.forward_mode(gamfunc.gam(0.05, 0.1, hvp="fd").hparams["hvp"])
