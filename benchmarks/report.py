@@ -79,6 +79,31 @@ SECTIONS = {
         "the steadier figure.",
         FACADE_COLUMNS,
     ),
+    "first_step": (
+        "The first step",
+        "`python -m benchmarks.first_step`: seconds from model set-up to the end of the first step "
+        "(first) and to the end of the first step in the mode's steady form (ready: for a graph "
+        "mode, the step that captures the graph after three eager ones), cold (an empty inductor "
+        "cache) and warm (the same cache again), each in a fresh process; then ms per step, all "
+        "cells of a model timed in one process in interleaved rounds. Modes: `eager`; `graph`, the "
+        "eager step replayed as one CUDA graph (`gamfunc.cuda_graph`); `pass`, "
+        '`step.compile(scope="pass")`; `pass-graph`, both; `step`, `step.compile()`. × compiled '
+        "grad is ms ÷ the compiled gradient step of the same model in the same run (by pass with a "
+        "graph where measured). First-step processes may run side by side (`jobs` in the heading).",
+        (
+            ("model", "model", ""),
+            ("dtype", "precision", ""),
+            ("estimator", "estimator", ""),
+            ("mode", "mode", ""),
+            ("cold first s", "cold.first_s", ".1f"),
+            ("cold ready s", "cold.ready_s", ".1f"),
+            ("warm first s", "warm.first_s", ".1f"),
+            ("warm ready s", "warm.ready_s", ".1f"),
+            ("ms/step", "ms", ".2f"),
+            ("× compiled grad", "x_grad", ".2f"),
+            ("note", "note", ""),
+        ),
+    ),
     "data_parallel": (
         "Data-parallel scaling against DDP",
         "`python -m benchmarks.data_parallel`: images/s of one step on 1 GPU and on N, each on a "
@@ -181,6 +206,14 @@ SECTIONS = {
 }
 
 
+# What a section says while no result of its benchmark is in the results folder: the command
+# that makes one. Absolute times come from a GPU only.
+PENDING = {
+    "first_step": "Not yet measured on a GPU. `python -m benchmarks.first_step` makes the table "
+    "(`--quick` checks on the CPU that the command runs; its numbers are no result).",
+}
+
+
 def columns(benchmark: str) -> tuple:
     """The columns of ``benchmark``'s table, as its command prints them and RESULTS.md shows them.
 
@@ -209,11 +242,15 @@ def _gpu_check_rows(rows: list[dict]) -> list[dict]:
 
 
 def heading(meta: dict) -> str:
-    """A table's heading: device (× GPUs), date, torch."""
+    """A table's heading: device (× GPUs), date, torch; for the first-step table, how many
+    first-step processes ran at a time."""
     name = meta["device_name"]
     if meta.get("gpus", 0) > 1:
         name = f"{meta['gpus']} × {name}"
-    return f"{name}, {meta['date'][:10]}, torch {meta['torch']}"
+    text = f"{name}, {meta['date'][:10]}, torch {meta['torch']}"
+    if meta.get("benchmark") == "first_step":
+        text += f", jobs {meta.get('jobs', 1)}"
+    return text
 
 
 def notes(entries: list[dict]) -> list[str]:
@@ -292,6 +329,8 @@ def render(folder: Path = RESULTS, notes_file: Path | None = NOTES) -> str:
     ]
     for name, (title, about, columns) in SECTIONS.items():
         if name not in results:
+            if name in PENDING:
+                lines += ["", f"## {title}", "", about, "", PENDING[name]]
             continue
         lines += ["", f"## {title}", "", about]
         for file, result in sorted(results[name], key=lambda item: item[1]["meta"]["date"]):

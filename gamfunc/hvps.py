@@ -66,6 +66,7 @@ __all__ = [
     "Reverse",
     "exact",
     "fd",
+    "forward_mode",
     "get",
     "grad_norm_grad",
     "math_attention",
@@ -242,6 +243,32 @@ def _radius(name: str, r) -> float:
 
 BACKENDS = ("exact", "reverse", "fd")
 """The names ``hvp=`` takes as shorthands for [`exact`][gamfunc.hvps.exact], [`reverse`][gamfunc.hvps.reverse] and [`fd`][gamfunc.hvps.fd]."""
+
+
+def forward_mode(hvp) -> bool:
+    """Whether the H·v backend ``hvp`` differentiates by forward-mode AD: [`exact`][gamfunc.hvps.exact] does
+    (forward-over-reverse), [`reverse`][gamfunc.hvps.reverse] and [`fd`][gamfunc.hvps.fd] do not.
+
+    An estimator's backend is its ``hparams["hvp"]`` (GAM and the estimators built on it, GNP); an
+    estimator without that entry forms no H·v. Run eagerly, forward-over-reverse AD costs several
+    times its compiled form, where the gradients that ``reverse`` and ``fd`` are made of run close to
+    theirs; a program choosing between an eager and a compiled step can ask this.
+
+    Args:
+        hvp: a backend, the name of one, or None (no H·v).
+
+    Returns:
+        True for ``exact()`` and ``"exact"``; False for the other backends, for None, and for a
+            function of your own (gamfunc cannot tell how it differentiates).
+
+    Example:
+        >>> import gamfunc
+        >>> est = gamfunc.gam(rho=0.05, alpha=0.1, hvp="exact")
+        >>> gamfunc.hvps.forward_mode(est.hparams["hvp"]), gamfunc.hvps.forward_mode("fd")
+        (True, False)
+    """
+    return isinstance(hvp, Exact) or (isinstance(hvp, str) and hvp == "exact")
+
 
 SECOND_ORDER = (Exact(), Reverse())
 """The backends that differentiate the backward pass of L (the wrappers of [`gamfunc.precision`][gamfunc.precision]

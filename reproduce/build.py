@@ -30,6 +30,7 @@ __all__ = [
     "TOP5",
     "Place",
     "SetupError",
+    "StepMode",
     "Training",
     "build_estimator",
     "build_optimizer",
@@ -42,7 +43,9 @@ __all__ = [
     "load_weights",
     "lr_schedule",
     "setup",
+    "step_mode",
     "training_loss",
+    "with_step_mode",
 ]
 
 IMAGENET_CLASSES = 1000  # the classifier of the pretrained weights that --pretrained starts from
@@ -291,6 +294,61 @@ def compile_scope(cfg: Config, world: int) -> str:
     return "pass" if world > 1 or cfg.dataset == "imagenet" else "step"
 
 
+class StepMode(NamedTuple):
+    """How a run's step runs (`step_mode`)."""
+
+    compile: bool  # compiled (by pass or whole, as compile_scope says)
+    graph: bool  # replayed as one CUDA graph (gamfunc.cuda_graph)
+    notes: tuple[str, ...] = ()  # what the run should say about the choice, one line each
+
+
+def step_mode(
+    device_type: str, cfg: Config, estimator: gamfunc.Estimator | None = None
+) -> StepMode:
+    """How the step runs: ``--mode``, else (``auto``) what ``--compile`` and ``--cuda_graph`` ask,
+    else the path whose first step comes within seconds: on a GPU the eager step replayed as one CUDA
+    graph, on the CPU the eager step. Nothing compiles unless asked.
+
+    An eager step replayed as a graph runs close to the compiled step for the estimators made of
+    gradients (benchmarks/RESULTS.md, "The first step"), and its first step needs no compile. An
+    estimator whose H·v is forward-mode AD ([`gamfunc.hvps.forward_mode`][gamfunc.hvps.forward_mode]:
+    exact GAM) runs several times slower eagerly than compiled, graph or not; it is replayed as a graph
+    too (faster than eager, and ready as soon), with a note that ``--mode=compile-graph`` compiles it.
+
+    Args:
+        device_type: the device's type (``"cuda"``, ``"cpu"``).
+        cfg: the run's configuration (``mode``, ``compile``, ``cuda_graph``).
+        estimator: the run's estimator, for the notes (None: no notes about it).
+
+    Returns:
+        The `StepMode`.
+    """
+    if cfg.mode != "auto":
+        compiled, graphed = cfg.mode.startswith("compile"), cfg.mode.endswith("graph")
+    elif cfg.compile or cfg.cuda_graph:
+        compiled, graphed = cfg.compile, cfg.cuda_graph
+    else:
+        compiled, graphed = False, device_type == "cuda"
+    notes = []
+    hvp = estimator.hparams.get("hvp") if estimator is not None else None
+    if device_type == "cuda" and not compiled and gamfunc.hvps.forward_mode(hvp):
+        notes.append(
+            f"{estimator.name}: exact H·v (forward-mode AD) runs eagerly, several times slower a "
+            "step than compiled: --mode=compile-graph compiles it (once per model and device with "
+            "--compile_cache)"
+        )
+    return StepMode(compiled, graphed, tuple(notes))
+
+
+def with_step_mode(cfg: Config, device_type: str) -> Config:
+    """``cfg`` with its ``mode`` chosen for ``device_type`` (`step_mode`) and ``compile`` and
+    ``cuda_graph`` saying the same, so that a run records what ran."""
+    m = step_mode(device_type, cfg)
+    name = ("compile" if m.compile else "eager") + ("-graph" if m.graph else "")
+    name = {"eager-graph": "graph"}.get(name, name)
+    return dataclasses.replace(cfg, mode=name, compile=m.compile, cuda_graph=m.graph)
+
+
 class Training(NamedTuple):
     """What `setup` builds: the model, its loss, the step and the state before the first step."""
 
@@ -381,13 +439,14 @@ def setup(
     if cfg.pretrained:
         new_head(model, data.num_classes, seed=cfg.seed)
     notes = []
+    mode = step_mode(device.type, cfg)
     hvp = exact_hvp_backend(cfg, model)
     exact = name in ("gam", "sam+gam", "gsam+gam", "look_gam") or (
         name == "gnp" and cfg.gnp_hvp == "exact"
     )
     if exact and hvp != "exact":
         notes.append(f"{name}: H·v by reverse-over-reverse AD (--bf16_hvp=reverse)")
-    if exact and hvp == "exact" and cfg.compile and _has(model, _BatchNorm, nn.LayerNorm):
+    if exact and hvp == "exact" and mode.compile and _has(model, _BatchNorm, nn.LayerNorm):
         gamfunc.nn.elementary_norms(model)
         notes.append(
             f"{name}: BatchNorm and LayerNorm in elementary operations, so that the compiled step "
@@ -407,7 +466,8 @@ def setup(
     lr = lr_schedule(cfg, steps_per_epoch)
     estimator, base = build_estimator(cfg, name, lr, hvp)
     optimizer = build_optimizer(cfg, lr, params)
-    scope = compile_scope(cfg, world) if cfg.compile else ""
+    notes += step_mode(device.type, cfg, estimator).notes
+    scope = compile_scope(cfg, world) if mode.compile else ""
     step_loss = loss_fn
     if scope == "pass":
         step_loss = gamfunc.regional.compile_passes(loss_fn)
@@ -425,11 +485,13 @@ def setup(
     if scope:
         what = "each gradient and H·v pass" if scope == "pass" else "the whole step"
         notes.append(f"compile: {what} (scope={scope}), on the first step")
-    if cfg.cuda_graph:
+    if mode.graph:
         if device.type != "cuda":
             raise SetupError(
-                f"--cuda_graph replays CUDA graphs and needs a GPU; the device is {device}"
+                f"--cuda_graph (--mode={cfg.mode}) replays CUDA graphs and needs a GPU; the device "
+                f"is {device}"
             )
         step = gamfunc.cuda_graph(step)
-        notes.append("cuda_graph: each step replayed as one CUDA graph from the fourth step on")
+        what = "each step" if mode.compile else "the eager step"
+        notes.append(f"cuda_graph: {what} replayed as one CUDA graph from the fourth step on")
     return Training(model, loss_fn, step, params, state, steps_per_epoch, notes)

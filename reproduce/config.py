@@ -38,6 +38,7 @@ __all__ = [
     "BASES",
     "DATASETS",
     "ESTIMATORS",
+    "MODES",
     "PRESETS",
     "RESUME_FREE",
     "Config",
@@ -64,6 +65,8 @@ RHO_SCHEDULES = ("constant", "proportional")
 LR_SCHEDULE_UNITS = ("step", "epoch")
 HVPS = ("exact", "reverse", "fd")
 COMPILE_SCOPES = ("auto", "step", "pass")
+# how the step runs: eager, the eager step replayed as one CUDA graph, compiled, or both
+MODES = ("auto", "eager", "graph", "compile", "compile-graph")
 BF16_HVPS = ("exact", "reverse")
 LOADERS = ("auto", "dali", "dali_exact", "gpu", "folder")
 PERTURBATIONS = ("global", "local")
@@ -148,6 +151,8 @@ class Config:
     channels_last: bool = False  # NHWC layout for 4-d parameters and 4-d input batches (GPU speed)
     compile_scope: str = "auto"  # step | pass | auto (pass for ImageNet and torchrun)
     cuda_graph: bool = False  # replay each step, update and all-reduces included, as one CUDA graph
+    mode: str = "auto"  # how the step runs: eager | graph (the eager step as one CUDA graph: a first step within seconds) | compile | compile-graph | auto (graph on a GPU, eager on the CPU; --compile and --cuda_graph choose for it)
+    compile_cache: str = "auto"  # where --compile keeps its compiled artifacts for later runs and --resume: a folder | off | auto (logdir/.compile_cache)
     loader: str = "auto"  # image folders: dali | dali_exact | gpu | folder | auto (dali with a GPU and DALI, else gpu where torchvision decodes JPEG on it, else folder; one line says which and why)
     dali_hw_load: float = 0.0  # --loader=dali*: the share of each batch on the hardware JPEG decoder (0: nvJPEG's CUDA decoder, which costs the step least)
     dali_roi: bool = True  # --loader=dali: decode each crop's window alone (false: whole images)
@@ -216,6 +221,8 @@ RESUME_FREE = frozenset(
         "checkpoint_every",
         "compile_scope",
         "cuda_graph",
+        "mode",
+        "compile_cache",
         "loader",
         "dali_hw_load",
         "dali_roi",
@@ -355,11 +362,20 @@ def validate(cfg: Config) -> None:
     _check(cfg.bf16_hvp in BF16_HVPS, "bf16_hvp", f"one of {BF16_HVPS}", cfg.bf16_hvp)
     for name, allowed in (
         ("compile_scope", COMPILE_SCOPES),
+        ("mode", MODES),
         ("loader", LOADERS),
         ("perturbation", PERTURBATIONS),
         ("asam_mask", ASAM_MASKS),
     ):
         _check(getattr(cfg, name) in allowed, name, f"one of {allowed}", getattr(cfg, name))
+    if cfg.mode != "auto":  # a mode other than auto says what --compile and --cuda_graph say
+        compiled, graphed = cfg.mode.startswith("compile"), cfg.mode.endswith("graph")
+        want = "compile or compile-graph with --compile"
+        _check(compiled or not cfg.compile, "mode", want, cfg.mode)
+        want = "graph or compile-graph with --cuda_graph"
+        _check(graphed or not cfg.cuda_graph, "mode", want, cfg.mode)
+    cache = cfg.compile_cache.strip()
+    _check(bool(cache), "compile_cache", "a folder, off or auto", cfg.compile_cache)
     _check(
         cfg.clip_norm >= 0 and cfg.clip_norm != float("inf"),
         "clip_norm",

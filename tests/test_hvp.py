@@ -214,3 +214,11 @@ def test_the_class_checks_its_radius_as_fd_does():
     assert hvps.FiniteDifference(1).radius == 1.0 and isinstance(hvps.fd(1).radius, float)
     with pytest.raises(ValueError, match="radius"):
         hvps.FiniteDifference(-1e-3)
+
+
+def test_forward_mode_names_the_backend_that_differentiates_forward():
+    assert hvps.forward_mode(hvps.exact()) and hvps.forward_mode("exact")
+    for other in (hvps.reverse(), hvps.fd(), "reverse", "fd", None, lambda *a, **k: None):
+        assert not hvps.forward_mode(other)
+    assert hvps.forward_mode(gamfunc.gam(0.05, 0.1, hvp="exact").hparams["hvp"])
+    assert not hvps.forward_mode(gamfunc.gam(0.05, 0.1, hvp="fd").hparams["hvp"])

@@ -168,6 +168,7 @@ def test_no_import_cycle(package):
 # before it, the training loop's parts included.
 RUN_ORDER = [
     "checkpoint",
+    "compile_cache",
     "launch",
     "report",
     "profiling",

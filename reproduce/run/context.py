@@ -21,6 +21,7 @@ from gamfunc import Step, StepState
 from reproduce.build import CORRECT
 from reproduce.config import Config
 from reproduce.data import sets as data_mod
+from reproduce.run.compile_cache import CompileCache
 from reproduce.run.launch import Processes, sum_over_ranks
 from reproduce.run.profiling import StepProfiler
 from reproduce.run.report import Meter
@@ -93,6 +94,8 @@ class Session:
     first_step: bool = True  # the next step is this process's first (and compiles)
     compile_seconds: float | None = None
     last_loss: Tensor | None = None
+    compile_cache: CompileCache | None = None  # --compile: the artifacts kept for later runs
+    steps_taken: int = 0  # steps this process has taken
 
 
 def zero_accum(device) -> dict[str, Tensor]:

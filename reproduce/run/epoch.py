@@ -197,9 +197,16 @@ def train(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
 
 def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
     """One step on ``batch``, its metrics. This process's first step compiles (with ``compile``:
-    said, and its time kept) and a signal stops it at once, nothing being saved before it."""
+    said, and its time kept) and a signal stops it at once, nothing being saved before it. Once
+    every branch of the step has run, and run again (a cycle of ``every`` steps and one more: a
+    graph made again at the second call is kept too), what was compiled is saved to the compile
+    cache (`reproduce.run.compile_cache`)."""
+    s.steps_taken += 1
     if not s.first_step:
         p.params, p.state, metrics = parts.step(p.params, p.state, batch)
+        cache = s.compile_cache
+        if cache is not None and not cache.done and s.steps_taken > parts.step.every:
+            cache.save()
         return metrics
     cfg, device = r.cfg, r.procs.device
     compiling = " and its compilation" if cfg.compile else ""

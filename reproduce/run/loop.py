@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 import gamfunc
-from reproduce.build import fd_gam_warning, setup
+from reproduce.build import fd_gam_warning, setup, with_step_mode
 from reproduce.config import Config, as_dict, estimators_of, run_name
 from reproduce.data import sets as data_mod
 from reproduce.models import count_parameters
 from reproduce.run import checkpoint as ckpt
-from reproduce.run import report
+from reproduce.run import compile_cache, report
 from reproduce.run.context import Parts, Progress, Run, Session
 from reproduce.run.epoch import train
 from reproduce.run.launch import Processes
@@ -68,7 +68,7 @@ def run(
         (name,) = estimators_of(cfg)
         run_dir = run_dir or Path(cfg.logdir).expanduser() / run_name(cfg) / name
         data = data or data_mod.load(cfg)
-        cfg = with_total_steps(cfg, len(data.train))
+        cfg = with_step_mode(with_total_steps(cfg, len(data.train)), procs.device.type)
         r = Run(cfg, name, stop, procs, run_dir)
         kind, saved, lock = decide(r)
         fresh = kind == "fresh"
@@ -102,6 +102,8 @@ def _train(r: Run, data, saved: dict | None) -> dict:
         try:
             r.stop.now("training")
             stopped = train(r, parts, p, s)
+            if s.compile_cache is not None and not s.compile_cache.done:  # fewer steps than a cycle
+                s.compile_cache.save()
             status, final = end_of_run(r, parts, p, s, stopped)
         except RuntimeError as error:
             # the checkpoint a stop writes is a collective too: the last one written is what is kept
@@ -119,6 +121,8 @@ def _train(r: Run, data, saved: dict | None) -> dict:
         parts.writer.close()
         if r.cfg.cuda_graph:  # before the process group goes: NCCL cannot destroy a graph's comm
             gamfunc.cuda_graphs.release(parts.step)
+        if s.compile_cache is not None:
+            s.compile_cache.close()
     return summary(r, parts, p, s, status, final=final)
 
 
@@ -189,4 +193,10 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     run_of_skips = torch.zeros((), dtype=torch.int64, device=device)
     path = r.run_dir / "profile.txt" if procs.main else None
     profiler = StepProfiler(cfg.profile_steps, cfg.log_every, device, path)
-    return parts, p, Session(meter, epochs_bar, run_of_skips, profiler)
+    session = Session(meter, epochs_bar, run_of_skips, profiler)
+    where = compile_cache.folder(cfg.compile_cache, cfg.logdir) if cfg.compile else None
+    if where is not None:  # last, so that nothing after it can fail with inductor pointed there
+        say = lambda line: r.say(f"[{name}] {line}")  # noqa: E731
+        session.compile_cache = compile_cache.CompileCache(where, device, procs.local_rank, say)
+        session.compile_cache.open().load()
+    return parts, p, session

@@ -176,6 +176,7 @@ def summary(
         "perturbation": cfg.perturbation if world > 1 else None,
         "loader": parts.loader,
         "compile_seconds": s.compile_seconds,
+        "compile_cache": s.compile_cache.record() if s.compile_cache is not None else None,
         "profile": s.profiler.summary,
         "peak_memory_gib": (
             round(torch.cuda.max_memory_allocated(device) / 2**30, 2)

@@ -1,0 +1,126 @@
+"""A compile paid once per model: ``train.py --compile`` keeps its compiled artifacts in
+``--compile_cache`` (by default ``<logdir>/.compile_cache``), and a later run and a ``--resume`` load
+them before their first step; a corrupt or foreign artifacts file is ignored with one line.
+
+What is asserted is what the caches say (artifacts loaded and saved, inductor's cache hits and
+misses of the first steps, kept in summary.json), never a wall time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from reproduce.run import checkpoint as ckpt
+from reproduce.run import compile_cache
+from reproduce.run.compile_cache import FORMAT, CompileCache
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["--estimator=sgd", "--progress=false", "--landscape=false"]
+QUICK += ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0", "--threads=1"]
+
+
+def test_the_folder_is_beside_the_runs_unless_named_or_off(tmp_path):
+    assert compile_cache.folder("auto", tmp_path) == tmp_path / ".compile_cache"
+    assert compile_cache.folder(" off ", tmp_path) is None
+    assert compile_cache.folder(str(tmp_path / "c"), "runs") == tmp_path / "c"
+    assert compile_cache.folder("~/c", "runs") == Path("~/c").expanduser()
+
+
+def test_inductor_is_pointed_at_the_folder_until_closed(tmp_path, monkeypatch):
+    monkeypatch.setenv(compile_cache.ENV, "/before")
+    cache = CompileCache(tmp_path, torch.device("cpu"), 1, print).open()
+    assert os.environ[compile_cache.ENV] == str((tmp_path / "inductor").resolve())
+    assert cache.path == tmp_path / "artifacts" / "rank1_cpu.pt"
+    cache.close()
+    assert os.environ[compile_cache.ENV] == "/before"
+    monkeypatch.delenv(compile_cache.ENV)
+    CompileCache(tmp_path, torch.device("cpu"), 0, print).open().close()
+    assert compile_cache.ENV not in os.environ
+
+
+@pytest.mark.parametrize(
+    ("write", "why"),
+    [
+        (lambda p: p.write_bytes(b"\x00not a torch file"), "corrupt"),
+        (
+            lambda p: ckpt.save(p, {"kind": "something else", "torch": str(torch.__version__)}),
+            "not a",
+        ),
+        (
+            lambda p: ckpt.save(
+                p, {"kind": FORMAT, "torch": "0.0", "artifacts": torch.zeros(3, dtype=torch.uint8)}
+            ),
+            "torch 0.0",
+        ),
+        (
+            lambda p: ckpt.save(
+                p,
+                {
+                    "kind": FORMAT,
+                    "torch": str(torch.__version__),
+                    "artifacts": torch.arange(64, dtype=torch.uint8),
+                },
+            ),
+            "cannot read",
+        ),
+    ],
+)
+def test_a_corrupt_or_foreign_artifacts_file_is_ignored_with_one_line(tmp_path, write, why):
+    lines = []
+    cache = CompileCache(tmp_path, torch.device("cpu"), 0, lines.append)
+    assert cache.load() == 0 and lines == []  # no file: nothing to say
+    cache.path.parent.mkdir(parents=True)
+    write(cache.path)
+    try:
+        cache.open()
+        assert cache.load() == 0
+    finally:
+        cache.close()
+    assert len(lines) == 1 and lines[0].startswith("compile cache: ignoring") and why in lines[0]
+
+
+def train(logdir: Path, *args: str) -> tuple[dict, str]:
+    proc = subprocess.run(
+        [sys.executable, "reproduce/train.py", f"--logdir={logdir}", *QUICK, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    name = next((a.split("=", 1)[1] for a in args if a.startswith("--name=")), "mnist1d")
+    summary = json.loads((logdir / name / "sgd" / "summary.json").read_text())
+    return summary["compile_cache"], proc.stdout
+
+
+@pytest.mark.slow
+def test_a_compiled_run_keeps_its_artifacts_and_later_runs_and_resumes_load_them(tmp_path):
+    # the first run compiles (its caches are empty) and keeps what it compiled
+    cold, out = train(tmp_path, "--compile", "--max_steps=3")
+    assert cold["folder"] == str(tmp_path / ".compile_cache")
+    assert cold["loaded"] == 0 and cold["saved"] > 0
+    assert cold["fxgraph_cache_miss"] > 0 and cold["fxgraph_cache_hit"] == 0
+    files = list((tmp_path / ".compile_cache" / "artifacts").iterdir())
+    assert [f.name for f in files] == ["rank0_cpu.pt"] and "saved" in out
+    # another run of the logdir loads them and compiles nothing afresh
+    warm, out = train(tmp_path, "--compile", "--max_steps=3", "--name=again")
+    assert warm["loaded"] > 0 and "compile cache: loaded" in out
+    assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
+    # so does the first run resumed
+    resumed, _ = train(tmp_path, "--compile", "--max_steps=5", "--resume")
+    assert resumed["loaded"] > 0
+    assert resumed["fxgraph_cache_hit"] > 0 and resumed["fxgraph_cache_miss"] == 0
+    # a corrupt artifacts file: one line, and the run goes on (from inductor's folder)
+    files[0].write_bytes(files[0].read_bytes()[:100])
+    broken, out = train(tmp_path, "--compile", "--max_steps=3", "--name=third")
+    assert broken["loaded"] == 0 and out.count("compile cache: ignoring") == 1
+    assert broken["fxgraph_cache_hit"] > 0
+    # an eager run uses no cache
+    eager, _ = train(tmp_path, "--max_steps=1", "--name=eager")
+    assert eager is None
