@@ -697,10 +697,40 @@ def test_the_facade_with_a_gamfunc_optimiser_takes_the_decoupled_step():
     assert_agree(got, want, tol=1e-13)
 
 
-def test_the_facade_with_a_torch_optimiser_refuses_the_decoupled_form():
-    from gamfunc.torch_optim import TorchBase
+def test_the_facade_with_a_torch_optimiser_takes_the_decoupled_step_with_each_groups_lr():
+    """A torch.optim base reports its param groups' lrs to the step (TorchState.lrs), so the
+    decoupled part moves each parameter by its own group's lr, as with gamfunc's param groups;
+    a scheduler's change reaches it at the next step."""
+    from gamfunc.torch_optim import FlatnessOptimizer
 
-    model = mlp()
-    with pytest.raises(ValueError, match="decouple"):
-        opt = TorchBase(model, decoupled_wsam(), torch.optim.SGD(model.parameters(), lr=0.1))
-        opt.step(data("mlp")[0])
+    def lam(t):
+        return 1.0 / (1 + 0.1 * t)
+
+    ours_opt = gamfunc.param_groups(
+        {"2.*": {"lr": 0.05}}, gamfunc.sgd, lr=0.2, momentum=0.9, weight_decay=1e-3
+    )
+    models = [mlp(), mlp()]
+    first, second = models[1][0], models[1][2]
+    torch_opt = torch.optim.SGD(
+        [{"params": first.parameters()}, {"params": second.parameters(), "lr": 0.05}],
+        lr=0.2,
+        momentum=0.9,
+        weight_decay=1e-3,
+    )
+    opts = [
+        FlatnessOptimizer(models[0], decoupled_wsam(), ours_opt),
+        FlatnessOptimizer(models[1], decoupled_wsam(), torch_opt),
+    ]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lam) for o in opts]
+    runs: list[list] = [[], []]
+    for batch in data("mlp"):
+        for opt, sched, model, run in zip(opts, scheds, models, runs, strict=True):
+            opt.step(batch)
+            sched.step()
+            run.append(module_params(model))
+    assert_agree(runs[1], runs[0], tol=1e-13)
+    # without the decoupled part's lr the trajectories would differ: the part moved them
+    plain = FlatnessOptimizer(mlp(), gamfunc.wsam(0.1, 0.9, max_norm=1.0), gamfunc.sgd(0.2, 0.9))
+    for batch in data("mlp"):
+        plain.step(batch)
+    assert float((module_params(plain._model) - runs[1][-1]).abs().max()) > 1e-3

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.guard import all_finite
-from gamfunc.optim import Moved, Transform
+from gamfunc.optim import GroupsState, InjectState, Moved, Transform
 from gamfunc.torch_optim.copies import copy_into, recopy
 
 __all__ = ["TorchBridge", "TorchState"]
@@ -56,10 +56,17 @@ class TorchState(NamedTuple):
             parameter's entries (`TorchBridge.snapshot`); ``()`` between steps, when they live in
             the optimiser. Carried here, they are kept or dropped by make_step's non-finite guard
             and pass through a CUDA graph like any other state.
+        lrs: where the bridge reports its learning rates (``reports_lr``), its param groups' lrs
+            as a [`GroupsState`][gamfunc.optim.groups.GroupsState] of injected states, each with
+            the names of its group's parameters, so that
+            [`gamfunc.optim.learning_rates`][gamfunc.optim.groups.learning_rates] reads each
+            parameter's lr as it reads a gamfunc optimiser's (an estimator's decoupled part, WSAM's,
+            moves each parameter by its lr after the update); ``()`` otherwise.
     """
 
     finite: Tensor
     tensors: list[Tensor] | tuple = ()
+    lrs: GroupsState | tuple = ()
 
 
 class _Layout(NamedTuple):
@@ -95,15 +102,23 @@ class TorchBridge:
         keeps_inputs: whether the step may keep its ``params`` beyond the step (a stateful
             estimator's state): then each snapshot copies the parameters into new tensors;
             otherwise into those of the last snapshot.
+        reports_lr: whether the state reports the param groups' lrs (`TorchState.lrs`), read at
+            each update: for an estimator with a decoupled part.
 
     Attributes:
         transform: the Transform, whose state is a [`TorchState`][gamfunc.torch_optim.bridge.TorchState].
     """
 
     def __init__(
-        self, base: torch.optim.Optimizer, names: dict[int, str], *, keeps_inputs: bool = True
+        self,
+        base: torch.optim.Optimizer,
+        names: dict[int, str],
+        *,
+        keeps_inputs: bool = True,
+        reports_lr: bool = False,
     ):
         self.base, self.names, self.keeps_inputs = base, names, keeps_inputs
+        self.reports_lr = reports_lr
         self.transform = Transform(self._init, self._update)
         self._layout: _Layout | None = None
         self._groups: list | None = None
@@ -204,7 +219,27 @@ class TorchBridge:
 
     def _init(self, params):
         device = next(iter(params.values())).device
-        return TorchState(torch.zeros((), dtype=torch.float64, device=device))
+        return TorchState(
+            torch.zeros((), dtype=torch.float64, device=device), (), self._lrs(device)
+        )
+
+    def _lrs(self, device: torch.device) -> GroupsState | tuple:
+        """The param groups' lrs as `TorchState.lrs` (``()`` unless ``reports_lr``): a tensor lr
+        (``capturable=True``) as it is, a number as a 0-d float64 tensor filled on ``device`` (in
+        a CUDA graph, a constant of the graph, which the facade captures again when it changes)."""
+        if not self.reports_lr:
+            return ()
+        states, names = [], []
+        for g in self.base.param_groups:
+            lr = g["lr"]
+            lr = (
+                lr.detach()
+                if isinstance(lr, Tensor)
+                else torch.full((), float(lr), device=device, dtype=torch.float64)
+            )
+            states.append(InjectState({"lr": lr}, {}, ()))
+            names.append(dict.fromkeys((self.names[id(p)] for p in g["params"]), ()))
+        return GroupsState(tuple(states), tuple(names))
 
     def _update(self, direction, state, params):
         lay, self._snapped = self._snapped, None
@@ -228,7 +263,8 @@ class TorchBridge:
             self._formed = _restore(self.base.state, lay, _dicts(self.base.state, held), kept)
         moved = _tensors(lay)  # the step's: moved in place, or put in the entries' place
         finite = _finite_flag(self._formed, state.finite)
-        return Moved(zip(keys, held, strict=True)), TorchState(finite, moved)
+        device = state.finite.device
+        return Moved(zip(keys, held, strict=True)), TorchState(finite, moved, self._lrs(device))
 
 
 def _dicts(state: dict, held: list[Tensor]) -> list[dict | None]:

@@ -208,7 +208,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self._ids = {id(p): k for k, p in self._trainable.items()}
             # the parameters' copies rewritten at each step, unless an estimator keeps a state
             keeps = any(e is not None and e.stateful for e in (estimator, base, estimator.base))
-            self._bridge = TorchBridge(opt, self._ids, keeps_inputs=keeps)
+            reports = any(e is not None and e.decoupled for e in (estimator, base))
+            self._bridge = TorchBridge(opt, self._ids, keeps_inputs=keeps, reports_lr=reports)
             transform = self._bridge.transform
         else:
             self._trainable = trainable
@@ -422,7 +423,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             new_params, new_state, metrics = run(params, state, data)
         else:
             state = state._replace(
-                opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors))
+                opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors, s.lrs))
             )
             try:
                 new_params, new_state, metrics = run(params, state, data)
@@ -433,7 +434,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
             def between_steps(s: TorchState) -> TorchState:  # the tensors live in the optimiser
                 formed.append(s)
-                return TorchState(s.finite)
+                return TorchState(s.finite, (), s.lrs)
 
             opt = _map_torch(new_state.opt, between_steps)
             bridge.commit(formed[0].tensors, metrics.get("skipped"))
