@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-pytest.importorskip("nvidia.dali")
+pytest.importorskip("nvidia.dali", reason='needs NVIDIA DALI: pip install -e ".[imagenet]"')
+pytestmark = pytest.mark.dali  # .ci/run runs these after installing the imagenet extra
 
 from reproduce.config import resolve
 from reproduce.data import sets as D
