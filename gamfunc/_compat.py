@@ -273,8 +273,9 @@ def mutates(op) -> bool:
 def load_jvp_decompositions() -> None:
     """Load torch's forward-mode decompositions now, which the first ``torch.func.jvp`` of a process
     loads otherwise, with the one warning that gives silenced: on recent torch it calls
-    ``torch.jit.script``, which warns ``FutureWarning: torch.jit.script is deprecated`` about code
-    that is torch's, not the user's. Where torch has no such loader, the first jvp loads them."""
+    ``torch.jit.script``, which warns ``torch.jit.script is deprecated`` (a ``DeprecationWarning`` on
+    torch 2.13, a ``FutureWarning`` from 2.14) about code that is torch's, not the user's. Where torch
+    has no such loader, the first jvp loads them."""
     load = getattr(torch.autograd.forward_ad, "_maybe_load_decompositions", None)
     if load is None:
         _fall_back(
@@ -284,7 +285,8 @@ def load_jvp_decompositions() -> None:
         )
         return
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=FutureWarning)
+        for category in (DeprecationWarning, FutureWarning):
+            warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.*", category=category)
         load()
 
 

@@ -178,6 +178,7 @@ class Accumulated(Objective):
         acc = None
         for w, b in parts:
             acc = weighted_sum(acc, w, tuple(gradient_pass(self.loss_fn, params, b)))
+        assert acc is not None  # parts holds one micro-batch at least
         return Pass(*self._across_ranks(list(acc), total))
 
     def hvp(self, backend, params: Tree, batch, v, clean: Pass | None):
@@ -194,6 +195,7 @@ class Accumulated(Objective):
             if clean is None:  # a dict v: the backend's pass at θ comes for free
                 acc = weighted_sum(acc, w, tuple(part_clean))
         if clean is None:
+            assert acc is not None  # parts holds one micro-batch at least
             hv, *acc = self._across_ranks([hv, *acc], total)
             return hv, Pass(*acc)
         (hv,) = self._across_ranks([hv], total)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import cast
 
 import torch
 from torch import fx
@@ -137,7 +138,7 @@ def _key(node: fx.Node):
     if target in _RESHAPES and val is not None and isinstance(node.args[0], fx.Node):
         root = node.args[0]
         while root.op == "call_function" and root.target in _RESHAPES:
-            root = root.args[0]
+            root = cast(fx.Node, root.args[0])  # a reshape's input is a node
         return ("reshape", root, layout)
     if target in _COMMUTATIVE and not node.kwargs and len(node.args) == 2:
         return (target, tuple(sorted(map(repr, node.args))), layout)

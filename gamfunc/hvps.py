@@ -48,6 +48,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -55,6 +56,9 @@ from gamfunc import tree
 from gamfunc._compat import load_jvp_decompositions
 from gamfunc.loss import Objective, Pass, grad_fn, gradient_pass, unit_grad, with_grad_norm
 from gamfunc.tree import Tree
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
 
 __all__ = [
     "BACKENDS",
@@ -148,7 +152,9 @@ class Reverse:
             return loss_fn.hvp(self, params, batch, v, clean)
         del clean  # the vjp's forward pass yields ∇L(θ) anyway
         with math_attention():
-            g, vjp_fn, (loss, aux) = torch.func.vjp(grad_fn(loss_fn, batch), params, has_aux=True)
+            g, vjp_fn, (loss, aux) = torch.func.vjp(  # type: ignore[misc]  # has_aux: 3 values
+                grad_fn(loss_fn, batch), params, has_aux=True
+            )
             v, clean = resolve(v, Pass(g, loss, aux))
             (hv,) = vjp_fn(v)
         return hv, clean
@@ -331,7 +337,7 @@ class Normalized:
         return tree.normalize(g, self.eps)[0]
 
 
-def of_gradient(v: Vector) -> bool:
+def of_gradient(v: Vector) -> TypeIs[Callable[[Tree], Tree]]:
     """Whether ``v`` is a function v(g) of the gradient g = ∇L(θ) rather than a fixed vector (a dict).
 
     The one test of the vector protocol that every backend and every wrapper ([`gamfunc.accumulate`][gamfunc.accumulate],

@@ -216,7 +216,7 @@ def _autograd_pass(loss_fn, params: Tree, batch) -> Pass:
         if loss.requires_grad:
             grads = torch.autograd.grad(loss, leaves, allow_unused=True, materialize_grads=True)
         else:  # a loss that does not depend on the parameters (torch.func.grad gives 0 too)
-            grads = [torch.zeros_like(v) for v in leaves]
+            grads = tuple(torch.zeros_like(v) for v in leaves)
     return Pass(dict(zip(keys, grads, strict=True)), loss.detach(), _detached(aux))
 
 

@@ -240,9 +240,9 @@ def load(model: nn.Module, params, buffers=None) -> nn.Module:
     with torch.no_grad():
         for k, v in model.named_parameters():
             v.copy_(params[k])
-        for k, v in model.named_buffers():
+        for k, b in model.named_buffers():
             if buffers is not None and k in buffers:
-                v.copy_(buffers[k])
+                b.copy_(buffers[k])
     return model
 
 
@@ -413,6 +413,12 @@ class _ElementaryNorm:
 class _ElementaryBatchNorm(_ElementaryNorm):
     """The forward pass of ``torch.nn.BatchNorm1d``/``2d``/``3d`` in elementary operations."""
 
+    # attributes of the BatchNorm class this one is mixed into (elementary_norms)
+    momentum: float | None
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+    num_batches_tracked: torch.Tensor
+
     def forward(self, x):
         self._check_input_dim(x)
         dims = [0, *range(2, x.dim())]
@@ -437,6 +443,7 @@ class _ElementaryBatchNorm(_ElementaryNorm):
     def _update_running_stats(self, mean, var, n: int) -> None:
         with torch.no_grad():
             self.num_batches_tracked.add_(1)
+            m: torch.Tensor | float
             if self.momentum is None:  # the cumulative mean
                 m = 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
             else:

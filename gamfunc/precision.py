@@ -51,7 +51,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -243,7 +243,7 @@ class LossScaled(Objective):
     ``init_scale``. Calling it gives the unscaled loss.
     """
 
-    loss_fn: Callable
+    loss_fn: Autocast
     init_scale: float = 2.0**16
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
@@ -292,7 +292,7 @@ class LossScaled(Objective):
         loss scale (``state.loss == ()``)."""
         empty = isinstance(state.loss, tuple) and len(state.loss) == 0
         scale = self.scale if empty else self._state(state).scale
-        return replace(super().bind(state), scale=scale)
+        return replace(cast(LossScaled, super().bind(state)), scale=scale)
 
     def init_state(self, params: Tree) -> LossScale:
         device = next(iter(params.values())).device
@@ -347,15 +347,22 @@ def fp16(
         A [`LossScaled`][gamfunc.precision.LossScaled] Objective.
 
     Example:
+        A step whose gradients fit in fp16 at S = 2¹⁶ is taken; one whose scaled gradients overflow
+        is skipped (the parameters stay) and halves S:
+
         >>> import torch, gamfunc
         >>> from gamfunc.precision import fp16
         >>> loss_fn = fp16(lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean())
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
         >>> params = {"w": torch.zeros(3)}
         >>> state = step.init(params)
-        >>> params, state, metrics = step(params, state, (torch.randn(8, 3), torch.randn(8)))
+        >>> x, y = torch.full((8, 3), 0.5), torch.full((8,), 0.25)
+        >>> params, state, metrics = step(params, state, (x, y))
         >>> float(metrics["loss_scale"]), int(metrics["skipped"])
         (65536.0, 0)
+        >>> new, state, metrics = step(params, state, (100 * x, 100 * y))
+        >>> float(metrics["loss_scale"]), int(metrics["skipped"]), torch.equal(new["w"], params["w"])
+        (32768.0, 1, True)
     """
     check_positive("init_scale", init_scale)
     if not (isinstance(growth_factor, int | float) and 1 < growth_factor < float("inf")):

@@ -71,6 +71,7 @@ BF16_HVPS = ("exact", "reverse")
 LOADERS = ("auto", "dali", "dali_exact", "gpu", "folder")
 PERTURBATIONS = ("global", "local")
 ASAM_MASKS = ("all", "weights")
+FSAM_CONVENTIONS = ("paper", "authors")
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,7 @@ class Config:
     looksam_alpha: float = 0.7  # α of looksam: the weight of the reused component (Liu et al. 2022)
     fsam_sigma: float = 1.0  # σ of friendly_sam: the share of the running mean removed
     fsam_lmbda: float = 0.9  # λ of friendly_sam: the running mean's decay, in [0, 1)
+    fsam_convention: str = "paper"  # friendly_sam: paper (the paper's order) | authors (nblt/F-SAM's order: m₁ = g₁, d before m takes in g)
     every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3)
     # --- the base optimiser and schedule
     base: str = "sgd"  # sgd | adamw
@@ -366,6 +368,7 @@ def validate(cfg: Config) -> None:
         ("loader", LOADERS),
         ("perturbation", PERTURBATIONS),
         ("asam_mask", ASAM_MASKS),
+        ("fsam_convention", FSAM_CONVENTIONS),
     ):
         _check(getattr(cfg, name) in allowed, name, f"one of {allowed}", getattr(cfg, name))
     if cfg.mode != "auto":  # a mode other than auto says what --compile and --cuda_graph say

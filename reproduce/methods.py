@@ -1,9 +1,10 @@
 """The estimators by name: one table from a method's name to the gamfunc estimator it builds.
 
-Every caller that names an estimator builds it here: ``reproduce/train.py --estimator=NAME``
-(through `reproduce.build.build_estimator`), the vmapped sweeps, the evidence commands, the
-contract tests (``tests/registry.py``) and the benchmarks. A name and its hyperparameters give
-one estimator:
+Every caller in the repository that names an estimator builds it here: ``reproduce/train.py
+--estimator=NAME`` (through `reproduce.build.build_estimator`), the vmapped sweeps, the evidence
+commands and the benchmarks. The library's own tests build theirs with gamfunc's factories
+(``tests/registry.py``), and ``tests/test_reproduce_methods.py`` checks that they are these. A name
+and its hyperparameters give one estimator:
 
 ```text
 >>> from reproduce.methods import METHODS, estimator
@@ -20,8 +21,8 @@ steps a method skips under ``make_step(..., every=k)``: the oracle for ``sam+gam
 A new estimator of ``gamfunc.estimators`` gets one entry in `METHODS` (and, if it reads a
 new hyperparameter, a field of `Hyper` and the field of the same name in
 `reproduce.config.Config`, its ``--flag``, which `reproduce.build.hyperparameters` reads);
-``--estimator`` then takes its name, and the contract tests run it once it is listed in
-``tests/registry.py``.
+``--estimator`` then takes its name; the contract tests run it once ``tests/registry.py`` builds
+it and ``tests/test_reproduce_methods.py`` names it (that test fails until both do).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Hyper:
         1.0  # σ of Friendly-SAM: the share of the running mean removed (the paper's 1)
     )
     fsam_lmbda: float = 0.9  # λ of Friendly-SAM: the running mean's decay
+    fsam_convention: str = "paper"  # Friendly-SAM's order: "paper" or "authors" (nblt/F-SAM)
 
     @property
     def sam_radius(self):
@@ -133,7 +135,9 @@ METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     "look_gam": lambda h: gamfunc.look_gam(
         h.rho, h.alpha, h.look_k, hvp=h.hvp, theorem_norms=h.theorem_norms, adaptive=h.adaptive
     ),
-    "friendly_sam": lambda h: gamfunc.friendly_sam(h.sam_radius, h.fsam_sigma, h.fsam_lmbda),
+    "friendly_sam": lambda h: gamfunc.friendly_sam(
+        h.sam_radius, h.fsam_sigma, h.fsam_lmbda, convention=h.fsam_convention
+    ),
     "asam": _asam,
     "gnp": _gnp,
     "gam": _gam,

@@ -17,8 +17,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `reproduce` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a file: the checkout's root on sys.path (reproduce/__init__.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce.config import PRESETS, Config
 

@@ -75,8 +75,8 @@ import argparse
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a file: the checkout's root on sys.path (reproduce/__init__.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce.config import parse_overrides
 from reproduce.sweeps.grid import execute, finished_summary

@@ -88,8 +88,8 @@ if __name__ == "__main__":  # a signal while the modules load: stop at once, not
     for _s in (signal.SIGINT, signal.SIGTERM):
         signal.signal(_s, _stop_loading)
 
-if __package__ in (None, ""):  # run as a script: make `reproduce` and `gamfunc` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a file: the checkout's root on sys.path (reproduce/__init__.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

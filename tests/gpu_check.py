@@ -2,8 +2,10 @@
 
 ``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 8 minutes on one
 H100), one test per case; this module is its machinery. ``python tests/gpu_check.py`` runs the same
-cases and writes their JSON (``benchmarks/results/gpu_check_<device>.json`` unless ``--out`` says);
-``python tests/gpu_check.py --group MODEL:PRECISION:MODE`` is one of its worker processes.
+cases and prints a line for each; ``python tests/gpu_check.py --group MODEL:PRECISION:MODE`` is one of
+its worker processes. From a checkout, ``python -m benchmarks.gpu_check`` runs them too and writes
+their JSON to ``benchmarks/results/``. The module needs gamfunc, torch and tests/' own ``registry`` and
+``models`` (the networks, written as reproduce/ writes them), nothing of the repository around it.
 
 Cases: the estimators of :data:`CHECKED` (built by ``tests/registry.py``'s ``ESTIMATORS``) × {fp32,
 bf16 (:func:`gamfunc.precision.bf16`)} × {a CIFAR ResNet with BatchNorm in channels-last, a small
@@ -48,11 +50,11 @@ from pathlib import Path
 from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
-for _path in (HERE.parent, HERE):  # a worker, run as a script: gamfunc, reproduce and registry
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+if str(HERE) not in sys.path:  # a worker, run as a script: registry and models
+    sys.path.insert(0, str(HERE))
 
 import torch  # noqa: E402
+from models import CifarResNet, ViT  # noqa: E402
 from registry import ESTIMATORS  # noqa: E402
 
 import gamfunc  # noqa: E402
@@ -60,7 +62,6 @@ from gamfunc import tree  # noqa: E402
 from gamfunc.loss import bind  # noqa: E402
 from gamfunc.precision import bf16  # noqa: E402
 from gamfunc.regional import compile_passes  # noqa: E402
-from reproduce.run.report import dumps  # noqa: E402
 
 __all__ = [
     "CHECKED",
@@ -69,8 +70,11 @@ __all__ = [
     "STATEFUL",
     "TOLERANCE",
     "cases",
+    "parser",
     "run_all",
     "run_group",
+    "run_selected",
+    "summary",
     "trajectory",
 ]
 
@@ -195,13 +199,11 @@ BATCH = 32  # images per batch
 def build(model: str, device: torch.device, dtype=torch.float32, size: int = BATCH):
     """``(module, batch)``: the network (seeded) and one batch of ``size`` images of 16×16, on
     ``device``."""
-    from reproduce.models import CifarResNet, ViT, _Basic
-
     torch.manual_seed(0)
     if model == "resnet":
         # GELU: ∇L is then continuous, so the finite differences of fd and accelerated GAM compare
         # with float64 at rounding tolerance (with ReLU a rounding flips which units are active).
-        net = CifarResNet(_Basic, [1, 1], num_classes=10, act=torch.nn.functional.gelu)
+        net = CifarResNet([1, 1], num_classes=10, act=torch.nn.functional.gelu)
     else:
         net = ViT(image_size=16, patch=4, dim=64, depth=2, heads=4, mlp_dim=128, num_classes=10)
     net = net.to(device, dtype)
@@ -440,10 +442,39 @@ def _group_rows(group: str, out: str) -> list[dict]:
     return rows
 
 
+def parser() -> argparse.ArgumentParser:
+    """The command line's flags (``python -m benchmarks.gpu_check`` adds ``--out``)."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--group", default="", help="MODEL:PRECISION:MODE, or extras (a worker)")
+    ap.add_argument("--estimators", default=",".join(CHECKED))
+    ap.add_argument("--models", default=",".join(MODELS), help="of " + ",".join(MODELS))
+    ap.add_argument("--size", type=int, default=BATCH, help="images per batch")
+    return ap
+
+
+def run_selected(args: argparse.Namespace) -> list[dict]:
+    """Every case of the models and estimators ``args`` names (:func:`run_all`), each printed as a
+    line as its group ends.
+
+    Raises:
+        SystemExit: ``--models`` names a model not in :data:`MODELS` (argparse's exit status 2).
+    """
+    models = tuple(args.models.split(","))
+    if not set(models) <= set(MODELS):
+        parser().error(f"--models: each of {', '.join(MODELS)}; got {args.models}")
+    return run_all(args.device, size=args.size, models=models, names=args.estimators.split(","))
+
+
+def summary(rows: list[dict], seconds: float) -> str:
+    """The last line: cases passed and failed, and the seconds they took."""
+    failed = sum(r["status"] != "pass" for r in rows)
+    return f"gpu_check: {len(rows) - failed} passed, {failed} failed in {seconds:.1f} s"
+
+
 def main(argv=None) -> int:
-    """The command line: with ``--group``, one worker's group (its rows printed as one line);
-    without, every case (:func:`run_all`), a summary line and the JSON of
-    ``benchmarks/results/gpu_check_<device>.json`` where ``--out`` says.
+    """The command line: with ``--group``, one worker's group (its rows printed as one line of
+    JSON); without, every case (:func:`run_selected`) and a summary line.
 
     Args:
         argv: the command line (default: ``sys.argv[1:]``).
@@ -451,37 +482,20 @@ def main(argv=None) -> int:
     Returns:
         1 if a case failed, else 0.
     """
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--group", default="", help="MODEL:PRECISION:MODE, or extras (a worker)")
-    ap.add_argument("--estimators", default=",".join(CHECKED))
-    ap.add_argument("--models", default=",".join(MODELS), help="of " + ",".join(MODELS))
-    ap.add_argument("--out", default=None, help="JSON file (every case, without --group)")
-    ap.add_argument("--size", type=int, default=BATCH, help="images per batch")
-    args = ap.parse_args(argv)
+    args = parser().parse_args(argv)
     if not args.group:
-        from benchmarks import _common
-
         start = time.time()
-        models = tuple(args.models.split(","))
-        if not set(models) <= set(MODELS):
-            ap.error(f"--models: each of {', '.join(MODELS)}; got {args.models}")
-        rows = run_all(args.device, size=args.size, models=models, names=args.estimators.split(","))
-        failed = sum(r["status"] != "pass" for r in rows)
-        meta = _common.metadata("gpu_check", args.device)
-        meta.update(seconds=round(time.time() - start, 1), passed=len(rows) - failed, failed=failed)
-        path = _common.save({"benchmark": "gpu_check", "meta": meta, "rows": rows}, args.out)
-        print(
-            f"gpu_check: {len(rows) - failed} passed, {failed} failed in {meta['seconds']} s; {path}"
-        )
-        return 1 if failed else 0
+        rows = run_selected(args)
+        print(summary(rows, time.time() - start))
+        return 1 if any(r["status"] != "pass" for r in rows) else 0
     device = torch.device(args.device)
     if args.group == "extras":
         rows = extras(device, args.size)
     else:
         model, precision, mode = args.group.split(":")
         rows = run_group(model, precision, mode, device, args.estimators.split(","), args.size)
-    print("ROWS " + dumps(rows, indent=None), flush=True)
+    # NaN and ±inf (an error that overflowed) travel as JSON's NaN/Infinity: json.loads reads them
+    print("ROWS " + json.dumps(rows), flush=True)
     return 0
 
 
@@ -526,8 +540,12 @@ def run_all(
         the errors against float64 and the tolerance, or the error that ended the case.
     """
     workers = workers or max(8, min(16, (os.cpu_count() or 8) - 2))
+    # a worker imports the gamfunc this process imported: the checkout's (pytest's pythonpath) or
+    # the installed one
+    lib = str(Path(gamfunc.__file__).resolve().parents[1])
     env = {
         **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (lib, os.environ.get("PYTHONPATH")) if p),
         "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "2"),
     }
     if device == "cpu":  # workers side by side on the cores: threads of one would wait on another's

@@ -167,21 +167,6 @@ def as_flat(params):
     return torch.cat([params["a"], params["b"]])
 
 
-def poison_digits_test_labels(monkeypatch) -> None:
-    """Make the digits preset's test labels all wrong (never the true class), its training set as it
-    is: a selection on the validation split must not notice."""
-    from reproduce.data import sets as data_mod
-
-    real = data_mod._digits.__wrapped__  # the lru_cache of the clean data stays as it is
-
-    def poisoned():
-        train_set, test_set = real()
-        wrong = (test_set.y + 1 + torch.arange(len(test_set.y)) % 9) % 10
-        return train_set, data_mod.TensorData(test_set.x, wrong)
-
-    monkeypatch.setattr(data_mod, "_digits", poisoned)
-
-
 class HostReads(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the reads of a device value on the host (``.item()``, ``bool()``, ``float()``)."""
 

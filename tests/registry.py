@@ -1,39 +1,43 @@
 """Every estimator and optimiser, built with valid hyperparameters, for the contract tests.
 
-The estimators come from the one registry, :mod:`reproduce.methods`, under the names the tests
-report; what the registry builds from a name is what the contract tests check."""
+The estimators are built here with gamfunc's factories, under the names the tests report. They are
+the estimators reproduce/'s methods build (reproduce/methods.py) from the same hyperparameters:
+``tests/test_reproduce_methods.py`` checks each one, by name and hyperparameters, in a checkout."""
 
 import gamfunc
-from reproduce.methods import estimator
+from gamfunc import hvps
 
 # The contract tests' hyperparameters: valid for every method, small enough for the quadratic.
-H = dict(rho=0.05, alpha=0.1, rho_prime=0.01, beta=0.5, gamma=0.1)
-ACCELERATED = dict(H, alpha=0.5)
+RHO, ALPHA = 0.05, 0.1
+# accelerated GAM: ρ, ρ', α, β, γ
+ACCELERATED = (RHO, 0.01, 0.5, 0.5, 0.1)
 
-# name -> a fresh estimator, each built by the registry of reproduce (reproduce/methods.py).
+# name -> a fresh estimator
 ESTIMATORS = {
-    "gradient": lambda: estimator("sgd", **H),
-    "sam": lambda: estimator("sam", **H),
-    "asam": lambda: estimator("asam", **dict(H, rho=0.5), eta=0.01),
-    "gnp_fd": lambda: estimator("gnp", **H),
-    "gnp_exact": lambda: estimator("gnp", **H, gnp_hvp="exact"),
-    "gam_exact": lambda: estimator("gam", **H),
-    "gam_reverse": lambda: estimator("gam_reverse", **H),
-    "gam_fd": lambda: estimator("gam_fd", **H),
-    "sam+gam": lambda: estimator("sam+gam", **H),
-    "gsam": lambda: estimator("gsam", **H, gsam_alpha=0.3),
-    "gsam+gam": lambda: estimator("gsam+gam", **H, gsam_alpha=0.3),
-    "wsam": lambda: estimator("wsam", **H, wsam_gamma=0.9),
-    "looksam": lambda: estimator("looksam", **H, look_k=3, looksam_alpha=0.7),
-    "look_gam": lambda: estimator("look_gam", **H, look_k=3),
-    "friendly_sam": lambda: estimator("friendly_sam", **H, fsam_sigma=1.0, fsam_lmbda=0.9),
-    "sam_3_steps": lambda: estimator("sam", **H, ascent_steps=3),
-    "sam_3_steps+gam": lambda: estimator("sam+gam", **H, ascent_steps=3),
-    "gam_accelerated_paper": lambda: estimator("gam_accelerated", **ACCELERATED),
-    "gam_accelerated_official": lambda: estimator("gam_accelerated_official", **ACCELERATED),
-    "gam_adaptive": lambda: estimator("gam", **H, adaptive=True),
-    "gam_accelerated_adaptive": lambda: estimator(
-        "gam_accelerated_official", **ACCELERATED, adaptive=True
+    "gradient": lambda: gamfunc.gradient(),
+    "sam": lambda: gamfunc.sam(RHO),
+    "asam": lambda: gamfunc.asam(0.5, eta=0.01),
+    "gnp_fd": lambda: gamfunc.gnp(ALPHA, hvp=hvps.fd(radius=1e-2)),
+    "gnp_exact": lambda: gamfunc.gnp(ALPHA, hvp="exact"),
+    "gam_exact": lambda: gamfunc.gam(RHO, ALPHA),
+    "gam_reverse": lambda: gamfunc.gam(RHO, ALPHA, hvp="reverse"),
+    "gam_fd": lambda: gamfunc.gam(RHO, ALPHA, hvp=hvps.fd(radius=1e-3)),
+    "sam+gam": lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.sam(RHO)),
+    "gsam": lambda: gamfunc.gsam(RHO, 0.3),
+    "gsam+gam": lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.gsam(RHO, 0.3)),
+    "wsam": lambda: gamfunc.wsam(RHO, 0.9),
+    "looksam": lambda: gamfunc.looksam(RHO, 3, 0.7),
+    "look_gam": lambda: gamfunc.look_gam(RHO, ALPHA, 3),
+    "friendly_sam": lambda: gamfunc.friendly_sam(RHO, 1.0, 0.9),
+    "sam_3_steps": lambda: gamfunc.sam(RHO, ascent_steps=3),
+    "sam_3_steps+gam": lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.sam(RHO, ascent_steps=3)),
+    "gam_accelerated_paper": lambda: gamfunc.gam_accelerated(*ACCELERATED),
+    "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
+        *ACCELERATED, convention="official"
+    ),
+    "gam_adaptive": lambda: gamfunc.gam(RHO, ALPHA, adaptive=True),
+    "gam_accelerated_adaptive": lambda: gamfunc.gam_accelerated(
+        *ACCELERATED, convention="official", adaptive=True
     ),
     # ---- the authors' released forms, built with gamfunc's factories directly ----------------
     # WSAM's decoupled form (atorch's WeightedSAM default) with both gradients clipped

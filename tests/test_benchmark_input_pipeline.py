@@ -45,8 +45,9 @@ def test_quick_times_the_data_loader_on_a_folder_it_writes(tmp_path):
     assert row["images_per_s"] > 0 and row["first_epoch_start_s"] > 0
 
 
+@pytest.mark.dali
 def test_each_dali_pipeline_feeds_the_stand_in_and_its_steps_are_profiled(tmp_path):
-    pytest.importorskip("nvidia.dali")
+    pytest.importorskip("nvidia.dali", reason='needs NVIDIA DALI: pip install -e ".[imagenet]"')
     from tests.test_gpu_data import jpeg_folder as small_folder
 
     root = small_folder(tmp_path / "data", per_class=8)

@@ -15,7 +15,7 @@ from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 import gamfunc
 from gamfunc import _compat
 
-PACKAGE = Path(__file__).resolve().parents[1] / "gamfunc"
+PACKAGE = Path(gamfunc.__file__).resolve().parent  # the gamfunc under test, installed or not
 functorch = torch._C._functorch
 
 

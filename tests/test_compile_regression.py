@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch._functorch.config
 import torch._inductor.config
-from models import tiny_conv_bn
+from models import CifarResNet, tiny_conv_bn
 from torch._dynamo.utils import counters
 
 import gamfunc
@@ -126,11 +126,9 @@ def test_accelerated_gam_compiles_with_inductor_defaults_cuda():
 
     The tiny model of the tests above does not trip the assertion; the CIFAR ResNet-18 does (seen on
     an H200 with torch 2.11)."""
-    pytest.importorskip("einops", reason='reproduce/ needs einops: pip install -e ".[reproduce]"')
-    from reproduce.models import build_model
-
     torch._dynamo.reset()
-    loss_fn, params, buffers = gamfunc.nn.functionalize(build_model("resnet18", 10, 32).cuda())
+    resnet18 = CifarResNet([2, 2, 2, 2], num_classes=10)  # reproduce/'s CIFAR ResNet-18
+    loss_fn, params, buffers = gamfunc.nn.functionalize(resnet18.cuda())
     step = gamfunc.make_step(estimator("gam_accelerated"), gamfunc.sgd(lr=0.1), loss_fn)
     batch = (torch.randn(16, 3, 32, 32, device="cuda"), torch.randint(0, 10, (16,), device="cuda"))
     with torch._inductor.config.patch(loop_ordering_after_fusion=True, fx_graph_cache=False):

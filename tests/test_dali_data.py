@@ -13,12 +13,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-pytest.importorskip("nvidia.dali")
+pytest.importorskip("nvidia.dali", reason='needs NVIDIA DALI: pip install -e ".[imagenet]"')
 
 from reproduce.config import resolve
 from reproduce.data import sets as D
 from reproduce.data.dali import DaliJpegLoader, jpeg_size, uniforms
 from tests.test_gpu_data import imagenet, jpeg_folder
+
+pytestmark = pytest.mark.dali  # .ci/run runs these after installing the imagenet extra
 
 
 def batches(tmp_path, train: bool, device: torch.device, crops: str = "exact", **options):

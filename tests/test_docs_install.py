@@ -41,3 +41,27 @@ def test_torchvision_is_asked_for_with_a_floor_only():
     assert wanted, "torch and torchvision are required somewhere"
     for requirement in wanted:
         assert re.fullmatch(r"torch(vision)?>=[0-9.]+", requirement), requirement
+
+
+def readme_ci_block() -> list[str] | None:
+    """The lines of the README's fenced ``bash`` block right after the line that says "What CI
+    runs" (blank lines left out), or None where the README has no such block."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if "What CI runs" not in line:
+            continue
+        rest = [text for text in lines[i + 1 :] if text.strip()]
+        if not rest or rest[0].strip() != "```bash" or "```" not in rest[1:]:
+            return None
+        return rest[1 : rest.index("```", 1)]
+    return None
+
+
+def test_ci_runs_the_readme_commands_verbatim():
+    """.ci/run holds the README's set-up and test block as it is, its lines in a row."""
+    block = readme_ci_block()
+    if block is None:
+        pytest.xfail('README.md has no ```bash block after a line saying "What CI runs"')
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    runs = [ci[i : i + len(block)] for i in range(len(ci) - len(block) + 1)]
+    assert block in runs, "\n".join(["the README's block, not in .ci/run:", *block])

@@ -145,6 +145,7 @@ def test_overrides_apply_after_the_preset_whatever_their_order():
         (["--wsam_decouple=maybe"], "--wsam_decouple takes"),
         (["--gsam_adaptive=2"], "--gsam_adaptive takes"),
         (["--asam_mask=biases"], "--asam_mask must be"),
+        (["--fsam_convention=pytorch_optimizer"], "--fsam_convention must be"),
     ],
 )
 def test_bad_values_name_the_field(argv, word):
@@ -321,7 +322,7 @@ def test_every_hyperparameter_of_the_registry_is_a_flag_with_help_and_hypers_def
             continue
         assert f.name in helps, f.name
     family = ("eta", "ascent_steps", "gsam_alpha", "wsam_gamma", "look_k", "looksam_alpha")
-    authors = ("wsam_decouple", "wsam_max_norm", "gsam_adaptive", "asam_mask")
+    authors = ("wsam_decouple", "wsam_max_norm", "gsam_adaptive", "asam_mask", "fsam_convention")
     for name in (*family, *authors, "fsam_sigma", "fsam_lmbda", "adaptive"):
         assert getattr(Config(), name) == getattr(Hyper(), name), name
 

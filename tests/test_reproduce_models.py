@@ -13,7 +13,10 @@ import gamfunc
 sys.path.insert(
     0, str(Path(__file__).resolve().parents[1])
 )  # reproduce/ lives at the repository root
-from reproduce.models import ViT, build_model, count_parameters
+import models
+
+from reproduce.models import CifarResNet, ViT, build_model, count_parameters
+from reproduce.models.resnets import _Basic
 
 VECTOR = {"mlp": 40, "cnn1d": 40}
 
@@ -218,3 +221,37 @@ def test_relu_models_are_those_whose_forward_has_a_kink():
             net(x)
         kinked = any("relu" in n or "max_pool" in n for n in calls.names)
         assert kinked == (name in RELU_MODELS), name
+
+
+@pytest.mark.parametrize(
+    "ours, theirs, shape",
+    [
+        (
+            lambda: models.CifarResNet([1, 1], 10, act=F.gelu),
+            lambda: CifarResNet(_Basic, [1, 1], 10, act=F.gelu),
+            (2, 3, 16, 16),
+        ),
+        (
+            lambda: models.CifarResNet([2, 2, 2, 2], 10),
+            lambda: build_model("resnet18", 10, 32),
+            (2, 3, 32, 32),
+        ),
+        (
+            lambda: models.ViT(16, 4, 64, 2, 4, 128, 10),
+            lambda: ViT(16, 4, 64, 2, 4, 128, 10),
+            (2, 3, 16, 16),
+        ),
+    ],
+    ids=["resnet-gelu", "resnet18", "vit"],
+)
+def test_the_library_tests_networks_are_reproduce_s(ours, theirs, shape):
+    """tests/models.py writes the CIFAR ResNet and the ViT again, without einops, for the GPU check
+    and the compile tests: from one seed, the same parameters and the same outputs."""
+    torch.manual_seed(0)
+    a = ours()
+    torch.manual_seed(0)
+    b = theirs()
+    sa, sb = a.state_dict(), b.state_dict()
+    assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(a(x), b(x), rtol=0, atol=0)

@@ -14,7 +14,7 @@ import pytest
 # reproduce/ lives at the repository root
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers import poison_digits_test_labels
+from train_cli import poison_digits_test_labels
 
 from reproduce import sweep, train
 from reproduce.sweeps import grid

@@ -11,7 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from helpers import poison_digits_test_labels
+from train_cli import poison_digits_test_labels
 
 from gamfunc.ensemble import unstack
 from reproduce import sweep, train

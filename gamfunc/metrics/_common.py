@@ -14,6 +14,8 @@ None of these is part of the public API.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor
 
@@ -87,7 +89,9 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact"):
     backend = hvps.get(hvp)
     if isinstance(backend, hvps.Reverse) and not isinstance(loss, Objective):
         with hvps.math_attention():
-            _g, pullback, _aux = torch.func.vjp(grad_fn(loss, batch), params, has_aux=True)
+            _g, pullback, _aux = torch.func.vjp(  # type: ignore[misc]  # has_aux: 3 values
+                grad_fn(loss, batch), params, has_aux=True
+            )
 
         def reverse_matvec(v: Tree) -> Tree:
             return pullback(v, create_graph=False)[0]
@@ -104,7 +108,7 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact"):
     clean = gradient_pass(loss, params, batch)
 
     def fd_matvec(v: Tree) -> Tree:
-        n = torch.sqrt(sum(torch.sum(t * t) for t in v.values()))
+        n = torch.sqrt(cast(Tensor, sum(torch.sum(t * t) for t in v.values())))
         hv, _ = backend(loss, params, batch, {k: t / n for k, t in v.items()}, clean=clean)
         return {k: t * n for k, t in hv.items()}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import Tensor
@@ -229,6 +230,7 @@ def _power(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int,
         if basis is not None:
             v = orthogonalise(v, basis)
         found.append(v / torch.linalg.vector_norm(v))
+        assert lam is not None  # iters >= 1
         values.append(lam)
     order = sorted(range(k), key=lambda i: -values[i])
     ordered = torch.tensor([values[i] for i in order], dtype=torch.float64)
@@ -312,7 +314,7 @@ def hessian_trace(
     def quadratic_form(z: Tensor) -> Tensor:
         v = unflat(z, params)
         hv = matvec(v)
-        return sum(torch.sum(hv[key] * v[key]) for key in v)
+        return cast(Tensor, sum(torch.sum(hv[key] * v[key]) for key in v))
 
     # The finite difference and Objective hooks (tree math, collectives) are looped over probes.
     batched = hvps.get(hvp) in hvps.SECOND_ORDER and not isinstance(loss, Objective)

@@ -54,7 +54,6 @@ from reproduce.models.registry import (
     new_head,
 )
 from reproduce.models.resnets import CifarResNet, ResNet32, ResNeXt29, WideResNet
-from reproduce.models.resnets import _Basic as _Basic  # tests/gpu_check.py builds blocks
 from reproduce.models.vit import ViT
 
 __all__ = [
