@@ -28,7 +28,7 @@ from benchmarks.first_step.cells import (
     plan,
     skip_reason,
 )
-from benchmarks.report import columns
+from benchmarks.report import columns, first_step_rows
 from benchmarks.step_cost.models import MODELS, split_precision
 from benchmarks.step_cost.pool import compile_threads, merge_cache
 from benchmarks.step_cost.timing import log
@@ -451,5 +451,5 @@ def main(argv=None) -> dict:
     save()
     header = f"{meta['device_name']}, torch {meta['torch']}, {meta['date']}"
     print(f"\n{header}; JSON: {_common.out_path(a.out, meta)}\n")
-    print(_common.table(columns(BENCHMARK), result["rows"]))
+    print(_common.table(columns(BENCHMARK), first_step_rows(result["rows"])))
     return result
