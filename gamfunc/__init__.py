@@ -63,7 +63,7 @@ from gamfunc.optim.transforms import (
 from gamfunc.state import StepState
 from gamfunc.step import Step, make_step
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ChainState",

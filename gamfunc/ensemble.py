@@ -96,7 +96,14 @@ def _constant(value: Tensor) -> Callable[[Tensor], Tensor]:
 
 
 class VmappedStep:
-    """The step of N members at once; made by [`vmap_step`][gamfunc.ensemble.vmap_step]."""
+    """The step of N members at once; made by [`vmap_step`][gamfunc.ensemble.vmap_step].
+
+    Args:
+        build: ``build(**h) -> Step`` for one member.
+        hparams: name -> tensor of N values, one per member.
+        batch_axis: the batch's axis of members, or None for one batch for all.
+        randomness: ``torch.func.vmap``'s ``randomness``.
+    """
 
     def __init__(
         self, build: Callable[..., Step], hparams: dict[str, Tensor], batch_axis, randomness

@@ -166,7 +166,11 @@ class Reverse:
 @dataclasses.dataclass(frozen=True, repr=False)
 class FiniteDifference:
     """H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r, r = ``radius``. Built by [`fd`][gamfunc.hvps.fd]; built
-    directly it checks r as ``fd`` does, so both give one value."""
+    directly it checks r as ``fd`` does, so both give one value.
+
+    Attributes:
+        radius: r > 0, a finite float.
+    """
 
     radius: float
 
@@ -329,6 +333,9 @@ class Normalized:
 
     A value, not a closure: two are equal when their ξ are, so a compiled pass that forms g and
     H·v(g) in one region ([`gamfunc.regional`][gamfunc.regional]) is made once per ξ and reused at every point.
+
+    Attributes:
+        eps: ξ >= 0, added to ‖g‖ before dividing.
     """
 
     eps: float

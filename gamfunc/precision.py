@@ -241,6 +241,14 @@ class LossScaled(Objective):
 
     Built by [`fp16`][gamfunc.precision.fp16]. S is ``scale`` once bound to a step state ([`bind`][gamfunc.precision.LossScaled.bind]), else
     ``init_scale``. Calling it gives the unscaled loss.
+
+    Attributes:
+        loss_fn: the autocast loss it scales.
+        init_scale: S of the first step.
+        growth_factor: S's factor after ``growth_interval`` finite steps in a row.
+        backoff_factor: S's factor after a step that was not finite.
+        growth_interval: the finite steps in a row before S grows.
+        scale: S, once bound to a step state; None before.
     """
 
     loss_fn: Autocast

@@ -99,3 +99,54 @@ def test_every_function_documents_args_and_returns(path):
 def test_the_list_of_missing_sections_names_rendered_functions():
     gone = sorted(set(MISSING) - set(functions()))
     assert gone == [], f"no longer rendered: drop them from MISSING in {Path(__file__).name}"
+
+
+def classes() -> list[str]:
+    return [p for p in rendered() if inspect.isclass(resolve(p))]
+
+
+def missing_class_sections(cls) -> list[str]:
+    """What ``cls``'s docstring lacks: Args for the arguments its constructor takes; a record (a
+    NamedTuple or a dataclass, whose constructor takes its fields) may list them as Attributes. A
+    Protocol describes a shape and is built by nobody."""
+    if getattr(cls, "_is_protocol", False):
+        return []
+    doc = "\n" + (inspect.getdoc(cls) or "")
+    try:
+        takes = [n for n in inspect.signature(cls).parameters if n not in ("self", "cls")]
+    except (TypeError, ValueError):
+        takes = []
+    record = (issubclass(cls, tuple) and hasattr(cls, "_fields")) or hasattr(
+        cls, "__dataclass_fields__"
+    )
+    if not takes or "\nArgs:\n" in doc or (record and "\nAttributes:\n" in doc):
+        return []
+    return ["Args"]
+
+
+def test_class_sections_are_read():
+    class Documented:
+        """A thing.
+
+        Args:
+            x: one.
+        """
+
+        def __init__(self, x):
+            self.x = x
+
+    class Bare:
+        """A thing."""
+
+        def __init__(self, x):
+            self.x = x
+
+    assert missing_class_sections(Documented) == []
+    assert missing_class_sections(Bare) == ["Args"]
+
+
+@pytest.mark.parametrize("path", classes())
+def test_every_class_documents_what_it_is_built_from(path):
+    """A class of the reference, the facade's included, says what each argument of its
+    constructor is (or, for a record, each field)."""
+    assert missing_class_sections(resolve(path)) == [], f"{path}: lacks Args"

@@ -24,6 +24,13 @@ class Estimate(NamedTuple):
     scaled by each parameter's learning rate: θ ← apply_updates(θ, u) − lr_k·decoupled_k
     ([`make_step`][gamfunc.step.make_step]); WSAM's decoupled form
     ([`wsam`][gamfunc.estimators.wsam.wsam] with ``decouple=True``) returns one.
+
+    Attributes:
+        direction: what the base optimiser treats as the gradient, a tree like the params.
+        info: scalar tensors, at least ``loss`` and ``grad_norm``.
+        clean: the pass at θ ([`Pass`][gamfunc.loss.Pass]); its ``aux`` holds the new buffers.
+        state: the next state of a stateful estimator, ``()`` otherwise.
+        decoupled: the decoupled part, ``()`` otherwise.
     """
 
     direction: Tree

@@ -21,8 +21,13 @@ CONVENTIONS = ("paper", "authors")
 
 
 class FriendlySAMState(NamedTuple):
-    """Friendly-SAM's state: ``m``, the running mean of the gradients at θ, and ``started``, a 0-d
-    bool, whether a step has set it (the "authors" convention starts m at the first gradient)."""
+    """Friendly-SAM's state, kept in ``StepState.est``.
+
+    Attributes:
+        m: the running mean of the gradients at θ, a tree like the params.
+        started: a 0-d bool, whether a step has set ``m`` (the "authors" convention starts m at
+            the first gradient).
+    """
 
     m: Tree
     started: Tensor

@@ -16,8 +16,12 @@ __all__ = ["LookGAMState", "look_gam"]
 
 
 class LookGAMState(NamedTuple):
-    """LookGAM's state: ``u``, the part of the last GAM correction orthogonal to ∇L there, divided
-    by ‖∇L‖ there (zeros before the first full step)."""
+    """LookGAM's state, kept in ``StepState.est``.
+
+    Attributes:
+        u: the part of the last GAM correction orthogonal to ∇L there, divided by ‖∇L‖ there
+            (zeros before the first full step).
+    """
 
     u: Tree
 

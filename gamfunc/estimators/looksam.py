@@ -20,8 +20,12 @@ CONVENTIONS = ("paper", "pytorch_optimizer")
 
 
 class LookSAMState(NamedTuple):
-    """LookSAM's state: ``g_v``, the component of the last SAM gradient orthogonal to ∇L there
-    (zeros before the first full step)."""
+    """LookSAM's state, kept in ``StepState.est``.
+
+    Attributes:
+        g_v: the component of the last SAM gradient orthogonal to ∇L there (zeros before the
+            first full step).
+    """
 
     g_v: Tree
 

@@ -25,7 +25,13 @@ BIASBN = ("ignore", "include")
 
 
 class Landscape1D(NamedTuple):
-    """L(θ + α·d) on a line of α values."""
+    """L(θ + α·d) on a line of α values.
+
+    Attributes:
+        alphas: the P values of α.
+        losses: the P losses L(θ + α·d).
+        direction: d, a tree like the params.
+    """
 
     alphas: Tensor  # [P]
     losses: Tensor  # [P]
@@ -33,7 +39,14 @@ class Landscape1D(NamedTuple):
 
 
 class Landscape2D(NamedTuple):
-    """L(θ + α·d1 + β·d2) on a grid; ``losses[i, j]`` is at (alphas[i], betas[j])."""
+    """L(θ + α·d1 + β·d2) on a grid; ``losses[i, j]`` is at (alphas[i], betas[j]).
+
+    Attributes:
+        alphas: the P values of α.
+        betas: the Q values of β.
+        losses: the [P, Q] losses.
+        directions: (d1, d2), trees like the params.
+    """
 
     alphas: Tensor  # [P]
     betas: Tensor  # [Q]

@@ -21,7 +21,14 @@ log = logging.getLogger("gamfunc.metrics")  # the guard's logger: one line per u
 
 
 class MinimaDensity(NamedTuple):
-    """What [`minima_density`][gamfunc.metrics.minima.minima_density] measured, one row per random direction."""
+    """What [`minima_density`][gamfunc.metrics.minima.minima_density] measured, one row per random direction.
+
+    Attributes:
+        minima: [N] int64, the strict local minima of the loss along each direction.
+        maxima: [N] int64, the strict local maxima.
+        losses: [N, M+1], L(θ + i·(ρ/M)·u_n) for i = 0..M (column 0 is L(θ)).
+        radii: [M+1], the distances i·ρ/M from θ.
+    """
 
     minima: Tensor  # [N] int64: strict local minima of the loss along each direction
     maxima: Tensor  # [N] int64: strict local maxima

@@ -51,6 +51,10 @@ class Transform(NamedTuple):
     the state of [`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams], which [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] and the other
     optimisers use.
 
+    Attributes:
+        init: ``init(params) -> state``.
+        update: ``update(direction, state, params, *, step=None) -> (updates, new_state)``.
+
     Example:
         >>> import torch, gamfunc
         >>> opt = gamfunc.sgd(lr=0.1)
