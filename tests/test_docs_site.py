@@ -38,8 +38,11 @@ def _path(module: types.ModuleType, name: str) -> str:
 def _on_module_pages() -> set[str]:
     """The definitions that the pages of the exported modules render."""
     out = set()
-    for m in [*_modules(gamfunc), "estimators", "optim"]:
-        module = getattr(gamfunc, m)
+    pending = [getattr(gamfunc, m) for m in [*_modules(gamfunc), "estimators", "optim"]]
+    while pending:
+        module = pending.pop()
+        if hasattr(module, "__all__"):  # a page renders the submodules its module exports
+            pending += [getattr(module, n) for n in _modules(module)]
         names = getattr(module, "__all__", None) or [
             n
             for n, o in vars(module).items()

@@ -75,7 +75,7 @@ class Moved(dict):
     them: nothing can transform a step that is already taken.
 
     Why the contract keeps it: a ``torch.optim`` optimiser, the base optimiser of the
-    ``torch.optim`` facade ([`TorchBridge`][gamfunc.torch_optim.bridge.TorchBridge]), moves its own
+    ``torch.optim`` facade (``gamfunc.torch_optim.bridge.TorchBridge``), moves its own
     tensors in place and never forms u. Returning u = θ_new − θ instead would cost two kernels per
     parameter each step, and θ + (θ_new − θ) is not θ_new in floating point: the facade would no
     longer take ``torch.optim``'s steps bit for bit. No other transform of gamfunc returns it."""

@@ -89,10 +89,10 @@ def param_groups(
         ...     gamfunc.adamw, lr=1e-3, weight_decay=0.05,
         ... )
         >>> state = opt.init(params)
-        >>> state.members()
-        [['body.weight'], ['body.bias'], ['head.weight']]
         >>> [round(float(gamfunc.optim.learning_rate(s)), 6) for s in state.states]
         [0.001, 0.001, 0.01]
+        >>> state.members()
+        [['body.weight'], ['body.bias'], ['head.weight']]
     """
     if not isinstance(groups, Mapping) or not all(
         isinstance(k, str) and isinstance(v, Mapping) for k, v in groups.items()
@@ -172,8 +172,8 @@ def lr_groups(state, names: list[str]) -> list[tuple[list[str], InjectState]]:
         >>> import torch, gamfunc
         >>> opt = gamfunc.param_groups({"b": {"lr": 0.5}}, gamfunc.sgd, lr=0.1)
         >>> state = opt.init({"w": torch.zeros(2), "b": torch.zeros(1)})
-        >>> [(ks, round(float(s.hyperparams["lr"]), 6)) for ks, s in lr_groups(state, ["w", "b"])]
-        [(['w'], 0.1), (['b'], 0.5)]
+        >>> {tuple(ks): round(float(s.hyperparams["lr"]), 6) for ks, s in lr_groups(state, ["w", "b"])}
+        {('w',): 0.1, ('b',): 0.5}
     """
     found: list[tuple[list[str], InjectState]] = []
     taken: set[str] = set()

@@ -16,7 +16,7 @@ The base optimiser is any of:
   ``GAM(model, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05, alpha=0.1)``.
 
 A ``torch.optim`` optimiser becomes a [`Transform`][gamfunc.optim.base.Transform] of the step
-([`gamfunc.torch_optim.bridge`][gamfunc.torch_optim.bridge]): the step runs on copies of the parameters and of
+(``gamfunc.torch_optim.bridge``): the step runs on copies of the parameters and of
 its state, its ``step()`` on its own tensors with the direction as ``.grad``, and its state tensors
 travel in the step's state, kept or dropped by make_step's guard. So every option of the step carries over whatever the base optimiser: ``compile=``, ``every=``,
 ``accumulate=``, ``precision=``, ``max_grad_norm=``, ``cuda_graph=`` and the guard.

@@ -214,7 +214,7 @@ class TorchBase(FlatnessOptimizer):
     optimiser, named so.
 
     It adds nothing to the facade: the step is make_step's, the base optimiser joined to it by a
-    [`TorchBridge`][gamfunc.torch_optim.bridge.TorchBridge]. ``param_groups`` and ``state`` are the
+    ``gamfunc.torch_optim.bridge.TorchBridge``. ``param_groups`` and ``state`` are the
     base optimiser's own; ``state_dict()`` holds its ``state_dict()`` under ``"base"``.
 
     Args:
