@@ -28,7 +28,7 @@ class Estimate(NamedTuple):
     Attributes:
         direction: what the base optimiser treats as the gradient, a tree like the params.
         info: scalar tensors, at least ``loss`` and ``grad_norm``.
-        clean: the pass at θ ([`Pass`][gamfunc.loss.Pass]); its ``aux`` holds the new buffers.
+        clean: the pass at θ (``gamfunc.loss.Pass``); its ``aux`` holds the new buffers.
         state: the next state of a stateful estimator, ``()`` otherwise.
         decoupled: the decoupled part, ``()`` otherwise.
     """

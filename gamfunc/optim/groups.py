@@ -89,7 +89,8 @@ def param_groups(
         ...     gamfunc.adamw, lr=1e-3, weight_decay=0.05,
         ... )
         >>> state = opt.init(params)
-        >>> [round(float(gamfunc.optim.learning_rate(s)), 6) for s in state.states]
+        >>> lrs = [round(float(gamfunc.optim.learning_rate(s)), 6) for s in state.states]
+        >>> lrs
         [0.001, 0.001, 0.01]
         >>> state.members()
         [['body.weight'], ['body.bias'], ['head.weight']]

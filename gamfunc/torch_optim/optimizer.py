@@ -312,7 +312,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore what [`state_dict`][gamfunc.torch_optim.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device.
+        """Restore what [`state_dict`][gamfunc.torch_optim.optimizer.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device.
 
         Args:
             state_dict: what ``state_dict()`` returned.
