@@ -101,26 +101,24 @@ def train(logdir: Path, *args: str) -> tuple[dict, str]:
 
 @pytest.mark.slow
 def test_a_compiled_run_keeps_its_artifacts_and_later_runs_and_resumes_load_them(tmp_path):
+    # compiled by pass, the quicker compile on the CPU; the cache is the same for a whole step.
+    # A corrupt or foreign file is the unit test's above, with no training around it.
+    compiled = ("--compile", "--compile_scope=pass")
     # the first run compiles (its caches are empty) and keeps what it compiled
-    cold, out = train(tmp_path, "--compile", "--max_steps=3")
+    cold, out = train(tmp_path, *compiled, "--max_steps=3")
     assert cold["folder"] == str(tmp_path / ".compile_cache")
     assert cold["loaded"] == 0 and cold["saved"] > 0
     assert cold["fxgraph_cache_miss"] > 0 and cold["fxgraph_cache_hit"] == 0
     files = list((tmp_path / ".compile_cache" / "artifacts").iterdir())
     assert [f.name for f in files] == ["rank0_cpu.pt"] and "saved" in out
     # another run of the logdir loads them and compiles nothing afresh
-    warm, out = train(tmp_path, "--compile", "--max_steps=3", "--name=again")
+    warm, out = train(tmp_path, *compiled, "--max_steps=3", "--name=again")
     assert warm["loaded"] > 0 and "compile cache: loaded" in out
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
     # so does the first run resumed
-    resumed, _ = train(tmp_path, "--compile", "--max_steps=5", "--resume")
+    resumed, _ = train(tmp_path, *compiled, "--max_steps=5", "--resume")
     assert resumed["loaded"] > 0
     assert resumed["fxgraph_cache_hit"] > 0 and resumed["fxgraph_cache_miss"] == 0
-    # a corrupt artifacts file: one line, and the run goes on (from inductor's folder)
-    files[0].write_bytes(files[0].read_bytes()[:100])
-    broken, out = train(tmp_path, "--compile", "--max_steps=3", "--name=third")
-    assert broken["loaded"] == 0 and out.count("compile cache: ignoring") == 1
-    assert broken["fxgraph_cache_hit"] > 0
     # an eager run uses no cache
     eager, _ = train(tmp_path, "--max_steps=1", "--name=eager")
     assert eager is None

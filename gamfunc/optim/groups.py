@@ -122,13 +122,20 @@ def param_groups(
         built_for((i,))
     built_for(())
 
+    splits: dict[tuple[str, ...], list[tuple[Transform, list[str]]]] = {}
+
     def split(params: Tree) -> list[tuple[Transform, list[str]]]:
-        """The groups of ``params``: (optimiser, names), in the order of their first names."""
-        names: dict[tuple[int, ...], list[str]] = {}
-        for k in params:
-            matches = tuple(i for i, p in enumerate(patterns) if fnmatch.fnmatchcase(k, p))
-            names.setdefault(matches, []).append(k)
-        return [(built_for(m), ks) for m, ks in names.items()]
+        """The groups of ``params``: (optimiser, names), in the order of their first names; made
+        once per set of names (at ``init``), so that an update traced by ``torch.compile`` reads
+        them as constants instead of tracing ``fnmatch``."""
+        key = tuple(params)
+        if key not in splits:
+            names: dict[tuple[int, ...], list[str]] = {}
+            for k in params:
+                matches = tuple(i for i, p in enumerate(patterns) if fnmatch.fnmatchcase(k, p))
+                names.setdefault(matches, []).append(k)
+            splits[key] = [(built_for(m), ks) for m, ks in names.items()]
+        return splits[key]
 
     def init(params):
         parts = split(params)
