@@ -43,12 +43,20 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
+from gamfunc import tree
 from gamfunc.checks import check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.guard import Guard, is_finite
 from gamfunc.loss import bind, check_params, init_state, next_state
-from gamfunc.optim import Transform, apply_updates, call_update, learning_rate, learning_rates
+from gamfunc.optim import (
+    Transform,
+    apply_updates,
+    call_update,
+    learning_rate,
+    learning_rates,
+    lr_groups,
+)
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
 from gamfunc.state import StepState, check_cycle, check_est, check_state
@@ -242,8 +250,7 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state
     updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
     new_params = apply_updates(params, updates)
     if isinstance(est.decoupled, dict):  # e.g. WSAM's decoupled sharpness step, after the update
-        rates = learning_rates(new_opt, list(params))
-        new_params = {k: p - rates[k] * est.decoupled[k] for k, p in new_params.items()}
+        new_params = _decoupled_step(new_params, est.decoupled, new_opt)
     metrics = dict(est.info)
     lr = learning_rate(new_opt)
     if lr is not None:
@@ -287,6 +294,18 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state
     metrics["skipped"] = skipped
     metrics.update(extra)
     return new_params, new_state, metrics
+
+
+def _decoupled_step(params: dict, part: dict, opt_state) -> dict:
+    """θ_k − lr_k·part_k for every parameter k, lr_k its learning rate in ``opt_state`` (the one
+    the update just used): one ``axpy`` over each group of parameters that share an lr
+    (`gamfunc.optim.lr_groups`), a few foreach kernels rather than two per parameter."""
+    out = dict(params)
+    for names, s in lr_groups(opt_state, list(params)):
+        lr = learning_rate(s)
+        assert lr is not None  # lr_groups gives only the states that keep one
+        out.update(tree.axpy(-lr, {k: part[k] for k in names}, {k: params[k] for k in names}))
+    return out
 
 
 def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:

@@ -140,7 +140,7 @@ def param_groups(
     def init(params):
         parts = split(params)
         states = tuple(opt.init({k: params[k] for k in ks}) for opt, ks in parts)
-        return GroupsState(states, _names(parts))
+        return GroupsState(states, tuple(dict.fromkeys(ks, ()) for _, ks in parts))
 
     def update(direction, state, params, *, step=None):
         updates, states = {}, []
@@ -150,13 +150,10 @@ def param_groups(
             u, s = call_update(opt, d, s, p, step)
             updates.update(u)
             states.append(s)
-        return {k: updates[k] for k in params}, GroupsState(tuple(states), _names(parts))
+        # the names travel as they came: the groups of a set of names do not change
+        return {k: updates[k] for k in params}, GroupsState(tuple(states), state.names)
 
     return Transform(init, update)
-
-
-def _names(parts: list[tuple[Transform, list[str]]]) -> tuple[dict[str, tuple], ...]:
-    return tuple(dict.fromkeys(ks, ()) for _, ks in parts)
 
 
 def lr_groups(state, names: list[str]) -> list[tuple[list[str], InjectState]]:
