@@ -24,7 +24,7 @@ import gamfunc
 from benchmarks.step_cost.methods import build_methods, rho_schedule
 from benchmarks.step_cost.runners import Functional
 
-ESTIMATORS = ("gradient", "sam", "gam_fd", "gam_exact")
+ESTIMATORS = ("gradient", "sam", "gam_fd", "gam_exact", "gam_reverse")
 MODES = ("eager", "graph", "pass", "pass-graph", "step")
 GRAPH_MODES = ("graph", "pass-graph")  # gamfunc.cuda_graph: CUDA only
 COMPILED_MODES = ("pass", "pass-graph", "step")
