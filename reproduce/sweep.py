@@ -80,7 +80,7 @@ if not __package__:  # run as a file: the checkout's root on sys.path (reproduce
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce.config import parse_overrides
-from reproduce.sweeps.grid import execute, finished_summary
+from reproduce.sweeps.grid import diverged_reason, execute, finished_summary
 from reproduce.sweeps.plan import SweepError, plan
 from reproduce.sweeps.table import METRICS, every_cell_diverged, outcome, write_tables
 
@@ -220,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = reused.get(i)
             if summary is None and code == 0:
                 summary = finished_summary(run)
+            if code == 3 and not why:  # trained in this process: its summary says why
+                why = diverged_reason(run)
             failed |= code is not None and code not in (0, 3) and code < 128
             outcomes[i] = outcome(run, summary, code, why, opts.metric) | {"reused": i in reused}
     except SweepError as e:

@@ -409,4 +409,6 @@ def _epoch_line(cfg: Config, pos: dict) -> str:
     vals = [r["val_acc"] for r in records if r.get("val_acc") is not None]
     if vals:
         line += f", val acc {min(vals):.2f}..{max(vals):.2f}%"
-    return line + f", {sum(pos['diverged'])} diverged"
+    skipped = sum(r["skipped_steps"] for r in records)
+    # the end judges each member (`_judge`); here: the steps skipped, and --max_skipped in a row
+    return line + f", {skipped} member steps skipped, {sum(pos['diverged'])} past --max_skipped"
