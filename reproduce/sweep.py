@@ -64,9 +64,10 @@ for the report and never compared. Without a validation split (``--val_fraction`
 refuses to start. A run that diverges (``train.py`` exit 3) marks its cell ``diverged``; such a cell is
 never selected. The std is the sample standard deviation over seeds (n − 1; none for one seed).
 
-Exit status: 0 when every run finished or diverged, 2 for bad arguments or a run that could not run
-(one line on stderr each), 128 + signal number when stopped by SIGINT/SIGTERM (running runs write a
-checkpoint first; rerun the command to continue).
+Exit status: 0 when no run failed (a cell with a run that diverged is marked and never selected), 3
+when every cell has a run that diverged, so that nothing can be selected (as ``train.py`` exits 3 for a
+run that did not train), 2 for bad arguments or a run that could not run (one line on stderr each), 128 + signal number
+when stopped by SIGINT/SIGTERM (running runs write a checkpoint first; rerun the command to continue).
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ if not __package__:  # run as a file: the checkout's root on sys.path (reproduce
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce.config import parse_overrides
-from reproduce.sweeps.grid import execute, finished_summary
+from reproduce.sweeps.grid import diverged_reason, execute, finished_summary
 from reproduce.sweeps.plan import SweepError, plan
-from reproduce.sweeps.table import METRICS, outcome, write_tables
+from reproduce.sweeps.table import METRICS, every_cell_diverged, outcome, write_tables
 
 __all__ = ["main", "parse"]
 
@@ -219,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             summary = reused.get(i)
             if summary is None and code == 0:
                 summary = finished_summary(run)
+            if code == 3 and not why:  # trained in this process: its summary says why
+                why = diverged_reason(run)
             failed |= code is not None and code not in (0, 3) and code < 128
             outcomes[i] = outcome(run, summary, code, why, opts.metric) | {"reused": i in reused}
     except SweepError as e:
@@ -229,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         "reused": len(reused),
         "trained": sum(1 for c, _ in results.values() if c == 0),
     }
-    write_tables(opts, rest, grid, name, root, runs, outcomes, counts)
+    rows = write_tables(opts, rest, grid, name, root, runs, outcomes, counts)
     if signum is not None:
         print(f"stopped by signal {signum}; rerun the same command to continue", file=sys.stderr)
         return 128 + signum
-    return 2 if failed else 0
+    if failed:
+        return 2
+    return 3 if every_cell_diverged(rows) else 0
 
 
 if __name__ == "__main__":

@@ -314,3 +314,131 @@ def test_reuse_gives_full_gam_the_passes_of_lookgam():
     look, every, equal = (rows[k] for k in list(rows)[:3])
     assert look[2] == every[2] == pytest.approx(8 / 5)
     assert equal[1]["epochs"] * equal[2] == pytest.approx(100 * look[2])
+
+
+# ---------------------------------------------------------------- options a command does not use
+
+
+def _flag_argv(command: str, key: str) -> list[str]:
+    flag = f"--{key.replace('_', '-')}"
+    return [command, flag] if key in ("quick", "vmap") else [command, f"{flag}=1"]
+
+
+def test_each_subcommand_takes_its_own_options_and_refuses_every_other(capsys):
+    """Generally, not case by case: an option is on a subcommand's parser iff the subcommand reads
+    it (evidence.cli.OPTIONS); any other is refused in one line naming the subcommands it is for."""
+    every = {k for keys in evidence.cli.OPTIONS.values() for k in keys} | set(evidence.cli.COMMON)
+    for command in evidence.SUBCOMMANDS:
+        mine = {*evidence.cli.COMMON, *evidence.cli.OPTIONS[command]}
+        for key in sorted(every):
+            argv = _flag_argv(command, key)
+            if key in mine:
+                assert evidence.parser().parse_known_args(argv)[1] == [], argv
+                continue
+            with pytest.raises(SystemExit) as e:
+                evidence.main(argv)
+            err = capsys.readouterr().err.strip()
+            assert e.value.code == 2 and len(err.splitlines()) == 1, (argv, err)
+            assert err.startswith(f"error: {command} does not use --{key.replace('_', '-')} ")
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["reuse", "--quick", "--gam=1e30,1e30"], "reuse does not use --gam"),
+        (["accuracy", "--methods=SAM", "--sam-rho=1e30"], "accuracy does not use --sam-rho"),
+        (["minima", "--sam-gam=0.1,1"], "minima does not use --sam-gam"),  # no SAM+GAM there
+        (["landscape", "--seeds=3"], "landscape does not use --seeds"),  # seed 0 only
+        (["fd", "--model=cnn1d"], "fd does not use --model"),  # both MLPs, always
+        (["accuracy", "--methods=SAM", "--gam=0.1,1"], "--gam sets SGD+GAM"),
+        (["spectra", "--methods=SGD", "--sam-gam=0.1,1"], "--sam-gam sets SAM+GAM"),
+        (["spectra", "--methods=SGD,SAM", "--gnp-alpha=0.2"], "--gnp-alpha sets GNP"),
+    ],
+)
+def test_an_option_a_command_does_not_use_is_refused(argv, word, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(evidence.SUBCOMMANDS, argv[0], lambda opt: pytest.fail("it ran"))
+    try:
+        code = evidence.main([*argv, f"--out={tmp_path}"])
+    except SystemExit as e:  # refused by the parser
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and word in err, err
+
+
+@pytest.mark.parametrize("option", ["--epochs=3", "--methods=SAM", "--quick", "--seeds=2"])
+def test_accuracy_reading_a_spectra_json_refuses_the_options_of_training(option, tmp_path, capsys):
+    spectra = {"runs": {"SGD": [dict(train_acc=100.0, test_acc=60.0, gap=40.0, step_ms=1.0)]}}
+    (tmp_path / "spectra.json").write_text(json.dumps(spectra))
+    argv = ["accuracy", f"--reuse={tmp_path / 'spectra.json'}", option, f"--out={tmp_path}"]
+    assert evidence.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not used: accuracy reads the runs" in err
+    assert not (tmp_path / "accuracy.json").exists()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"runs": {"SGD": [{"train_acc": 1',  # truncated
+        '{"runs": 5}',
+        "[]",
+        "null",
+        '{"runs": {}}',
+        '{"runs": {"SGD": []}}',
+        '{"runs": {"SGD": [{"train_acc": null, "test_acc": 60, "gap": 40, "step_ms": 1}]}}',
+        '{"runs": {"SGD": [{"train_acc": NaN, "test_acc": 60, "gap": 40, "step_ms": 1}]}}',
+        '{"runs": {"SGD": [{"test_acc": 60, "gap": 40, "step_ms": 1}]}}',
+        '{"runs": {"SGD": [5]}}',
+    ],
+)
+def test_a_bad_reused_json_is_one_line_and_exit_2(text, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(evidence.accuracy, "run_grid", lambda *a, **k: pytest.fail("it trained"))
+    (tmp_path / "spectra.json").write_text(text)
+    argv = ["accuracy", f"--reuse={tmp_path / 'spectra.json'}", f"--out={tmp_path / 'out'}"]
+    assert evidence.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --reuse=") and "Trace" not in err
+
+
+# ---------------------------------------------------------------- counts get bounds
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["landscape", "--points=100000"], "--points must be at most 201"),
+        (["spectra", "--iters=3"], "--k=50 eigenvalues take at least k Lanczos products"),
+        (["family", "--quick", "--k=30"], "give --iters >= 30"),
+        (["minima", "--probe=5000"], "--probe must be at most the 4000 probe examples"),
+        (["minima", "--directions=10001"], "--directions must be at most 10_000"),
+        (["reuse", "--seeds=101"], "--seeds must be at most 100"),
+        (["variants", "--iters=10001"], "--iters must be at most 10_000"),
+        (["spectra", "--trace-samples=10001"], "--trace-samples must be at most 10_000"),
+        (["ablation", "--epochs=10001"], "--epochs must be at most 10_000"),
+    ],
+)
+def test_counts_have_bounds_checked_before_training(argv, word, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(evidence.SUBCOMMANDS, argv[0], lambda opt: pytest.fail("it trained"))
+    assert evidence.main([*argv, f"--out={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and word in err, err
+
+
+# ---------------------------------------------------------------- probe losses that are not finite
+
+
+def test_minima_whose_probe_losses_are_not_finite_exit_3_naming_them(tmp_path, capsys):
+    """At ρ = 1e308 the probes overflow: no count of 0 extrema (which would read as flat), no table."""
+    argv = ["minima", "--quick", "--threads=1", "--radius=1e308", f"--out={tmp_path}"]
+    assert evidence.main(argv) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "SGD (seed 0)" in err, err
+    assert "of its 110 probe losses are not finite; give a smaller --radius" in err
+    assert not (tmp_path / "minima.json").exists() and not (tmp_path / "minima.md").exists()
+
+
+def test_check_finite_counts_the_losses_that_are_not():
+    evidence.common.check_finite(torch.ones(3), "x", "run", "hint")
+    losses = torch.tensor([1.0, float("inf"), float("nan"), 2.0])
+    with pytest.raises(evidence.common.NotMeasured, match="x of run: 2 of its 4 probe losses"):
+        evidence.common.check_finite(losses, "x", "run", "hint")

@@ -324,3 +324,37 @@ def test_a_signal_stops_a_sweep_and_keeps_the_checkpoint(tmp_path):
     assert ckpt.load(path)["status"] == "interrupted"
     assert not (tmp_path / "sweep.digits" / "rho=0.1").exists()  # never started
     assert (tmp_path / "sweep.digits" / "sweep.md").exists()
+
+
+def test_a_run_that_diverged_marks_its_cell_and_is_never_selected(tmp_path, capsys):
+    """lr=1e30 diverges (train.py exit 3): its cell is marked, lr=0.1 is selected, exit 0."""
+    args = ["--grid=lr=1e30,0.1", "--seeds=0", "--", f"--logdir={tmp_path}", *TRAIN_ARGS]
+    assert sweep.main(args) == 0
+    out = capsys.readouterr().out
+    assert "[sweep 1/2] lr=1e30 seed=0: diverged" in out and "selected lr=0.1:" in out
+    table, md = tables(tmp_path)
+    assert [c["status"] for c in table["cells"]] == ["diverged", "complete"]
+    diverged = table["cells"][0]["seeds"]["0"]
+    assert (diverged["status"], diverged["exit"], diverged["reused"]) == ("diverged", 3, False)
+    assert "steps were skipped as non-finite" in diverged["why"]  # train.py's reason
+    assert table["selected"]["cell"] == "lr=0.1"
+    assert "| 1e30 | 0 | – | – | diverged |" in md
+
+
+def test_a_sweep_whose_every_cell_exited_3_exits_3(tmp_path, capsys, monkeypatch):
+    """Any run that exits 3 (it did not train: a divergence, or an estimator one of whose branches
+    never took a step) is a diverged cell, never an ordinary row; when every cell is one, nothing is
+    selected and the sweep exits 3, as train.py does."""
+    calls = []
+    monkeypatch.setattr(train, "main", lambda argv: calls.append(argv) or 3)
+    assert run_sweep(tmp_path) == 3
+    assert len(calls) == 8
+    out = capsys.readouterr().out
+    assert (
+        "every cell has a run that diverged: nothing selected" in out and "selected rho" not in out
+    )
+    table, md = tables(tmp_path)
+    assert table["selected"] is None
+    assert {c["status"] for c in table["cells"]} == {"diverged"}
+    assert all(o["status"] == "diverged" for c in table["cells"] for o in c["seeds"].values())
+    assert md.count("| diverged |") == 4

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from train_cli import poison_digits_test_labels
 
 from gamfunc.ensemble import unstack
+from gamfunc.state import StepState
 from reproduce import sweep, train
 from reproduce.build import setup
 from reproduce.config import resolve
@@ -235,3 +236,59 @@ def test_check_names_the_fields_that_vary():
     ]
     assert vmapped.check(cfgs, "gam") == ["lr"]
     assert vmapped.check([resolve([f"--seed={s}"]) for s in (0, 1)], "gam") == []
+
+
+# A member that did not train is judged as train.py judges a run: diverged, never selected.
+DIVERGE = [
+    "--preset=digits",
+    "--estimator=sam",
+    "--epochs=1",
+    "--val_fraction=0.2",
+    "--progress=false",
+]
+
+
+def test_a_member_that_diverged_is_marked_and_never_selected(tmp_path, capsys):
+    """lr=1e30 skips 10 of its 11 steps (more than --max_skipped_fraction), never 50 in a row: it
+    diverged as train.py says of the same run, while lr=0.1 in the same step trained."""
+    argv = ["--vmap", "--grid=lr=1e30,0.1", "--seeds=0", "--", f"--logdir={tmp_path}", *DIVERGE]
+    assert sweep.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "[sweep] lr=1e30 seed=0: diverged: 10 of its 11 steps were skipped" in out
+    table = json.loads((tmp_path / "sweep.digits.vmap" / "sweep.json").read_text())
+    assert [c["status"] for c in table["cells"]] == ["diverged", "complete"]
+    assert table["cells"][0]["seeds"]["0"]["status"] == "diverged"
+    assert table["selected"]["cell"] == "lr=0.1"
+    members = json.loads((tmp_path / "sweep.digits.vmap" / "members.json").read_text())
+    assert [m["status"] for m in members] == ["diverged", "finished"]
+    assert "--max_skipped_fraction=0.5" in members[0]["reason"] and members[1]["reason"] is None
+
+
+def test_a_sweep_whose_every_member_diverged_exits_3(tmp_path, capsys):
+    argv = ["--vmap", "--grid=lr=1e30,1e31", "--seeds=0", "--", f"--logdir={tmp_path}", *DIVERGE]
+    assert sweep.main(argv) == 3
+    out = capsys.readouterr().out
+    assert "every cell has a run that diverged: nothing selected" in out
+    assert "selected lr=" not in out
+    table = json.loads((tmp_path / "sweep.digits.vmap" / "sweep.json").read_text())
+    assert table["selected"] is None
+    assert [c["status"] for c in table["cells"]] == ["diverged", "diverged"]
+    assert sweep.main(argv) == 3  # a rerun reads the same verdicts from the checkpoint
+
+
+def test_members_are_judged_by_train_pys_rules():
+    """Each rule of reproduce.run.summary.diverged, on one member's own parameters and loss."""
+    cfgs = [resolve([*DIVERGE, f"--lr={lr}"]) for lr in (0.1, 0.2, 0.3, 0.4)]
+    params = {"w": torch.zeros(4, 3)}
+    params["w"][1, 0] = float("nan")  # member 1: non-finite parameters
+    params["w"][2] = 1e4  # member 2: a root mean square above --max_param_rms
+    zeros = torch.zeros(4, dtype=torch.int64)
+    state = StepState(step=zeros, opt=(), skipped=zeros)
+    pos = {"diverged": [False, False, False, True], "step": 10}
+    loss = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    why = vmapped._judge(cfgs, params, state, pos, loss)
+    assert why[0] is None
+    assert "not finite" in why[1] and "root mean square" in why[2]
+    assert "--max_skipped=50 steps in a row" in why[3]
+    loss[0] = float("inf")
+    assert "loss at the last step is inf" in vmapped._judge(cfgs, params, state, pos, loss)[0]

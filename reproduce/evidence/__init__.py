@@ -22,6 +22,11 @@ python -m reproduce.evidence spectra --quick   # any of them in under a minute (
 python -m reproduce.evidence ablation --vmap   # the grid × seeds as one vmapped step per estimator
 ```
 
+Each subcommand takes only the options it reads (``--help`` lists them; `cli`'s ``OPTIONS``) and
+refuses any other in one line, exit 2, as it does a bad value or a count past its bound, before
+anything trains. A run that did not train, or a measurement whose probe losses are not finite, ends
+the command with exit status 3, one line naming the run, and no table.
+
 ``--vmap`` (``ablation``, ``accuracy``, ``noise``) trains the runs of one estimator together, as the
 members of one vmapped step (`reproduce.sweeps.vmapped`): the seeds differ in initialisation, and every
 run sees the validation split and batches of seed 0 (without ``--vmap`` each seed draws its own), so

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from reproduce.config import Config, validate
+from reproduce.data import sets as data_mod
 from reproduce.evidence.ablation import ablation_table, cmd_ablation
-from reproduce.evidence.accuracy import cmd_accuracy
-from reproduce.evidence.common import METHODS, NotTrained
+from reproduce.evidence.accuracy import cmd_accuracy, reused_runs
+from reproduce.evidence.common import METHODS, NotMeasured, NotTrained, base_config
 from reproduce.evidence.family import cmd_family, family_table
 from reproduce.evidence.fd import cmd_fd, fd_table
 from reproduce.evidence.grid import accuracy_table
@@ -62,8 +63,6 @@ TABLES = {
 }
 
 REUSE = "runs/evidence/spectra/spectra.json"
-# the subcommands whose runs --vmap can train together (the others measure each run on its own)
-VMAP = ("ablation", "accuracy", "noise")
 
 # (full, --quick) values of the shared options.
 DEFAULTS = dict(
@@ -91,6 +90,51 @@ FULL = {
 }
 
 
+# The options every subcommand takes, and those each subcommand reads besides: an option of another
+# subcommand is refused there in one line (exit 2), never taken and ignored.
+COMMON = ("quick", "out", "threads")
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "spectra": ("model", "epochs", "seeds", "methods", "gam", "sam_gam", "gnp_alpha",
+                "k", "iters", "trace_samples", "probe"),
+    "accuracy": ("model", "epochs", "seeds", "methods", "gam", "sam_gam", "gnp_alpha",
+                 "reuse", "vmap"),
+    "noise": ("model", "epochs", "seeds", "gam", "sam_gam", "levels", "vmap"),
+    "minima": ("model", "epochs", "seeds", "gam", "probe", "directions", "radius"),
+    "landscape": ("model", "epochs", "gam", "sam_gam", "probe", "points"),
+    "ablation": ("model", "epochs", "seeds", "rhos", "alphas", "sam_rho", "vmap"),
+    "variants": ("model", "epochs", "seeds", "iters", "probe"),
+    "fd": ("epochs", "seeds", "iters", "probe", "radii"),
+    "family": ("model", "epochs", "seeds", "k", "iters", "trace_samples", "probe"),
+    "reuse": ("model", "epochs", "seeds", "iters", "probe"),
+}  # fmt: skip
+# the subcommands whose runs --vmap can train together (the others measure each run on its own)
+VMAP = tuple(c for c, keys in OPTIONS.items() if "vmap" in keys)
+# the method whose hyperparameters an option sets: refused where --methods leaves that method out
+FOR_METHOD = {"gam": "SGD+GAM", "sam_gam": "SAM+GAM", "gnp_alpha": "GNP"}
+# what accuracy trains: refused when it reads the runs of a spectra JSON (--reuse) instead
+TRAINING = ("quick", "model", "epochs", "seeds", "methods", "gam", "sam_gam", "gnp_alpha", "vmap")
+# the defaults of the options without a --quick value
+FIXED = dict(gnp_alpha=0.1, radius=0.1, methods=",".join(METHODS), sam_rho=0.0, threads=0)
+# the largest value of each count (the smallest is 1, 2 for --points): each keeps a command's work
+# finite (--points=P evaluates P² losses per method, --directions=N 11·N); --probe is at most the
+# probe set's size and --k at most --iters, checked apart
+BOUNDS = dict(seeds=100, epochs=10_000, k=1_000, iters=10_000, trace_samples=10_000,
+              directions=10_000, points=201)  # fmt: skip
+HELP = dict(
+    quick="2 epochs, 1 seed, small metrics: under a minute (for tests)",
+    out="output folder (runs/evidence/<subcommand>)",
+    threads="torch threads (0: leave as is)",
+    gnp_alpha="α of GNP (0.1: best on validation)",
+    radius="ρ of minima density (0.1)",
+    methods="the methods to train (a comma list; default all five)",
+    gam="ρ,α of GAM in SGD+GAM (default: 0.5,1)",
+    sam_gam="ρ,α of GAM in SAM+GAM (default: GAM's 0.5,1)",
+    sam_rho="SAM+GAM around a SAM oracle of this ρ (0: plain GAM)",
+    reuse=f"take the runs of this spectra JSON if it exists (default {REUSE}; none with --quick or --vmap)",
+    vmap="train each estimator's runs as one vmapped step (seed 0's data)",
+)
+
+
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose errors are one line (``error: ...``) and exit status 2."""
 
@@ -98,43 +142,47 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+def _flag(key: str) -> str:
+    return f"--{key.replace('_', '-')}"
+
+
+def _add(s: argparse.ArgumentParser, key: str) -> None:
+    """Option ``key`` on subparser ``s``, default None (False for a switch): what was given shows."""
+    if key in ("quick", "vmap"):
+        s.add_argument(_flag(key), action="store_true", help=HELP[key])
+    elif key in DEFAULTS:
+        s.add_argument(_flag(key), type=type(DEFAULTS[key][0]), default=None)
+    else:
+        kind = {"threads": int, "gnp_alpha": float, "radius": float, "sam_rho": float}.get(key, str)
+        s.add_argument(_flag(key), type=kind, default=None, help=HELP[key].replace("%", "%%"))
+
+
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
+    every = [*COMMON, *dict.fromkeys(k for keys in OPTIONS.values() for k in keys)]
     for name, func in SUBCOMMANDS.items():
         summary = (func.__doc__ or name).split("\n")[0]
         # argparse %-formats help strings: a bare % (as in "20/40/60/80%") must be doubled
         s = sub.add_parser(name, help=summary.replace("%", "%%"), description=summary)
-        s.set_defaults(func=func)
-        s.add_argument(
-            "--quick",
-            action="store_true",
-            help="2 epochs, 1 seed, small metrics: under a minute (for tests)",
+        mine = (*COMMON, *OPTIONS[name])
+        for key in mine:
+            _add(s, key)
+        # the others exist on the namespace, unset, so that the shared code reads one shape
+        s.set_defaults(
+            func=func, **{k: False if k == "vmap" else None for k in every if k not in mine}
         )
-        s.add_argument("--out", default=None, help="output folder (runs/evidence/<subcommand>)")
-        s.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-        s.add_argument(
-            "--gnp-alpha", type=float, default=0.1, help="α of GNP (0.1: best on validation)"
-        )
-        s.add_argument("--radius", type=float, default=0.1, help="ρ of minima density")
-        s.add_argument("--methods", default=",".join(METHODS),
-                       help="spectra, accuracy: the methods to train (a comma list)")  # fmt: skip
-        s.add_argument("--gam", default=None,
-                       help="ρ,α of GAM in SGD+GAM (default: 0.5,1)")  # fmt: skip
-        s.add_argument("--sam-gam", default=None,
-                       help="ρ,α of GAM in SAM+GAM (default: GAM's 0.5,1)")  # fmt: skip
-        s.add_argument("--sam-rho", type=float, default=0.0,
-                       help="ablation: SAM+GAM around a SAM oracle of this ρ (0: plain GAM)")  # fmt: skip
-        s.add_argument("--reuse", default=REUSE,
-                       help="accuracy: take the runs of this spectra JSON if it exists")  # fmt: skip
-        for key, (full, _) in DEFAULTS.items():
-            s.add_argument(f"--{key.replace('_', '-')}", type=type(full), default=None)
-        if name in VMAP:
-            s.add_argument("--vmap", action="store_true",
-                           help="train each estimator's runs as one vmapped step (seed 0's data)")  # fmt: skip
-        else:
-            s.set_defaults(vmap=False)
     return p
+
+
+def _not_used(command: str, extra: list[str]) -> str:
+    """The one line refusing ``extra``, the arguments ``command`` does not take."""
+    word = next((a for a in extra if a.startswith("-")), extra[0])
+    key = word.split("=", 1)[0].lstrip("-").replace("-", "_")
+    users = [c for c, keys in OPTIONS.items() if key in keys]
+    if not users:
+        return f"unrecognized arguments: {' '.join(extra)}"
+    return f"{command} does not use {_flag(key)} (an option of {', '.join(users)}); leave it out"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,12 +192,17 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program's name.
 
     Returns:
-        The exit status: 0 when it has written its files; 2 for a bad value or an output folder
-            that cannot be written (one line on stderr, before any training); 3 when one of its runs
-            did not train (train.py's rules on skipped steps), naming the run, with no table written.
+        The exit status: 0 when it has written its files; 2 for a bad value, an option the
+            subcommand does not use or an output folder that cannot be written (one line on
+            stderr, before any training; argparse's own errors exit 2 by ``SystemExit``); 3 when
+            one of its runs did not train (train.py's rules on skipped steps) or a measurement of
+            one is not finite, naming the run, with no table written.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    opt = parser().parse_args(argv)
+    p = parser()
+    opt, extra = p.parse_known_args(argv)
+    if extra:
+        p.error(_not_used(opt.command, extra))
     try:
         _prepare(opt, argv)
     except ValueError as e:
@@ -160,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         opt.func(opt)
-    except NotTrained as e:
+    except (NotTrained, NotMeasured) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 3
     return 0
@@ -196,10 +249,15 @@ def _prepare(opt, argv: list[str]) -> None:
     """Fill in ``opt``'s defaults and check every value, before anything trains (ValueError)."""
     opt.started = time.perf_counter()
     opt.command_line = f"{PROG} {shlex.join(argv)}"  # what the JSON records as its command
+    opt.options = (*COMMON, *OPTIONS[opt.command])  # what the JSON records of its settings
+    given = [k for k in opt.options if getattr(opt, k) not in (None, False)]
     for key, (full, quick) in DEFAULTS.items():
         full = FULL.get(opt.command, {}).get(key, full)
         if getattr(opt, key) is None:
             setattr(opt, key, quick if opt.quick else full)
+    for key, value in FIXED.items():
+        if getattr(opt, key) is None:
+            setattr(opt, key, value)
     opt.methods = [m.strip() for m in opt.methods.split(",") if m.strip()]
     unknown = [m for m in opt.methods if m not in METHODS]
     if unknown or not opt.methods:
@@ -208,11 +266,17 @@ def _prepare(opt, argv: list[str]) -> None:
         )
     for key in _COUNTS:
         if getattr(opt, key) < 1:
-            raise ValueError(
-                f"--{key.replace('_', '-')} must be an integer >= 1; got {getattr(opt, key)}"
-            )
+            raise ValueError(f"{_flag(key)} must be an integer >= 1; got {getattr(opt, key)}")
     if opt.points < 2:
         raise ValueError(f"--points must be an integer >= 2; got {opt.points}")
+    for key, most in BOUNDS.items():
+        if key in opt.options and getattr(opt, key) > most:
+            raise ValueError(f"{_flag(key)} must be at most {most:_}; got {getattr(opt, key)}")
+    if "k" in opt.options and opt.k > opt.iters:
+        raise ValueError(
+            f"--k={opt.k} eigenvalues take at least k Lanczos products: give --iters >= {opt.k} "
+            f"or a smaller --k; got --iters={opt.iters}"
+        )
     for option, field in _FIELDS.items():
         _field(option, field, getattr(opt, option))
     for option, field in _LISTS.items():
@@ -229,7 +293,7 @@ def _prepare(opt, argv: list[str]) -> None:
     for key in ("gam", "sam_gam"):
         text = getattr(opt, key)
         if text is not None:
-            flag = f"--{key.replace('_', '-')}"
+            flag = _flag(key)
             values = _numbers(key.replace("_", "-"), text)
             if len(values) != 2:
                 raise ValueError(f"{flag} takes ρ,α; got {text!r}")
@@ -241,11 +305,37 @@ def _prepare(opt, argv: list[str]) -> None:
         raise ValueError(
             f"--threads must be in [0, {cores}] (this machine's cores); got {opt.threads}"
         )
+    if opt.reuse is None:  # --quick never reads a full run's results, --vmap trains its own
+        opt.reuse = "" if opt.quick or opt.vmap else REUSE
+    _check_use(opt, given)
     if opt.threads:
         torch.set_num_threads(opt.threads)
+    if "probe" in opt.options:
+        size = len(data_mod.load(base_config(opt)).probe)
+        if opt.probe > size:
+            raise ValueError(f"--probe must be at most the {size} probe examples; got {opt.probe}")
     opt.out = Path(opt.out or f"runs/evidence/{opt.command}")
     opt.out.mkdir(parents=True, exist_ok=True)
     if not os.access(opt.out, os.W_OK):
         raise OSError(13, "permission denied")
-    if (opt.quick or opt.vmap) and opt.reuse == REUSE:
-        opt.reuse = ""  # --quick never reads a full run's results, --vmap trains its own
+
+
+def _check_use(opt, given: list[str]) -> None:
+    """Refuse a given option that this invocation would not read: a method's hyperparameters where
+    --methods leaves the method out, or accuracy's training options where it reads the runs of a
+    spectra JSON (``--reuse``), whose file it checks (ValueError)."""
+    if "methods" in opt.options:
+        for key, method in FOR_METHOD.items():
+            if key in given and method not in opt.methods:
+                raise ValueError(
+                    f"{_flag(key)} sets {method}, which --methods={','.join(opt.methods)} leaves "
+                    f"out; leave it out or add {method}"
+                )
+    if opt.command == "accuracy" and opt.reuse and Path(opt.reuse).is_file():
+        unused = [k for k in TRAINING if k in given]
+        if unused:
+            raise ValueError(
+                f"{_flag(unused[0])} is not used: accuracy reads the runs of --reuse={opt.reuse}; "
+                "pass --reuse= to train"
+            )
+        reused_runs(Path(opt.reuse))

@@ -88,6 +88,32 @@ def check_trained(cfg, name: str, skipped: int, steps: int) -> None:
         raise NotTrained(f"the run of {name} (seed {cfg.seed}, ρ={cfg.rho:g}) did not train: {why}")
 
 
+class NotMeasured(Exception):
+    """A measurement of a trained run is not finite (its probe losses overflowed, say at too
+    large a radius): the command exits 3 naming the run and the measurement, and writes no table,
+    rather than count or draw what it could not measure."""
+
+
+def check_finite(values: torch.Tensor, what: str, run: str, hint: str) -> None:
+    """Raise `NotMeasured` when some of ``values`` (the probe losses behind measurement ``what`` of
+    ``run``) are not finite; ``hint`` ends the line (what to change).
+
+    Args:
+        values: the losses the measurement was computed from.
+        what: the measurement, as the line names it.
+        run: the run, as the line names it.
+        hint: what to do about it.
+
+    Raises:
+        NotMeasured: ``values`` holds a NaN or an infinity.
+    """
+    bad = int((~torch.isfinite(values)).sum())
+    if bad:
+        raise NotMeasured(
+            f"{what} of {run}: {bad} of its {values.numel()} probe losses are not finite; {hint}"
+        )
+
+
 def probe_batch(examples, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The first ``size`` examples of ``examples`` as one batch (the fixed batch of every metric)."""
     x, y = examples.tensors()
@@ -217,8 +243,9 @@ def write(out: Path, name: str, md: str, record: dict[str, Any], opt) -> None:
     """``<out>/<name>.md`` (the table, the command, run time, device) and ``<out>/<name>.json``."""
     seconds = time.perf_counter() - opt.started
     record = dict(record, command=opt.command_line, seconds=seconds)
-    skip = ("func", "started", "out", "command_line")
-    record["settings"] = {k: v for k, v in vars(opt).items() if k not in skip}
+    skip = ("func", "started", "out", "command_line", "options")
+    used = ("command", *getattr(opt, "options", vars(opt)))  # the options this command reads
+    record["settings"] = {k: v for k, v in vars(opt).items() if k not in skip and k in used}
     record["device"] = f"CPU, torch threads: {torch.get_num_threads()}"
     head = (
         f"# {name}\n\n`{record['command']}` — {record['seconds']:.0f} s on {record['device']}\n\n"

@@ -12,6 +12,7 @@ from reproduce.data import sets as data_mod
 from reproduce.evidence.common import (
     FOUR,
     base_config,
+    check_finite,
     eval_loss,
     method_config,
     png,
@@ -50,6 +51,7 @@ def cmd_landscape(opt) -> None:
             r["params"], batch, eval_loss(r["loss_fn"], r["buffers"]),
             span=(-1.0, 1.0), points=opt.points, generator=data_mod.generator(0, 13),
         )  # fmt: skip
+        check_finite(land.losses, "the landscape", method, "its loss overflows within the grid")
         rec[method] = dict(losses=land.losses.tolist(), alphas=land.alphas.tolist())
         metrics.plot.plot_landscape(
             land, opt.out / f"landscape_{png(method)}.png", title=method, log=True, dpi=80

@@ -9,6 +9,7 @@ from gamfunc import metrics
 from reproduce.data import sets as data_mod
 from reproduce.evidence.common import (
     base_config,
+    check_finite,
     eval_loss,
     method_config,
     pm,
@@ -61,6 +62,13 @@ def cmd_minima(opt) -> None:
                 r["params"], batch, eval_loss(r["loss_fn"], r["buffers"]), opt.radius,
                 directions=opt.directions, steps=10, generator=data_mod.generator(seed, 12),
             )  # fmt: skip
+            # a non-finite loss is no extremum: counted, the direction would read as flat
+            check_finite(
+                d.losses,
+                f"the extrema within ρ = {opt.radius:g}",
+                f"{method} (seed {seed})",
+                "give a smaller --radius",
+            )
             out[method].append(
                 dict(seed=seed, minima=d.minima.tolist(), maxima=d.maxima.tolist(),
                      test_acc=r["test_acc"])

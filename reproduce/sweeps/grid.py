@@ -23,7 +23,7 @@ from reproduce import train
 from reproduce.config import differences
 from reproduce.sweeps.plan import Run, other_settings
 
-__all__ = ["TRAIN", "execute", "finished_summary", "train_argv"]
+__all__ = ["TRAIN", "diverged_reason", "execute", "finished_summary", "train_argv"]
 
 TRAIN = Path(__file__).resolve().parent.parent / "train.py"
 
@@ -44,6 +44,16 @@ def finished_summary(run: Run) -> dict | None:
     if diff:
         raise other_settings(run.run_dir, "a finished run", diff)
     return summary
+
+
+def diverged_reason(run: Run) -> str:
+    """Why the run diverged, as its ``summary.json`` says (``reason``), or ``""`` if it does not."""
+    try:
+        summary = json.loads((run.run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return ""
+    reason = summary.get("reason") if isinstance(summary, dict) else None
+    return reason if isinstance(reason, str) and summary.get("status") == "diverged" else ""
 
 
 def train_argv(run: Run) -> list[str]:

@@ -14,7 +14,15 @@ from typing import Any
 from reproduce.run import report
 from reproduce.sweeps.plan import Cell, Run, SweepError
 
-__all__ = ["METRICS", "aggregate", "markdown", "outcome", "select", "write_tables"]
+__all__ = [
+    "METRICS",
+    "aggregate",
+    "every_cell_diverged",
+    "markdown",
+    "outcome",
+    "select",
+    "write_tables",
+]
 
 # metric -> (where in summary.json, the validation key, the test key read beside it, its description)
 METRICS = {
@@ -73,6 +81,12 @@ def select(rows: list[dict]) -> dict | None:
         ):
             best = row
     return best
+
+
+def every_cell_diverged(rows: list[dict]) -> bool:
+    """Whether nothing can be selected because every cell has a run that diverged (a sweep then
+    exits 3, as ``train.py`` does for a run that did not train)."""
+    return bool(rows) and all(row["status"] == "diverged" for row in rows)
 
 
 def _pm(mean: float | None, std: float | None) -> str:
@@ -146,9 +160,10 @@ def write_tables(
     counts: dict[str, int],
     how: str = "",
     extra: dict[str, Any] | None = None,
-) -> None:
+) -> list[dict]:
     """Aggregate ``outcomes`` (run index -> `outcome`), select on validation, write
-    ``sweep.md`` and ``sweep.json`` (to ``--out`` or ``root``) and print the table and the selection.
+    ``sweep.md`` and ``sweep.json`` (to ``--out`` or ``root``) and print the table and the selection;
+    returns the rows (`aggregate`).
 
     ``how`` ends the table's caption (how the runs were trained); ``extra`` joins the JSON."""
     rows = aggregate(runs, outcomes, opts.seeds)
@@ -192,6 +207,9 @@ def write_tables(
             f"{_pm(chosen['val_mean'], chosen['val_std'])} ({chosen['n']} seeds); "
             f"{_test_name(opts.metric)} beside it {_pm(chosen['test_mean'], chosen['test_std'])}"
         )
+    elif every_cell_diverged(rows):
+        print("every cell has a run that diverged: nothing selected")
     else:
         print("no cell finished every seed: nothing selected")
     print(f"tables in {out_dir / 'sweep.md'} and {out_dir / 'sweep.json'}")
+    return rows

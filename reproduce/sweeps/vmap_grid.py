@@ -38,6 +38,11 @@ How its runs differ from ``reproduce/train.py``'s:
   line that names it (``error: --vmap cannot vary batch_size per member: ...``), as do settings it
   does not implement (``--compile``, ``--weights``, ``--total_steps``, ``--max_steps``, ``--every``)
   and models with BatchNorm buffers; sweep those without ``--vmap``.
+* **Divergence.** Each member is judged as train.py judges a run: ``--max_skipped`` skipped steps in
+  a row during the training; at its end more than ``--max_skipped_fraction`` of its steps skipped,
+  non-finite parameters or a root mean square above ``--max_param_rms``, or a non-finite loss at its
+  last step. Such a member is ``diverged`` (one line each, with the reason, in ``members.json`` too),
+  its cell is marked so in the table and never selected; the other members train on.
 * **Output.** No TensorBoard events, per-run folders or flatness metrics (λ_max, trace, R1): the
   sweep's folder holds the tables, ``members.json`` (every member's configuration and epoch records)
   and ``vmap.pt``.
@@ -51,8 +56,8 @@ settings (grid, seeds, ``--data_seed``, or a train.py argument that changes the 
 with the field named: give the sweep another ``--name`` or remove that folder. The group is the unit:
 single members are not reused, and neither kind of sweep reuses the other's runs (their folders differ).
 
-Exit status: 0 when the training finished (a member skipped ``--max_skipped`` steps in a row marks its
-cell ``diverged``), 2 for bad arguments or a refusal (one line on stderr), 128 + signal number when
+Exit status: 0 when the training finished, 3 when every cell has a member that diverged (nothing can
+be selected), 2 for bad arguments or a refusal (one line on stderr), 128 + signal number when
 stopped by SIGINT/SIGTERM (a checkpoint is written first; rerun the command to continue).
 """
 
@@ -74,7 +79,7 @@ from reproduce.run import launch, report
 from reproduce.run.signals import StopFlag
 from reproduce.sweeps import vmapped
 from reproduce.sweeps.plan import SweepError, other_settings, plan
-from reproduce.sweeps.table import outcome, write_tables
+from reproduce.sweeps.table import every_cell_diverged, outcome, write_tables
 
 __all__ = ["run"]
 
@@ -178,7 +183,9 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
         if summaries is None:  # stopped: every member where the checkpoint left it
             out = outcome(r, None, 128 + signum if signum else None, "", opts.metric)
         elif summaries[i]["status"] == "diverged":
-            out = outcome(r, None, 3, "", opts.metric)
+            why = summaries[i].get("reason") or ""
+            print(f"[sweep] {r.cell.label} seed={r.seed}: diverged: {why}", flush=True)
+            out = outcome(r, None, 3, why, opts.metric)
         else:
             out = outcome(r, summaries[i], 0, "", opts.metric)
         outcomes[i] = out | {"run_dir": str(root), "reused": reused}
@@ -190,8 +197,8 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
     how = f" All {n} runs trained as one vmapped step on the batches of seed {data_seed}."
     seconds = body["pos"]["train_seconds"] if body is not None else 0.0
     extra = {"vmap": {"members": n, "data_seed": data_seed, "train_seconds": round(seconds, 2)}}
-    write_tables(opts, rest, grid, name, root, runs, outcomes, counts, how, extra)
+    rows = write_tables(opts, rest, grid, name, root, runs, outcomes, counts, how, extra)
     if signum is not None:
         print(f"stopped by signal {signum}; rerun the same command to continue", file=sys.stderr)
         return 128 + signum
-    return 0
+    return 3 if every_cell_diverged(rows) else 0

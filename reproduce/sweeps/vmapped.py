@@ -28,7 +28,11 @@ What is shared and what differs:
 Models without buffers only (the MLPs and the 1-d CNN of MNIST-1D and digits, for which this pays):
 members with BatchNorm would need their running statistics stacked into the step's state and read
 back from it for evaluation, which is not done here (the state stays opaque to this module). A member whose loss or update is not finite is skipped
-alone; after ``max_skipped`` skipped steps in a row it is marked diverged (the others go on).
+alone; after ``max_skipped`` skipped steps in a row it is marked diverged (the others go on). At the
+end each member is judged as train.py judges a run (`reproduce.run.summary.diverged`: more than
+``max_skipped_fraction`` of its steps skipped, non-finite parameters or a root mean square above
+``max_param_rms``, a non-finite loss at its last step): such a member's status is ``diverged``, with
+the reason.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 import gamfunc
-from gamfunc.ensemble import stack, vmap_step
+from gamfunc.ensemble import stack, unstack, vmap_step
 from reproduce.build import (
     CORRECT,
     build_estimator,
@@ -56,6 +60,7 @@ from reproduce.config import Config, as_dict, differences
 from reproduce.data import sets as data_mod
 from reproduce.models import build_model
 from reproduce.run.epoch import epoch_batches, train_epochs
+from reproduce.run.summary import diverged
 
 __all__ = ["PER_MEMBER", "Members", "VmapError", "check", "evaluate", "fresh_position", "train"]
 
@@ -240,7 +245,8 @@ def train(
     """Train the runs ``cfgs`` of estimator ``name`` as one vmapped step on ``data`` (loaded with
     ``data_seed``); returns the last body (below), whose ``summaries`` hold one summary per member.
 
-    A member's summary is ``{"status": "finished" | "diverged", "final": the last epoch's record,
+    A member's summary is ``{"status": "finished" | "diverged", "reason": why it diverged (None
+    when it finished; `_judge`), "final": the last epoch's record,
     "best_val": the best validation epoch's {val_acc, epoch, test_acc}, "history", "config"}``, the
     keys of train.py's ``summary.json`` that a sweep reads (a record holds ``train_loss``, the test
     and validation loss and accuracy, and with ``eval_train`` those of the training set in eval
@@ -274,6 +280,7 @@ def train(
         }
 
     t: dict[str, Tensor] = {}  # the epoch's sums, on the device
+    last: dict[str, Tensor] = {}  # each member's loss at the last step taken in this process
 
     def batches(epoch: int, first: int):
         t.clear()
@@ -297,6 +304,7 @@ def train(
     def after_step(metrics: dict, batch) -> str | None:
         n = len(batch[1])
         ok = metrics["skipped"] == 0
+        last["loss"] = metrics["loss"]
         t["loss"] = t["loss"] + torch.where(ok, metrics["loss"].double() * n, 0.0)
         t["seen"] = t["seen"] + ok.long() * n
         t["skipped"] = t["skipped"] + (~ok).long()
@@ -324,9 +332,11 @@ def train(
 
     if train_epochs(step, batches, pos, cfg.epochs, after_step, end) is not None:
         return body()
+    why = _judge(cfgs, params, state, pos, last.get("loss"))
     summaries = [
         {
-            "status": "diverged" if pos["diverged"][i] else "finished",
+            "status": "finished" if why[i] is None else "diverged",
+            "reason": why[i],
             "final": pos["history"][i][-1],
             "best_val": pos["best"][i],
             "history": pos["history"][i],
@@ -339,6 +349,24 @@ def train(
     if save is not None:
         save(body(summaries))
     return body(summaries)
+
+
+def _judge(cfgs: list[Config], params, state, pos: dict, last_loss: Tensor | None) -> list:
+    """Why each member did not train, or None where it did: ``max_skipped`` skipped steps in a row
+    during the training, else train.py's judgement of a run at its end
+    (`reproduce.run.summary.diverged`) on the member's own parameters, step state and last loss."""
+    n = len(cfgs)
+    losses = [None] * n if last_loss is None else list(last_loss.cpu())
+    out: list[str | None] = []
+    for i, (c, p, s) in enumerate(zip(cfgs, unstack(params), unstack(state), strict=True)):
+        if pos["diverged"][i]:
+            out.append(
+                f"--max_skipped={c.max_skipped} steps in a row were skipped as non-finite; "
+                "lower --lr or check the data"
+            )
+        else:
+            out.append(diverged(c, p, s, pos["step"], losses[i]))
+    return out
 
 
 def _end_of_epoch(cfg: Config, m: Members, params, data, pos: dict, device) -> None:
@@ -381,4 +409,6 @@ def _epoch_line(cfg: Config, pos: dict) -> str:
     vals = [r["val_acc"] for r in records if r.get("val_acc") is not None]
     if vals:
         line += f", val acc {min(vals):.2f}..{max(vals):.2f}%"
-    return line + f", {sum(pos['diverged'])} diverged"
+    skipped = sum(r["skipped_steps"] for r in records)
+    # the end judges each member (`_judge`); here: the steps skipped, and --max_skipped in a row
+    return line + f", {skipped} member steps skipped, {sum(pos['diverged'])} past --max_skipped"
