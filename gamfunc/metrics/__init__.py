@@ -23,12 +23,15 @@ from gamfunc.metrics.landscape import (
     random_direction,
 )
 from gamfunc.metrics.minima import MinimaDensity, minima_density
+from gamfunc.metrics.model import Problem, from_model
 
 __all__ = [
     "Landscape1D",
     "Landscape2D",
     "MinimaDensity",
+    "Problem",
     "first_order_flatness",
+    "from_model",
     "hessian_trace",
     "lanczos_quadrature",
     "landscape_1d",

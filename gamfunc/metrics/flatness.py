@@ -35,6 +35,7 @@ from gamfunc.loss import check_params, gradient_pass, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
 from gamfunc.metrics.guard import measurable
 from gamfunc.metrics.hessian import top_eigenvalues
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
 __all__ = ["first_order_flatness", "zeroth_order_flatness"]
@@ -42,6 +43,7 @@ __all__ = ["first_order_flatness", "zeroth_order_flatness"]
 INITS = ("auto", "gradient", "eigenvector", "random")
 
 
+@takes_model
 @measurable(pair="return_point")
 @torch.no_grad()
 def first_order_flatness(
@@ -119,6 +121,7 @@ def first_order_flatness(
     return (value, point) if return_point else value
 
 
+@takes_model
 @measurable()
 @torch.no_grad()
 def zeroth_order_flatness(

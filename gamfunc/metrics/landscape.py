@@ -15,6 +15,7 @@ from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, make_generator
 from gamfunc.metrics.guard import checked, why_unmeasurable
 from gamfunc.metrics.hessian import top_eigenvalues
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
 __all__ = ["Landscape1D", "Landscape2D", "landscape_1d", "landscape_2d", "random_direction"]
@@ -95,6 +96,7 @@ def random_direction(
     return out
 
 
+@takes_model
 @torch.no_grad()
 def landscape_1d(
     params: Tree,
@@ -158,6 +160,7 @@ def landscape_1d(
     return Landscape1D(alphas, losses, d)
 
 
+@takes_model
 @torch.no_grad()
 def landscape_2d(
     params: Tree,

@@ -13,6 +13,7 @@ from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
 from gamfunc.metrics.guard import why_unmeasurable
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
 __all__ = ["MinimaDensity", "count_extrema", "minima_density"]
@@ -36,6 +37,7 @@ class MinimaDensity(NamedTuple):
     radii: Tensor  # [M+1]: the distances i·ρ/M from θ
 
 
+@takes_model
 @torch.no_grad()
 def minima_density(
     params: Tree,
