@@ -131,3 +131,15 @@ def test_hessian_half_width_falls_back_to_one():
 
     assert hessian_half_width(2.0) == 1.0
     assert [hessian_half_width(v) for v in (0.0, -3.0, math.nan, math.inf)] == [1.0] * 4
+
+
+def test_the_plots_take_holes(tmp_path):
+    pytest.importorskip("matplotlib")
+    params, batch = problem()
+    density = metrics.minima_density(params, batch, loss_fn, rho=1e39, directions=3, steps=4)
+    metrics.plot.plot_minima_density(density, tmp_path / "m.png")
+    line = metrics.landscape_1d(params, batch, loss_fn, span=(-1e38, 1e38), points=5)
+    grid = metrics.landscape_2d(params, batch, loss_fn, span=(-1e38, 1e38), points=3)
+    metrics.plot.plot_landscape(line, tmp_path / "l.png", log=True)
+    metrics.plot.plot_landscape(grid, tmp_path / "g.png")
+    assert all((tmp_path / f).stat().st_size > 0 for f in ("m.png", "l.png", "g.png"))
