@@ -314,7 +314,7 @@ def hessian_half_width(lam: float) -> float:
         The half-width of the default span of a landscape along Hessian directions.
 
     Example:
-        >>> hessian_half_width(1620.0) ** 2 * 1620.0 / 2
+        >>> round(hessian_half_width(1620.0) ** 2 * 1620.0 / 2, 12)
         1.0
     """
     return math.sqrt(2.0 / lam) if math.isfinite(lam) and lam > 0 else 1.0
