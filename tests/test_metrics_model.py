@@ -133,3 +133,18 @@ def test_a_buffered_loss_without_buffers_names_them():
     for metric in (metrics.top_eigenvalues, metrics.minima_density, metrics.landscape_1d):
         with pytest.raises(TypeError, match="pass buffers="):
             metric(params, whole, loss_fn)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_cuda_model_over_a_host_loader():
+    """The loader's batches stay on the host and move to the model's device one at a time."""
+    model, whole, loader = problem()
+    model = model.cuda()
+    for name in ("top_eigenvalues", "hessian_trace", "first_order_flatness", "minima_density"):
+        over_batches = METRICS[name](model, loader, CE)
+        assert over_batches.device.type == "cuda"
+        cpu = METRICS[name](model.cpu(), whole, CE)
+        model.cuda()
+        torch.testing.assert_close(over_batches.cpu(), cpu, rtol=1e-7, atol=1e-10)
+    params, batches, _ = metrics.from_model(model, loader, CE)
+    assert batches.batches[0][0].device.type == "cpu" and params["0.weight"].is_cuda
