@@ -36,12 +36,16 @@ def gen():
 
 CE = nn.CrossEntropyLoss()
 METRICS = {
-    "top_eigenvalues": lambda *a: metrics.top_eigenvalues(*a, k=3, iters=40, generator=gen()),
-    "power": lambda *a: metrics.top_eigenvalues(*a, k=2, iters=30, method="power", generator=gen()),
+    "top_eigenvalues": lambda *a: metrics.top_eigenvalues(*a, k=2, iters=16, generator=gen()),
+    "power": lambda *a: metrics.top_eigenvalues(*a, k=1, iters=10, method="power", generator=gen()),
     "hessian_trace": lambda *a: metrics.hessian_trace(*a, samples=10, generator=gen()),
-    "spectral_density": lambda *a: metrics.spectral_density(*a, iters=20, generator=gen())[1],
-    "first_order_flatness": lambda *a: metrics.first_order_flatness(*a, 0.05, steps=3),
-    "zeroth_order_flatness": lambda *a: metrics.zeroth_order_flatness(*a, 0.05, steps=3),
+    "trace_fd": lambda *a: metrics.hessian_trace(*a, samples=3, hvp="fd", generator=gen()),
+    "trace_exact": lambda *a: metrics.hessian_trace(*a, samples=3, hvp="exact", generator=gen()),
+    "spectral_density": lambda *a: metrics.spectral_density(*a, iters=10, generator=gen())[1],
+    "first_order_flatness": lambda *a: metrics.first_order_flatness(*a, 0.05, steps=1),
+    "zeroth_order_flatness": lambda *a: metrics.zeroth_order_flatness(
+        *a, 0.05, steps=2, init="gradient"
+    ),
     "landscape_1d": lambda *a: metrics.landscape_1d(*a, points=5).losses,
     "landscape_2d": lambda *a: metrics.landscape_2d(*a, directions="hessian", points=3).losses,
     "minima_density": lambda *a: metrics.minima_density(*a, directions=3, steps=4).losses,

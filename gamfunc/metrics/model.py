@@ -139,7 +139,10 @@ class DataMean(Objective):
             if clean is None:  # a fixed v: the backend's pass at θ comes for free
                 grad = tree.scale(p.grad, w) if grad is None else tree.axpy(w, p.grad, grad)
                 loss = p.loss * w if loss is None else loss + p.loss * w
-        return hv, clean if clean is not None else Pass(grad, loss, ())
+        if clean is not None:
+            return hv, clean
+        assert grad is not None and loss is not None  # a Batches holds one batch at least
+        return hv, Pass(grad, loss, ())
 
 
 def from_model(model: nn.Module, data, criterion, *, mode: str = "eval") -> Problem:
