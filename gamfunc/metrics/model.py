@@ -153,7 +153,10 @@ def from_model(model: nn.Module, data, criterion, *, mode: str = "eval") -> Prob
     holding all the data.
 
     Args:
-        model: the ``nn.Module``; never modified (its mode, parameters and buffers are as before).
+        model: the ``nn.Module``; its mode, parameters and buffers are left as they are (its
+            BatchNorm layers are made safe for forward-mode AD under autocast, in place, as
+            [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize] does: what they compute does
+            not change).
         data: one batch ``(inputs, targets)``, or an iterable of them (a ``DataLoader``, a list),
             read once.
         criterion: ``criterion(outputs, targets) -> scalar``, a mean over the batch's examples.
