@@ -4,14 +4,9 @@ full_dataset weighting by batch size); the model is never modified; wrong argume
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gamfunc
 from gamfunc import metrics
