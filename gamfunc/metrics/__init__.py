@@ -1,7 +1,8 @@
 """Flatness metrics: Hessian spectrum, trace and eigenvalue density, R0/R1 flatness, minima density, loss landscapes.
 
 Every metric is a pure function of ``(params, batch, loss_fn)``, the contract of the estimators,
-and never modifies its inputs. ``hvp=`` picks the Hessian-vector product: a backend of
+and never modifies its inputs; each also takes ``(model, data, criterion)``, a model with one batch
+or a ``DataLoader`` (the mean over all of it, [`from_model`][gamfunc.metrics.model.from_model]). ``hvp=`` picks the Hessian-vector product: a backend of
 [`gamfunc.hvps`][gamfunc.hvps] or its shorthand "exact", "reverse", "fd" (``hvps.fd()``, r = 1e-3;
 another radius is ``hvps.fd(radius=r)``); ``buffers=`` with ``mode="eval" | "train"`` handles BatchNorm (see
 `gamfunc.metrics._common`); randomness comes from a ``generator`` (None: seeded with 0).
@@ -23,12 +24,17 @@ from gamfunc.metrics.landscape import (
     random_direction,
 )
 from gamfunc.metrics.minima import MinimaDensity, minima_density
+from gamfunc.metrics.model import Batches, DataMean, Problem, from_model
 
 __all__ = [
+    "Batches",
+    "DataMean",
     "Landscape1D",
     "Landscape2D",
     "MinimaDensity",
+    "Problem",
     "first_order_flatness",
+    "from_model",
     "hessian_trace",
     "lanczos_quadrature",
     "landscape_1d",

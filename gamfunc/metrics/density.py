@@ -25,11 +25,13 @@ from gamfunc.metrics._common import (
     tridiagonal,
     unflat,
 )
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
 __all__ = ["lanczos_quadrature", "spectral_density"]
 
 
+@takes_model
 @torch.no_grad()
 def lanczos_quadrature(
     params: Tree,
@@ -149,6 +151,7 @@ def _lanczos_tridiagonal(matvec, q: Tensor, n: int, iters: int, gen, like: Tenso
     return alphas, betas
 
 
+@takes_model
 @torch.no_grad()
 def spectral_density(
     params: Tree,

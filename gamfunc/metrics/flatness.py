@@ -20,28 +20,39 @@ lower bound of the true maximum that only grows with ``steps``. The start (``ini
 * ``"auto"`` (default): both of the above, starting from the better one.
 * ``"random"``: a random direction from ``generator``.
 
+A probe value that is not finite (a ρ that reaches where the loss overflows) makes the estimate NaN,
+never the maximum of the finite rest (which would read as flatter than the truth), with one line on
+the ``gamfunc.metrics`` logger saying how many.
+
 BatchNorm: the paper does not measure R0 or R1 on their own; inside SAM and GAM training the
 perturbed passes use batch statistics (``mode="train"``). The default here is ``mode="eval"``.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import Tensor
 
 from gamfunc import hvps, tree
+from gamfunc._compat import in_transform
 from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params, gradient_pass, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
 from gamfunc.metrics.guard import measurable
 from gamfunc.metrics.hessian import top_eigenvalues
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
 __all__ = ["first_order_flatness", "zeroth_order_flatness"]
 
 INITS = ("auto", "gradient", "eigenvector", "random")
 
+log = logging.getLogger("gamfunc.metrics")  # the guard's logger
 
+
+@takes_model
 @measurable(pair="return_point")
 @torch.no_grad()
 def first_order_flatness(
@@ -85,7 +96,8 @@ def first_order_flatness(
         buffers, mode: BatchNorm handling (module doc; default ``"eval"``).
 
     Returns:
-        The estimate of R1_ρ(θ) (0-d tensor, a lower bound of the true value); with
+        The estimate of R1_ρ(θ) (0-d tensor, a lower bound of the true value; NaN with one
+            logged line where a probe value is not finite, see `gamfunc.metrics.flatness`); with
             ``return_point`` the pair ``(value, point)``.
 
     Example:
@@ -112,13 +124,15 @@ def first_order_flatness(
         f, clean = hvps.grad_norm_grad(loss, point, batch, backend, eps=eps)
         return tree.norm(clean.grad), f
 
-    best, point, _ = _ascent(
+    best, point, _, holes = _ascent(
         params, batch, loss, rho, value_and_ascent, steps, lr, init, hvp, eps, generator
     )
+    _log_holes("first_order_flatness", "gradient norms", holes)
     value = rho * best
     return (value, point) if return_point else value
 
 
+@takes_model
 @measurable()
 @torch.no_grad()
 def zeroth_order_flatness(
@@ -148,8 +162,9 @@ def zeroth_order_flatness(
             [`first_order_flatness`][gamfunc.metrics.flatness.first_order_flatness].
 
     Returns:
-        The estimate of R0_ρ(θ) (0-d tensor, >= 0, a lower bound of the true value); with
-            ``return_point`` the pair ``(value, point)``.
+        The estimate of R0_ρ(θ) (0-d tensor, >= 0, a lower bound of the true value; NaN with
+            one logged line where a probe loss is not finite); with ``return_point`` the pair
+            ``(value, point)``.
 
     Example:
         >>> import torch
@@ -175,15 +190,18 @@ def zeroth_order_flatness(
         p = gradient_pass(loss, point, batch)
         return p.loss, p.grad
 
-    best, point, at_theta = _ascent(
+    best, point, at_theta, holes = _ascent(
         params, batch, loss, rho, value_and_ascent, steps, lr, init, hvp, eps, generator
     )
+    _log_holes("zeroth_order_flatness", "losses", holes)
     value = best - at_theta
     return (value, point) if return_point else value
 
 
 def _ascent(params, batch, loss, rho, evaluate, steps, lr, init, hvp, eps, generator):
-    """Projected normalised gradient ascent of φ in B(θ, ρ); returns (max φ found, argmax, φ(θ)).
+    """Projected normalised gradient ascent of φ in B(θ, ρ); returns (max φ found, argmax, φ(θ),
+    (how many φ values off θ were not finite, how many were evaluated)). The max is NaN where any
+    was not finite.
 
     ``evaluate(point, need_ascent) -> (φ(point), ∇φ(point) or None)``. The choice of the best point
     goes through ``torch.where``, so nothing here waits on the device.
@@ -205,8 +223,10 @@ def _ascent(params, batch, loss, rho, evaluate, steps, lr, init, hvp, eps, gener
     if init == "random":
         starts.append(tree.scale(_random_unit(params, gen), rho))
     current = None
+    holes = torch.zeros((), dtype=torch.int64, device=phi0.device)  # φ values not finite
     for e in starts:
         phi, d = evaluate(tree.add(params, e), steps > 0)
+        holes = holes + (~torch.isfinite(phi)).to(holes.dtype)
         if current is None:
             current = (phi, e, d)
         else:
@@ -219,8 +239,28 @@ def _ascent(params, batch, loss, rho, evaluate, steps, lr, init, hvp, eps, gener
         d_hat, _ = tree.normalize(d, eps)
         e = _project(tree.axpy(lr * rho, d_hat, e), rho)
         phi, d = evaluate(tree.add(params, e), t + 1 < steps)
+        holes = holes + (~torch.isfinite(phi)).to(holes.dtype)
         best, best_eps = _keep_best(phi, e, best, best_eps)
-    return best, tree.add(params, best_eps), phi0
+    # A maximum over points some of which are not finite is not known: NaN, never the finite rest.
+    best = torch.where(holes > 0, torch.full_like(best, float("nan")), best)
+    return best, tree.add(params, best_eps), phi0, (holes, len(starts) + steps)
+
+
+def _log_holes(name: str, what: str, holes) -> None:
+    """One line where some probe values were not finite (the value is NaN then); nothing inside a
+    transform or a compiled region, where no value can be read."""
+    count, total = holes
+    if torch.compiler.is_compiling() or in_transform():
+        return
+    n = int(count)
+    if n:
+        log.warning(
+            "%s: NaN, %d of %d probe %s in the ball are not finite (inf or NaN)",
+            name,
+            n,
+            total,
+            what,
+        )
 
 
 def _keep_best(phi: Tensor, e: Tree, best: Tensor, best_eps: Tree):

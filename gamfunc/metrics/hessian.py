@@ -29,6 +29,7 @@ from gamfunc.metrics._common import (
     unflat,
 )
 from gamfunc.metrics.guard import measurable
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
 __all__ = ["hessian_trace", "top_eigenvalues"]
@@ -44,6 +45,7 @@ def _k(k: int = 1, *args, **kwargs) -> tuple[int]:
     return (kwargs.get("k", k),)
 
 
+@takes_model
 @measurable(_k, pair="return_eigenvectors")
 def top_eigenvalues(
     params: Tree,
@@ -240,6 +242,7 @@ def _power(matvec: Callable[[Tensor], Tensor], draw, n: int, k: int, iters: int,
 # ---- trace ---------------------------------------------------------------------------------------
 
 
+@takes_model
 @measurable()
 @torch.no_grad()
 def hessian_trace(

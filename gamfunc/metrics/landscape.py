@@ -4,6 +4,7 @@ random directions or the top Hessian eigenvectors."""
 from __future__ import annotations
 
 import logging
+import math
 from typing import NamedTuple
 
 import torch
@@ -15,9 +16,17 @@ from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, make_generator
 from gamfunc.metrics.guard import checked, why_unmeasurable
 from gamfunc.metrics.hessian import top_eigenvalues
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
-__all__ = ["Landscape1D", "Landscape2D", "landscape_1d", "landscape_2d", "random_direction"]
+__all__ = [
+    "Landscape1D",
+    "Landscape2D",
+    "hessian_half_width",
+    "landscape_1d",
+    "landscape_2d",
+    "random_direction",
+]
 
 log = logging.getLogger("gamfunc.metrics")  # the guard's logger: one line per unmeasurable input
 
@@ -31,11 +40,14 @@ class Landscape1D(NamedTuple):
         alphas: the P values of α.
         losses: the P losses L(θ + α·d).
         direction: d, a tree like the params.
+        nonfinite: how many of the P losses are not finite (inf or NaN); each such point is logged
+            as a hole in the landscape, never drawn as flat.
     """
 
     alphas: Tensor  # [P]
     losses: Tensor  # [P]
     direction: Tree  # d
+    nonfinite: int = 0
 
 
 class Landscape2D(NamedTuple):
@@ -46,12 +58,14 @@ class Landscape2D(NamedTuple):
         betas: the Q values of β.
         losses: the [P, Q] losses.
         directions: (d1, d2), trees like the params.
+        nonfinite: how many of the P·Q losses are not finite (inf or NaN).
     """
 
     alphas: Tensor  # [P]
     betas: Tensor  # [Q]
     losses: Tensor  # [P, Q]
     directions: tuple[Tree, Tree]  # (d1, d2)
+    nonfinite: int = 0
 
 
 def random_direction(
@@ -95,6 +109,7 @@ def random_direction(
     return out
 
 
+@takes_model
 @torch.no_grad()
 def landscape_1d(
     params: Tree,
@@ -102,7 +117,7 @@ def landscape_1d(
     loss_fn,
     *,
     direction="random",
-    span: tuple[float, float] = (-1.0, 1.0),
+    span: tuple[float, float] | None = None,
     points: int = 51,
     biasbn: str = "ignore",
     generator: torch.Generator | None = None,
@@ -112,6 +127,22 @@ def landscape_1d(
 ) -> Landscape1D:
     """L(θ + α·d) for ``points`` values of α evenly spaced over ``span`` (Li et al. 2018).
 
+    The span: the default fits the direction's scale, so that the plot shows the landscape's shape.
+
+    * "random" (filter-normalised: each filter as long as θ's) and given dicts: (−1, 1), as Li et
+      al. (α = 1 moves each filter by its own norm).
+    * "hessian" (unit eigenvectors): (−s, s) with s = √(2/λ_1), λ_1 the largest eigenvalue: the
+      distance at which the quadratic model L(θ) + ½·λ_1·α² has risen by 1 (a nat of
+      cross-entropy). With (−1, 1) a unit eigenvector rises by λ_1/2 (810 for λ_1 = 1620: one
+      colour but for the ends). Where λ_1 is not a finite number > 0, (−1, 1).
+
+    Two models drawn along their own Hessian directions then get different spans (the sharper one
+    a narrower one): to compare them on one axis, pass one ``span`` to both.
+
+    A point whose loss is not finite (inf or NaN, an overflow far from θ) stays in ``losses`` as
+    it is, is counted in ``nonfinite`` and logged in one line on the ``gamfunc.metrics`` logger:
+    a hole in the landscape, never a flat region.
+
     Args:
         params: θ, a flat dict of tensors.
         batch: the batch ``loss_fn`` takes.
@@ -119,7 +150,7 @@ def landscape_1d(
             when ``buffers`` is given (see `gamfunc.metrics._common`).
         direction: "random" ([`random_direction`][gamfunc.metrics.landscape.random_direction]), "hessian" (the unit eigenvector of the
             largest Hessian eigenvalue, by Lanczos), or a dict shaped like ``params``.
-        span: (α_min, α_max).
+        span: (α_min, α_max), finite, α_min < α_max; None (default) fits the direction (above).
         points: P >= 2.
         biasbn: for "random": "ignore" or "include" the tensors of dimension <= 1.
         generator: randomness of "random" and of the Lanczos start; None seeds with 0.
@@ -135,7 +166,8 @@ def landscape_1d(
             one line is logged on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`).
 
     Raises:
-        ValueError: ``points`` is not an integer >= 2, or ``direction`` or ``params`` is malformed.
+        ValueError: ``points`` is not an integer >= 2, ``span`` is not a finite increasing pair,
+            or ``direction`` or ``params`` is malformed.
 
     Example:
         >>> import torch
@@ -151,13 +183,16 @@ def landscape_1d(
     """
     check_params(params)
     _check_points(points)
+    if span is not None:
+        _check_span("span", span)
     loss = bound_loss(loss_fn, buffers, mode)
-    (d,) = _directions(params, batch, loss, direction, 1, biasbn, generator, hvp)
-    alphas = _grid(span, points, params)
+    (d,), half, measured = _directions(params, batch, loss, direction, 1, biasbn, generator, hvp)
+    alphas = _grid(span if span is not None else (-half, half), points, params)
     losses = torch.stack([_loss_at(loss, batch, tree.axpy(float(a), d, params)) for a in alphas])
-    return Landscape1D(alphas, losses, d)
+    return Landscape1D(alphas, losses, d, _nonfinite("landscape_1d", losses, measured))
 
 
+@takes_model
 @torch.no_grad()
 def landscape_2d(
     params: Tree,
@@ -165,7 +200,7 @@ def landscape_2d(
     loss_fn,
     *,
     directions="random",
-    span=(-1.0, 1.0),
+    span=None,
     points=21,
     biasbn: str = "ignore",
     generator: torch.Generator | None = None,
@@ -179,15 +214,21 @@ def landscape_2d(
         params, batch, loss_fn, biasbn, generator, hvp, buffers, mode: as [`landscape_1d`][gamfunc.metrics.landscape.landscape_1d].
         directions: "random" (two independent [`random_direction`][gamfunc.metrics.landscape.random_direction]), "hessian" (the unit
             eigenvectors of the two largest Hessian eigenvalues), or a pair of dicts.
-        span: (min, max) for both axes, or ((α_min, α_max), (β_min, β_max)).
+        span: (min, max) for both axes, or ((α_min, α_max), (β_min, β_max)), each finite and
+            increasing; None (default) fits the directions as in
+            [`landscape_1d`][gamfunc.metrics.landscape.landscape_1d]: (−1, 1) for random ones,
+            (−s, s) on both axes for Hessian ones, s = √(2/λ_1) (so that the contours' aspect
+            shows λ_2/λ_1).
         points: P for both axes, or (P, Q).
 
     Returns:
         A [`Landscape2D`][gamfunc.metrics.landscape.Landscape2D]; ``losses[i, j]`` is the loss at (alphas[i], betas[j]). Hessian
-            directions that cannot be measured are NaN, as in [`landscape_1d`][gamfunc.metrics.landscape.landscape_1d].
+            directions that cannot be measured are NaN, as in [`landscape_1d`][gamfunc.metrics.landscape.landscape_1d]; its
+            ``nonfinite`` counts the losses that are not finite, logged in one line as there.
 
     Raises:
-        ValueError: ``points`` is not an integer >= 2, or ``directions`` or ``params`` is malformed.
+        ValueError: ``points`` is not an integer >= 2, a span is not a finite increasing pair, or
+            ``directions`` or ``params`` is malformed.
 
     Example:
         >>> import torch
@@ -202,12 +243,15 @@ def landscape_2d(
         https://arxiv.org/abs/1712.09913.
     """
     check_params(params)
-    spans = span if isinstance(span[0], tuple | list) else (span, span)
+    spans = _spans_2d(span)
     counts = points if isinstance(points, tuple | list) else (points, points)
     for p in counts:
         _check_points(p)
     loss = bound_loss(loss_fn, buffers, mode)
-    d1, d2 = _directions(params, batch, loss, directions, 2, biasbn, generator, hvp)
+    (d1, d2), half, measured = _directions(
+        params, batch, loss, directions, 2, biasbn, generator, hvp
+    )
+    spans = tuple(s if s is not None else (-half, half) for s in spans)
     alphas, betas = _grid(spans[0], counts[0], params), _grid(spans[1], counts[1], params)
     rows = []
     for a in alphas:
@@ -215,38 +259,108 @@ def landscape_2d(
         rows.append(
             torch.stack([_loss_at(loss, batch, tree.axpy(float(b), d2, row_origin)) for b in betas])
         )
-    return Landscape2D(alphas, betas, torch.stack(rows), (d1, d2))
+    losses = torch.stack(rows)
+    return Landscape2D(
+        alphas, betas, losses, (d1, d2), _nonfinite("landscape_2d", losses, measured)
+    )
 
 
-def _directions(params, batch, loss, spec, count, biasbn, generator, hvp) -> list[Tree]:
+def _directions(params, batch, loss, spec, count, biasbn, generator, hvp):
+    """``(directions, s, measured)``: the directions, the half-width s of their default span
+    (see [`landscape_1d`][gamfunc.metrics.landscape.landscape_1d]), and False where Hessian
+    directions could not be measured (NaN, one line logged already)."""
     if isinstance(spec, dict):
         spec = (spec,)
     if isinstance(spec, tuple | list):
         if len(spec) != count:
             raise ValueError(f"expected {count} direction(s); got {len(spec)}")
         for d in spec:
-            if d.keys() != params.keys():
-                raise ValueError("a direction must have the keys of params")
-        return list(spec)
+            if not isinstance(d, dict) or d.keys() != params.keys():
+                raise ValueError("a direction must be a dict with the keys of params")
+        return list(spec), 1.0, True
     if spec == "random":
         gen = make_generator(generator, params)
-        return [random_direction(params, gen, biasbn=biasbn) for _ in range(count)]
+        return [random_direction(params, gen, biasbn=biasbn) for _ in range(count)], 1.0, True
     if spec == "hessian":
         why = why_unmeasurable(params, batch, loss)
         if why is None:
             try:
                 with checked():  # checked above; a failure is logged below, once
-                    _, vectors = top_eigenvalues(
+                    values, vectors = top_eigenvalues(
                         params, batch, loss, k=count, generator=generator, hvp=hvp,
                         return_eigenvectors=True,
                     )  # fmt: skip
-                return vectors
+                return vectors, hessian_half_width(float(values[0])), True
             except torch.linalg.LinAlgError as e:
                 why = f"the eigendecomposition failed ({str(e).splitlines()[0][:120]})"
         # no Hessian direction here: NaN directions make every loss of the landscape NaN
         log.warning("landscape: NaN, %s", why)
-        return [{k: torch.full_like(v, float("nan")) for k, v in params.items()}] * count
+        return (
+            [{k: torch.full_like(v, float("nan")) for k, v in params.items()}] * count,
+            1.0,
+            False,
+        )
     raise ValueError(f"direction(s) must be 'random', 'hessian' or dicts; got {spec!r}")
+
+
+def hessian_half_width(lam: float) -> float:
+    """s = √(2/λ_1): along a unit eigenvector of λ_1 the quadratic model rises by 1 at ±s; 1 where
+    λ_1 is not a finite number > 0.
+
+    Args:
+        lam: λ_1, the largest Hessian eigenvalue.
+
+    Returns:
+        The half-width of the default span of a landscape along Hessian directions.
+
+    Example:
+        >>> round(hessian_half_width(1620.0) ** 2 * 1620.0 / 2, 12)
+        1.0
+    """
+    return math.sqrt(2.0 / lam) if math.isfinite(lam) and lam > 0 else 1.0
+
+
+def _check_span(name: str, span) -> None:
+    ok = isinstance(span, tuple | list) and len(span) == 2
+    if ok:
+        try:
+            lo, hi = float(span[0]), float(span[1])
+        except (TypeError, ValueError):
+            ok = False
+        else:
+            ok = math.isfinite(lo) and math.isfinite(hi) and lo < hi
+    if not ok:
+        raise ValueError(
+            f"{name} must be a pair (min, max) of finite numbers, min < max; got {span!r}"
+        )
+
+
+def _spans_2d(span) -> tuple:
+    """Both axes' spans (None: the default) from ``span``: None, one pair, or a pair of pairs."""
+    if span is None:
+        return (None, None)
+    if (
+        isinstance(span, tuple | list)
+        and len(span) == 2
+        and all(isinstance(s, tuple | list) for s in span)
+    ):
+        _check_span("span[0]", span[0])
+        _check_span("span[1]", span[1])
+        return tuple(span)
+    _check_span("span", span)
+    return (span, span)
+
+
+def _nonfinite(name: str, losses: Tensor, measured: bool) -> int:
+    """How many losses are not finite, logged in one line (unless the directions were NaN, which
+    is logged already)."""
+    n = int((~torch.isfinite(losses)).sum())
+    if n and measured:
+        log.warning(
+            "%s: %d of %d losses are not finite (inf or NaN): holes in the landscape, not flat",
+            name, n, losses.numel(),
+        )  # fmt: skip
+    return n
 
 
 def _grid(span, points: int, params: Tree) -> Tensor:

@@ -13,6 +13,7 @@ from gamfunc.checks import check_int, check_positive
 from gamfunc.loss import check_params, loss_and_aux
 from gamfunc.metrics._common import bound_loss, flat, gaussian, make_generator, unflat
 from gamfunc.metrics.guard import why_unmeasurable
+from gamfunc.metrics.model import takes_model
 from gamfunc.tree import Tree
 
 __all__ = ["MinimaDensity", "count_extrema", "minima_density"]
@@ -28,14 +29,18 @@ class MinimaDensity(NamedTuple):
         maxima: [N] int64, the strict local maxima.
         losses: [N, M+1], L(θ + i·(ρ/M)·u_n) for i = 0..M (column 0 is L(θ)).
         radii: [M+1], the distances i·ρ/M from θ.
+        nonfinite: [N] int64, how many of each direction's M+1 losses are not finite (inf or
+            NaN); a direction with any has NaN counts.
     """
 
     minima: Tensor  # [N] int64: strict local minima of the loss along each direction
     maxima: Tensor  # [N] int64: strict local maxima
     losses: Tensor  # [N, M+1]: L(θ + i·(ρ/M)·u_n), i = 0..M (column 0 is L(θ))
     radii: Tensor  # [M+1]: the distances i·ρ/M from θ
+    nonfinite: Tensor  # [N] int64: losses of each direction that are not finite
 
 
+@takes_model
 @torch.no_grad()
 def minima_density(
     params: Tree,
@@ -74,7 +79,10 @@ def minima_density(
         A [`MinimaDensity`][gamfunc.metrics.minima.MinimaDensity] with the counts per direction and the losses behind them. On
             weights that cannot be measured (non-finite parameters, or a non-finite loss at θ) every
             count and loss is NaN (counts then in the parameters' floating dtype), and one line is
-            logged on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`).
+            logged on the ``gamfunc.metrics`` logger (`gamfunc.metrics.guard`). A probe loss that
+            is not finite (a radius that reaches where the loss overflows) makes the counts of its
+            direction NaN, never 0 (the parameters' floating dtype again), is counted in
+            ``nonfinite``, and all of them are logged in one line.
 
     Raises:
         ValueError: ``directions`` or ``steps`` is not an integer >= 1, or ``rho`` not a finite
@@ -108,7 +116,8 @@ def minima_density(
     if why is not None:  # a count of 0 would read as perfectly flat
         log.warning("minima_density: NaN, %s", why)
         nan = torch.full((directions, steps + 1), float("nan"), dtype=x0.dtype, device=x0.device)
-        return MinimaDensity(nan[:, 0], nan[:, 0].clone(), nan, radii.to(x0))
+        every = torch.full((directions,), steps + 1, dtype=torch.int64, device=x0.device)
+        return MinimaDensity(nan[:, 0], nan[:, 0].clone(), nan, radii.to(x0), every)
     at_theta = loss_and_aux(loss, params, batch)[0]
     rows = []
     for _ in range(directions):
@@ -120,7 +129,19 @@ def minima_density(
         rows.append(torch.stack(path))
     losses = torch.stack(rows)
     minima, maxima = (c.to(x0.device) for c in count_extrema(losses))
-    return MinimaDensity(minima, maxima, losses, radii.to(device=x0.device, dtype=x0.dtype))
+    nonfinite = (~torch.isfinite(losses)).sum(dim=1)
+    holed = nonfinite > 0
+    if bool(holed.any()):  # a count over a path with holes would read as flat
+        log.warning(
+            "minima_density: NaN counts on %d of %d directions: %d of %d probe losses are not "
+            "finite (inf or NaN; rho=%g may reach where the loss overflows)",
+            int(holed.sum()), directions, int(nonfinite.sum()), losses.numel(), rho,
+        )  # fmt: skip
+        nan = torch.tensor(float("nan"), dtype=x0.dtype, device=x0.device)
+        minima = torch.where(holed, nan, minima.to(x0.dtype))
+        maxima = torch.where(holed, nan, maxima.to(x0.dtype))
+    radii = radii.to(device=x0.device, dtype=x0.dtype)
+    return MinimaDensity(minima, maxima, losses, radii, nonfinite)
 
 
 def count_extrema(losses: Tensor) -> tuple[Tensor, Tensor]:

@@ -210,7 +210,9 @@ def plot_minima_density(
     """How many directions show 0, 1, 2, … local minima and maxima within ρ (paper Figure 3).
 
     Args:
-        density: from [`minima_density`][gamfunc.metrics.minima.minima_density].
+        density: from [`minima_density`][gamfunc.metrics.minima.minima_density]; the directions
+            whose counts are NaN (probe losses not finite) are left out, and the figure says how
+            many.
         path: where to save the figure; None saves nothing.
         title: the figure's title.
         figsize: the figure's size in inches.
@@ -221,7 +223,9 @@ def plot_minima_density(
     """
     fig = _figure_class()(figsize=figsize, dpi=dpi)
     ax = fig.add_subplot()
-    minima, maxima = _numpy(density.minima), _numpy(density.maxima)
+    # NaN: a direction whose probe losses were not all finite, left out
+    counted = (density.minima.isfinite() & density.maxima.isfinite()).cpu()
+    minima, maxima = _numpy(density.minima.cpu()[counted]), _numpy(density.maxima.cpu()[counted])
     top = int(max(minima.max(initial=0), maxima.max(initial=0)))
     edges = [x - 0.5 for x in range(top + 2)]
     ax.hist([minima, maxima], bins=edges, label=["minima", "maxima"], edgecolor="k", lw=0.5)
@@ -229,6 +233,9 @@ def plot_minima_density(
     ax.set_xlabel("number within ρ")
     ax.set_ylabel("directions")
     ax.legend()
+    if not counted.all():
+        ax.text(0.98, 0.7, f"{int((~counted).sum())} of {counted.numel()} directions not counted\n"
+                "(probe losses not finite)", transform=ax.transAxes, ha="right", fontsize=8)  # fmt: skip
     if title:
         ax.set_title(title)
     return _save(fig, path)
