@@ -12,10 +12,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from gamfunc import tree
 from gamfunc.accumulate import accumulate as accumulated
+from gamfunc.checks import check_positive
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator
+from gamfunc.hvps import FiniteDifference
 from gamfunc.nn import module_loss, places
 from gamfunc.optim.transforms import chain, clip_by_global_norm
 from gamfunc.precision import mixed
@@ -31,7 +34,16 @@ from gamfunc.torch_optim.checks import (
 )
 from gamfunc.torch_optim.copies import copy_into
 from gamfunc.torch_optim.groups import Groups
+from gamfunc.torch_optim.habits import (
+    DAVDA54,
+    GRAD_SCALER,
+    HandSetGrad,
+    check_lrs,
+    davda54_error,
+    unscaling,
+)
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
+from gamfunc.torch_optim.module_grads import ModuleGradients, gradients_only, needs_graph
 
 __all__ = ["FlatnessOptimizer"]
 
@@ -41,6 +53,15 @@ _BACKWARD_INSIDE = (
     "backward() called inside a functorch transform",
     "backward through the graph a second time",
     "element 0 of tensors does not require grad",
+)
+
+
+# A closure step would drop gradients filled before it: it evaluates the closure at every point.
+_FILLED_BEFORE = (
+    "step(closure): a parameter's .grad was filled before the step (Lightning's "
+    "accumulate_grad_batches > 1, or a backward() outside the closure), which a flatness step "
+    "drops: it evaluates the closure at every point; accumulate with the facade's accumulate= "
+    "and step((inputs, targets)) (in Lightning, manual optimisation)"
 )
 
 
@@ -174,6 +195,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     ):
         check_model(model)
         check_arguments(criterion, compile, compile_options, accumulate, precision)
+        if max_grad_norm is not None:
+            check_positive("max_grad_norm", max_grad_norm)
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"cuda_graph must be True or False; got {cuda_graph!r}")
         if not isinstance(estimator, Estimator):
@@ -221,15 +244,25 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         batch_loss = mixed(functools.partial(as_is, on_batch, model), precision)
         if accumulate > 1:
             batch_loss = accumulated(batch_loss, accumulate)
-        on_closure = mixed(
-            functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers), precision
-        )
+        # step(closure): on the module itself, the torch.optim protocol, for an estimator built
+        # on gradients alone (fp32: autocast inside the closure is the caller's); otherwise with
+        # the module's tensors swapped, differentiated by torch.func (no backward() inside)
+        self._module_grads: ModuleGradients | None = None
+        if precision == "fp32" and gradients_only(estimator, base):
+            self._module_grads = on_closure = ModuleGradients()
+        else:
+            on_closure = mixed(
+                functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers),
+                precision,
+            )
         batch_step = make_step(
             estimator, transform, batch_loss, every=every, base=base, on_nonfinite=on_nonfinite
         )
         self._closure_step = make_step(
             estimator, transform, on_closure, every=every, base=base, on_nonfinite=on_nonfinite
         )
+        self._precision = precision
+        self._habits = HandSetGrad()
         self._accumulate = accumulate
         if compile:
             scope = "step" if compile == "step" else "pass"
@@ -256,13 +289,52 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer interface ----------------------------------------------------------
 
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The param groups (see the class's Attributes). ``torch.amp.GradScaler.unscale_`` reads
+        them first, on every iteration: there it is refused (TypeError) in one line."""
+        if unscaling():
+            raise TypeError(GRAD_SCALER)
+        try:
+            return self.__dict__["param_groups"]
+        except KeyError:  # a wrapper of another class (Lightning's) looks it up on the optimiser
+            raise AttributeError("param_groups") from None
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.__dict__["param_groups"] = groups
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """What ``torch.amp.GradScaler.step`` (and Lightning's fp16 precision) asks first, before
+        it looks for an overflow: it is refused there, on its first use."""
+        raise TypeError(GRAD_SCALER)
+
+    def __getattr__(self, name: str):
+        if name in DAVDA54:
+            raise davda54_error(type(self).__name__, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     # the loss comes back as a tensor (torch.optim types it float | None), and batch= is the facade's
     def step(self, closure=None, *, batch=None) -> Tensor:  # type: ignore[override]
         """One step; returns the loss at θ before the update (a 0-d tensor).
 
+        A closure is evaluated at every point the estimator needs (θ, θ + ε̂, ...), eagerly (never
+        compiled nor captured). For an estimator built on gradients alone (SAM, ASAM, GSAM, WSAM,
+        LookSAM, F-SAM, accelerated GAM, GAM and GNP with ``hvp=gamfunc.hvps.fd()``) and
+        ``precision="fp32"``, it is ``torch.optim``'s closure: it may zero the gradients and call
+        ``backward()`` (Lightning's automatic optimisation), and it runs on the module itself,
+        the point copied into its parameters, the gradient read from ``.grad`` (or, where it
+        called no ``backward()``, taken of the loss it returned; a parameter left without a
+        gradient counts as a zero gradient, where ``torch.optim`` would skip it), the parameters
+        put back at θ before the base optimiser's update. Autocast inside the closure is the
+        caller's. Otherwise (exact or reverse H·v, ``precision="bf16"``/``"fp16"``) the closure
+        must return the loss without calling ``backward()``: it runs with the step's tensors
+        swapped into the module, differentiated by ``torch.func``.
+
         Args:
-            closure: a callable ``closure() -> loss`` that calls the model (it must not call
-                ``backward()``), or the batch itself, ``step((inputs, targets))``.
+            closure: a callable ``closure() -> loss`` that calls the model, or the batch itself,
+                ``step((inputs, targets))``.
             batch: ``(inputs, targets)`` for ``criterion(model(inputs), targets)``. Given together with
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
@@ -271,10 +343,29 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             The loss at θ before the update.
 
         Raises:
-            TypeError: neither a batch nor a closure, or a closure that does not return a tensor.
-            ValueError: a batch that is not a pair, or a closure with ``accumulate > 1``.
-            RuntimeError: a closure that calls ``backward()``.
+            TypeError: neither a batch nor a closure, or a closure that does not return the loss.
+            ValueError: a batch that is not a pair, a closure with ``accumulate > 1``, a param
+                group's lr below 0 or not finite, a closure that calls ``backward()`` where the
+                estimator needs exact H·v (naming ``hvp=gamfunc.hvps.fd()``), or ``.grad`` filled
+                outside a closure step (gradients accumulated before it).
+            RuntimeError: a closure that calls ``backward()`` with ``precision`` other than fp32.
+
+        Warns:
+            UserWarning: once per optimiser, a ``.grad`` set or changed by hand since the last step
+                (``clip_grad_norm_``, a manual scale), which the step does not read.
         """
+        check_lrs(self.param_groups)
+        held = list(self._trainable.values())
+        on_module = self._module_grads is not None and batch is None and callable(closure)
+        if on_module and self._habits.watch.changed(held):
+            raise ValueError(_FILLED_BEFORE)
+        self._habits.check(held)
+        try:
+            return self._dispatch(closure, batch)
+        finally:
+            self._habits.watch.record(held)
+
+    def _dispatch(self, closure, batch) -> Tensor:
         closure, batch = step_arguments(closure, batch)
         if batch is not None:
             return self._advance(self._batch_step, batch)
@@ -288,10 +379,29 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         except RuntimeError as e:
             if not any(m in str(e) for m in _BACKWARD_INSIDE):
                 raise
+            graph = [
+                h
+                for e in self._estimators()
+                if (h := e.hparams.get("hvp")) is not None and not isinstance(h, FiniteDifference)
+            ]
+            if self._precision == "fp32" and graph:
+                raise ValueError(needs_graph(graph[0])) from None
+            if self._precision != "fp32":
+                raise RuntimeError(
+                    f"step(closure): a closure that calls backward() runs in its own precision "
+                    f"(autocast inside it is yours), which precision={self._precision!r} cannot "
+                    f"scale: build the optimiser with precision='fp32', or return the loss without "
+                    f"calling backward()"
+                ) from None
             raise RuntimeError(
                 "the closure given to step() must return the loss without calling backward() "
                 "(write step(lambda: criterion(model(x), y))): gamfunc differentiates it"
             ) from None
+
+    def _estimators(self) -> list[Estimator]:
+        step = self._closure_step
+        found = [step.estimator, step.estimator.base, step.base]
+        return [e for e in found if e is not None]
 
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {step, skipped, opt, ...}, "param_groups": [...]}``: the step state as plain
@@ -314,12 +424,27 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what [`state_dict`][gamfunc.torch_optim.optimizer.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device.
 
+        With a ``torch.optim`` base optimiser it also takes that optimiser's own ``state_dict()``
+        (``torch.optim.SGD(...).state_dict()`` of a loop before the switch): its state (momentum
+        buffers, Adam's moments) and hyperparameters load into the base optimiser, and the step's
+        own state (its counters, an estimator's state) stays as it is.
+
         Args:
-            state_dict: what ``state_dict()`` returned.
+            state_dict: what ``state_dict()`` returned, or a ``torch.optim`` base optimiser's.
 
         Raises:
-            ValueError: a dict of another form, or saved for other parameters.
+            ValueError: a dict of another form, saved for other parameters, or a ``torch.optim``
+                optimiser's with a gamfunc base optimiser.
         """
+        if _torch_form(state_dict):
+            if self._torch is None:
+                raise ValueError(
+                    "state_dict is a torch.optim optimiser's (integer params), which loads into a "
+                    "facade over a torch.optim base optimiser, not a gamfunc one"
+                )
+            self._torch.load_state_dict(state_dict)
+            self.param_groups, self.state = self._torch.param_groups, self._torch.state
+            return
         keys = ("state", "base") if self._torch is not None else ("state", "param_groups")
         if not isinstance(state_dict, dict) or set(state_dict) != set(keys):
             raise ValueError(f"state_dict must be a dict with keys {keys[0]!r} and {keys[1]!r}")
@@ -384,6 +509,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self._torch.zero_grad(set_to_none=set_to_none)
         else:
             super().zero_grad(set_to_none=set_to_none)
+        self._habits.watch.record(list(self._trainable.values()))  # zeros are not set by hand
 
     def __repr__(self) -> str:
         est = self._batch_step.estimator
@@ -405,15 +531,31 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     def _advance(self, run, data) -> Tensor:
         bridge = self._bridge
+        tensors: list[Tensor] = []
         self._pass_buffers.new_step()  # the last step's buffers are in the module
         if self._graphed and bridge is not None and run is self._batch_step:
             self._recapture_on_change()
-        if bridge is None:
+        on_module = run is self._closure_step and self._module_grads is not None
+        if bridge is None:  # copies where the passes move the module's own parameters
             params = self._params()
+            if on_module:
+                params = dict(zip(params, tree.copies(list(params.values())), strict=True))
         else:  # copies, which the step reads while the base optimiser moves its own tensors
             params, tensors = bridge.snapshot()
         named_buffers = [(k, b) for k, d, key in self._buffer_at if (b := d.get(key)) is not None]
         buffers = self._detached(named_buffers)
+        if on_module:
+            assert self._module_grads is not None
+            self._module_grads.begin(params, self._trainable, dict(named_buffers))
+        try:
+            return self._run(run, params, tensors, buffers, named_buffers, data)
+        finally:
+            if on_module:
+                assert self._module_grads is not None
+                self._module_grads.end()
+
+    def _run(self, run, params, tensors, buffers, named_buffers, data) -> Tensor:
+        bridge = self._bridge
         if self._state is None:
             self._state = run.init(params, None)
         state = self._state._replace(buffers=buffers)
@@ -475,6 +617,23 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         if self._captured is not None and numbers != self._captured:
             release(self._batch_step)
         self._captured = numbers
+
+
+def _torch_form(state_dict) -> bool:
+    """Whether ``state_dict`` is a ``torch.optim`` optimiser's: param groups whose params are
+    integers (the facade's name its parameters)."""
+    if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
+        return False
+    groups = state_dict["param_groups"]
+    return (
+        isinstance(groups, list)
+        and bool(groups)
+        and all(
+            isinstance(g, dict) and all(isinstance(i, int) for i in g.get("params", ()))
+            for g in groups
+        )
+        and any(g.get("params") for g in groups)
+    )
 
 
 def _placed(saved, reference):
