@@ -204,11 +204,7 @@ def test_sam_adaptive_points_to_asam(adaptive):
 @pytest.mark.parametrize("lr", [-1.0, float("nan"), float("inf")])
 def test_a_scheduler_lr_below_zero_or_not_finite_is_refused_at_step(lr, base):
     model = mlp()
-    opt = (
-        torch.optim.SGD(model.parameters(), lr=0.1)
-        if base == "torch"
-        else gamfunc.sgd(lr=0.1)
-    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.1) if base == "torch" else gamfunc.sgd(lr=0.1)
     opt = SAM(model, opt, rho=0.05)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 1.0 if t == 0 else lr / 0.1)
     data = batches(2)
@@ -275,7 +271,7 @@ def test_a_plain_torch_optim_state_dict_loads_into_the_facade():
         opt.step(b)
     torch.testing.assert_close(params_of(twin), params_of(model), **TIGHT)
     gamfunc_base = SAM(mlp(), gamfunc.sgd(lr=0.1), rho=0.05)
-    with pytest.raises(ValueError, match="torch.optim optimiser's"):
+    with pytest.raises(ValueError, match=r"torch\.optim optimiser's"):
         gamfunc_base.load_state_dict(saved)
 
 
