@@ -61,7 +61,7 @@ class GAM(FlatnessOptimizer):
         max_grad_norm: clip the direction to this global norm before the base optimiser.
         cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph.
         **base_kwargs: the keyword arguments of an optimiser class or factory given as
-            ``optimizer``.
+            ``optimizer``; ``params=`` gives a ``torch.optim`` class its param groups.
 
     Raises:
         TypeError: no base optimiser, or keyword arguments for an optimiser already built; as
@@ -151,7 +151,7 @@ class SAM(FlatnessOptimizer):
         max_grad_norm: clip the direction to this global norm before the base optimiser.
         cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph.
         **base_kwargs: the keyword arguments of an optimiser class or factory given as
-            ``optimizer``.
+            ``optimizer``; ``params=`` gives a ``torch.optim`` class its param groups.
 
     Raises:
         TypeError: no base optimiser, keyword arguments for an optimiser already built, or

@@ -133,7 +133,10 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             graph, so a change of one (a scheduler's) drops the graphs and captures again; give it
             as a tensor (``lr=torch.tensor(0.1, device="cuda")``, which schedulers change in place)
             to keep them. ``step(closure)`` is not captured.
-        **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``.
+        **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``;
+            for a ``torch.optim`` class, ``params=`` gives the param groups it is built on (as
+            ``torch.optim`` takes them: ``[{"params": [...], "weight_decay": 0.0}, ...]``), all the
+            trainable parameters in one group otherwise.
 
     Attributes:
         param_groups: a ``torch.optim`` base optimiser's own groups. For a gamfunc one, one group per
@@ -147,10 +150,15 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     Raises:
         TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
-            ``torch.optim`` optimiser whose ``step`` needs a closure, or an argument of the wrong type.
+            ``torch.optim`` optimiser whose ``step`` needs a closure, an argument of the wrong type,
+            ``params=`` with a gamfunc factory (its groups are
+            [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and, on its first use,
+            ``torch.amp.GradScaler`` (``scaler.unscale_`` or ``scaler.step``).
         ValueError: a base optimiser over tensors that are not the model's parameters, an invalid
             option (naming it), or ``cuda_graph=True`` with a model off the GPU or a base optimiser
             built with ``capturable=False``.
+        AttributeError: davda54/sam's ``first_step``, ``second_step`` and ``base_optimizer``,
+            in one line pointing to the torch.optim guide's "Coming from davda54/sam".
 
     Warning:
         With a gamfunc base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the
