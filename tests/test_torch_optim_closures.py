@@ -90,6 +90,20 @@ def test_every_estimator_built_on_gradients_takes_the_closure(name):
     assert_same_module(a, b)
 
 
+def test_a_scheduler_drives_a_closure_step_as_a_batch_step():
+    data = batches(4)
+    a, b = mlp(), mlp()
+    opts = [SAM(m, torch.optim.SGD, lr=0.1, momentum=0.9, rho=0.05) for m in (a, b)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda t: 1.0 / (1.0 + t)) for o in opts]
+    for x, y in data:
+        opts[0].step((x, y))
+        opts[1].step(torch_closure(opts[1], b, x, y))
+        for sched in scheds:
+            sched.step()
+    assert opts[1].param_groups[0]["lr"] == pytest.approx(0.1 / 5)
+    assert_same_module(a, b)
+
+
 def test_the_closure_is_called_once_per_point_and_leaves_the_last_gradient():
     model = mlp()
     opt = GAM(model, torch.optim.SGD, lr=0.1, rho=0.05, alpha=0.2, hvp="fd")

@@ -2,6 +2,8 @@
 zero_grad and backward(), and the facade evaluates it at every point of SAM and of fd GAM. Three
 steps on the CPU equal the manual-optimisation run and the plain step((x, y)) loop (float64)."""
 
+import copy
+
 import pytest
 import torch
 from test_torch_optim_bases import TIGHT, batches, mlp, params_of
@@ -42,18 +44,22 @@ class Classifier(L.LightningModule):
         return make_facade(self.kind, self.net)
 
 
-def fit(kind, automatic, data):
-    module = Classifier(kind, automatic)
-    trainer = L.Trainer(
+def trainer(steps=STEPS, **kwargs):
+    return L.Trainer(
         accelerator="cpu",
-        max_steps=STEPS,
+        max_steps=steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        **kwargs,
     )
+
+
+def fit(kind, automatic, data):
+    module = Classifier(kind, automatic)
     loader = torch.utils.data.DataLoader(data, batch_size=None)  # the batches as they are
-    trainer.fit(module, loader)
+    trainer().fit(module, loader)
     return params_of(module.net)
 
 
@@ -77,15 +83,35 @@ def test_exact_gam_in_automatic_optimisation_is_refused_naming_fd():
         def configure_optimizers(self):
             return GAM(self.net, torch.optim.SGD, lr=0.1, rho=0.05, alpha=0.2, hvp="exact")
 
-    module = Exact("gam", True)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
     loader = torch.utils.data.DataLoader(batches(1), batch_size=None)
     with pytest.raises(ValueError, match=r"hvp=gamfunc\.hvps\.fd\(\)"):
-        trainer.fit(module, loader)
+        trainer(1).fit(Exact("gam", True), loader)
+
+
+class Float32(Classifier):
+    def __init__(self):
+        super().__init__("sam", True)
+        self.net = self.net.float()
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x.float()), y)
+
+
+def test_bf16_mixed_autocasts_inside_the_closure_and_trains():
+    module = Float32()
+    start = copy.deepcopy(params_of(module.net))
+    trainer(2, precision="bf16-mixed").fit(
+        module, torch.utils.data.DataLoader(batches(2), batch_size=None)
+    )
+    assert all(not torch.equal(p, start[k]) for k, p in params_of(module.net).items())
+
+
+def test_16_mixed_with_a_grad_scaler_is_refused_on_the_first_step():
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    scaled = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(TypeError, match=r"GradScaler.*precision='fp16'"):
+        trainer(1, plugins=[scaled]).fit(
+            Float32(), torch.utils.data.DataLoader(batches(1), batch_size=None)
+        )
