@@ -10,7 +10,7 @@ from torch import Tensor
 
 from gamfunc.optim import Transform
 
-__all__ = ["built", "held", "is_torch"]
+__all__ = ["built", "held", "is_torch", "torch_state_dict"]
 
 
 def is_torch(opt) -> bool:
@@ -62,6 +62,22 @@ def built(opt, trainable: dict[str, Tensor], kwargs: dict):
             f"optimizer such as gamfunc.sgd(lr=0.1); got {getattr(opt, '__name__', type(opt).__name__)}"
         )
     return opt
+
+
+def torch_state_dict(state_dict) -> bool:
+    """Whether ``state_dict`` is a ``torch.optim`` optimiser's own: ``{"state", "param_groups"}``
+    whose groups list their params as integers (the facade's own name its parameters)."""
+    if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
+        return False
+    groups = state_dict["param_groups"]
+    return (
+        isinstance(groups, list)
+        and all(
+            isinstance(g, dict) and all(isinstance(i, int) for i in g.get("params", ()))
+            for g in groups
+        )
+        and any(g.get("params") for g in groups)
+    )
 
 
 def held(base: torch.optim.Optimizer, named: dict[str, Tensor]) -> dict[str, Tensor]:

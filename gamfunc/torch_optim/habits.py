@@ -7,15 +7,18 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "DAVDA54",
+    "FILLED_BEFORE",
     "GRAD_SCALER",
     "GUIDE",
     "HAND_SET_GRAD",
+    "CaughtHabits",
     "GradWatch",
     "HandSetGrad",
     "check_lrs",
@@ -50,6 +53,15 @@ HAND_SET_GRAD = (
     "accumulate="
 )
 """The one warning, once per optimiser, for gradients set by hand before ``step()``."""
+
+
+FILLED_BEFORE = (
+    "step(closure): a parameter's .grad was filled before the step (Lightning's "
+    "accumulate_grad_batches > 1, or a backward() outside the closure), which a flatness step "
+    "drops: it evaluates the closure at every point; accumulate with the facade's accumulate= "
+    "and step((inputs, targets)) (in Lightning, manual optimisation)"
+)
+"""The one line refusing gradients accumulated before a closure step, which its passes would drop."""
 
 
 def davda54_error(owner: str, name: str) -> AttributeError:
@@ -153,6 +165,37 @@ class HandSetGrad:
         if not self.warned and self.watch.changed(params):
             self.warned = True
             warnings.warn(HAND_SET_GRAD, UserWarning, stacklevel=4)
+
+
+class CaughtHabits:
+    """The facade's hooks where a ``torch.optim`` habit first touches the optimiser: its
+    ``param_groups`` (``GradScaler.unscale_``'s first read), ``_step_supports_amp_scaling``
+    (``GradScaler.step``'s first question, and Lightning's fp16 precision's), and davda54/sam's
+    attribute names. Each refuses in one line; anything else behaves as on a plain optimiser."""
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The param groups; read from ``GradScaler._unscale_grads_``, a TypeError."""
+        if unscaling():
+            raise TypeError(GRAD_SCALER)
+        try:
+            return self.__dict__["param_groups"]
+        except KeyError:  # a wrapper of another class (Lightning's) looks it up on the optimiser
+            raise AttributeError("param_groups") from None
+
+    @param_groups.setter
+    def param_groups(self, groups: list[dict[str, Any]]) -> None:
+        self.__dict__["param_groups"] = groups
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """What ``GradScaler.step`` asks first, before it looks for an overflow: a TypeError."""
+        raise TypeError(GRAD_SCALER)
+
+    def __getattr__(self, name: str):
+        if name in DAVDA54:
+            raise davda54_error(type(self).__name__, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 def check_lrs(groups: list[dict]) -> None:

@@ -25,7 +25,15 @@ from gamfunc.hvps import FiniteDifference
 from gamfunc.loss import Objective, Pass
 from gamfunc.torch_optim.copies import copy_into
 
-__all__ = ["ModuleGradients", "gradients_only", "needs_graph"]
+__all__ = ["ModuleGradients", "backward_refusal", "gradients_only", "needs_graph"]
+
+# What torch raises when a closure run by torch.func calls backward() itself: inside a transform
+# (compiled or nested passes), or before gamfunc's own backward pass of an eager one.
+BACKWARD_INSIDE = (
+    "backward() called inside a functorch transform",
+    "backward through the graph a second time",
+    "element 0 of tensors does not require grad",
+)
 
 
 def gradients_only(*estimators) -> bool:
@@ -61,6 +69,44 @@ def needs_graph(hvp) -> str:
         f"differentiates the loss's graph (exact H·v): build the estimator with "
         f"hvp=gamfunc.hvps.fd() (hvp='fd'), return the loss without calling backward(), or pass "
         f"the batch, step((inputs, targets))"
+    )
+
+
+def backward_refusal(error: RuntimeError, precision: str, *estimators) -> Exception | None:
+    """The one-line error for a closure that called ``backward()`` where torch.func differentiates
+    it (``error``, raised by torch), or None where ``error`` is another.
+
+    Args:
+        error: what the step raised.
+        precision: the facade's precision.
+        *estimators: the estimator and the base it cycles with (None skipped).
+
+    Returns:
+        A ValueError naming ``hvp=gamfunc.hvps.fd()`` where an estimator differentiates the loss's
+        graph, a RuntimeError naming ``precision='fp32'`` where the precision is another, a
+        RuntimeError asking for the loss without ``backward()`` otherwise; None for another error.
+    """
+    if not any(m in str(error) for m in BACKWARD_INSIDE):
+        return None
+    graph = [
+        h
+        for e in estimators
+        for x in (e, getattr(e, "base", None))
+        if x is not None
+        and (h := x.hparams.get("hvp")) is not None
+        and not isinstance(h, FiniteDifference)
+    ]
+    if graph:
+        return ValueError(needs_graph(graph[0]))
+    if precision != "fp32":
+        return RuntimeError(
+            f"step(closure): a closure that calls backward() runs in its own precision (autocast "
+            f"inside it is yours), which precision={precision!r} cannot scale: build the "
+            f"optimiser with precision='fp32', or return the loss without calling backward()"
+        )
+    return RuntimeError(
+        "the closure given to step() must return the loss without calling backward() "
+        "(write step(lambda: criterion(model(x), y))): gamfunc differentiates it"
     )
 
 

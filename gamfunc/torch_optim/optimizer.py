@@ -18,13 +18,12 @@ from gamfunc.checks import check_positive
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator
-from gamfunc.hvps import FiniteDifference
 from gamfunc.nn import module_loss, places
 from gamfunc.optim.transforms import chain, clip_by_global_norm
 from gamfunc.precision import mixed
 from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import make_step
-from gamfunc.torch_optim.base import built, held
+from gamfunc.torch_optim.base import built, held, torch_state_dict
 from gamfunc.torch_optim.bridge import TorchBridge, TorchState
 from gamfunc.torch_optim.checks import (
     check_arguments,
@@ -34,35 +33,11 @@ from gamfunc.torch_optim.checks import (
 )
 from gamfunc.torch_optim.copies import copy_into
 from gamfunc.torch_optim.groups import Groups
-from gamfunc.torch_optim.habits import (
-    DAVDA54,
-    GRAD_SCALER,
-    HandSetGrad,
-    check_lrs,
-    davda54_error,
-    unscaling,
-)
+from gamfunc.torch_optim.habits import FILLED_BEFORE, CaughtHabits, HandSetGrad, check_lrs
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
-from gamfunc.torch_optim.module_grads import ModuleGradients, gradients_only, needs_graph
+from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
 
 __all__ = ["FlatnessOptimizer"]
-
-# What torch raises when the closure calls backward() itself: inside a torch.func transform (compiled
-# or nested steps), or before gamfunc's own backward pass of an eager step.
-_BACKWARD_INSIDE = (
-    "backward() called inside a functorch transform",
-    "backward through the graph a second time",
-    "element 0 of tensors does not require grad",
-)
-
-
-# A closure step would drop gradients filled before it: it evaluates the closure at every point.
-_FILLED_BEFORE = (
-    "step(closure): a parameter's .grad was filled before the step (Lightning's "
-    "accumulate_grad_batches > 1, or a backward() outside the closure), which a flatness step "
-    "drops: it evaluates the closure at every point; accumulate with the facade's accumulate= "
-    "and step((inputs, targets)) (in Lightning, manual optimisation)"
-)
 
 
 def _lr_metric(lr) -> Tensor:
@@ -79,7 +54,7 @@ def _map_torch(opt_state, fn):
     return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
 
 
-class FlatnessOptimizer(torch.optim.Optimizer):
+class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that moves a module by ``make_step(estimator, optimizer, loss_fn)``.
 
     One step, with θ the module's trainable parameters and B its buffers:
@@ -297,32 +272,6 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer interface ----------------------------------------------------------
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        """The param groups (see the class's Attributes). ``torch.amp.GradScaler.unscale_`` reads
-        them first, on every iteration: there it is refused (TypeError) in one line."""
-        if unscaling():
-            raise TypeError(GRAD_SCALER)
-        try:
-            return self.__dict__["param_groups"]
-        except KeyError:  # a wrapper of another class (Lightning's) looks it up on the optimiser
-            raise AttributeError("param_groups") from None
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.__dict__["param_groups"] = groups
-
-    @property
-    def _step_supports_amp_scaling(self) -> bool:
-        """What ``torch.amp.GradScaler.step`` (and Lightning's fp16 precision) asks first, before
-        it looks for an overflow: it is refused there, on its first use."""
-        raise TypeError(GRAD_SCALER)
-
-    def __getattr__(self, name: str):
-        if name in DAVDA54:
-            raise davda54_error(type(self).__name__, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     # the loss comes back as a tensor (torch.optim types it float | None), and batch= is the facade's
     def step(self, closure=None, *, batch=None) -> Tensor:  # type: ignore[override]
         """One step; returns the loss at θ before the update (a 0-d tensor).
@@ -366,7 +315,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         held = list(self._trainable.values())
         on_module = self._module_grads is not None and batch is None and callable(closure)
         if on_module and self._habits.watch.changed(held):
-            raise ValueError(_FILLED_BEFORE)
+            raise ValueError(FILLED_BEFORE)
         self._habits.check(held)
         try:
             return self._dispatch(closure, batch)
@@ -385,31 +334,11 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         try:
             return self._advance(self._closure_step, closure)
         except RuntimeError as e:
-            if not any(m in str(e) for m in _BACKWARD_INSIDE):
+            step = self._closure_step
+            refusal = backward_refusal(e, self._precision, step.estimator, step.base)
+            if refusal is None:
                 raise
-            graph = [
-                h
-                for e in self._estimators()
-                if (h := e.hparams.get("hvp")) is not None and not isinstance(h, FiniteDifference)
-            ]
-            if self._precision == "fp32" and graph:
-                raise ValueError(needs_graph(graph[0])) from None
-            if self._precision != "fp32":
-                raise RuntimeError(
-                    f"step(closure): a closure that calls backward() runs in its own precision "
-                    f"(autocast inside it is yours), which precision={self._precision!r} cannot "
-                    f"scale: build the optimiser with precision='fp32', or return the loss without "
-                    f"calling backward()"
-                ) from None
-            raise RuntimeError(
-                "the closure given to step() must return the loss without calling backward() "
-                "(write step(lambda: criterion(model(x), y))): gamfunc differentiates it"
-            ) from None
-
-    def _estimators(self) -> list[Estimator]:
-        step = self._closure_step
-        found = [step.estimator, step.estimator.base, step.base]
-        return [e for e in found if e is not None]
+            raise refusal from None
 
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {step, skipped, opt, ...}, "param_groups": [...]}``: the step state as plain
@@ -444,7 +373,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             ValueError: a dict of another form, saved for other parameters, or a ``torch.optim``
                 optimiser's with a gamfunc base optimiser.
         """
-        if _torch_form(state_dict):
+        if torch_state_dict(state_dict):
             if self._torch is None:
                 raise ValueError(
                     "state_dict is a torch.optim optimiser's (integer params), which loads into a "
@@ -625,23 +554,6 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         if self._captured is not None and numbers != self._captured:
             release(self._batch_step)
         self._captured = numbers
-
-
-def _torch_form(state_dict) -> bool:
-    """Whether ``state_dict`` is a ``torch.optim`` optimiser's: param groups whose params are
-    integers (the facade's name its parameters)."""
-    if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
-        return False
-    groups = state_dict["param_groups"]
-    return (
-        isinstance(groups, list)
-        and bool(groups)
-        and all(
-            isinstance(g, dict) and all(isinstance(i, int) for i in g.get("params", ()))
-            for g in groups
-        )
-        and any(g.get("params") for g in groups)
-    )
 
 
 def _placed(saved, reference):
