@@ -231,6 +231,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         # on gradients alone (fp32: autocast inside the closure is the caller's); otherwise with
         # the module's tensors swapped, differentiated by torch.func (no backward() inside)
         self._module_grads: ModuleGradients | None = None
+        on_closure: Callable
         if precision == "fp32" and gradients_only(estimator, base):
             self._module_grads = on_closure = ModuleGradients()
         else:
