@@ -299,17 +299,17 @@ def test_closure_step_equals_batch_step():
     assert_module_equals(model_b, dict(model_a.named_parameters()), dict(model_a.named_buffers()))
 
 
-def test_closure_that_calls_backward_gets_a_clear_error():
+def test_closure_that_calls_backward_gets_a_clear_error_where_the_estimator_needs_exact_hv():
     model = tanh_mlp()
     x, y = batches(1)[0]
-    opt = SAM(model, gamfunc.sgd(lr=0.1), rho=0.05)
+    opt = GAM(model, gamfunc.sgd(lr=0.1), rho=0.05, alpha=0.1, hvp="exact")
 
     def closure():
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         return loss
 
-    with pytest.raises(RuntimeError, match="without calling backward"):
+    with pytest.raises(ValueError, match=r"calls backward\(\).*hvp=gamfunc\.hvps\.fd\(\)"):
         opt.step(closure)
 
 
@@ -552,10 +552,11 @@ def test_a_torch_base_skips_a_non_finite_step_and_refuses_foreign_parameters():
 
 
 def test_a_torch_base_undoes_an_update_that_is_not_finite():
-    """The guard of make_step: an lr of inf makes the parameters non-finite; the step is skipped
-    and the parameters stay."""
+    """The guard of make_step: an lr of inf (a tensor, which the facade does not read on the host)
+    makes the parameters non-finite; the step is skipped and the parameters stay."""
     model = tanh_mlp()
-    opt = SAM(model, base_optimizer=torch.optim.SGD(model.parameters(), lr=float("inf")), rho=0.05)
+    inf = torch.tensor(float("inf"), dtype=torch.float64)
+    opt = SAM(model, base_optimizer=torch.optim.SGD(model.parameters(), lr=inf), rho=0.05)
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
     opt.step(batches(1)[0])
     assert int(opt.metrics["skipped"]) == 1 and int(opt.state_dict()["state"]["step"]) == 0

@@ -159,9 +159,9 @@ def test_a_parameter_generator_where_the_model_is_needed():
         SAM(list(model.parameters()), gamfunc.sgd(lr=0.1), rho=0.05)
 
 
-def test_a_closure_that_calls_backward():
+def test_a_closure_that_calls_backward_with_precision_bf16():
     model = mlp()
-    opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
+    opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, precision="bf16")
     x, y = batches(1)[0]
 
     def closure():
@@ -169,7 +169,7 @@ def test_a_closure_that_calls_backward():
         loss.backward()
         return loss
 
-    with pytest.raises(RuntimeError, match=r"without calling backward\(\).*step\(lambda") as e:
+    with pytest.raises(RuntimeError, match=r"calls backward\(\).*precision='fp32'") as e:
         opt.step(closure)
     _one_line(e)
 
@@ -221,7 +221,7 @@ def test_base_options_given_with_an_optimiser_instance():
         SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, accumulate=0)
     with pytest.raises(ValueError, match="precision"):
         SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, precision="fp8")
-    with pytest.raises(ValueError, match="max_norm"):
+    with pytest.raises(ValueError, match=r"^max_grad_norm must be a finite number > 0"):
         SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, max_grad_norm=-1.0)
 
 
@@ -412,7 +412,7 @@ def test_a_step_that_raises_leaves_the_model_and_the_base_optimiser_as_they_were
     )
     run(opt, data[:1])
     params, state = copy.deepcopy(params_of(model)), _base_state(opt)
-    opt.param_groups[0]["lr"] = float("inf")
+    opt.param_groups[0]["lr"] = torch.tensor(float("inf"), dtype=torch.float64)  # not refused
     with pytest.raises(FloatingPointError):
         opt.step(data[1])
     assert all(torch.equal(p, params[k]) for k, p in params_of(model).items())

@@ -310,7 +310,8 @@ def test_adam_with_eps_zero_and_an_unused_parameter_is_skipped_and_counted():
 
 
 @pytest.mark.parametrize("base", ["torch", "gamfunc"])
-def test_a_nan_group_lr_is_skipped_and_counted(base):
+def test_a_nan_tensor_group_lr_is_skipped_and_counted(base):
+    """A tensor lr is not read on the host: a NaN one reaches make_step's guard."""
     model = mlp()
     opt = (
         torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -321,7 +322,7 @@ def test_a_nan_group_lr_is_skipped_and_counted(base):
     data = batches(3)
     opt.step(data[0])
     after_one = copy.deepcopy(model.state_dict())
-    opt.param_groups[0]["lr"] = float("nan")
+    opt.param_groups[0]["lr"] = torch.tensor(float("nan"), dtype=torch.float64)
     opt.step(data[1])
     assert int(opt.metrics["skipped"]) == 1
     assert all(torch.equal(v, after_one[k]) for k, v in model.state_dict().items())

@@ -39,13 +39,16 @@ How the loss reaches the pure step:
   ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be compiled
   (``compile=True``) and accumulated (``accumulate=n``).
 * ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
-  model as usual (``lambda: criterion(model(x), y)``). It is re-evaluated at every point the estimator
-  needs (θ, θ + ε, ...) with the module's tensors swapped
-  ([`gamfunc.nn.Caller`][gamfunc.nn.Caller]), like the closure of davda54/sam, but it must not call
-  ``backward()``: gamfunc differentiates it. This form always runs eagerly.
-* ``step(closure, batch=batch)``: what trainers such as Lightning pass (their closure runs hooks). The
-  closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is ignored,
-  and the step is computed from ``batch``.
+  model as usual. It is re-evaluated at every point the estimator needs (θ, θ + ε, ...), always
+  eagerly. For an estimator built on gradients alone (SAM and its family, accelerated GAM, GAM and
+  GNP with ``hvp=gamfunc.hvps.fd()``) in fp32 it is ``torch.optim``'s closure, which may call
+  ``backward()`` (davda54/sam's, Lightning's automatic optimisation): the point is copied into the
+  module, the gradient read from ``.grad``, θ put back before the update (`module_grads`). Otherwise (exact H·v, bf16 or fp16) it must
+  not call ``backward()`` (``lambda: criterion(model(x), y)``): it runs with the module's tensors
+  swapped ([`gamfunc.nn.Caller`][gamfunc.nn.Caller]) and gamfunc differentiates it.
+* ``step(closure, batch=batch)``: what Lightning's manual optimisation passes (its closure runs hooks).
+  The closure is called once under ``torch.enable_grad()``, as ``torch.optim`` does, its result is
+  ignored, and the step is computed from ``batch``.
 
 The package, a module per job:
 
@@ -54,6 +57,8 @@ The package, a module per job:
   [`TorchBase`][gamfunc.torch_optim.TorchBase];
 * `bridge`: a ``torch.optim`` optimiser as make_step's base optimiser;
 * `losses`: the module's loss and a closure's, with the buffers each pass writes;
+* `module_grads`: ``torch.optim``'s closure protocol, the closure evaluated on the module itself;
+* `habits`: the habits of a ``torch.optim`` loop a flatness step cannot follow, caught in one line;
 * `groups`: a gamfunc optimiser's hyperparameters as param groups, and back;
 * `base`, `checks`, `copies`: the base optimiser as given, the argument checks, the copies kept
   from step to step.

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from gamfunc.optim import Transform
 
-__all__ = ["built", "held", "is_torch"]
+__all__ = ["built", "held", "is_torch", "torch_state_dict"]
 
 
 def is_torch(opt) -> bool:
@@ -22,14 +22,23 @@ def is_torch(opt) -> bool:
 
 def built(opt, trainable: dict[str, Tensor], kwargs: dict):
     """The base optimiser: ``opt`` itself, or ``opt(**kwargs)`` built here from a class (over the
-    trainable parameters) or a gamfunc factory."""
+    trainable parameters, or over ``kwargs["params"]``: param groups as ``torch.optim`` takes them)
+    or a gamfunc factory."""
     if opt is None:
         raise TypeError(
             "a base optimiser is needed, e.g. GAM(model, torch.optim.SGD, lr=0.1, rho=0.05, "
             "alpha=0.1) or GAM(model, gamfunc.sgd(lr=0.1), rho=0.05, alpha=0.1)"
         )
     if isinstance(opt, type) and issubclass(opt, torch.optim.Optimizer):
-        opt = opt(list(trainable.values()), **kwargs)
+        kwargs = dict(kwargs)
+        params = kwargs.pop("params", None)
+        opt = opt(list(trainable.values()) if params is None else params, **kwargs)
+    elif "params" in kwargs and callable(opt) and not isinstance(opt, Transform):
+        raise TypeError(
+            "params= gives torch.optim param groups to a torch.optim class; a gamfunc optimiser "
+            "takes its groups by name: gamfunc.param_groups({'*.bias': {'weight_decay': 0.0}}, "
+            "gamfunc.adamw, lr=...)"
+        )
     elif kwargs and callable(opt) and not isinstance(opt, Transform | torch.optim.Optimizer):
         opt = opt(**kwargs)
     elif kwargs:
@@ -53,6 +62,22 @@ def built(opt, trainable: dict[str, Tensor], kwargs: dict):
             f"optimizer such as gamfunc.sgd(lr=0.1); got {getattr(opt, '__name__', type(opt).__name__)}"
         )
     return opt
+
+
+def torch_state_dict(state_dict) -> bool:
+    """Whether ``state_dict`` is a ``torch.optim`` optimiser's own: ``{"state", "param_groups"}``
+    whose groups list their params as integers (the facade's own name its parameters)."""
+    if not isinstance(state_dict, dict) or set(state_dict) != {"state", "param_groups"}:
+        return False
+    groups = state_dict["param_groups"]
+    return (
+        isinstance(groups, list)
+        and all(
+            isinstance(g, dict) and all(isinstance(i, int) for i in g.get("params", ()))
+            for g in groups
+        )
+        and any(g.get("params") for g in groups)
+    )
 
 
 def held(base: torch.optim.Optimizer, named: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -14,6 +14,7 @@ from torch import nn
 from gamfunc.estimators import Estimator, gam, sam
 from gamfunc.torch_optim.base import is_torch
 from gamfunc.torch_optim.checks import check_model, check_options
+from gamfunc.torch_optim.habits import GUIDE
 from gamfunc.torch_optim.optimizer import FlatnessOptimizer
 
 __all__ = ["GAM", "SAM", "TorchBase"]
@@ -60,7 +61,7 @@ class GAM(FlatnessOptimizer):
         max_grad_norm: clip the direction to this global norm before the base optimiser.
         cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph.
         **base_kwargs: the keyword arguments of an optimiser class or factory given as
-            ``optimizer``.
+            ``optimizer``; ``params=`` gives a ``torch.optim`` class its param groups.
 
     Raises:
         TypeError: no base optimiser, or keyword arguments for an optimiser already built; as
@@ -150,10 +151,11 @@ class SAM(FlatnessOptimizer):
         max_grad_norm: clip the direction to this global norm before the base optimiser.
         cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph.
         **base_kwargs: the keyword arguments of an optimiser class or factory given as
-            ``optimizer``.
+            ``optimizer``; ``params=`` gives a ``torch.optim`` class its param groups.
 
     Raises:
-        TypeError: no base optimiser, or keyword arguments for an optimiser already built.
+        TypeError: no base optimiser, keyword arguments for an optimiser already built, or
+            davda54/sam's ``adaptive=`` (ASAM is ``gamfunc.asam``).
         ValueError: an invalid ``rho`` or ``eps`` (naming it), or an invalid option.
 
     Example:
@@ -189,6 +191,12 @@ class SAM(FlatnessOptimizer):
         **base_kwargs,
     ):
         check_model(model)
+        if "adaptive" in base_kwargs:
+            raise TypeError(
+                f"SAM takes no adaptive=: davda54/sam's adaptive=True is ASAM, "
+                f"FlatnessOptimizer(model, gamfunc.asam(rho), base_optimizer); drop adaptive=False "
+                f"(see {GUIDE})"
+            )
         check_options(type(self).__name__, optimizer, base_optimizer, base_kwargs)
         super().__init__(
             model,

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
+from gamfunc import tree
 from gamfunc.accumulate import accumulate as accumulated
+from gamfunc.checks import check_positive
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator
@@ -21,7 +23,7 @@ from gamfunc.optim.transforms import chain, clip_by_global_norm
 from gamfunc.precision import mixed
 from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import make_step
-from gamfunc.torch_optim.base import built, held
+from gamfunc.torch_optim.base import built, held, torch_state_dict
 from gamfunc.torch_optim.bridge import TorchBridge, TorchState
 from gamfunc.torch_optim.checks import (
     check_arguments,
@@ -31,17 +33,11 @@ from gamfunc.torch_optim.checks import (
 )
 from gamfunc.torch_optim.copies import copy_into
 from gamfunc.torch_optim.groups import Groups
+from gamfunc.torch_optim.habits import FILLED_BEFORE, CaughtHabits, HandSetGrad, check_lrs
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
+from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
 
 __all__ = ["FlatnessOptimizer"]
-
-# What torch raises when the closure calls backward() itself: inside a torch.func transform (compiled
-# or nested steps), or before gamfunc's own backward pass of an eager step.
-_BACKWARD_INSIDE = (
-    "backward() called inside a functorch transform",
-    "backward through the graph a second time",
-    "element 0 of tensors does not require grad",
-)
 
 
 def _lr_metric(lr) -> Tensor:
@@ -58,7 +54,7 @@ def _map_torch(opt_state, fn):
     return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
 
 
-class FlatnessOptimizer(torch.optim.Optimizer):
+class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that moves a module by ``make_step(estimator, optimizer, loss_fn)``.
 
     One step, with θ the module's trainable parameters and B its buffers:
@@ -112,7 +108,10 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             graph, so a change of one (a scheduler's) drops the graphs and captures again; give it
             as a tensor (``lr=torch.tensor(0.1, device="cuda")``, which schedulers change in place)
             to keep them. ``step(closure)`` is not captured.
-        **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``.
+        **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``;
+            for a ``torch.optim`` class, ``params=`` gives the param groups it is built on (as
+            ``torch.optim`` takes them: ``[{"params": [...], "weight_decay": 0.0}, ...]``), all the
+            trainable parameters in one group otherwise.
 
     Attributes:
         param_groups: a ``torch.optim`` base optimiser's own groups. For a gamfunc one, one group per
@@ -126,10 +125,15 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     Raises:
         TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
-            ``torch.optim`` optimiser whose ``step`` needs a closure, or an argument of the wrong type.
+            ``torch.optim`` optimiser whose ``step`` needs a closure, an argument of the wrong type,
+            ``params=`` with a gamfunc factory (its groups are
+            [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and, on its first use,
+            ``torch.amp.GradScaler`` (``scaler.unscale_`` or ``scaler.step``).
         ValueError: a base optimiser over tensors that are not the model's parameters, an invalid
             option (naming it), or ``cuda_graph=True`` with a model off the GPU or a base optimiser
             built with ``capturable=False``.
+        AttributeError: davda54/sam's ``first_step``, ``second_step`` and ``base_optimizer``,
+            in one line pointing to the torch.optim guide's "Coming from davda54/sam".
 
     Warning:
         With a gamfunc base optimiser whose ``lr`` is a gamfunc schedule, the schedule sets the
@@ -174,6 +178,8 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     ):
         check_model(model)
         check_arguments(criterion, compile, compile_options, accumulate, precision)
+        if max_grad_norm is not None:
+            check_positive("max_grad_norm", max_grad_norm)
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"cuda_graph must be True or False; got {cuda_graph!r}")
         if not isinstance(estimator, Estimator):
@@ -221,15 +227,26 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         batch_loss = mixed(functools.partial(as_is, on_batch, model), precision)
         if accumulate > 1:
             batch_loss = accumulated(batch_loss, accumulate)
-        on_closure = mixed(
-            functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers), precision
-        )
+        # step(closure): on the module itself, the torch.optim protocol, for an estimator built
+        # on gradients alone (fp32: autocast inside the closure is the caller's); otherwise with
+        # the module's tensors swapped, differentiated by torch.func (no backward() inside)
+        self._module_grads: ModuleGradients | None = None
+        on_closure: Callable
+        if precision == "fp32" and gradients_only(estimator, base):
+            self._module_grads = on_closure = ModuleGradients()
+        else:
+            on_closure = mixed(
+                functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers),
+                precision,
+            )
         batch_step = make_step(
             estimator, transform, batch_loss, every=every, base=base, on_nonfinite=on_nonfinite
         )
         self._closure_step = make_step(
             estimator, transform, on_closure, every=every, base=base, on_nonfinite=on_nonfinite
         )
+        self._precision = precision
+        self._habits = HandSetGrad()
         self._accumulate = accumulate
         if compile:
             scope = "step" if compile == "step" else "pass"
@@ -260,9 +277,22 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     def step(self, closure=None, *, batch=None) -> Tensor:  # type: ignore[override]
         """One step; returns the loss at θ before the update (a 0-d tensor).
 
+        A closure is evaluated at every point the estimator needs (θ, θ + ε̂, ...), eagerly (never
+        compiled nor captured). For an estimator built on gradients alone (SAM, ASAM, GSAM, WSAM,
+        LookSAM, F-SAM, accelerated GAM, GAM and GNP with ``hvp=gamfunc.hvps.fd()``) and
+        ``precision="fp32"``, it is ``torch.optim``'s closure: it may zero the gradients and call
+        ``backward()`` (Lightning's automatic optimisation), and it runs on the module itself,
+        the point copied into its parameters, the gradient read from ``.grad`` (or, where it
+        called no ``backward()``, taken of the loss it returned; a parameter left without a
+        gradient counts as a zero gradient, where ``torch.optim`` would skip it), the parameters
+        put back at θ before the base optimiser's update. Autocast inside the closure is the
+        caller's. Otherwise (exact or reverse H·v, ``precision="bf16"``/``"fp16"``) the closure
+        must return the loss without calling ``backward()``: it runs with the step's tensors
+        swapped into the module, differentiated by ``torch.func``.
+
         Args:
-            closure: a callable ``closure() -> loss`` that calls the model (it must not call
-                ``backward()``), or the batch itself, ``step((inputs, targets))``.
+            closure: a callable ``closure() -> loss`` that calls the model, or the batch itself,
+                ``step((inputs, targets))``.
             batch: ``(inputs, targets)`` for ``criterion(model(inputs), targets)``. Given together with
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
@@ -271,10 +301,29 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             The loss at θ before the update.
 
         Raises:
-            TypeError: neither a batch nor a closure, or a closure that does not return a tensor.
-            ValueError: a batch that is not a pair, or a closure with ``accumulate > 1``.
-            RuntimeError: a closure that calls ``backward()``.
+            TypeError: neither a batch nor a closure, or a closure that does not return the loss.
+            ValueError: a batch that is not a pair, a closure with ``accumulate > 1``, a param
+                group's lr below 0 or not finite, a closure that calls ``backward()`` where the
+                estimator needs exact H·v (naming ``hvp=gamfunc.hvps.fd()``), or ``.grad`` filled
+                outside a closure step (gradients accumulated before it).
+            RuntimeError: a closure that calls ``backward()`` with ``precision`` other than fp32.
+
+        Warns:
+            UserWarning: once per optimiser, a ``.grad`` set or changed by hand since the last step
+                (``clip_grad_norm_``, a manual scale), which the step does not read.
         """
+        check_lrs(self.param_groups)
+        held = list(self._trainable.values())
+        on_module = self._module_grads is not None and batch is None and callable(closure)
+        if on_module and self._habits.watch.changed(held):
+            raise ValueError(FILLED_BEFORE)
+        self._habits.check(held)
+        try:
+            return self._dispatch(closure, batch)
+        finally:
+            self._habits.watch.record(held)
+
+    def _dispatch(self, closure, batch) -> Tensor:
         closure, batch = step_arguments(closure, batch)
         if batch is not None:
             return self._advance(self._batch_step, batch)
@@ -286,12 +335,11 @@ class FlatnessOptimizer(torch.optim.Optimizer):
         try:
             return self._advance(self._closure_step, closure)
         except RuntimeError as e:
-            if not any(m in str(e) for m in _BACKWARD_INSIDE):
+            step = self._closure_step
+            refusal = backward_refusal(e, self._precision, step.estimator, step.base)
+            if refusal is None:
                 raise
-            raise RuntimeError(
-                "the closure given to step() must return the loss without calling backward() "
-                "(write step(lambda: criterion(model(x), y))): gamfunc differentiates it"
-            ) from None
+            raise refusal from None
 
     def state_dict(self) -> dict[str, Any]:
         """``{"state": {step, skipped, opt, ...}, "param_groups": [...]}``: the step state as plain
@@ -314,12 +362,27 @@ class FlatnessOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore what [`state_dict`][gamfunc.torch_optim.optimizer.FlatnessOptimizer.state_dict] returned; tensors move to the parameters' device.
 
+        With a ``torch.optim`` base optimiser it also takes that optimiser's own ``state_dict()``
+        (``torch.optim.SGD(...).state_dict()`` of a loop before the switch): its state (momentum
+        buffers, Adam's moments) and hyperparameters load into the base optimiser, and the step's
+        own state (its counters, an estimator's state) stays as it is.
+
         Args:
-            state_dict: what ``state_dict()`` returned.
+            state_dict: what ``state_dict()`` returned, or a ``torch.optim`` base optimiser's.
 
         Raises:
-            ValueError: a dict of another form, or saved for other parameters.
+            ValueError: a dict of another form, saved for other parameters, or a ``torch.optim``
+                optimiser's with a gamfunc base optimiser.
         """
+        if torch_state_dict(state_dict):
+            if self._torch is None:
+                raise ValueError(
+                    "state_dict is a torch.optim optimiser's (integer params), which loads into a "
+                    "facade over a torch.optim base optimiser, not a gamfunc one"
+                )
+            self._torch.load_state_dict(state_dict)
+            self.param_groups, self.state = self._torch.param_groups, self._torch.state
+            return
         keys = ("state", "base") if self._torch is not None else ("state", "param_groups")
         if not isinstance(state_dict, dict) or set(state_dict) != set(keys):
             raise ValueError(f"state_dict must be a dict with keys {keys[0]!r} and {keys[1]!r}")
@@ -384,6 +447,7 @@ class FlatnessOptimizer(torch.optim.Optimizer):
             self._torch.zero_grad(set_to_none=set_to_none)
         else:
             super().zero_grad(set_to_none=set_to_none)
+        self._habits.watch.record(list(self._trainable.values()))  # zeros are not set by hand
 
     def __repr__(self) -> str:
         est = self._batch_step.estimator
@@ -405,15 +469,31 @@ class FlatnessOptimizer(torch.optim.Optimizer):
 
     def _advance(self, run, data) -> Tensor:
         bridge = self._bridge
+        tensors: list[Tensor] = []
         self._pass_buffers.new_step()  # the last step's buffers are in the module
         if self._graphed and bridge is not None and run is self._batch_step:
             self._recapture_on_change()
-        if bridge is None:
+        on_module = run is self._closure_step and self._module_grads is not None
+        if bridge is None:  # copies where the passes move the module's own parameters
             params = self._params()
+            if on_module:
+                params = dict(zip(params, tree.copies(list(params.values())), strict=True))
         else:  # copies, which the step reads while the base optimiser moves its own tensors
             params, tensors = bridge.snapshot()
         named_buffers = [(k, b) for k, d, key in self._buffer_at if (b := d.get(key)) is not None]
         buffers = self._detached(named_buffers)
+        if on_module:
+            assert self._module_grads is not None
+            self._module_grads.begin(params, self._trainable, dict(named_buffers))
+        try:
+            return self._run(run, params, tensors, buffers, named_buffers, data)
+        finally:
+            if on_module:
+                assert self._module_grads is not None
+                self._module_grads.end()
+
+    def _run(self, run, params, tensors, buffers, named_buffers, data) -> Tensor:
+        bridge = self._bridge
         if self._state is None:
             self._state = run.init(params, None)
         state = self._state._replace(buffers=buffers)
