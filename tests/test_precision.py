@@ -205,6 +205,29 @@ def test_cpu_autocast_inside_the_loss_stops_exact_hvp_at_a_float32_tangent():
     assert rel(reverse, fp32) < TOL * UNIT_ROUNDOFF["bf16"]
 
 
+@pytest.mark.gpu
+def test_cuda_autocast_inside_the_loss_stops_exact_hvp_of_a_classifier():
+    # CUDA autocast runs cross-entropy's log_softmax in float32: its tangent meets the bfloat16
+    # head in the backward pass, and exact H·v with autocast inside the loss stops, naming the
+    # wrappers; gamfunc.precision.bf16 runs the backward pass under autocast and stays within
+    # bf16's rounding of the fp32 product.
+    torch.manual_seed(0)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(ConvBN().cuda())
+    plain = lambda p, b: loss_fn(p, b, buffers)  # noqa: E731
+
+    def inner(p, b):
+        with torch.autocast("cuda", torch.bfloat16):
+            return plain(p, b)
+
+    b = tuple(t.cuda() for t in conv_batch())
+    v = tree.scale(params, 1 / tree.norm(params))
+    with pytest.raises(RuntimeError, match=r"gamfunc\.precision\.bf16 or fp16"):
+        gamfunc.hvps.exact()(inner, params, b, v)
+    wrapped, _ = gamfunc.hvps.exact()(mixed(plain, "bf16"), params, b, v)
+    fp32, _ = gamfunc.hvps.exact()(plain, params, b, v)
+    assert rel(wrapped, fp32) < TOL * UNIT_ROUNDOFF["bf16"]
+
+
 def test_float32_batchnorm_changes_no_name_and_nothing_without_autocast():
     net, converted = bn_mlp(), gamfunc.nn.float32_batchnorm(bn_mlp())
     assert type(converted[1]).__name__ == "Float32BatchNorm1d"
