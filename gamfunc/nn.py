@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,7 @@ from gamfunc._compat import in_forward_ad
 __all__ = [
     "Caller",
     "autocast_batchnorm",
+    "check_loss_form",
     "elementary_norms",
     "elementary_softmax",
     "float32_batchnorm",
@@ -50,12 +52,22 @@ def mode(model: nn.Module, train: bool):
             m.training = t
 
 
-def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = True):
+def functionalize(model: nn.Module, criterion=F.cross_entropy, *, loss=None, train: bool = True):
     """Split a module into ``(loss_fn, params, buffers)`` for gamfunc's pure functions.
 
-    ``loss_fn(params, batch, buffers) -> (loss, new_buffers)`` with ``batch = (inputs, targets)`` and
-    ``loss = criterion(model(inputs), targets)``, evaluated with the given tensors in the module's
-    place, as ``torch.func.functional_call`` does ([`Caller`][gamfunc.nn.Caller]).
+    ``loss_fn(params, batch, buffers) -> (loss, new_buffers)``, evaluated with the given tensors in the
+    module's place, as ``torch.func.functional_call`` does ([`Caller`][gamfunc.nn.Caller]). The loss
+    has one of two forms:
+
+    * ``criterion(model(inputs), targets)`` for ``batch = (inputs, targets)`` (the default form);
+    * ``loss(model, batch)`` for any other batch: a dict of tensors (``input_ids``, ``labels``...),
+      a tuple of three, any pytree. ``loss`` receives the module itself, with the given tensors in
+      its place, and the batch as it came, and returns the scalar loss, e.g.
+      ``loss=lambda model, b: F.cross_entropy(model(b["input_ids"]), b["labels"])``.
+
+    Either way the batch is an argument of ``loss_fn``: compiled (``step.compile()``,
+    ``torch.compile``), its tensors are inputs of the graph, not constants.
+
     The buffers are cloned inside, so BatchNorm's in-place update of its running statistics touches
     only the clones (this is what lets ``torch.func.grad``, ``jvp`` and ``vmap`` run through BatchNorm
     in train mode) and ``new_buffers`` returns them; the caller's tensors are never modified.
@@ -65,13 +77,20 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
 
     Args:
         model: the module; only its structure is used, its tensors are copied out (detached).
-        criterion: ``criterion(outputs, targets) -> scalar``; cross-entropy by default.
+        criterion: ``criterion(outputs, targets) -> scalar`` for ``(inputs, targets)`` batches;
+            cross-entropy by default.
+        loss: ``loss(model, batch) -> scalar`` for batches of any form, in place of ``criterion``.
         train: evaluate in train mode (batch statistics; running statistics updated in the returned
             buffers) or eval mode (running statistics; buffers returned unchanged). ``loss_fn`` takes
             the same keyword to override it per call (the metrics' ``mode=`` uses it).
 
     Returns:
         ``(loss_fn, params, buffers)``, the last two flat dicts of detached tensors.
+
+    Raises:
+        TypeError: ``loss`` is not a function of ``(model, batch)``, or is given with a
+            ``criterion``. When called, ``loss_fn`` raises ValueError for a batch that is not a
+            pair in the ``criterion`` form, and TypeError for a ``loss`` that returns no 0-d tensor.
 
     Example:
         >>> import torch, gamfunc
@@ -81,14 +100,28 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, train: bool = 
         >>> state = step.init(params, buffers)
         >>> batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
         >>> params, state, metrics = step(params, state, batch)
+
+        A batch that is a dict, and the loss of the model on it:
+
+        >>> import torch.nn.functional as F
+        >>> loss = lambda model, b: F.cross_entropy(model(b["x"]), b["labels"])
+        >>> loss_fn, params, buffers = gamfunc.nn.functionalize(model, loss=loss)
+        >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
+        >>> batch = {"x": torch.randn(16, 4), "labels": torch.randint(0, 3, (16,))}
+        >>> params, state, metrics = step(params, step.init(params, buffers), batch)
     """
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    return module_loss(model, criterion, train=train), params, buffers
+    return module_loss(model, criterion, loss=loss, train=train), params, buffers
 
 
 def module_loss(
-    model: nn.Module, criterion=F.cross_entropy, *, train: bool = True, copy_buffers=tree.clone
+    model: nn.Module,
+    criterion=F.cross_entropy,
+    *,
+    loss=None,
+    train: bool = True,
+    copy_buffers=tree.clone,
 ):
     """[`functionalize`][gamfunc.nn.functionalize]'s ``loss_fn``, each pass writing into the
     buffers that ``copy_buffers(buffers)`` returns.
@@ -97,7 +130,9 @@ def module_loss(
 
     Args:
         model: the module.
-        criterion: ``criterion(outputs, targets) -> scalar``.
+        criterion: ``criterion(outputs, targets) -> scalar`` for ``(inputs, targets)`` batches.
+        loss: ``loss(model, batch) -> scalar`` for batches of any form, in place of ``criterion``
+            (see [`functionalize`][gamfunc.nn.functionalize]).
         train: the mode of evaluation, which ``loss_fn``'s keyword ``train`` overrides per call.
         copy_buffers: ``buffers -> new buffers`` that a pass may write: `gamfunc.tree.clone` by
             default; the ``torch.optim`` facade gives copies kept from step to step, since it knows
@@ -105,18 +140,104 @@ def module_loss(
 
     Returns:
         ``loss_fn(params, batch, buffers, *, train=train) -> (loss, new_buffers)``.
+
+    Raises:
+        TypeError: ``loss`` is not a function of ``(model, batch)``, or is given with a
+            ``criterion``.
     """
+    check_loss_form(criterion, loss)
     autocast_batchnorm(model)
+    if loss is not None:
+        return _any_batch_loss(model, loss, train, copy_buffers)
     call = Caller(model)
 
     def loss_fn(params, batch, buffers, *, train: bool = train):
-        inputs, targets = batch
+        inputs, targets = _pair(batch)
         new_buffers = copy_buffers(buffers)
         with mode(model, train):
             out = call((params, new_buffers), (inputs,))
         return criterion(out, targets), new_buffers
 
     return loss_fn
+
+
+def _any_batch_loss(model: nn.Module, loss, train: bool, copy_buffers):
+    """``loss(model, batch)`` with the given tensors in the module's place: the module is held as
+    the submodule ``model`` of `_Applied`, whose forward calls ``loss``."""
+    holder = _Applied(model)
+    call = Caller(holder)
+
+    def loss_fn(params, batch, buffers, *, train: bool = train):
+        new_buffers = copy_buffers(buffers)
+        tensors = (
+            {f"model.{k}": v for k, v in params.items()},
+            {f"model.{k}": v for k, v in new_buffers.items()},
+        )
+        with mode(model, train):
+            value = call(tensors, (loss, batch))
+        if not (isinstance(value, torch.Tensor) and value.dim() == 0):
+            got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise TypeError(f"loss(model, batch) must return the loss as a 0-d tensor; got {got}")
+        return value, new_buffers
+
+    return loss_fn
+
+
+class _Applied(nn.Module):
+    """Holds ``model`` as its submodule ``model``; its forward is ``fn(model, *args)``, so that a
+    `Caller` of it evaluates any function of the module with the tensors named ``model.<name>``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn, *args):
+        return fn(self.model, *args)
+
+
+def check_loss_form(criterion, loss) -> None:
+    """One line naming the argument, unless ``loss`` is None or a function of ``(model, batch)``
+    given without a ``criterion`` of its own.
+
+    Args:
+        criterion: the ``criterion`` given (``F.cross_entropy`` is the default).
+        loss: the ``loss`` given, or None.
+
+    Raises:
+        TypeError: as said.
+    """
+    if loss is None:
+        return
+    form = "loss(model, batch) -> scalar, e.g. lambda model, b: criterion(model(b['x']), b['y'])"
+    if not callable(loss):
+        raise TypeError(f"loss must be a function {form}; got {type(loss).__name__}")
+    if criterion is not F.cross_entropy:
+        raise TypeError(
+            "give criterion= (criterion(outputs, targets) for (inputs, targets) batches) or "
+            "loss= (loss(model, batch) for any batch), not both"
+        )
+    try:
+        signature = inspect.signature(loss)
+    except (TypeError, ValueError):  # a callable whose signature Python cannot read
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise TypeError(
+            f"loss must take two arguments, the model and the batch: {form}; got loss{signature}"
+        ) from None
+
+
+def _pair(batch) -> tuple:
+    """``batch`` as ``(inputs, targets)``; a ValueError that names ``loss=`` for other batches."""
+    if isinstance(batch, tuple | list) and len(batch) == 2:
+        return batch[0], batch[1]
+    size = f" of {len(batch)}" if isinstance(batch, tuple | list) else ""
+    raise ValueError(
+        f"batch must be a pair (inputs, targets) for criterion(model(inputs), targets); got a "
+        f"{type(batch).__name__}{size}: for other batches give loss=lambda model, batch: ... "
+        "(the loss of the model on the batch) instead of a criterion"
+    )
 
 
 class Caller:

@@ -31,11 +31,15 @@ state = step.init(params, buffers)                           # state.loss: a Los
 ```
 
 Exact H·v (``hvp="exact"``, ``"reverse"``) differentiates the backward pass, so [`Autocast`][gamfunc.precision.Autocast] runs
-it under autocast too: with autocast inside the loss alone, forward-mode AD through the backward pass
-meets float32 tangents of bfloat16 values (CUDA autocast's float32 ``log_softmax``, ``softmax``,
-``layer_norm``; BatchNorm and LayerNorm's float32 weights on any device) and the next matrix product
-fails. Put autocast in these wrappers, not inside ``loss_fn``. BatchNorm inside forward-mode AD is
-handled by [`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm] (applied by [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]).
+it under autocast too. With autocast inside the loss alone, forward-mode AD through the backward pass
+meets float32 tangents of bfloat16 values wherever a layer forms one (CUDA autocast's float32
+``log_softmax``, ``softmax``, ``layer_norm``; LayerNorm's float32 weight, and BatchNorm's where
+[`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm] did not make it safe, on any device)
+and the next matrix product fails, with an error that names these wrappers. Where no layer forms one
+(on the CPU: linear and convolution layers, activations, cross-entropy, and BatchNorm through
+[`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]), exact H·v with autocast inside the loss runs
+and equals the wrapper's bit for bit. Put autocast in these wrappers, not inside ``loss_fn``: they run
+in both cases.
 
 Warning:
     ``torch.compile`` on CPU (inductor's C++ backend) fails to build reverse-over-reverse

@@ -126,6 +126,108 @@ def test_autocast_inside_a_plain_loss_fails_naming_the_wrappers():
     assert all(torch.equal(params[k], before[k]) for k in params)
 
 
+class ConvBN(nn.Module):
+    """A residual block of two convolutions, each with BatchNorm: the layers of a ResNet."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.c2, self.b2 = nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.b1(self.c1(x)))
+        h = torch.relu(h + self.b2(self.c2(h)))
+        return self.fc(h.mean((2, 3)))
+
+
+def conv_bn():
+    torch.manual_seed(0)
+    return ConvBN()
+
+
+def conv_batch():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(16, 3, 6, 6, generator=g), torch.randint(0, 4, (16,), generator=g)
+
+
+@pytest.mark.parametrize(
+    ("net", "make_batch"), [(mlp, batch), (bn_mlp, batch), (conv_bn, conv_batch)]
+)
+def test_cpu_autocast_inside_the_loss_gives_the_wrappers_exact_hvp(net, make_batch):
+    # On the CPU, where every forward-mode tangent keeps its value's dtype (Linear, Conv2d, ReLU,
+    # cross-entropy, and BatchNorm made safe by functionalize), a torch.autocast inside loss_fn runs
+    # exact H·v and gives the product of gamfunc.precision.bf16 bit for bit: the wrapper's autocast
+    # around the backward pass changes no operation there. A whole exact-GAM step agrees too.
+    loss_fn, params, buffers = gamfunc.nn.functionalize(net())
+    plain = lambda p, b: loss_fn(p, b, buffers)  # noqa: E731
+
+    def inner(p, b):
+        with torch.autocast("cpu", torch.bfloat16):
+            return plain(p, b)
+
+    b = make_batch()
+    v = tree.scale(params, 1 / tree.norm(params))
+    got, _ = gamfunc.hvps.exact()(inner, params, b, v)
+    wrapped, _ = gamfunc.hvps.exact()(mixed(plain, "bf16"), params, b, v)
+    fp32, _ = gamfunc.hvps.exact()(plain, params, b, v)
+    assert all(torch.equal(got[k], wrapped[k]) for k in got)
+    assert rel(got, fp32) > 0  # low precision indeed
+    new_inner, _, _ = one_step(gamfunc.gam(0.05, 0.5, hvp="exact"), inner, params, None, b)
+    new_bf16, _, _ = one_step(gamfunc.gam(0.05, 0.5), mixed(plain, "bf16"), params, None, b)
+    assert all(torch.equal(new_inner[k], new_bf16[k]) for k in params)
+
+
+def test_cpu_autocast_inside_the_loss_stops_exact_hvp_at_a_float32_tangent():
+    # BatchNorm that functionalize did not make safe returns a float32 tangent (of its float32
+    # weight) for a bfloat16 value: exact H·v with autocast inside the loss stops, naming the
+    # wrappers, where the wrapper and reverse-over-reverse run. (LayerNorm: the test above.)
+    torch.manual_seed(0)
+    model = bn_mlp()
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def plain(p, b):  # a loss written by hand, through functional_call, with BatchNorm as torch's
+        buffers = {k: t.clone() for k, t in model.named_buffers()}
+        out = torch.func.functional_call(model, (p, buffers), (b[0],))
+        return torch.nn.functional.cross_entropy(out, b[1])
+
+    def inner(p, b):
+        with torch.autocast("cpu", torch.bfloat16):
+            return plain(p, b)
+
+    v = tree.scale(params, 1 / tree.norm(params))
+    with pytest.raises(RuntimeError, match=r"gamfunc\.precision\.bf16 or fp16"):
+        gamfunc.hvps.exact()(inner, params, batch(), v)
+    wrapped, _ = gamfunc.hvps.exact()(mixed(plain, "bf16"), params, batch(), v)
+    reverse, _ = gamfunc.hvps.reverse()(inner, params, batch(), v)
+    fp32, _ = gamfunc.hvps.exact()(plain, params, batch(), v)
+    assert rel(wrapped, fp32) < TOL * UNIT_ROUNDOFF["bf16"]
+    assert rel(reverse, fp32) < TOL * UNIT_ROUNDOFF["bf16"]
+
+
+@pytest.mark.gpu
+def test_cuda_autocast_inside_the_loss_stops_exact_hvp_of_a_classifier():
+    # CUDA autocast runs cross-entropy's log_softmax in float32: its tangent meets the bfloat16
+    # head in the backward pass, and exact H·v with autocast inside the loss stops, naming the
+    # wrappers; gamfunc.precision.bf16 runs the backward pass under autocast and stays within
+    # bf16's rounding of the fp32 product.
+    torch.manual_seed(0)
+    loss_fn, params, buffers = gamfunc.nn.functionalize(ConvBN().cuda())
+    plain = lambda p, b: loss_fn(p, b, buffers)  # noqa: E731
+
+    def inner(p, b):
+        with torch.autocast("cuda", torch.bfloat16):
+            return plain(p, b)
+
+    b = tuple(t.cuda() for t in conv_batch())
+    v = tree.scale(params, 1 / tree.norm(params))
+    with pytest.raises(RuntimeError, match=r"gamfunc\.precision\.bf16 or fp16"):
+        gamfunc.hvps.exact()(inner, params, b, v)
+    wrapped, _ = gamfunc.hvps.exact()(mixed(plain, "bf16"), params, b, v)
+    fp32, _ = gamfunc.hvps.exact()(plain, params, b, v)
+    assert rel(wrapped, fp32) < TOL * UNIT_ROUNDOFF["bf16"]
+
+
 def test_float32_batchnorm_changes_no_name_and_nothing_without_autocast():
     net, converted = bn_mlp(), gamfunc.nn.float32_batchnorm(bn_mlp())
     assert type(converted[1]).__name__ == "Float32BatchNorm1d"

@@ -38,6 +38,9 @@ How the loss reaches the pure step:
   evaluated with the step's tensors in the module's place
   ([`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]). This form can be compiled
   (``compile=True``) and accumulated (``accumulate=n``).
+* ``step(batch)`` with a batch of any other form (a dict of tensors, a tuple of three), for an
+  optimiser built with ``loss=``: the loss is ``loss(model, batch)``, evaluated, compiled and
+  accumulated as the pair form is.
 * ``step(closure)``: ``closure()`` takes no argument and returns the loss, computed by calling the
   model as usual. It is re-evaluated at every point the estimator needs (θ, θ + ε, ...), always
   eagerly. For an estimator built on gradients alone (SAM and its family, accelerated GAM, GAM and

@@ -118,13 +118,15 @@ def check_batch(batch) -> None:
     if not (isinstance(batch, tuple | list) and len(batch) == 2):
         raise ValueError(
             "batch must be a pair (inputs, targets) for criterion(model(inputs), targets); "
-            f"got {type(batch).__name__}. For other batches pass a closure returning the loss."
+            f"got {type(batch).__name__}. For other batches build the optimiser with "
+            "loss=lambda model, batch: ... (the loss of the model on the batch)."
         )
 
 
-def step_arguments(closure, batch):
+def step_arguments(closure, batch, *, any_batch: bool = False):
     """``(closure, batch)`` of a facade's ``step``: a non-callable first argument is the batch; a
-    closure given with a batch is called once first (as ``torch.optim`` does)."""
+    closure given with a batch is called once first (as ``torch.optim`` does). The batch must be a
+    pair unless ``any_batch`` (an optimiser built with ``loss=``)."""
     if batch is None and closure is not None and not callable(closure):
         closure, batch = None, closure
     if batch is None and closure is None:
@@ -133,7 +135,8 @@ def step_arguments(closure, batch):
             "torch.amp.GradScaler cannot drive it: build the optimiser with precision='fp16' instead"
         )
     if batch is not None:
-        check_batch(batch)
+        if not any_batch:
+            check_batch(batch)
         if closure is not None:
             with torch.enable_grad():
                 closure()

@@ -54,6 +54,8 @@ class GAM(FlatnessOptimizer):
         base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of
             ``optimizer``.
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
+        loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
+            tensors), in place of ``criterion``.
         every: run GAM on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, the gradient by default.
         on_nonfinite: ``"skip"``, ``"raise"`` or ``"ignore"``.
@@ -98,6 +100,7 @@ class GAM(FlatnessOptimizer):
         adaptive: bool = False,
         base_optimizer=None,
         criterion: Callable = F.cross_entropy,
+        loss: Callable | None = None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
@@ -117,6 +120,7 @@ class GAM(FlatnessOptimizer):
             estimator,
             optimizer,
             criterion,
+            loss=loss,
             base_optimizer=base_optimizer,
             every=every,
             base=base,
@@ -145,6 +149,8 @@ class SAM(FlatnessOptimizer):
         eps: ξ >= 0.
         base_optimizer: the base optimiser by keyword, instead of ``optimizer``.
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
+        loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
+            tensors), in place of ``criterion``.
         every: run SAM on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, the gradient by default.
         on_nonfinite: ``"skip"``, ``"raise"`` or ``"ignore"``.
@@ -183,6 +189,7 @@ class SAM(FlatnessOptimizer):
         eps: float = 1e-12,
         base_optimizer=None,
         criterion: Callable = F.cross_entropy,
+        loss: Callable | None = None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
@@ -207,6 +214,7 @@ class SAM(FlatnessOptimizer):
             sam(rho, eps=eps),
             optimizer,
             criterion,
+            loss=loss,
             base_optimizer=base_optimizer,
             every=every,
             base=base,

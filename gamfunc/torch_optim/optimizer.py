@@ -18,7 +18,7 @@ from gamfunc.checks import check_positive
 from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator
-from gamfunc.nn import module_loss, places
+from gamfunc.nn import check_loss_form, module_loss, places
 from gamfunc.optim.transforms import chain, clip_by_global_norm
 from gamfunc.precision import mixed
 from gamfunc.state import StepState, as_dict, from_dict
@@ -82,6 +82,11 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             factory built here with ``**base_kwargs`` (``torch.optim.SGD, lr=0.1``).
         criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
             ``F.cross_entropy`` by default.
+        loss: ``loss(model, batch) -> scalar`` for ``step(batch)`` with a batch of any form (a
+            dict of tensors, a tuple of three...), in place of ``criterion``: e.g.
+            ``loss=lambda model, b: F.cross_entropy(model(b["input_ids"]), b["labels"])``. It is
+            evaluated as the pair form is, compiled with ``compile=`` and accumulated with
+            ``accumulate=`` (see [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]).
         base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of ``optimizer``.
         every: run ``estimator`` on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, ``gradient()`` by default.
@@ -164,6 +169,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         optimizer=None,
         criterion: Callable = F.cross_entropy,
         *,
+        loss: Callable | None = None,
         base_optimizer=None,
         every: int = 1,
         base: Estimator | None = None,
@@ -180,6 +186,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         check_arguments(criterion, compile, compile_options, accumulate, precision)
         if max_grad_norm is not None:
             check_positive("max_grad_norm", max_grad_norm)
+        check_loss_form(criterion, loss)
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"cuda_graph must be True or False; got {cuda_graph!r}")
         if not isinstance(estimator, Estimator):
@@ -223,7 +230,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         if max_grad_norm is not None:
             transform = chain(clip_by_global_norm(max_grad_norm), transform)
         self._pass_buffers = PassBuffers()
-        on_batch = module_loss(model, criterion, copy_buffers=self._pass_buffers)
+        on_batch = module_loss(model, criterion, loss=loss, copy_buffers=self._pass_buffers)
+        self._any_batch = loss is not None
         batch_loss = mixed(functools.partial(as_is, on_batch, model), precision)
         if accumulate > 1:
             batch_loss = accumulated(batch_loss, accumulate)
@@ -293,7 +301,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         Args:
             closure: a callable ``closure() -> loss`` that calls the model, or the batch itself,
                 ``step((inputs, targets))``.
-            batch: ``(inputs, targets)`` for ``criterion(model(inputs), targets)``. Given together with
+            batch: ``(inputs, targets)`` for ``criterion(model(inputs), targets)``, or a batch of
+                any form for the optimiser's ``loss(model, batch)``. Given together with
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
 
@@ -302,7 +311,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
 
         Raises:
             TypeError: neither a batch nor a closure, or a closure that does not return the loss.
-            ValueError: a batch that is not a pair, a closure with ``accumulate > 1``, a param
+            ValueError: a batch that is not a pair without ``loss=``, a closure with ``accumulate > 1``, a param
                 group's lr below 0 or not finite, a closure that calls ``backward()`` where the
                 estimator needs exact H·v (naming ``hvp=gamfunc.hvps.fd()``), or ``.grad`` filled
                 outside a closure step (gradients accumulated before it).
@@ -324,7 +333,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             self._habits.watch.record(held)
 
     def _dispatch(self, closure, batch) -> Tensor:
-        closure, batch = step_arguments(closure, batch)
+        closure, batch = step_arguments(closure, batch, any_batch=self._any_batch)
         if batch is not None:
             return self._advance(self._batch_step, batch)
         if self._accumulate > 1:
