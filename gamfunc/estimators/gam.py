@@ -116,9 +116,9 @@ def gam(
         Zhang, Xu, Chen, Cui, "Gradient Norm Aware Minimization Seeks First-Order Flatness and
         Improves Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("alpha", alpha, schedule=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    alpha = check_nonnegative("alpha", alpha, schedule=True)
+    eps = check_nonnegative("eps", eps)
     if not isinstance(adaptive, bool):
         raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
     check_int("ascent_steps", ascent_steps)

@@ -84,10 +84,10 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
         Liu, Mai, Chen, Hsieh, You, "Towards Efficient and Scalable Sharpness-Aware Minimization",
         CVPR 2022, https://arxiv.org/abs/2203.02714.
     """
-    check_nonnegative("rho", rho, schedule=True)
+    rho = check_nonnegative("rho", rho, schedule=True)
     check_int("k", k)
-    check_nonnegative("alpha", alpha, schedule=True)
-    check_nonnegative("eps", eps)
+    alpha = check_nonnegative("alpha", alpha, schedule=True)
+    eps = check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
     per_tensor = convention == "pytorch_optimizer"
@@ -120,10 +120,14 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
         return Estimate(direction, clean_info(clean), clean, state)
 
     hparams = {"rho": rho, "k": k, "alpha": alpha, "eps": eps, "convention": convention}
-    base = Estimator("looksam_reuse", reuse, {"alpha": alpha}, init_fn=init)
+    base = Estimator(
+        "looksam_reuse", reuse, {"alpha": alpha}, init_fn=init, state_type=LookSAMState
+    )
     if k == 1:
-        return Estimator("looksam", full, hparams, init_fn=init)
-    return Estimator("looksam", full, hparams, init_fn=init, every=k, base=base)
+        return Estimator("looksam", full, hparams, init_fn=init, state_type=LookSAMState)
+    return Estimator(
+        "looksam", full, hparams, init_fn=init, state_type=LookSAMState, every=k, base=base
+    )
 
 
 def _orthogonal_per_tensor(eps):

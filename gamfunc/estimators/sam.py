@@ -67,8 +67,8 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
         Kim, Park, Choi, Lee, Lee, "Exploring the Effect of Multi-step Ascent in Sharpness-Aware
         Minimization", 2023, https://arxiv.org/abs/2302.10181.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    eps = check_nonnegative("eps", eps)
     check_int("ascent_steps", ascent_steps)
     n = ascent_steps
 

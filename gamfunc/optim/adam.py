@@ -88,10 +88,10 @@ def adam_transform(
     Raises:
         ValueError: an invalid argument, naming it.
     """
-    check_nonnegative("lr", lr, schedule=True)
+    lr = check_nonnegative("lr", lr, schedule=True)
     beta1, beta2 = check_betas("betas", betas)
-    check_nonnegative("eps", eps)
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    eps = check_nonnegative("eps", eps)
+    weight_decay = check_nonnegative("weight_decay", weight_decay, schedule=True)
     check_mask("weight_decay_mask", weight_decay_mask)
     factory = functools.partial(
         _adam, betas=(beta1, beta2), eps=eps, mask=weight_decay_mask, decoupled=decoupled

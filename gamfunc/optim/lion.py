@@ -62,9 +62,9 @@ def lion(
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023,
         https://arxiv.org/abs/2302.06675.
     """
-    check_nonnegative("lr", lr, schedule=True)
+    lr = check_nonnegative("lr", lr, schedule=True)
     beta1, beta2 = check_betas("betas", betas)
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    weight_decay = check_nonnegative("weight_decay", weight_decay, schedule=True)
     check_mask("weight_decay_mask", weight_decay_mask)
     factory = functools.partial(_lion, betas=(beta1, beta2), mask=weight_decay_mask)
     return inject_hyperparams(factory)(lr=lr, **given(weight_decay))

@@ -66,12 +66,12 @@ def sgd(
         >>> gamfunc.apply_updates(p, u)["w"]
         tensor([0.9000, 0.9000])
     """
-    check_nonnegative("lr", lr, schedule=True)
-    check_nonnegative("momentum", momentum)
-    check_nonnegative("dampening", dampening)
+    lr = check_nonnegative("lr", lr, schedule=True)
+    momentum = check_nonnegative("momentum", momentum)
+    dampening = check_nonnegative("dampening", dampening)
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError("nesterov requires momentum > 0 and dampening = 0")
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    weight_decay = check_nonnegative("weight_decay", weight_decay, schedule=True)
     check_mask("weight_decay_mask", weight_decay_mask)
     factory = functools.partial(
         _sgd, momentum=momentum, dampening=dampening, nesterov=nesterov, mask=weight_decay_mask
