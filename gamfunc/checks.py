@@ -89,8 +89,11 @@ class Range:
 
 
 FINITE = Range("a finite number")
+"""Any finite number (`check_number`)."""
 NONNEGATIVE = Range("a finite number >= 0", low=0)
+"""Finite numbers >= 0 (`check_nonnegative`): learning rates, radii, weights, weight decay."""
 POSITIVE = Range("a finite number > 0", low=0, open_low=True)
+"""Finite numbers > 0 (`check_positive`)."""
 
 
 def guarded(v: Tensor, rule: Range) -> Tensor:

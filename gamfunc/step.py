@@ -401,6 +401,15 @@ def make_step(
     decoupled part (``Estimate.decoupled``, WSAM's ``decouple=True``) moves each parameter k further
     by −lr_k·decoupled_k after the update, lr_k its learning rate in the optimiser's state.
 
+    A step whose optimiser reads a schedule, or whose estimator holds a schedule without
+    ``bounds`` ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]), reports
+    ``metrics["out_of_range"]``: 1 where such a value was out of its range or not finite at this
+    step, which is then skipped as a non-finite one is (`schedules_in_range`, on the device). A
+    step with ``every`` > 1 (or an estimator that brings its own, LookSAM's) reports
+    ``metrics["full_step"]``: 1 on the estimator's steps, 0 on the base's, so that
+    ``sum(full_step * skipped)`` counts the estimator's skipped steps (all of them skipped: the
+    steps between trained on a stored part that never was).
+
     Args:
         estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: any [`Transform`][gamfunc.optim.base.Transform]: e.g. ``gamfunc.sgd(lr=0.1,
@@ -429,10 +438,11 @@ def make_step(
             ``step.init(params, buffers=None)`` giving the first [`StepState`][gamfunc.state.StepState].
 
     Raises:
-        TypeError: ``estimator`` is not an estimator, ``optimizer`` not a Transform, or
-            ``loss_fn`` not callable.
+        TypeError: ``estimator`` or ``base`` is not an estimator, ``optimizer`` not a Transform,
+            or ``loss_fn`` not callable.
         ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` or ``base`` is given with
-            an estimator that brings its own, or ``base`` has a state of its own; at
+            an estimator that brings its own, ``base`` cycles itself or has a state of its own; at
+            a step, a state whose counts are negative or whose ``est`` is another estimator's; at
             ``step.init``, an estimator with a decoupled part beside an optimiser that keeps no lr.
 
     Example:

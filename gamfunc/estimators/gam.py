@@ -97,7 +97,9 @@ def gam(
             (and with ``theorem_norms`` the two squared norms above).
 
     Raises:
-        ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool,
+        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite (a tensor of it too,
+            or a schedule whose ``bounds`` reach below 0; one without bounds is checked at each
+            step), ``adaptive`` is not a bool,
             ``ascent_steps`` is not an integer >= 1, or
             ``hvp`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]), or
             ``oracle`` is stateful ([`looksam`][gamfunc.estimators.looksam.looksam],

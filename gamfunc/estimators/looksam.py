@@ -69,8 +69,10 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
             ``perturbed_loss`` = L(θ + ε̂).
 
     Raises:
-        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite, ``k`` is not an
-            integer >= 1, or ``convention`` is not one of the two (naming it).
+        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite (a tensor of it too,
+            or a schedule whose ``bounds`` reach below 0; one without bounds is checked at each
+            step), ``k`` is not an integer >= 1, or ``convention`` is not one of the two (naming
+            it). A step given the state of another estimator (LookGAM's) refuses it.
 
     Example:
         >>> import torch, gamfunc

@@ -49,7 +49,11 @@ def adam(
             [`InjectState`][gamfunc.optim.inject.InjectState], its update needs ``step=`` (bias correction).
 
     Raises:
-        ValueError: an invalid argument, naming it.
+        ValueError: an invalid argument, naming it: a tensor of more than one element or with a
+            value out of range, a schedule whose ``bounds`` leave it (a schedule without bounds is
+            checked at each step, [`gamfunc.checks`][gamfunc.checks]); at ``init``, a value not
+            finite in the dtype of the state (``lr=1e40`` for float32 params); at ``update``, a
+            direction of other names or shapes than the params.
 
     Example:
         >>> import torch, gamfunc
@@ -86,7 +90,11 @@ def adam_transform(
             [`adamw`][gamfunc.optim.adamw.adamw].
 
     Raises:
-        ValueError: an invalid argument, naming it.
+        ValueError: an invalid argument, naming it: a tensor of more than one element or with a
+            value out of range, a schedule whose ``bounds`` leave it (a schedule without bounds is
+            checked at each step, [`gamfunc.checks`][gamfunc.checks]); at ``init``, a value not
+            finite in the dtype of the state (``lr=1e40`` for float32 params); at ``update``, a
+            direction of other names or shapes than the params.
     """
     lr = check_nonnegative("lr", lr, schedule=True)
     beta1, beta2 = check_betas("betas", betas)
