@@ -78,13 +78,21 @@ class Range:
         return self.high is None or (v < self.high if self.open_high else v <= self.high)
 
     def holds_on_device(self, v: Tensor) -> Tensor:
-        """Whether the tensor ``v`` is finite and inside, as a bool tensor on its device (no read:
-        a NaN fails every comparison)."""
-        ok = torch.isfinite(v)
+        """Whether the tensor ``v`` is finite and inside, as a bool tensor on its device (no read)."""
+        return torch.isfinite(v) & self.inside_on_device(v)
+
+    def inside_on_device(self, v: Tensor) -> Tensor:
+        """Whether the tensor ``v`` is inside, infinities counted by their sign, as a bool tensor
+        on its device (no read): the comparisons alone, which a NaN fails; `isfinite` where the
+        rule has no end."""
+        if self.low is None and self.high is None:
+            return torch.isfinite(v)
+        ok = None
         if self.low is not None:
-            ok = ok & (v > self.low if self.open_low else v >= self.low)
+            ok = v > self.low if self.open_low else v >= self.low
         if self.high is not None:
-            ok = ok & (v < self.high if self.open_high else v <= self.high)
+            below = v < self.high if self.open_high else v <= self.high
+            ok = below if ok is None else ok & below
         return ok
 
 
@@ -98,7 +106,8 @@ POSITIVE = Range("a finite number > 0", low=0, open_low=True)
 
 def guarded(v: Tensor, rule: Range) -> Tensor:
     """``v`` where it follows ``rule``, else NaN: an out-of-range value turned into one that the
-    step's non-finite guard skips, on the device, with no host read.
+    step's non-finite guard skips, on the device, with no host read. An infinity inside the range
+    (+inf for a rule >= 0) stays as it is, non-finite already; two kernels for a rule of one end.
 
     Args:
         v: a tensor.
@@ -107,7 +116,7 @@ def guarded(v: Tensor, rule: Range) -> Tensor:
     Returns:
         A tensor of ``v``'s shape and dtype, equal to ``v`` bit for bit where it is in range.
     """
-    return torch.where(rule.holds_on_device(v), v, math.nan)
+    return torch.where(rule.inside_on_device(v), v, math.nan)
 
 
 class GuardedSchedule:
