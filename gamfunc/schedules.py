@@ -4,6 +4,13 @@ Values are computed with tensor operations, so a compiled step that reads a sche
 as t advances. Any hyperparameter documented as "float or schedule" (``lr`` of the optimisers, ``rho``
 of the estimators) accepts one.
 
+Every schedule here carries ``bounds``, the least and the greatest value it takes (at any t: a
+count below 0 reads as 0), so that the optimiser or estimator given it checks its range once, when
+it is built: ``sgd(lr=constant(-1.0))`` is refused as ``sgd(lr=-1.0)`` is. A schedule takes values
+of either sign; which are allowed is its consumer's business. A schedule of your own may state its
+``bounds`` too (an attribute, a pair of numbers); one that does not is checked at every step, on the
+device ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]).
+
 Example:
     >>> import torch
     >>> from gamfunc import schedules
@@ -23,12 +30,19 @@ from torch import Tensor
 from gamfunc.checks import check_int, check_number
 
 Schedule = Callable[[Tensor], Tensor]
+"""A function of the step count t (a 0-d integer tensor) returning a 0-d tensor."""
 
 __all__ = ["Schedule", "constant", "cosine", "inverse_sqrt", "proportional", "value"]
 
 
 def _f64(t: Tensor) -> Tensor:
     return t.to(torch.float64)
+
+
+def _with_bounds(schedule: Schedule, *values: float) -> Schedule:
+    """``schedule`` carrying ``bounds`` = (least, greatest) of ``values``."""
+    schedule.bounds = (float(min(values)), float(max(values)))  # type: ignore[attr-defined]
+    return schedule
 
 
 def constant(v: float) -> Schedule:
@@ -38,13 +52,17 @@ def constant(v: float) -> Schedule:
         v: the value.
 
     Returns:
-        A schedule ``t -> v``, a 0-d float64 tensor on ``t``'s device.
+        A schedule ``t -> v``, a 0-d float64 tensor on ``t``'s device; its ``bounds`` are (v, v).
+
+    Raises:
+        ValueError: ``v`` is not a finite number.
     """
+    check_number("v", v)
 
     def schedule(t: Tensor) -> Tensor:
         return torch.full((), v, dtype=torch.float64, device=t.device)
 
-    return schedule
+    return _with_bounds(schedule, v)
 
 
 def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 0.0) -> Schedule:
@@ -59,7 +77,9 @@ def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 
         final: the value from step T on.
 
     Returns:
-        A schedule ``t -> v(t)``, a 0-d float64 tensor.
+        A schedule ``t -> v(t)``, a 0-d float64 tensor; a count t below 0 reads as 0. Its
+            ``bounds`` are the least and greatest of peak/w (with a warm-up), ``peak`` and
+            ``final``.
 
     Raises:
         ValueError: ``peak`` or ``final`` is not a finite number, ``total_steps`` is not an integer
@@ -78,12 +98,12 @@ def cosine(peak: float, total_steps: int, warmup_steps: int = 0, final: float = 
         t = _f64(t)
         progress = torch.clamp((t - warmup) / decay, 0.0, 1.0)
         cos = final + (peak - final) * 0.5 * (1.0 + torch.cos(math.pi * progress))
-        if warmup_steps == 0:  # no step count is below 0
+        if warmup_steps == 0:  # a count below 0 gives progress 0: peak
             return cos
-        warm = peak * (t + 1.0) / warmup
+        warm = peak * (torch.clamp_min(t, 0.0) + 1.0) / warmup
         return torch.where(t < warmup, warm, cos)
 
-    return schedule
+    return _with_bounds(schedule, peak, final, *((peak / warmup,) if warmup_steps else ()))
 
 
 def inverse_sqrt(initial: float) -> Schedule:
@@ -93,13 +113,18 @@ def inverse_sqrt(initial: float) -> Schedule:
         initial: v₀, the value at t = 0.
 
     Returns:
-        A schedule ``t -> v(t)``, a 0-d float64 tensor.
+        A schedule ``t -> v(t)``, a 0-d float64 tensor; a count t below 0 reads as 0. Its
+            ``bounds`` are 0 and v₀, the values it tends to and starts from.
+
+    Raises:
+        ValueError: ``initial`` is not a finite number.
     """
+    check_number("initial", initial)
 
     def schedule(t: Tensor) -> Tensor:
-        return initial / torch.sqrt(_f64(t) + 1)
+        return initial / torch.sqrt(torch.clamp_min(_f64(t), 0.0) + 1)
 
-    return schedule
+    return _with_bounds(schedule, 0.0, initial)
 
 
 def proportional(
@@ -129,12 +154,20 @@ def proportional(
         lr_min: the learning rate at which ρ is ``floor``.
 
     Returns:
-        A schedule ``t -> ρ(t)``, a 0-d tensor.
+        A schedule ``t -> ρ(t)``, a 0-d tensor. Where ``lr`` states its ``bounds``, so does it:
+            the values of the formula at lr's two bounds.
 
     Raises:
-        ValueError: ``lr_initial`` is zero or equals ``lr_min``, or ``floor`` is outside
-            [0, ``initial``] (their ``assert max_value >= min_value``, l.41).
+        ValueError: ``initial``, ``lr_initial``, ``floor`` or ``lr_min`` is not a finite number,
+            ``lr`` is not callable, ``lr_initial`` is zero or equals ``lr_min``, or ``floor`` is
+            outside [0, ``initial``] (their ``assert max_value >= min_value``, l.41).
     """
+    for name, v in (("initial", initial), ("lr_initial", lr_initial)):
+        check_number(name, v)
+    for name, v in (("floor", floor), ("lr_min", lr_min)):
+        check_number(name, v)
+    if not callable(lr):
+        raise ValueError(f"lr must be a schedule (a function of the step count); got {lr!r}")
     if lr_initial == 0:
         raise ValueError("lr_initial must be non-zero")
     if lr_initial == lr_min:
@@ -149,7 +182,11 @@ def proportional(
             return initial * lr(t) / lr_initial
         return floor + (initial - floor) * lr(t) / lr_initial
 
-    return schedule
+    lr_bounds = getattr(lr, "bounds", None)
+    if lr_bounds is None:
+        return schedule
+    at = [floor + (initial - floor) * (x - lr_min) / (lr_initial - lr_min) for x in lr_bounds]
+    return _with_bounds(schedule, *at)
 
 
 def value(h: float | Schedule, step: Tensor | None) -> float | Tensor:

@@ -13,10 +13,19 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from gamfunc import tree
 from gamfunc.loss import check_params
 from gamfunc.optim.groups import GroupsState
 
-__all__ = ["StepState", "as_dict", "check_cycle", "check_est", "check_state", "from_dict"]
+__all__ = [
+    "StepState",
+    "as_dict",
+    "check_count",
+    "check_cycle",
+    "check_est",
+    "check_state",
+    "from_dict",
+]
 
 
 class StepState(NamedTuple):
@@ -66,8 +75,14 @@ def check_state(state, params) -> None:
     ``buffers`` are a dict or ``()``; the names of every per-parameter dict of the optimiser state
     (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
     ``params``, and the shapes of the first such dict (a state made for other parameters has them
-    all wrong), so that a state made for other shapes is not broadcast against them. Python only,
-    on types, names and shapes, a few microseconds a step; a compiled step traces it once.
+    all wrong), so that a state made for other shapes is not broadcast against them; and that the
+    counts ``step`` and ``skipped`` are >= 0 where they lie on the CPU of an eager step
+    (`check_count`: a read that waits for nothing). Python only, on types, names and shapes,
+    a few microseconds a step; a compiled step traces it once.
+
+    Raises:
+        TypeError: ``state`` is no StepState, or a count is no int64 tensor.
+        ValueError: a field that does not fit ``params`` (naming it), or a negative count.
     """
     if not isinstance(state, StepState):
         hint = (
@@ -88,6 +103,8 @@ def check_state(state, params) -> None:
                 f"state.{name} must be an int64 tensor; got {got}; make the state with "
                 f"step.init(params)"
             )
+        if v.ndim == 0 and _readable(v):
+            check_count(f"state.{name}", v)
     if not (isinstance(state.buffers, dict) or _empty(state.buffers)):
         raise TypeError(
             f"state.buffers must be a dict name -> tensor or () (no buffers); got "
@@ -96,12 +113,38 @@ def check_state(state, params) -> None:
     _check_like(state.opt, params, [], "state.opt")
 
 
+def check_count(name: str, v: Tensor) -> None:
+    """A one-line ValueError naming ``name`` unless the count ``v`` (a 0-d integer tensor, read
+    here) is >= 0. A state's counts only grow from 0; a negative one (``state.step = -5``) would
+    read schedules before their start (a warm-up lr of −0.08), so it is refused wherever a state is
+    checked with its values at hand: on load (`from_dict`), and at each step where
+    the count lies on the CPU and nothing traces the step. (On a GPU the step reads no count: the
+    schedules of [`gamfunc.schedules`][gamfunc.schedules] read a count below 0 as 0.)
+
+    Raises:
+        ValueError: ``v`` is negative.
+    """
+    n = int(v)
+    if n < 0:
+        raise ValueError(
+            f"{name} is {n}, but a count of steps is >= 0; make the state with step.init(params), "
+            f"or load one that a step wrote"
+        )
+
+
+def _readable(v: Tensor) -> bool:
+    """Whether reading ``v`` waits for nothing and stops no trace: eager, on the CPU, not vmapped."""
+    return v.device.type == "cpu" and not torch.compiler.is_compiling() and not tree.vmapped([v])
+
+
 def check_cycle(cycle, every: int) -> None:
     if every > 1 and not isinstance(cycle, Tensor):
         raise ValueError(
             f"state.cycle is {cycle!r}, but a step with every={every} needs the host step count "
             f"there; make the state with this step's init(params)"
         )
+    if every > 1 and cycle.ndim == 0 and _readable(cycle):
+        check_count("state.cycle", cycle)
     if every == 1 and not _empty(cycle):
         raise ValueError(
             "state.cycle is set, but this step has every=1: the state was made by a step with "
@@ -111,7 +154,8 @@ def check_cycle(cycle, every: int) -> None:
 
 def check_est(est, estimator) -> None:
     """Raise a one-line ValueError unless ``est`` (``state.est``) fits ``estimator``: a state for a
-    stateful estimator, ``()`` for one without."""
+    stateful estimator, of its ``state_type`` where it declares one (a LookGAM state is not
+    LookSAM's), ``()`` for one without."""
     if estimator.stateful and _empty(est):
         raise ValueError(
             f"state.est is (), but estimator {estimator.name!r} carries state between steps; make "
@@ -121,6 +165,13 @@ def check_est(est, estimator) -> None:
         raise ValueError(
             f"state.est is set, but estimator {estimator.name!r} has no state: the state was made "
             f"by another step; make it with this step's init(params)"
+        )
+    kind = estimator.state_type
+    if kind is not None and not isinstance(est, kind):
+        raise ValueError(
+            f"state.est is a {type(est).__name__}, but estimator {estimator.name!r} keeps a "
+            f"{kind.__name__}: the state was made by another step; make it with this step's "
+            f"init(params)"
         )
 
 
@@ -211,7 +262,8 @@ def from_dict(saved, like, where: str = "state") -> Any:
 
     Raises:
         ValueError: in one line naming the field, where ``saved`` has other names, another
-            structure or other shapes than ``like``.
+            structure or other shapes than ``like``, or a step state's count (``step``,
+            ``skipped``, ``cycle``) is negative (`check_count`).
     """
     if _is_record(like):
         kind = type(like).__name__
@@ -230,7 +282,13 @@ def from_dict(saved, like, where: str = "state") -> Any:
             if name not in saved and not _empty(ref):
                 raise ValueError(f"{where} has no entry {name!r}, which {kind} needs")
             values.append(from_dict(saved.get(name, ()), ref, f"{where}.{name}"))
-        return type(like)(*values)
+        out = type(like)(*values)
+        if isinstance(out, StepState):
+            for name in ("step", "skipped", "cycle"):
+                v = getattr(out, name)
+                if isinstance(v, Tensor) and v.ndim == 0 and not v.is_floating_point():
+                    check_count(f"{where}.{name}", v)
+        return out
     if isinstance(like, dict):
         if not isinstance(saved, dict) or saved.keys() != like.keys():
             got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__

@@ -44,7 +44,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
-from gamfunc.checks import check_int
+from gamfunc.checks import FINITE, NONNEGATIVE, GuardedSchedule, check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
 from gamfunc.guard import Guard, is_finite
@@ -53,6 +53,7 @@ from gamfunc.optim import (
     Transform,
     apply_updates,
     call_update,
+    injected,
     learning_rate,
     learning_rates,
     lr_groups,
@@ -66,6 +67,7 @@ __all__ = [
     "SCOPES",
     "Step",
     "make_step",
+    "schedules_in_range",
 ]
 
 NONFINITE = ("skip", "raise", "ignore")
@@ -115,8 +117,8 @@ class _StepImpl:
         self.every, self.base, self.on_nonfinite = every, base, on_nonfinite
         guard = Guard()  # one per step function: both branches share its count
         self.full, self.plain = branches or (
-            _branch(estimator, optimizer, loss_fn, on_nonfinite, guard),
-            _branch(base, optimizer, loss_fn, on_nonfinite, guard),
+            _branch(estimator, optimizer, loss_fn, on_nonfinite, guard, every > 1 or None),
+            _branch(base, optimizer, loss_fn, on_nonfinite, guard, False if every > 1 else None),
         )
         # every > 1: the metrics' keys and dtypes, in the order first seen (the full branch runs
         # first), so that every step returns the same keys whichever branch ran
@@ -231,12 +233,14 @@ class _StepImpl:
         return _new_step(*args, self.on_nonfinite, branches=branches)
 
 
-def _step(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch):
+def _step(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch):
     with torch.no_grad():  # gradients come from torch.func transforms only
-        return _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch)
+        return _step_impl(
+            estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch
+        )
 
 
-def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch):
+def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch):
     buffered = isinstance(state.buffers, dict)
     loss = bind(loss_fn, state)
     # One step counter, the step's: the estimator's schedules (ρ) and the optimiser's (lr, bias
@@ -263,6 +267,11 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state
             if isinstance(rho, Tensor)
             else torch.full((), rho, dtype=torch.float64, device=step.device)
         )
+    if full is not None:  # a fill: a step captured in a CUDA graph copies nothing in
+        metrics["full_step"] = torch.full((), int(full), dtype=torch.int64, device=step.device)
+    in_range = schedules_in_range(estimator, new_opt, step)
+    if in_range is not None:
+        metrics["out_of_range"] = (~in_range).to(torch.int64)
     new_buffers = est.clean.aux if buffered else ()
     # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
     # made by ``_replace`` from a compiled graph.
@@ -272,12 +281,16 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state
     if on_nonfinite == "ignore":
         return new_params, taken, metrics
     finite = is_finite(est, new_params, new_opt, new_est).to(step.device)
+    if in_range is not None:
+        finite = finite & in_range
     if on_nonfinite == "raise":
         if not bool(finite):
-            raise FloatingPointError(
-                f"non-finite loss, direction or update at step {int(step)}: "
-                f"loss={float(est.info['loss'])}"
+            why = (
+                "a scheduled hyperparameter out of range or not finite"
+                if in_range is not None and not bool(in_range)
+                else "non-finite loss, direction or update"
             )
+            raise FloatingPointError(f"{why} at step {int(step)}: loss={float(est.info['loss'])}")
         return new_params, taken, metrics
     skipped = (~finite).to(torch.int64)
     new_params, new_opt, new_buffers, new_est = guard.keep(
@@ -294,6 +307,42 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state
     metrics["skipped"] = skipped
     metrics.update(extra)
     return new_params, new_state, metrics
+
+
+def schedules_in_range(estimator: Estimator, opt_state, step: Tensor) -> Tensor | None:
+    """Whether every scheduled hyperparameter the step read is in its range and finite, as a 0-d
+    bool tensor on ``step``'s device (no host read); None where the step reads no schedule.
+
+    Read: the estimator's schedules that are checked at each step
+    ([`GuardedSchedule`][gamfunc.checks.GuardedSchedule], what its constructor made of a schedule
+    without ``bounds``), evaluated at ``step``, and the values the optimiser's schedules took at
+    this update (``InjectState.scheduled``): finite, and >= 0 for ``lr`` and ``weight_decay``.
+    A schedule with ``bounds`` was checked when it was given, and an out-of-range value of a
+    guarded one is NaN, so a step that used one is not finite either; the flag says why.
+
+    Args:
+        estimator: the estimator of the step's branch.
+        opt_state: the optimiser's state after the update.
+        step: the step count t.
+
+    Returns:
+        A 0-d bool tensor, or None.
+    """
+    flags = [
+        h.rule.holds_on_device(value(h, step))
+        for h in estimator.hparams.values()
+        if isinstance(h, GuardedSchedule)
+    ]
+    for s in injected(opt_state):
+        for k, v in s.scheduled.items():
+            rule = NONNEGATIVE if k in ("lr", "weight_decay") else FINITE
+            flags.append(rule.holds_on_device(v))
+    if not flags:
+        return None
+    ok = flags[0].to(step.device)
+    for f in flags[1:]:
+        ok = ok & f.to(step.device)
+    return ok
 
 
 def _decoupled_step(params: dict, part: dict, opt_state) -> dict:
@@ -352,6 +401,15 @@ def make_step(
     decoupled part (``Estimate.decoupled``, WSAM's ``decouple=True``) moves each parameter k further
     by −lr_k·decoupled_k after the update, lr_k its learning rate in the optimiser's state.
 
+    A step whose optimiser reads a schedule, or whose estimator holds a schedule without
+    ``bounds`` ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]), reports
+    ``metrics["out_of_range"]``: 1 where such a value was out of its range or not finite at this
+    step, which is then skipped as a non-finite one is (`schedules_in_range`, on the device). A
+    step with ``every`` > 1 (or an estimator that brings its own, LookSAM's) reports
+    ``metrics["full_step"]``: 1 on the estimator's steps, 0 on the base's, so that
+    ``sum(full_step * skipped)`` counts the estimator's skipped steps (all of them skipped: the
+    steps between trained on a stored part that never was).
+
     Args:
         estimator: e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: any [`Transform`][gamfunc.optim.base.Transform]: e.g. ``gamfunc.sgd(lr=0.1,
@@ -380,10 +438,11 @@ def make_step(
             ``step.init(params, buffers=None)`` giving the first [`StepState`][gamfunc.state.StepState].
 
     Raises:
-        TypeError: ``estimator`` is not an estimator, ``optimizer`` not a Transform, or
-            ``loss_fn`` not callable.
+        TypeError: ``estimator`` or ``base`` is not an estimator, ``optimizer`` not a Transform,
+            or ``loss_fn`` not callable.
         ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` or ``base`` is given with
-            an estimator that brings its own, or ``base`` has a state of its own; at
+            an estimator that brings its own, ``base`` cycles itself or has a state of its own; at
+            a step, a state whose counts are negative or whose ``est`` is another estimator's; at
             ``step.init``, an estimator with a decoupled part beside an optimiser that keeps no lr.
 
     Example:
@@ -400,6 +459,16 @@ def make_step(
     if not isinstance(optimizer, Transform):
         raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
     check_int("every", every)
+    if base is not None and not isinstance(base, Estimator):
+        raise TypeError(
+            f"base must be a gamfunc estimator (e.g. gamfunc.gradient()) or None; got "
+            f"{type(base).__name__} {base!r}: the base optimiser is the second argument, optimizer"
+        )
+    if base is not None and base.every > 1:
+        raise ValueError(
+            f"base {base.name!r} cycles itself (every={base.every}); the base of the steps "
+            f"between must take one step each (gamfunc.gradient(), sam, ...)"
+        )
     if estimator.every > 1:
         if every != 1 or base is not None:
             raise ValueError(
@@ -421,12 +490,14 @@ def make_step(
     return _new_step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
 
 
-def _branch(estimator, optimizer, loss_fn, on_nonfinite, guard):
+def _branch(estimator, optimizer, loss_fn, on_nonfinite, guard, full):
     """``_step`` for one estimator, as a function with its own code object (a partial would not do:
-    torch.compile traces a partial from a wrapper shared by every callable object)."""
+    torch.compile traces a partial from a wrapper shared by every callable object). ``full``: for
+    ``every`` > 1, whether this is the estimator's branch (reported as ``metrics["full_step"]``);
+    None for ``every`` = 1."""
 
     def branch(params, state, batch):
-        return _step(estimator, optimizer, loss_fn, on_nonfinite, guard, params, state, batch)
+        return _step(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch)
 
     return fresh(branch)
 

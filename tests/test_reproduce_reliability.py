@@ -62,6 +62,20 @@ def test_a_run_whose_estimator_steps_were_all_skipped_is_diverged(tmp_path, caps
     assert s["status"] == "diverged" and s["exit_code"] == 3 and s["final"] is None
 
 
+@pytest.mark.parametrize("estimator", ["looksam", "look_gam"])
+def test_a_reusing_estimator_whose_full_steps_were_all_skipped_is_diverged(
+    tmp_path, capsys, estimator
+):
+    """ρ = 1e308: every full step (0, 5, ..., 25 of 28) is skipped; the steps between train plain
+    SGD from a stored part that never was. The rule of --every holds for the estimator's period."""
+    args = [*DIGITS, f"--estimator={estimator}", "--epochs=2", "--rho=1e308"]
+    assert main(tmp_path, *args, "--landscape=false") == 3
+    err = one_line_error(capsys)
+    assert "diverged" in err and "every one of the 6 steps of its estimator was skipped" in err
+    s = strict(out_dir(tmp_path, estimator) / "summary.json")
+    assert s["status"] == "diverged" and s["exit_code"] == 3 and s["final"] is None
+
+
 def test_a_run_with_some_skipped_steps_is_flagged_in_its_summary_and_table(
     tmp_path, capsys, monkeypatch
 ):

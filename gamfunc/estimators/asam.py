@@ -67,9 +67,9 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12, *, mask: Mask = None) -> Es
         Kwon, Kim, Park, Choi, "ASAM: Adaptive Sharpness-Aware Minimization for Scale-Invariant
         Learning of Deep Neural Networks", ICML 2021, https://arxiv.org/abs/2102.11600.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("eta", eta, schedule=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    eta = check_nonnegative("eta", eta, schedule=True)
+    eps = check_nonnegative("eps", eps)
     check_mask("mask", mask)
 
     def run(params, batch, loss_fn, clean, step):

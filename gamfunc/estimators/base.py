@@ -74,6 +74,10 @@ class Estimator:
         base: the estimator of the steps between (``every`` > 1 only).
         decoupled: whether ``run_fn``'s Estimate carries a decoupled part (``Estimate.decoupled``),
             which needs an optimiser that keeps its learning rate.
+        state_type: the type of a stateful estimator's state (a NamedTuple such as
+            [`LookSAMState`][gamfunc.estimators.looksam.LookSAMState]), where it declares one: a
+            step refuses a state of another type in one line (`gamfunc.state.check_est`),
+            the state of another estimator with the same layout included.
     """
 
     name: str
@@ -83,6 +87,7 @@ class Estimator:
     every: int = 1
     base: Estimator | None = field(default=None, repr=False)
     decoupled: bool = False
+    state_type: type | None = field(default=None, repr=False)
 
     @property
     def stateful(self) -> bool:

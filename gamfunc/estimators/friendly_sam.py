@@ -99,10 +99,10 @@ def friendly_sam(
         Li, Zhou, He, Cheng, Huang, "Friendly Sharpness-Aware Minimization", CVPR 2024,
         https://arxiv.org/abs/2403.12350.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("sigma", sigma, schedule=True)
-    check_unit("lmbda", lmbda, below_one=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    sigma = check_nonnegative("sigma", sigma, schedule=True)
+    lmbda = check_unit("lmbda", lmbda, below_one=True)
+    eps = check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
     authors = convention == "authors"
@@ -130,4 +130,4 @@ def friendly_sam(
         return Estimate(adv.grad, info, clean, new)
 
     hparams = {"rho": rho, "sigma": sigma, "lmbda": lmbda, "eps": eps, "convention": convention}
-    return Estimator("friendly_sam", run, hparams, init_fn=init)
+    return Estimator("friendly_sam", run, hparams, init_fn=init, state_type=FriendlySAMState)

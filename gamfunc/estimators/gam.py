@@ -106,7 +106,9 @@ def gam(
             (and with ``theorem_norms`` the two squared norms above).
 
     Raises:
-        ValueError: ``rho``, ``alpha`` or ``eps`` is negative, ``adaptive`` is not a bool,
+        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite (a tensor of it too,
+            or a schedule whose ``bounds`` reach below 0; one without bounds is checked at each
+            step), ``adaptive`` is not a bool,
             ``ascent_steps`` is not an integer >= 1, or
             ``hvp`` is not a backend ([`gamfunc.hvps.get`][gamfunc.hvps.get]), or
             ``oracle`` is stateful ([`looksam`][gamfunc.estimators.looksam.looksam],
@@ -125,9 +127,9 @@ def gam(
         Zhang, Xu, Chen, Cui, "Gradient Norm Aware Minimization Seeks First-Order Flatness and
         Improves Generalization", CVPR 2023, https://arxiv.org/abs/2303.03108.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("alpha", alpha, schedule=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    alpha = check_nonnegative("alpha", alpha, schedule=True)
+    eps = check_nonnegative("eps", eps)
     if not isinstance(adaptive, bool):
         raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
     check_int("ascent_steps", ascent_steps)

@@ -79,12 +79,12 @@ def gam_accelerated(
     References:
         Zhang et al., CVPR 2023, Appendix D, https://arxiv.org/abs/2303.03108.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("rho_prime", rho_prime, schedule=True)
-    check_unit("alpha", alpha, schedule=True)
-    check_unit("beta", beta, schedule=True)
-    check_nonnegative("gamma", gamma, schedule=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    rho_prime = check_nonnegative("rho_prime", rho_prime, schedule=True)
+    alpha = check_unit("alpha", alpha, schedule=True)
+    beta = check_unit("beta", beta, schedule=True)
+    gamma = check_nonnegative("gamma", gamma, schedule=True)
+    eps = check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
     if not isinstance(adaptive, bool):

@@ -62,8 +62,8 @@ def gnp(
         Zhao, Zhang, Hu, "Penalizing Gradient Norm for Efficiently Improving Generalization in Deep
         Learning", ICML 2022, https://arxiv.org/abs/2202.03599.
     """
-    check_nonnegative("alpha", alpha, schedule=True)
-    check_nonnegative("eps", eps)
+    alpha = check_nonnegative("alpha", alpha, schedule=True)
+    eps = check_nonnegative("eps", eps)
     backend = hvps.get(hvp)
 
     def run(params, batch, loss_fn, clean, step):

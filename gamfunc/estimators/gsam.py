@@ -70,12 +70,12 @@ def gsam(rho, alpha, eps: float = 1e-12, *, adaptive: bool = False, eta: float =
         Zhuang, Gong, Yuan, Cui, Adam, Dvornek, Tatikonda, Duncan, Liu, "Surrogate Gap Minimization
         Improves Sharpness-Aware Training", ICLR 2022, https://arxiv.org/abs/2203.08065.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("alpha", alpha, schedule=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    alpha = check_nonnegative("alpha", alpha, schedule=True)
+    eps = check_nonnegative("eps", eps)
     if not isinstance(adaptive, bool):
         raise ValueError(f"adaptive must be True or False; got {adaptive!r}")
-    check_nonnegative("eta", eta)
+    eta = check_nonnegative("eta", eta)
 
     def run(params, batch, loss_fn, clean, step):
         if clean is None:

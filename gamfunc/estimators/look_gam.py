@@ -95,6 +95,8 @@ def look_gam(rho, alpha, k: int, hvp="exact", eps: float = 1e-12, **gam_kwargs) 
 
     hparams = inner.hparams | {"k": k}
     if k == 1:
-        return Estimator("look_gam", full, hparams, init_fn=init)
-    base = Estimator("look_gam_reuse", reuse, {}, init_fn=init)
-    return Estimator("look_gam", full, hparams, init_fn=init, every=k, base=base)
+        return Estimator("look_gam", full, hparams, init_fn=init, state_type=LookGAMState)
+    base = Estimator("look_gam_reuse", reuse, {}, init_fn=init, state_type=LookGAMState)
+    return Estimator(
+        "look_gam", full, hparams, init_fn=init, state_type=LookGAMState, every=k, base=base
+    )

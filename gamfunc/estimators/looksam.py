@@ -69,8 +69,10 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
             ``perturbed_loss`` = L(θ + ε̂).
 
     Raises:
-        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite, ``k`` is not an
-            integer >= 1, or ``convention`` is not one of the two (naming it).
+        ValueError: ``rho``, ``alpha`` or ``eps`` is negative or not finite (a tensor of it too,
+            or a schedule whose ``bounds`` reach below 0; one without bounds is checked at each
+            step), ``k`` is not an integer >= 1, or ``convention`` is not one of the two (naming
+            it). A step given the state of another estimator (LookGAM's) refuses it.
 
     Example:
         >>> import torch, gamfunc
@@ -84,10 +86,10 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
         Liu, Mai, Chen, Hsieh, You, "Towards Efficient and Scalable Sharpness-Aware Minimization",
         CVPR 2022, https://arxiv.org/abs/2203.02714.
     """
-    check_nonnegative("rho", rho, schedule=True)
+    rho = check_nonnegative("rho", rho, schedule=True)
     check_int("k", k)
-    check_nonnegative("alpha", alpha, schedule=True)
-    check_nonnegative("eps", eps)
+    alpha = check_nonnegative("alpha", alpha, schedule=True)
+    eps = check_nonnegative("eps", eps)
     if convention not in CONVENTIONS:
         raise ValueError(f"convention must be one of {CONVENTIONS}; got {convention!r}")
     per_tensor = convention == "pytorch_optimizer"
@@ -120,10 +122,14 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
         return Estimate(direction, clean_info(clean), clean, state)
 
     hparams = {"rho": rho, "k": k, "alpha": alpha, "eps": eps, "convention": convention}
-    base = Estimator("looksam_reuse", reuse, {"alpha": alpha}, init_fn=init)
+    base = Estimator(
+        "looksam_reuse", reuse, {"alpha": alpha}, init_fn=init, state_type=LookSAMState
+    )
     if k == 1:
-        return Estimator("looksam", full, hparams, init_fn=init)
-    return Estimator("looksam", full, hparams, init_fn=init, every=k, base=base)
+        return Estimator("looksam", full, hparams, init_fn=init, state_type=LookSAMState)
+    return Estimator(
+        "looksam", full, hparams, init_fn=init, state_type=LookSAMState, every=k, base=base
+    )
 
 
 def _orthogonal_per_tensor(eps):

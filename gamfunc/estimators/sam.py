@@ -53,8 +53,10 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
             ``perturbed_loss`` = L(θ + ε̂) (L(θ + ε_n) with n steps).
 
     Raises:
-        ValueError: ``rho`` or ``eps`` is negative or not finite, or ``ascent_steps`` is not an
-            integer >= 1 (naming it).
+        ValueError: ``rho`` or ``eps`` is negative or not finite (a tensor of it too, or a
+            schedule whose ``bounds`` reach below 0), or ``ascent_steps`` is not an integer >= 1
+            (naming it). A schedule without bounds is checked at each step
+            ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]).
 
     Example:
         >>> import torch, gamfunc
@@ -67,8 +69,8 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
         Kim, Park, Choi, Lee, Lee, "Exploring the Effect of Multi-step Ascent in Sharpness-Aware
         Minimization", 2023, https://arxiv.org/abs/2302.10181.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    eps = check_nonnegative("eps", eps)
     check_int("ascent_steps", ascent_steps)
     n = ascent_steps
 

@@ -91,13 +91,13 @@ def wsam(
         Yue, Jiang, Ye, Gao, Liu, Zhang, "Sharpness-Aware Minimization Revisited: Weighted Sharpness
         as a Regularization Term", KDD 2023, https://arxiv.org/abs/2305.15817.
     """
-    check_nonnegative("rho", rho, schedule=True)
-    check_unit("gamma", gamma, schedule=True, below_one=True)
-    check_nonnegative("eps", eps)
+    rho = check_nonnegative("rho", rho, schedule=True)
+    gamma = check_unit("gamma", gamma, schedule=True, below_one=True)
+    eps = check_nonnegative("eps", eps)
     if not isinstance(decouple, bool):
         raise ValueError(f"decouple must be True or False; got {decouple!r}")
     if max_norm is not None:
-        check_positive("max_norm", max_norm)
+        max_norm = check_positive("max_norm", max_norm)
 
     def run(params, batch, loss_fn, clean, step):
         if clean is None:

@@ -10,7 +10,7 @@ from them (`sgd`, `adam`, `adamw`, `lion`), whose updates are their whole signed
 from gamfunc.optim import transforms
 from gamfunc.optim.adam import adam
 from gamfunc.optim.adamw import adamw
-from gamfunc.optim.base import Moved, Transform, apply_updates, call_update
+from gamfunc.optim.base import Moved, Transform, apply_updates, call_update, check_like
 from gamfunc.optim.groups import GroupsState, learning_rates, lr_groups, param_groups
 from gamfunc.optim.inject import (
     InjectState,
@@ -33,6 +33,7 @@ __all__ = [
     "adamw",
     "apply_updates",
     "call_update",
+    "check_like",
     "hyperparam_dtype",
     "inject_hyperparams",
     "injected",

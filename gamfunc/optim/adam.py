@@ -49,7 +49,11 @@ def adam(
             [`InjectState`][gamfunc.optim.inject.InjectState], its update needs ``step=`` (bias correction).
 
     Raises:
-        ValueError: an invalid argument, naming it.
+        ValueError: an invalid argument, naming it: a tensor of more than one element or with a
+            value out of range, a schedule whose ``bounds`` leave it (a schedule without bounds is
+            checked at each step, [`gamfunc.checks`][gamfunc.checks]); at ``init``, a value not
+            finite in the dtype of the state (``lr=1e40`` for float32 params); at ``update``, a
+            direction of other names or shapes than the params.
 
     Example:
         >>> import torch, gamfunc
@@ -86,12 +90,16 @@ def adam_transform(
             [`adamw`][gamfunc.optim.adamw.adamw].
 
     Raises:
-        ValueError: an invalid argument, naming it.
+        ValueError: an invalid argument, naming it: a tensor of more than one element or with a
+            value out of range, a schedule whose ``bounds`` leave it (a schedule without bounds is
+            checked at each step, [`gamfunc.checks`][gamfunc.checks]); at ``init``, a value not
+            finite in the dtype of the state (``lr=1e40`` for float32 params); at ``update``, a
+            direction of other names or shapes than the params.
     """
-    check_nonnegative("lr", lr, schedule=True)
+    lr = check_nonnegative("lr", lr, schedule=True)
     beta1, beta2 = check_betas("betas", betas)
-    check_nonnegative("eps", eps)
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    eps = check_nonnegative("eps", eps)
+    weight_decay = check_nonnegative("weight_decay", weight_decay, schedule=True)
     check_mask("weight_decay_mask", weight_decay_mask)
     factory = functools.partial(
         _adam, betas=(beta1, beta2), eps=eps, mask=weight_decay_mask, decoupled=decoupled

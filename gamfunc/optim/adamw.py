@@ -48,7 +48,11 @@ def adamw(
             [`InjectState`][gamfunc.optim.inject.InjectState], its update needs ``step=`` (bias correction).
 
     Raises:
-        ValueError: an invalid argument, naming it.
+        ValueError: an invalid argument, naming it: a tensor of more than one element or with a
+            value out of range, a schedule whose ``bounds`` leave it (a schedule without bounds is
+            checked at each step, [`gamfunc.checks`][gamfunc.checks]); at ``init``, a value not
+            finite in the dtype of the state (``lr=1e40`` for float32 params); at ``update``, a
+            direction of other names or shapes than the params.
 
     References:
         Loshchilov and Hutter, "Decoupled Weight Decay Regularization", ICLR 2019,

@@ -21,6 +21,7 @@ __all__ = [
     "Transform",
     "apply_updates",
     "call_update",
+    "check_like",
     "check_state_type",
     "masked_keys",
     "need_step",
@@ -109,22 +110,66 @@ def apply_updates(params: Tree, updates: Tree) -> Tree:
     for name, t in (("params", params), ("updates", updates)):
         if not isinstance(t, Mapping) or not all(isinstance(v, Tensor) for v in t.values()):
             raise TypeError(f"{name} must be a flat dict name -> tensor; got {type(t).__name__}")
-    if updates.keys() != params.keys():
-        missing = sorted(params.keys() - updates.keys())
-        extra = sorted(updates.keys() - params.keys())
-        raise ValueError(f"updates must have the names of params: missing {missing}, extra {extra}")
-    if isinstance(updates, Moved):
+    moved = isinstance(updates, Moved)
+    check_like(params, updates, "updates", shapes=not moved)
+    if moved:
         return {k: updates[k] for k in params}
     keys = list(params)
     p, u = [params[k] for k in keys], [updates[k] for k in keys]
-    for k, a, b in zip(keys, p, u, strict=True):
-        if a.shape != b.shape:  # metadata only: a compiled step checks it once, when it traces
-            raise ValueError(
-                f"updates[{k!r}] has shape {tuple(b.shape)} but params[{k!r}] has {tuple(a.shape)}"
-            )
     if all(a.dtype == b.dtype for a, b in zip(p, u, strict=True)) and not tree.vmapped([*p, *u]):
         return dict(zip(keys, torch._foreach_add(p, u), strict=True))
     return {k: (params[k] + updates[k]).to(params[k].dtype) for k in keys}
+
+
+def check_like(params: Tree, other: Tree, name: str = "direction", shapes: bool = True) -> None:
+    """A one-line ValueError unless ``other`` has the names of ``params`` and (``shapes``) their
+    shapes: the check of every update against its parameters, shared by
+    [`apply_updates`][gamfunc.optim.base.apply_updates] (the updates), the optimisers'
+    ``update`` (the direction: [`gamfunc.inject_hyperparams`][gamfunc.inject_hyperparams], which
+    every gamfunc optimiser is, and [`gamfunc.chain`][gamfunc.chain]) and so
+    [`gamfunc.make_step`][gamfunc.make_step]. A direction of other shapes would be broadcast
+    against the parameters and leave updates and momentum of its shape.
+
+    Metadata only (names and shapes, no tensor read): a compiled update checks it once, when it
+    traces.
+
+    Args:
+        params: the parameters θ, a flat dict of tensors.
+        other: a flat dict that must match them (a direction, updates).
+        name: what ``other`` is, for the message.
+        shapes: whether the shapes must match too (not only the names).
+
+    Raises:
+        TypeError: ``other`` is not a dict of tensors.
+        ValueError: ``other`` has other names than ``params``, or an entry of another shape
+            (named with both shapes).
+
+    Example:
+        >>> import torch
+        >>> check_like({"w": torch.ones(3)}, {"w": torch.ones(3, 3)})
+        Traceback (most recent call last):
+        ...
+        ValueError: direction['w'] has shape (3, 3) but params['w'] has (3,)
+    """
+    if not isinstance(other, Mapping):
+        raise TypeError(f"{name} must be a flat dict name -> tensor; got {type(other).__name__}")
+    if other.keys() != params.keys():
+        missing = sorted(params.keys() - other.keys())
+        extra = sorted(other.keys() - params.keys())
+        raise ValueError(f"{name} must have the names of params: missing {missing}, extra {extra}")
+    if not shapes:
+        return
+    # one comparison of two lists where the names come in one order (the usual case)
+    if [a.shape for a in params.values()] == [getattr(b, "shape", None) for b in other.values()]:
+        return
+    for k, a in params.items():
+        b = other[k]
+        if not isinstance(b, Tensor):
+            raise TypeError(f"{name}[{k!r}] must be a tensor; got {type(b).__name__}")
+        if a.shape != b.shape:
+            raise ValueError(
+                f"{name}[{k!r}] has shape {tuple(b.shape)} but params[{k!r}] has {tuple(a.shape)}"
+            )
 
 
 def takes_step(update: Callable) -> bool:

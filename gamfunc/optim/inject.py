@@ -4,19 +4,22 @@ without recompiling, and evaluates its schedules at the step count (optax's ``in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
+from gamfunc import tree
 from gamfunc.checks import check_nonnegative, check_number
-from gamfunc.optim.base import Transform, call_update, check_state_type, need_step
+from gamfunc.optim.base import Transform, call_update, check_like, check_state_type, need_step
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = [
     "InjectState",
+    "check_fits",
     "hyperparam_dtype",
     "inject_hyperparams",
     "injected",
@@ -77,6 +80,37 @@ def _scalar(v, device: torch.device, dtype: torch.dtype) -> Tensor:
     return torch.tensor(float(v), dtype=dtype, device=device)
 
 
+def check_fits(name: str, v, dtype: torch.dtype) -> None:
+    """A ValueError naming ``name`` unless ``v`` is finite in ``dtype``, the dtype an injected
+    state keeps it in (`hyperparam_dtype`): ``lr=1e40`` passes the constructor's check, a finite
+    float, but is stored as inf in float32. A tensor is read only where that waits for nothing and
+    stops no trace (on the CPU, eager); a schedule is judged by its ``bounds``, where it states them.
+
+    Args:
+        name: the hyperparameter's name.
+        v: a number, a tensor, or a schedule.
+        dtype: the floating-point dtype it is kept in.
+
+    Raises:
+        ValueError: ``v`` (or a bound of the schedule ``v``) would not be finite in ``dtype``.
+    """
+    if isinstance(v, Tensor):
+        if v.device.type != "cpu" or torch.compiler.is_compiling() or tree.vmapped([v]):
+            return
+        values = [float(v.reshape(-1)[0])] if v.numel() == 1 else []
+    elif callable(v):
+        values = list(getattr(v, "bounds", None) or ())
+    else:
+        values = [v]
+    biggest = torch.finfo(dtype).max
+    for x in values:
+        if isinstance(x, int | float) and math.isfinite(x) and abs(x) > biggest:
+            raise ValueError(
+                f"{name}={x!r} is not finite in {dtype}, the dtype the optimiser keeps it in "
+                f"(of the params: gamfunc.optim.hyperparam_dtype); its largest value is {biggest:.4g}"
+            )
+
+
 def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Transform]:
     """A factory whose numeric arguments live in the transform's state.
 
@@ -93,7 +127,10 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
     Returns:
         A function of the same keyword arguments returning a [`Transform`][gamfunc.optim.base.Transform],
             whose state is an [`InjectState`][gamfunc.optim.inject.InjectState]. Its update takes ``step=`` (needed where an argument
-            is a schedule).
+            is a schedule) and refuses a direction without the names and shapes of the params
+            ([`check_like`][gamfunc.optim.base.check_like]); its ``init`` raises ValueError where
+            a value is not finite in the dtype of the state (`check_fits`: ``lr=1e40`` for
+            float32 params).
 
     Example:
         >>> import torch, gamfunc
@@ -115,6 +152,8 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
 
         def init(params):
             dev, dtype = _device(params), hyperparam_dtype(params)
+            for k, v in (*numbers.items(), *schedules.items()):
+                check_fits(k, v, dtype)
             hyper = {k: _scalar(v, dev, dtype) for k, v in numbers.items()}
             sched = {
                 k: _scalar(value(h, torch.zeros((), dtype=torch.int64, device=dev)), dev, dtype)
@@ -123,6 +162,7 @@ def inject_hyperparams(factory: Callable[..., Transform]) -> Callable[..., Trans
             return InjectState(hyper, sched, factory(**static, **hyper, **sched).init(params))
 
         def update(direction, state, params, *, step=None):
+            check_like(params, direction)
             check_state_type(state, InjectState, "an injected optimiser")
             if state.hyperparams.keys() != numbers.keys():
                 names = f" keeping {sorted(state.hyperparams)} for {sorted(numbers)}"
@@ -229,6 +269,9 @@ def set_hyperparams(state, **values: float | Tensor):
         if not any(name in s.hyperparams for s in states):
             raise ValueError(f"{name} is not a hyperparameter this optimiser's state keeps")
         _check_value(name, values[name])
+        for s in states:
+            if name in s.hyperparams:
+                check_fits(name, values[name], s.hyperparams[name].dtype)
     return map_injected(state, lambda s: _set(s, values))
 
 

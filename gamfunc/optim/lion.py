@@ -48,7 +48,11 @@ def lion(
             [`InjectState`][gamfunc.optim.inject.InjectState].
 
     Raises:
-        ValueError: an invalid argument, naming it.
+        ValueError: an invalid argument, naming it: a tensor of more than one element or with a
+            value out of range, a schedule whose ``bounds`` leave it (a schedule without bounds is
+            checked at each step, [`gamfunc.checks`][gamfunc.checks]); at ``init``, a value not
+            finite in the dtype of the state (``lr=1e40`` for float32 params); at ``update``, a
+            direction of other names or shapes than the params.
 
     Example:
         >>> import torch, gamfunc
@@ -62,9 +66,9 @@ def lion(
         Chen et al., "Symbolic Discovery of Optimization Algorithms", NeurIPS 2023,
         https://arxiv.org/abs/2302.06675.
     """
-    check_nonnegative("lr", lr, schedule=True)
+    lr = check_nonnegative("lr", lr, schedule=True)
     beta1, beta2 = check_betas("betas", betas)
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    weight_decay = check_nonnegative("weight_decay", weight_decay, schedule=True)
     check_mask("weight_decay_mask", weight_decay_mask)
     factory = functools.partial(_lion, betas=(beta1, beta2), mask=weight_decay_mask)
     return inject_hyperparams(factory)(lr=lr, **given(weight_decay))

@@ -56,7 +56,11 @@ def sgd(
             [`ChainState`][gamfunc.optim.transforms.ChainState].
 
     Raises:
-        ValueError: an invalid argument, naming it.
+        ValueError: an invalid argument, naming it: a tensor of more than one element or with a
+            value out of range, a schedule whose ``bounds`` leave it (a schedule without bounds is
+            checked at each step, [`gamfunc.checks`][gamfunc.checks]); at ``init``, a value not
+            finite in the dtype of the state (``lr=1e40`` for float32 params); at ``update``, a
+            direction of other names or shapes than the params.
 
     Example:
         >>> import torch, gamfunc
@@ -66,12 +70,12 @@ def sgd(
         >>> gamfunc.apply_updates(p, u)["w"]
         tensor([0.9000, 0.9000])
     """
-    check_nonnegative("lr", lr, schedule=True)
-    check_nonnegative("momentum", momentum)
-    check_nonnegative("dampening", dampening)
+    lr = check_nonnegative("lr", lr, schedule=True)
+    momentum = check_nonnegative("momentum", momentum)
+    dampening = check_nonnegative("dampening", dampening)
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError("nesterov requires momentum > 0 and dampening = 0")
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    weight_decay = check_nonnegative("weight_decay", weight_decay, schedule=True)
     check_mask("weight_decay_mask", weight_decay_mask)
     factory = functools.partial(
         _sgd, momentum=momentum, dampening=dampening, nesterov=nesterov, mask=weight_decay_mask

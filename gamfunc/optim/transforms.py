@@ -46,6 +46,7 @@ from gamfunc.optim.base import (
     Moved,
     Transform,
     call_update,
+    check_like,
     check_state_type,
     masked_keys,
     need_step,
@@ -130,8 +131,8 @@ def clip_by_global_norm(max_norm: float, eps: float = 1e-6) -> Transform:
         Pascanu, Mikolov and Bengio, "On the difficulty of training recurrent neural networks",
         ICML 2013, https://arxiv.org/abs/1211.5063.
     """
-    check_positive("max_norm", max_norm)
-    check_nonnegative("eps", eps)
+    max_norm = check_positive("max_norm", max_norm)
+    eps = check_nonnegative("eps", eps)
 
     def init(params):
         dev = next(iter(params.values())).device if params else torch.device("cpu")
@@ -198,7 +199,7 @@ def chain(*elements: Transform) -> Transform:
         return ChainState(tuple(t.init(params) for t in elements))
 
     def update(direction, state, params, *, step=None):
-        tree.check_keys(params, direction)
+        check_like(params, direction)
         check_state_type(state, ChainState, "chain")
         if len(state.states) != len(elements):
             n = len(state.states)
@@ -238,7 +239,7 @@ def scale(factor: float) -> Transform:
         >>> s.update({"w": torch.ones(2)}, s.init({}), {})[0]
         {'w': tensor([0.5000, 0.5000])}
     """
-    check_number("factor", factor)
+    factor = check_number("factor", factor)
 
     def init(params):
         return ()
@@ -265,7 +266,10 @@ def add_decayed_weights(
     gamfunc optimiser decays through this one transform.
 
     Args:
-        weight_decay: λ >= 0, or a schedule of the step count (then ``update`` needs ``step=``).
+        weight_decay: λ >= 0, a tensor of one element, or a schedule of the step count (then
+            ``update`` needs ``step=``). A tensor's value is not read (this factory runs at every
+            update of an injected optimiser): a negative or non-finite λ makes the updates NaN,
+            which the step's guard skips ([`gamfunc.checks`][gamfunc.checks]).
         mask: which parameters decay: None (all, as torch.optim), a dict name -> bool naming every
             parameter, or a callable ``(name, tensor) -> bool`` that decides from the name or shape
             ([`decay_mask`][gamfunc.optim.transforms.decay_mask] gives the usual choice). Equal to torch.optim with two param groups,
@@ -276,7 +280,8 @@ def add_decayed_weights(
         A stateless [`Transform`][gamfunc.optim.base.Transform].
 
     Raises:
-        ValueError: ``weight_decay`` or ``mask`` is invalid (naming it).
+        ValueError: ``weight_decay`` or ``mask`` is invalid (naming it), or a schedule whose
+            ``bounds`` reach below 0.
 
     Example:
         >>> import torch, gamfunc
@@ -285,7 +290,7 @@ def add_decayed_weights(
         >>> wd.update({"w": torch.zeros(2)}, wd.init(p), p)[0]
         {'w': tensor([0.1000, 0.1000])}
     """
-    check_nonnegative("weight_decay", weight_decay, schedule=True)
+    weight_decay = check_nonnegative("weight_decay", weight_decay, schedule=True, read=False)
     check_mask(mask_name, mask)
     decays = _nonzero(weight_decay)
 
@@ -317,13 +322,18 @@ def scale_by_learning_rate(lr) -> Transform:
     ``gamfunc.inject_hyperparams(scale_by_learning_rate)(lr=η)`` or as [`gamfunc.sgd`][gamfunc.optim.sgd.sgd] does.
 
     Args:
-        lr: η, a float >= 0, a 0-d tensor or a schedule (then ``update`` needs ``step=``).
+        lr: η, a float >= 0, a tensor of one element or a schedule (then ``update`` needs
+            ``step=``). A tensor's value is not read (this factory runs at every update of an
+            injected optimiser, with the lr of its state): a negative or non-finite η makes the
+            updates NaN, which the step's guard skips. That is the per-step check of every
+            gamfunc optimiser's lr, on the device ([`gamfunc.checks`][gamfunc.checks]).
 
     Returns:
         A stateless [`Transform`][gamfunc.optim.base.Transform].
 
     Raises:
-        ValueError: ``lr`` is not a finite number >= 0 or a schedule.
+        ValueError: ``lr`` is not a finite number >= 0, a tensor of one element or a schedule, or
+            is a schedule whose ``bounds`` reach below 0.
 
     Example:
         >>> import torch, gamfunc
@@ -332,7 +342,7 @@ def scale_by_learning_rate(lr) -> Transform:
         >>> opt.update({"w": torch.ones(2)}, opt.init(p), p)[0]
         {'w': tensor([-0.1000, -0.1000])}
     """
-    check_nonnegative("lr", lr, schedule=True)
+    lr = check_nonnegative("lr", lr, schedule=True, read=False)
 
     def init(params):
         return ()
@@ -383,8 +393,8 @@ def trace(momentum: float, dampening: float = 0.0, nesterov: bool = False) -> Tr
     Raises:
         ValueError: an invalid argument, naming it.
     """
-    check_nonnegative("momentum", momentum)
-    check_nonnegative("dampening", dampening)
+    momentum = check_nonnegative("momentum", momentum)
+    dampening = check_nonnegative("dampening", dampening)
     if nesterov and (momentum <= 0 or dampening != 0):
         raise ValueError("nesterov requires momentum > 0 and dampening = 0")
 
@@ -447,9 +457,9 @@ def scale_by_adam(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8) -> Tran
     Raises:
         ValueError: an invalid argument, naming it.
     """
-    check_unit("b1", b1, below_one=True)
-    check_unit("b2", b2, below_one=True)
-    check_nonnegative("eps", eps)
+    b1 = check_unit("b1", b1, below_one=True)
+    b2 = check_unit("b2", b2, below_one=True)
+    eps = check_nonnegative("eps", eps)
 
     def init(params):
         return ScaleByAdamState(tree.zeros_like(params), tree.zeros_like(params))
@@ -510,8 +520,8 @@ def scale_by_lion(b1: float = 0.9, b2: float = 0.99) -> Transform:
     Raises:
         ValueError: an invalid argument, naming it.
     """
-    check_unit("b1", b1, below_one=True)
-    check_unit("b2", b2, below_one=True)
+    b1 = check_unit("b1", b1, below_one=True)
+    b2 = check_unit("b2", b2, below_one=True)
 
     def init(params):
         return ScaleByLionState(tree.zeros_like(params))

@@ -158,7 +158,8 @@ def train(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
 
     def after_step(metrics: dict, batch) -> str | None:
         n = len(batch[1])
-        accumulate(p.accum, metrics, p.state, n, pos["global_step"] % cfg.every == 0)
+        # the step's period: --every, or the one a reusing estimator (looksam, look_gam) brings
+        accumulate(p.accum, metrics, p.state, n, pos["global_step"] % parts.step.every == 0)
         s.last_loss = metrics["loss"]
         if "skipped" in metrics:
             s.run_of_skips = torch.where(metrics["skipped"] != 0, s.run_of_skips + 1, 0)

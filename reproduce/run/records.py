@@ -38,7 +38,7 @@ def end_of_epoch(r: Run, parts: Parts, p: Progress, epoch: int) -> dict:
         "train_acc": 100.0 * int(sums["correct"]) / seen if seen else None,
         "skipped_steps": skipped,
     }
-    if cfg.every > 1:  # the estimator's share of them: the steps it took are every every-th
+    if parts.step.every > 1:  # the estimator's share of them: it took every every-th step
         record["skipped_estimator_steps"] = int(sums["skipped_estimator"]) // r.procs.world
     params, buffers = p.params, p.state.buffers
     last = epoch + 1 == cfg.epochs

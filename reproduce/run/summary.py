@@ -33,7 +33,9 @@ def end_of_run(
     """After the last epoch, or a stop at ``--max_steps`` (``stopped``): ``(status, final
     record)``, having written the last checkpoint; or `Diverged` if the run did not train."""
     cfg, name, pos = r.cfg, r.name, p.pos
-    why = diverged(cfg, p.params, p.state, pos["global_step"], s.last_loss, estimator_skips(r, p))
+    every = parts.step.every  # --every, or the period of a reusing estimator (looksam, look_gam)
+    skips = estimator_skips(r, p, every)
+    why = diverged(cfg, p.params, p.state, pos["global_step"], s.last_loss, skips, every)
     if why is not None:
         write_checkpoint(r, p, status="diverged")
         raise Diverged(
@@ -53,42 +55,51 @@ def end_of_run(
     return status, final_metrics(r, parts, p, last, smoke)
 
 
-def estimator_skips(r: Run, p: Progress) -> int:
-    """The run's skipped steps that its estimator took (with ``--every`` > 1, not the base
+def estimator_skips(r: Run, p: Progress, every: int | None = None) -> int:
+    """The run's skipped steps that its estimator took (with a step period > 1, not the base
     gradient's): the closed epochs' records and the open epoch's sums (a collective).
 
     Args:
         r: the run.
         p: its progress.
+        every: the step's period (``step.every``: ``--every``, or the period of a reusing
+            estimator such as looksam); None reads ``--every``.
 
     Returns:
         The count, over all of the run's steps.
     """
-    if r.cfg.every == 1:
+    if (r.cfg.every if every is None else every) == 1:
         return int(p.state.skipped)
     done = sum(h.get("skipped_estimator_steps", 0) for h in p.history)
     return done + int(global_sums(p.accum, r.procs)["skipped_estimator"]) // r.procs.world
 
 
 def skipped_too_many(
-    cfg: Config, skipped: int, steps: int, estimator_skipped: int | None = None
+    cfg: Config,
+    skipped: int,
+    steps: int,
+    estimator_skipped: int | None = None,
+    every: int | None = None,
 ) -> str | None:
     """Why a run with ``skipped`` of its ``steps`` skipped did not train, or None: every step of
-    its estimator skipped, or with ``--every`` > 1 every step of its base gradient, or more than
-    ``cfg.max_skipped_fraction`` of its steps.
+    its estimator skipped (every full step of a reusing estimator, looksam or look_gam), or with
+    a period > 1 every step of its base gradient, or more than ``cfg.max_skipped_fraction`` of its
+    steps.
 
     Args:
         cfg: the run's configuration (``every``, ``max_skipped_fraction``).
         skipped: its skipped (non-finite) steps.
         steps: the steps it took.
         estimator_skipped: how many of the skipped steps the estimator took (None: all of them).
+        every: the step's period (``step.every``); None reads ``cfg.every``.
 
     Returns:
         The reason in words, or None.
     """
     own = skipped if estimator_skipped is None else estimator_skipped
+    every = cfg.every if every is None else every
     # the estimator takes steps 0, every, 2·every, ...; the base gradient the others
-    mine = -(-steps // cfg.every)
+    mine = -(-steps // every)
     for who, n, lost in (("estimator", mine, own), ("base gradient", steps - mine, skipped - own)):
         if n and lost >= n:
             return (
@@ -104,7 +115,13 @@ def skipped_too_many(
 
 
 def diverged(
-    cfg: Config, params, state, steps: int, last_loss, estimator_skipped: int | None = None
+    cfg: Config,
+    params,
+    state,
+    steps: int,
+    last_loss,
+    estimator_skipped: int | None = None,
+    every: int | None = None,
 ) -> str | None:
     """Why a run that reached its end did not train, or None: every step of one of its
     gradients skipped (the estimator's, or with ``--every`` > 1 the base gradient's), more than
@@ -118,11 +135,12 @@ def diverged(
         steps: the steps it took.
         last_loss: the loss of its last step (None: unknown).
         estimator_skipped: how many of the skipped steps the estimator took (None: all of them).
+        every: the step's period (``step.every``); None reads ``cfg.every``.
 
     Returns:
         The reason in words, or None when the run trained.
     """
-    why = skipped_too_many(cfg, int(state.skipped), steps, estimator_skipped)
+    why = skipped_too_many(cfg, int(state.skipped), steps, estimator_skipped, every)
     if why is not None:
         return why
     values = list(params.values())
