@@ -40,7 +40,11 @@ def _f64(t: Tensor) -> Tensor:
 
 
 def _with_bounds(schedule: Schedule, *values: float) -> Schedule:
-    """``schedule`` carrying ``bounds`` = (least, greatest) of ``values``."""
+    """``schedule`` carrying ``bounds`` = (least, greatest) of ``values``; none where a value is a
+    tensor (a schedule built inside ``vmap``, one value per member: its consumer then checks it at
+    every step, on the device)."""
+    if any(isinstance(v, Tensor) for v in values):
+        return schedule
     schedule.bounds = (float(min(values)), float(max(values)))  # type: ignore[attr-defined]
     return schedule
 

@@ -75,14 +75,14 @@ def check_state(state, params) -> None:
     ``buffers`` are a dict or ``()``; the names of every per-parameter dict of the optimiser state
     (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
     ``params``, and the shapes of the first such dict (a state made for other parameters has them
-    all wrong), so that a state made for other shapes is not broadcast against them; and that the
-    counts ``step`` and ``skipped`` are >= 0 where they lie on the CPU of an eager step
-    (`check_count`: a read that waits for nothing). Python only, on types, names and shapes,
-    a few microseconds a step; a compiled step traces it once.
+    all wrong), so that a state made for other shapes is not broadcast against them. Python
+    only, on types, names and shapes, a few microseconds a step and no read of a tensor's value; a
+    compiled step traces it once. (Negative counts are refused on load, `from_dict`; the schedules
+    of [`gamfunc.schedules`][gamfunc.schedules] read a count below 0 as 0.)
 
     Raises:
         TypeError: ``state`` is no StepState, or a count is no int64 tensor.
-        ValueError: a field that does not fit ``params`` (naming it), or a negative count.
+        ValueError: a field that does not fit ``params`` (naming it).
     """
     if not isinstance(state, StepState):
         hint = (
@@ -103,8 +103,6 @@ def check_state(state, params) -> None:
                 f"state.{name} must be an int64 tensor; got {got}; make the state with "
                 f"step.init(params)"
             )
-        if v.ndim == 0 and _readable(v):
-            check_count(f"state.{name}", v)
     if not (isinstance(state.buffers, dict) or _empty(state.buffers)):
         raise TypeError(
             f"state.buffers must be a dict name -> tensor or () (no buffers); got "
@@ -116,10 +114,9 @@ def check_state(state, params) -> None:
 def check_count(name: str, v: Tensor) -> None:
     """A one-line ValueError naming ``name`` unless the count ``v`` (a 0-d integer tensor, read
     here) is >= 0. A state's counts only grow from 0; a negative one (``state.step = -5``) would
-    read schedules before their start (a warm-up lr of −0.08), so it is refused wherever a state is
-    checked with its values at hand: on load (`from_dict`), and at each step where
-    the count lies on the CPU and nothing traces the step. (On a GPU the step reads no count: the
-    schedules of [`gamfunc.schedules`][gamfunc.schedules] read a count below 0 as 0.)
+    read schedules before their start (a warm-up lr of −0.08), so it is refused on load
+    (`from_dict`) and in a step's host cycle count; a step reads no other count (the schedules of
+    [`gamfunc.schedules`][gamfunc.schedules] read a count below 0 as 0).
 
     Raises:
         ValueError: ``v`` is negative.
