@@ -274,3 +274,36 @@ def test_a_second_signal_during_the_first_checkpoint_write_does_not_claim_one_st
     line = one_line(err)
     assert line.startswith("SIGTERM again: stopping now") and line.endswith("nothing was saved yet")
     assert "stays" not in line and not path.exists()
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "gap"),
+    [
+        (signal.SIGTERM, signal.SIGINT, 0.05),
+        pytest.param(signal.SIGINT, signal.SIGTERM, 0.02, marks=pytest.mark.slow),
+        pytest.param(signal.SIGTERM, signal.SIGINT, 0.15, marks=pytest.mark.slow),
+    ],
+    ids=["term-int-50ms", "int-term-20ms", "term-int-150ms"],
+)
+def test_a_second_signal_soon_after_the_first_in_training_keeps_the_first_ones_status(
+    tmp_path, first, second, gap
+):
+    """The second signal lands while the run stops (its checkpoint written, the line printed, the
+    interpreter ending): whatever it meets, the status and the line are the first signal's."""
+    proc = start(tmp_path, *DIGITS, *NO_FLATNESS, "--epochs=200")  # a line every 40 epochs
+    for line in proc.stdout:
+        if "epoch 40/" in line:  # training for a while: past start-up and the first checkpoints
+            break
+    else:
+        pytest.fail(f"no epoch line in the output: {proc.communicate()}")
+    proc.send_signal(first)
+    time.sleep(gap)
+    proc.send_signal(second)
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 128 + first, err
+    line = one_line(err)
+    name = signal.Signals(first).name
+    assert line.startswith((f"stopped by {name}", f"{signal.Signals(second).name} again")), line
+    if line.startswith("stopped by"):
+        assert "kept: the checkpoint" in line
+    assert ckpt.load(run_dir(tmp_path) / "checkpoint.pt")["position"]["global_step"] > 0
