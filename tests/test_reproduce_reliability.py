@@ -167,6 +167,14 @@ def test_an_undecodable_image_is_a_data_error_naming_it(
         (["--seed=1e20"], "--seed takes an integer"),
         (["--preset=hp2.imagenet.resnet50", "--data=/nonexistent"], "ImageNet not found"),
         (["--preset=hp1.cifar10.resnet18", "--data=/nonexistent"], "not found"),
+        # counts have upper bounds: a typo is refused, not run for days or forked 100,000 times
+        (["--ascent_steps=99999999999999999999999"], "--ascent_steps must be at most 100"),
+        (["--epochs=99999999999999999999999"], "--epochs must be at most"),
+        (["--eig_iters=100000000"], "--eig_iters must be at most"),
+        (["--workers=100000"], "--workers must be at most"),
+        # a method that cycles by itself takes no --every beside it
+        (["--estimator=looksam", "--every=2"], "--every must be 1 with looksam"),
+        (["--estimator=look_gam", "--every=2"], "--every must be 1 with look_gam"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_flag_before_training(tmp_path, capsys, args, says):
