@@ -51,6 +51,95 @@ def test_a_finished_run_without_its_checkpoint_is_not_overwritten(tmp_path, caps
     assert len(list(run.glob("events.out.tfevents.*"))) == 1
 
 
+class Killed(BaseException):
+    """The process killed (kill -9) in the first checkpoint's write: nothing after it runs."""
+
+
+@pytest.mark.parametrize("extra", [[], ["--resume"]])
+def test_a_run_killed_before_its_first_checkpoint_starts_again_from_scratch(
+    tmp_path, capsys, monkeypatch, extra
+):
+    """Its outputs (config.json, events) hold no result: the same command, or --resume, trains it
+    again and says so in one line; a finished run's outputs are still never replaced (above)."""
+
+    def killed(path, body):
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt, "save", killed)
+        with pytest.raises(Killed):
+            main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2")
+    run = out_dir(tmp_path)
+    assert (run / "config.json").exists() and list(run.glob("events.out.tfevents.*"))
+    assert not (run / "checkpoint.pt").exists()
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--epochs=1", *extra) == 0
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "first checkpoint" in ln]
+    assert len(said) == 1 and "starting it from scratch" in said[0], said
+    assert strict(run / "summary.json")["config"]["lr"] == 0.05  # this command's run, not the old
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    # from now on it holds a result: neither command replaces it
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2") == 2
+    assert "--resume" in one_line_error(capsys)
+
+
+@pytest.mark.slow
+@pytest.mark.slow
+def test_a_run_killed_9_in_its_first_checkpoint_write_reruns_with_the_same_command(tmp_path):
+    """A real kill -9 while the first checkpoint is half written (the save's test pause): the same
+    command trains the run from scratch, exit 0."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "reproduce" / "train.py"), f"--logdir={tmp_path}"]
+    cmd += ["--progress=false", "--landscape=false", *DIGITS, "--epochs=1"]
+    env = {**os.environ, ckpt.TEST_PAUSE_ENV: "300"}
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL)
+    run = out_dir(tmp_path)
+    deadline = time.monotonic() + 300  # only keeps a broken run from hanging the suite
+    while not list(run.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (run / "checkpoint.pt").exists() and (run / "config.json").exists()
+    del env[ckpt.TEST_PAUSE_ENV]
+    again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "starting it from scratch" in again.stdout
+    assert strict(run / "summary.json")["status"] == "finished"
+
+
+def test_a_sweep_killed_before_a_runs_first_checkpoint_continues_when_rerun(
+    tmp_path, capsys, monkeypatch
+):
+    """The sweep's process killed in its run's first checkpoint write (in-process runs): the same
+    command trains that run from scratch and selects its cell, which is not marked failed."""
+    from reproduce import sweep
+
+    args = ["--grid=rho=0.05", "--seeds=0", "--", f"--logdir={tmp_path}", *DIGITS]
+    args += ["--epochs=1", "--val_fraction=0.2", "--estimator=gam"]
+
+    def killed(path, body):
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt, "save", killed)
+        with pytest.raises(Killed):
+            sweep.main(args)
+    run = tmp_path / "sweep.digits" / "rho=0.05" / "seed=0" / "gam"
+    assert (run / "config.json").exists() and not (run / "checkpoint.pt").exists()
+    capsys.readouterr()
+    assert sweep.main(args) == 0
+    out = capsys.readouterr().out
+    assert "starting it from scratch" in out and "selected rho=0.05" in out, out
+    (cell,) = strict(tmp_path / "sweep.digits" / "sweep.json")["cells"]
+    assert cell["status"] == "complete" and cell["seeds"]["0"]["status"] == "finished", cell
+
+
 # 2. Skipped steps: every step of one gradient skipped is a divergence; fewer are flagged.
 @pytest.mark.parametrize("every", [2, 3])
 def test_a_run_whose_estimator_steps_were_all_skipped_is_diverged(tmp_path, capsys, every):

@@ -29,6 +29,7 @@ from reproduce.run.launch import from_main
 __all__ = [
     "CHECKPOINT_FIELDS",
     "OUTPUTS",
+    "UNSAVED",
     "RunLocked",
     "check_body",
     "check_place",
@@ -99,6 +100,7 @@ def write_checkpoint(r: Run, p: Progress, finished: bool = False, status: str = 
             "status": status,
         },
     )
+    (r.run_dir / UNSAVED).unlink(missing_ok=True)  # the run holds a result from here on
     r.saved_step = p.pos["global_step"]
 
 
@@ -130,7 +132,8 @@ def resume(
     p = Progress(params, state, zero_accum(procs.device), pos, [], None, None)
     if saved is None:
         torch.manual_seed(cfg.seed)
-        if procs.main:
+        if procs.main:  # the mark first: a run killed before its first checkpoint is started again
+            (r.run_dir / UNSAVED).touch()
             report.write_json(r.run_dir / "config.json", as_dict(cfg))
         return p
     if steps_per_epoch:
@@ -207,6 +210,15 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
         clear(path.parent)
         return None
     outputs = [] if path.exists() else _outputs(path.parent)
+    if outputs and (path.parent / UNSAVED).exists():  # they hold no result: train afresh
+        print(
+            f"[{name}] {str(path.parent)!r} holds a run stopped before its first checkpoint, "
+            f"which holds no result ({', '.join(outputs)}): starting it from scratch",
+            flush=True,
+        )
+        clear(path.parent)
+        (path.parent / "best.pt").unlink(missing_ok=True)
+        return None
     if outputs:  # a run trained here, its checkpoint gone: training again would replace its outputs
         raise ckpt.CheckpointError(
             f"{str(path.parent)!r} holds the outputs of a run ({', '.join(outputs)}) but no "
@@ -336,6 +348,10 @@ def check_place(
 
 # What a run writes besides its checkpoints; any of them marks the folder as a run's.
 OUTPUTS = ("summary.json", "config.json", "events.out.tfevents.*", "best.pt", "*.png")
+# The mark of a run started afresh that has written no checkpoint yet (written before its first
+# output, removed once a checkpoint is written): its outputs hold no result, and the same command,
+# or --resume, trains it again from scratch instead of refusing to replace them.
+UNSAVED = ".no_checkpoint_yet"
 
 
 def _outputs(run_dir: Path) -> list[str]:
@@ -348,7 +364,7 @@ def clear(run_dir: Path) -> None:
     before its first checkpoint: TensorBoard events, configuration, summary and pictures.
     Checkpoints stay until the new run replaces them (atomically), so a new run killed early leaves
     the old one's last state."""
-    for pattern in ("events.out.tfevents.*", "summary.json", "config.json", "*.png"):
+    for pattern in ("events.out.tfevents.*", "summary.json", "config.json", "*.png", UNSAVED):
         for f in run_dir.glob(pattern):
             f.unlink(missing_ok=True)
 
