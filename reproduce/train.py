@@ -267,7 +267,10 @@ def _write_error(e: OSError, root: Path) -> bool:
     if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
         return True
     if e.filename:
-        return Path(str(e.filename)).resolve().is_relative_to(root.resolve())
+        try:
+            return Path(str(e.filename)).resolve().is_relative_to(root.resolve())
+        except (OSError, RuntimeError):  # a symbolic link loop: not a path the run writes
+            return False
     return e.errno is not None and e.errno == errno.EACCES
 
 
