@@ -189,6 +189,12 @@ def _craft(path: Path, change) -> None:
     ckpt.save(path, body)  # a valid digest over the crafted body
 
 
+def _past_the_last_epoch(body) -> None:
+    """Step 33 of a 2-epoch run of 14 steps an epoch: epoch 2 (both closed), batch 5."""
+    body["position"].update(epoch=2, batch=5, global_step=33)
+    body["history"] = [{"epoch": 1, "step": 14}, {"epoch": 2, "step": 28}]
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -204,6 +210,29 @@ def _craft(path: Path, change) -> None:
         (lambda b: b.update(data_order=torch.zeros(1400, dtype=torch.int64)), "data order"),
         (lambda b: b.update(data_order=None), "data order"),
         (lambda b: b.update(history={"a": 1}), "history"),
+        # fields with a valid digest that resumed into false summaries or tracebacks
+        (lambda b: b.update(history=[{"epoch": i + 1, "step": 14} for i in range(9)]), "history"),
+        (lambda b: b["accum"].update(seen=torch.tensor(-1000)), "accum seen"),
+        (lambda b: b["accum"].pop("seen"), "accum"),
+        (lambda b: b["accum"].update(correct=torch.tensor(10**6)), "accum correct"),
+        (lambda b: b["accum"].update(loss=torch.tensor(float("nan"), dtype=torch.float64)), "loss"),
+        (lambda b: b["accum"].update(loss=torch.zeros(3, dtype=torch.float64)), "accum loss"),
+        (lambda b: b["accum"].update(seen=torch.tensor(0.0)), "accum seen"),
+        (_past_the_last_epoch, "batch 5 is in epoch 3"),
+        (lambda b: b["state"].update(skipped=torch.tensor(-5)), "state.skipped"),
+        (lambda b: b["state"].update(skipped=torch.tensor(99)), "state.skipped"),
+        (lambda b: b.update(best={"val_acc": float("nan"), "epoch": 1}), "best val_acc"),
+        (lambda b: b.update(best={"val_acc": 50.0, "epoch": 7}), "best epoch"),
+        (lambda b: b.update(finished="yes"), "finished"),
+        (lambda b: b.update(status="garbage"), "status"),
+        (lambda b: b.update(finished=True), "status"),
+        (lambda b: b["config"].pop("lr"), "config lacks lr"),
+        (lambda b: b.update(config=[1, 2]), "config is a list"),
+        (
+            lambda b: b.update(data_order=b["data_order"].to(torch.int16)),
+            "data order is torch.int16",
+        ),
+        (lambda b: b["params"].update({k: v.double() for k, v in b["params"].items()}), "float64"),
     ],
 )
 def test_a_crafted_checkpoint_is_refused_in_one_line(tmp_path, capsys, change, says):
@@ -239,6 +268,45 @@ def test_an_undecodable_image_is_a_data_error_naming_it(
     assert main(tmp_path / "runs", *args, *NO_FLATNESS) == 2
     err = one_line_error(capsys)
     assert err.startswith("error: cannot read the data") and "1.png" in err, err
+
+
+# Data folders that would hang, repeat images or train one class: one line naming what, exit 2.
+@pytest.mark.parametrize("bad", ["fifo", "socket", "link_loop", "folder_loop", "one_class"])
+def test_a_bad_data_folder_is_refused_in_one_line_naming_it(tmp_path, capsys, bad):
+    import os
+    import socket
+
+    from test_reproduce_data import make_image_folder
+
+    classes = ("ant",) if bad == "one_class" else ("ant", "bee")
+    data = make_image_folder(tmp_path / "cifar", ("train", "test"), classes, per_class=4, size=8)
+    ant = data / "train" / "ant"
+    if bad == "fifo":  # opening it would block start-up for ever
+        os.mkfifo(ant / "9.png")
+    elif bad == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(ant / "9.png"))
+    elif bad == "link_loop":
+        (data / "train" / "cat").symlink_to("cat")
+    elif bad == "folder_loop":
+        (ant / "again").symlink_to("../ant")
+    args = ["--preset=hp1.cifar10.resnet18", f"--data={data}", "--model=resnet32"]
+    args += ["--batch_size=2", "--max-steps=1", "--estimator=sgd"]
+    try:
+        assert main(tmp_path / "runs", *args, *NO_FLATNESS) == 2
+    finally:
+        if bad == "socket":
+            sock.close()
+    err = one_line_error(capsys)
+    says = {
+        "fifo": "9.png' is not a regular file",
+        "socket": "9.png' is not a regular file",
+        "link_loop": "cat': Too many levels of symbolic links",
+        "folder_loop": "again' is",
+        "one_class": "has 1 class folder(s) (ant); a classifier needs at least 2",
+    }[bad]
+    assert says in err, err
+    assert not list((tmp_path / "runs").rglob("checkpoint.pt"))
 
 
 # 11, 12, 14, 18. Bad values: one line naming the flag and its rule, exit 2, before any training.
@@ -281,14 +349,42 @@ def test_a_run_folder_that_cannot_be_written_says_what_exists(tmp_path, capsys, 
         (out_dir(logdir) / ".lock").mkdir(parents=True)
     elif how == "logdir_is_a_file":
         logdir.write_text("")
-    else:
-        from reproduce.run import report
+    else:  # a write that fails names no file: the line names the one being written
 
-        def full(path, body):
-            raise OSError(28, "No space left on device", str(path))
+        def full(path, text, *a, **k):
+            raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(report, "write_json", full)
+        monkeypatch.setattr(Path, "write_text", full)
     assert main(logdir, *DIGITS, "--epochs=1") == 2
     err = one_line_error(capsys)
     assert "cannot write" in err and "no checkpoint was written" in err, err
     assert "--resume" not in err and "intact" not in err
+    if how == "disk_full":  # the line names the file that failed, not the run's folder
+        assert "config.json'" in err, err
+
+
+@pytest.mark.parametrize("when", ["start", "later"])
+def test_a_full_disk_under_tensorboards_writer_is_one_line_naming_its_file(
+    tmp_path, capsys, monkeypatch, when
+):
+    """The events are written on TensorBoard's own thread: its failure prints no traceback of that
+    thread beside the run's one line, which names the events file; the same command then runs."""
+    import errno
+
+    from tensorboard.summary.writer import record_writer
+
+    write, calls = record_writer.RecordWriter.write, []
+
+    def full(self, data):
+        calls.append(1)
+        if when == "start" or len(calls) > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, data)
+
+    with monkeypatch.context() as m:
+        m.setattr(record_writer.RecordWriter, "write", full)
+        assert main(tmp_path, *DIGITS, "--epochs=2", "--log_every=1") == 2
+    err = one_line_error(capsys)
+    assert "Exception in thread" not in err and "events.out.tfevents." in err, err
+    assert err.startswith("error: cannot write") and "No space left on device" in err, err
+    assert main(tmp_path, *DIGITS, "--epochs=2", *(["--resume"] if when == "later" else [])) == 0

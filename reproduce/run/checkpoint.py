@@ -116,8 +116,12 @@ def save(path: str | os.PathLike, body: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(
+            e, OSError
+        ):  # a full disk: the error names the file (a failed write names none)
+            e.filename = e.filename or str(path)
         raise
     _fsync_dir(path.parent)
 
