@@ -10,6 +10,7 @@ position, the epoch's sums and the RNG state, all a resumed run needs to continu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -370,8 +371,8 @@ def _check_best(best, epochs: int, path: Path) -> None:
 
 def _check_accum(accum, path: Path) -> None:
     """A checkpoint's sums of the epoch: the 0-d tensors of `zero_accum`, of its dtypes, the counts
-    >= 0 (correct at most seen, the estimator's skipped steps at most all skipped), the loss finite
-    and >= 0."""
+    >= 0 (correct at most seen, the estimator's skipped steps at most all skipped), the loss
+    finite."""
     want = zero_accum("cpu")
     if not isinstance(accum, dict) or set(accum) != set(want):
         got = sorted(accum) if isinstance(accum, dict) else type(accum).__name__
@@ -382,8 +383,8 @@ def _check_accum(accum, path: Path) -> None:
             got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, Tensor) else repr(t)
             raise _bad(path, f"its accum {k} is {got}, not a 0-d {z.dtype}")
     v = {k: t.item() for k, t in accum.items()}
-    if not 0 <= v["loss"] < float("inf"):
-        raise _bad(path, f"its accum loss is {v['loss']!r}, not a finite sum >= 0")
+    if not math.isfinite(v["loss"]):
+        raise _bad(path, f"its accum loss is {v['loss']!r}, not a finite sum")
     for k in ("seen", "correct", "skipped", "skipped_estimator"):
         if v[k] < 0:
             raise _bad(path, f"its accum {k} is {v[k]}, not a count >= 0")
