@@ -496,6 +496,7 @@ def validate(cfg: Config) -> None:
 # is refused rather than run for days (the rest: at most 2**63 - 1); --workers: `worker_limit`.
 BOUNDS = {
     "ascent_steps": (100, " ascent steps in a step"),
+    "num_classes": (1_000_000, " classes"),
     "eig_iters": (10_000, " Lanczos iterations"),
     "trace_samples": (100_000, " probes"),
     "r1_steps": (10_000, " ascent steps"),

@@ -328,6 +328,7 @@ def test_a_bad_data_folder_is_refused_in_one_line_naming_it(tmp_path, capsys, ba
         (["--ascent_steps=99999999999999999999999"], "--ascent_steps must be at most 100"),
         (["--epochs=99999999999999999999999"], "--epochs must be at most"),
         (["--eig_iters=100000000"], "--eig_iters must be at most"),
+        (["--synthetic", "--num_classes=1000000000000"], "--num_classes must be at most"),
         (["--workers=100000"], "--workers must be at most"),
         # a method that cycles by itself takes no --every beside it
         (["--estimator=looksam", "--every=2"], "--every must be 1 with looksam"),
