@@ -498,7 +498,7 @@ BOUNDS = {
     "ascent_steps": (100, " ascent steps in a step"),
     "num_classes": (1_000_000, " classes"),
     "eig_iters": (10_000, " Lanczos iterations"),
-    "trace_samples": (100_000, " probes"),
+    "trace_samples": (1_000_000, " probes"),
     "r1_steps": (10_000, " ascent steps"),
     "read_ahead": (64, " batches"),
     "dist_timeout": (7 * 86_400, " seconds (a week)"),
