@@ -84,7 +84,6 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_from_scratch(
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_a_run_killed_9_in_its_first_checkpoint_write_reruns_with_the_same_command(tmp_path):
     """A real kill -9 while the first checkpoint is half written (the save's test pause): the same
     command trains the run from scratch, exit 0."""
@@ -113,6 +112,7 @@ def test_a_run_killed_9_in_its_first_checkpoint_write_reruns_with_the_same_comma
     assert strict(run / "summary.json")["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_a_sweep_killed_before_a_runs_first_checkpoint_continues_when_rerun(
     tmp_path, capsys, monkeypatch
 ):
