@@ -345,12 +345,17 @@ def _number(v, low: float, high: float) -> bool:
 
 
 def _check_config(config, path: Path) -> None:
-    """A checkpoint's configuration: a dict holding every field of `Config`."""
+    """A checkpoint's configuration: a dict holding every field of `Config` (a field it lacks
+    would be taken at its default, which the run that wrote it may not have had)."""
     if not isinstance(config, dict):
         raise _bad(path, f"its config is a {type(config).__name__}, not a dict of the run's fields")
     missing = sorted(set(as_dict(Config())) - set(config))
     if missing:
-        raise _bad(path, f"its config lacks {', '.join(missing)}")
+        raise _bad(
+            path,
+            f"its config lacks {', '.join(missing)} (edited, or written by another version of "
+            "reproduce/train.py)",
+        )
 
 
 def _check_best(best, epochs: int, path: Path) -> None:
