@@ -95,9 +95,7 @@ class Config:
     cutout_size: int = 16  # side of the Cutout square in pixels (DeVries and Taylor 2017)
     label_noise: float = 0.0  # fraction of training labels replaced by another class (App. C.2)
     val_fraction: float = 0.0  # share of the training set held out for validation (model selection)
-    workers: int = (
-        0  # DataLoader workers for image folders; DALI's CPU threads (0: 8); at most 4 × the cores
-    )
+    workers: int = 0  # DataLoader workers of image folders, DALI's CPU threads (0: 8); ≤ 4 × cores
     # --- the gradient estimator
     estimator: str = "sgd,gam"  # one of ESTIMATORS, or a comma list trained one after the other
     rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
@@ -113,9 +111,7 @@ class Config:
     gamma: float = 0.1  # γ of gam_accelerated
     eta: float = 0.01  # η of asam (Kwon et al. 2021)
     adaptive: bool = False  # gam, look_gam and gam_accelerated in ASAM's scale-invariant geometry
-    ascent_steps: int = (
-        1  # normalised ascent steps of sam (and of the SAM oracle of sam+gam), at most 100
-    )
+    ascent_steps: int = 1  # normalised ascent steps of sam (and sam+gam's SAM oracle), at most 100
     gsam_alpha: float = 0.3  # α of gsam (and gsam+gam's oracle): share of ∇L's part ⟂ ∇f_p removed
     wsam_gamma: float = 0.9  # γ of wsam, the weight of sharpness, in [0, 1) (Yue et al. 2023: 0.9)
     wsam_decouple: bool = False  # wsam: the authors' decoupled form (the sharpness step after the update, times its lr)
@@ -127,7 +123,7 @@ class Config:
     fsam_sigma: float = 1.0  # σ of friendly_sam: the share of the running mean removed
     fsam_lmbda: float = 0.9  # λ of friendly_sam: the running mean's decay, in [0, 1)
     fsam_convention: str = "paper"  # friendly_sam: paper (the paper's order) | authors (nblt/F-SAM's order: m₁ = g₁, d before m takes in g)
-    every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3); 1 with looksam, look_gam
+    every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3)
     # --- the base optimiser and schedule
     base: str = "sgd"  # sgd | adamw
     lr: float = 0.05  # peak learning rate

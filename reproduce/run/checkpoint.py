@@ -118,10 +118,8 @@ def save(path: str | os.PathLike, body: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if isinstance(
-            e, OSError
-        ):  # a full disk: the error names the file (a failed write names none)
-            e.filename = e.filename or str(path)
+        if isinstance(e, OSError) and e.errno is not None and not e.filename:
+            e.filename = str(path)  # a full disk: name the file (a failed write names none)
         raise
     _fsync_dir(path.parent)
 

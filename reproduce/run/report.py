@@ -81,7 +81,8 @@ def write_json(path: Path | str, obj: Any) -> None:
         os.replace(tmp, path)
     except OSError as e:  # a full disk: the error names the file (a failed write names none)
         tmp.unlink(missing_ok=True)
-        e.filename = e.filename or str(path)
+        if e.errno is not None and not e.filename:
+            e.filename = str(path)
         raise
 
 
@@ -109,7 +110,8 @@ def open_writer(run_dir: Path, purge_step: int | None = None):
     try:
         return SummaryWriter(str(run_dir), purge_step=purge_step)
     except OSError as e:
-        e.filename = e.filename or _events_file(run_dir)
+        if e.errno is not None and not e.filename:
+            e.filename = _events_file(run_dir)
         raise
 
 
@@ -135,7 +137,8 @@ def _quiet_writer_threads() -> None:
             writer = getattr(getattr(thread, "_record_writer", None), "_writer", None)
             name = getattr(writer, "filename", None) or getattr(writer, "name", None)
             name = os.fsdecode(name) if isinstance(name, bytes) else name
-            args.exc_value.filename = args.exc_value.filename or name
+            if args.exc_value.errno is not None and not args.exc_value.filename:
+                args.exc_value.filename = name
             return
         before(args)
 
