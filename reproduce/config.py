@@ -36,6 +36,8 @@ from reproduce.presets import AUTHORS_ACCELERATED, PRESETS, authors_smoothing, c
 __all__ = [
     "AUTHORS_ACCELERATED",
     "BASES",
+    "BOUNDS",
+    "CYCLES",
     "DATASETS",
     "ESTIMATORS",
     "MODES",
@@ -53,6 +55,7 @@ __all__ = [
     "resolve",
     "run_name",
     "validate",
+    "worker_limit",
 ]
 
 # --estimator takes the names of reproduce.methods.METHODS, the one table of the estimators
@@ -92,7 +95,7 @@ class Config:
     cutout_size: int = 16  # side of the Cutout square in pixels (DeVries and Taylor 2017)
     label_noise: float = 0.0  # fraction of training labels replaced by another class (App. C.2)
     val_fraction: float = 0.0  # share of the training set held out for validation (model selection)
-    workers: int = 0  # DataLoader workers for image folders; DALI's CPU threads (0: 8)
+    workers: int = 0  # DataLoader workers of image folders, DALI's CPU threads (0: 8); ≤ 4 × cores
     # --- the gradient estimator
     estimator: str = "sgd,gam"  # one of ESTIMATORS, or a comma list trained one after the other
     rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
@@ -108,7 +111,7 @@ class Config:
     gamma: float = 0.1  # γ of gam_accelerated
     eta: float = 0.01  # η of asam (Kwon et al. 2021)
     adaptive: bool = False  # gam, look_gam and gam_accelerated in ASAM's scale-invariant geometry
-    ascent_steps: int = 1  # normalised ascent steps of sam (and of the SAM oracle of sam+gam)
+    ascent_steps: int = 1  # normalised ascent steps of sam (and sam+gam's SAM oracle), at most 100
     gsam_alpha: float = 0.3  # α of gsam (and gsam+gam's oracle): share of ∇L's part ⟂ ∇f_p removed
     wsam_gamma: float = 0.9  # γ of wsam, the weight of sharpness, in [0, 1) (Yue et al. 2023: 0.9)
     wsam_decouple: bool = False  # wsam: the authors' decoupled form (the sharpness step after the update, times its lr)
@@ -455,9 +458,24 @@ def validate(cfg: Config) -> None:
     _check(cfg.synthetic_size >= 4, "synthetic_size", "an integer >= 4", cfg.synthetic_size)
     _check(cfg.flatness_rho >= 0, "flatness_rho", ">= 0", cfg.flatness_rho)
     _check(0 <= cfg.seed < 2**63, "seed", "an integer in [0, 2**63)", cfg.seed)
+    # every count fits the int64 a checkpoint and a tensor hold it in; a count that sizes work
+    # within one step, one evaluation or one process has a bound of its own (`BOUNDS`)
+    for f in fields(Config):
+        v = getattr(cfg, f.name)
+        if isinstance(v, int) and not isinstance(v, bool):
+            most, why = BOUNDS.get(f.name, (2**63 - 1, ""))
+            _check(v <= most, f.name, f"at most {most:,}{why}", v)
+    if cfg.every > 1:  # a method that cycles by itself takes its full step every --look_k steps
+        for e in names:
+            cycles = e in CYCLES and cfg.look_k > 1
+            _check(not cycles, "every", f"1 with {e} (it cycles every --look_k steps)", cfg.every)
     _check(cfg.num_classes != 1, "num_classes", "0 (the data set's) or at least 2", cfg.num_classes)
     cores = os.cpu_count() or 1
     _check(cfg.threads <= cores, "threads", f"at most this machine's {cores} cores", cfg.threads)
+    most = worker_limit()
+    _check(
+        cfg.workers <= most, "workers", f"at most {most} (4 × this machine's cores)", cfg.workers
+    )
     _check(
         cfg.max_param_rms == cfg.max_param_rms, "max_param_rms", "a number > 0", cfg.max_param_rms
     )
@@ -468,6 +486,27 @@ def validate(cfg: Config) -> None:
         "auto, cpu, cuda or cuda:N",
         dev,
     )
+
+
+# The upper bounds of counts that size the work of one step, evaluation or process, so that a typo
+# is refused rather than run for days (the rest: at most 2**63 - 1); --workers: `worker_limit`.
+BOUNDS = {
+    "ascent_steps": (100, " ascent steps in a step"),
+    "num_classes": (1_000_000, " classes"),
+    "eig_iters": (10_000, " Lanczos iterations"),
+    "trace_samples": (1_000_000, " probes"),
+    "r1_steps": (10_000, " ascent steps"),
+    "read_ahead": (64, " batches"),
+    "dist_timeout": (7 * 86_400, " seconds (a week)"),
+}
+# Methods that take their full step every --look_k steps by themselves (no --every beside it).
+CYCLES = ("looksam", "look_gam")
+
+
+def worker_limit() -> int:
+    """The most ``--workers`` a run may ask for: 4 × this machine's cores (a loader's workers
+    wait on reads and decode in turn; more processes than that only take memory)."""
+    return 4 * (os.cpu_count() or 1)
 
 
 def run_name(cfg: Config) -> str:

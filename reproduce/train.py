@@ -49,7 +49,8 @@ pipelines). Run as a script, it gives CUDA 32 hardware work queues a process
 (``CUDA_DEVICE_MAX_CONNECTIONS``, unless set), so that a loader's GPU work runs beside the step's.
 
 Exit status: 0 when done, 2 for bad arguments, missing data, an unusable checkpoint or weights file,
-a run folder that holds a run's outputs but no checkpoint (``--overwrite`` trains it again), a locked
+a run folder that holds a run's outputs but no checkpoint (``--overwrite`` trains it again; a run that
+stopped before its first checkpoint holds no result and is trained again from scratch), a locked
 run folder or a disk that cannot be written (one line on stderr, before any training, no traceback),
 3 when the run did not train (``--max_skipped`` consecutive steps skipped as non-finite, every step of
 its estimator skipped, more than ``--max_skipped_fraction`` of its steps skipped, parameters past
@@ -266,7 +267,10 @@ def _write_error(e: OSError, root: Path) -> bool:
     if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
         return True
     if e.filename:
-        return Path(str(e.filename)).resolve().is_relative_to(root.resolve())
+        try:
+            return Path(str(e.filename)).resolve().is_relative_to(root.resolve())
+        except (OSError, RuntimeError):  # a symbolic link loop: not a path the run writes
+            return False
     return e.errno is not None and e.errno == errno.EACCES
 
 

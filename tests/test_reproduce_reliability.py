@@ -51,6 +51,95 @@ def test_a_finished_run_without_its_checkpoint_is_not_overwritten(tmp_path, caps
     assert len(list(run.glob("events.out.tfevents.*"))) == 1
 
 
+class Killed(BaseException):
+    """The process killed (kill -9) in the first checkpoint's write: nothing after it runs."""
+
+
+@pytest.mark.parametrize("extra", [[], ["--resume"]])
+def test_a_run_killed_before_its_first_checkpoint_starts_again_from_scratch(
+    tmp_path, capsys, monkeypatch, extra
+):
+    """Its outputs (config.json, events) hold no result: the same command, or --resume, trains it
+    again and says so in one line; a finished run's outputs are still never replaced (above)."""
+
+    def killed(path, body):
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt, "save", killed)
+        with pytest.raises(Killed):
+            main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2")
+    run = out_dir(tmp_path)
+    assert (run / "config.json").exists() and list(run.glob("events.out.tfevents.*"))
+    assert not (run / "checkpoint.pt").exists()
+    capsys.readouterr()
+    assert main(tmp_path, *DIGITS, "--epochs=1", *extra) == 0
+    said = [ln for ln in capsys.readouterr().out.splitlines() if "first checkpoint" in ln]
+    assert len(said) == 1 and "starting it from scratch" in said[0], said
+    assert strict(run / "summary.json")["config"]["lr"] == 0.05  # this command's run, not the old
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    # from now on it holds a result: neither command replaces it
+    assert main(tmp_path, *DIGITS, "--epochs=1", "--lr=0.2") == 2
+    assert "--resume" in one_line_error(capsys)
+
+
+@pytest.mark.slow
+def test_a_run_killed_9_in_its_first_checkpoint_write_reruns_with_the_same_command(tmp_path):
+    """A real kill -9 while the first checkpoint is half written (the save's test pause): the same
+    command trains the run from scratch, exit 0."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "reproduce" / "train.py"), f"--logdir={tmp_path}"]
+    cmd += ["--progress=false", "--landscape=false", *DIGITS, "--epochs=1"]
+    env = {**os.environ, ckpt.TEST_PAUSE_ENV: "300"}
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL)
+    run = out_dir(tmp_path)
+    deadline = time.monotonic() + 300  # only keeps a broken run from hanging the suite
+    while not list(run.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert not (run / "checkpoint.pt").exists() and (run / "config.json").exists()
+    del env[ckpt.TEST_PAUSE_ENV]
+    again = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "starting it from scratch" in again.stdout
+    assert strict(run / "summary.json")["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_before_a_runs_first_checkpoint_continues_when_rerun(
+    tmp_path, capsys, monkeypatch
+):
+    """The sweep's process killed in its run's first checkpoint write (in-process runs): the same
+    command trains that run from scratch and selects its cell, which is not marked failed."""
+    from reproduce import sweep
+
+    args = ["--grid=rho=0.05", "--seeds=0", "--", f"--logdir={tmp_path}", *DIGITS]
+    args += ["--epochs=1", "--val_fraction=0.2", "--estimator=gam"]
+
+    def killed(path, body):
+        raise Killed
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt, "save", killed)
+        with pytest.raises(Killed):
+            sweep.main(args)
+    run = tmp_path / "sweep.digits" / "rho=0.05" / "seed=0" / "gam"
+    assert (run / "config.json").exists() and not (run / "checkpoint.pt").exists()
+    capsys.readouterr()
+    assert sweep.main(args) == 0
+    out = capsys.readouterr().out
+    assert "starting it from scratch" in out and "selected rho=0.05" in out, out
+    (cell,) = strict(tmp_path / "sweep.digits" / "sweep.json")["cells"]
+    assert cell["status"] == "complete" and cell["seeds"]["0"]["status"] == "finished", cell
+
+
 # 2. Skipped steps: every step of one gradient skipped is a divergence; fewer are flagged.
 @pytest.mark.parametrize("every", [2, 3])
 def test_a_run_whose_estimator_steps_were_all_skipped_is_diverged(tmp_path, capsys, every):
@@ -114,6 +203,12 @@ def _craft(path: Path, change) -> None:
     ckpt.save(path, body)  # a valid digest over the crafted body
 
 
+def _past_the_last_epoch(body) -> None:
+    """Step 33 of a 2-epoch run of 14 steps an epoch: epoch 2 (both closed), batch 5."""
+    body["position"].update(epoch=2, batch=5, global_step=33)
+    body["history"] = [{"epoch": 1, "step": 14}, {"epoch": 2, "step": 28}]
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
@@ -129,6 +224,29 @@ def _craft(path: Path, change) -> None:
         (lambda b: b.update(data_order=torch.zeros(1400, dtype=torch.int64)), "data order"),
         (lambda b: b.update(data_order=None), "data order"),
         (lambda b: b.update(history={"a": 1}), "history"),
+        # fields with a valid digest that resumed into false summaries or tracebacks
+        (lambda b: b.update(history=[{"epoch": i + 1, "step": 14} for i in range(9)]), "history"),
+        (lambda b: b["accum"].update(seen=torch.tensor(-1000)), "accum seen"),
+        (lambda b: b["accum"].pop("seen"), "accum"),
+        (lambda b: b["accum"].update(correct=torch.tensor(10**6)), "accum correct"),
+        (lambda b: b["accum"].update(loss=torch.tensor(float("nan"), dtype=torch.float64)), "loss"),
+        (lambda b: b["accum"].update(loss=torch.zeros(3, dtype=torch.float64)), "accum loss"),
+        (lambda b: b["accum"].update(seen=torch.tensor(0.0)), "accum seen"),
+        (_past_the_last_epoch, "batch 5 is in epoch 3"),
+        (lambda b: b["state"].update(skipped=torch.tensor(-5)), "state.skipped"),
+        (lambda b: b["state"].update(skipped=torch.tensor(99)), "state.skipped"),
+        (lambda b: b.update(best={"val_acc": float("nan"), "epoch": 1}), "best val_acc"),
+        (lambda b: b.update(best={"val_acc": 50.0, "epoch": 7}), "best epoch"),
+        (lambda b: b.update(finished="yes"), "finished"),
+        (lambda b: b.update(status="garbage"), "status"),
+        (lambda b: b.update(finished=True), "status"),
+        (lambda b: b["config"].pop("lr"), "config lacks lr"),
+        (lambda b: b.update(config=[1, 2]), "config is a list"),
+        (
+            lambda b: b.update(data_order=b["data_order"].to(torch.int16)),
+            "data order is torch.int16",
+        ),
+        (lambda b: b["params"].update({k: v.double() for k, v in b["params"].items()}), "float64"),
     ],
 )
 def test_a_crafted_checkpoint_is_refused_in_one_line(tmp_path, capsys, change, says):
@@ -166,6 +284,45 @@ def test_an_undecodable_image_is_a_data_error_naming_it(
     assert err.startswith("error: cannot read the data") and "1.png" in err, err
 
 
+# Data folders that would hang, repeat images or train one class: one line naming what, exit 2.
+@pytest.mark.parametrize("bad", ["fifo", "socket", "link_loop", "folder_loop", "one_class"])
+def test_a_bad_data_folder_is_refused_in_one_line_naming_it(tmp_path, capsys, bad):
+    import os
+    import socket
+
+    from test_reproduce_data import make_image_folder
+
+    classes = ("ant",) if bad == "one_class" else ("ant", "bee")
+    data = make_image_folder(tmp_path / "cifar", ("train", "test"), classes, per_class=4, size=8)
+    ant = data / "train" / "ant"
+    if bad == "fifo":  # opening it would block start-up for ever
+        os.mkfifo(ant / "9.png")
+    elif bad == "socket":
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(str(ant / "9.png"))
+    elif bad == "link_loop":
+        (data / "train" / "cat").symlink_to("cat")
+    elif bad == "folder_loop":
+        (ant / "again").symlink_to("../ant")
+    args = ["--preset=hp1.cifar10.resnet18", f"--data={data}", "--model=resnet32"]
+    args += ["--batch_size=2", "--max-steps=1", "--estimator=sgd"]
+    try:
+        assert main(tmp_path / "runs", *args, *NO_FLATNESS) == 2
+    finally:
+        if bad == "socket":
+            sock.close()
+    err = one_line_error(capsys)
+    says = {
+        "fifo": "9.png' is not a regular file",
+        "socket": "9.png' is not a regular file",
+        "link_loop": "cat': Too many levels of symbolic links",
+        "folder_loop": "again' is",
+        "one_class": "has 1 class folder(s) (ant); a classifier needs at least 2",
+    }[bad]
+    assert says in err, err
+    assert not list((tmp_path / "runs").rglob("checkpoint.pt"))
+
+
 # 11, 12, 14, 18. Bad values: one line naming the flag and its rule, exit 2, before any training.
 @pytest.mark.parametrize(
     ("args", "says"),
@@ -181,6 +338,15 @@ def test_an_undecodable_image_is_a_data_error_naming_it(
         (["--seed=1e20"], "--seed takes an integer"),
         (["--preset=hp2.imagenet.resnet50", "--data=/nonexistent"], "ImageNet not found"),
         (["--preset=hp1.cifar10.resnet18", "--data=/nonexistent"], "not found"),
+        # counts have upper bounds: a typo is refused, not run for days or forked 100,000 times
+        (["--ascent_steps=99999999999999999999999"], "--ascent_steps must be at most 100"),
+        (["--epochs=99999999999999999999999"], "--epochs must be at most"),
+        (["--eig_iters=100000000"], "--eig_iters must be at most"),
+        (["--synthetic", "--num_classes=1000000000000"], "--num_classes must be at most"),
+        (["--workers=100000"], "--workers must be at most"),
+        # a method that cycles by itself takes no --every beside it
+        (["--estimator=looksam", "--every=2"], "--every must be 1 with looksam"),
+        (["--estimator=look_gam", "--every=2"], "--every must be 1 with look_gam"),
     ],
 )
 def test_a_bad_value_is_one_line_naming_the_flag_before_training(tmp_path, capsys, args, says):
@@ -198,14 +364,42 @@ def test_a_run_folder_that_cannot_be_written_says_what_exists(tmp_path, capsys, 
         (out_dir(logdir) / ".lock").mkdir(parents=True)
     elif how == "logdir_is_a_file":
         logdir.write_text("")
-    else:
-        from reproduce.run import report
+    else:  # a write that fails names no file: the line names the one being written
 
-        def full(path, body):
-            raise OSError(28, "No space left on device", str(path))
+        def full(path, text, *a, **k):
+            raise OSError(28, "No space left on device")
 
-        monkeypatch.setattr(report, "write_json", full)
+        monkeypatch.setattr(Path, "write_text", full)
     assert main(logdir, *DIGITS, "--epochs=1") == 2
     err = one_line_error(capsys)
     assert "cannot write" in err and "no checkpoint was written" in err, err
     assert "--resume" not in err and "intact" not in err
+    if how == "disk_full":  # the line names the file that failed, not the run's folder
+        assert "config.json'" in err, err
+
+
+@pytest.mark.parametrize("when", ["start", "later"])
+def test_a_full_disk_under_tensorboards_writer_is_one_line_naming_its_file(
+    tmp_path, capsys, monkeypatch, when
+):
+    """The events are written on TensorBoard's own thread: its failure prints no traceback of that
+    thread beside the run's one line, which names the events file; the same command then runs."""
+    import errno
+
+    from tensorboard.summary.writer import record_writer
+
+    write, calls = record_writer.RecordWriter.write, []
+
+    def full(self, data):
+        calls.append(1)
+        if when == "start" or len(calls) > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, data)
+
+    with monkeypatch.context() as m:
+        m.setattr(record_writer.RecordWriter, "write", full)
+        assert main(tmp_path, *DIGITS, "--epochs=2", "--log_every=1") == 2
+    err = one_line_error(capsys)
+    assert "Exception in thread" not in err and "events.out.tfevents." in err, err
+    assert err.startswith("error: cannot write") and "No space left on device" in err, err
+    assert main(tmp_path, *DIGITS, "--epochs=2", *(["--resume"] if when == "later" else [])) == 0

@@ -109,10 +109,10 @@ def test_the_metrics_say_what_they_compute_and_report_each(tmp_path, capsys):
         assert f"[sgd]   {metric}" in out, metric
 
 
-def sigterm_twice_in_a_write(tmp_path, path, args) -> str:
+def sigterm_twice_in_a_write(tmp_path, path, args, second=signal.SIGTERM) -> str:
     """Start a run whose checkpoint writes are held open (the test hook), send SIGTERM once a write
-    to ``path`` has begun and again a second later; check that the first waited and the second
-    ended the process (exit 143); its stderr."""
+    to ``path`` has begun and ``second`` a second later; check that the first waited and the second
+    ended the process (exit 143, the first one's); its stderr."""
     proc = start(tmp_path, *args, env={ckpt.TEST_PAUSE_ENV: str(10 * WAIT)})
     deadline = time.monotonic() + WAIT
     while not list(path.parent.glob(".checkpoint.pt.tmp-*")) and time.monotonic() < deadline:
@@ -121,7 +121,7 @@ def sigterm_twice_in_a_write(tmp_path, path, args) -> str:
     proc.send_signal(signal.SIGTERM)
     time.sleep(1.0)
     assert proc.poll() is None  # the first signal waits for the write
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(second)
     _, err = proc.communicate(timeout=WAIT)
     assert proc.returncode == 143, err
     return err
@@ -274,3 +274,43 @@ def test_a_second_signal_during_the_first_checkpoint_write_does_not_claim_one_st
     line = one_line(err)
     assert line.startswith("SIGTERM again: stopping now") and line.endswith("nothing was saved yet")
     assert "stays" not in line and not path.exists()
+
+
+def test_sigint_after_sigterm_in_a_write_exits_143_and_its_line_names_sigterm_first(tmp_path):
+    path = run_dir(tmp_path) / "checkpoint.pt"
+    args = [*DIGITS, *NO_FLATNESS, "--max-steps=8", "--checkpoint_every=4"]
+    line = one_line(sigterm_twice_in_a_write(tmp_path, path, args, second=signal.SIGINT))
+    assert line.startswith("SIGTERM, then SIGINT: stopping now"), line
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "gap"),
+    [
+        (signal.SIGTERM, signal.SIGINT, 0.05),
+        pytest.param(signal.SIGINT, signal.SIGTERM, 0.02, marks=pytest.mark.slow),
+        pytest.param(signal.SIGTERM, signal.SIGINT, 0.15, marks=pytest.mark.slow),
+    ],
+    ids=["term-int-50ms", "int-term-20ms", "term-int-150ms"],
+)
+def test_a_second_signal_soon_after_the_first_in_training_keeps_the_first_ones_status(
+    tmp_path, first, second, gap
+):
+    """The second signal lands while the run stops (its checkpoint written, the line printed, the
+    interpreter ending): whatever it meets, the status and the line are the first signal's."""
+    proc = start(tmp_path, *DIGITS, *NO_FLATNESS, "--epochs=200")  # a line every 40 epochs
+    for line in proc.stdout:
+        if "epoch 40/" in line:  # training for a while: past start-up and the first checkpoints
+            break
+    else:
+        pytest.fail(f"no epoch line in the output: {proc.communicate()}")
+    proc.send_signal(first)
+    time.sleep(gap)
+    proc.send_signal(second)
+    _, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 128 + first, err
+    line = one_line(err)
+    name, then = signal.Signals(first).name, signal.Signals(second).name
+    assert line.startswith((f"stopped by {name}", f"{name}, then {then}: stopping now")), line
+    if line.startswith("stopped by"):
+        assert "kept: the checkpoint" in line
+    assert ckpt.load(run_dir(tmp_path) / "checkpoint.pt")["position"]["global_step"] > 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,7 @@ __all__ = [
     "epoch_order",
     "eval_batches",
     "flip_labels",
+    "image_folder",
     "load",
     "sample_seed",
     "shard",
@@ -204,12 +206,7 @@ def _cifar(root: str, name: str, download: bool):
                 f"{label} at {path / archive} is incomplete ({e}). {layout}"
             ) from None
     if _is_image_folder(path / "train") and _is_image_folder(path / "test"):
-        from torchvision.datasets import ImageFolder
-
-        return _on_train_classes(
-            ImageFolder(str(path / "train"), loader=read_image),
-            ImageFolder(str(path / "test"), loader=read_image),
-        )
+        return _on_train_classes(image_folder(path / "train"), image_folder(path / "test"))
     raise DataNotFound(f"{label} not found at {str(path.resolve())!r}. {layout}")
 
 
@@ -240,9 +237,72 @@ def read_image(path: str):
         raise OSError(None, f"cannot decode the image {path!r}: {e}", path) from None
 
 
-def _imagenet(root: str):
+class _ImageFiles:
+    """ImageFolder's ``is_valid_file``: a file with an image's extension, which must be a regular
+    file (a FIFO, socket or device would block or fail the first read of it, after start-up) reached
+    once (a folder reached again through a symbolic link would repeat its images)."""
+
+    def __init__(self):
+        from torchvision.datasets.folder import IMG_EXTENSIONS
+
+        self.extensions = IMG_EXTENSIONS
+        self.folders: dict[str, str] = {}  # real folder -> the path it was first reached by
+        self.last = ""
+
+    def __call__(self, path: str) -> bool:
+        if not path.lower().endswith(self.extensions):
+            return False
+        folder = os.path.dirname(path)
+        if folder != self.last:  # a new folder: one realpath for all its files
+            self.last, real = folder, os.path.realpath(folder)
+            if self.folders.setdefault(real, folder) != folder:
+                raise DataError(
+                    f"{folder!r} is {self.folders[real]!r} again, reached through a symbolic link "
+                    "(a loop, or a link to another folder of the data): its images would count "
+                    "twice; remove the link"
+                )
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as e:
+            raise DataError(f"cannot read the data file {path!r}: {e.strerror or e}") from None
+        if not stat.S_ISREG(mode):
+            raise DataError(
+                f"{path!r} is not a regular file (a FIFO, socket, device or folder named as an "
+                "image); remove it from the data folder"
+            )
+        return True
+
+
+def image_folder(root: Path):
+    """The ImageFolder data set of ``root`` (``root/<class>/<image>``, images read by
+    `read_image`), its files checked as it lists them: each a regular file, each folder reached once.
+
+    Args:
+        root: the split's folder.
+
+    Returns:
+        A ``torchvision.datasets.ImageFolder``.
+
+    Raises:
+        DataError: a file that is not a regular file, an entry that cannot be read (a symbolic link
+            loop), or a folder reached twice (the message names it).
+    """
     from torchvision.datasets import ImageFolder
 
+    try:
+        with os.scandir(root) as entries:  # the class folders, as ImageFolder lists them
+            for entry in entries:
+                entry.is_dir()  # a symbolic link loop fails here
+    except OSError as e:
+        raise DataError(f"cannot read the data {e.filename!r}: {e.strerror or e}") from None
+    try:
+        return ImageFolder(str(root), loader=read_image, is_valid_file=_ImageFiles())
+    except OSError as e:  # listing the classes: an entry that cannot be read
+        where = f" {e.filename!r}" if e.filename else f" under {str(root)!r}"
+        raise DataError(f"cannot read the data{where}: {e.strerror or e}") from None
+
+
+def _imagenet(root: str):
     layout = (
         "Expected the ImageFolder layout\n"
         "  <data>/train/<wnid>/<image>.JPEG   (one folder per class)\n"
@@ -257,10 +317,7 @@ def _imagenet(root: str):
             raise DataNotFound(
                 f"ImageNet not found: {str((path / split).resolve())!r} is missing or has no class folders. {layout}"
             )
-    return _on_train_classes(
-        ImageFolder(str(path / "train"), loader=read_image),
-        ImageFolder(str(path / "val"), loader=read_image),
-    )
+    return _on_train_classes(image_folder(path / "train"), image_folder(path / "val"))
 
 
 def _on_train_classes(train, held_out):
@@ -426,6 +483,11 @@ def load(cfg: Any) -> Data:
         train_tf, eval_tf = _transforms(name, cfg.augment, size, cfg.cutout_size)
     if not cfg.synthetic:
         classes = len(train_base.classes) if hasattr(train_base, "classes") else native_classes
+        if classes < 2:  # as --num_classes=1 is: every prediction would be right
+            raise DataError(
+                f"{name} at {cfg.data!r} has {classes} class folder(s) "
+                f"({', '.join(getattr(train_base, 'classes', []))}); a classifier needs at least 2"
+            )
         if cfg.num_classes and cfg.num_classes != classes:
             raise DataError(
                 f"num_classes is {cfg.num_classes} but {name} at {cfg.data!r} has {classes} classes"

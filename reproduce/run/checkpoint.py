@@ -116,8 +116,10 @@ def save(path: str | os.PathLike, body: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.errno is not None and not e.filename:
+            e.filename = str(path)  # a full disk: name the file (a failed write names none)
         raise
     _fsync_dir(path.parent)
 

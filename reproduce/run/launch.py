@@ -19,8 +19,10 @@ before stays whole (checkpoints are written atomically, by rank 0 only).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import signal
 import sys
 from dataclasses import dataclass
 
@@ -167,6 +169,13 @@ def exit_process(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    # The status is decided: a SIGINT or SIGTERM from here on must not replace it. The interpreter's
+    # finalisation puts the default action back for signals with a Python handler (which kills the
+    # process by the signal, status -2 or -15, while its modules are torn down), but leaves an
+    # ignored signal ignored.
+    with contextlib.suppress(ValueError):  # not the main thread: signals are not ours
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
     sys.exit(code)
 
 

@@ -130,8 +130,6 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     """What training needs before its first step: the model and step, the data and its loader, the
     flatness metrics' examples, the progress to start from (`resume`),
     the TensorBoard writer and the session's meters."""
-    from torch.utils.tensorboard import SummaryWriter
-
     import gamfunc.logging as tblog
 
     cfg, name, procs = r.cfg, r.name, r.procs
@@ -159,7 +157,7 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
         # Points after the checkpoint's step were written by the run that stopped and are written
         # again; those at its step were written before the checkpoint and are not.
         purge = p.pos["global_step"] + 1 if saved else None
-        writer = SummaryWriter(str(r.run_dir), purge_step=purge)
+        writer = report.open_writer(r.run_dir, purge_step=purge)
     else:
         writer = report.NullWriter()
     if saved is None:

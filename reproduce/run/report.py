@@ -23,6 +23,7 @@ __all__ = [
     "epoch_line",
     "flags",
     "log_step",
+    "open_writer",
     "progress",
     "table",
     "tag",
@@ -75,8 +76,74 @@ def write_json(path: Path | str, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(dumps(obj) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(dumps(obj) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: the error names the file (a failed write names none)
+        tmp.unlink(missing_ok=True)
+        if e.errno is not None and not e.filename:
+            e.filename = str(path)
+        raise
+
+
+def open_writer(run_dir: Path, purge_step: int | None = None):
+    """TensorBoard's ``SummaryWriter`` into ``run_dir``, whose background thread fails quietly.
+
+    TensorBoard writes events on a thread of its own; a write that fails there (a full disk) is
+    printed by the thread as a traceback, then raised again in the thread that writes next. Here
+    the thread prints nothing, and the error it raises names the events file, so that the run's
+    one line on the failure is all that is printed.
+
+    Args:
+        run_dir: the run's folder.
+        purge_step: as ``SummaryWriter``'s (the steps of a resumed run to write again).
+
+    Returns:
+        The writer.
+
+    Raises:
+        OSError: the events file cannot be created or written (its ``filename`` names it).
+    """
+    from torch.utils.tensorboard import SummaryWriter
+
+    _quiet_writer_threads()
+    try:
+        return SummaryWriter(str(run_dir), purge_step=purge_step)
+    except OSError as e:
+        if e.errno is not None and not e.filename:
+            e.filename = _events_file(run_dir)
+        raise
+
+
+def _events_file(run_dir: Path) -> str:
+    """The newest events file in ``run_dir`` (the one being written), or the folder."""
+    files = sorted(Path(run_dir).glob("events.out.tfevents.*"), key=lambda f: f.stat().st_mtime)
+    return str(files[-1] if files else run_dir)
+
+
+def _quiet_writer_threads() -> None:
+    """Install (once) a ``threading.excepthook`` that leaves an ``OSError`` of TensorBoard's
+    writer thread unprinted, naming its events file: the writer raises it again in the thread that
+    writes next. Other threads' errors go to the hook before it."""
+    import threading
+
+    if getattr(threading.excepthook, "quiet_writer", False):
+        return
+    before = threading.excepthook
+
+    def hook(args) -> None:
+        thread = args.thread
+        if isinstance(args.exc_value, OSError) and type(thread).__name__ == "_AsyncWriterThread":
+            writer = getattr(getattr(thread, "_record_writer", None), "_writer", None)
+            name = getattr(writer, "filename", None) or getattr(writer, "name", None)
+            name = os.fsdecode(name) if isinstance(name, bytes) else name
+            if args.exc_value.errno is not None and not args.exc_value.filename:
+                args.exc_value.filename = name
+            return
+        before(args)
+
+    hook.quiet_writer = True
+    threading.excepthook = hook
 
 
 class Meter:

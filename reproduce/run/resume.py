@@ -10,6 +10,7 @@ position, the epoch's sums and the RNG state, all a resumed run needs to continu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from reproduce.run.launch import from_main
 __all__ = [
     "CHECKPOINT_FIELDS",
     "OUTPUTS",
+    "UNSAVED",
     "RunLocked",
     "check_body",
     "check_place",
@@ -64,7 +66,18 @@ def like(loaded, template, where: str = "state"):
     try:
         loaded = from_dict(loaded, template, where)
     except ValueError as e:
-        raise ckpt.CheckpointError(f"checkpoint does not match the model: {e}") from None
+        raise ckpt.CheckpointError(
+            f"checkpoint does not match the model: {e}; start afresh with --overwrite"
+        ) from None
+    got, _ = pytree.tree_flatten_with_path(loaded)
+    want = pytree.tree_leaves(template)
+    for (key, a), b in zip(got, want, strict=True):
+        if isinstance(b, Tensor) and a.dtype != b.dtype:
+            raise ckpt.CheckpointError(
+                f"checkpoint does not match the model: {where}{pytree.keystr(key)} is "
+                f"{str(a.dtype).removeprefix('torch.')}; the model's is "
+                f"{str(b.dtype).removeprefix('torch.')}; start afresh with --overwrite"
+            )
     return pytree.tree_map(_placed, loaded, template)
 
 
@@ -99,6 +112,7 @@ def write_checkpoint(r: Run, p: Progress, finished: bool = False, status: str = 
             "status": status,
         },
     )
+    (r.run_dir / UNSAVED).unlink(missing_ok=True)  # the run holds a result from here on
     r.saved_step = p.pos["global_step"]
 
 
@@ -130,13 +144,19 @@ def resume(
     p = Progress(params, state, zero_accum(procs.device), pos, [], None, None)
     if saved is None:
         torch.manual_seed(cfg.seed)
-        if procs.main:
+        if procs.main:  # the mark first: a run killed before its first checkpoint is started again
+            (r.run_dir / UNSAVED).touch()
             report.write_json(r.run_dir / "config.json", as_dict(cfg))
         return p
     if steps_per_epoch:
         check_place(saved, steps_per_epoch, n_train, cfg.batch_size, r.path, cfg.total_steps)
     p.params = like(saved["params"], params, "params")
     p.state = like(saved["state"], state, "state")
+    step = saved["position"]["global_step"]
+    for field in ("step", "skipped"):  # each of the run's steps was taken or skipped
+        v = int(getattr(p.state, field))
+        if not 0 <= v <= step:
+            raise _bad(r.path, f"its state.{field} is {v}, not in [0, {step}] (its steps)")
     if procs.main:  # the saved sums are over all ranks: one rank carries them on
         p.accum |= to(saved["accum"], procs.device)
     p.pos, p.history, p.best = {**pos, **saved["position"]}, saved["history"], saved["best"]
@@ -194,8 +214,8 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
                 f"{str(path)!r} is not a checkpoint of reproduce/train.py (it lacks "
                 f"{', '.join(missing) or 'a position'}); start afresh with --overwrite"
             )
-        ckpt.check_config(saved["config"], cfg, path)
         check_body(saved, cfg, path)
+        ckpt.check_config(saved["config"], cfg, path)
         was = saved["position"].get("world", 1)
         if was != world:
             raise ckpt.CheckpointError(
@@ -207,6 +227,15 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
         clear(path.parent)
         return None
     outputs = [] if path.exists() else _outputs(path.parent)
+    if outputs and (path.parent / UNSAVED).exists():  # they hold no result: train afresh
+        print(
+            f"[{name}] {str(path.parent)!r} holds a run stopped before its first checkpoint, "
+            f"which holds no result ({', '.join(outputs)}): starting it from scratch",
+            flush=True,
+        )
+        clear(path.parent)
+        (path.parent / "best.pt").unlink(missing_ok=True)
+        return None
     if outputs:  # a run trained here, its checkpoint gone: training again would replace its outputs
         raise ckpt.CheckpointError(
             f"{str(path.parent)!r} holds the outputs of a run ({', '.join(outputs)}) but no "
@@ -250,6 +279,7 @@ def check_body(saved: dict, cfg: Config, path: Path) -> None:
     Raises:
         CheckpointError: an entry is malformed or out of range (one line naming it).
     """
+    _check_config(saved["config"], path)
     pos = saved["position"]
     for key in ("epoch", "batch", "global_step"):
         if not _count(pos.get(key)):
@@ -281,12 +311,92 @@ def check_body(saved: dict, cfg: Config, path: Path) -> None:
         and order.dtype != torch.bool
     ):
         raise _bad(path, "its data order is not None or a 1-d tensor of example indices")
-    if not isinstance(saved["history"], list) or not all(
-        isinstance(h, dict) for h in saved["history"]
-    ):
+    if order is not None and order.dtype != torch.int64:
+        raise _bad(path, f"its data order is {order.dtype}, not torch.int64 example indices")
+    history = saved["history"]
+    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
         raise _bad(path, "its history is not a list of epoch records")
-    if saved["best"] is not None and not isinstance(saved["best"], dict):
+    if len(history) != pos["epoch"]:
+        raise _bad(
+            path, f"its history holds {len(history)} epoch records for its {pos['epoch']} epochs"
+        )
+    for i, h in enumerate(history):
+        if h.get("epoch") != i + 1 or not _count(h.get("step")):
+            raise _bad(path, f"its history record {i} is not that of epoch {i + 1}")
+    _check_best(saved["best"], pos["epoch"], path)
+    _check_accum(saved["accum"], path)
+    finished, status = saved["finished"], saved["status"]
+    if not isinstance(finished, bool):
+        raise _bad(path, f"its finished is {finished!r}, not true or false")
+    if status not in STATUSES or finished != (status == "finished"):
+        raise _bad(
+            path,
+            f"its status is {status!r} (finished {finished}), not one of {', '.join(STATUSES)} "
+            "(finished exactly when its status is)",
+        )
+
+
+# The statuses a checkpoint of this loop holds (`write_checkpoint`'s ``status``).
+STATUSES = ("running", "interrupted", "max_steps", "diverged", "finished")
+
+
+def _number(v, low: float, high: float) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | float) and low <= v <= high
+
+
+def _check_config(config, path: Path) -> None:
+    """A checkpoint's configuration: a dict holding every field of `Config` (a field it lacks
+    would be taken at its default, which the run that wrote it may not have had)."""
+    if not isinstance(config, dict):
+        raise _bad(path, f"its config is a {type(config).__name__}, not a dict of the run's fields")
+    missing = sorted(set(as_dict(Config())) - set(config))
+    if missing:
+        raise _bad(
+            path,
+            f"its config lacks {', '.join(missing)} (edited, or written by another version of "
+            "reproduce/train.py)",
+        )
+
+
+def _check_best(best, epochs: int, path: Path) -> None:
+    """A checkpoint's best validation record: None, or the accuracy (finite, in [0, 100]) of one of
+    its closed epochs, with that epoch's test accuracy."""
+    if best is None:
+        return
+    if not isinstance(best, dict):
         raise _bad(path, "its best record is not None or a dict")
+    if not _number(best.get("val_acc"), 0.0, 100.0):
+        raise _bad(path, f"its best val_acc is {best.get('val_acc')!r}, not in [0, 100]")
+    test = best.get("test_acc")
+    if test is not None and not _number(test, 0.0, 100.0):
+        raise _bad(path, f"its best test_acc is {test!r}, not None or in [0, 100]")
+    if not (_count(best.get("epoch")) and 1 <= best["epoch"] <= epochs):
+        raise _bad(path, f"its best epoch is {best.get('epoch')!r}, not one of its {epochs} epochs")
+
+
+def _check_accum(accum, path: Path) -> None:
+    """A checkpoint's sums of the epoch: the 0-d tensors of `zero_accum`, of its dtypes, the counts
+    >= 0 (correct at most seen, the estimator's skipped steps at most all skipped), the loss
+    finite."""
+    want = zero_accum("cpu")
+    if not isinstance(accum, dict) or set(accum) != set(want):
+        got = sorted(accum) if isinstance(accum, dict) else type(accum).__name__
+        raise _bad(path, f"its epoch sums (accum) have entries {got}; expected {sorted(want)}")
+    for k, z in want.items():
+        t = accum[k]
+        if not isinstance(t, Tensor) or t.shape != z.shape or t.dtype != z.dtype:
+            got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, Tensor) else repr(t)
+            raise _bad(path, f"its accum {k} is {got}, not a 0-d {z.dtype}")
+    v = {k: t.item() for k, t in accum.items()}
+    if not math.isfinite(v["loss"]):
+        raise _bad(path, f"its accum loss is {v['loss']!r}, not a finite sum")
+    for k in ("seen", "correct", "skipped", "skipped_estimator"):
+        if v[k] < 0:
+            raise _bad(path, f"its accum {k} is {v[k]}, not a count >= 0")
+    if v["correct"] > v["seen"]:
+        raise _bad(path, f"its accum correct {v['correct']} is more than its seen {v['seen']}")
+    if v["skipped_estimator"] > v["skipped"]:
+        raise _bad(path, f"its accum skipped_estimator {v['skipped_estimator']} is past skipped")
 
 
 def check_place(
@@ -311,6 +421,21 @@ def check_place(
     epoch, batch, step = pos["epoch"], pos["batch"], pos["global_step"]
     if batch > steps_per_epoch:  # at the epoch's length: --max_steps stopped it before it closed
         raise _bad(path, f"its position batch {batch} is past the epoch's {steps_per_epoch} steps")
+    epochs = saved["config"].get("epochs")
+    if _count(epochs) and epoch >= epochs and batch:
+        raise _bad(
+            path, f"its position batch {batch} is in epoch {epoch + 1} of a {epochs}-epoch run"
+        )
+    if total_steps and step > total_steps:
+        raise _bad(path, f"its position global_step {step} is past --total_steps={total_steps}")
+    sums = {k: t.item() for k, t in saved["accum"].items()}
+    if sums["seen"] > batch * batch_size:
+        raise _bad(
+            path, f"its accum seen {sums['seen']} is more than its {batch} batches of {batch_size}"
+        )
+    world = pos.get("world", 1)
+    if sums["skipped"] > batch * (world if _count(world) else 1):
+        raise _bad(path, f"its accum skipped {sums['skipped']} is more than its {batch} batches")
     # --total_steps ends the last epoch at its step, which the closed epoch's count passes
     if step != epoch * steps_per_epoch + batch and not (total_steps and step == total_steps):
         raise _bad(
@@ -336,6 +461,10 @@ def check_place(
 
 # What a run writes besides its checkpoints; any of them marks the folder as a run's.
 OUTPUTS = ("summary.json", "config.json", "events.out.tfevents.*", "best.pt", "*.png")
+# The mark of a run started afresh that has written no checkpoint yet (written before its first
+# output, removed once a checkpoint is written): its outputs hold no result, and the same command,
+# or --resume, trains it again from scratch instead of refusing to replace them.
+UNSAVED = ".no_checkpoint_yet"
 
 
 def _outputs(run_dir: Path) -> list[str]:
@@ -348,7 +477,7 @@ def clear(run_dir: Path) -> None:
     before its first checkpoint: TensorBoard events, configuration, summary and pictures.
     Checkpoints stay until the new run replaces them (atomically), so a new run killed early leaves
     the old one's last state."""
-    for pattern in ("events.out.tfevents.*", "summary.json", "config.json", "*.png"):
+    for pattern in ("events.out.tfevents.*", "summary.json", "config.json", "*.png", UNSAVED):
         for f in run_dir.glob(pattern):
             f.unlink(missing_ok=True)
 

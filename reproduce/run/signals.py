@@ -76,7 +76,9 @@ class StopFlag:
         if self.received > 1 or self.said:
             if not self.said:  # what stays now: a checkpoint being written is not one yet
                 self.said = True
-                _say_once(f"{name} again: stopping now; {self.kept() or NOTHING}", sys.stderr)
+                first = signal.Signals(self.signum or signum).name
+                what = f"{name} again" if first == name else f"{first}, then {name}"
+                _say_once(f"{what}: stopping now; {self.kept() or NOTHING}", sys.stderr)
             _leave(128 + (self.signum or signum))
         self.signum = self.signum or signum
         if self.at_once and self.exit_at_once:
