@@ -47,8 +47,9 @@ from gamfunc.torch_optim import GAM
 warnings.filterwarnings("ignore", message=".*torch.jit.script")
 
 # Handed to a GradScaler, the facade refuses in one line, from scaler.step(optimizer):
-#   TypeError: step() needs a batch, step((inputs, targets)), or a closure returning the loss;
-#   torch.amp.GradScaler cannot drive it: build the optimiser with precision='fp16' instead
+#   TypeError: torch.amp.GradScaler cannot drive a flatness step (it scales .grad, which the step
+#   does not read, and skips step() on overflow): drop the scaler and build the optimiser with
+#   precision='fp16' (its loss scale is in the step's state)
 
 
 def make_data(n_train: int, n_test: int, seed: int):

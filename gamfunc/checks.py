@@ -58,10 +58,12 @@ class Range:
     """An interval of allowed values, [low, high] with either end open or absent: the rule of one
     check, applied alike to a number, to a schedule's bounds and, on the device, to a tensor.
 
-    Attributes:
+    Args:
         what: the rule in words, for messages ("a finite number >= 0").
         low: the least value (None: no least), excluded where ``open_low``.
         high: the greatest value (None: no greatest), excluded where ``open_high``.
+        open_low: ``low`` itself is outside.
+        open_high: ``high`` itself is outside.
     """
 
     def __init__(self, what: str, low=None, high=None, open_low=False, open_high=False):
@@ -93,6 +95,7 @@ class Range:
         if self.high is not None:
             below = v < self.high if self.open_high else v <= self.high
             ok = below if ok is None else ok & below
+        assert ok is not None  # an end was given
         return ok
 
 
@@ -127,7 +130,7 @@ class GuardedSchedule:
     update non-finite, so [`gamfunc.make_step`][gamfunc.make_step] skips the step (counted in
     ``metrics["skipped"]``), and reports it in ``metrics["out_of_range"]``.
 
-    Attributes:
+    Args:
         name: the hyperparameter's name.
         schedule: the schedule given.
         rule: its allowed values (a `Range`).

@@ -329,7 +329,7 @@ def schedules_in_range(estimator: Estimator, opt_state, step: Tensor) -> Tensor 
         A 0-d bool tensor, or None.
     """
     flags = [
-        h.rule.holds_on_device(value(h, step))
+        h.rule.holds_on_device(torch.as_tensor(value(h, step)))
         for h in estimator.hparams.values()
         if isinstance(h, GuardedSchedule)
     ]
