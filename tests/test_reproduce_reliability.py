@@ -403,3 +403,19 @@ def test_a_full_disk_under_tensorboards_writer_is_one_line_naming_its_file(
     assert "Exception in thread" not in err and "events.out.tfevents." in err, err
     assert err.startswith("error: cannot write") and "No space left on device" in err, err
     assert main(tmp_path, *DIGITS, "--epochs=2", *(["--resume"] if when == "later" else [])) == 0
+
+
+def test_a_full_disk_while_saving_a_figure_names_the_figure(tmp_path):
+    """matplotlib's failed write names no file; the error the run's one line quotes names it."""
+    import errno
+
+    from reproduce.run import report
+
+    class Figure:
+        def savefig(self, path, **kwargs):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    path = tmp_path / "landscape_step5.png"
+    with pytest.raises(OSError) as failed:
+        report.save_figure(Figure(), path, dpi=100)
+    assert failed.value.filename == str(path) and failed.value.errno == errno.ENOSPC

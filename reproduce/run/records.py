@@ -173,7 +173,7 @@ def _flatness(r: Run, loss_fn, params, buffers, probe, writer, step: int) -> dic
         say=lambda line: r.say(f"[{r.name}]   {line}"),
     )
     if figure is not None:
-        figure.savefig(r.run_dir / f"landscape_step{step}.png", dpi=100)
+        report.save_figure(figure, r.run_dir / f"landscape_step{step}.png", dpi=100)
         tblog.figure(writer, "flatness/landscape_1d", figure, step)
     r.say(f"[{r.name}] flatness done in {time.perf_counter() - began:.1f} s")
     return values

@@ -25,6 +25,7 @@ __all__ = [
     "log_step",
     "open_writer",
     "progress",
+    "save_figure",
     "table",
     "tag",
     "train_accuracy",
@@ -81,6 +82,17 @@ def write_json(path: Path | str, obj: Any) -> None:
         os.replace(tmp, path)
     except OSError as e:  # a full disk: the error names the file (a failed write names none)
         tmp.unlink(missing_ok=True)
+        if e.errno is not None and not e.filename:
+            e.filename = str(path)
+        raise
+
+
+def save_figure(figure, path: Path | str, **kwargs) -> None:
+    """``figure.savefig(path, **kwargs)``, whose failure on a full disk names ``path`` (matplotlib's
+    write names no file), as `write_json`'s does."""
+    try:
+        figure.savefig(path, **kwargs)
+    except OSError as e:
         if e.errno is not None and not e.filename:
             e.filename = str(path)
         raise
