@@ -30,14 +30,13 @@ from benchmarks.first_step.cells import (
 )
 from benchmarks.report import columns, first_step_rows
 from benchmarks.step_cost.models import MODELS, split_precision
-from benchmarks.step_cost.pool import compile_threads, merge_cache
+from benchmarks.step_cost.pool import ROOT, compile_threads, merge_cache
 from benchmarks.step_cost.timing import log
 from reproduce.run.report import write_json
 
 warnings.filterwarnings("ignore", message=".*torch.jit.script.*")  # first jvp, from torch._decomp
 
 BENCHMARK = "first_step"
-ROOT = Path(__file__).resolve().parents[2]  # the checkout, so that workers import `benchmarks`
 PHASES = ("cold", "warm")
 # flags every worker receives as the driver has them
 FORWARDED = (
