@@ -14,6 +14,10 @@ process and function. The public paths give the same numbers; what they may cost
   in float32, and the metrics' guard lets every input through.
 * `mode_options` (``torch._inductor.list_mode_options``): the options of ``torch.compile``'s
   documented modes, written out.
+* `cacheable_state_calls` (``torch._inductor.config.unsafe_marked_cacheable_functions``, and the
+  names of the private functions by which Dynamo writes the attention kernel, forward-mode AD's
+  levels and autocast into a graph): without it a compiled exact or reverse H·v pass skips
+  AOTAutograd's cache, and a warm compile traces it again.
 * `custom_graph_pass` (``torch._inductor.custom_graph_pass``): without it
   `gamfunc.graph_sharing` is off, and a compiled exact H·v recomputes ∇L.
 * `mutates` (``OpOverload._schema``): without it every aten operation counts as one that
@@ -47,6 +51,7 @@ import torch
 __all__ = [
     "batched",
     "batched_at_any_level",
+    "cacheable_state_calls",
     "custom_graph_pass",
     "flag_nonfinite",
     "group_by_device_and_dtype",
@@ -222,6 +227,67 @@ def mode_options(mode: str) -> dict:
         return dict(list_mode_options(mode))
     except RuntimeError as e:
         raise ValueError(f"mode must be a mode of torch.compile; got {mode!r} ({e})") from None
+
+
+# The calls by which Dynamo writes into a graph the state that a pass sets around its operations: the
+# attention kernel (`gamfunc.hvps.math_attention`), forward-mode AD's levels (``torch.func.jvp``)
+# and autocast (`gamfunc.precision.bf16`). Module, then the names of its functions.
+_STATE_CALLS = (
+    ("torch.nn.attention", ("_backend_from_string", "_sdpa_kernel")),
+    (
+        "torch._functorch.predispatch",
+        (
+            "_jvp_increment_nesting",
+            "_jvp_decrement_nesting",
+            "_enter_dual_level",
+            "_exit_dual_level",
+        ),
+    ),
+    ("torch.amp.autocast_mode", ("_enter_autocast", "_exit_autocast")),
+)
+
+
+def cacheable_state_calls() -> dict:
+    """The inductor options under which AOTAutograd's cache keeps the graph of an H·v pass.
+
+    Dynamo writes the state that an H·v pass sets around its operations into the graph, as calls
+    with constant arguments: the attention kernel (``sdpa_kernel``, which
+    `gamfunc.hvps.math_attention` enters around every exact and reverse H·v), the levels of
+    ``torch.func.jvp`` (forward-over-reverse H·v) and autocast. AOTAutograd's cache refuses a graph
+    that calls a function it does not know, so without this it traces such a graph again in every
+    process: the larger part of a warm compile of exact GAM. What each of these calls does is set
+    by its arguments, which the graph, and so the cache's key, holds (the reasoning by which torch
+    admits autocast's own calls from 2.12 on): naming them in inductor's
+    ``unsafe_marked_cacheable_functions`` (keyed by torch's version) lets the cache keep the graph.
+    Nothing else changes: a graph that is cached holds the same operations.
+
+    Returns:
+        ``{"unsafe_marked_cacheable_functions": {name: torch version}}`` for the functions this torch
+            has, or ``{}`` where it has no such option (its cache then skips these graphs).
+    """
+    import importlib
+
+    try:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.unsafe_marked_cacheable_functions  # noqa: B018 - on this torch?
+    except (AttributeError, ImportError):
+        _fall_back(
+            "cacheable_state_calls",
+            "torch._inductor.config.unsafe_marked_cacheable_functions",
+            "AOTAutograd's cache skipping H·v passes",
+        )
+        return {}
+    names = {}
+    for module, functions in _STATE_CALLS:
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        for name in functions:
+            if (fn := getattr(found, name, None)) is not None:
+                names[f"{fn.__module__}.{fn.__name__}"] = str(torch.__version__)
+    return {"unsafe_marked_cacheable_functions": names}
 
 
 def custom_graph_pass(fn: Callable, source: str):

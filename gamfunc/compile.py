@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._compat import _VERSION, mode_options
+from ._compat import _VERSION, cacheable_state_calls, mode_options
 from .graph_sharing import share_equal_work_pass
 from .tree import copies
 
@@ -22,7 +22,8 @@ __all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh", "f
 
 def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[Callable], Callable]:
     """``fn -> torch.compile(fn, fullgraph=fullgraph, mode/options..., **kwargs)``, inductor's options
-    with `INDUCTOR_WORKAROUNDS`, equal work computed once (`gamfunc.graph_sharing`, unless
+    with `INDUCTOR_WORKAROUNDS`, the state calls of H·v passes cacheable by AOTAutograd
+    (`gamfunc._compat.cacheable_state_calls`), equal work computed once (`gamfunc.graph_sharing`, unless
     the options name a ``post_grad_custom_pre_pass`` of their own), and each CUDA-graph result copied
     out (`cudagraph_safe`)."""
     kwargs = dict(kwargs)
@@ -32,6 +33,8 @@ def compile_with(fullgraph: bool, mode: str | None, kwargs: dict) -> Callable[[C
         if mode is not None:
             options = {**mode_options(mode), **options}
         options.update(INDUCTOR_WORKAROUNDS)
+        for key, names in cacheable_state_calls().items():
+            options[key] = {**names, **options.get(key, {})}
         if (sharing := share_equal_work_pass()) is not None:
             options.setdefault("post_grad_custom_pre_pass", sharing)
         kwargs["options"] = options

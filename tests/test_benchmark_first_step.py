@@ -103,6 +103,8 @@ def test_a_warm_start_that_missed_the_cache_says_so():
     assert cli.notes(row) == "warm: no inductor cache hit"
     row["warm"]["cache"] = {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 0}
     assert cli.notes(row) is None
+    row["warm"]["cache"]["autograd_cache_bypass"] = 1
+    assert cli.notes(row) == "warm: AOTAutograd's cache bypassed"
     row["cold"]["error"] = "RuntimeError: x"
     assert cli.notes(row) == "cold: RuntimeError: x"
 

@@ -333,3 +333,60 @@ def test_grouping_falls_back_to_a_python_loop(monkeypatch, caplog):
         assert all(a is b for a, b in zip(got[k][0][0], want[k][0][0], strict=True))
     copies = tree.copies(ts)
     assert all(torch.equal(a, b) and a is not b for a, b in zip(copies, ts, strict=True))
+
+
+def refused_calls(step, params, state, batch, **patch) -> set[str]:
+    """The calls of ``step``'s compiled passes that AOTAutograd's cache refuses, under inductor's
+    options ``patch``: the graphs are Dynamo's, handed to a backend that asks the cache's check."""
+    autograd_cache = pytest.importorskip("torch._functorch._aot_autograd.autograd_cache")
+    refused = set()
+
+    def backend(gm, inputs):
+        for node in gm.graph.nodes:
+            try:
+                autograd_cache.check_node_safe(node)
+            except autograd_cache.BypassAOTAutogradCache:
+                refused.add(f"{node.target.__module__}.{node.target.__name__}")
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(**patch):
+        step.compile(scope="pass", backend=backend)(params, state, batch)
+    torch._dynamo.reset()
+    return refused
+
+
+@pytest.mark.slow
+def test_cacheable_state_calls_let_the_cache_keep_every_h_v_pass():
+    options = _compat.cacheable_state_calls()
+    names = options["unsafe_marked_cacheable_functions"]
+    assert all(v == str(torch.__version__) for v in names.values())
+    params, batch = mlp_params(torch.float32), mlp_batch(dtype=torch.float32)
+    bf16 = gamfunc.precision.bf16(mlp_loss)
+    for loss_fn, hvp in ((mlp_loss, "exact"), (mlp_loss, "reverse"), (bf16, "exact")):
+        step = gamfunc.make_step(
+            gamfunc.gam(0.05, 0.1, hvp=getattr(gamfunc.hvps, hvp)()), gamfunc.sgd(0.1), loss_fn
+        )
+        state = step.init(params)
+        without = refused_calls(step, params, state, batch)
+        assert "torch.nn.attention._sdpa_kernel" in without  # the cache refuses, as it did
+        assert without <= set(names), without - set(names)
+        assert refused_calls(step, params, state, batch, **options) == set()
+
+
+def test_cacheable_state_calls_fall_back_to_none(monkeypatch, caplog):
+    monkeypatch.delattr(torch._inductor.config, "unsafe_marked_cacheable_functions")
+    assert _compat.cacheable_state_calls() == {}
+    fell_back(caplog, "cacheable_state_calls")
+    assert "unsafe_marked_cacheable_functions" not in compiled_options(monkeypatch, gamfunc.compile)
+
+
+def test_compile_keeps_the_users_own_cacheable_functions(monkeypatch):
+    seen = {}
+    mine = {"unsafe_marked_cacheable_functions": {"torch.ops.mine.f": "1"}}
+    with monkeypatch.context() as m:
+        m.setattr(torch, "compile", lambda fn, **kw: seen.update(kw) or fn)
+        gamfunc.compile.compile_with(True, None, {"options": mine})(print)
+    names = seen["options"]["unsafe_marked_cacheable_functions"]
+    want = _compat.cacheable_state_calls()["unsafe_marked_cacheable_functions"]
+    assert names == {**want, "torch.ops.mine.f": "1"}

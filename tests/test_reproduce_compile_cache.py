@@ -115,6 +115,7 @@ def test_a_compiled_run_keeps_its_artifacts_and_later_runs_and_resumes_load_them
     warm, out = train(tmp_path, *compiled, "--max_steps=3", "--name=again")
     assert warm["loaded"] > 0 and "compile cache: loaded" in out
     assert warm["fxgraph_cache_hit"] > 0 and warm["fxgraph_cache_miss"] == 0
+    assert warm["autograd_cache_hit"] > 0 and warm["autograd_cache_bypass"] == 0
     # so does the first run resumed
     resumed, _ = train(tmp_path, *compiled, "--max_steps=5", "--resume")
     assert resumed["loaded"] > 0

@@ -339,8 +339,8 @@ def ratios(rows: list[dict]) -> None:
 
 
 def notes(row: dict) -> str | None:
-    """What a reader of a row should know: why it did not run or failed, or a warm start that
-    found nothing in the cache."""
+    """What a reader of a row should know: why it did not run or failed, a warm start that found
+    nothing in the cache, or one whose graphs AOTAutograd's cache refused (traced again)."""
     for phase in PHASES:
         if (got := row.get(phase)) and got.get("error"):
             return f"{phase}: {got['error']}"
@@ -349,6 +349,8 @@ def notes(row: dict) -> str | None:
     compiled = row["mode"] in ("pass", "pass-graph", "step")
     if compiled and cache.get("fxgraph_cache_miss") and not cache.get("fxgraph_cache_hit"):
         return "warm: no inductor cache hit"
+    if compiled and cache.get("autograd_cache_bypass"):
+        return "warm: AOTAutograd's cache bypassed"
     return row.get("note")
 
 

@@ -4,8 +4,8 @@ A first-steps worker starts its clock after the device is up (CUDA's context is 
 timed apart, ``cuda_init_s``), builds the model, the batch and the step, and runs
 :func:`.cells.ready_step` steps, each synchronised: ``steps_s`` are the seconds from the start of
 the set-up to the end of each. Its inductor cache is the ``TORCHINDUCTOR_CACHE_DIR`` the driver
-gave it, empty for a cold start. ``cache`` counts inductor's and AOTAutograd's cache hits and misses,
-so that a warm start is shown to have used the cache.
+gave it, empty for a cold start. ``cache`` counts inductor's and AOTAutograd's cache hits, misses
+and bypasses (a graph the cache refused), so that a warm start is shown to have used the cache.
 
 A steady-state worker sets up every cell of one model and precision (compiling from the merged
 caches of the first-step workers), then times them together in interleaved rounds, as step_cost does
@@ -28,11 +28,12 @@ CACHE_COUNTERS = (
     ("inductor", "fxgraph_cache_miss"),
     ("aot_autograd", "autograd_cache_hit"),
     ("aot_autograd", "autograd_cache_miss"),
+    ("aot_autograd", "autograd_cache_bypass"),
 )
 
 
 def cache_counts() -> dict[str, int]:
-    """This process's inductor FX-graph and AOTAutograd cache hits and misses so far."""
+    """This process's inductor FX-graph and AOTAutograd cache hits, misses and bypasses so far."""
     from torch._dynamo.utils import counters
 
     return {name: int(counters[group][name]) for group, name in CACHE_COUNTERS}

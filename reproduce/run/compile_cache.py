@@ -39,12 +39,14 @@ __all__ = ["FORMAT", "CompileCache", "cache_counts", "folder"]
 
 FORMAT = "gamfunc-reproduce-compile-artifacts/1"
 ENV = "TORCHINDUCTOR_CACHE_DIR"
-# inductor's compiled graphs and AOTAutograd's entries: hits and misses in this process
+# inductor's compiled graphs and AOTAutograd's entries: hits, misses and bypasses (a graph AOTAutograd's
+# cache refused) in this process
 COUNTERS = (
     ("inductor", "fxgraph_cache_hit"),
     ("inductor", "fxgraph_cache_miss"),
     ("aot_autograd", "autograd_cache_hit"),
     ("aot_autograd", "autograd_cache_miss"),
+    ("aot_autograd", "autograd_cache_bypass"),
 )
 
 
@@ -68,7 +70,7 @@ def folder(setting: str, logdir: str | os.PathLike) -> Path | None:
 
 
 def cache_counts() -> dict[str, int]:
-    """This process's inductor and AOTAutograd cache hits and misses so far (:data:`COUNTERS`)."""
+    """This process's inductor and AOTAutograd cache hits, misses and bypasses so far (:data:`COUNTERS`)."""
     from torch._dynamo.utils import counters
 
     return {name: int(counters[group][name]) for group, name in COUNTERS}
