@@ -39,6 +39,17 @@ def cache_counts() -> dict[str, int]:
     return {name: int(counters[group][name]) for group, name in CACHE_COUNTERS}
 
 
+def compile_phases(at_least: float = 0.5) -> dict[str, float]:
+    """The seconds of each phase of torch's compile in this process (its own timers: Dynamo's
+    tracing, AOTAutograd, inductor's lowering and code generation, the cache's loads...), those of
+    ``at_least`` seconds or more; empty where torch keeps no such timers."""
+    from torch._dynamo import utils
+
+    timers = getattr(utils, "compilation_time_metrics", None) or {}
+    totals = {name: round(sum(times), 2) for name, times in timers.items()}
+    return {name: s for name, s in totals.items() if s >= at_least}
+
+
 def start_device(device: torch.device) -> float:
     """Make the device ready (CUDA's context, the allocator); the seconds it took."""
     t = time.perf_counter()
@@ -58,10 +69,11 @@ def first_steps(cell: Cell, a: argparse.Namespace, device: torch.device) -> dict
         device: where it runs.
 
     Returns:
-        ``{"cuda_init_s", "setup_s", "steps_s", "first_s", "ready_s", "cache", "error"}``:
-            ``setup_s`` the model, batch and step built, ``steps_s`` the end of each step counted
-            from the same start, ``first_s`` the first of them, ``ready_s`` the end of
-            :func:`.cells.ready_step`'s step; ``error`` None, or what failed.
+        ``{"cuda_init_s", "setup_s", "steps_s", "first_s", "ready_s", "cache", "compile_phases",
+        "error"}``: ``setup_s`` the model, batch and step built, ``steps_s`` the end of each step
+            counted from the same start, ``first_s`` the first of them, ``ready_s`` the end of
+            :func:`.cells.ready_step`'s step, ``compile_phases`` the compile's (`compile_phases`);
+            ``error`` None, or what failed.
     """
     out = {"cuda_init_s": start_device(device), "error": None}
     t0 = time.perf_counter()
@@ -79,6 +91,7 @@ def first_steps(cell: Cell, a: argparse.Namespace, device: torch.device) -> dict
     except Exception as e:  # the row says what failed; the run goes on
         out["error"] = f"{type(e).__name__}: {str(e).strip()[:400]}"
     out["cache"] = cache_counts()
+    out["compile_phases"] = compile_phases()
     return out
 
 
