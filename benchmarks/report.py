@@ -90,12 +90,14 @@ SECTIONS = {
         "eager step replayed as one CUDA graph (`gamfunc.cuda_graph`); `pass`, "
         '`step.compile(scope="pass")`; `pass-graph`, both; `step`, `step.compile()`. × compiled '
         "grad is ms ÷ the compiled gradient step of the same model in the same run (by pass with a "
-        "graph where measured). First-step processes may run side by side (`jobs` in the heading).",
+        "graph where measured). jobs: how many first-step processes ran side by side, sharing the "
+        "GPU and the CPU cores, in the run that measured the row.",
         (
             ("model", "model", ""),
             ("dtype", "precision", ""),
             ("estimator", "estimator", ""),
             ("mode", "mode", ""),
+            ("jobs", "jobs", ""),
             ("set-up s", "cold.setup_s", ".1f"),
             ("cold first s", "cold.first_after_setup_s", ".1f"),
             ("cold ready s", "cold.ready_after_setup_s", ".1f"),
@@ -273,15 +275,11 @@ def _gpu_check_rows(rows: list[dict]) -> list[dict]:
 
 
 def heading(meta: dict) -> str:
-    """A table's heading: device (× GPUs), date, torch; for the first-step table, how many
-    first-step processes ran at a time."""
+    """A table's heading: device (× GPUs), date, torch."""
     name = meta["device_name"]
     if meta.get("gpus", 0) > 1:
         name = f"{meta['gpus']} × {name}"
-    text = f"{name}, {meta['date'][:10]}, torch {meta['torch']}"
-    if meta.get("benchmark") == "first_step":
-        text += f", jobs {meta.get('jobs', 1)}"
-    return text
+    return f"{name}, {meta['date'][:10]}, torch {meta['torch']}"
 
 
 def notes(entries: list[dict]) -> list[str]:

@@ -365,6 +365,7 @@ def new_row(cell: Cell, a) -> dict:
         "estimator": cell.estimator,
         "mode": cell.mode,
         "batch": a.batch_size or spec.batch,
+        "jobs": a.jobs,  # first-step processes at a time in the run that measured it
         "note": None,
     }
 
