@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models import tiny_conv_bn
+from helpers import mlp_batch, mlp_loss, mlp_params
 from torch._dynamo.utils import counters
 
 import gamfunc
@@ -30,20 +30,14 @@ def since(before: dict[str, int]) -> dict[str, int]:
 @pytest.mark.slow
 def test_a_warm_compile_of_exact_gam_loads_its_passes_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    torch.manual_seed(0)
-    loss_fn, params, buffers = gamfunc.nn.functionalize(tiny_conv_bn().double())
-    gen = torch.Generator().manual_seed(1)
-    batch = (
-        torch.randn(8, 3, 6, 6, generator=gen, dtype=torch.float64),
-        torch.randint(0, 5, (8,), generator=gen),
-    )
-    step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1), loss_fn)
-    want, _, _ = step(params, step.init(params, buffers), batch)
+    params, batch = mlp_params(), mlp_batch()
+    step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1), mlp_loss)
+    want, _, _ = step(params, step.init(params), batch)
     got = {}
     for start in ("cold", "warm"):
         torch._dynamo.reset()  # a new process's compile, but for the caches on disk
         before = aot_counts()
-        got[start], _, _ = step.compile(scope="pass")(params, step.init(params, buffers), batch)
+        got[start], _, _ = step.compile(scope="pass")(params, step.init(params), batch)
         got[start + " counts"] = since(before)
     torch._dynamo.reset()
     assert got["cold counts"]["autograd_cache_bypass"] == 0
