@@ -175,22 +175,24 @@ def test_a_gradient_clipped_by_hand_before_step_warns_once():
         opt.step(data[2])
 
 
-def test_grad_scaler_unscale_is_refused_on_its_first_use():
+def scaled_backward():
+    """A SAM facade, and a GradScaler whose scaled loss has just been backpropagated into it."""
     model = mlp()
     opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
     scaler = torch.amp.GradScaler("cpu")
     x, y = batches(1)[0]
     scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+    return model, opt, scaler
+
+
+def test_grad_scaler_unscale_is_refused_on_its_first_use():
+    _, opt, scaler = scaled_backward()
     with pytest.raises(TypeError, match=r"GradScaler.*precision='fp16'"):
         scaler.unscale_(opt)
 
 
 def test_grad_scaler_step_is_refused_on_the_first_iteration_even_on_overflow():
-    model = mlp()
-    opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
-    scaler = torch.amp.GradScaler("cpu")
-    x, y = batches(1)[0]
-    scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
+    model, opt, scaler = scaled_backward()
     for p in model.parameters():  # an overflow: GradScaler would skip optimizer.step()
         p.grad.fill_(float("inf"))
     with pytest.raises(TypeError, match=r"GradScaler.*precision='fp16'") as e:
