@@ -5,7 +5,8 @@ timed apart, ``cuda_init_s``), builds the model, the batch and the step, and run
 :func:`.cells.ready_step` steps, each synchronised: ``steps_s`` are the seconds from the start of
 the set-up to the end of each. Its inductor cache is the ``TORCHINDUCTOR_CACHE_DIR`` the driver
 gave it, empty for a cold start. ``cache`` counts inductor's and AOTAutograd's cache hits, misses
-and bypasses (a graph the cache refused), so that a warm start is shown to have used the cache.
+and bypasses (a graph the cache refused; `reproduce.run.compile_cache.cache_counts`), so that a
+warm start is shown to have used the cache.
 
 A steady-state worker sets up every cell of one model and precision (compiling from the merged
 caches of the first-step workers), then times them together in interleaved rounds, as step_cost does
@@ -22,21 +23,7 @@ import torch
 from benchmarks.first_step.cells import GRAPH_MODES, GRAPH_WARMUP, Cell, ready_step, runner
 from benchmarks.step_cost.models import prepare
 from benchmarks.step_cost.timing import log, setup, sync, time_rows
-
-CACHE_COUNTERS = (
-    ("inductor", "fxgraph_cache_hit"),
-    ("inductor", "fxgraph_cache_miss"),
-    ("aot_autograd", "autograd_cache_hit"),
-    ("aot_autograd", "autograd_cache_miss"),
-    ("aot_autograd", "autograd_cache_bypass"),
-)
-
-
-def cache_counts() -> dict[str, int]:
-    """This process's inductor FX-graph and AOTAutograd cache hits, misses and bypasses so far."""
-    from torch._dynamo.utils import counters
-
-    return {name: int(counters[group][name]) for group, name in CACHE_COUNTERS}
+from reproduce.run.compile_cache import cache_counts
 
 
 def compile_phases(at_least: float = 0.5) -> dict[str, float]:
