@@ -1,8 +1,7 @@
 """The documents say what the registry and the committed result files say.
 
 docs/guides/reproduce.md's preset table is regenerated from ``reproduce.config.PRESETS``;
-reproduce/README.md names the source of every preset family; the main job's table (in the same guide)
-and the evidence tables of reproduce/RESULTS.md are recomputed from their JSON under
+reproduce/README.md names the source of every preset family; the evidence tables of reproduce/RESULTS.md are recomputed from their JSON under
 ``docs/evidence/``; numbers in prose are checked against the JSON they come from.
 """
 
@@ -130,31 +129,11 @@ def test_every_committed_evidence_json_has_its_table():
     )
 
 
-def test_main_job_table_is_the_committed_run():
-    """The table is ``report.table`` of docs/evidence/main_job.json (its 2-decimal rounding), and
-    train.py's docstring shows the same rows."""
-    report = pytest.importorskip("reproduce.run.report")
-    summaries = json.loads((EVIDENCE / "main_job.json").read_text())
-    expected = report.table(summaries)
-    section = REPRODUCE_GUIDE.split("## Main job", 1)[1]
-    block = re.search(r"\n```\n(estimator .*?)\n```", section, flags=re.S)
-    assert block is not None and block.group(1) == expected
-    train_doc = (ROOT / "reproduce" / "train.py").read_text()
-    for row in expected.splitlines()[2:]:
-        assert re.search(rf"^ *{re.escape(row)}$", train_doc, flags=re.M), row
-    assert [s["status"] for s in summaries] == ["finished", "finished"]
-    assert [s["config"]["preset"] for s in summaries] == ["mnist1d", "mnist1d"]
-
-
 def test_seed_accuracies_are_the_minima_runs():
-    """The seed 0-2 test accuracies in docs/guides/reproduce.md are those of reproduce.evidence minima, whose seed-0 runs
-    are the main job's."""
+    """The seed 0-2 test accuracies in docs/guides/reproduce.md are those of reproduce.evidence minima."""
     runs = json.loads((EVIDENCE / "minima.json").read_text())["runs"]
-    main = json.loads((EVIDENCE / "main_job.json").read_text())
     accs = {m: " / ".join(f"{r['test_acc']:.1f}" for r in runs[m]) for m in ("SGD", "SGD+GAM")}
     assert f"SGD {accs['SGD']} and GAM {accs['SGD+GAM']}" in REPRODUCE_GUIDE.replace("\n", " ")
-    for summary, method in zip(main, ("SGD", "SGD+GAM"), strict=True):
-        assert summary["final"]["test_acc"] == pytest.approx(runs[method][0]["test_acc"])
 
 
 def test_results_prose_numbers_equal_their_json():
