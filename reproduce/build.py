@@ -422,14 +422,16 @@ def setup(
     classes = IMAGENET_CLASSES if cfg.pretrained else data.num_classes
     vectors = data.name in ("mnist1d", "digits")
     if cfg.model in MODELS and vectors != (cfg.model in VECTOR_MODELS):
-        takes = "vectors" if cfg.model in VECTOR_MODELS else "images (3 × H × W)"
+        takes = "vectors" if cfg.model in VECTOR_MODELS else "images (C × H × W)"
         fits = ", ".join(sorted(VECTOR_MODELS if vectors else set(MODELS) - VECTOR_MODELS))
         raise SetupError(
             f"--model={cfg.model} takes {takes}; {data.name} has "
             f"{'vectors of ' + str(data.image_size) if vectors else 'images'}: use one of {fits}"
         )
     try:
-        model = build_model(cfg.model, classes, data.image_size, seed=cfg.seed)
+        model = build_model(
+            cfg.model, classes, data.image_size, channels=data.channels, seed=cfg.seed
+        )
     except ValueError as e:
         raise SetupError(str(e)) from None
     if cfg.weights:

@@ -61,7 +61,17 @@ __all__ = [
 # --estimator takes the names of reproduce.methods.METHODS, the one table of the estimators
 ESTIMATORS = tuple(METHODS)
 BASES = ("sgd", "adamw")
-DATASETS = ("mnist1d", "digits", "cifar10", "cifar100", "imagenet", "cars", "pets", "food101")
+DATASETS = (
+    "mnist1d",
+    "digits",
+    "fmnist",
+    "cifar10",
+    "cifar100",
+    "imagenet",
+    "cars",
+    "pets",
+    "food101",
+)
 AUGMENTS = ("none", "basic", "cutout", "randaugment", "autoaugment")
 SCHEDULES = ("cosine", "constant")
 RHO_SCHEDULES = ("constant", "proportional")
@@ -81,8 +91,8 @@ FSAM_CONVENTIONS = ("paper", "authors")
 class Config:
     # --- what to train
     preset: str = "mnist1d"  # the preset these values started from (see PRESETS)
-    dataset: str = "mnist1d"  # mnist1d | digits | cifar10 | cifar100 | imagenet
-    data: str = ""  # root folder of cifar10/cifar100/imagenet (layouts: reproduce/data/sets.py)
+    dataset: str = "mnist1d"  # mnist1d | digits | fmnist | cifar10 | cifar100 | imagenet
+    data: str = ""  # folder of fmnist, cifar10/100, imagenet (layouts: reproduce/data/sets.py)
     download: bool = False  # let torchvision download CIFAR into --data (else nothing downloads)
     synthetic: bool = False  # random inputs of the data's shape (smoke tests only)
     synthetic_size: int = 256  # training examples of --synthetic data (test set: a quarter of it)

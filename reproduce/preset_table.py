@@ -29,6 +29,7 @@ __all__ = ["SOURCES", "families", "markdown", "pattern"]
 SOURCES = {
     "mnist1d": "– (built in, no download; the default)",
     "digits": "– (built in, no download)",
+    "fmnist": "– (ours: Fashion-MNIST on one GPU, reproduce/RESULTS.md)",
     "hp1": "Table 1, Table app:tab:hp1",
     "hp1/adamw": "appendix CIFAR table (ViT-S/16)",
     "hp2": "Table 2, Table app:tab:hp2",

@@ -19,6 +19,7 @@ from reproduce.data.examples import Examples
 
 __all__ = [
     "FolderLoader",
+    "batch_generator",
     "epoch_keys",
     "epoch_order",
     "eval_batches",
@@ -49,6 +50,12 @@ def generator(*parts: int) -> torch.Generator:
 def epoch_order(n: int, seed: int, epoch: int) -> Tensor:
     """The order of the n training examples in ``epoch``: a permutation that depends on (seed, epoch) only."""
     return torch.randperm(n, generator=generator(seed, epoch, 1))
+
+
+def batch_generator(seed: int, epoch: int, batch: int) -> torch.Generator:
+    """The generator of global batch ``batch``'s augmentation in ``epoch`` (in-memory data
+    augmented by batches, `reproduce.data.augment.CropFlip`)."""
+    return generator(seed, epoch, batch, 3)
 
 
 def sample_seed(seed: int, epoch: int, position: int) -> int:
@@ -168,7 +175,9 @@ def train_batches(
 ) -> Iterator[tuple[Tensor, Tensor]]:
     """This rank's batches ``start, start+1, ...`` of an epoch visiting ``ds`` in ``order`` (the last
     partial global batch is dropped): ``batch_size // world`` examples each, the rank's part of the
-    global batch (`shard_positions`), each example augmented under the seed of its position.
+    global batch (`shard_positions`), each example augmented under the seed of its position (an
+    in-memory set with a `batch_transform`: each batch on its device, under the generator of
+    `batch_generator`).
 
     ``loader`` (a `FolderLoader` or a GPU loader of ``ds``) serves folder data sets; without
     one a fresh DataLoader is made."""
@@ -176,9 +185,16 @@ def train_batches(
     fast = ds.tensors()
     if fast is not None:
         x, y = fast
+        augment = ds.batch_transform
         for b in range(start, steps):
             idx = order[shard_positions(b, batch_size, rank, world, order.device)]
-            yield x[idx], y[idx]
+            if augment is None:
+                yield x[idx], y[idx]
+                continue
+            # the global batch's draws under its own seed, this rank's share of them
+            params = augment.draw(batch_size, batch_generator(seed, epoch, b))
+            per = batch_size // world
+            yield augment(x[idx], params[rank * per : (rank + 1) * per]), y[idx]
         return
     keys = epoch_keys(order, start, batch_size, seed=seed, epoch=epoch, rank=rank, world=world)
     if loader is None:

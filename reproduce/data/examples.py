@@ -29,7 +29,11 @@ class TensorData(Dataset):
         if len(x) != len(y):
             raise ValueError(f"x and y must have the same length; got {len(x)} and {len(y)}")
         self.x, self.y = x, y
-        self.targets = y.tolist()
+
+    @property
+    def targets(self) -> Tensor:
+        """The labels, as torchvision's data sets name them."""
+        return self.y
 
     def __len__(self) -> int:
         return len(self.y)
@@ -43,6 +47,10 @@ class Examples(Dataset):
 
     An index may be ``(j, seed)``: the transform then draws its randomness from ``torch.manual_seed(seed)``
     inside a forked RNG, so the augmentation of an example depends only on that seed.
+
+    A transform with ``batched = True`` (`reproduce.data.augment.CropFlip`) augments whole batches
+    of an in-memory base on their device instead: `tensors` then hands out the base's tensors, and
+    `reproduce.data.batches.train_batches` applies it to each batch under that batch's seed.
     """
 
     def __init__(self, base: Dataset, indices: Tensor, labels: Tensor, transform=None):
@@ -55,10 +63,21 @@ class Examples(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
+    @property
+    def batch_transform(self):
+        """The transform when it augments whole batches (``batched = True``), else None."""
+        return self.transform if getattr(self.transform, "batched", False) else None
+
     def __getitem__(self, key):
         j, seed = key if isinstance(key, tuple) else (key, None)
         x, _ = self.base[int(self.indices[j])]
-        if self.transform is not None:
+        if self.batch_transform is not None:
+            draw = (
+                int(torch.randint(2**62, ())) if seed is None else seed
+            )  # as torchvision's: global RNG
+            gen = torch.Generator().manual_seed(draw)
+            x = self.transform(x[None], self.transform.draw(1, gen))[0]
+        elif self.transform is not None:
             if seed is None:
                 x = self.transform(x)
             else:
@@ -68,8 +87,11 @@ class Examples(Dataset):
         return x, self.labels[j]
 
     def tensors(self) -> tuple[Tensor, Tensor] | None:
-        """``(inputs, labels)`` as two tensors when the base is in memory and nothing is transformed."""
-        if isinstance(self.base, TensorData) and self.transform is None:
+        """``(inputs, labels)`` as two tensors when the base is in memory and nothing is transformed
+        example by example (a `batch_transform` is the caller's to apply)."""
+        if isinstance(self.base, TensorData) and (
+            self.transform is None or self.batch_transform is not None
+        ):
             return (self.base.x if self._whole else self.base.x[self.indices]), self.labels
         return None
 
@@ -85,11 +107,13 @@ class Data:
     probe: Examples  # the training examples with the evaluation transform
     num_classes: int
     image_size: int
+    channels: int = 3  # of an image set's inputs (Fashion-MNIST: 1)
 
 
 def to_device(data: Data, device: torch.device | str) -> Data:
-    """``data`` with its in-memory parts (MNIST-1D, digits, synthetic) moved to ``device`` once, so
-    that batches are gathered there; folder data sets are left to the DataLoader."""
+    """``data`` with its in-memory parts (MNIST-1D, digits, Fashion-MNIST, synthetic) moved to
+    ``device`` once, so that batches are gathered (and Fashion-MNIST's augmented) there; folder data
+    sets are left to the DataLoader."""
     if torch.device(device).type == "cpu":
         return data
 
@@ -100,7 +124,8 @@ def to_device(data: Data, device: torch.device | str) -> Data:
             return ds
         if id(ds.base) not in moved:
             moved[id(ds.base)] = TensorData(ds.base.x.to(device), ds.base.y.to(device))
-        return Examples(moved[id(ds.base)], ds.indices.to(device), ds.labels.to(device))
+        base = moved[id(ds.base)]
+        return Examples(base, ds.indices.to(device), ds.labels.to(device), ds.batch_transform)
 
     return dataclasses.replace(
         data,

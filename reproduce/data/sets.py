@@ -14,11 +14,15 @@ Layouts expected under ``--data``:
 * ``imagenet``: ``<data>/train/<wnid>/*.JPEG`` and ``<data>/val/<wnid>/*.JPEG`` (validation images
   sorted into class folders); any ImageFolder tree of that shape works (the number of classes is read
   from the folders).
+* ``fmnist``: Fashion-MNIST's four IDX files in ``<data>/`` (gzipped or not; `reproduce.data.idx`
+  reads and checks them), 60,000 training and 10,000 test images of 28×28 grey pixels, held in memory
+  (on the GPU with a GPU run) as one tensor of one channel.
 * ``mnist1d`` (Greydanus 2020, generated offline by the ``mnist1d`` package: 4,000 training and 1,000
   test vectors of length 40) and ``digits`` (scikit-learn's 8×8 digits, a stratified 80/20 split) need
   no ``--data``.
 
-Augmentations (``augment``): ``basic`` is random crop with 4-pixel padding and horizontal flip for CIFAR,
+Augmentations (``augment``): ``basic`` is random crop with 4-pixel padding and horizontal flip for CIFAR
+(and for Fashion-MNIST, whole batches at once on their device: `reproduce.data.augment.CropFlip`),
 random-resized crop and flip for ImageNet; ``cutout`` adds a ``cutout_size`` square of zeros (DeVries
 and Taylor 2017); ``randaugment`` (Cubuk et al. 2020) and ``autoaugment`` (Cubuk et al. 2019, the
 CIFAR-10 or ImageNet policy) are torchvision's, added to ``basic``.
@@ -45,6 +49,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from reproduce.data.augment import CropFlip
 from reproduce.data.batches import (
     FolderLoader,
     epoch_keys,
@@ -60,6 +65,8 @@ from reproduce.data.batches import (
 from reproduce.data.examples import Data, DataError, DataNotFound, Examples, TensorData, to_device
 
 __all__ = [
+    "CHANNELS",
+    "CropFlip",
     "Cutout",
     "Data",
     "DataError",
@@ -86,14 +93,17 @@ MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "fmnist": ((0.2860,), (0.3530,)),  # of the 60,000 training images' pixels in [0, 1]
 }
 # The fine-tuning sets of the paper's transfer table: ImageNet statistics (pretrained models).
 TRANSFER = ("cars", "pets", "food101")
 for _name in TRANSFER:
     MEAN_STD[_name] = MEAN_STD["imagenet"]
+CHANNELS = {"fmnist": 1}  # the image sets of other than 3 channels
 NATIVE = {  # (input side or length, classes) of each data set
     "mnist1d": (40, 10),
     "digits": (64, 10),
+    "fmnist": (28, 10),
     "cifar10": (32, 10),
     "cifar100": (32, 100),
     "imagenet": (224, 1000),
@@ -177,6 +187,25 @@ def _digits() -> tuple[TensorData, TensorData]:
     f32 = lambda a: torch.as_tensor((a - mean) / std, dtype=torch.float32)  # noqa: E731
     i64 = lambda a: torch.as_tensor(a, dtype=torch.int64)  # noqa: E731
     return TensorData(f32(xtr), i64(ytr)), TensorData(f32(xte), i64(yte))
+
+
+def _fmnist(root: str) -> tuple[TensorData, TensorData]:
+    """Fashion-MNIST from the IDX files in ``root``, normalised, ``(n, 1, 28, 28)`` float32."""
+    from reproduce.data.idx import read_fashion_mnist
+
+    if not root:
+        raise DataNotFound(
+            "fmnist needs --data=FOLDER holding Fashion-MNIST's four IDX files "
+            "(bash shared/data/fashion_mnist.sh FOLDER fetches them)"
+        )
+    splits = read_fashion_mnist(root)
+    (mean,), (std,) = MEAN_STD["fmnist"]
+
+    def tensors(split: str) -> TensorData:
+        images, labels = splits[split]
+        return TensorData(((images.float() / 255 - mean) / std)[:, None], labels)
+
+    return tensors("train"), tensors("t10k")
 
 
 def _is_image_folder(path: Path) -> bool:
@@ -343,7 +372,8 @@ def _on_train_classes(train, held_out):
 
 def _synthetic(name: str, size: int, image_size: int, num_classes: int, seed: int):
     gen = generator(seed, 3)
-    shape = (image_size,) if name in ("mnist1d", "digits") else (3, image_size, image_size)
+    channels = CHANNELS.get(name, 3)
+    shape = (image_size,) if name in ("mnist1d", "digits") else (channels, image_size, image_size)
 
     def make(n: int) -> TensorData:
         return TensorData(
@@ -431,7 +461,7 @@ def _memory() -> int:
 def _check_fits(cfg: Any, size: int, vector: bool) -> None:
     """A DataError unless the synthetic data set, or one batch of images, takes at most half this
     machine's memory (as float32), checked before anything is allocated."""
-    per_example = size if vector else 3 * size * size
+    per_example = size if vector else CHANNELS.get(cfg.dataset, 3) * size * size
     examples = (
         cfg.synthetic_size + max(cfg.synthetic_size // 4, 1) if cfg.synthetic else cfg.batch_size
     )
@@ -473,6 +503,16 @@ def load(cfg: Any) -> Data:
         train_base, test_base = _mnist1d()
     elif name == "digits":
         train_base, test_base = _digits()
+    elif name == "fmnist":
+        if size != native_size:
+            raise DataError(f"image_size of fmnist is its images' side {native_size}; got {size}")
+        if cfg.augment not in ("basic", "none"):
+            raise DataError(
+                f"--augment={cfg.augment}: fmnist takes basic (crop and flip on the device) or none"
+            )
+        train_base, test_base = _fmnist(cfg.data)
+        (mean,), (std,) = MEAN_STD["fmnist"]
+        train_tf = CropFlip(pad=4, fill=-mean / std) if cfg.augment == "basic" else None
     else:
         if name == "imagenet":
             train_base, test_base = _imagenet(cfg.data)
@@ -509,4 +549,5 @@ def load(cfg: Any) -> Data:
         probe=part(train_base, train_idx, labels, eval_tf),
         num_classes=classes,
         image_size=size,
+        channels=CHANNELS.get(name, 3),
     )

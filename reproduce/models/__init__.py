@@ -17,6 +17,7 @@
 | ``mlp`` | MLP 40-100-100-10 of MNIST-1D (input length ``image_size``) | built-in default |
 | ``mlp_gelu``, ``mlp_tanh`` | the same MLP with GELU or tanh: smooth, so finite-difference H·v → exact | built-in |
 | ``cnn1d`` | MNIST-1D's ConvBase: three 1-D convolutions of 25 channels and a linear layer | built-in |
+| ``resnet9``, ``resnet9_w32``, ``resnet9_w16`` | the fast ResNet-9 of Page's DAWNBench entry at width 64, 32, 16 (any number of input channels) | Fashion-MNIST |
 
 Every network is a plain ``nn.Module`` whose forward works under ``torch.func.grad``, ``jvp``, ``vjp`` and
 ``torch.compile``: no in-place activations on tensors autograd needs, and the ViT attention is written
@@ -46,6 +47,7 @@ them for `build_model` (DenseNet-121 and the torchvision networks are built ther
 from reproduce.models.mnist1d import ACTIVATIONS, MLP, ConvBase
 from reproduce.models.pyramidnet import PyramidNet
 from reproduce.models.registry import (
+    ANY_CHANNELS,
     MODELS,
     RELU_MODELS,
     VECTOR_MODELS,
@@ -53,11 +55,12 @@ from reproduce.models.registry import (
     count_parameters,
     new_head,
 )
-from reproduce.models.resnets import CifarResNet, ResNet32, ResNeXt29, WideResNet
+from reproduce.models.resnets import CifarResNet, ResNet9, ResNet32, ResNeXt29, WideResNet
 from reproduce.models.vit import ViT
 
 __all__ = [
     "ACTIVATIONS",
+    "ANY_CHANNELS",
     "MLP",
     "MODELS",
     "RELU_MODELS",
@@ -66,6 +69,7 @@ __all__ = [
     "ConvBase",
     "PyramidNet",
     "ResNeXt29",
+    "ResNet9",
     "ResNet32",
     "ViT",
     "WideResNet",

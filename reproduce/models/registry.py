@@ -14,6 +14,7 @@ from reproduce.models.mnist1d import MLP, ConvBase
 from reproduce.models.pyramidnet import PyramidNet
 from reproduce.models.resnets import (
     CifarResNet,
+    ResNet9,
     ResNet32,
     ResNeXt29,
     WideResNet,
@@ -23,7 +24,15 @@ from reproduce.models.resnets import (
 )
 from reproduce.models.vit import ViT
 
-__all__ = ["MODELS", "RELU_MODELS", "VECTOR_MODELS", "build_model", "count_parameters", "new_head"]
+__all__ = [
+    "ANY_CHANNELS",
+    "MODELS",
+    "RELU_MODELS",
+    "VECTOR_MODELS",
+    "build_model",
+    "count_parameters",
+    "new_head",
+]
 
 
 def _torchvision(name: str) -> Callable[[int, int], nn.Module]:
@@ -68,6 +77,21 @@ MODELS: dict[str, Callable[[int, int], nn.Module]] = {
     "mlp_gelu": lambda c, s: MLP(s, c, activation="gelu"),
     "mlp_tanh": lambda c, s: MLP(s, c, activation="tanh"),
     "cnn1d": lambda c, s: ConvBase(s, c),
+    "resnet9": lambda c, s: ResNet9(c),
+    "resnet9_w32": lambda c, s: ResNet9(c, width=32),
+    "resnet9_w16": lambda c, s: ResNet9(c, width=16),
+}
+
+# The image networks that take images of any number of channels (Fashion-MNIST's one), and how: each
+# builds from (classes, side, channels); every other image network takes 3 × H × W.
+ANY_CHANNELS: dict[str, Callable[[int, int, int], nn.Module]] = {
+    "resnet18": lambda c, s, ch: CifarResNet(_Basic, [2, 2, 2, 2], c, channels=ch),
+    "resnet32": lambda c, s, ch: ResNet32(c, channels=ch),
+    "wrn28_2": lambda c, s, ch: WideResNet(28, 2, c, channels=ch),
+    "wrn28_10": lambda c, s, ch: WideResNet(28, 10, c, channels=ch),
+    "resnet9": lambda c, s, ch: ResNet9(c, channels=ch),
+    "resnet9_w32": lambda c, s, ch: ResNet9(c, width=32, channels=ch),
+    "resnet9_w16": lambda c, s, ch: ResNet9(c, width=16, channels=ch),
 }
 
 
@@ -93,12 +117,15 @@ RELU_MODELS = frozenset(
         "resnext29",
         "mlp",
         "cnn1d",
+        "resnet9",
+        "resnet9_w32",
+        "resnet9_w16",
     }
 )
 
 
 def build_model(
-    name: str, num_classes: int, image_size: int, *, seed: int | None = None
+    name: str, num_classes: int, image_size: int, *, channels: int = 3, seed: int | None = None
 ) -> nn.Module:
     """The network ``name`` (see `MODELS`), freshly initialised, in train mode.
 
@@ -107,21 +134,34 @@ def build_model(
         num_classes: outputs of the classifier.
         image_size: side of the square input images (ViTs need a multiple of 32); for ``mlp`` and
             ``cnn1d`` the length of the input vector (40 for MNIST-1D, 64 for digits).
+        channels: of the input images; other than 3 only for the networks of `ANY_CHANNELS`.
         seed: if given, the initialisation draws from ``torch.manual_seed(seed)`` inside a forked RNG,
             so the global RNG is left as it was; otherwise from the global RNG.
 
     Raises:
-        ValueError: unknown ``name``, or ``num_classes``/``image_size`` < 1.
+        ValueError: unknown ``name``, ``num_classes``/``image_size``/``channels`` < 1, or
+            ``channels`` other than 3 for a network outside `ANY_CHANNELS`.
     """
     if name not in MODELS:
         raise ValueError(f"model must be one of {sorted(MODELS)}; got {name!r}")
-    for arg, v in (("num_classes", num_classes), ("image_size", image_size)):
+    for arg, v in (
+        ("num_classes", num_classes),
+        ("image_size", image_size),
+        ("channels", channels),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{arg} must be an integer >= 1; got {v!r}")
+    if channels != 3 and name not in ANY_CHANNELS:
+        raise ValueError(
+            f"model {name} takes images of 3 channels; for {channels}-channel images use one of "
+            f"{', '.join(sorted(ANY_CHANNELS))}"
+        )
     ctx = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
     with ctx:
         if seed is not None:
             torch.manual_seed(seed)
+        if channels != 3:
+            return ANY_CHANNELS[name](num_classes, image_size, channels)
         return MODELS[name](num_classes, image_size)
 
 

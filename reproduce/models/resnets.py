@@ -1,5 +1,6 @@
 """The ResNets for 32×32 inputs: CIFAR ResNet-18/101 (3×3 stem, no max-pool), ResNet-32 of He et al.
-§4.2, Wide-ResNet-28-k and ResNeXt-29, with the 3×3 convolution the other CIFAR networks share."""
+§4.2, Wide-ResNet-28-k, ResNeXt-29 and the fast ResNet-9, with the 3×3 convolution the other CIFAR
+networks share."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["CifarResNet", "ResNeXt29", "ResNet32", "WideResNet", "conv3x3"]
+__all__ = ["CifarResNet", "ResNeXt29", "ResNet9", "ResNet32", "WideResNet", "conv3x3"]
 
 
 Activation = Callable[[Tensor], Tensor]
@@ -77,10 +78,17 @@ class CifarResNet(nn.Module):
     finite differences and low-precision steps can be compared with float64 at rounding tolerance).
     """
 
-    def __init__(self, block, layers: list[int], num_classes: int, act: Activation = F.relu):
+    def __init__(
+        self,
+        block,
+        layers: list[int],
+        num_classes: int,
+        act: Activation = F.relu,
+        channels: int = 3,
+    ):
         super().__init__()
         self.act = act
-        self.conv1, self.bn1 = conv3x3(3, 64), nn.BatchNorm2d(64)
+        self.conv1, self.bn1 = conv3x3(channels, 64), nn.BatchNorm2d(64)
         stages, cin = [], 64
         for i, n in enumerate(layers):
             planes = 64 * 2**i
@@ -117,9 +125,9 @@ class _ResNet32Block(nn.Module):
 class ResNet32(nn.Module):
     """ResNet-6n+2 for CIFAR (He et al. 2016, §4.2) with n = 5: three stages of 16, 32, 64 channels."""
 
-    def __init__(self, num_classes: int, n: int = 5):
+    def __init__(self, num_classes: int, n: int = 5, channels: int = 3):
         super().__init__()
-        self.conv1, self.bn1 = conv3x3(3, 16), nn.BatchNorm2d(16)
+        self.conv1, self.bn1 = conv3x3(channels, 16), nn.BatchNorm2d(16)
         blocks, cin = [], 16
         for i, cout in enumerate((16, 32, 64)):
             for j in range(n):
@@ -134,6 +142,60 @@ class ResNet32(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.blocks(F.relu(self.bn1(self.conv1(x))))
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(out, 1), 1))
+
+
+class _ConvBN(nn.Module):
+    """conv3x3-BN-ReLU, then a 2×2 max-pool when ``pool``."""
+
+    def __init__(self, cin: int, cout: int, pool: bool = False):
+        super().__init__()
+        self.conv, self.bn, self.pool = conv3x3(cin, cout), nn.BatchNorm2d(cout), pool
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.bn(self.conv(x)))
+        return F.max_pool2d(out, 2) if self.pool else out
+
+
+class _Residual(nn.Module):
+    """x + (conv-BN-ReLU)²(x)."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.a, self.b = _ConvBN(c, c), _ConvBN(c, c)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x + self.b(self.a(x))
+
+
+class ResNet9(nn.Module):
+    """The fast ResNet-9 of Page's DAWNBench entry: a stem of w channels, three stages of 2w, 4w, 8w
+    channels, each a convolution and a 2×2 max-pool, the first and last followed by a residual pair of
+    convolutions, then a global max-pool and a linear classifier whose outputs are scaled by 1/8.
+
+    Eight convolutions and the classifier; every convolution is conv-BN-ReLU. With ``width=64``,
+    6.6M parameters. ``channels`` is the input's (Fashion-MNIST: 1).
+
+    References:
+        Page, "How to Train Your ResNet" (2018), https://myrtle.ai/learn/how-to-train-your-resnet/;
+        the DAWNBench CIFAR-10 entry of that name.
+    """
+
+    def __init__(self, num_classes: int, width: int = 64, channels: int = 3, scale: float = 0.125):
+        super().__init__()
+        w = width
+        self.body = nn.Sequential(
+            _ConvBN(channels, w),
+            _ConvBN(w, 2 * w, pool=True),
+            _Residual(2 * w),
+            _ConvBN(2 * w, 4 * w, pool=True),
+            _ConvBN(4 * w, 8 * w, pool=True),
+            _Residual(8 * w),
+        )
+        self.fc, self.scale = nn.Linear(8 * w, num_classes), scale
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.flatten(F.adaptive_max_pool2d(self.body(x), 1), 1)
+        return self.fc(out) * self.scale
 
 
 # ---------------------------------------------------------------- Wide-ResNet
@@ -159,12 +221,12 @@ class _WideBlock(nn.Module):
 class WideResNet(nn.Module):
     """WRN-depth-k: a 16-channel stem and three groups of (depth − 4)/6 blocks of 16k, 32k, 64k channels."""
 
-    def __init__(self, depth: int, k: int, num_classes: int):
+    def __init__(self, depth: int, k: int, num_classes: int, channels: int = 3):
         super().__init__()
         if (depth - 4) % 6:
             raise ValueError(f"depth must be 6n+4; got {depth}")
         n = (depth - 4) // 6
-        self.conv1 = conv3x3(3, 16)
+        self.conv1 = conv3x3(channels, 16)
         blocks, cin = [], 16
         for i, width in enumerate((16 * k, 32 * k, 64 * k)):
             for j in range(n):
