@@ -1,7 +1,7 @@
 """Fashion-MNIST in reproduce/: the IDX reader and its refusals, the batch augmentation on the
 device against a per-example reference, the batches it makes (resumable, the same under any number
 of processes), the channels of the networks, the presets, and train.py on the real files where
-they are present (``bash shared/data/fashion_mnist.sh data/fashion-mnist``)."""
+they are present (``bash reproduce/data/fashion_mnist.sh data/fashion-mnist``)."""
 
 from __future__ import annotations
 
@@ -249,7 +249,7 @@ def test_fashion_mnist_loads_normalised_with_its_labels_and_noise(fake):
 @pytest.mark.slow
 @pytest.mark.skipif(
     not HAS_REAL,
-    reason=f"Fashion-MNIST's files are not in {REAL} (bash shared/data/fashion_mnist.sh {REAL})",
+    reason=f"Fashion-MNIST's files are not in {REAL} (bash reproduce/data/fashion_mnist.sh {REAL})",
 )
 def test_train_py_trains_on_the_real_files(tmp_path):
     proc = subprocess.run(

@@ -11,7 +11,7 @@ An IDX file is a big-endian header (two zero bytes, the element type 0x08 for un
 number of dimensions, then each dimension as a 4-byte integer) followed by the elements. Every file is
 checked before anything trains: its header, its dimensions (28×28 images, as many labels as images,
 the split's count), its length (a truncated file is refused) and the labels' range, and each error
-names the file. ``bash ../shared/data/fashion_mnist.sh DEST`` fetches the files offline;
+names the file. ``bash reproduce/data/fashion_mnist.sh DIR`` fetches the files offline;
 torchvision's ``FashionMNIST`` reads the same files from ``ROOT/FashionMNIST/raw/``, which this
 reader also accepts as the folder.
 
@@ -45,7 +45,7 @@ def _locate(folder: Path, name: str) -> Path:
             return candidate
     raise DataNotFound(
         f"Fashion-MNIST: {str(folder / name)!r}(.gz) is missing; --data must hold the four IDX "
-        f"files {', '.join(FILES)} (gzipped or not); bash shared/data/fashion_mnist.sh DIR "
+        f"files {', '.join(FILES)} (gzipped or not); bash reproduce/data/fashion_mnist.sh DIR "
         "fetches them"
     )
 

@@ -196,7 +196,7 @@ def _fmnist(root: str) -> tuple[TensorData, TensorData]:
     if not root:
         raise DataNotFound(
             "fmnist needs --data=FOLDER holding Fashion-MNIST's four IDX files "
-            "(bash shared/data/fashion_mnist.sh FOLDER fetches them)"
+            "(bash reproduce/data/fashion_mnist.sh FOLDER fetches them)"
         )
     splits = read_fashion_mnist(root)
     (mean,), (std,) = MEAN_STD["fmnist"]

@@ -47,9 +47,19 @@ SUBCOMMANDS = {
     "reuse": cmd_reuse,
 }
 
+
 # subcommand -> its markdown table from its JSON record (tests/test_docs.py recomputes the tables
 # of reproduce/RESULTS.md from the JSON committed under docs/evidence/ with these)
+def _fmnist_table(record: dict) -> str:
+    # imported here: ``python -m reproduce.evidence.fmnist`` runs that module as __main__, which an
+    # import by this package beforehand would shadow
+    from reproduce.evidence.fmnist import fmnist_table
+
+    return fmnist_table(record)
+
+
 TABLES = {
+    "fmnist": lambda record: _fmnist_table(record),
     "spectra": spectra_table,
     "accuracy": accuracy_table,
     "noise": noise_table,
