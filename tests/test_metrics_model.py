@@ -126,6 +126,17 @@ def test_wrong_arguments_get_one_line(call, error, words):
     assert "\n" not in str(info.value)
 
 
+def test_a_compiled_module_is_refused_naming_the_module_inside():
+    model, whole, _ = problem()
+    for call, words in (
+        (lambda m: metrics.top_eigenvalues(m, whole, CE), r"top_eigenvalues\(model._orig_mod"),
+        (lambda m: metrics.from_model(m, whole, CE), r"from_model\(model._orig_mod"),
+    ):
+        with pytest.raises(TypeError, match=words) as info:
+            call(torch.compile(model))
+        assert "\n" not in str(info.value)
+
+
 def test_a_buffered_loss_without_buffers_names_them():
     model, whole, _ = problem()
     loss_fn, params, _ = gamfunc.nn.functionalize(model, CE)

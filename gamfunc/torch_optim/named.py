@@ -112,7 +112,7 @@ class GAM(FlatnessOptimizer):
         cuda_graph: bool = False,
         **base_kwargs,
     ):
-        check_model(model)
+        check_model(model, type(self).__name__)
         check_options(type(self).__name__, optimizer, base_optimizer, base_kwargs)
         estimator = gam(rho, alpha, hvp=hvp, oracle=oracle, eps=eps, adaptive=adaptive)
         super().__init__(
@@ -201,7 +201,7 @@ class SAM(FlatnessOptimizer):
         cuda_graph: bool = False,
         **base_kwargs,
     ):
-        check_model(model)
+        check_model(model, type(self).__name__)
         if "adaptive" in base_kwargs:
             raise TypeError(
                 f"SAM takes no adaptive=: davda54/sam's adaptive=True is ASAM, "

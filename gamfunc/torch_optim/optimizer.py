@@ -129,7 +129,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
     ``step`` returns the loss at θ before the update (a 0-d tensor).
 
     Raises:
-        TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
+        TypeError: a model that is not an ``nn.Module``, or is ``torch.compile(module)``
+            (give ``model._orig_mod`` with ``compile=True``), a base optimiser of no known kind, a
             ``torch.optim`` optimiser whose ``step`` needs a closure, an argument of the wrong type,
             ``params=`` with a gamfunc factory (its groups are
             [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and, on its first use,
@@ -182,7 +183,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         cuda_graph: bool = False,
         **base_kwargs,
     ):
-        check_model(model)
+        check_model(model, type(self).__name__)
         check_arguments(criterion, compile, compile_options, accumulate, precision)
         if max_grad_norm is not None:
             check_positive("max_grad_norm", max_grad_norm)
