@@ -34,6 +34,7 @@ from gamfunc.torch_optim.checks import (
 from gamfunc.torch_optim.copies import copy_into
 from gamfunc.torch_optim.groups import Groups
 from gamfunc.torch_optim.habits import FILLED_BEFORE, CaughtHabits, HandSetGrad, check_lrs
+from gamfunc.torch_optim.last_direction import LastDirection
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
 from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
 
@@ -228,6 +229,9 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         else:
             self._trainable = trainable
             transform = opt
+        # what the base optimiser moves by, left in .grad after each step (last_direction)
+        self._last = LastDirection()
+        transform = self._last.recording(transform)
         if max_grad_norm is not None:
             transform = chain(clip_by_global_norm(max_grad_norm), transform)
         self._pass_buffers = PassBuffers()
@@ -306,6 +310,14 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
                 any form for the optimiser's ``loss(model, batch)``. Given together with
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
+
+        After the step each parameter's ``.grad`` holds what the base optimiser moved it by, as
+        ``torch.optim``'s step leaves the gradient it read: the estimator's direction at θ (GAM's,
+        SAM's...), clipped by ``max_grad_norm=`` where given, in a tensor of the facade's (a copy,
+        written again at the next step); after a closure that called ``backward()``, the
+        gradient of its last call. The next step does not read it: a clip or scale of it is
+        warned about. With ``cuda_graph=True``, a replayed ``step((inputs, targets))`` leaves
+        ``.grad`` as it was.
 
         Returns:
             The loss at θ before the update.
@@ -446,6 +458,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         self._trainable = held(self._torch, dict(self._model.named_parameters()))
         self._ids.clear()  # the dict the transform reads the names from
         self._ids.update({id(p): k for k, p in self._trainable.items()})
+        # the .grad the last step left, now among other parameters: not set by hand
+        self._habits.watch.record(list(self._trainable.values()))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the gradients of the parameters (the step itself neither reads nor writes them).
@@ -495,12 +509,20 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         if on_module:
             assert self._module_grads is not None
             self._module_grads.begin(params, self._trainable, dict(named_buffers))
+        self._last.forget()
         try:
-            return self._run(run, params, tensors, buffers, named_buffers, data)
+            loss = self._run(run, params, tensors, buffers, named_buffers, data)
         finally:
             if on_module:
                 assert self._module_grads is not None
                 self._module_grads.end()
+        # .grad holds the direction the base optimiser moved by; after a closure that called
+        # backward(), its last gradient; a replayed graph runs no Python to record one
+        if on_module or (self._graphed and run is self._batch_step):
+            self._last.forget()
+        else:
+            self._last.leave(self._trainable)
+        return loss
 
     def _run(self, run, params, tensors, buffers, named_buffers, data) -> Tensor:
         bridge = self._bridge
