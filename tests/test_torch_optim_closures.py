@@ -137,13 +137,16 @@ def test_exact_hv_with_a_closure_that_calls_backward_is_refused_naming_fd(hvp):
     assert all(torch.equal(p, before[k]) for k, p in params_of(model).items())
 
 
-def test_gradients_accumulated_before_a_closure_step_are_refused():
+def test_gradients_filled_before_a_closure_step_are_refused_naming_the_backward_outside():
+    """davda54/sam's loop: a forward-backward, then step(closure). The refusal names that
+    backward(), not Lightning's accumulation (tests/test_torch_optim_lightning.py)."""
     model = mlp()
     opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
     x, y = batches(1)[0]
-    nn.functional.cross_entropy(model(x), y).backward()  # accumulate_grad_batches' first batch
-    with pytest.raises(ValueError, match=r"filled before the step.*accumulate="):
+    nn.functional.cross_entropy(model(x), y).backward()  # davda54/sam's first forward-backward
+    with pytest.raises(ValueError, match=r"filled before the step by a backward\(\) outside") as e:
         opt.step(torch_closure(opt, model, x, y))
+    assert "davda54/sam" in str(e.value) and "accumulate_grad_batches" not in str(e.value)
     opt.zero_grad()
     opt.step(torch_closure(opt, model, x, y))
     opt.step(torch_closure(opt, model, x, y))  # the step's own gradients are not "filled before"
@@ -250,9 +253,20 @@ def test_davda54_names_point_to_the_migration_guide(name):
 
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_sam_adaptive_points_to_asam(adaptive):
+    """The message names the adaptive= given: True is ASAM, False is to be dropped."""
     with pytest.raises(TypeError, match=r"adaptive=.*gamfunc\.asam.*torch-optim\.md") as e:
         SAM(mlp(), torch.optim.SGD, rho=0.05, adaptive=adaptive, lr=0.1)
-    assert "\n" not in str(e.value)
+    message = str(e.value)
+    assert "\n" not in message and f"SAM(..., adaptive={adaptive})" in message
+    assert ("drop adaptive=False" in message) is (not adaptive)
+
+
+def test_a_closure_with_accumulate_names_the_value_and_the_batch_form():
+    model = mlp()
+    opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, accumulate=2)
+    x, y = batches(1)[0]
+    with pytest.raises(ValueError, match=r"accumulate=2: .*one batch.*step\(\(inputs, targets\)\)"):
+        opt.step(torch_closure(opt, model, x, y))
 
 
 @pytest.mark.parametrize("base", ["torch", "gamfunc"])

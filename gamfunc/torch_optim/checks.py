@@ -139,8 +139,9 @@ def step_arguments(closure, batch, *, any_batch: bool = False):
         closure, batch = None, closure
     if batch is None and closure is None:
         raise TypeError(
-            "step() needs a batch, step((inputs, targets)), or a closure returning the loss; "
-            "torch.amp.GradScaler cannot drive it: build the optimiser with precision='fp16' instead"
+            "step() was called without an argument: a flatness step computes its own gradients, "
+            "so it needs the batch, step((inputs, targets)), or a closure returning the loss, "
+            "step(closure)"
         )
     if batch is not None:
         if not any_batch:

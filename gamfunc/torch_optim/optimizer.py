@@ -33,7 +33,7 @@ from gamfunc.torch_optim.checks import (
 )
 from gamfunc.torch_optim.copies import copy_into
 from gamfunc.torch_optim.groups import Groups
-from gamfunc.torch_optim.habits import FILLED_BEFORE, CaughtHabits, HandSetGrad, check_lrs
+from gamfunc.torch_optim.habits import CaughtHabits, HandSetGrad, check_lrs, filled_before
 from gamfunc.torch_optim.last_direction import LastDirection
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
 from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
@@ -338,7 +338,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         held = list(self._trainable.values())
         on_module = self._module_grads is not None and batch is None and callable(closure)
         if on_module and self._habits.watch.changed(held):
-            raise ValueError(FILLED_BEFORE)
+            raise ValueError(filled_before(closure))
         self._habits.check(held)
         try:
             return self._dispatch(closure, batch)
@@ -351,8 +351,9 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             return self._advance(self._batch_step, batch)
         if self._accumulate > 1:
             raise ValueError(
-                "accumulate > 1 cuts a batch into micro-batches: call step((inputs, targets)), "
-                "not step(closure)"
+                f"step(closure) with accumulate={self._accumulate}: accumulate= cuts one batch into "
+                "micro-batches, which needs the batch: call step((inputs, targets)), not "
+                "step(closure)"
             )
         try:
             return self._advance(self._closure_step, closure)
