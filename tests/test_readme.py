@@ -46,3 +46,38 @@ def test_doc_example_runs(doc, index, tmp_path, monkeypatch):
         if package not in OPTIONAL:
             raise
         pytest.skip(f'needs {package}: pip install -e ".[reproduce]"')
+
+
+def lightning_line(doc: Path) -> str:
+    """The facade ``doc`` gives ``configure_optimizers`` to return: its ``GAM(self.net, ...)``."""
+    text = " ".join(doc.read_text().split())
+    (line,) = set(re.findall(r"(?:return |`)(GAM\(self\.net, [^`]*?\))(?:`| |$)", text))
+    return line
+
+
+# Lightning's own use of torch APIs that torch deprecates, and its advice on data loader workers
+@pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+@pytest.mark.filterwarnings("ignore:.*does not have many workers.*")
+@pytest.mark.parametrize("doc", ["README.md", "docs/guides/torch-optim.md"])
+def test_the_documented_lightning_line_trains_in_automatic_optimisation(doc):
+    """The facade line the README and the torch.optim guide give a LightningModule runs as
+    written in automatic optimisation (fd GAM: exact H·v cannot be driven by its closure)."""
+    pytest.importorskip("lightning")
+    import copy
+
+    import torch
+    from test_torch_optim_bases import batches, params_of
+    from test_torch_optim_lightning import Classifier, trainer
+
+    from gamfunc.torch_optim import GAM
+
+    line = lightning_line(ROOT / doc)
+
+    class AsWritten(Classifier):
+        def configure_optimizers(self):
+            return eval(line, {"torch": torch, "GAM": GAM, "self": self})
+
+    module = AsWritten("gam", True)
+    start = copy.deepcopy(params_of(module.net))
+    trainer(1).fit(module, torch.utils.data.DataLoader(batches(1), batch_size=None))
+    assert all(not torch.equal(p, start[k]) for k, p in params_of(module.net).items())

@@ -70,10 +70,10 @@ FILLED_BEFORE = (
 FILLED_BEFORE_LIGHTNING = (
     "step(closure): a parameter's .grad was filled before the step by Lightning's "
     "accumulate_grad_batches > 1 (several loader batches summed in .grad), which a flatness step "
-    "drops: it evaluates the closure at every point; the facade's accumulate=n is not that, it "
-    "splits one batch into n micro-batches: drop accumulate_grad_batches and give the loader "
-    "batches n times as large with accumulate=n (see docs/guides/torch-optim.md, 'Closures and "
-    "Lightning')"
+    "drops: it evaluates the closure at every point; drop accumulate_grad_batches. The facade's "
+    "accumulate=n is not that: it splits one batch into n micro-batches, given as "
+    "self.optimizers().step(batch=batch) in manual optimisation (see docs/guides/torch-optim.md, "
+    "'Closures and Lightning')"
 )
 """The same refusal where the closure is Lightning's (automatic optimisation)."""
 
