@@ -81,3 +81,45 @@ def test_the_documented_lightning_line_trains_in_automatic_optimisation(doc):
     start = copy.deepcopy(params_of(module.net))
     trainer(1).fit(module, torch.utils.data.DataLoader(batches(1), batch_size=None))
     assert all(not torch.equal(p, start[k]) for k, p in params_of(module.net).items())
+
+
+def printed(doc: Path, index: int, tmp_path, monkeypatch, capsys) -> tuple[str, str]:
+    """What block ``index`` of ``doc`` prints, and the block itself."""
+    code = blocks(doc)[index]
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    exec(compile(code, f"{doc.name} block {index}", "exec"), {"__name__": "__readme__"})
+    return capsys.readouterr().out, code
+
+
+def test_the_first_loops_comment_shows_what_it_prints(tmp_path, monkeypatch, capsys):
+    """The README's first loop ends with a comment of its output, ``...`` for the numbers that
+    depend on the platform: the rest is what it prints."""
+    (index,) = [i for i, b in enumerate(blocks(ROOT / "README.md")) if "make_step" in b]
+    out, code = printed(ROOT / "README.md", index, tmp_path, monkeypatch, capsys)
+    comment = code.rstrip().splitlines()[-1].removeprefix("# ")
+    pattern = ".*?".join(map(re.escape, comment.split("...")))
+    assert re.fullmatch(pattern, out.strip()), (comment, out)
+
+
+def test_the_concepts_estimators_print_names_that_tell_them_apart(tmp_path, monkeypatch, capsys):
+    (index,) = [
+        i for i, b in enumerate(blocks(ROOT / "docs/guides/concepts.md")) if "for est in" in b
+    ]
+    out, code = printed(ROOT / "docs/guides/concepts.md", index, tmp_path, monkeypatch, capsys)
+    names = [line.rsplit(" [", 1)[0] for line in out.strip().splitlines()]
+    assert len(names) == code.count("\n    gamfunc.")  # one line for each estimator of the list
+    assert len(set(names)) == len(names), sorted(n for n in names if names.count(n) > 1)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [p for p in DOCS if "reference" not in p.parts],
+    ids=lambda p: p.relative_to(ROOT).as_posix(),
+)
+def test_links_read_as_links_outside_the_site(doc):
+    """A reference-style link to an object, ``[`x`][gamfunc.x]``, resolves in the site only (mkdocs'
+    autorefs) and reads as brackets on GitHub or in an editor: the guides link to the reference
+    page instead, ``[`x`](../reference/page.md#gamfunc.x)``."""
+    prose = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.S | re.M)
+    assert not re.findall(r"\]\[gamfunc\.[\w.]+\]", prose)
