@@ -13,7 +13,8 @@ import pytest
 from helpers import OPTIONAL
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+# PYPI.md: the long description of the package's index page (pyproject.toml's readme)
+DOCS = [ROOT / "README.md", ROOT / "PYPI.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = "# not run in tests"
 
 
