@@ -203,6 +203,12 @@ def test_after_a_batch_step_grad_holds_the_direction_and_a_clip_of_it_warns(base
         left = [p.grad for p in model.parameters()]
         opt.step(data[1])  # written into the same tensors, and not "set by hand"
         assert all(p.grad is g for p, g in zip(model.parameters(), left, strict=True))
+        opt.zero_grad()  # frees them: the next step leaves new ones
+        opt.step(data[1])
+        assert all(
+            p.grad is not None and p.grad is not g
+            for p, g in zip(model.parameters(), left, strict=True)
+        )
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-4)
     assert float(norm) > 0
     with pytest.warns(UserWarning, match=r"clip_grad_norm_.*max_grad_norm="):

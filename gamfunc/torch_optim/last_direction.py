@@ -11,6 +11,8 @@ write the facade sees ([`HandSetGrad`][gamfunc.torch_optim.habits.HandSetGrad] w
 
 from __future__ import annotations
 
+from typing import cast
+
 from torch import Tensor
 
 from gamfunc.optim import Transform, call_update
@@ -27,12 +29,13 @@ class LastDirection:
     base optimiser's. After the step, `leave` copies that direction into each parameter's ``.grad``:
     copies, so that a write into ``.grad`` (``clip_grad_norm_``'s) cannot reach a tensor the step
     keeps; into the tensors it left there at the last step, where they are still there, so that a
-    step allocates no new gradients.
+    step allocates no new gradients (after ``zero_grad()`` it makes new ones).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.direction: dict[str, Tensor] | None = None
-        self._left: list[Tensor] = []
+        # the ids of the tensors left in .grad, not the tensors: zero_grad() frees them
+        self._left: list[int] = []
 
     def recording(self, transform: Transform) -> Transform:
         """``transform``, its update storing the direction it receives.
@@ -71,11 +74,17 @@ class LastDirection:
         ]
         held = [p.grad for p in params]
         if len(held) == len(self._left) and all(
-            g is k and g.shape == d.shape and g.stride() == d.stride()
-            for g, k, d in zip(held, self._left, new, strict=True)
+            g is not None
+            and id(g) == i
+            and g.shape == d.shape
+            and g.stride() == d.stride()
+            and g.dtype == d.dtype
+            and g.device == d.device
+            for g, i, d in zip(held, self._left, new, strict=True)
         ):
-            copy_into(self._left, new)
+            copy_into(cast(list[Tensor], held), new)
             return
-        self._left = copies(new)
-        for p, g in zip(params, self._left, strict=True):
+        grads = copies(new)
+        for p, g in zip(params, grads, strict=True):
             p.grad = g
+        self._left = [id(g) for g in grads]
