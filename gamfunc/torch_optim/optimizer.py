@@ -463,7 +463,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         self._habits.watch.record(list(self._trainable.values()))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients of the parameters (the step itself neither reads nor writes them).
+        """Clear the gradients of the parameters. The step does not read them; it leaves its
+        direction there (`step`), in new tensors after a ``zero_grad()`` that set them to None.
 
         Args:
             set_to_none: as ``torch.optim.Optimizer.zero_grad``.
