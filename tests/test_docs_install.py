@@ -65,3 +65,18 @@ def test_ci_runs_the_readme_commands_verbatim():
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     runs = [ci[i : i + len(block)] for i in range(len(ci) - len(block) + 1)]
     assert block in runs, "\n".join(["the README's block, not in .ci/run:", *block])
+
+
+def test_the_readme_says_what_to_do_where_the_cpu_index_is_unreachable():
+    """Before the CI block: the default build of the same pair from the index at hand, a line of
+    its own, and the quick tests of the tests guide."""
+    setup = README[: README.index("What CI runs")]
+    fallback = re.findall(
+        r"^pip install torch==\S+ torchvision==\S+(?=\s|$)(?! --index-url)", setup, flags=re.M
+    )
+    assert fallback, "no line installing the default build where the CPU index is unreachable"
+    assert setup.index(CPU) < setup.index(fallback[0] + "  #")
+    guide = (ROOT / "docs" / "guides" / "testing.md").read_text()
+    assert 'python -m pytest -m "not slow"' in guide
+    assert '-m "not slow"' in " ".join(setup.split())
+    assert "docs/guides/testing.md#running-the-tests" in setup

@@ -58,6 +58,22 @@ def test_a_metric_over_a_loader_equals_it_on_the_concatenated_batch(name):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.parametrize("name", ["top_eigenvalues", "hessian_trace", "spectral_density"])
+def test_a_metric_in_train_mode_over_a_loader_prints_no_torch_warning(name):
+    """mode="train" over several batches: each batch's H·v (the reverse backend's pullback) comes
+    without a graph, so the Lanczos coefficients read no tensor that requires grad (the suite turns
+    warnings into errors)."""
+    model, _, loader = problem()
+    value = {
+        "top_eigenvalues": lambda: metrics.top_eigenvalues(model, loader, CE, k=2, mode="train"),
+        "hessian_trace": lambda: metrics.hessian_trace(model, loader, CE, samples=3, mode="train"),
+        "spectral_density": lambda: metrics.spectral_density(
+            model, loader, CE, iters=10, mode="train"
+        )[1],
+    }[name]()
+    assert not value.requires_grad and torch.isfinite(value).all()
+
+
 def test_the_model_form_is_the_functional_form_in_eval_mode():
     model, (x, y), _ = problem()
     loss_fn, params, buffers = gamfunc.nn.functionalize(model, CE)
@@ -124,6 +140,17 @@ def test_wrong_arguments_get_one_line(call, error, words):
     with pytest.raises(error, match=words) as info:
         call(model, whole)
     assert "\n" not in str(info.value)
+
+
+def test_a_compiled_module_is_refused_naming_the_module_inside():
+    model, whole, _ = problem()
+    for call, words in (
+        (lambda m: metrics.top_eigenvalues(m, whole, CE), r"top_eigenvalues\(model._orig_mod"),
+        (lambda m: metrics.from_model(m, whole, CE), r"from_model\(model._orig_mod"),
+    ):
+        with pytest.raises(TypeError, match=words) as info:
+            call(torch.compile(model))
+        assert "\n" not in str(info.value)
 
 
 def test_a_buffered_loss_without_buffers_names_them():

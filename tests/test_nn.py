@@ -1,5 +1,6 @@
 """gamfunc.nn's names: ``functionalize``, the one name of the module-to-function conversion."""
 
+import pytest
 import torch
 
 import gamfunc
@@ -16,6 +17,18 @@ def test_functionalize_runs_a_step():
     batch = (torch.randn(16, 4), None)
     loss, new_buffers = loss_fn(params, batch, buffers)
     assert loss.ndim == 0 and new_buffers.keys() == buffers.keys()
+
+
+def test_functionalize_refuses_a_compiled_module_in_one_line():
+    """torch.compile(model) would compile, then run eagerly under torch.func: refused, naming the
+    module inside and step.compile()."""
+    model = torch.nn.Linear(4, 3)
+    with pytest.raises(
+        TypeError, match=r"functionalize\(model._orig_mod\), then step.compile"
+    ) as e:
+        gamfunc.nn.functionalize(torch.compile(model))
+    assert "\n" not in str(e.value)
+    gamfunc.nn.functionalize(model)
 
 
 def test_functionalize_moves_every_name_of_a_tied_weight():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -68,3 +69,33 @@ def test_importing_gamfunc_leaves_the_compiler_unloaded():
     code = "import sys, gamfunc; print([m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def project() -> dict:
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_the_metadata_names_licence_python_versions_topic_and_typing():
+    """PEP 639's licence (an SPDX expression and its file, no deprecated table), the classifiers
+    an index filters by, keywords and an author."""
+    meta = project()
+    assert meta["license"] == "Apache-2.0" and meta["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").is_file()
+    classifiers = meta["classifiers"]
+    assert "Typing :: Typed" in classifiers and (ROOT / "gamfunc" / "py.typed").is_file()
+    assert any(c.startswith("Topic :: ") for c in classifiers)
+    floor = re.fullmatch(r">=3\.(\d+)", meta["requires-python"]).group(1)
+    assert f"Programming Language :: Python :: 3.{floor}" in classifiers
+    # setuptools refuses a licence classifier beside a licence expression
+    assert not any(c.startswith("License :: ") for c in classifiers)
+    assert meta["keywords"] and meta["authors"] == [{"name": "gamfunc developers"}]
+
+
+def test_the_index_description_has_no_link_an_index_page_cannot_follow():
+    """The long description is shown on an index page, where a link relative to the repository
+    leads nowhere: each of its links is absolute."""
+    readme = ROOT / project()["readme"]
+    links = re.findall(r"\]\(([^)\s]+)\)", readme.read_text())
+    assert all(re.match(r"https?://", link) for link in links), links
+    assert "reproduce" in readme.read_text()  # it says what the checkout's extras are

@@ -89,9 +89,11 @@ def test_a_second_process_cannot_train_into_a_locked_run_folder(tmp_path, capsys
         err = one_line_error(capsys)
         assert "another process is training into" in err
         assert not (run / "checkpoint.pt").exists()
+        assert (run / ".lock").exists()  # the refused process leaves the holder's lock alone
     finally:
         held.close()
     assert main(tmp_path, *DIGITS, "--epochs=1") == 0  # released: the run goes ahead
+    assert not (run / ".lock").exists()  # a finished run leaves its outputs alone in its folder
 
 
 def test_a_diverged_run_stops_with_a_message_and_no_fake_loss(tmp_path, capsys):

@@ -410,8 +410,11 @@ def test_invalid_arguments_raise_clear_errors(kwargs, error, match):
 def test_invalid_step_calls_and_hyperparameters_raise():
     model = tanh_mlp()
     opt = FlatnessOptimizer(model, gamfunc.gradient(), gamfunc.sgd(lr=0.1))
-    with pytest.raises(TypeError, match="needs a batch"):
+    with pytest.raises(
+        TypeError, match=r"step\(\) was called without an argument.*step\(\(inputs"
+    ) as e:
         opt.step()
+    assert "GradScaler" not in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ValueError, match=r"pair \(inputs, targets\)"):
         opt.step(batch=torch.randn(3, 4))
     with pytest.raises(TypeError, match="add_param_group"):

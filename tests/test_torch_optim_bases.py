@@ -155,8 +155,26 @@ def test_a_parameter_generator_where_the_model_is_needed():
     ) as e:
         GAM(model.parameters(), base_optimizer=torch.optim.SGD, lr=0.1, rho=0.05, alpha=0.1)
     _one_line(e)
-    with pytest.raises(TypeError, match="model itself"):
+    with pytest.raises(TypeError, match=r"model itself.*write SAM\(model, \.\.\.\)"):
         SAM(list(model.parameters()), gamfunc.sgd(lr=0.1), rho=0.05)
+    with pytest.raises(TypeError, match=r"not FlatnessOptimizer\(model\.parameters\(\)"):
+        FlatnessOptimizer(model.parameters(), gamfunc.sam(0.05), gamfunc.sgd(lr=0.1))
+
+
+@pytest.mark.parametrize("facade", ["GAM", "SAM", "FlatnessOptimizer"])
+def test_a_compiled_module_is_refused_naming_orig_mod_and_compile_true(facade):
+    """torch.compile(model) runs eagerly under torch.func after a first compile: refused, before
+    any compile, in one line that names the module inside and compile=True."""
+    compiled = torch.compile(mlp())
+    make = {
+        "GAM": lambda m: GAM(m, torch.optim.SGD, lr=0.1, rho=0.05, alpha=0.1),
+        "SAM": lambda m: SAM(m, torch.optim.SGD, lr=0.1, rho=0.05),
+        "FlatnessOptimizer": lambda m: FlatnessOptimizer(m, gamfunc.sam(0.05), gamfunc.sgd(lr=0.1)),
+    }[facade]
+    with pytest.raises(TypeError, match=rf"{facade}\(model._orig_mod, \.\.\., compile=True\)") as e:
+        make(compiled)
+    _one_line(e)
+    make(compiled._orig_mod).step(batches(1)[0])  # the module inside trains
 
 
 def test_a_closure_that_calls_backward_with_precision_bf16():
@@ -236,7 +254,8 @@ def test_the_base_optimiser_is_left_as_it_was_between_steps():
     opt.step(batches(1)[0])
     assert model[0].weight is weight and base.param_groups[0]["params"][0] is weight
     assert not torch.equal(model[0].weight, ref[0].weight)
-    assert all(p.grad is None for p in model.parameters())
+    # .grad: the direction the base optimiser moved by, a tensor of the facade's (last_direction)
+    assert all(p.grad is not None for p in model.parameters())
 
 
 def test_each_parameter_keeps_its_storage_through_the_update():

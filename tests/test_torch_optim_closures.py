@@ -137,13 +137,16 @@ def test_exact_hv_with_a_closure_that_calls_backward_is_refused_naming_fd(hvp):
     assert all(torch.equal(p, before[k]) for k, p in params_of(model).items())
 
 
-def test_gradients_accumulated_before_a_closure_step_are_refused():
+def test_gradients_filled_before_a_closure_step_are_refused_naming_the_backward_outside():
+    """davda54/sam's loop: a forward-backward, then step(closure). The refusal names that
+    backward(), not Lightning's accumulation (tests/test_torch_optim_lightning.py)."""
     model = mlp()
     opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
     x, y = batches(1)[0]
-    nn.functional.cross_entropy(model(x), y).backward()  # accumulate_grad_batches' first batch
-    with pytest.raises(ValueError, match=r"filled before the step.*accumulate="):
+    nn.functional.cross_entropy(model(x), y).backward()  # davda54/sam's first forward-backward
+    with pytest.raises(ValueError, match=r"filled before the step by a backward\(\) outside") as e:
         opt.step(torch_closure(opt, model, x, y))
+    assert "davda54/sam" in str(e.value) and "accumulate_grad_batches" not in str(e.value)
     opt.zero_grad()
     opt.step(torch_closure(opt, model, x, y))
     opt.step(torch_closure(opt, model, x, y))  # the step's own gradients are not "filled before"
@@ -173,6 +176,51 @@ def test_a_gradient_clipped_by_hand_before_step_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         opt.step(data[2])
+
+
+@pytest.mark.parametrize("base", ["torch", "gamfunc"])
+@pytest.mark.parametrize("compile", [False, pytest.param("step", marks=pytest.mark.slow)])
+def test_after_a_batch_step_grad_holds_the_direction_and_a_clip_of_it_warns(base, compile):
+    """.grad after step((x, y)) is what the base optimiser moved by (the estimator's direction,
+    clipped by max_grad_norm=), in tensors the next step writes again; clip_grad_norm_ of it
+    before the next step is a write the habit check sees, where a .grad of None left it a no-op."""
+    if compile == "step" and base == "torch":
+        pytest.skip("compile='step' takes a gamfunc base optimiser")
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1) if base == "torch" else gamfunc.sgd(lr=0.1)
+    opt = SAM(model, opt, rho=0.05, max_grad_norm=1e-3, compile=compile)
+    data = batches(3)
+    x, y = data[0]
+    direction, _ = gamfunc.sam(0.05)(params_of(model), (x, y), loss_of(model))
+    clip = gamfunc.clip_by_global_norm(1e-3)
+    clipped, _ = clip.update(direction, clip.init(direction), params_of(model))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.step((x, y))
+        torch.testing.assert_close(
+            {k: p.grad for k, p in model.named_parameters()}, clipped, **TIGHT
+        )
+        left = [p.grad for p in model.parameters()]
+        opt.step(data[1])  # written into the same tensors, and not "set by hand"
+        assert all(p.grad is g for p, g in zip(model.parameters(), left, strict=True))
+        opt.zero_grad()  # frees them: the next step leaves new ones
+        opt.step(data[1])
+        assert all(
+            p.grad is not None and p.grad is not g
+            for p, g in zip(model.parameters(), left, strict=True)
+        )
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-4)
+    assert float(norm) > 0
+    with pytest.warns(UserWarning, match=r"clip_grad_norm_.*max_grad_norm="):
+        opt.step(data[2])
+
+
+def loss_of(model):
+    def loss_fn(params, batch):
+        x, y = batch
+        return nn.functional.cross_entropy(torch.func.functional_call(model, params, (x,)), y)
+
+    return loss_fn
 
 
 def scaled_backward():
@@ -211,9 +259,20 @@ def test_davda54_names_point_to_the_migration_guide(name):
 
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_sam_adaptive_points_to_asam(adaptive):
+    """The message names the adaptive= given: True is ASAM, False is to be dropped."""
     with pytest.raises(TypeError, match=r"adaptive=.*gamfunc\.asam.*torch-optim\.md") as e:
         SAM(mlp(), torch.optim.SGD, rho=0.05, adaptive=adaptive, lr=0.1)
-    assert "\n" not in str(e.value)
+    message = str(e.value)
+    assert "\n" not in message and f"SAM(..., adaptive={adaptive})" in message
+    assert ("drop adaptive=False" in message) is (not adaptive)
+
+
+def test_a_closure_with_accumulate_names_the_value_and_the_batch_form():
+    model = mlp()
+    opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05, accumulate=2)
+    x, y = batches(1)[0]
+    with pytest.raises(ValueError, match=r"accumulate=2: .*one batch.*step\(\(inputs, targets\)\)"):
+        opt.step(torch_closure(opt, model, x, y))
 
 
 @pytest.mark.parametrize("base", ["torch", "gamfunc"])

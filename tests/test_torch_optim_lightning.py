@@ -115,3 +115,21 @@ def test_16_mixed_with_a_grad_scaler_is_refused_on_the_first_step():
         trainer(1, plugins=[scaled]).fit(
             Float32(), torch.utils.data.DataLoader(batches(1), batch_size=None)
         )
+
+
+def test_accumulate_grad_batches_is_refused_saying_what_accumulate_is():
+    """Lightning sums two loader batches in .grad, then steps: refused in one line that says the
+    facade's accumulate= splits one batch, where davda54/sam's backward outside gets its own."""
+    loader = torch.utils.data.DataLoader(batches(2), batch_size=None)
+    with pytest.raises(ValueError, match=r"accumulate_grad_batches.*splits one batch") as e:
+        trainer(2, accumulate_grad_batches=2).fit(Classifier("sam", True), loader)
+    assert "\n" not in str(e.value) and "davda54" not in str(e.value)
+
+
+def test_gradient_clip_val_makes_grad_norm_the_clipped_norm():
+    """Lightning clips each point's gradient inside the closure (docs/guides/torch-optim.md)."""
+    trainer_ = trainer(1, gradient_clip_val=1e-3)
+    module = Classifier("sam", True)
+    trainer_.fit(module, torch.utils.data.DataLoader(batches(1), batch_size=None))
+    grad_norm = float(trainer_.optimizers[0].metrics["grad_norm"])
+    assert grad_norm <= 1e-3 and grad_norm == pytest.approx(1e-3, rel=1e-4)  # its eps: 1e-6

@@ -393,3 +393,27 @@ def test_gamfunc_param_groups_show_each_groups_own_hyperparameters():
     opt.param_groups[1]["weight_decay"] = 0.1
     with pytest.raises(RuntimeError, match=r"param_groups\[1\]\['weight_decay'\] was changed"):
         opt.step(batches()[0])
+
+
+@pytest.mark.parametrize("hvp", ["exact", "fd"])
+def test_autocast_around_the_step_is_precision_bf16_on_the_cpu(hvp):
+    """torch.autocast around step((x, y)) covers every pass, backward ones included, as the
+    facade's precision="bf16" does: the same steps bit for bit on the CPU (docs/migration.md),
+    BatchNorm and exact H·v included."""
+
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
+
+    data = [(x.float(), y) for x, y in batches(3)]
+    around, wrapped = model(), model()
+    opts = [
+        GAM(m, torch.optim.SGD, lr=0.1, rho=0.05, alpha=0.1, hvp=hvp, **kw)
+        for m, kw in ((around, {}), (wrapped, {"precision": "bf16"}))
+    ]
+    for x, y in data:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            opts[0].step((x, y))
+        opts[1].step((x, y))
+    torch.testing.assert_close(around.state_dict(), wrapped.state_dict(), rtol=0, atol=0)
+    assert not torch.equal(around[0].weight, model()[0].weight)

@@ -85,6 +85,11 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact"):
     for every product: each H·v then costs one backward pass through the gradient's graph instead of
     a forward, a backward and that pass (the graph is kept in memory meanwhile). ``fd(radius=r)`` computes
     ∇L(θ) once and rescales v to unit norm, so that the radius r is a distance in parameter space.
+
+    The products come from torch.func's transforms alone, under ``torch.no_grad()`` as in a step:
+    otherwise a pullback called with gradients enabled (the reverse backend's, per batch of a
+    [`DataMean`][gamfunc.metrics.model.DataMean]) would build a graph of its own, and return
+    products that require grad, which the metrics' floats would warn about.
     """
     backend = hvps.get(hvp)
     if isinstance(backend, hvps.Reverse) and not isinstance(loss, Objective):
@@ -100,13 +105,16 @@ def hessian_operator(loss, params: Tree, batch, hvp="exact"):
 
     if not isinstance(backend, hvps.FiniteDifference):
 
+        @torch.no_grad()
         def matvec(v: Tree) -> Tree:
             return backend(loss, params, batch, v)[0]
 
         return matvec
 
-    clean = gradient_pass(loss, params, batch)
+    with torch.no_grad():
+        clean = gradient_pass(loss, params, batch)
 
+    @torch.no_grad()
     def fd_matvec(v: Tree) -> Tree:
         n = torch.sqrt(cast(Tensor, sum(torch.sum(t * t) for t in v.values())))
         hv, _ = backend(loss, params, batch, {k: t / n for k, t in v.items()}, clean=clean)

@@ -52,7 +52,7 @@ from gamfunc import tree
 from gamfunc.hvps import of_gradient, resolve
 from gamfunc.loss import Objective, Pass, check_params, gradient_pass, loss_and_aux
 from gamfunc.metrics._common import MODES
-from gamfunc.nn import functionalize
+from gamfunc.nn import check_uncompiled, functionalize
 from gamfunc.tree import Tree
 
 __all__ = ["Batches", "DataMean", "Problem", "from_model", "takes_model"]
@@ -170,8 +170,9 @@ def from_model(model: nn.Module, data, criterion, *, mode: str = "eval") -> Prob
             [`DataMean`][gamfunc.metrics.model.DataMean] over several batches).
 
     Raises:
-        TypeError: ``model`` is not an ``nn.Module``, ``criterion`` is not callable, or ``data`` is
-            neither a batch nor an iterable of batches.
+        TypeError: ``model`` is not an ``nn.Module`` or is ``torch.compile(module)`` (give
+            ``model._orig_mod``: the metrics run eagerly), ``criterion`` is not callable, or
+            ``data`` is neither a batch nor an iterable of batches.
         ValueError: ``mode`` is unknown, ``data`` holds no batch, ``model`` has no trainable
             parameter, or ``criterion`` sums over examples (``reduction="sum"``) with several
             batches.
@@ -189,6 +190,7 @@ def from_model(model: nn.Module, data, criterion, *, mode: str = "eval") -> Prob
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
+    check_uncompiled(model, "from_model(model, ...)", "from_model(model._orig_mod, ...)")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     if criterion is None:
@@ -238,6 +240,8 @@ def takes_model(metric):
     @functools.wraps(metric)
     def either(params, batch=None, loss_fn=None, *args, **kwargs):
         if isinstance(params, nn.Module):
+            # the metrics run eagerly: the module itself measures what the compiled one computes
+            check_uncompiled(params, f"{name}(model, ...)", f"{name}(model._orig_mod, ...)")
             if kwargs.get("buffers") is not None:
                 raise ValueError(
                     f"{name}: buffers is for the functional form; a model brings its own buffers"

@@ -62,6 +62,7 @@ The package, a module per job:
 * `losses`: the module's loss and a closure's, with the buffers each pass writes;
 * `module_grads`: ``torch.optim``'s closure protocol, the closure evaluated on the module itself;
 * `habits`: the habits of a ``torch.optim`` loop a flatness step cannot follow, caught in one line;
+* `last_direction`: the step's direction, left in ``.grad`` after ``step()``;
 * `groups`: a gamfunc optimiser's hyperparameters as param groups, and back;
 * `base`, `checks`, `copies`: the base optimiser as given, the argument checks, the copies kept
   from step to step.

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from gamfunc.nn import check_uncompiled
 from gamfunc.optim import Transform
 from gamfunc.precision import PRECISIONS
 
@@ -24,18 +25,25 @@ __all__ = [
 COMPILE = (False, True, "pass", "step")
 
 
-def check_model(model) -> None:
-    """A one-line TypeError unless ``model`` is an ``nn.Module`` (its parameters are not).
+def check_model(model, cls: str = "GAM") -> None:
+    """A one-line TypeError unless ``model`` is an ``nn.Module`` (its parameters are not) and not
+    ``torch.compile(module)``, whose compiled forward torch.func's transforms run eagerly
+    ([`gamfunc.nn.check_uncompiled`][gamfunc.nn.check_uncompiled]).
+
+    Args:
+        model: the facade's first argument.
+        cls: the facade's class name, as the user wrote it (``GAM``, ``SAM``...).
 
     Raises:
         TypeError: as said.
     """
     if isinstance(model, nn.Module):
+        check_uncompiled(model, f"{cls}(model, ...)", f"{cls}(model._orig_mod, ..., compile=True)")
         return
     if isinstance(model, Iterable) and not isinstance(model, str | bytes | dict):
         raise TypeError(
             "the first argument must be the model itself, not its parameters: write "
-            "GAM(model, ...), not GAM(model.parameters(), ...)"
+            f"{cls}(model, ...), not {cls}(model.parameters(), ...)"
         )
     raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
 
@@ -131,8 +139,9 @@ def step_arguments(closure, batch, *, any_batch: bool = False):
         closure, batch = None, closure
     if batch is None and closure is None:
         raise TypeError(
-            "step() needs a batch, step((inputs, targets)), or a closure returning the loss; "
-            "torch.amp.GradScaler cannot drive it: build the optimiser with precision='fp16' instead"
+            "step() was called without an argument: a flatness step computes its own gradients, "
+            "so it needs the batch, step((inputs, targets)), or a closure returning the loss, "
+            "step(closure)"
         )
     if batch is not None:
         if not any_batch:

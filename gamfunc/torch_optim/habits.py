@@ -4,6 +4,7 @@ happens with one line that says what to write instead: gradients set by hand bef
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import warnings
@@ -15,6 +16,7 @@ from torch import Tensor
 __all__ = [
     "DAVDA54",
     "FILLED_BEFORE",
+    "FILLED_BEFORE_LIGHTNING",
     "GRAD_SCALER",
     "GUIDE",
     "HAND_SET_GRAD",
@@ -23,6 +25,8 @@ __all__ = [
     "HandSetGrad",
     "check_lrs",
     "davda54_error",
+    "filled_before",
+    "from_lightning",
     "unscaling",
 ]
 
@@ -56,12 +60,51 @@ HAND_SET_GRAD = (
 
 
 FILLED_BEFORE = (
-    "step(closure): a parameter's .grad was filled before the step (Lightning's "
-    "accumulate_grad_batches > 1, or a backward() outside the closure), which a flatness step "
-    "drops: it evaluates the closure at every point; accumulate with the facade's accumulate= "
-    "and step((inputs, targets)) (in Lightning, manual optimisation)"
+    "step(closure): a parameter's .grad was filled before the step by a backward() outside the "
+    "closure (davda54/sam's first forward-backward before step(closure)), which a flatness step "
+    "drops: it evaluates the closure at every point itself; drop that backward(), or call "
+    "zero_grad() before step(closure)"
 )
-"""The one line refusing gradients accumulated before a closure step, which its passes would drop."""
+"""The one line refusing gradients filled before a closure step, which its passes would drop."""
+
+FILLED_BEFORE_LIGHTNING = (
+    "step(closure): a parameter's .grad was filled before the step by Lightning's "
+    "accumulate_grad_batches > 1 (several loader batches summed in .grad), which a flatness step "
+    "drops: it evaluates the closure at every point; drop accumulate_grad_batches. The facade's "
+    "accumulate=n is not that: it splits one batch into n micro-batches, given as "
+    "self.optimizers().step(batch=batch) in manual optimisation (see docs/guides/torch-optim.md, "
+    "'Closures and Lightning')"
+)
+"""The same refusal where the closure is Lightning's (automatic optimisation)."""
+
+
+def filled_before(closure) -> str:
+    """The refusal of gradients filled before ``step(closure)``, for the closure given: Lightning's
+    (its gradient accumulation), or any other (davda54/sam's first forward-backward).
+
+    Args:
+        closure: the closure given to ``step``.
+
+    Returns:
+        `FILLED_BEFORE_LIGHTNING` or `FILLED_BEFORE`.
+    """
+    return FILLED_BEFORE_LIGHTNING if from_lightning(closure) else FILLED_BEFORE
+
+
+def from_lightning(closure) -> bool:
+    """Whether ``closure`` is Lightning's: its precision plugin's ``functools.partial`` of a method,
+    or a callable object of a ``lightning`` or ``pytorch_lightning`` module.
+
+    Args:
+        closure: any callable.
+
+    Returns:
+        True for Lightning's closure.
+    """
+    while isinstance(closure, functools.partial):
+        closure = closure.func
+    module = getattr(closure, "__module__", None) or type(closure).__module__
+    return module.split(".")[0] in ("lightning", "pytorch_lightning")
 
 
 def davda54_error(owner: str, name: str) -> AttributeError:

@@ -112,7 +112,7 @@ class GAM(FlatnessOptimizer):
         cuda_graph: bool = False,
         **base_kwargs,
     ):
-        check_model(model)
+        check_model(model, type(self).__name__)
         check_options(type(self).__name__, optimizer, base_optimizer, base_kwargs)
         estimator = gam(rho, alpha, hvp=hvp, oracle=oracle, eps=eps, adaptive=adaptive)
         super().__init__(
@@ -201,12 +201,19 @@ class SAM(FlatnessOptimizer):
         cuda_graph: bool = False,
         **base_kwargs,
     ):
-        check_model(model)
+        check_model(model, type(self).__name__)
         if "adaptive" in base_kwargs:
+            adaptive = base_kwargs["adaptive"]
             raise TypeError(
-                f"SAM takes no adaptive=: davda54/sam's adaptive=True is ASAM, "
-                f"FlatnessOptimizer(model, gamfunc.asam(rho), base_optimizer); drop adaptive=False "
-                f"(see {GUIDE})"
+                f"SAM(..., adaptive={adaptive!r}): SAM takes no adaptive=; "
+                + (
+                    "davda54/sam's adaptive=True is ASAM: write FlatnessOptimizer(model, "
+                    "gamfunc.asam(rho), base_optimizer, ...)"
+                    if adaptive
+                    else "davda54/sam's adaptive=False is this SAM: drop adaptive=False "
+                    "(ASAM is FlatnessOptimizer(model, gamfunc.asam(rho), base_optimizer, ...))"
+                )
+                + f" (see {GUIDE})"
             )
         check_options(type(self).__name__, optimizer, base_optimizer, base_kwargs)
         super().__init__(

@@ -33,7 +33,8 @@ from gamfunc.torch_optim.checks import (
 )
 from gamfunc.torch_optim.copies import copy_into
 from gamfunc.torch_optim.groups import Groups
-from gamfunc.torch_optim.habits import FILLED_BEFORE, CaughtHabits, HandSetGrad, check_lrs
+from gamfunc.torch_optim.habits import CaughtHabits, HandSetGrad, check_lrs, filled_before
+from gamfunc.torch_optim.last_direction import LastDirection
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
 from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
 
@@ -129,7 +130,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
     ``step`` returns the loss at θ before the update (a 0-d tensor).
 
     Raises:
-        TypeError: a model that is not an ``nn.Module``, a base optimiser of no known kind, a
+        TypeError: a model that is not an ``nn.Module``, or is ``torch.compile(module)``
+            (give ``model._orig_mod`` with ``compile=True``), a base optimiser of no known kind, a
             ``torch.optim`` optimiser whose ``step`` needs a closure, an argument of the wrong type,
             ``params=`` with a gamfunc factory (its groups are
             [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and, on its first use,
@@ -182,7 +184,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         cuda_graph: bool = False,
         **base_kwargs,
     ):
-        check_model(model)
+        check_model(model, type(self).__name__)
         check_arguments(criterion, compile, compile_options, accumulate, precision)
         if max_grad_norm is not None:
             check_positive("max_grad_norm", max_grad_norm)
@@ -227,6 +229,9 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         else:
             self._trainable = trainable
             transform = opt
+        # what the base optimiser moves by, left in .grad after each step (last_direction)
+        self._last = LastDirection()
+        transform = self._last.recording(transform)
         if max_grad_norm is not None:
             transform = chain(clip_by_global_norm(max_grad_norm), transform)
         self._pass_buffers = PassBuffers()
@@ -306,6 +311,14 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
                 a closure, the closure is called once first, as ``torch.optim`` does (Lightning's hooks),
                 and the batch drives the step.
 
+        After the step each parameter's ``.grad`` holds what the base optimiser moved it by, as
+        ``torch.optim``'s step leaves the gradient it read: the estimator's direction at θ (GAM's,
+        SAM's...), clipped by ``max_grad_norm=`` where given, in a tensor of the facade's (a copy,
+        written again at the next step); after a closure that called ``backward()``, the
+        gradient of its last call. The next step does not read it: a clip or scale of it is
+        warned about. With ``cuda_graph=True``, a replayed ``step((inputs, targets))`` leaves
+        ``.grad`` as it was.
+
         Returns:
             The loss at θ before the update.
 
@@ -325,7 +338,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         held = list(self._trainable.values())
         on_module = self._module_grads is not None and batch is None and callable(closure)
         if on_module and self._habits.watch.changed(held):
-            raise ValueError(FILLED_BEFORE)
+            raise ValueError(filled_before(closure))
         self._habits.check(held)
         try:
             return self._dispatch(closure, batch)
@@ -338,8 +351,9 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             return self._advance(self._batch_step, batch)
         if self._accumulate > 1:
             raise ValueError(
-                "accumulate > 1 cuts a batch into micro-batches: call step((inputs, targets)), "
-                "not step(closure)"
+                f"step(closure) with accumulate={self._accumulate}: accumulate= cuts one batch into "
+                "micro-batches, which needs the batch: call step((inputs, targets)), not "
+                "step(closure)"
             )
         try:
             return self._advance(self._closure_step, closure)
@@ -445,9 +459,12 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         self._trainable = held(self._torch, dict(self._model.named_parameters()))
         self._ids.clear()  # the dict the transform reads the names from
         self._ids.update({id(p): k for k, p in self._trainable.items()})
+        # the .grad the last step left, now among other parameters: not set by hand
+        self._habits.watch.record(list(self._trainable.values()))
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the gradients of the parameters (the step itself neither reads nor writes them).
+        """Clear the gradients of the parameters. The step does not read them; it leaves its
+        direction there (`step`), in new tensors after a ``zero_grad()`` that set them to None.
 
         Args:
             set_to_none: as ``torch.optim.Optimizer.zero_grad``.
@@ -494,12 +511,20 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         if on_module:
             assert self._module_grads is not None
             self._module_grads.begin(params, self._trainable, dict(named_buffers))
+        self._last.forget()
         try:
-            return self._run(run, params, tensors, buffers, named_buffers, data)
+            loss = self._run(run, params, tensors, buffers, named_buffers, data)
         finally:
             if on_module:
                 assert self._module_grads is not None
                 self._module_grads.end()
+        # .grad holds the direction the base optimiser moved by; after a closure that called
+        # backward(), its last gradient; a replayed graph runs no Python to record one
+        if on_module or (self._graphed and run is self._batch_step):
+            self._last.forget()
+        else:
+            self._last.leave(self._trainable)
+        return loss
 
     def _run(self, run, params, tensors, buffers, named_buffers, data) -> Tensor:
         bridge = self._bridge

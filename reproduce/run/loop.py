@@ -32,7 +32,7 @@ from reproduce.run.epoch import train
 from reproduce.run.launch import Processes
 from reproduce.run.loaders import loaders
 from reproduce.run.profiling import StepProfiler
-from reproduce.run.resume import RunLocked, clear, decide, like, resume
+from reproduce.run.resume import RunLocked, clear, decide, like, release, resume
 from reproduce.run.signals import Interrupted, StopFlag
 from reproduce.run.summary import Diverged, end_of_run, summary
 
@@ -92,7 +92,7 @@ def run(
         finally:
             stop.kept = outer
             if lock is not None:
-                lock.close()
+                release(lock)
 
 
 def _train(r: Run, data, saved: dict | None) -> dict:

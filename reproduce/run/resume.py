@@ -38,6 +38,7 @@ __all__ = [
     "decide",
     "like",
     "lock",
+    "release",
     "resume",
     "write_checkpoint",
 ]
@@ -483,8 +484,8 @@ def clear(run_dir: Path) -> None:
 
 
 def lock(run_dir: Path):
-    """An exclusive lock on ``run_dir`` (a ``.lock`` file, released when the process ends), or
-    `RunLocked`."""
+    """An exclusive lock on ``run_dir`` (a ``.lock`` file, released when the process ends, or by
+    `release`), or `RunLocked`."""
     import fcntl
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -498,3 +499,15 @@ def lock(run_dir: Path):
             "another --logdir or --name"
         ) from None
     return f
+
+
+def release(held) -> None:
+    """Give up the lock `lock` returned and remove its ``.lock`` file, so that a run folder keeps
+    only the run's outputs. The file goes while the lock is still held: a process that opens it
+    meanwhile finds it locked, and one that comes later makes a new one.
+
+    Args:
+        held: the open ``.lock`` file that `lock` returned.
+    """
+    Path(held.name).unlink(missing_ok=True)
+    held.close()
