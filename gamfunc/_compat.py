@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import warnings
 from collections.abc import Callable
 
@@ -52,6 +53,7 @@ __all__ = [
     "batched",
     "batched_at_any_level",
     "cacheable_state_calls",
+    "check_uncompiled",
     "custom_graph_pass",
     "flag_nonfinite",
     "group_by_device_and_dtype",
@@ -85,6 +87,41 @@ def _fall_back(name: str, internal: str, public: str) -> None:
 def _functorch(attr: str):
     """``torch._C._functorch.<attr>``, or None where torch has no such function."""
     return getattr(getattr(torch._C, "_functorch", None), attr, None)
+
+
+def check_uncompiled(model, where: str, instead: str) -> None:
+    """One line, unless ``model`` is not the wrapper that ``torch.compile(module)`` returns.
+
+    The passes of a step run the module under ``torch.func``'s transforms (``grad``, ``jvp``),
+    where a compiled module's frames do not match the guards of its first compile: Dynamo
+    recompiles and falls back to eager for every frame. The first step pays a whole compile, the
+    others run at the eager speed, and nothing says so. gamfunc compiles the step instead
+    (``step.compile()``, the facade's ``compile=True``) with the module itself, which
+    ``torch.compile(module)`` keeps as ``_orig_mod`` and shares its tensors with.
+
+    Args:
+        model: what was given as the model.
+        where: the call as the user wrote it, e.g. ``"GAM(model, ...)"``.
+        instead: what to write instead, e.g. ``"GAM(model._orig_mod, ..., compile=True)"``.
+
+    Raises:
+        TypeError: ``model`` is ``torch.compile(module)`` (Dynamo's ``OptimizedModule``).
+
+    Example:
+        >>> import torch
+        >>> from gamfunc.nn import check_uncompiled
+        >>> check_uncompiled(torch.nn.Linear(2, 1), "f(model)", "f(model._orig_mod)")  # a module: nothing
+    """
+    # Dynamo's OptimizedModule, which torch does not name publicly; where Dynamo is not loaded,
+    # no module has been compiled (and the check does not load it)
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None or not isinstance(model, eval_frame.OptimizedModule):
+        return
+    raise TypeError(
+        f"{where}: model is torch.compile(module), which runs eagerly under torch.func's "
+        f"transforms after a first compile (Dynamo falls back): write {instead}, the module "
+        "itself with gamfunc compiling the step"
+    )
 
 
 def in_transform() -> bool:

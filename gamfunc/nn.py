@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -12,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 from gamfunc import tree
-from gamfunc._compat import in_forward_ad
+from gamfunc._compat import check_uncompiled, in_forward_ad
 
 __all__ = [
     "Caller",
@@ -92,7 +91,7 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, loss=None, tra
     Raises:
         TypeError: ``loss`` is not a function of ``(model, batch)``, or is given with a
             ``criterion``; ``model`` is ``torch.compile(module)``
-            ([`check_uncompiled`][gamfunc.nn.check_uncompiled]: give the module and compile the
+            ([`check_uncompiled`][gamfunc._compat.check_uncompiled]: give the module and compile the
             step). When called, ``loss_fn`` raises ValueError for a batch that is not a pair in the
             ``criterion`` form, and TypeError for a ``loss`` that returns no 0-d tensor.
 
@@ -233,41 +232,6 @@ def check_loss_form(criterion, loss) -> None:
         raise TypeError(
             f"loss must take two arguments, the model and the batch: {form}; got loss{signature}"
         ) from None
-
-
-def check_uncompiled(model, where: str, instead: str) -> None:
-    """One line, unless ``model`` is not the wrapper that ``torch.compile(module)`` returns.
-
-    The passes of a step run the module under ``torch.func``'s transforms (``grad``, ``jvp``),
-    where a compiled module's frames do not match the guards of its first compile: Dynamo
-    recompiles and falls back to eager for every frame. The first step pays a whole compile, the
-    others run at the eager speed, and nothing says so. gamfunc compiles the step instead
-    (``step.compile()``, the facade's ``compile=True``) with the module itself, which
-    ``torch.compile(module)`` keeps as ``_orig_mod`` and shares its tensors with.
-
-    Args:
-        model: what was given as the model.
-        where: the call as the user wrote it, e.g. ``"GAM(model, ...)"``.
-        instead: what to write instead, e.g. ``"GAM(model._orig_mod, ..., compile=True)"``.
-
-    Raises:
-        TypeError: ``model`` is ``torch.compile(module)`` (a ``torch._dynamo`` ``OptimizedModule``).
-
-    Example:
-        >>> import torch
-        >>> from gamfunc.nn import check_uncompiled
-        >>> check_uncompiled(torch.nn.Linear(2, 1), "f(model)", "f(model._orig_mod)")  # a module: nothing
-    """
-    # torch.compile(module) imports Dynamo: where it is not imported, no module is compiled, and
-    # the check does not import it (gamfunc's import leaves the compiler unloaded)
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None or not isinstance(model, eval_frame.OptimizedModule):
-        return
-    raise TypeError(
-        f"{where}: model is torch.compile(module), which runs eagerly under torch.func's "
-        f"transforms after a first compile (Dynamo falls back): write {instead}, the module "
-        "itself with gamfunc compiling the step"
-    )
 
 
 def _pair(batch) -> tuple:

@@ -17,7 +17,7 @@ FLOORS = [
     ("reproduce.train",),
     ("reproduce.sweeps",),
     ("reproduce.evidence",),
-    ("reproduce.sweep", "reproduce.preset_table"),
+    ("reproduce.sweep", "reproduce.preset_table", "reproduce.main_job"),
 ]
 
 
