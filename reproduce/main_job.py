@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             main_run = run(COMMAND, Path(tmp) / "main")
             short = run(SHORT, Path(tmp) / "short")
         record = {"platform": platform(), "main": main_run, "short": short}
-        JSON.write_text(json.dumps(record, indent=2, allow_nan=False) + "\n")
+        report.write_json(JSON, record)
         print("\n".join(main_run["printed"]))
         print(f"{main_run['wall_seconds']} s; {JSON.relative_to(ROOT)}")
     for path, text in render_docs(record).items():

@@ -52,6 +52,8 @@ from pathlib import Path
 if not __package__:  # run as a file: the checkout's root on sys.path (reproduce/__init__.py)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from reproduce.run.report import write_json
+
 __all__ = [
     "ESTIMATORS",
     "GAM_GRID",
@@ -264,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
             add(record["runs"][setting], int(seed), summaries)
             record.setdefault("added", []).append({"setting": setting, "seed": int(seed)})
-        path.write_text(json.dumps(record, indent=1, allow_nan=False))
+        write_json(path, record)
         return 0
     run = Runner(args.data, Path(args.logdir), args.deadline, extra)
     out = Path(args.out)
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         if runs is not None:
             record["runs"] = runs
         record["seconds"] = round(time.perf_counter() - run.start, 1)
-        (out / "fmnist.json").write_text(json.dumps(record, indent=1, allow_nan=False))
+        write_json(out / "fmnist.json", record)
 
     record["sweep"] = (
         json.loads(Path(args.sweep).read_text())["sweep"] if args.sweep else sweep(run)
