@@ -116,6 +116,7 @@ from reproduce.config import (
 from reproduce.data import sets as data_mod
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import launch, report
+from reproduce.run.compile_cache import CacheError
 from reproduce.run.evaluation import evaluate
 from reproduce.run.loop import Diverged, Interrupted, StopFlag, run
 
@@ -227,7 +228,7 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
         stop.now("the comparison")  # done: a signal now lets the table be printed, then stops
     except Interrupted as e:
         return _stopped(e, stop)
-    except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
+    except (data_mod.DataError, ckpt.CheckpointError, SetupError, CacheError) as e:
         _error(str(e))
         return 2
     except Diverged as e:
