@@ -88,9 +88,10 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, loss=None, tra
         ``(loss_fn, params, buffers)``, the last two flat dicts of detached tensors.
 
     Raises:
-        TypeError: ``loss`` is not a function of ``(model, batch)``, or is given with a
-            ``criterion``. When called, ``loss_fn`` raises ValueError for a batch that is not a
-            pair in the ``criterion`` form, and TypeError for a ``loss`` that returns no 0-d tensor.
+        TypeError: ``model`` is no ``torch.nn.Module``; ``loss`` is not a function of ``(model,
+            batch)``, or is given with a ``criterion``. When called, ``loss_fn`` raises ValueError
+            for a batch that is not a pair in the ``criterion`` form, and TypeError for a
+            ``loss`` that returns no 0-d tensor.
 
     Example:
         >>> import torch, gamfunc
@@ -110,9 +111,22 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, loss=None, tra
         >>> batch = {"x": torch.randn(16, 4), "labels": torch.randint(0, 3, (16,))}
         >>> params, state, metrics = step(params, step.init(params, buffers), batch)
     """
+    _check_model(model)
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
     return module_loss(model, criterion, loss=loss, train=train), params, buffers
+
+
+def _check_model(model) -> None:
+    """A one-line TypeError naming ``model`` unless it is an ``nn.Module`` (a string, a function
+    or a state dict would fail later, deep inside, on a missing ``named_parameters``).
+
+    Raises:
+        TypeError: ``model`` is no ``torch.nn.Module``.
+    """
+    if not isinstance(model, nn.Module):
+        hint = " (a state dict: load it into its module first)" if isinstance(model, dict) else ""
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}{hint}")
 
 
 def module_loss(
@@ -142,9 +156,10 @@ def module_loss(
         ``loss_fn(params, batch, buffers, *, train=train) -> (loss, new_buffers)``.
 
     Raises:
-        TypeError: ``loss`` is not a function of ``(model, batch)``, or is given with a
-            ``criterion``.
+        TypeError: ``model`` is no ``torch.nn.Module``; ``loss`` is not a function of ``(model,
+            batch)``, or is given with a ``criterion``.
     """
+    _check_model(model)
     check_loss_form(criterion, loss)
     autocast_batchnorm(model)
     if loss is not None:
