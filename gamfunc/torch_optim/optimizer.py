@@ -380,7 +380,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             state_dict: what ``state_dict()`` returned, or a ``torch.optim`` base optimiser's.
 
         Raises:
-            ValueError: a dict of another form, saved for other parameters, or a ``torch.optim``
+            ValueError: a dict of another form, saved for other parameters, a count of the step's
+                state (``step``, ``skipped``) that is no integer tensor, or a ``torch.optim``
                 optimiser's with a gamfunc base optimiser.
         """
         if torch_state_dict(state_dict):
@@ -416,6 +417,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
                 restored = from_dict(state, reference, "state")
             except ValueError as e:
                 raise ValueError(f"state_dict {e}") from None
+            _check_kinds(restored, reference)
             self._state = pytree.tree_map(_placed, restored, reference)
         else:
             self._state = None
@@ -564,6 +566,30 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         if self._captured is not None and numbers != self._captured:
             release(self._batch_step)
         self._captured = numbers
+
+
+def _check_kinds(saved, reference) -> None:
+    """A saved tensor where the fresh state keeps an integer one (a count: ``step``, ``skipped``)
+    must hold integers: a float one (``skipped = 1.5``) would be cast to another count without a
+    word. Floating tensors may change their precision, as ``torch.optim`` casts its state to the
+    parameters' dtype.
+
+    Raises:
+        ValueError: naming the entry.
+    """
+    got, _ = pytree.tree_flatten_with_path(saved)
+    for (key, a), b in zip(got, pytree.tree_leaves(reference), strict=True):
+        if not (isinstance(a, Tensor) and isinstance(b, Tensor)):
+            continue
+        if not (b.is_floating_point() or b.is_complex()) and (
+            a.is_floating_point() or a.is_complex()
+        ):
+            shown = a.item() if a.numel() == 1 else f"a {tuple(a.shape)} tensor"
+            raise ValueError(
+                f"state_dict state{pytree.keystr(key)} is {str(a.dtype).removeprefix('torch.')} "
+                f"({shown}), where the step keeps an integer count "
+                f"({str(b.dtype).removeprefix('torch.')}); load a state_dict() that the optimiser saved"
+            )
 
 
 def _placed(saved, reference):
