@@ -349,23 +349,28 @@ def check_mask(name: str, mask) -> None:
         raise ValueError(f"{name} must map names to True or False; {bad} are not bools")
 
 
-def masked_keys(mask: Mask, params: Mapping[str, Tensor], name: str) -> list[str]:
+def masked_keys(
+    mask: Mask, params: Mapping[str, Tensor], name: str, exact: bool = False
+) -> list[str]:
     """The names of ``params`` that ``mask`` selects, in the order of ``params``.
 
     The choice is made from names and shapes, as Python bools, so a compiled update traces it once and
-    keeps it as a constant. A dict must name every parameter; a callable must return a bool.
+    keeps it as a constant. A dict must name every parameter (with ``exact``, and no other); a
+    callable must return a bool.
 
     Args:
         mask: None (every parameter), a dict name -> bool, or ``(name, tensor) -> bool``.
         params: the parameters by name.
         name: the argument's name, for the error.
+        exact: refuse a dict that names a parameter ``params`` has not (a misspelt name would
+            leave its choice unmade without a word).
 
     Returns:
         The selected names.
 
     Raises:
-        ValueError: a dict without an entry for some parameter, or a callable that returns no
-            bool (naming ``name``).
+        ValueError: a dict without an entry for some parameter, or with ``exact`` one naming a
+            parameter that is not there, or a callable that returns no bool (naming ``name``).
     """
     if mask is None:
         return list(params)
@@ -373,6 +378,13 @@ def masked_keys(mask: Mask, params: Mapping[str, Tensor], name: str) -> list[str
         missing = [k for k in params if k not in mask]
         if missing:
             raise ValueError(f"{name} has no entry for the parameters {missing}")
+        unknown = [k for k in mask if k not in params] if exact else []
+        if unknown:
+            raise ValueError(
+                f"{name} names {unknown}, which are not among the parameters the step trains "
+                f"({len(params)}: {list(params)[:5]}{', ...' if len(params) > 5 else ''}); a mask "
+                f"names exactly the step's parameters"
+            )
         return [k for k in params if mask[k]]
     keys = []
     for k, v in params.items():

@@ -36,10 +36,7 @@ def mode(model: nn.Module, train: bool):
 
     Args:
         model: the module whose mode is set.
-        train: True for train mode, False for eval mode.
-
-    Returns:
-        A context manager; on exit every submodule is back in the mode it had on entry.
+        train: True for train mode, False for eval mode; on exit every submodule has its own again.
     """
     if model.training == train:
         yield
@@ -89,11 +86,11 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, loss=None, tra
         ``(loss_fn, params, buffers)``, the last two flat dicts of detached tensors.
 
     Raises:
-        TypeError: ``loss`` is not a function of ``(model, batch)``, or is given with a
-            ``criterion``; ``model`` is ``torch.compile(module)``
+        TypeError: ``model`` is no ``torch.nn.Module``, or is ``torch.compile(module)``
             ([`check_uncompiled`][gamfunc._compat.check_uncompiled]: give the module and compile the
-            step). When called, ``loss_fn`` raises ValueError for a batch that is not a pair in the
-            ``criterion`` form, and TypeError for a ``loss`` that returns no 0-d tensor.
+            step); ``loss`` is not a function of ``(model, batch)``, or is given with a
+            ``criterion``. When called, ``loss_fn`` raises ValueError for a batch that is not a pair
+            in the ``criterion`` form, and TypeError for a ``loss`` that returns no 0-d tensor.
 
     Example:
         >>> import torch, gamfunc
@@ -116,9 +113,10 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, loss=None, tra
     check_uncompiled(
         model, "functionalize(model)", "functionalize(model._orig_mod), then step.compile()"
     )
+    loss_fn = module_loss(model, criterion, loss=loss, train=train)  # checks the model's type
     params = {k: v.detach().clone() for k, v in model.named_parameters()}
     buffers = {k: v.detach().clone() for k, v in model.named_buffers()}
-    return module_loss(model, criterion, loss=loss, train=train), params, buffers
+    return loss_fn, params, buffers
 
 
 def module_loss(
@@ -148,9 +146,12 @@ def module_loss(
         ``loss_fn(params, batch, buffers, *, train=train) -> (loss, new_buffers)``.
 
     Raises:
-        TypeError: ``loss`` is not a function of ``(model, batch)``, or is given with a
-            ``criterion``.
+        TypeError: ``model`` is no ``torch.nn.Module``; ``loss`` is not a function of ``(model,
+            batch)``, or is given with a ``criterion``.
     """
+    if not isinstance(model, nn.Module):  # else it fails later, deep inside
+        hint = " (a state dict: load it into its module first)" if isinstance(model, dict) else ""
+        raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}{hint}")
     check_loss_form(criterion, loss)
     autocast_batchnorm(model)
     if loss is not None:

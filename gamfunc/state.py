@@ -21,6 +21,7 @@ __all__ = [
     "StepState",
     "as_dict",
     "check_count",
+    "check_counts",
     "check_cycle",
     "check_est",
     "check_state",
@@ -77,8 +78,9 @@ def check_state(state, params) -> None:
     ``params``, and the shapes of the first such dict (a state made for other parameters has them
     all wrong), so that a state made for other shapes is not broadcast against them. Python
     only, on types, names and shapes, a few microseconds a step and no read of a tensor's value; a
-    compiled step traces it once. (Negative counts are refused on load, `from_dict`; the schedules
-    of [`gamfunc.schedules`][gamfunc.schedules] read a count below 0 as 0.)
+    compiled step traces it once. (Negative counts are refused on load, `from_dict`, and at each
+    eager step on the CPU, `check_counts`; the schedules of [`gamfunc.schedules`][gamfunc.schedules]
+    read a count below 0 as 0.)
 
     Raises:
         TypeError: ``state`` is no StepState, or a count is no int64 tensor.
@@ -115,8 +117,9 @@ def check_count(name: str, v: Tensor) -> None:
     """A one-line ValueError naming ``name`` unless the count ``v`` (a 0-d integer tensor, read
     here) is >= 0. A state's counts only grow from 0; a negative one (``state.step = -5``) would
     read schedules before their start (a warm-up lr of −0.08), so it is refused on load
-    (`from_dict`) and in a step's host cycle count; a step reads no other count (the schedules of
-    [`gamfunc.schedules`][gamfunc.schedules] read a count below 0 as 0).
+    (`from_dict`), in a step's host cycle count and, where a step can read them without waiting
+    (eager, on the CPU), in its ``step`` and ``skipped`` (`check_counts`); elsewhere the schedules
+    of [`gamfunc.schedules`][gamfunc.schedules] read a count below 0 as 0.
 
     Raises:
         ValueError: ``v`` is negative.
@@ -132,6 +135,20 @@ def check_count(name: str, v: Tensor) -> None:
 def _readable(v: Tensor) -> bool:
     """Whether reading ``v`` waits for nothing and stops no trace: eager, on the CPU, not vmapped."""
     return v.device.type == "cpu" and not torch.compiler.is_compiling() and not tree.vmapped([v])
+
+
+def check_counts(state: StepState) -> None:
+    """`check_count` of ``state.step`` and ``state.skipped`` where reading them waits for nothing
+    (eager, on the CPU, not vmapped): a negative count is refused at each such step, not read as
+    0 by the schedules while it counts up from below 0.
+
+    Raises:
+        ValueError: a count is negative (naming it).
+    """
+    for name in ("step", "skipped"):
+        v = getattr(state, name)
+        if v.ndim == 0 and _readable(v):
+            check_count(f"state.{name}", v)
 
 
 def check_cycle(cycle, every: int) -> None:

@@ -60,7 +60,7 @@ from gamfunc.optim import (
 )
 from gamfunc.regional import compile_passes
 from gamfunc.schedules import value
-from gamfunc.state import StepState, check_cycle, check_est, check_state
+from gamfunc.state import StepState, check_counts, check_cycle, check_est, check_state
 
 __all__ = [
     "NONFINITE",
@@ -158,6 +158,7 @@ class _StepImpl:
 
     def __call__(self, params, state, batch):
         check_state(state, params)
+        check_counts(state)
         check_cycle(state.cycle, self.every)
         check_est(state.est, self.estimator)
         if self.every == 1:

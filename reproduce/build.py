@@ -195,8 +195,8 @@ def build_estimator(
 
     Every hyperparameter comes from the `Config` field of its name (`hyperparameters`); ρ takes
     its schedule (``rho_schedule="proportional"``: ρ_t ∝ lr_t down to ``rho_min``, GSAM's
-    schedule), and so does SAM's ρ (of sam, gsam, wsam, looksam, friendly_sam and the oracles)
-    where ``sam_rho`` is 0.
+    schedule), and so does SAM's ρ (of sam, gsam, wsam, looksam, friendly_sam, asam and the
+    oracles: `reproduce.methods.SAM_LIKE`) where ``sam_rho`` is 0.
 
     Args:
         cfg: the run's configuration.

@@ -110,7 +110,7 @@ class Config:
     estimator: str = "sgd,gam"  # one of ESTIMATORS, or a comma list trained one after the other
     rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
     alpha: float = 0.1  # α: weight of the first-order flatness term (GAM, GNP)
-    sam_rho: float = 0.0  # SAM's ρ (sam, and the oracle of sam+gam); 0: the same as rho
+    sam_rho: float = 0.0  # SAM's ρ (sam, gsam, wsam, looksam, friendly_sam, asam, and the oracles of sam+gam, gsam+gam); 0: the same as rho
     rho_schedule: str = "constant"  # constant | proportional (ρ_t = ρ_min + (ρ − ρ_min)·lr_t/lr_0)
     rho_min: float = 0.0  # ρ_min: the floor of --rho_schedule=proportional (in [0, rho])
     gnp_hvp: str = "fd"  # H·v of gnp: fd (Zhao et al.) | exact | reverse

@@ -34,7 +34,7 @@ from typing import Any
 
 import gamfunc
 
-__all__ = ["ASAM_MASKS", "METHODS", "Hyper", "base", "estimator", "weights"]
+__all__ = ["ASAM_MASKS", "METHODS", "SAM_LIKE", "Hyper", "base", "estimator", "weights"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,9 @@ class Hyper:
     may be a schedule of the step count here too.
     """
 
-    rho: Any = 0.05  # ρ: the ascent radius of SAM, ASAM and GAM
+    rho: Any = 0.05  # ρ: the ascent radius of GAM, and of the SAM-like methods without sam_rho
     alpha: Any = 0.1  # α: GAM's weight of first-order flatness; GNP's penalty weight
-    sam_rho: Any = None  # ρ of sam and of sam+gam's SAM oracle; None: rho
+    sam_rho: Any = None  # ρ of every SAM-like method (SAM_LIKE) and oracle; None: rho
     rho_prime: Any = 0.01  # ρ' of accelerated GAM
     beta: Any = 0.5  # β of accelerated GAM
     gamma: Any = 0.1  # γ of accelerated GAM
@@ -123,8 +123,12 @@ ASAM_MASKS = {"all": None, "weights": weights}
 def _asam(h: Hyper) -> gamfunc.Estimator:
     if h.asam_mask not in ASAM_MASKS:
         raise ValueError(f"asam_mask must be one of {tuple(ASAM_MASKS)}; got {h.asam_mask!r}")
-    return gamfunc.asam(h.rho, eta=h.eta, mask=ASAM_MASKS[h.asam_mask])
+    return gamfunc.asam(h.sam_radius, eta=h.eta, mask=ASAM_MASKS[h.asam_mask])
 
+
+SAM_LIKE = ("sam", "gsam", "wsam", "looksam", "friendly_sam", "asam")
+"""The methods whose radius is SAM's ρ (`Hyper.sam_radius`: ``sam_rho``, or ``rho``) and that read
+no α of GAM; the oracles of ``sam+gam`` and ``gsam+gam`` read it too."""
 
 METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
     "sgd": lambda h: gamfunc.gradient(),

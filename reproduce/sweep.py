@@ -81,7 +81,7 @@ if not __package__:  # run as a file: the checkout's root on sys.path (reproduce
 
 from reproduce.config import parse_overrides
 from reproduce.sweeps.grid import diverged_reason, execute, finished_summary
-from reproduce.sweeps.plan import SweepError, plan
+from reproduce.sweeps.plan import SweepError, check_writable, plan
 from reproduce.sweeps.table import METRICS, every_cell_diverged, outcome, write_tables
 
 __all__ = ["main", "parse"]
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return vmap_grid.run(opts, rest, grid)
     try:
         name, root, runs = plan(rest, grid, opts.seeds, opts.name)
+        check_writable(opts, root)
         reused = {i: s for i, r in enumerate(runs) if (s := finished_summary(r)) is not None}
     except SweepError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -118,6 +118,7 @@ from reproduce.config import (
 from reproduce.data import sets as data_mod
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import launch, report
+from reproduce.run.compile_cache import CacheError
 from reproduce.run.evaluation import evaluate
 from reproduce.run.loop import Diverged, Interrupted, StopFlag, run
 
@@ -215,14 +216,21 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
                 f", logs in {root}",
                 flush=True,
             )
+        # what a stop between runs keeps: the runs that finished (each run says its own within)
+        stop.kept = lambda: (
+            f"kept: the finished runs ({', '.join(s['estimator'] for s in summaries)}) in "
+            f"{str(root)!r}"
+            if summaries
+            else ""
+        )
         for name in names:
             stop.check()
             cfg_one = dataclasses.replace(cfg, estimator=name)
             summaries.append(run(cfg_one, stop, data, root / name, procs))
-        stop.now("the comparison")  # done: a signal now lets the table be printed
+        stop.now("the comparison")  # done: a signal now lets the table be printed, then stops
     except Interrupted as e:
         return _stopped(e, stop)
-    except (data_mod.DataError, ckpt.CheckpointError, SetupError) as e:
+    except (data_mod.DataError, ckpt.CheckpointError, SetupError, CacheError) as e:
         _error(str(e))
         return 2
     except Diverged as e:
@@ -260,6 +268,8 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
             )
         print(f"\noutputs in {root} (per estimator: summary.json, checkpoint.pt, events, pictures)")
         print(f"see them with: tensorboard --logdir {root}")
+    if stop.signum is not None:  # acknowledged after the last check: the status says so too
+        return _stopped(Interrupted(stop.signum, stop.where), stop)
     return 0
 
 

@@ -529,6 +529,14 @@ def test_asam_with_every_parameter_marked_is_asam_and_with_none_is_sam():
         gamfunc.asam(0.5, mask={"w1": True})(params, batch, mlp_loss)
 
 
+def test_an_asam_mask_naming_a_parameter_that_is_not_there_is_refused_naming_it():
+    """A missing name was refused, an unknown one (a typo) accepted and its choice left unmade."""
+    params, batch = mlp_params(), mlp_batch()
+    typo = {**dict.fromkeys(params, True), "w1.wieght": False}
+    with pytest.raises(ValueError, match=r"^mask names \['w1.wieght'\], which are not among"):
+        gamfunc.asam(0.5, mask=typo)(params, batch, mlp_loss)
+
+
 @DECAYS
 @pytest.mark.parametrize("kind", KINDS)
 def test_friendly_sam_authors_convention_equals_the_authors_algorithm(kind, wd):

@@ -240,6 +240,27 @@ def test_an_output_folder_that_cannot_be_made_is_one_line(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "--out" in err
 
 
+def test_a_disk_that_fills_while_a_figure_is_saved_is_one_line_naming_the_figure(
+    tmp_path, capsys, monkeypatch
+):
+    """The image writer's error on a full disk names no file: the line names the figure, exit 2,
+    as train.py's does."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    argv = ["minima", "--quick", "--threads=1", f"--out={tmp_path}"]
+    assert evidence.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith(f"error: cannot write '{tmp_path / 'minima_sgd.png'}'"), err
+    assert "No space left on device" in err
+
+
 def test_a_run_of_evidence_that_did_not_train_exits_3_naming_it(tmp_path, capsys):
     """SGD+GAM at ρ = 1e30: every step skipped. No table, exit 3, a line naming the run."""
     argv = ["accuracy", "--epochs=1", "--seeds=1", "--methods=SGD,SGD+GAM", "--gam=1e30,1e30"]

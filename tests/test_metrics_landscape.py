@@ -196,6 +196,25 @@ def test_plots_write_non_empty_png_files(tmp_path):
         assert is_png(path), path
 
 
+def test_a_figure_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
+    """The image writer's error on a full disk names no file; the plot's error names the path."""
+    import errno
+
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    def full(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    loss_fn, star, _, _ = quadratic(5)
+    line = metrics.landscape_1d(star, None, loss_fn, points=5)
+    with pytest.raises(OSError) as failed:
+        metrics.plot.plot_landscape(line, tmp_path / "line.png")
+    assert failed.value.filename == str(tmp_path / "line.png")
+    assert failed.value.errno == errno.ENOSPC
+
+
 def test_tensorboard_figure_is_written(tmp_path):
     pytest.importorskip("matplotlib")
     pytest.importorskip("tensorboard")

@@ -100,6 +100,25 @@ def test_a_span_must_be_finite_and_increasing(span):
             metrics.landscape_2d(params, batch, loss_fn, span=((-1.0, 1.0), span), points=3)
 
 
+@pytest.mark.parametrize("span", [(-1e39, 1e39), (-3e38, 3e38), (1.0, 1.0 + 1e-9)])
+def test_a_span_must_be_finite_and_increasing_in_the_parameters_dtype(span):
+    """In float64 each is a finite increasing pair; in the float32 parameters' dtype 1e39 is no
+    number (torch.linspace raised a RuntimeError), 3e38 − (−3e38) overflows (NaN and inf
+    coordinates), and 1 + 1e-9 rounds to 1: a ValueError naming span and the dtype."""
+    params, batch = problem()
+    for landscape in (metrics.landscape_1d, metrics.landscape_2d):
+        with pytest.raises(ValueError, match=r"^span must be a pair \(min, max\) finite in the "):
+            landscape(params, batch, loss_fn, span=span, points=3)
+    with pytest.raises(ValueError, match=r"^span\[0\] .* float32"):
+        metrics.landscape_2d(params, batch, loss_fn, span=(span, (-1.0, 1.0)), points=3)
+    wide = {k: v.double() for k, v in params.items()}
+    if span[0] < -1e38:  # in float64 the two big spans are pairs of numbers
+        line = metrics.landscape_1d(
+            wide, (batch[0].double(), batch[1]), loss_fn, span=span, points=3
+        )
+        assert line.alphas.dtype == torch.float64 and torch.isfinite(line.alphas).all()
+
+
 def test_the_default_span_fits_hessian_directions():
     """A unit eigenvector of λ_1 = 1620 with (−1, 1) rises to 810; the default span (−s, s),
     s = √(2/λ_1), rises by 1 at its ends, and the plane by 1 + λ_2/λ_1 at its corners."""

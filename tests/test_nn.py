@@ -176,3 +176,14 @@ def test_the_caller_traced_writes_its_tensors_in_place_and_leaves_the_module_as_
             torch.testing.assert_close(got[k], want[k])
         now = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
         assert now.keys() == own.keys() and all(now[k] is own[k] for k in own)
+
+
+def test_functionalize_of_something_that_is_no_module_is_a_type_error_naming_the_model():
+    """Not "AttributeError: 'str' object has no attribute 'named_parameters'"."""
+    import pytest
+
+    for model in ("m", lambda x: x, torch.nn.Linear(2, 2).state_dict()):
+        with pytest.raises(TypeError, match=r"^model must be a torch.nn.Module; got "):
+            gamfunc.nn.functionalize(model)
+        with pytest.raises(TypeError, match=r"^model must be a torch.nn.Module; got "):
+            gamfunc.nn.module_loss(model)

@@ -123,3 +123,91 @@ def test_a_compiled_run_keeps_its_artifacts_and_later_runs_and_resumes_load_them
     # an eager run uses no cache
     eager, _ = train(tmp_path, "--max_steps=1", "--name=eager")
     assert eager is None
+
+
+@pytest.mark.parametrize("where", ["file", "missing_parent", "read_only"])
+def test_a_folder_that_cannot_be_written_is_refused_in_one_line_naming_the_flag(
+    tmp_path, monkeypatch, where
+):
+    """A file, a folder that cannot be made (/proc/x) or a read-only mount: inductor writes its
+    locks there even for a warm cache (Errno 30 mid-compile), so the folder is refused at open."""
+    import errno
+    import tempfile
+
+    root = tmp_path / "c"
+    if where == "file":
+        root.write_text("")
+    elif where == "missing_parent":
+        root = Path("/proc/gamfunc-no-such-folder")
+    else:
+        (root / "inductor").mkdir(parents=True)
+
+        def read_only(*a, dir=None, **k):
+            raise OSError(errno.EROFS, "Read-only file system", str(dir))
+
+        monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    cache = CompileCache(root, torch.device("cpu"), 0, print)
+    with pytest.raises(compile_cache.CacheError, match=r"^--compile_cache: cannot write") as e:
+        cache.open()
+    assert str(root) in str(e.value) and "--compile_cache=off" in str(e.value)
+    assert compile_cache.ENV not in os.environ or os.environ[compile_cache.ENV] != str(root)
+
+
+def test_train_py_names_the_flag_of_a_compile_cache_it_cannot_write(tmp_path, capsys):
+    """Not "cannot read the data": the line names --compile_cache, exit 2, before any step."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from train_cli import DIGITS, main, one_line_error
+
+    (tmp_path / "a_file").write_text("")
+    args = [*DIGITS, "--epochs=1", "--max_steps=1", "--mode=compile"]
+    assert main(tmp_path, *args, f"--compile_cache={tmp_path / 'a_file'}") == 2
+    err = one_line_error(capsys)
+    assert err.startswith("error: --compile_cache: cannot write") and "a_file" in err, err
+
+
+def test_an_error_naming_a_file_of_the_folder_sets_the_folder_aside(tmp_path):
+    lines = []
+    cache = CompileCache(tmp_path, torch.device("cpu"), 0, lines.append).open()
+    try:
+        bad = (tmp_path / "inductor" / "fs" / "c0.py").resolve()
+        bad.parent.mkdir()
+        bad.write_bytes(b"x = 1\0\0")
+        error = RuntimeError(
+            f"backend='inductor' raised:\nRuntimeError: Failed to import {bad}\n"
+            "SyntaxError: source code string cannot contain null bytes\n\nSet TORCHDYNAMO_VERBOSE=1"
+        )
+        assert not cache.damaged_by(RuntimeError("an error of the model"))
+        assert cache.damaged_by(RuntimeError("compiling failed")) is False
+        wrapped = RuntimeError("the step failed")
+        wrapped.__cause__ = error
+        assert cache.damaged_by(wrapped)
+        aside = cache.set_aside(wrapped)
+    finally:
+        cache.close()
+    assert (aside / "fs" / "c0.py").exists() and not bad.exists()
+    assert (tmp_path / "inductor").is_dir() and not list((tmp_path / "inductor").iterdir())
+    (line,) = lines
+    assert "holds a damaged entry (RuntimeError: Failed to import" in line, line
+    assert "null bytes" in line and "compiling afresh" in line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["null_bytes", "cut_short"])
+def test_a_damaged_inductor_folder_is_set_aside_and_the_run_compiles_afresh(tmp_path, damage):
+    """Null bytes in a generated module, or its libraries cut short (a machine lost mid-write, a
+    full disk), failed every later compiled run with InductorError; now the run says so in one
+    line, sets the folder aside and compiles afresh, and the runs after it are warm again."""
+    compiled = ("--compile", "--compile_scope=pass")
+    train(tmp_path, *compiled, "--max_steps=2")
+    inductor = tmp_path / ".compile_cache" / "inductor"
+    if damage == "null_bytes":
+        for f in inductor.rglob("*.py"):
+            f.write_bytes(f.read_bytes()[:100] + b"\0" * 50)
+    else:
+        for f in inductor.rglob("*.so"):
+            f.write_bytes(f.read_bytes()[:100])
+    _, out = train(tmp_path, *compiled, "--max_steps=2", "--name=again")
+    assert out.count("holds a damaged entry") == 1 and "compiling afresh" in out, out
+    assert len(list((tmp_path / ".compile_cache").glob("inductor.damaged-*"))) == 1
+    warm, out = train(tmp_path, *compiled, "--max_steps=2", "--name=third")
+    assert "holds a damaged entry" not in out and warm["fxgraph_cache_miss"] == 0

@@ -400,6 +400,23 @@ def test_gsam_under_the_proportional_schedule_follows_the_lr_down_to_rho_min():
     assert float(rho(torch.tensor(total))) == pytest.approx(0.1)
 
 
+@pytest.mark.parametrize("name", ["sam", "gsam", "wsam", "looksam", "friendly_sam", "asam"])
+def test_every_sam_like_method_reads_sam_rho_and_its_row_shows_that_radius_alone(name):
+    """--sam_rho is the radius of every SAM-like method (asam ignored it and read --rho), and the
+    table's label shows that ρ with no α of GAM, which none of them has."""
+    from reproduce.run import report
+
+    c = resolve([f"--estimator={name}", "--rho=0.05", "--alpha=0.1", "--sam_rho=0.3"])
+    est, _ = train.build_estimator(c, name, c.lr)
+    assert est.hparams["rho"] == 0.3
+    s = {"estimator": name, "config": dataclasses.asdict(c), "final": None}
+    s |= {"best_val": None, "images_per_s": 0.0, "train_seconds": 0.0}
+    row = report.table([s]).splitlines()[2]
+    assert row.startswith(f"{name} ρ=0.3 ") and "α" not in row, row
+    c = resolve([f"--estimator={name}", "--rho=0.5", "--sam_rho=0"])  # sam_rho 0: --rho
+    assert train.build_estimator(c, name, c.lr)[0].hparams["rho"] == 0.5
+
+
 def test_the_authors_forms_are_off_by_default_and_each_flag_turns_one_on():
     """By default wsam is coupled and unclipped, gsam's ascent plain, asam's T on every parameter
     (gamfunc's defaults); the flags give the authors' released forms."""

@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -203,10 +204,14 @@ def _craft(path: Path, change) -> None:
     ckpt.save(path, body)  # a valid digest over the crafted body
 
 
+def _record(epoch: int, step: int) -> dict:
+    return {"epoch": epoch, "step": step, "train_loss": 2.0, "train_acc": 30.0, "skipped_steps": 0}
+
+
 def _past_the_last_epoch(body) -> None:
     """Step 33 of a 2-epoch run of 14 steps an epoch: epoch 2 (both closed), batch 5."""
     body["position"].update(epoch=2, batch=5, global_step=33)
-    body["history"] = [{"epoch": 1, "step": 14}, {"epoch": 2, "step": 28}]
+    body["history"] = [_record(1, 14), _record(2, 28)]
 
 
 @pytest.mark.parametrize(
@@ -225,7 +230,7 @@ def _past_the_last_epoch(body) -> None:
         (lambda b: b.update(data_order=None), "data order"),
         (lambda b: b.update(history={"a": 1}), "history"),
         # fields with a valid digest that resumed into false summaries or tracebacks
-        (lambda b: b.update(history=[{"epoch": i + 1, "step": 14} for i in range(9)]), "history"),
+        (lambda b: b.update(history=[_record(i + 1, 14) for i in range(9)]), "history"),
         (lambda b: b["accum"].update(seen=torch.tensor(-1000)), "accum seen"),
         (lambda b: b["accum"].pop("seen"), "accum"),
         (lambda b: b["accum"].update(correct=torch.tensor(10**6)), "accum correct"),
@@ -259,6 +264,87 @@ def test_a_crafted_checkpoint_is_refused_in_one_line(tmp_path, capsys, change, s
     err = one_line_error(capsys)
     assert says in err and "--overwrite" in err
     assert not (out_dir(tmp_path) / "summary.json").read_text().count('"finished"')
+
+
+@pytest.fixture(scope="module")
+def stopped_at_step_20(tmp_path_factory) -> Path:
+    """A run stopped at step 20 of 28 (epoch 1 closed, batch 6 of epoch 2), a checkpoint every
+    5 steps; its logdir."""
+    logdir = tmp_path_factory.mktemp("step20")
+    assert main(logdir, *DIGITS, "--epochs=2", "--max_steps=20", "--checkpoint_every=5") == 0
+    return logdir
+
+
+def _first_record(b) -> dict:
+    return b["history"][0]
+
+
+def _nan_momentum(b) -> None:
+    buf = b["state"]["opt"]["inner"]["states"][1]["momentum_buffer"]
+    buf["net.0.bias"] = torch.full_like(buf["net.0.bias"], float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda b: None, None),  # untouched: it resumes and finishes
+        # the epoch records, which summary.json repeats as they are
+        (lambda b: _first_record(b).update(train_acc=500.0), "train_acc 500.0"),
+        (lambda b: _first_record(b).update(test_acc=-40.0), "test_acc -40.0"),
+        (lambda b: _first_record(b).update(train_loss="low"), "train_loss 'low'"),
+        (lambda b: _first_record(b).update(train_loss=float("nan")), "train_loss nan"),
+        (lambda b: _first_record(b).update(train_loss=float("inf")), "train_loss inf"),
+        (lambda b: _first_record(b).update(test_loss=float("nan")), "test_loss nan"),
+        (lambda b: _first_record(b).update(step=999), "at step 999"),
+        (lambda b: _first_record(b).update(skipped_steps=-7), "skipped_steps -7"),
+        (lambda b: _first_record(b).update(skipped_steps=99), "99 skipped steps"),
+        (lambda b: _first_record(b).update(lambda_max="flat"), "lambda_max 'flat'"),
+        (lambda b: _first_record(b).update(mood="good"), "never writes (mood)"),
+        (lambda b: _first_record(b).pop("train_acc"), "lacks train_acc"),
+        # the step state against the position: the lr schedule reads state.step
+        (lambda b: b["state"].update(step=torch.tensor(0)), "state.step 0"),
+        (lambda b: b["state"].update(step=torch.tensor(5)), "state.step 5"),
+        (
+            lambda b: b["state"].update(skipped=torch.tensor(5), step=torch.tensor(15)),
+            "state.skipped is 5, but its epoch records and sums count 0",
+        ),
+        # values a step never keeps, and hyperparameters that are not the configuration's
+        (
+            lambda b: b["state"]["opt"]["hyperparams"].update(weight_decay=torch.tensor(np.nan)),
+            "['weight_decay'] is not finite",
+        ),
+        (
+            lambda b: b["state"]["opt"]["hyperparams"].update(weight_decay=torch.tensor(0.5)),
+            "['weight_decay'] is 0.5, not the",
+        ),
+        (_nan_momentum, "['net.0.bias'] is not finite"),
+        (
+            lambda b: b["params"].update({"net.0.bias": b["params"]["net.0.bias"] * np.inf}),
+            "params",
+        ),
+    ],
+)
+def test_a_checkpoint_edited_with_a_valid_digest_never_resumes_into_a_false_summary(
+    stopped_at_step_20, tmp_path, capsys, change, says
+):
+    """Each entry loaded and saved again with `checkpoint.load` and `save` (a valid digest): the
+    resume checks its fields against what a run writes and refuses the edit in one line, exit 2,
+    before anything trains."""
+    import shutil
+
+    shutil.copytree(stopped_at_step_20, tmp_path / "runs")
+    path = out_dir(tmp_path / "runs") / "checkpoint.pt"
+    _craft(path, change)
+    capsys.readouterr()
+    status = main(tmp_path / "runs", *DIGITS, "--epochs=2", "--checkpoint_every=5", "--resume")
+    if says is None:
+        assert status == 0
+        assert strict(out_dir(tmp_path / "runs") / "summary.json")["status"] == "finished"
+        return
+    assert status == 2
+    err = one_line_error(capsys)
+    assert says in err and "--overwrite" in err, err
+    assert strict(out_dir(tmp_path / "runs") / "summary.json")["status"] == "max_steps"
 
 
 # 13. An image past PIL's decompression-bomb limit, or truncated, is named in one line.

@@ -314,3 +314,42 @@ def test_a_second_signal_soon_after_the_first_in_training_keeps_the_first_ones_s
     if line.startswith("stopped by"):
         assert "kept: the checkpoint" in line
     assert ckpt.load(run_dir(tmp_path) / "checkpoint.pt")["position"]["global_step"] > 0
+
+
+@pytest.mark.parametrize("when", ["figure", "table"])
+def test_a_signal_acknowledged_after_the_metrics_last_check_still_stops_the_run(
+    tmp_path, capsys, monkeypatch, when
+):
+    """SIGINT while the landscape's figure is saved (after the metrics' last loss evaluation) or
+    while the final table is printed: the handler says "stopping", so the run stops, exit 130,
+    with one line; never "finished" and exit 0. In the metrics the summary is interrupted and
+    --resume takes them again."""
+    from reproduce.run import report
+
+    hook = report.save_figure if when == "figure" else report.table
+
+    def signalled(*a, **k):
+        os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode, in this frame
+        return hook(*a, **k)
+
+    args = [f"--logdir={tmp_path}", *DIGITS, *NO_FLATNESS, "--epochs=1", "--landscape=true"]
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(report, "save_figure" if when == "figure" else "table", signalled)
+            assert train.main(args) == 130
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    out, err = capsys.readouterr()
+    line = one_line(err)
+    s = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    if when == "figure":
+        assert "SIGINT during the end-of-run metrics: stopping" in out
+        assert line.startswith("stopped by SIGINT during the end-of-run metrics; kept: the checkp")
+        assert (s["status"], s["exit_code"]) == ("interrupted", 130)
+        assert train.main([*args, "--resume"]) == 0
+        s = json.loads((run_dir(tmp_path) / "summary.json").read_text())
+    else:  # the run finished before it: the line says it is kept
+        assert line.startswith("stopped by SIGINT during the comparison; kept: the finished runs")
+    assert (s["status"], s["exit_code"]) == ("finished", 0)

@@ -215,6 +215,48 @@ def test_bad_sweeps_exit_2_in_one_line_before_training(
     assert calls == []
 
 
+@pytest.mark.parametrize("vmap", [False, True])
+@pytest.mark.parametrize(
+    "where", ["out_proc", "out_file", "out_read_only", "logdir_file", "logdir_read_only"]
+)
+def test_an_out_or_logdir_that_cannot_be_written_exits_2_before_training(
+    tmp_path, capsys, monkeypatch, where, vmap
+):
+    """Not every cell trained and then a traceback from write_tables, or "failed (exit 2): " with
+    an empty reason: one line naming the flag, exit 2, nothing trained."""
+    import errno
+    import tempfile
+
+    from reproduce.sweeps import vmapped
+
+    calls = count_trainings(monkeypatch)
+    monkeypatch.setattr(vmapped, "train", lambda *a, **k: calls.append(["vmap"]))
+    logdir, out = tmp_path / "runs", tmp_path / "tables"
+    if where == "out_proc":
+        out = Path("/proc/gamfunc-no-such-folder")
+    elif where in ("out_file", "logdir_file"):
+        (tmp_path / "a_file").write_text("")
+        out, logdir = (
+            (tmp_path / "a_file", logdir) if where == "out_file" else (out, tmp_path / "a_file")
+        )
+    else:
+        read_only = out if where == "out_read_only" else logdir
+        real = tempfile.TemporaryFile
+
+        def refused(*a, dir=None, **k):
+            if dir is not None and Path(dir).is_relative_to(read_only):
+                raise OSError(errno.EROFS, "Read-only file system", str(dir))
+            return real(*a, dir=dir, **k)
+
+        monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    args = [f"--out={out}", *(["--vmap"] if vmap else [])]
+    assert run_sweep(logdir, *args) == 2
+    err = capsys.readouterr().err
+    flag = "--out" if where.startswith("out") else "--logdir"
+    assert err.startswith(f"error: {flag}") and err.count("\n") == 1, err
+    assert "cannot write" in err and calls == []
+
+
 def test_malformed_sweep_options_exit_2_and_help_exits_0(tmp_path, capsys):
     assert run_sweep(tmp_path, "--seeds=0,0") == 2
     assert "--seeds: expected distinct integers >= 0" in capsys.readouterr().err

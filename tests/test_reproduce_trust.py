@@ -316,6 +316,24 @@ def test_the_docs_list_every_exit_status_with_its_tests():
             assert f"def {name}" in tests, name
 
 
+def test_every_test_the_failure_guide_names_exists():
+    """Each promise of docs/guides/failure.md names the test that backs it (``name`` or a prefix
+    ``name_*``): every one is a test of tests/, so that a promise cannot outlive its check."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "guides" / "failure.md").read_text()
+    tests = "".join(p.read_text() for p in (root / "tests").glob("test_*.py"))
+    named = re.findall(r"(test_\w+?)(_?\*)?(?=[`\]),\s])", text)
+    assert len(named) > 80  # the guide names its tests
+    missing = [
+        name + wild
+        for name, wild in named
+        if not (f"def {name}" in tests if wild else re.search(rf"def {name}\(", tests))
+    ]
+    assert missing == []
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a GPU")
 def test_cuda_graph_without_a_gpu_is_refused_in_one_line(tmp_path, capsys):
     assert main(tmp_path, *DIGITS, "--cuda_graph", "--device=cpu") == 2

@@ -260,6 +260,23 @@ def test_state_dict_round_trip_continues_identically():
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
 
 
+@pytest.mark.parametrize("field", ["skipped", "step"])
+def test_load_state_dict_refuses_a_count_that_is_no_integer(field):
+    """state.skipped = tensor(1.5) loaded silently as 1; a float count is refused naming it, and
+    the optimiser keeps its state."""
+    model = tanh_mlp()
+    opt = FlatnessOptimizer(model, gamfunc.gradient(), gamfunc.sgd(lr=0.1, momentum=0.9))
+    opt.step(batches(1)[0])
+    bad = copy.deepcopy(opt.state_dict())
+    bad["state"][field] = torch.tensor(1.5)
+    with pytest.raises(
+        ValueError, match=rf"^state_dict state\.{field} is float32 \(1.5\), where the step keeps"
+    ):
+        opt.load_state_dict(bad)
+    assert int(opt.state_dict()["state"]["step"]) == 1
+    assert int(opt.state_dict()["state"]["skipped"]) == 0
+
+
 def test_load_state_dict_rejects_a_mismatched_state():
     model = tanh_mlp()
     opt = FlatnessOptimizer(model, gamfunc.gradient(), gamfunc.sgd(lr=0.1, momentum=0.9))

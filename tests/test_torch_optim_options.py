@@ -417,3 +417,41 @@ def test_autocast_around_the_step_is_precision_bf16_on_the_cpu(hvp):
         opts[1].step((x, y))
     torch.testing.assert_close(around.state_dict(), wrapped.state_dict(), rtol=0, atol=0)
     assert not torch.equal(around[0].weight, model()[0].weight)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("momentum", 0.5), ("nesterov", True), ("dampening", 0.1), ("mommentum", 0.5)],
+)
+def test_a_group_value_a_gamfunc_base_does_not_read_is_refused_not_ignored(key, value):
+    """sgd(momentum=0.9) fixes its momentum when built: a group that never showed ``momentum``
+    (or any key a scheduler does not keep for itself) set by hand is refused at the next step,
+    and the parameters stay where they were."""
+    model = mlp()
+    opt = SAM(model, gamfunc.sgd(0.1, momentum=0.9), rho=0.05)
+    data = batches(2)
+    opt.step(data[0])
+    before = copy.deepcopy(model.state_dict())
+    opt.param_groups[0][key] = value
+    with pytest.raises(RuntimeError, match=rf"param_groups\[0\]\['{key}'\] was set"):
+        opt.step(data[1])
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_scheduler_that_cycles_momentum_fails_at_once_on_a_gamfunc_base_and_its_keys_pass():
+    """OneCycleLR(cycle_momentum=True) cycles a momentum the gamfunc base fixed when built: refused
+    when it is made. Without cycling, the keys it keeps for itself (initial_lr, max_lr, min_lr) are
+    free, and its lr reaches the step."""
+    model = mlp()
+    opt = SAM(model, gamfunc.sgd(0.1, momentum=0.9), rho=0.05)
+    with pytest.raises(ValueError, match="momentum"):
+        torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=4, cycle_momentum=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=0.1, total_steps=4, cycle_momentum=False
+    )
+    for b in batches(3):
+        lr = opt.param_groups[0]["lr"]
+        opt.step(b)
+        assert float(opt.metrics["lr"]) == pytest.approx(lr, rel=1e-6)
+        sched.step()
+    assert {"initial_lr", "max_lr", "min_lr"} <= set(opt.param_groups[0])

@@ -594,6 +594,18 @@ def test_param_groups_reject_bad_options_naming_argument_and_pattern():
         gamfunc.param_groups({}, gamfunc.sgd, lr=-1.0)
 
 
+def test_a_group_pattern_that_matches_no_parameter_is_refused_at_init_naming_it():
+    """A typo ("*.bais") would leave its options off without a word: init names the pattern."""
+    params = mlp_params()
+    gamfunc.param_groups({"b*": {"lr": 0.1}}, gamfunc.sgd, lr=0.1).init(params)
+    for groups in ({"nope": {"lr": 0.1}}, {"b*": {"lr": 0.1}, "*.bais": {"weight_decay": 0.0}}):
+        opt = gamfunc.param_groups(groups, gamfunc.sgd, lr=0.1)
+        with pytest.raises(
+            ValueError, match=r"groups: the pattern\(s\) '(nope|\*\.bais)' match no"
+        ):
+            opt.init(params)
+
+
 def test_groups_state_names_each_groups_parameters_outside_the_leaves():
     """GroupsState records its groups' names in the tree's structure: no leaf is a string, so a
     state goes through as_dict/from_dict, vmap and torch.compile as a pytree of tensors."""

@@ -46,7 +46,8 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12, *, mask: Mask = None) -> Es
         eta: η >= 0, added to |θ| in T.
         eps: ξ >= 0, added to the norm before dividing.
         mask: which parameters T scales, as ``weight_decay_mask``: None (all), a dict name -> bool
-            naming every parameter, or a callable ``(name, tensor) -> bool``; False gives T = 1.
+            naming every parameter and no other, or a callable ``(name, tensor) -> bool``; False
+            gives T = 1.
 
     Returns:
         An [`Estimator`][gamfunc.estimators.base.Estimator] named "asam"; its info adds
@@ -54,7 +55,8 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12, *, mask: Mask = None) -> Es
 
     Raises:
         ValueError: ``rho``, ``eta`` or ``eps`` is negative, or ``mask`` is none of its forms
-            (naming it); a dict ``mask`` without an entry for a parameter, when the step runs.
+            (naming it); a dict ``mask`` without an entry for a parameter, or with one for a name
+            that is no parameter, when the step runs.
 
     Example:
         >>> import torch, gamfunc
@@ -74,7 +76,7 @@ def asam(rho, eta: float = 0.01, eps: float = 1e-12, *, mask: Mask = None) -> Es
 
     def run(params, batch, loss_fn, clean, step):
         clean = clean if clean is not None else gradient_pass(loss_fn, params, batch)
-        scaled = None if mask is None else masked_keys(mask, params, "mask")
+        scaled = None if mask is None else masked_keys(mask, params, "mask", exact=True)
         theta_adv = adaptive_ascent(params, clean.grad, value(rho, step), eta, eps, scaled)
         adv = gradient_pass(loss_fn, theta_adv, batch)
         return Estimate(adv.grad, {**clean_info(clean), "perturbed_loss": adv.loss}, clean)

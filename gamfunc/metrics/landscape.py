@@ -184,7 +184,7 @@ def landscape_1d(
     check_params(params)
     _check_points(points)
     if span is not None:
-        _check_span("span", span)
+        _check_span("span", span, _dtype(params))
     loss = bound_loss(loss_fn, buffers, mode)
     (d,), half, measured = _directions(params, batch, loss, direction, 1, biasbn, generator, hvp)
     alphas = _grid(span if span is not None else (-half, half), points, params)
@@ -243,7 +243,7 @@ def landscape_2d(
         https://arxiv.org/abs/1712.09913.
     """
     check_params(params)
-    spans = _spans_2d(span)
+    spans = _spans_2d(span, _dtype(params))
     counts = points if isinstance(points, tuple | list) else (points, points)
     for p in counts:
         _check_points(p)
@@ -320,7 +320,15 @@ def hessian_half_width(lam: float) -> float:
     return math.sqrt(2.0 / lam) if math.isfinite(lam) and lam > 0 else 1.0
 
 
-def _check_span(name: str, span) -> None:
+def _dtype(params: Tree) -> torch.dtype:
+    """The dtype of the landscape's coordinates: that of the first parameter (`_grid`)."""
+    return next(iter(params.values())).dtype
+
+
+def _check_span(name: str, span, dtype: torch.dtype) -> None:
+    """A span is a pair (min, max) of finite numbers, min < max, in ``dtype`` too (the parameters'):
+    both ends, and max − min, which the points are spaced over, finite there (1e39 is not in
+    float32), and min < max still once rounded to it."""
     ok = isinstance(span, tuple | list) and len(span) == 2
     if ok:
         try:
@@ -333,9 +341,18 @@ def _check_span(name: str, span) -> None:
         raise ValueError(
             f"{name} must be a pair (min, max) of finite numbers, min < max; got {span!r}"
         )
+    ends = torch.tensor([lo, hi], dtype=torch.float64).to(dtype)
+    width = ends[1] - ends[0]
+    if not (bool(torch.isfinite(ends).all()) and bool(torch.isfinite(width)) and width > 0):
+        top = torch.finfo(dtype).max
+        raise ValueError(
+            f"{name} must be a pair (min, max) finite in the parameters' "
+            f"{str(dtype).removeprefix('torch.')} (at most {top:.4g} in size, max − min "
+            f"included), min < max there; got {span!r}"
+        )
 
 
-def _spans_2d(span) -> tuple:
+def _spans_2d(span, dtype: torch.dtype) -> tuple:
     """Both axes' spans (None: the default) from ``span``: None, one pair, or a pair of pairs."""
     if span is None:
         return (None, None)
@@ -344,10 +361,10 @@ def _spans_2d(span) -> tuple:
         and len(span) == 2
         and all(isinstance(s, tuple | list) for s in span)
     ):
-        _check_span("span[0]", span[0])
-        _check_span("span[1]", span[1])
+        _check_span("span[0]", span[0], dtype)
+        _check_span("span[1]", span[1], dtype)
         return tuple(span)
-    _check_span("span", span)
+    _check_span("span", span, dtype)
     return (span, span)
 
 

@@ -44,9 +44,16 @@ def _figure_class():
 
 
 def _save(fig, path) -> Any:
+    """Save ``fig`` to ``path`` (None: not saved); a failed write names ``path``, which the
+    image writer's own error (PIL's, on a full disk) does not."""
     if path is not None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fig.savefig(path, format="png", dpi=fig.dpi, bbox_inches="tight")
+        try:
+            fig.savefig(path, format="png", dpi=fig.dpi, bbox_inches="tight")
+        except OSError as e:
+            if e.errno is not None and not e.filename:
+                e.filename = os.fspath(path)
+            raise
     return fig
 
 

@@ -73,7 +73,8 @@ def param_groups(
 
     Raises:
         ValueError: ``groups`` is not a dict of pattern -> dict, ``optimizer`` is not callable, or
-            it rejects a group's options (naming the argument and the pattern).
+            it rejects a group's options (naming the argument and the pattern); at ``init``, a
+            pattern that matches no parameter's name (naming it).
 
     Warning:
         ρ per group is not supported: an estimator's perturbation is ρ·g/‖g‖ with one norm over every
@@ -139,6 +140,13 @@ def param_groups(
 
     def init(params):
         parts = split(params)
+        unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(k, p) for k in params)]
+        if unmatched:  # a typo ("*.bais") would leave its options off without a word
+            shown = ", ".join(list(params)[:8]) + (", ..." if len(params) > 8 else "")
+            raise ValueError(
+                f"groups: the pattern(s) {', '.join(map(repr, unmatched))} match no parameter "
+                f"name (the names: {shown})"
+            )
         states = tuple(opt.init({k: params[k] for k in ks}) for opt, ks in parts)
         return GroupsState(states, tuple(dict.fromkeys(ks, ()) for _, ks in parts))
 

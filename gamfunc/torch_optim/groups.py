@@ -17,11 +17,17 @@ from torch import Tensor
 
 from gamfunc.optim import InjectState, Transform, lr_groups, map_injected
 
-__all__ = ["Groups"]
+__all__ = ["BOOKKEEPING", "Groups"]
 
 # A gamfunc optimiser built with weight_decay=0 injects none (it skips the decay's kernels): its
 # group reports the 0 it uses.
 _ABSENT = {"weight_decay": 0.0}
+
+# What torch.optim's schedulers (lr_scheduler, swa_utils.SWALR) and Optimizer.add_param_group
+# keep in a group for their own use, which no optimiser reads: they may appear and change freely.
+BOOKKEEPING = frozenset(
+    {"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum", "swa_lr", "param_names"}
+)
 
 
 class Groups:
@@ -30,8 +36,12 @@ class Groups:
     Each group reports every value its parameters' update uses: the injected constants
     (``lr``, ``weight_decay``, ...), a schedule's value at the last update, ``weight_decay=0.0``
     where the optimiser keeps no weight decay, ``lr=None`` where it keeps no lr. Only the injected
-    constants can be set; changing any other value of a group raises ``RuntimeError`` at the next
-    step, rather than leaving the change without effect.
+    constants can be set; changing any other value of a group, or adding one (``momentum``,
+    ``nesterov``, ``dampening``, a misspelt key: a gamfunc optimiser fixes them when it is built),
+    raises ``RuntimeError`` at the next step, rather than leaving the change without effect. The
+    keys schedulers keep for themselves (`BOOKKEEPING`: ``initial_lr``, ``max_lr``, ...) are free.
+    A scheduler that cycles a value the group does not show is refused when it is made:
+    ``OneCycleLR(cycle_momentum=True)`` finds no ``momentum`` in the optimiser's ``defaults``.
 
     Args:
         optimizer: the gamfunc optimiser (a [`Transform`][gamfunc.optim.base.Transform]).
@@ -87,8 +97,16 @@ class Groups:
                 schedule sets it, or the optimiser keeps none), naming the group and the value.
         """
         for i, (group, seen) in enumerate(zip(groups, self._seen, strict=True)):
-            for k, before in seen.items():
-                if k not in self.settable[i] and group.get(k) != before:
+            keys = (set(seen) | set(group)) - self.settable[i] - BOOKKEEPING - {"params"}
+            for k in sorted(keys, key=str):
+                if k not in seen:
+                    raise RuntimeError(
+                        f"param_groups[{i}][{k!r}] was set, but the base optimiser reads no {k} "
+                        f"from its groups (they show {', '.join(sorted(seen)) or 'nothing'}): "
+                        f"give a gamfunc optimiser its {k} when you build it, or use a "
+                        f"torch.optim base optimiser"
+                    )
+                if group.get(k) != seen[k]:
                     raise RuntimeError(
                         f"param_groups[{i}][{k!r}] was changed, but the base optimiser does not "
                         f"read it from there: a gamfunc schedule sets it, or the optimiser keeps "

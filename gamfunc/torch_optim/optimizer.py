@@ -37,6 +37,7 @@ from gamfunc.torch_optim.habits import CaughtHabits, HandSetGrad, check_lrs, fil
 from gamfunc.torch_optim.last_direction import LastDirection
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
 from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
+from gamfunc.torch_optim.saved_state import restore
 
 __all__ = ["FlatnessOptimizer"]
 
@@ -394,7 +395,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             state_dict: what ``state_dict()`` returned, or a ``torch.optim`` base optimiser's.
 
         Raises:
-            ValueError: a dict of another form, saved for other parameters, or a ``torch.optim``
+            ValueError: a dict of another form, saved for other parameters, a count of the step's
+                state (``step``, ``skipped``) that is no integer tensor, or a ``torch.optim``
                 optimiser's with a gamfunc base optimiser.
         """
         if torch_state_dict(state_dict):
@@ -430,7 +432,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
                 restored = from_dict(state, reference, "state")
             except ValueError as e:
                 raise ValueError(f"state_dict {e}") from None
-            self._state = pytree.tree_map(_placed, restored, reference)
+            self._state = restore(restored, reference)
         else:
             self._state = None
         if self._groups is not None:
@@ -589,10 +591,3 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         if self._captured is not None and numbers != self._captured:
             release(self._batch_step)
         self._captured = numbers
-
-
-def _placed(saved, reference):
-    """A saved tensor as a copy in the dtype and on the device of its ``reference`` (a fresh state's)."""
-    if isinstance(reference, Tensor):
-        return saved.to(device=reference.device, dtype=reference.dtype, copy=True)
-    return saved

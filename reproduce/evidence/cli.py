@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import math
 import os
 import shlex
@@ -204,9 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         The exit status: 0 when it has written its files; 2 for a bad value, an option the
             subcommand does not use or an output folder that cannot be written (one line on
-            stderr, before any training; argparse's own errors exit 2 by ``SystemExit``); 3 when
-            one of its runs did not train (train.py's rules on skipped steps) or a measurement of
-            one is not finite, naming the run, with no table written.
+            stderr, before any training; argparse's own errors exit 2 by ``SystemExit``), or a
+            file it cannot write once trained (a disk that filled: one line naming the file); 3
+            when one of its runs did not train (train.py's rules on skipped steps) or a
+            measurement of one is not finite, naming the run, with no table written.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     p = parser()
@@ -226,7 +228,29 @@ def main(argv: list[str] | None = None) -> int:
     except (NotTrained, NotMeasured) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 3
+    except OSError as e:  # a disk that filled after the start-up check, as train.py says it
+        if not _write_error(e, Path(opt.out)):
+            raise
+        where = repr(str(e.filename)) if e.filename else f"into {str(opt.out)!r}"
+        print(
+            f"error: cannot write {where}: {e.strerror or e}; free space (or fix permissions) "
+            "and run the command again",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     return 0
+
+
+def _write_error(e: OSError, out: Path) -> bool:
+    """Whether ``e`` is the command failing to write its outputs (a full, read-only or forbidden
+    disk, or a file under ``out``), not a file it reads."""
+    if e.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES):
+        return True
+    try:
+        return bool(e.filename) and Path(str(e.filename)).resolve().is_relative_to(out.resolve())
+    except (OSError, RuntimeError):
+        return False
 
 
 # Options that set a field of train.py's configuration, checked by its validator (option: field).

@@ -40,7 +40,7 @@ FAMILY: dict[str, tuple[str, dict[str, Any]]] = {
     "SGD": ("sgd", {}),
     "SAM": ("sam", {}),
     "SAM, 2 ascent steps": ("sam", dict(ascent_steps=2)),
-    "ASAM": ("asam", dict(asam_mask="weights")),
+    "ASAM": ("asam", dict(asam_mask="weights", sam_rho=0.5)),
     "GSAM": ("gsam", {}),
     "GSAM, adaptive": ("gsam", dict(gsam_adaptive=True, sam_rho=0.5)),
     "WSAM": ("wsam", {}),

@@ -20,7 +20,13 @@ run of the job and in its resume. Inductor writes each entry atomically, so rank
 are safe.
 
 An artifacts file that is corrupt, of another torch version, or that torch cannot load is ignored
-with one line; the run then compiles as without it.
+with one line; the run then compiles as without it. A damaged file in the inductor folder (a
+generated module or library with null bytes or cut short: a machine lost mid-write, a full disk)
+fails the first compiled step naming that file: the run sets the folder aside
+(``inductor.damaged-<pid>``) with one line, starts an empty one and compiles afresh
+(`CompileCache.damaged_by`, `CompileCache.set_aside`). A folder that cannot be written (a file, a
+read-only mount: inductor takes its locks there even for a warm cache) is refused in one line naming
+``--compile_cache`` (`CacheError`).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,7 +42,7 @@ import torch
 
 from reproduce.run import checkpoint as ckpt
 
-__all__ = ["FORMAT", "CompileCache", "cache_counts", "folder"]
+__all__ = ["FORMAT", "CacheError", "CompileCache", "cache_counts", "folder"]
 
 FORMAT = "gamfunc-reproduce-compile-artifacts/1"
 ENV = "TORCHINDUCTOR_CACHE_DIR"
@@ -48,6 +55,10 @@ COUNTERS = (
     ("aot_autograd", "autograd_cache_miss"),
     ("aot_autograd", "autograd_cache_bypass"),
 )
+
+
+class CacheError(Exception):
+    """``--compile_cache`` names a folder that cannot be made or written (one line; exit 2)."""
 
 
 def folder(setting: str, logdir: str | os.PathLike) -> Path | None:
@@ -115,9 +126,24 @@ class CompileCache:
 
     def open(self) -> CompileCache:
         """Point inductor's caches at ``<root>/inductor`` (Triton's inside it, unless
-        ``TRITON_CACHE_DIR`` is set) until `close`; the counts start here."""
+        ``TRITON_CACHE_DIR`` is set) until `close`; the counts start here.
+
+        Raises:
+            CacheError: the folder cannot be made or written (a file, a read-only mount): inductor
+                writes its locks and entries there, a warm cache too.
+        """
         inductor = self.root / "inductor"
-        inductor.mkdir(parents=True, exist_ok=True)
+        try:
+            for where in (inductor, self.path.parent):
+                where.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryFile(dir=where):  # inductor writes here, warm or cold
+                    pass
+        except OSError as e:
+            what = e.strerror or type(e).__name__
+            raise CacheError(
+                f"--compile_cache: cannot write the compile cache {str(e.filename or where)!r} "
+                f"({what}); name a folder this process can write, or --compile_cache=off"
+            ) from None
         self._previous = os.environ.get(ENV)
         os.environ[ENV] = str(inductor.resolve())
         self._open = True
@@ -133,6 +159,70 @@ class CompileCache:
         else:
             os.environ[ENV] = self._previous
         self._open = False
+
+    def damaged_by(self, error: BaseException) -> bool:
+        """Whether ``error`` (of a compiled step), or an error it came from, names a file in this
+        cache's inductor folder: a damaged entry there (null bytes, cut short) fails every later
+        compile that reads it.
+
+        Args:
+            error: the exception.
+
+        Returns:
+            True where a file of the folder is named.
+        """
+        return self._naming(error) is not None
+
+    def _naming(self, error: BaseException) -> BaseException | None:
+        """The first of ``error`` and the errors it came from that names a file of the folder."""
+        inductor = str((self.root / "inductor").resolve())
+        seen: set[int] = set()
+        e: BaseException | None = error
+        while e is not None and id(e) not in seen:
+            if inductor in str(e):
+                return e
+            seen.add(id(e))
+            e = e.__cause__ or e.__context__
+        return None
+
+    def set_aside(self, error: BaseException) -> Path:
+        """Move the inductor folder aside (``inductor.damaged-<pid>``) with one line, start an
+        empty one, and forget what this process compiled or loaded from it, so that the next
+        compile starts afresh.
+
+        Args:
+            error: the error that named a file of the folder (`damaged_by`), for the line.
+
+        Returns:
+            Where the folder went.
+        """
+        import torch._dynamo
+        from torch._inductor.utils import clear_caches
+
+        inductor = self.root / "inductor"
+        aside = self.root / f"inductor.damaged-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):  # another rank of the node moved it
+            inductor.rename(aside)
+        inductor.mkdir(parents=True, exist_ok=True)
+        torch._dynamo.reset()
+        clear_caches()
+        self.say(
+            f"compile cache: {str(inductor)!r} holds a damaged entry ({self._named(error)}); "
+            f"moved it to {str(aside)!r} and compiling afresh"
+        )
+        return aside
+
+    def _named(self, error: BaseException) -> str:
+        """The lines of ``error`` that name the folder's file and say what is wrong with it."""
+        inductor = str((self.root / "inductor").resolve())
+        error = self._naming(error) or error
+        lines = [ln.strip() for ln in str(error).splitlines()]
+        named = [i for i, ln in enumerate(lines) if inductor in ln]
+        if not named:
+            return _reason(error) if isinstance(error, Exception) else type(error).__name__
+        i = named[0]
+        why = [ln for ln in lines[i + 1 : i + 2] if ln.split(":")[0].endswith("Error")]
+        return _reason(Exception("; ".join([lines[i], *why])))
 
     def load(self) -> int:
         """Load this process's artifacts file, if there is one, into inductor's caches.

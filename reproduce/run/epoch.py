@@ -215,7 +215,13 @@ def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
         if cfg.compile:  # said within the phase: a signal from here on stops the run at once
             r.say(f"[{r.name}] compiling the step (first call)...")
             began = time.perf_counter()
-        p.params, p.state, metrics = parts.step(p.params, p.state, batch)
+        try:
+            p.params, p.state, metrics = parts.step(p.params, p.state, batch)
+        except Exception as e:  # a damaged compile cache: set it aside, compile afresh, once
+            if s.compile_cache is None or not s.compile_cache.damaged_by(e):
+                raise
+            s.compile_cache.set_aside(e)
+            p.params, p.state, metrics = parts.step(p.params, p.state, batch)
     if cfg.compile:
         if device.type == "cuda":
             torch.cuda.synchronize(device)

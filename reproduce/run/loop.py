@@ -105,6 +105,11 @@ def _train(r: Run, data, saved: dict | None) -> dict:
             if s.compile_cache is not None and not s.compile_cache.done:  # fewer steps than a cycle
                 s.compile_cache.save()
             status, final = end_of_run(r, parts, p, s, stopped)
+            # the metrics' last part (the figure and its file, the scalars) checks no flag: a
+            # signal there, acknowledged, stops the run here, before a summary says "finished"
+            # (rank 0's metrics check its flag alone, as here)
+            if r.procs.main:
+                r.stop.check()
         except RuntimeError as error:
             # the checkpoint a stop writes is a collective too: the last one written is what is kept
             interrupted = r.stop.left_collective(r.procs.world)

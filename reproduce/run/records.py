@@ -18,7 +18,19 @@ from reproduce.run import report
 from reproduce.run.context import Parts, Progress, Run, global_sums
 from reproduce.run.evaluation import evaluate, flatness, flatness_plan
 
-__all__ = ["end_of_epoch", "final_metrics"]
+__all__ = ["EVALUATED", "FLATNESS", "RECORD_KEYS", "end_of_epoch", "final_metrics"]
+
+# What an epoch's record holds (`end_of_epoch`): these always; the evaluation of each split
+# (``{split}_{score}``) on the epochs it evaluates; the flatness metrics every ``flatness_every``;
+# ``skipped_estimator_steps`` with a step period above 1. A resumed run checks its records against
+# them (`reproduce.run.resume.check_place`).
+RECORD_KEYS = frozenset({"epoch", "step", "train_loss", "train_acc", "skipped_steps"})
+EVALUATED = frozenset(
+    f"{split}_{score}"
+    for split in ("test", "val", "train_eval")
+    for score in ("loss", "acc", "top5")
+)
+FLATNESS = frozenset({"lambda_max", "trace", "r1"})
 
 
 def end_of_epoch(r: Run, parts: Parts, p: Progress, epoch: int) -> dict:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from reproduce.config import Config
+from reproduce.methods import SAM_LIKE
 
 __all__ = [
     "CHANCE_MARGIN",
@@ -323,7 +324,7 @@ def _label_hparams(s: dict) -> str:
     c, e = s["config"], s["estimator"]
     if e in ("sgd",):
         return ""
-    if e == "sam":
+    if e in SAM_LIKE:  # SAM's radius, and no α of GAM
         return f" ρ={c.get('sam_rho') or c['rho']:g}"
     if e == "gnp":
         return f" α={c['alpha']:g}"

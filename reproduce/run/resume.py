@@ -26,6 +26,7 @@ from reproduce.run import report
 from reproduce.run.context import Progress, Run, global_sums, zero_accum
 from reproduce.run.evaluation import to
 from reproduce.run.launch import from_main
+from reproduce.run.records import EVALUATED, FLATNESS, RECORD_KEYS
 
 __all__ = [
     "CHECKPOINT_FIELDS",
@@ -33,6 +34,7 @@ __all__ = [
     "UNSAVED",
     "RunLocked",
     "check_body",
+    "check_loaded",
     "check_place",
     "clear",
     "decide",
@@ -153,11 +155,7 @@ def resume(
         check_place(saved, steps_per_epoch, n_train, cfg.batch_size, r.path, cfg.total_steps)
     p.params = like(saved["params"], params, "params")
     p.state = like(saved["state"], state, "state")
-    step = saved["position"]["global_step"]
-    for field in ("step", "skipped"):  # each of the run's steps was taken or skipped
-        v = int(getattr(p.state, field))
-        if not 0 <= v <= step:
-            raise _bad(r.path, f"its state.{field} is {v}, not in [0, {step}] (its steps)")
+    check_loaded(saved, p.params, p.state, state, r.path)
     if procs.main:  # the saved sums are over all ranks: one rank carries them on
         p.accum |= to(saved["accum"], procs.device)
     p.pos, p.history, p.best = {**pos, **saved["position"]}, saved["history"], saved["best"]
@@ -169,6 +167,55 @@ def resume(
         f"(step {p.pos['global_step']})"
     )
     return p
+
+
+def check_loaded(saved: dict, params, state, fresh, path: Path) -> None:
+    """Check a checkpoint's parameters and step state (loaded: `like`) against its position and
+    history: each of the run's steps was taken or skipped (``state.step + state.skipped`` is its
+    ``global_step``, and ``state.cycle`` too with a step period above 1), the skipped ones are
+    those its epoch records and sums count, every floating-point value is finite (a step never
+    keeps a non-finite one), and the optimiser's hyperparameters are those the configuration
+    gives (``fresh``: the step state a fresh run starts from).
+
+    Raises:
+        CheckpointError: one of them does not hold (one line naming it).
+    """
+    pos = saved["position"]
+    step, world = pos["global_step"], pos.get("world", 1)
+    for field in ("step", "skipped"):
+        v = int(getattr(state, field))
+        if not 0 <= v <= step:
+            raise _bad(path, f"its state.{field} is {v}, not in [0, {step}] (its steps)")
+    taken, skipped = int(state.step), int(state.skipped)
+    if taken + skipped != step:
+        raise _bad(
+            path,
+            f"its state.step {taken} and state.skipped {skipped} are not its global_step {step} "
+            "(each step is taken or skipped)",
+        )
+    if isinstance(state.cycle, Tensor) and int(state.cycle) != step:
+        raise _bad(path, f"its state.cycle is {int(state.cycle)}, not its global_step {step}")
+    counted = sum(h["skipped_steps"] for h in saved["history"])
+    counted += int(saved["accum"]["skipped"]) // (world if _count(world) and world else 1)
+    if skipped != counted:
+        raise _bad(
+            path,
+            f"its state.skipped is {skipped}, but its epoch records and sums count {counted} "
+            "skipped steps",
+        )
+    for where, tree in (("params", params), ("state", state)):
+        for key, v in pytree.tree_flatten_with_path(tree)[0]:
+            if isinstance(v, Tensor) and v.is_floating_point() and not bool(v.isfinite().all()):
+                raise _bad(path, f"its {where}{pytree.keystr(key)} is not finite")
+    got = dict(pytree.tree_flatten_with_path(state.opt)[0])
+    for key, v in pytree.tree_flatten_with_path(fresh.opt)[0]:
+        is_hyper = any(getattr(k, "name", getattr(k, "key", None)) == "hyperparams" for k in key)
+        if is_hyper and isinstance(v, Tensor) and not torch.equal(got[key].cpu(), v.cpu()):
+            raise _bad(
+                path,
+                f"its state.opt{pytree.keystr(key)} is {got[key].item()!r}, not the "
+                f"{v.item()!r} of its configuration",
+            )
 
 
 def decide(r: Run) -> tuple[str, Any, Any]:
@@ -324,6 +371,7 @@ def check_body(saved: dict, cfg: Config, path: Path) -> None:
     for i, h in enumerate(history):
         if h.get("epoch") != i + 1 or not _count(h.get("step")):
             raise _bad(path, f"its history record {i} is not that of epoch {i + 1}")
+        _check_record(h, i, path)
     _check_best(saved["best"], pos["epoch"], path)
     _check_accum(saved["accum"], path)
     finished, status = saved["finished"], saved["status"]
@@ -343,6 +391,40 @@ STATUSES = ("running", "interrupted", "max_steps", "diverged", "finished")
 
 def _number(v, low: float, high: float) -> bool:
     return not isinstance(v, bool) and isinstance(v, int | float) and low <= v <= high
+
+
+def _check_record(h: dict, i: int, path: Path) -> None:
+    """An epoch's record as `reproduce.run.records.end_of_epoch` writes it: its keys (`RECORD_KEYS`
+    and the optional ones), the mean loss finite (None with the accuracy when every step was
+    skipped), accuracies in [0, 100], evaluation losses >= 0, flatness metrics numbers (NaN where
+    unmeasurable), counts of skipped steps >= 0 (the estimator's at most all)."""
+    where = f"its history record {i} (epoch {i + 1})"
+    unknown = sorted(set(h) - RECORD_KEYS - EVALUATED - FLATNESS - {"skipped_estimator_steps"})
+    missing = sorted(RECORD_KEYS - set(h))
+    if unknown or missing:
+        what = f"has entries a run never writes ({', '.join(map(str, unknown))})" if unknown else ""
+        what = what or f"lacks {', '.join(missing)}"
+        raise _bad(path, f"{where} {what}")
+    inf = float("inf")
+    loss, acc = h["train_loss"], h["train_acc"]
+    if (loss is None) != (acc is None):
+        raise _bad(path, f"{where} has train_loss {loss!r} and train_acc {acc!r}: both or neither")
+    if loss is not None and not (_number(loss, -inf, inf) and math.isfinite(loss)):
+        raise _bad(path, f"{where} has train_loss {loss!r}, not a finite number or None")
+    for k in [*sorted(set(h) & EVALUATED), *(["train_acc"] if acc is not None else [])]:
+        # an evaluation loss may overflow (inf); a NaN or a negative one is no mean of losses
+        high = inf if k.endswith("_loss") else 100.0
+        if not _number(h[k], 0.0, high):
+            range_ = ">= 0" if high == inf else "in [0, 100]"
+            raise _bad(path, f"{where} has {k} {h[k]!r}, not a number {range_}")
+    for k in sorted(set(h) & FLATNESS):
+        if isinstance(h[k], bool) or not isinstance(h[k], int | float):
+            raise _bad(path, f"{where} has {k} {h[k]!r}, not a number")
+    for k in ("skipped_steps", "skipped_estimator_steps"):
+        if k in h and not _count(h[k]):
+            raise _bad(path, f"{where} has {k} {h[k]!r}, not a count >= 0")
+    if h.get("skipped_estimator_steps", 0) > h["skipped_steps"]:
+        raise _bad(path, f"{where} has more skipped_estimator_steps than skipped_steps")
 
 
 def _check_config(config, path: Path) -> None:
@@ -444,6 +526,24 @@ def check_place(
             f"its position global_step {step} is not epoch {epoch} × {steps_per_epoch} steps + "
             f"batch {batch}",
         )
+    before = 0
+    for i, h in enumerate(saved["history"]):  # each closed epoch's record, at its last step
+        want = (i + 1) * steps_per_epoch
+        if total_steps and want > total_steps:  # --total_steps closed it early
+            want = total_steps
+        if h["step"] != want:
+            raise _bad(
+                path,
+                f"its history record {i} (epoch {i + 1}) is at step {h['step']}, not at its "
+                f"epoch's last step {want}",
+            )
+        if h["skipped_steps"] > want - before:
+            raise _bad(
+                path,
+                f"its history record {i} (epoch {i + 1}) has {h['skipped_steps']} skipped "
+                f"steps, more than the epoch's {want - before}",
+            )
+        before = want
     if order is None:
         if batch:
             raise _bad(path, f"it stopped at batch {batch} of an epoch but holds no data order")

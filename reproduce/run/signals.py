@@ -60,6 +60,7 @@ class StopFlag:
 
     def __init__(self, exit_at_once: bool = False):
         self.signum: int | None = None  # the signal that stops the run (another rank's, too)
+        self.where = ""  # the phase the first signal arrived in
         self.received = 0  # signals this process received
         self.phase, self.at_once = "", False
         self.exit_at_once = exit_at_once  # start-up: end the process from the handler
@@ -80,7 +81,8 @@ class StopFlag:
                 what = f"{name} again" if first == name else f"{first}, then {name}"
                 _say_once(f"{what}: stopping now; {self.kept() or NOTHING}", sys.stderr)
             _leave(128 + (self.signum or signum))
-        self.signum = self.signum or signum
+        if self.signum is None:
+            self.signum, self.where = signum, self.phase
         if self.at_once and self.exit_at_once:
             self.report(Interrupted(signum, self.phase))
             _leave(128 + signum)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import tempfile
 from pathlib import Path
 
 from reproduce.config import Config, estimators_of, resolve, run_name
 
-__all__ = ["Cell", "Run", "SweepError", "other_settings", "plan"]
+__all__ = ["Cell", "Run", "SweepError", "check_writable", "other_settings", "plan"]
 
 
 class SweepError(ValueError):
@@ -102,3 +103,31 @@ def plan(
         run_dir = Path(cfg.logdir).expanduser() / run_name(cfg) / estimators[0]
         runs.append(Run(cell, seed, argv, cfg, run_dir))
     return name, root, runs
+
+
+def check_writable(opts, root: Path) -> None:
+    """Check at start-up that the sweep can write what it writes: its runs under ``root``
+    (``<logdir>/<name>``) and its tables in ``--out`` (``root`` without it), each made if need be
+    and a file written and removed there; otherwise every cell would train and the sweep fail at
+    its end.
+
+    Args:
+        opts: the sweep's options (``out``).
+        root: the sweep's folder.
+
+    Raises:
+        SweepError: a folder cannot be made or written (naming ``--logdir`` or ``--out``).
+    """
+    out = Path(opts.out).expanduser() if opts.out else None
+    for flag, folder in (("--logdir (after --)", root), ("--out", out)):
+        if folder is None:
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as e:
+            raise SweepError(
+                f"{flag}: cannot write {str(folder)!r} ({e.strerror or type(e).__name__}); "
+                "name a folder this process can write"
+            ) from None

@@ -78,7 +78,7 @@ from reproduce.run import checkpoint as ckpt
 from reproduce.run import launch, report
 from reproduce.run.signals import StopFlag
 from reproduce.sweeps import vmapped
-from reproduce.sweeps.plan import SweepError, other_settings, plan
+from reproduce.sweeps.plan import SweepError, check_writable, other_settings, plan
 from reproduce.sweeps.table import every_cell_diverged, outcome, write_tables
 
 __all__ = ["run"]
@@ -155,6 +155,7 @@ def run(opts: argparse.Namespace, rest: list[str], grid: list[tuple[str, list[st
         data_seed = opts.seeds[0] if opts.data_seed is None else opts.data_seed
         path = root / "vmap.pt"
         saved = _saved(path, cfgs, data_seed)
+        check_writable(opts, root)  # last: a refusal above writes nothing
     except (SweepError, vmapped.VmapError, ckpt.CheckpointError) as e:
         return _error(e)
     reused = saved is not None and saved["finished"]
