@@ -36,7 +36,10 @@ def mode(model: nn.Module, train: bool):
 
     Args:
         model: the module whose mode is set.
-        train: True for train mode, False for eval mode; on exit every submodule has its own again.
+        train: True for train mode, False for eval mode.
+
+    Returns:
+        A context manager; on exit every submodule is back in the mode it had on entry.
     """
     if model.training == train:
         yield
