@@ -497,65 +497,20 @@ def test_results_family_prose_equals_its_json():
 
 
 def test_fmnist_prose_numbers_equal_their_json():
-    """The claims under reproduce/RESULTS.md's Fashion-MNIST tables, recomputed from their JSON."""
-    from reproduce.evidence.fmnist import welch
+    """reproduce/RESULTS.md's Fashion-MNIST section is the generator's, from its JSON, and the
+    verdicts it states agree with the tests they name."""
+    from reproduce.evidence.fmnist import fmnist_section, welch
 
     record = json.loads((EVIDENCE / "fmnist" / "fmnist.json").read_text())
-    section = RESULTS.split("## Fashion-MNIST on one GPU", 1)[1].split("\n## ", 1)[0]
+    section = "## Fashion-MNIST on one GPU" + RESULTS.split("## Fashion-MNIST on one GPU", 1)[1]
+    section = section.split("\n## ", 1)[0]
     text = " ".join(section.split())
+    assert section.strip() == fmnist_section(record).strip(), (
+        "python -m reproduce.evidence.fmnist --docs"
+    )
     clean = record["runs"]["clean"]
     acc = {e: [r["test_acc"] for r in rs] for e, rs in clean.items()}
-    mean = {e: statistics.mean(v) for e, v in acc.items()}
-    assert all(len(v) == 3 for v in acc.values()) and not any(record["runs"]["noise40"].values())
-    assert max(mean.values()) - min(mean.values()) < 0.4
-    p_sgd = {e: welch(acc[e], acc["sgd"])[2] for e in acc if e != "sgd"}
-    assert min(p_sgd.values()) > 0.05 and min(p_sgd, key=p_sgd.get) == "sam+gam"
-    d, _, p = welch(acc["sam+gam"], acc["sam"])
-    assert f"0.{round(-d * 100):02d} points *below* SAM (p = {p:.3f})" in text and p < 0.05
-    assert (
-        f"(the smallest p, SAM+GAM's −{-welch(acc['sam+gam'], acc['sgd'])[0]:.2f} points, is {p_sgd['sam+gam']:.3f})"
-        in text
-    )
-    assert (
-        f"{mean['gam'] - mean['sgd']:.2f} and {mean['gam_fd'] - mean['sgd']:.2f} points above SGD"
-        in text
-    )
-    sweep_sgd = next(c for c in record["sweep"]["cells"] if c["estimator"] == "sgd")
-    assert (
-        f"SGD reaches {mean['sgd']:.2f} ± {statistics.stdev(acc['sgd']):.2f}% (val {sweep_sgd['val_acc']:.2f}%"
-        in text
-    )
-    assert mean["sgd"] < 94.0  # "misses the bar"
-    lam = {e: statistics.mean(r["lambda_max"] for r in rs) for e, rs in clean.items()}
-    assert f"({lam['sam']:.0f} and {lam['sam+gam']:.0f} against {lam['sgd']:.0f} for SGD)" in text
-    assert max(lam["sam"], lam["sam+gam"]) < 0.6 * lam["sgd"]  # "about halve"
-    for e, pct in (("gam", 8), ("gam_fd", 14)):
-        assert round(100 * (1 - lam[e] / lam["sgd"])) == pct and f"by {pct}%" in text
-    x = {e: statistics.mean(r["x_sgd"] for r in rs) for e, rs in clean.items()}
-    for e, name in (
-        ("sam", "SAM"),
-        ("gam_fd", "fd GAM"),
-        ("gam", "exact GAM"),
-        ("sam+gam", "SAM+GAM"),
-    ):
-        assert f"{name} {x[e]:.1f} ×" in text, e
-    sel = record["sweep"]["selected"]
-    assert (
-        f"SAM's ρ = {sel['sam_rho']:g} and GAM's ρ = {sel['rho']:g}, α = {sel['alpha']:g}" in text
-    )
-    assert f"({record['seconds']:.0f} s)" in text
-    seed0 = {e: next(r for r in rs if r["seed"] == 0) for e, rs in clean.items()}
-    sgd_lam = [(h["lambda_max"], h["epoch"]) for h in seed0["sgd"]["history"] if h["lambda_max"]]
-    top, at = max(sgd_lam)
-    assert (
-        f"SGD's λ_max peaks at {top:.0f} in epoch {at} and ends at {seed0['sgd']['lambda_max']:.0f}"
-        in text
-    )
-    sam = [h["lambda_max"] for h in seed0["sam"]["history"] if h["lambda_max"]] + [
-        seed0["sam"]["lambda_max"]
-    ]
-    assert f"SAM stays within {min(sam):.0f}–{max(sam):.0f}" in text
-    both = [(h["lambda_max"], h["epoch"]) for h in seed0["sam+gam"]["history"] if h["lambda_max"]]
-    assert f"SAM+GAM peaks at {max(both)[0]:.0f} in epoch {max(both)[1]}" in text
-    ends = {e: r["lambda_max"] for e, r in seed0.items()}
-    assert min(ends, key=ends.get) == "sam+gam" and f"lowest, at {ends['sam+gam']:.1f}" in text
+    assert all(len(v) >= 3 for v in acc.values())
+    assert ("meets the bar" in text) == (statistics.mean(acc["sgd"]) >= 94.0)
+    significant = [e for e in acc if e != "sgd" and welch(acc[e], acc["sgd"])[2] < 0.05]
+    assert ("Against SGD, significant" in text) == bool(significant)

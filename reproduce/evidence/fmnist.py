@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import platform
 import statistics
 import subprocess
@@ -52,6 +51,15 @@ from pathlib import Path
 if not __package__:  # run as a file: the checkout's root on sys.path (reproduce/__init__.py)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from reproduce.evidence.fmnist_report import (
+    curves_table,
+    figure,
+    fmnist_prose,
+    fmnist_section,
+    fmnist_table,
+    welch,
+    write_section,
+)
 from reproduce.run.report import write_json
 
 __all__ = [
@@ -62,22 +70,26 @@ __all__ = [
     "SETTINGS",
     "curves_table",
     "figure",
+    "fmnist_prose",
+    "fmnist_section",
     "fmnist_table",
     "main",
     "welch",
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+EVIDENCE = ROOT / "docs" / "evidence" / "fmnist" / "fmnist.json"  # the committed record
 ESTIMATORS = ("sgd", "sam", "gam", "gam_fd", "sam+gam")
-NAMES = {
-    "sgd": "SGD",
-    "sam": "SAM",
-    "gam": "GAM (exact)",
-    "gam_fd": "GAM (fd)",
-    "sam+gam": "SAM+GAM",
-}
 SETTINGS = {"clean": "fmnist.clean", "noise40": "fmnist.noise40"}
 SEEDS = (0, 1, 2)
+# the recipes the SGD baseline is chosen from (stage 0): width and epochs, in order of cost; all fit
+# the whole table (2 settings × 3 seeds × 5 estimators, and the sweep) in an hour of one GPU
+RECIPES = {
+    "w32-10": ("--model=resnet9_w32", "--epochs=10"),
+    "w32-15": ("--model=resnet9_w32", "--epochs=15"),
+    "w64-10": ("--model=resnet9", "--epochs=10"),
+}
+RECIPE_SEEDS = (0, 1)
 SAM_RHOS = (0.05, 0.1)
 GAM_GRID = ((0.05, 0.1), (0.05, 0.3))
 # the multiple of SGD's time each estimator takes, before one is measured (deadline predictions)
@@ -172,17 +184,66 @@ def _row(s: dict, sgd_seconds: float | None) -> dict:
         "images_per_s": s["images_per_s"],
         "peak_memory_gib": s["peak_memory_gib"],
         "history": history,
-        "config": {k: s["config"][k] for k in ("rho", "alpha", "sam_rho", "fd_radius", "seed")},
+        "config": {
+            k: s["config"][k]
+            for k in (
+                "rho",
+                "alpha",
+                "sam_rho",
+                "fd_radius",
+                "seed",
+                "model",
+                "epochs",
+                "batch_size",
+                "lr",
+            )
+        },
     }
 
 
-def sweep(run: Runner) -> dict:
-    """Stage 1: SAM's ρ and GAM's (ρ, α) on 10% of the training set, seed 0, clean."""
+def recipe(run: Runner) -> dict:
+    """Stage 0: the SGD baseline's recipe, of `RECIPES`, by the mean final validation accuracy of
+    SGD over `RECIPE_SEEDS` on 10% of the training set (clean); the test set plays no part."""
+    cells = []
+    for name, args in RECIPES.items():
+        for seed in RECIPE_SEEDS:
+            extra = [*args, "--val_fraction=0.1", f"--seed={seed}", "--eig_iters=0", "--r1_steps=0"]
+            got = run(f"recipe/{name}/seed={seed}", SETTINGS["clean"], ("sgd",), extra)
+            row = {"recipe": name, "seed": seed, "run": False}
+            if got and got["summaries"]:
+                r = _row(got["summaries"][0], None)
+                row |= {"run": True, "val_acc": r["val_acc"], "test_acc": r["test_acc"],
+                        "status": r["status"], "train_seconds": r["train_seconds"]}  # fmt: skip
+            cells.append(row)
+
+    def val(name: str) -> float | None:
+        got = [c["val_acc"] for c in cells if c["recipe"] == name and c["run"]]
+        ok = len(got) == len(RECIPE_SEEDS) and all(
+            c["status"] == "finished" for c in cells if c["recipe"] == name
+        )
+        return statistics.mean(got) if ok else None
+
+    means = {name: val(name) for name in RECIPES}
+    done = [name for name, v in means.items() if v is not None]
+    best = max(done, key=lambda n: means[n]) if done else None  # first of a tie: cost order
+    return {
+        "setting": "clean, SGD, seeds "
+        + ", ".join(map(str, RECIPE_SEEDS))
+        + ", 10% of the training set held out, mean final validation accuracy",
+        "recipes": {name: list(args) for name, args in RECIPES.items()},
+        "cells": cells,
+        "selected": best,
+    }
+
+
+def sweep(run: Runner, args_: tuple[str, ...] = ()) -> dict:
+    """Stage 1: SAM's ρ and GAM's (ρ, α) on 10% of the training set, seed 0, clean, with the
+    recipe's arguments ``args_``."""
     cells = [("sgd", {})] + [("sam", {"sam_rho": r}) for r in SAM_RHOS]
     cells += [("gam", {"rho": r, "alpha": a}) for r, a in GAM_GRID]
     out = []
     for estimator, values in cells:
-        args = ["--val_fraction=0.1", "--seed=0", "--eig_iters=0", "--r1_steps=0"]
+        args = [*args_, "--val_fraction=0.1", "--seed=0", "--eig_iters=0", "--r1_steps=0"]
         args += [f"--{k}={v:g}" for k, v in values.items()]
         label = ",".join(f"{k}={v:g}" for k, v in values.items()) or "-"
         got = run(f"sweep/{estimator}/{label}", SETTINGS["clean"], (estimator,), args)
@@ -211,10 +272,17 @@ def sweep(run: Runner) -> dict:
     }
 
 
-def table(run: Runner, selected: dict, save=lambda runs: None, settings=tuple(SETTINGS)) -> dict:
-    """Stage 2: every estimator × setting (of ``settings``) × seed with the selected values, the
-    clean setting's seeds first; ``save(runs)`` after each process."""
-    values = [f"--{k}={v:g}" for k, v in selected.items() if v is not None]
+def table(
+    run: Runner,
+    selected: dict,
+    save=lambda runs: None,
+    settings=tuple(SETTINGS),
+    args_: tuple[str, ...] = (),
+) -> dict:
+    """Stage 2: every estimator × setting (of ``settings``) × seed with the recipe's arguments
+    ``args_`` and the selected values, the clean setting's seeds first; ``save(runs)`` after each
+    process."""
+    values = [*args_, *(f"--{k}={v:g}" for k, v in selected.items() if v is not None)]
     runs: dict[str, dict[str, list]] = {s: {e: [] for e in ESTIMATORS} for s in SETTINGS}
     for setting in settings:
         preset = SETTINGS[setting]
@@ -239,12 +307,21 @@ def add(by: dict[str, list], seed: int, summaries: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reproduce.evidence.fmnist", description=__doc__)
-    ap.add_argument("--data", required=True, help="Fashion-MNIST's four IDX files")
+    ap.add_argument("--data", default="", help="Fashion-MNIST's four IDX files")
+    ap.add_argument(
+        "--docs",
+        action="store_true",
+        help="write reproduce/RESULTS.md's section and the figure from the committed JSON; no run",
+    )
     ap.add_argument("--out", default="runs/evidence/fmnist", help="folder of fmnist.json")
     ap.add_argument(
         "--logdir", default="runs/fmnist", help="train.py's runs (TensorBoard, summaries)"
     )
     ap.add_argument("--deadline", type=float, default=0.0, help="seconds; 0: no deadline")
+    ap.add_argument(
+        "--stages", default="recipe,sweep,table", help="of recipe,sweep,table: the stages to run"
+    )
+    ap.add_argument("--recipe", default="", help="a fmnist.json whose recipe to reuse (no stage 0)")
     ap.add_argument("--sweep", default="", help="a fmnist.json whose sweep to reuse (no sweep run)")
     ap.add_argument(
         "--settings", default=",".join(SETTINGS), help="the table's settings: clean,noise40"
@@ -253,9 +330,20 @@ def main(argv: list[str] | None = None) -> int:
         "--add", action="append", default=[], help="SETTING:SEED:FOLDER of train.py runs"
     )
     args, extra = ap.parse_known_args(argv)
+    if args.docs:
+        record = json.loads(EVIDENCE.read_text())
+        write_section(record, ROOT / "reproduce" / "RESULTS.md", EVIDENCE.with_suffix(".png"))
+        return 0
+    if not args.data:
+        ap.error("--data: the folder of Fashion-MNIST's four IDX files")
     settings = tuple(args.settings.split(","))
     if not set(settings) <= set(SETTINGS):
         ap.error(f"--settings: each of {', '.join(SETTINGS)}; got {args.settings!r}")
+    stages = set(args.stages.split(","))
+    if not stages <= {"recipe", "sweep", "table"}:
+        ap.error(f"--stages: each of recipe, sweep, table; got {args.stages!r}")
+    if "table" in stages and "sweep" not in stages and not args.sweep:
+        ap.error("--stages: the table needs the sweep's values: add sweep, or give --sweep=JSON")
     if args.add:
         path = Path(args.out) / "fmnist.json"
         record = json.loads(path.read_text())
@@ -271,7 +359,10 @@ def main(argv: list[str] | None = None) -> int:
     run = Runner(args.data, Path(args.logdir), args.deadline, extra)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {"settings": {"command": "fmnist", "extra": extra}, "platform": _device()}
+    given = sys.argv[1:] if argv is None else argv
+    shown = [a for a in given if not a.startswith(("--data=", "--out=", "--logdir="))]
+    meta = {"command": "fmnist", "extra": extra, "argv": ["--data=DIR", *shown]}
+    record = {"settings": meta, "platform": _device()}
 
     def save(runs=None) -> None:
         if runs is not None:
@@ -279,145 +370,23 @@ def main(argv: list[str] | None = None) -> int:
         record["seconds"] = round(time.perf_counter() - run.start, 1)
         write_json(out / "fmnist.json", record)
 
-    record["sweep"] = (
-        json.loads(Path(args.sweep).read_text())["sweep"] if args.sweep else sweep(run)
-    )
+    if args.recipe:
+        record["recipe"] = json.loads(Path(args.recipe).read_text())["recipe"]
+    elif "recipe" in stages:
+        record["recipe"] = recipe(run)
+        save()
+    chosen = (record.get("recipe") or {}).get("selected")
+    recipe_args = RECIPES[chosen] if chosen else ()
+    if args.sweep:
+        record["sweep"] = json.loads(Path(args.sweep).read_text())["sweep"]
+    elif "sweep" in stages:
+        record["sweep"] = {"recipe": chosen, **sweep(run, recipe_args)}
+        save()
+    if "table" in stages:
+        save(table(run, record["sweep"]["selected"], save, settings, recipe_args))
     save()
-    save(table(run, record["sweep"]["selected"], save, settings))
     print(f"{record['seconds']} s; {out / 'fmnist.json'}")
     return 0
-
-
-# ---------------------------------------------------------------- the report
-
-
-def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
-    """Welch's t-test of mean(a) − mean(b): (difference, t, two-sided p), with the
-    Welch–Satterthwaite degrees of freedom; NaN where a sample has fewer than 2 values or no spread."""
-    if len(a) < 2 or len(b) < 2:
-        return (
-            (statistics.mean(a) - statistics.mean(b) if a and b else math.nan),
-            math.nan,
-            math.nan,
-        )
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    d = statistics.mean(a) - statistics.mean(b)
-    if va + vb == 0:
-        return d, math.nan, math.nan
-    t = d / math.sqrt(va + vb)
-    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
-    from scipy import stats
-
-    return d, t, float(2 * stats.t.sf(abs(t), df))
-
-
-def _pm(values: list[float], spec: str = ".2f") -> str:
-    if not values:
-        return "—"
-    if len(values) == 1:
-        return format(values[0], spec)
-    return f"{format(statistics.mean(values), spec)} ± {format(statistics.stdev(values), spec)}"
-
-
-def _test(a: list[float], b: list[float]) -> str:
-    d, _, p = welch(a, b)
-    if math.isnan(d):
-        return "—"
-    sign = "+" if d >= 0 else "−"
-    verdict = "" if math.isnan(p) else (f", p = {p:.3f}" if p >= 0.001 else ", p < 0.001")
-    return f"{sign}{abs(d):.2f}{verdict}"
-
-
-def fmnist_table(record: dict) -> str:
-    """reproduce/RESULTS.md's tables of ``fmnist.json``: the sweep, then one table per setting."""
-    lines = ["| cell | val acc % | test acc % (not used) |", "|---|---|---|"]
-    for c in record["sweep"]["cells"]:
-        label = NAMES[c["estimator"]] + "".join(
-            f", {k.replace('sam_rho', 'ρ').replace('rho', 'ρ').replace('alpha', 'α')} {c[k]:g}"
-            for k in ("sam_rho", "rho", "alpha")
-            if k in c
-        )
-        val = f"{c['val_acc']:.2f}" if c.get("val_acc") is not None else "not run"
-        test = f"{c['test_acc']:.2f}" if c.get("test_acc") is not None else "—"
-        lines.append(f"| {label} | {val} | {test} |")
-    out = ["\n".join(lines)]
-    head = (
-        "| estimator | seeds | test acc % | gap (train − test) | λ_max | R1 | train s | × SGD | "
-        "vs SGD (Welch) | vs SAM (Welch) |"
-    )
-    for setting, by in record["runs"].items():
-        rows = [head, "|" + "---|" * 10]
-        acc = {e: [r["test_acc"] for r in rs] for e, rs in by.items()}
-        for e, rs in by.items():
-            if not rs:
-                rows.append(f"| {NAMES[e]} | 0 | not run | | | | | | | |")
-                continue
-            rows.append(
-                f"| {NAMES[e]} | {len(rs)} | {_pm(acc[e])} | {_pm([r['gap'] for r in rs])} | "
-                f"{_pm([r['lambda_max'] for r in rs])} | {_pm([r['r1'] for r in rs], '.3f')} | "
-                f"{_pm([r['train_seconds'] for r in rs], '.1f')} | {_pm([r['x_sgd'] for r in rs])} | "
-                f"{'—' if e == 'sgd' else _test(acc[e], acc['sgd'])} | "
-                f"{'—' if e in ('sgd', 'sam') else _test(acc[e], acc['sam'])} |"
-            )
-        out.append(f"{setting}:\n\n" + "\n".join(rows))
-    out.append(curves_table(record))
-    return "\n\n".join(out)
-
-
-def curves_table(record: dict, setting: str = "clean", seed: int = 0) -> str:
-    """The TensorBoard curves of one run per estimator (``test/acc`` every epoch, ``flatness/
-    lambda_max`` every two epochs and at the end), from the same records: epoch by epoch, "test %
-    / λ_max" per estimator."""
-    by = {
-        e: next((r for r in rs if r["seed"] == seed), None)
-        for e, rs in record["runs"][setting].items()
-    }
-    by = {e: r for e, r in by.items() if r is not None}
-    epochs = max((len(r["history"]) for r in by.values()), default=0)
-    rows = ["| epoch | " + " | ".join(NAMES[e] for e in by) + " |", "|---|" + "---|" * len(by)]
-    for i in range(epochs):
-        cells = []
-        for r in by.values():
-            h = r["history"][i]
-            lam = r["lambda_max"] if i == epochs - 1 else h["lambda_max"]
-            cells.append(f"{h['test_acc']:.2f}" + ("" if lam is None else f" / {lam:.1f}"))
-        rows.append(f"| {i + 1} | " + " | ".join(cells) + " |")
-    return f"{setting}, seed {seed}, test % / λ_max:\n\n" + "\n".join(rows)
-
-
-def figure(record: dict, path: Path) -> None:
-    """Test accuracy (mean ± std over seeds) against training seconds, one point per estimator,
-    a panel per setting that has runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    done = {k: by for k, by in record["runs"].items() if any(by.values())}
-    fig, axes = plt.subplots(1, len(done), figsize=(5 * len(done), 3.6), squeeze=False)
-    for ax, (setting, by) in zip(axes[0], done.items(), strict=True):
-        for e, rs in by.items():
-            if not rs:
-                continue
-            acc = [r["test_acc"] for r in rs]
-            sec = [r["train_seconds"] for r in rs]
-            ax.errorbar(
-                statistics.mean(sec),
-                statistics.mean(acc),
-                yerr=statistics.stdev(acc) if len(acc) > 1 else 0,
-                xerr=statistics.stdev(sec) if len(sec) > 1 else 0,
-                fmt="o",
-                capsize=3,
-                label=NAMES[e],
-            )
-        ax.set_xscale("log")
-        ax.set_xlabel(f"training seconds ({record['platform']['device']})")
-        ax.set_ylabel("test accuracy %")
-        ax.set_title(f"Fashion-MNIST, {setting}")
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,354 @@
+"""reproduce/RESULTS.md's Fashion-MNIST section from ``fmnist.json`` (`reproduce.evidence.fmnist`):
+the tables, the verdicts stated in words (Welch's t-tests, the bar of the baseline, flatness and
+price), the curves of one run per estimator, and the figure. Every number the section states is
+rendered here from the JSON; tests/test_docs.py holds the section to it."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+NAMES = {
+    "sgd": "SGD",
+    "sam": "SAM",
+    "gam": "GAM (exact)",
+    "gam_fd": "GAM (fd)",
+    "sam+gam": "SAM+GAM",
+}
+BAR = 94.0  # the clean SGD baseline's required mean test accuracy (%)
+LEVEL = 0.05  # significance level of the two-sided tests
+
+
+def welch(a: list[float], b: list[float]) -> tuple[float, float, float]:
+    """Welch's t-test of mean(a) − mean(b): (difference, t, two-sided p), with the
+    Welch–Satterthwaite degrees of freedom; NaN where a sample has fewer than 2 values or no spread."""
+    if len(a) < 2 or len(b) < 2:
+        return (
+            (statistics.mean(a) - statistics.mean(b) if a and b else math.nan),
+            math.nan,
+            math.nan,
+        )
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    d = statistics.mean(a) - statistics.mean(b)
+    if va + vb == 0:
+        return d, math.nan, math.nan
+    t = d / math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    from scipy import stats
+
+    return d, t, float(2 * stats.t.sf(abs(t), df))
+
+
+def _pm(values: list[float], spec: str = ".2f") -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return format(values[0], spec)
+    return f"{format(statistics.mean(values), spec)} ± {format(statistics.stdev(values), spec)}"
+
+
+def _test(a: list[float], b: list[float]) -> str:
+    d, _, p = welch(a, b)
+    if math.isnan(d):
+        return "—"
+    sign = "+" if d >= 0 else "−"
+    verdict = "" if math.isnan(p) else (f", p = {p:.3f}" if p >= 0.001 else ", p < 0.001")
+    return f"{sign}{abs(d):.2f}{verdict}"
+
+
+def recipe_table(record: dict) -> str:
+    """Stage 0: SGD's validation accuracy per recipe and seed, the chosen one marked."""
+    rec = record["recipe"]
+    rows = ["| recipe | arguments | seeds | val acc % | test acc % (not used) | train s | note |"]
+    rows.append("|---|---|---|---|---|---|---|")
+    for name, args in rec["recipes"].items():
+        cells = [c for c in rec["cells"] if c["recipe"] == name and c["run"]]
+        rows.append(
+            f"| `{name}` | `{' '.join(args)}` | {len(cells)} | "
+            f"{_pm([c['val_acc'] for c in cells])} | {_pm([c['test_acc'] for c in cells])} | "
+            f"{_pm([c['train_seconds'] for c in cells], '.1f')} | "
+            f"{'selected' if name == rec['selected'] else ''} |"
+        )
+    return "\n".join(rows)
+
+
+def sweep_table(record: dict) -> str:
+    """Stage 1: the validation accuracy of each cell of the sweep."""
+    lines = ["| cell | val acc % | test acc % (not used) |", "|---|---|---|"]
+    for c in record["sweep"]["cells"]:
+        label = NAMES[c["estimator"]] + "".join(
+            f", {k.replace('sam_rho', 'ρ').replace('rho', 'ρ').replace('alpha', 'α')} {c[k]:g}"
+            for k in ("sam_rho", "rho", "alpha")
+            if k in c
+        )
+        val = f"{c['val_acc']:.2f}" if c.get("val_acc") is not None else "not run"
+        test = f"{c['test_acc']:.2f}" if c.get("test_acc") is not None else "—"
+        lines.append(f"| {label} | {val} | {test} |")
+    return "\n".join(lines)
+
+
+def setting_table(by: dict[str, list]) -> str:
+    """Stage 2, one setting: per estimator, mean ± std over seeds and the tests against SGD, SAM."""
+    rows = [
+        "| estimator | seeds | test acc % | gap (train − test) | λ_max | R1 | train s | × SGD | "
+        "vs SGD (Welch) | vs SAM (Welch) |",
+        "|" + "---|" * 10,
+    ]
+    acc = {e: [r["test_acc"] for r in rs] for e, rs in by.items()}
+    for e, rs in by.items():
+        if not rs:
+            rows.append(f"| {NAMES[e]} | 0 | not run | | | | | | | |")
+            continue
+        rows.append(
+            f"| {NAMES[e]} | {len(rs)} | {_pm(acc[e])} | {_pm([r['gap'] for r in rs])} | "
+            f"{_pm([r['lambda_max'] for r in rs])} | {_pm([r['r1'] for r in rs], '.3f')} | "
+            f"{_pm([r['train_seconds'] for r in rs], '.1f')} | {_pm([r['x_sgd'] for r in rs])} | "
+            f"{'—' if e == 'sgd' else _test(acc[e], acc['sgd'])} | "
+            f"{'—' if e in ('sgd', 'sam') else _test(acc[e], acc['sam'])} |"
+        )
+    return "\n".join(rows)
+
+
+def fmnist_table(record: dict) -> str:
+    """reproduce/RESULTS.md's tables of ``fmnist.json``: the recipe (where run), the sweep, one table
+    per setting, the curves."""
+    out = [recipe_table(record)] if record.get("recipe") else []
+    out.append(sweep_table(record))
+    out += [f"{setting}:\n\n" + setting_table(by) for setting, by in record["runs"].items()]
+    out.append(curves_table(record))
+    return "\n\n".join(out)
+
+
+def curves_table(record: dict, setting: str = "clean", seed: int = 0) -> str:
+    """The TensorBoard curves of one run per estimator (``test/acc`` every epoch, ``flatness/
+    lambda_max`` every two epochs and at the end), from the same records: epoch by epoch, "test %
+    / λ_max" per estimator."""
+    by = {
+        e: next((r for r in rs if r["seed"] == seed), None)
+        for e, rs in record["runs"][setting].items()
+    }
+    by = {e: r for e, r in by.items() if r is not None}
+    epochs = max((len(r["history"]) for r in by.values()), default=0)
+    rows = ["| epoch | " + " | ".join(NAMES[e] for e in by) + " |", "|---|" + "---|" * len(by)]
+    for i in range(epochs):
+        cells = []
+        for r in by.values():
+            h = r["history"][i]
+            lam = r["lambda_max"] if i == epochs - 1 else h["lambda_max"]
+            cells.append(f"{h['test_acc']:.2f}" + ("" if lam is None else f" / {lam:.1f}"))
+        rows.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return f"{setting}, seed {seed}, test % / λ_max:\n\n" + "\n".join(rows)
+
+
+def figure(record: dict, path: Path) -> None:
+    """Test accuracy (mean ± std over seeds) against training seconds, one point per estimator,
+    a panel per setting that has runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = {k: by for k, by in record["runs"].items() if any(by.values())}
+    fig, axes = plt.subplots(1, len(done), figsize=(5 * len(done), 3.6), squeeze=False)
+    for ax, (setting, by) in zip(axes[0], done.items(), strict=True):
+        for e, rs in by.items():
+            if not rs:
+                continue
+            acc = [r["test_acc"] for r in rs]
+            sec = [r["train_seconds"] for r in rs]
+            ax.errorbar(
+                statistics.mean(sec),
+                statistics.mean(acc),
+                yerr=statistics.stdev(acc) if len(acc) > 1 else 0,
+                xerr=statistics.stdev(sec) if len(sec) > 1 else 0,
+                fmt="o",
+                capsize=3,
+                label=NAMES[e],
+            )
+        ax.set_xscale("log")
+        ax.set_xlabel(f"training seconds ({record['platform']['device']})")
+        ax.set_ylabel("test accuracy %")
+        ax.set_title(f"Fashion-MNIST, {setting}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _signed(d: float, spec: str = ".2f") -> str:
+    return f"{'+' if d >= 0 else '−'}{format(abs(d), spec)}"
+
+
+def _p(p: float) -> str:
+    return f"p = {p:.3f}" if p >= 0.001 else "p < 0.001"
+
+
+def _versus(acc: dict[str, list[float]], ref: str, others: list[str]) -> str:
+    """One sentence: which of ``others`` differ from ``ref`` in mean test accuracy at `LEVEL`."""
+    tests = {e: welch(acc[e], acc[ref]) for e in others if len(acc[e]) > 1 and len(acc[ref]) > 1}
+    tests = {e: t for e, t in tests.items() if not math.isnan(t[2])}
+    if not tests:
+        return f"Against {NAMES[ref]}: too few seeds for a test."
+    sig = [e for e, t in tests.items() if t[2] < LEVEL]
+    said = "; ".join(f"{NAMES[e]} {_signed(tests[e][0])} points ({_p(tests[e][2])})" for e in sig)
+    if not sig:
+        e = min(tests, key=lambda k: tests[k][2])
+        return (
+            f"Against {NAMES[ref]}: no difference is significant at the {LEVEL:.0%} level (the "
+            f"smallest p is {NAMES[e]}'s, {_signed(tests[e][0])} points, {_p(tests[e][2])})."
+        )
+    rest = [NAMES[e] for e in tests if e not in sig]
+    tail = f"; {', '.join(rest)}: not significant" if rest else ""
+    return f"Against {NAMES[ref]}, significant at the {LEVEL:.0%} level: {said}{tail}."
+
+
+DATA = "Data: [docs/evidence/fmnist/fmnist.json](../docs/evidence/fmnist/fmnist.json)."
+HEADING = "## Fashion-MNIST on one GPU: real images, seeds, significance"
+SETTING_NAMES = {"clean": "Clean", "noise40": "40% label noise (`noise40`)"}
+INTRO = """The one section on real images, and on a GPU: Fashion-MNIST (Xiao et al. 2017; 60,000 training
+and 10,000 test images, 28×28 grey, 10 classes; `bash reproduce/data/fashion_mnist.sh DIR` fetches the
+four IDX files offline) and the presets `fmnist.clean` and `fmnist.noise40` (reproduce/README.md: the
+fast ResNet-9, SGD with Nesterov momentum, cosine schedule, crop and flip on the GPU, every step
+replayed as a CUDA graph). `python -m reproduce.evidence.fmnist` runs three stages, each run a
+`reproduce/train.py` process alone on the GPU: the baseline's recipe (width and epochs), chosen by
+SGD's accuracy on 10% of the training set held out; the validation sweep of SAM's ρ and GAM's (ρ, α),
+likewise; the table, every estimator on the whole training set per setting and seed. "train s" is the
+training steps alone (evaluation and metrics left out) and "× SGD" that time over SGD's in the same
+process. λ_max (Lanczos) and R1 are measured at the end on 1,000 training examples in eval mode; the
+gap is train accuracy over the training set in eval mode minus test accuracy; "vs SGD" and "vs SAM"
+are the difference of mean test accuracy with Welch's two-sided t-test."""
+
+
+def _run_line(record: dict) -> str:
+    plat = record["platform"]
+    cmd = " ".join(["python -m reproduce.evidence.fmnist", *record["settings"].get("argv", [])])
+    line = (
+        f"The table's command: `{cmd}` on one {plat['device']}, torch "
+        f"{plat['torch'].split('+')[0]}, {plat['date']} ({record['seconds']:.0f} s)."
+    )
+    if record.get("added"):
+        line += (
+            " Added afterwards with `--add` (the table's own command for that setting and seed): "
+        )
+        line += ", ".join(f"{a['setting']} seed {a['seed']}" for a in record["added"]) + "."
+    return line
+
+
+def _recipe_line(rec: dict) -> str:
+    means = {}
+    for c in rec["cells"]:
+        if c["run"]:
+            means.setdefault(c["recipe"], []).append(c["val_acc"])
+    best = rec["selected"]
+    return (
+        f"**Recipe.** SGD on the clean preset, seeds {', '.join(str(c) for c in sorted({c['seed'] for c in rec['cells']}))}; "
+        f"the best mean validation accuracy chose `{best}` (`{' '.join(rec['recipes'][best])}`, "
+        f"{statistics.mean(means[best]):.2f}%). The test accuracy beside it was not used. {DATA}"
+    )
+
+
+def _sweep_line(record: dict) -> str:
+    sweep, sel = record["sweep"], record["sweep"]["selected"]
+    recipe = (record.get("recipe") or {}).get("selected")
+    where = f"recipe `{sweep.get('recipe')}`" if sweep.get("recipe") else "the preset"
+    reused = (
+        f" (run before the recipe stage existed, on {where}; reused for `{recipe}`)"
+        if recipe and sweep.get("recipe") != recipe
+        else f" (on {where})"
+    )
+    return (
+        f"**Validation sweep.** Seed 0, 10% of the training set held out, the clean preset{reused}: the "
+        f"final validation accuracy chose SAM's ρ = {sel['sam_rho']:g} and GAM's ρ = {sel['rho']:g}, "
+        f"α = {sel['alpha']:g} (SAM+GAM takes both, fd GAM GAM's). The test accuracy beside it was not "
+        f"used. {DATA}"
+    )
+
+
+def _bullets(setting: str, by: dict[str, list]) -> list[str]:
+    acc = {e: [r["test_acc"] for r in rs] for e, rs in by.items() if rs}
+    bullets = []
+    if setting == "clean":
+        m, sd = statistics.mean(acc["sgd"]), _pm(acc["sgd"]).partition(" ± ")[2]
+        bullets.append(
+            f"The baseline {'meets' if m >= BAR else 'misses'} the bar of {BAR:.1f}%: SGD reaches "
+            f"{m:.2f}" + (f" ± {sd}" if sd else "") + f"% over {len(acc['sgd'])} seeds."
+        )
+    others = [e for e in acc if e != "sgd"]
+    bullets.append(_versus(acc, "sgd", others))
+    if "sam" in acc:
+        bullets.append(_versus(acc, "sam", [e for e in others if e != "sam"]))
+    lam = {e: statistics.mean(r["lambda_max"] for r in by[e]) for e in acc}
+    bullets.append(
+        f"λ_max at the end, against SGD's {lam['sgd']:.0f}: "
+        + ", ".join(
+            f"{NAMES[e]} {lam[e]:.0f} ({_signed(100 * (lam[e] / lam['sgd'] - 1), '.0f')}%)"
+            for e in others
+        )
+        + "."
+    )
+    x = {e: statistics.mean(r["x_sgd"] for r in by[e]) for e in others}
+    bullets.append(
+        "Training time as a multiple of SGD's in the same process: "
+        + ", ".join(f"{NAMES[e]} {x[e]:.1f} ×" for e in others)
+        + f" (SGD: {statistics.mean(r['train_seconds'] for r in by['sgd']):.1f} s a run)."
+    )
+    return bullets
+
+
+def fmnist_prose(record: dict) -> str:
+    """What the section states in words, each number from ``record``: per setting with runs, the
+    baseline against `BAR`, the tests against SGD and SAM at `LEVEL`, λ_max and the price."""
+    out = []
+    for setting, by in record["runs"].items():
+        if by.get("sgd"):
+            lines = "\n".join(f"- {b}" for b in _bullets(setting, by))
+            out.append(f"{SETTING_NAMES.get(setting, setting)}:\n\n{lines}")
+    return "\n\n".join(out)
+
+
+def fmnist_section(record: dict) -> str:
+    """reproduce/RESULTS.md's whole Fashion-MNIST section, from ``record`` alone."""
+    parts = [HEADING, INTRO, _run_line(record)]
+    if record.get("recipe"):
+        parts += [_recipe_line(record["recipe"]), recipe_table(record)]
+    parts += [_sweep_line(record), sweep_table(record)]
+    for setting, by in record["runs"].items():
+        n = [len(rs) for rs in by.values()]
+        name = SETTING_NAMES.get(setting, setting)
+        if max(n) == 0:
+            cmd = (
+                "python -m reproduce.evidence.fmnist --data=DIR --stages=table "
+                f"--recipe=docs/evidence/fmnist/fmnist.json --sweep=docs/evidence/fmnist/fmnist.json "
+                f"--settings={setting}"
+            )
+            parts.append(f"**{name}.** Not run yet; `{cmd}` runs it. {DATA}")
+        else:
+            seeds = f"{min(n)} seeds" if min(n) == max(n) else f"{min(n)}–{max(n)} seeds"
+            parts.append(f"**{name}, {seeds}.** {DATA}")
+        parts.append(setting_table(by))
+    parts.append("What this shows, plainly (Welch's two-sided t-test at the 5% level):")
+    parts.append(fmnist_prose(record))
+    parts.append(
+        "Test accuracy against training time: ![Fashion-MNIST](../docs/evidence/fmnist/fmnist.png)"
+    )
+    parts.append(
+        "**The curves of one run per estimator** (the TensorBoard scalars `test/acc` every epoch and "
+        f"`flatness/lambda_max` every two epochs, from the same records; seed 0, clean). {DATA}"
+    )
+    parts.append(curves_table(record))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_section(record: dict, results: Path, picture: Path | None = None) -> None:
+    """Replace the Fashion-MNIST section of ``results`` (a RESULTS.md) with `fmnist_section`'s, and
+    draw `figure` to ``picture``."""
+    text = results.read_text()
+    head, _, rest = text.partition(HEADING)
+    if not _:
+        raise ValueError(f"{results}: no heading {HEADING!r}")
+    tail = rest.split("\n## ", 1)
+    after = "\n## " + tail[1] if len(tail) > 1 else ""
+    results.write_text(head + fmnist_section(record) + after)
+    if picture is not None:
+        figure(record, picture)

@@ -1,0 +1,133 @@
+"""The Fashion-MNIST evidence harness's stages without training: the recipe chosen on validation
+accuracy alone, its arguments reaching the sweep and every run of the table, the sweep's choice, a
+stored stage reused, and the refusals of its command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reproduce.evidence import fmnist as H
+
+
+class FakeRunner:
+    """Stands for `reproduce.evidence.fmnist.Runner`: records each command and answers with
+    summaries whose validation accuracy is ``val(name, args)``."""
+
+    def __init__(self, val):
+        self.val, self.calls, self.start = val, [], 0.0
+
+    def __call__(self, name, preset, estimators, args):
+        self.calls.append((name, preset, estimators, list(args)))
+        cfg = {
+            k: None for k in ("rho", "alpha", "sam_rho", "fd_radius", "model", "batch_size", "lr")
+        }
+        cfg |= {"seed": 0, "epochs": 10}
+        for a in args:
+            k, _, v = a[2:].partition("=")
+            if k in cfg:
+                cfg[k] = v
+        summaries = [
+            {
+                "estimator": e,
+                "status": "finished",
+                "final": {
+                    "val_acc": self.val(name, args),
+                    "test_acc": 90.0,
+                    "train_eval_acc": 91.0,
+                },
+                "train_seconds": 2.0 if e == "sgd" else 5.0,
+                "images_per_s": 1.0,
+                "peak_memory_gib": 0.1,
+                "config": cfg,
+                "history": [],
+            }
+            for e in estimators
+        ]
+        return {"exit": 0, "wall_seconds": 1.0, "summaries": summaries}
+
+
+def test_the_recipe_is_the_best_mean_validation_accuracy_and_ties_take_the_cheaper():
+    scores = {"w32-10": (94.0, 94.4), "w32-15": (94.3, 94.1), "w64-10": (94.5, 93.8)}
+    run = FakeRunner(lambda name, args: scores[name.split("/")[1]][int(name[-1])])
+    got = H.recipe(run)
+    assert got["selected"] == "w32-10"  # 94.2 ties w32-15's 94.2 and beats w64-10's 94.15
+    assert [c["recipe"] for c in got["cells"]] == [n for n in H.RECIPES for _ in H.RECIPE_SEEDS]
+    for name, _, estimators, args in run.calls:
+        assert estimators == ("sgd",) and "--val_fraction=0.1" in args
+        assert all(a in args for a in H.RECIPES[name.split("/")[1]])
+    scores["w64-10"] = (94.5, 94.0)
+    assert (
+        H.recipe(FakeRunner(lambda n, a: scores[n.split("/")[1]][int(n[-1])]))["selected"]
+        == "w64-10"
+    )
+
+
+def test_a_recipe_with_a_run_missing_is_never_selected():
+    def val(name, args):
+        return 99.0 if name.startswith("recipe/w64-10") else 90.0
+
+    class Skips(FakeRunner):
+        def __call__(self, name, preset, estimators, args):
+            return (
+                None
+                if name == "recipe/w64-10/seed=1"
+                else super().__call__(name, preset, estimators, args)
+            )
+
+    got = H.recipe(Skips(val))
+    assert got["selected"] == "w32-10"
+    assert [c["run"] for c in got["cells"] if c["recipe"] == "w64-10"] == [True, False]
+
+
+def test_the_recipe_reaches_the_sweep_and_every_run_of_the_table():
+    run = FakeRunner(
+        lambda name, args: 95.0 if "--sam_rho=0.1" in args or "--alpha=0.3" in args else 94.0
+    )
+    args = H.RECIPES["w64-10"]
+    swept = H.sweep(run, args)
+    assert swept["selected"] == {"sam_rho": 0.1, "rho": 0.05, "alpha": 0.3}
+    runs = H.table(run, swept["selected"], settings=("clean",), args_=args)
+    table_calls = [c for c in run.calls if c[0].startswith("table/")]
+    assert len(table_calls) == len(H.SEEDS)
+    for *_, a in run.calls:
+        assert all(x in a for x in args)
+    for _, preset, estimators, a in table_calls:
+        assert preset == "fmnist.clean" and estimators == H.ESTIMATORS
+        assert {"--sam_rho=0.1", "--rho=0.05", "--alpha=0.3"} <= set(a)
+    rows = runs["clean"]["gam"]
+    assert [r["seed"] for r in rows] == list(H.SEEDS)
+    assert rows[0]["x_sgd"] == 2.5 and rows[0]["config"]["model"] == "resnet9"
+    assert not any(runs["noise40"].values())
+
+
+def test_stored_stages_are_reused_and_the_table_needs_a_sweep(tmp_path, monkeypatch, capsys):
+    stored = {
+        "recipe": {"selected": "w32-15", "cells": []},
+        "sweep": {"selected": {"sam_rho": 0.05, "rho": 0.05, "alpha": 0.1}, "cells": []},
+    }
+    (tmp_path / "old.json").write_text(json.dumps(stored))
+    made = []
+
+    def runner(*a):
+        made.append(FakeRunner(lambda name, args: 94.0))
+        return made[-1]
+
+    monkeypatch.setattr(H, "Runner", runner)
+    old = str(tmp_path / "old.json")
+    argv = [f"--data={tmp_path}", f"--out={tmp_path / 'out'}", "--settings=clean"]
+    assert H.main([*argv, f"--recipe={old}", f"--sweep={old}", "--stages=table"]) == 0
+    record = json.loads((tmp_path / "out" / "fmnist.json").read_text())
+    assert record["recipe"] == stored["recipe"] and record["sweep"] == stored["sweep"]
+    calls = made[0].calls
+    assert calls and all(c[0].startswith("table/fmnist.clean/") for c in calls)
+    assert all("--epochs=15" in c[3] and "--alpha=0.1" in c[3] for c in calls)
+    for bad, says in (
+        (["--stages=table"], "the table needs the sweep"),
+        (["--stages=recipe,plot"], "--stages"),
+        (["--settings=noise99"], "--settings"),
+    ):
+        with pytest.raises(SystemExit):
+            H.main([*argv, *bad])
+        assert says in capsys.readouterr().err
