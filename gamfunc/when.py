@@ -188,8 +188,8 @@ def every(k: int) -> Every:
     Example:
         >>> import gamfunc
         >>> policy = gamfunc.when.every(3)
-        >>> [policy.flat(i) for i in range(4)]
-        [True, False, False, True]
+        >>> policy.flat(0), policy.flat(1), policy.flat(3)
+        (True, False, True)
     """
     check_int("k", k)
     return Every(k)
@@ -218,8 +218,8 @@ def late(start: int | float, total_steps: int | None = None) -> Late:
     Example:
         >>> import gamfunc
         >>> policy = gamfunc.when.late(0.75, total_steps=8)
-        >>> [policy.flat(i) for i in range(8)]
-        [False, False, False, False, False, False, True, True]
+        >>> policy.start, policy.flat(5), policy.flat(6)
+        (6, False, True)
     """
     if isinstance(start, float):
         check_unit("start", start)
