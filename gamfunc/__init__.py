@@ -20,6 +20,7 @@ from gamfunc import (
     schedules,
     torch_optim,
     tree,
+    when,
 )
 from gamfunc.convenience import gam_step
 from gamfunc.cuda_graphs import cuda_graph
@@ -34,6 +35,8 @@ from gamfunc.estimators import (
     gsam,
     look_gam,
     looksam,
+    msam,
+    rwp,
     sam,
     wsam,
 )
@@ -102,10 +105,12 @@ __all__ = [
     "m_sharpness",
     "make_step",
     "metrics",
+    "msam",
     "nn",
     "param_groups",
     "precision",
     "regional",
+    "rwp",
     "sam",
     "scale_by_adam",
     "scale_by_learning_rate",
@@ -116,5 +121,6 @@ __all__ = [
     "torch_optim",
     "trace",
     "tree",
+    "when",
     "wsam",
 ]

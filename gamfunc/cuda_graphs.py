@@ -51,7 +51,9 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
 
     Raises:
         ValueError: ``warmup`` < 1, or ``step`` was made with ``on_nonfinite="raise"`` (which reads
-            the loss on the host at every step); at a call, a tensor not on a CUDA device.
+            the loss on the host at every step) or with a ``when`` policy that chooses on the
+            device ([`gamfunc.when.adaptive`][gamfunc.when.adaptive]); at a call, a tensor not on
+            a CUDA device.
         RuntimeError: the capture failed; the message says what a step captured in a graph must not
             do (read a value on the host, copy from the host, nest another CUDA graph).
 
@@ -73,6 +75,12 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
             "on_nonfinite='raise' reads the loss on the host at every step, which a CUDA graph "
             "cannot: graph a step made with on_nonfinite='skip' (the default; metrics['skipped'] "
             "tells when one was skipped)"
+        )
+    policy = getattr(step, "when", None)
+    if policy is not None and policy.on_device:
+        raise ValueError(
+            f"{policy.describe()} chooses each step from the gradient at θ, read on the host "
+            f"between two graphs; graph a step whose policy chooses on the host (every, late)"
         )
     return step.map_branches(lambda branch: _Graphed(branch, warmup))
 

@@ -50,14 +50,17 @@ class StepState(NamedTuple):
             finite.
         buffers: a dict name -> tensor of BatchNorm running statistics, for a loss_fn of the
             buffered form (``step.init(params, buffers)``); ``()`` otherwise.
-        cycle: for ``every > 1`` only, a 0-d int64 on the CPU: the count of calls, skipped steps
-            included, kept on the host so that it picks the estimator without a device
-            synchronisation; ``()`` otherwise.
+        cycle: with a ``when`` policy only (``every > 1`` included), a 0-d int64 on the CPU: the
+            count of calls, skipped steps included, kept on the host so that it picks the estimator
+            without a device synchronisation; ``()`` otherwise.
         loss: the loss wrapper's own state (`gamfunc.loss.Objective.init_state`), e.g.
             [`gamfunc.precision.LossScale`][gamfunc.precision.LossScale] for fp16; ``()`` for a loss without state.
         est: the estimator's own state (``estimator.init(params)``, e.g. the running mean of
             [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]); ``()`` for an
             estimator without state.
+        policy: the ``when`` policy's own state (``policy.init(device)``, e.g.
+            [`gamfunc.when.AdaptiveState`][gamfunc.when.AdaptiveState], AE-SAM's running
+            statistics); ``()`` for a policy without state or no policy.
     """
 
     step: Tensor
@@ -67,6 +70,7 @@ class StepState(NamedTuple):
     cycle: Tensor | tuple = ()
     loss: Any = ()
     est: Any = ()
+    policy: Any = ()
 
 
 def check_state(state, params) -> None:
@@ -151,18 +155,20 @@ def check_counts(state: StepState) -> None:
             check_count(f"state.{name}", v)
 
 
-def check_cycle(cycle, every: int) -> None:
-    if every > 1 and not isinstance(cycle, Tensor):
+def check_cycle(cycle, policy: str | None) -> None:
+    """A one-line ValueError unless ``cycle`` (``state.cycle``) fits a step whose ``when`` policy
+    is described by ``policy`` (``"every=2"``; None: a step without one)."""
+    if policy is not None and not isinstance(cycle, Tensor):
         raise ValueError(
-            f"state.cycle is {cycle!r}, but a step with every={every} needs the host step count "
+            f"state.cycle is {cycle!r}, but a step with {policy} needs the host step count "
             f"there; make the state with this step's init(params)"
         )
-    if every > 1 and cycle.ndim == 0 and _readable(cycle):
+    if policy is not None and cycle.ndim == 0 and _readable(cycle):
         check_count("state.cycle", cycle)
-    if every == 1 and not _empty(cycle):
+    if policy is None and not _empty(cycle):
         raise ValueError(
-            "state.cycle is set, but this step has every=1: the state was made by a step with "
-            "every > 1; make it with this step's init(params)"
+            "state.cycle is set, but this step has every=1 and no when policy: the state was made "
+            "by a step with one; make it with this step's init(params)"
         )
 
 

@@ -10,9 +10,10 @@ StepState(
     opt,           # the optimiser's state: its own statistics (and injected hyperparameters)
     skipped,       # 0-d int64: steps skipped because the loss, direction or update was not finite
     buffers=(),    # BatchNorm running statistics (a dict), for a buffered loss_fn
-    cycle=(),      # every > 1 only: 0-d int64 on the CPU, the calls so far, skipped included
+    cycle=(),      # with a when= policy only: 0-d int64 on the CPU, the calls so far, skipped included
     loss=(),       # the loss wrapper's own state, e.g. precision.LossScale for fp16
     est=(),        # the estimator's own state (estimator.init(params)), e.g. LookSAM's g_v
+    policy=(),     # the when= policy's own state, e.g. AE-SAM's running statistics (gamfunc.when)
 )
 ```
 
@@ -44,6 +45,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
+from gamfunc import when as policies
 from gamfunc.checks import FINITE, NONNEGATIVE, GuardedSchedule, check_int
 from gamfunc.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
@@ -83,15 +85,18 @@ class Step(Protocol):
     A step is a plain function carrying these attributes, not an instance of a class:
     ``torch.compile`` of a function traces its own code (`gamfunc.compile.fresh`), so every
     step keeps a compile cache of its own. ``isinstance(step, gamfunc.Step)`` holds.
-    ``branches`` are its two functions (the estimator's, and the base's between, for ``every`` > 1)
-    and ``map_branches(wrap)`` makes a step of the same configuration whose branches are wrapped,
-    as ``compile`` and [`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph] do.
+    ``branches`` are its two functions (the estimator's, and the base's between, for a ``when``
+    policy) and ``map_branches(wrap)`` makes a step of the same configuration whose branches (and
+    the adaptive policy's probe) are wrapped, as ``compile`` and
+    [`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph] do. ``when`` is the policy (None: the
+    estimator on every step) and ``every`` its period for ``every(k)`` (1 otherwise).
     """
 
     estimator: Estimator
     optimizer: Transform
     loss_fn: Callable
     every: int
+    when: policies.Policy | None
     base: Estimator
     on_nonfinite: str
 
@@ -112,16 +117,23 @@ class Step(Protocol):
 class _StepImpl:
     """The configuration and methods behind a [`Step`][gamfunc.step.Step] function."""
 
-    def __init__(self, estimator, optimizer, loss_fn, every, base, on_nonfinite, branches=None):
+    def __init__(
+        self, estimator, optimizer, loss_fn, when, base, on_nonfinite, branches=None, probe=None
+    ):
         self.estimator, self.optimizer, self.loss_fn = estimator, optimizer, loss_fn
-        self.every, self.base, self.on_nonfinite = every, base, on_nonfinite
+        self.when, self.base, self.on_nonfinite = when, base, on_nonfinite
+        self.every = when.k if isinstance(when, policies.Every) else 1
+        switched = when is not None
         guard = Guard()  # one per step function: both branches share its count
         self.full, self.plain = branches or (
-            _branch(estimator, optimizer, loss_fn, on_nonfinite, guard, every > 1 or None),
-            _branch(base, optimizer, loss_fn, on_nonfinite, guard, False if every > 1 else None),
+            _branch(estimator, optimizer, loss_fn, on_nonfinite, guard, switched or None),
+            _branch(base, optimizer, loss_fn, on_nonfinite, guard, False if switched else None),
         )
-        # every > 1: the metrics' keys and dtypes, in the order first seen (the full branch runs
-        # first), so that every step returns the same keys whichever branch ran
+        self.probe = probe
+        if probe is None and switched and when.on_device:
+            self.probe = policies.probe(loss_fn, when)
+        # with a policy: the metrics' keys and dtypes, in the order first seen (the full branch
+        # runs first), so that every step returns the same keys whichever branch ran
         self.schema: dict[str, tuple[torch.dtype, torch.device]] = {}
 
     def init(self, params, buffers=None) -> StepState:
@@ -151,25 +163,37 @@ class _StepImpl:
             opt=opt,
             skipped=torch.zeros((), dtype=torch.int64, device=device),
             buffers=dict(buffers) if buffers is not None else (),
-            cycle=torch.zeros((), dtype=torch.int64) if self.every > 1 else (),
+            cycle=torch.zeros((), dtype=torch.int64) if self.when is not None else (),
             loss=loss_state,
             est=self.estimator.init(params),
+            policy=self.when.init(device) if self.when is not None else (),
         )
 
     def __call__(self, params, state, batch):
         check_state(state, params)
         check_counts(state)
-        check_cycle(state.cycle, self.every)
+        check_cycle(state.cycle, self.when.describe() if self.when is not None else None)
         check_est(state.est, self.estimator)
-        if self.every == 1:
+        if self.when is None:
             return self.full(params, state, batch)
-        # The choice reads a host-side count of the calls, so it costs no device synchronisation,
-        # and the compiled branches see only device tensors (CUDA graphs work).
-        cycle = state.cycle
-        branch = self.full if int(cycle) % self.every == 0 else self.plain
-        new_params, new, metrics = branch(params, state._replace(cycle=()), batch)
+        cycle, policy = state.cycle, state.policy
+        inner = state._replace(cycle=(), policy=())
+        if self.probe is None:
+            # The choice reads a host-side count of the calls, so it costs no device
+            # synchronisation, and the compiled branches see only device tensors (CUDA graphs).
+            branch = self.full if self.when.flat(int(cycle)) else self.plain
+            new_params, new, metrics = branch(params, inner, batch)
+        else:
+            # The pass at θ first, then one boolean read on the host; the branch reuses the pass.
+            clean, chosen, flat = self.probe(params, state._replace(cycle=()), batch)
+            branch = self.full if bool(flat) else self.plain
+            new_params, new, metrics = branch(params, inner, batch, clean)
+            if "skipped" in metrics:  # a skipped step leaves the statistics as they were
+                kept = metrics["skipped"].to(torch.bool)
+                chosen = pytree.tree_map(lambda n, o: torch.where(kept, o, n), chosen, policy)
+            policy = chosen
         new_state = StepState(
-            new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss, new.est
+            new.step, new.opt, new.skipped, new.buffers, cycle + 1, new.loss, new.est, policy
         )
         self.schema, metrics = with_schema(self.schema, metrics)
         return new_params, new_state, metrics
@@ -179,8 +203,9 @@ class _StepImpl:
     ) -> Step:
         """This step under ``torch.compile``: no recompilation as lr, ρ or the step count change.
 
-        ``scope="step"`` (default) compiles each branch whole: two graphs at most, however often
-        ``every`` switches between them. ``scope="pass"`` compiles each differentiation pass instead
+        ``scope="step"`` (default) compiles each branch whole: two graphs at most (three with
+        [`gamfunc.when.adaptive`][gamfunc.when.adaptive]'s probe), however often the ``when``
+        policy switches between them. ``scope="pass"`` compiles each differentiation pass instead
         and runs the step around the passes eagerly ([`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes]): one
         graph for every estimator built on gradients or on ∇‖∇L‖ (two for SAM + exact GAM), so a cold compile takes
         about one gradient pass's, at some cost per step.
@@ -207,15 +232,16 @@ class _StepImpl:
         if scope == "pass":
             loss_fn = compile_passes(self.loss_fn, fullgraph=fullgraph, mode=mode, **kwargs)
             return _new_step(
-                self.estimator, self.optimizer, loss_fn, self.every, self.base, self.on_nonfinite
+                self.estimator, self.optimizer, loss_fn, self.when, self.base, self.on_nonfinite
             )
         return self.map_branches(compile_with(fullgraph, mode, kwargs))
 
     @property
     def branches(self) -> tuple[Callable, Callable]:
-        """The step's two functions ``(params, state, batch) -> (params, state, metrics)``: the
-        estimator's, and the base's that ``every`` > 1 runs between (with ``every`` = 1, only the
-        first runs)."""
+        """The step's two functions ``(params, state, batch, clean=None) -> (params, state,
+        metrics)``: the estimator's, and the base's that a ``when`` policy runs between (without
+        one, only the first runs); ``clean`` is the pass at θ that the adaptive policy's probe
+        took."""
         return self.full, self.plain
 
     def map_branches(self, wrap: Callable[[Callable], Callable]) -> Step:
@@ -230,24 +256,27 @@ class _StepImpl:
             The new [`Step`][gamfunc.step.Step].
         """
         branches = (wrap(self.full), wrap(self.plain))
-        args = (self.estimator, self.optimizer, self.loss_fn, self.every, self.base)
-        return _new_step(*args, self.on_nonfinite, branches=branches)
+        probe = wrap(self.probe) if self.probe is not None else None
+        args = (self.estimator, self.optimizer, self.loss_fn, self.when, self.base)
+        return _new_step(*args, self.on_nonfinite, branches=branches, probe=probe)
 
 
-def _step(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch):
+def _step(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean):
     with torch.no_grad():  # gradients come from torch.func transforms only
         return _step_impl(
-            estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch
+            estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean
         )
 
 
-def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch):
+def _step_impl(
+    estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean=None
+):
     buffered = isinstance(state.buffers, dict)
     loss = bind(loss_fn, state)
     # One step counter, the step's: the estimator's schedules (ρ) and the optimiser's (lr, bias
     # corrections) read the same t, so a skipped step (the old state kept) moves neither.
     step = state.step
-    est = estimator.run(params, batch, loss, step=step, state=state.est)
+    est = estimator.run(params, batch, loss, clean=clean, step=step, state=state.est)
     # marks how far the GPU has come once the passes are queued: the guard's read or select
     passes_queued = guard.mark(est.info["loss"].device) if on_nonfinite == "skip" else None
     # an estimator without state (the plain steps of every=k) carries the state through
@@ -277,7 +306,14 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params,
     # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
     # made by ``_replace`` from a compiled graph.
     taken = StepState(
-        step + 1, new_opt, state.skipped, new_buffers, state.cycle, state.loss, new_est
+        step + 1,
+        new_opt,
+        state.skipped,
+        new_buffers,
+        state.cycle,
+        state.loss,
+        new_est,
+        state.policy,
     )
     if on_nonfinite == "ignore":
         return new_params, taken, metrics
@@ -302,8 +338,9 @@ def _step_impl(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params,
     )
     loss_state, extra = next_state(loss_fn, state, finite)
     new_step = step + (1 - skipped)
+    counts = state.skipped + skipped
     new_state = StepState(
-        new_step, new_opt, state.skipped + skipped, new_buffers, state.cycle, loss_state, new_est
+        new_step, new_opt, counts, new_buffers, state.cycle, loss_state, new_est, state.policy
     )
     metrics["skipped"] = skipped
     metrics.update(extra)
@@ -362,7 +399,7 @@ def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
     """``(schema, metrics)`` with ``metrics`` given every key of ``schema``, in its order: a value a
     branch did not compute is NaN (-1 for an integer metric); keys new to ``schema`` join it.
 
-    With ``every=k`` the GAM branch reports keys (``f_norm``, ``adv_*``, ``rho``) that the plain
+    With a ``when`` policy the GAM branch reports keys (``f_norm``, ``adv_*``, ``rho``) that the plain
     branch does not; a logger or a ``torch.stack`` over steps then sees one schema. The GAM branch
     runs first, so the schema is complete from the first step whenever the base estimator reports a
     subset of the estimator's keys (every estimator of gamfunc does).
@@ -387,6 +424,7 @@ def make_step(
     optimizer: Transform,
     loss_fn: Callable,
     *,
+    when: policies.Policy | None = None,
     every: int = 1,
     base: Estimator | None = None,
     on_nonfinite: str = "skip",
@@ -406,7 +444,7 @@ def make_step(
     ``bounds`` ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]), reports
     ``metrics["out_of_range"]``: 1 where such a value was out of its range or not finite at this
     step, which is then skipped as a non-finite one is (`schedules_in_range`, on the device). A
-    step with ``every`` > 1 (or an estimator that brings its own, LookSAM's) reports
+    step with a ``when`` policy (or an estimator that brings its own cycle, LookSAM's) reports
     ``metrics["full_step"]``: 1 on the estimator's steps, 0 on the base's, so that
     ``sum(full_step * skipped)`` counts the estimator's skipped steps (all of them skipped: the
     steps between trained on a stored part that never was).
@@ -421,12 +459,18 @@ def make_step(
             with the buffers given to ``step.init(params, buffers)``. Running statistics are then
             updated once per step, from the pass at θ; passes at perturbed points use batch statistics
             and their statistics are dropped.
-        every: use ``estimator`` on every ``every``-th step (the first included) and ``base`` on the
-            others (paper Appendix C.3). Compile such a step with ``step.compile()``. An estimator
-            that is itself a cycle ([`looksam`][gamfunc.estimators.looksam.looksam]) brings its own
-            ``every`` and ``base``.
-        base: the estimator of the other steps, ``gradient()`` by default; a stateful one must
-            share the estimator's state (its ``init_fn``).
+        when: which steps run ``estimator`` (the others run ``base``): a policy of
+            [`gamfunc.when`][gamfunc.when], [`every(k)`][gamfunc.when.every] (paper Appendix
+            C.3), [`late(start)`][gamfunc.when.late] or [`adaptive(T)`][gamfunc.when.adaptive];
+            None (default): every step. Compile such a step with ``step.compile()``: one graph
+            per branch (and one for the adaptive policy's probe), none again as it switches. An
+            estimator that is itself a cycle ([`looksam`][gamfunc.estimators.looksam.looksam])
+            brings its own ``every(k)`` and ``base``.
+        every: the shorthand of ``when=gamfunc.when.every(every)``: ``estimator`` on every
+            ``every``-th step (the first included), ``base`` on the others. Give ``every`` or
+            ``when``, not both.
+        base: the estimator of the steps that are not flat, ``gradient()`` by default; a stateful
+            one must share the estimator's state (its ``init_fn``).
         on_nonfinite: "skip" (default) leaves params, optimiser state and buffers unchanged when the
             loss or the direction is not finite and counts it in ``metrics["skipped"]`` and
             ``state.skipped``: an eager step reads that one boolean on the host and keeps the old
@@ -441,8 +485,8 @@ def make_step(
     Raises:
         TypeError: ``estimator`` or ``base`` is not an estimator, ``optimizer`` not a Transform,
             or ``loss_fn`` not callable.
-        ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` or ``base`` is given with
-            an estimator that brings its own, ``base`` cycles itself or has a state of its own; at
+        ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` and ``when`` are both
+            given, ``when``, ``every`` or ``base`` is given with an estimator that brings its own, ``base`` cycles itself or has a state of its own; at
             a step, a state whose counts are negative or whose ``est`` is another estimator's; at
             ``step.init``, an estimator with a decoupled part beside an optimiser that keeps no lr.
 
@@ -460,6 +504,16 @@ def make_step(
     if not isinstance(optimizer, Transform):
         raise TypeError(f"optimizer must be a gamfunc optimizer; got {type(optimizer).__name__}")
     check_int("every", every)
+    if when is not None and not isinstance(when, policies.Policy):
+        raise TypeError(
+            f"when must be a policy of gamfunc.when (every(k), late(start), adaptive(T)) or None; "
+            f"got {type(when).__name__}"
+        )
+    if when is not None and every != 1:
+        raise ValueError(
+            f"every: every={every} is the shorthand of when=gamfunc.when.every({every}); give one "
+            f"of them, not both"
+        )
     if base is not None and not isinstance(base, Estimator):
         raise TypeError(
             f"base must be a gamfunc estimator (e.g. gamfunc.gradient()) or None; got "
@@ -471,12 +525,16 @@ def make_step(
             f"between must take one step each (gamfunc.gradient(), sam, ...)"
         )
     if estimator.every > 1:
-        if every != 1 or base is not None:
+        if every != 1 or base is not None or when is not None:
             raise ValueError(
-                f"every and base: estimator {estimator.name!r} brings its own "
+                f"every and base (or when): estimator {estimator.name!r} brings its own "
                 f"(every={estimator.every}); leave them out"
             )
         every, base = estimator.every, estimator.base
+    if when is None and every > 1:
+        when = policies.every(every)
+    if isinstance(when, policies.Every) and when.k == 1:
+        when = None
     if base is not None and base.stateful and base.init_fn is not estimator.init_fn:
         raise ValueError(
             f"base {base.name!r} has a state of its own, which the step cannot keep beside the "
@@ -488,17 +546,20 @@ def make_step(
         raise TypeError(
             f"loss_fn must be a callable loss_fn(params, batch); got {type(loss_fn).__name__}"
         )
-    return _new_step(estimator, optimizer, loss_fn, every, base or gradient(), on_nonfinite)
+    return _new_step(estimator, optimizer, loss_fn, when, base or gradient(), on_nonfinite)
 
 
 def _branch(estimator, optimizer, loss_fn, on_nonfinite, guard, full):
     """``_step`` for one estimator, as a function with its own code object (a partial would not do:
-    torch.compile traces a partial from a wrapper shared by every callable object). ``full``: for
-    ``every`` > 1, whether this is the estimator's branch (reported as ``metrics["full_step"]``);
-    None for ``every`` = 1."""
+    torch.compile traces a partial from a wrapper shared by every callable object). ``full``: with
+    a ``when`` policy, whether this is the estimator's branch (reported as
+    ``metrics["full_step"]``); None without one. ``clean``: the pass at θ, where the adaptive
+    policy's probe took it."""
 
-    def branch(params, state, batch):
-        return _step(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch)
+    def branch(params, state, batch, clean=None):
+        return _step(
+            estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean
+        )
 
     return fresh(branch)
 
@@ -524,6 +585,7 @@ def _new_step(*args, **kwargs) -> Step:
         "optimizer",
         "loss_fn",
         "every",
+        "when",
         "base",
         "on_nonfinite",
         "branches",

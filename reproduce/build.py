@@ -115,6 +115,33 @@ def lr_schedule(cfg: Config, steps_per_epoch: int):
     return _lr_by_count(cfg, total, round(cfg.warmup_epochs * steps_per_epoch))
 
 
+def when_policy(cfg: Config, steps_per_epoch: int):
+    """The ``when=`` policy of ``--when`` (and of its shorthand ``--every``), None for every step.
+
+    ``every:k`` is `gamfunc.when.every`; ``late:F`` with F < 1 a fraction of the run's steps (T:
+    ``--total_steps``, else ``--epochs`` × steps per epoch; ``late:0.75`` is the last quarter),
+    ``late:N`` from step N on (`gamfunc.when.late`); ``adaptive`` is AE-SAM's trigger with the
+    paper's defaults over T steps (`gamfunc.when.adaptive`).
+
+    Args:
+        cfg: the run's configuration.
+        steps_per_epoch: the steps of one epoch.
+
+    Returns:
+        A policy of `gamfunc.when`, or None.
+    """
+    total = cfg.total_steps or cfg.epochs * steps_per_epoch
+    kind, _, arg = cfg.when.partition(":")
+    if kind == "every":
+        return gamfunc.when.every(int(arg))
+    if kind == "late":
+        start = float(arg) if "." in arg else int(arg)
+        return gamfunc.when.late(start, total_steps=total)
+    if kind == "adaptive":
+        return gamfunc.when.adaptive(total)
+    return gamfunc.when.every(cfg.every) if cfg.every > 1 else None
+
+
 def _lr_by_count(cfg: Config, total: int, warm: int):
     """The schedule of ``cfg`` over ``total`` counts (steps or epochs), ``warm`` of them warm-up."""
     if cfg.schedule == "constant":
@@ -480,7 +507,8 @@ def setup(
         base, _ = gamfunc.distributed.data_parallel(base, loss_fn, cfg.perturbation)
     if estimator.every > 1:  # a cycle (LookSAM) brings its own base
         base = None
-    step = gamfunc.make_step(estimator, optimizer, step_loss, every=cfg.every, base=base)
+    when = None if estimator.every > 1 else when_policy(cfg, steps_per_epoch)
+    step = gamfunc.make_step(estimator, optimizer, step_loss, when=when, base=base)
     state = step.init(params, buffers)
     if scope == "step":
         step = step.compile()

@@ -133,7 +133,14 @@ class Config:
     fsam_sigma: float = 1.0  # σ of friendly_sam: the share of the running mean removed
     fsam_lmbda: float = 0.9  # λ of friendly_sam: the running mean's decay, in [0, 1)
     fsam_convention: str = "paper"  # friendly_sam: paper (the paper's order) | authors (nblt/F-SAM's order: m₁ = g₁, d before m takes in g)
-    every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3)
+    msam_momentum: float = 0.9  # μ of msam's own momentum, in [0, 1) (Becker et al. 2024: 0.9)
+    rwp_sigma: float = 0.01  # σ of rwp: the noise's scale relative to each filter's norm
+    rwp_mix: float = (
+        0.0  # λ of rwp, in [0, 1]: the weight of ∇L(θ) (0: one gradient a step; > 0: m-RWP, two)
+    )
+    rwp_seed: int = 0  # the key of rwp's noise, in [0, 2**32)
+    every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3); the shorthand of --when=every:k
+    when: str = ""  # when a step is flat: "" (every step) | every:k | late:F (from F of the run's steps on, F in [0, 1)) | late:N (from step N) | adaptive (AE-SAM's trigger, the paper's defaults)
     # --- the base optimiser and schedule
     base: str = "sgd"  # sgd | adamw
     lr: float = 0.05  # peak learning rate
@@ -475,6 +482,23 @@ def validate(cfg: Config) -> None:
         if isinstance(v, int) and not isinstance(v, bool):
             most, why = BOUNDS.get(f.name, (2**63 - 1, ""))
             _check(v <= most, f.name, f"at most {most:,}{why}", v)
+    kind, _, arg = cfg.when.partition(":")
+    ok = (
+        cfg.when == ""
+        or (kind == "every" and arg.isdigit() and int(arg) >= 1)
+        or (kind == "late" and re.fullmatch(r"\d+|0?\.\d+|0\.?", arg) is not None)
+        or cfg.when == "adaptive"
+    )
+    _check(ok, "when", '"", every:k, late:F (F in [0, 1)), late:N or adaptive', cfg.when)
+    _check(not (cfg.when and cfg.every > 1), "when", f"empty with --every={cfg.every}", cfg.when)
+    if cfg.when:
+        for e in names:
+            cycles = e in CYCLES and cfg.look_k > 1
+            _check(not cycles, "when", f"empty with {e} (it cycles every --look_k steps)", cfg.when)
+    _check(cfg.rwp_sigma >= 0, "rwp_sigma", "a finite number >= 0", cfg.rwp_sigma)
+    _check(0 <= cfg.rwp_mix <= 1, "rwp_mix", "in [0, 1]", cfg.rwp_mix)
+    _check(0 <= cfg.rwp_seed < 2**32, "rwp_seed", "an integer in [0, 2**32)", cfg.rwp_seed)
+    _check(0 <= cfg.msam_momentum < 1, "msam_momentum", "in [0, 1)", cfg.msam_momentum)
     if cfg.every > 1:  # a method that cycles by itself takes its full step every --look_k steps
         for e in names:
             cycles = e in CYCLES and cfg.look_k > 1

@@ -72,6 +72,10 @@ class Hyper:
     )
     fsam_lmbda: float = 0.9  # λ of Friendly-SAM: the running mean's decay
     fsam_convention: str = "paper"  # Friendly-SAM's order: "paper" or "authors" (nblt/F-SAM)
+    msam_momentum: float = 0.9  # μ of MSAM's own momentum (Becker et al. 2024: that of SGD, 0.9)
+    rwp_sigma: Any = 0.01  # σ of RWP: the noise's scale relative to each filter's norm
+    rwp_mix: float = 0.0  # λ of RWP: the weight of ∇L(θ) (0: RWP, one gradient; > 0: m-RWP)
+    rwp_seed: int = 0  # the key of RWP's noise
 
     @property
     def sam_radius(self):
@@ -126,7 +130,7 @@ def _asam(h: Hyper) -> gamfunc.Estimator:
     return gamfunc.asam(h.sam_radius, eta=h.eta, mask=ASAM_MASKS[h.asam_mask])
 
 
-SAM_LIKE = ("sam", "gsam", "wsam", "looksam", "friendly_sam", "asam")
+SAM_LIKE = ("sam", "gsam", "wsam", "looksam", "friendly_sam", "asam", "msam")
 """The methods whose radius is SAM's ρ (`Hyper.sam_radius`: ``sam_rho``, or ``rho``) and that read
 no α of GAM; the oracles of ``sam+gam`` and ``gsam+gam`` read it too."""
 
@@ -143,6 +147,8 @@ METHODS: dict[str, Callable[[Hyper], gamfunc.Estimator]] = {
         h.sam_radius, h.fsam_sigma, h.fsam_lmbda, convention=h.fsam_convention
     ),
     "asam": _asam,
+    "msam": lambda h: gamfunc.msam(h.sam_radius, momentum=h.msam_momentum),
+    "rwp": lambda h: gamfunc.rwp(h.rwp_sigma, mix=h.rwp_mix, seed=h.rwp_seed),
     "gnp": _gnp,
     "gam": _gam,
     "gam_fd": lambda h: _gam(h, hvp=gamfunc.hvps.fd(radius=h.fd_radius)),

@@ -98,9 +98,11 @@ CHECKED = (
     "gsam_adaptive",
     "asam_masked",
     "friendly_sam_authors",
+    "msam",
+    "rwp",
 )
 # The estimators with state, each checked along a trajectory (trajectory()), on STATEFUL_MODELS.
-STATEFUL = ("looksam", "friendly_sam", "look_gam", "friendly_sam_authors")
+STATEFUL = ("looksam", "friendly_sam", "look_gam", "friendly_sam_authors", "msam", "rwp")
 STATEFUL_MODELS = ("resnet",)
 PRECISIONS = ("fp32", "bf16")
 MODES = ("eager", "pass", "step", "graph")
@@ -128,6 +130,8 @@ STEP_COST = (
     "gsam_adaptive",
     "asam_masked",
     "friendly_sam_authors",
+    "msam",
+    "rwp",
 )
 
 

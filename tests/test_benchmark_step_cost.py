@@ -81,6 +81,8 @@ def test_tiny_runs_every_estimator_and_reports_every_column(tmp_path):
         "friendly_sam",
         "look_gam",
         "sam_2_steps",
+        "msam",
+        "rwp",
     }
     # GAM on one step in k: its floor is ((k − 1)·gradient step + GAM step)/k, measured here.
     for name, k in (("gam_every10", 10), ("gam_every20", 20)):
@@ -195,6 +197,8 @@ def test_the_rows_beside_gam_are_the_registry_estimators_and_cycle_by_themselves
         "friendly_sam": "friendly_sam",
         "look_gam": "look_gam",
         "sam_2_steps": "sam",
+        "msam": "msam",
+        "rwp": "rwp",
     }
     assert table["sam_2_steps"].estimator.hparams["ascent_steps"] == 2
     assert table["sam_2_steps"].grads == 3.0
@@ -205,7 +209,8 @@ def test_the_rows_beside_gam_are_the_registry_estimators_and_cycle_by_themselves
         assert m.floor == (k, "gradient", full)
     assert table["looksam"].grads == (k + 1) / k and table["look_gam"].grads is None
     rho = table["sam"].estimator.hparams["rho"]
-    for name in methods.FAMILY:  # ρ follows the cosine of every other row
+    assert table["msam"].grads == table["rwp"].grads == 1.0
+    for name in set(methods.FAMILY) - {"rwp"}:  # ρ follows the cosine of every other row
         assert table[name].estimator.hparams["rho"] is rho
     g = models.prepare("tiny", "fp32", a, torch.device("cpu"))
     runner = runners.runner_factory("looksam", "eager", g, table, a, torch.device("cpu"))()

@@ -43,11 +43,11 @@ def test_every_checked_estimator_is_in_the_registry_and_each_case_is_listed_once
 
     assert set(gpu_check.CHECKED) <= set(ESTIMATORS)
     assert set(gpu_check.STATEFUL) <= set(gpu_check.CHECKED)
-    # 14 estimators without state on both models, the 4 with state on the ResNet
-    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == (14 * 2 + 4) * 2 * 4 + 3 == 259
+    # 14 estimators without state on both models, the 6 with state on the ResNet
+    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == (14 * 2 + 6) * 2 * 4 + 3 == 275
     assert {c[0] for c in CUDA_CASES if c[3] in gpu_check.STATEFUL} == {"resnet"}
     steps = [g for g, _ in gpu_check.groups("cuda") if g.endswith(":step")]
-    assert len(steps) == (14 * 2 + 4) * 2  # every whole-step case a group of its own
+    assert len(steps) == (14 * 2 + 6) * 2  # every whole-step case a group of its own
     listed = [(g.split(":")[0], n) for g, part in gpu_check.groups("cuda") for n in part]
     assert not [c for c in listed if c[0] == "vit" and c[1] in gpu_check.STATEFUL]
 
@@ -80,7 +80,7 @@ def test_a_finite_difference_widens_the_tolerance_by_its_rounding_gain():
 def test_the_stateful_trajectories_pass_on_the_cpu():
     # On the ViT with batches of 8 images, where a CPU runs them in seconds; LookGAM, whose
     # float64 reference (forward-over-reverse) alone takes ~20 s there, runs on the GPU only.
-    names = ["looksam", "friendly_sam"]
+    names = ["looksam", "friendly_sam", "msam", "rwp"]
     cpu = torch.device("cpu")
     rows = [
         r
@@ -91,7 +91,7 @@ def test_the_stateful_trajectories_pass_on_the_cpu():
         (p, n) for p in gpu_check.PRECISIONS for n in names
     ]
     assert all(r["status"] == "pass" for r in rows), rows
-    assert {r["steps"] for r in rows} == {7, 3}
+    assert {r["steps"] for r in rows} == {7, 3}  # msam and rwp: 3, as friendly_sam
     looksam = [r for r in rows if r["estimator"] == "looksam"]
     assert all(r["reuse_ratio"] > 1 for r in looksam)  # ‖g_s‖/‖g_v‖ = 1/sin∠(g, g_s)
 

@@ -60,7 +60,7 @@ LAYERS = [
         "gamfunc.regional",
         "gamfunc.m_sharpness",
     ),
-    ("gamfunc.state", "gamfunc.guard"),
+    ("gamfunc.state", "gamfunc.guard", "gamfunc.when"),
     ("gamfunc.step",),
     (
         "gamfunc.convenience",

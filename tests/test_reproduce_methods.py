@@ -131,6 +131,8 @@ AS_METHODS = {
     "gam_accelerated_adaptive": ("gam_accelerated_official", dict(ACCELERATED, adaptive=True)),
     "wsam_decoupled": ("wsam", dict(H, wsam_gamma=0.9, wsam_decouple=True, wsam_max_norm=1.0)),
     "gsam_adaptive": ("gsam", dict(H, rho=0.5, gsam_alpha=0.3, gsam_adaptive=True)),
+    "msam": ("msam", H),
+    "rwp": ("rwp", dict(H, rwp_sigma=0.01)),
     "friendly_sam_authors": (
         "friendly_sam",
         dict(H, fsam_sigma=1.0, fsam_lmbda=0.9, fsam_convention="authors"),
@@ -162,3 +164,33 @@ def test_the_contract_tests_run_every_method_of_reproduce():
 
     assert set(AS_METHODS) == set(ESTIMATORS) - NOT_IN_REPRODUCE
     assert {method for method, _ in AS_METHODS.values()} == set(methods.METHODS)
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        ({}, None),
+        ({"every": 3}, gamfunc.when.every(3)),
+        ({"when": "every:4"}, gamfunc.when.every(4)),
+        ({"when": "late:0.75"}, gamfunc.when.late(75)),  # the last quarter of 10 × 10 steps
+        ({"when": "late:30"}, gamfunc.when.late(30)),
+        ({"when": "adaptive"}, gamfunc.when.adaptive(100)),
+    ],
+)
+def test_when_flags_give_the_policy_over_the_runs_steps(flags, expected):
+    from reproduce.build import when_policy
+    from reproduce.config import Config, validate
+
+    cfg = Config(epochs=10, **flags)
+    validate(cfg)
+    assert when_policy(cfg, steps_per_epoch=10) == expected
+
+
+@pytest.mark.parametrize(
+    "flags", [{"when": "late:1.5"}, {"when": "sometimes"}, {"when": "every:2", "every": 2}]
+)
+def test_bad_when_flags_are_refused_naming_when(flags):
+    from reproduce.config import Config, validate
+
+    with pytest.raises(ValueError, match="when"):
+        validate(Config(**flags))

@@ -246,7 +246,7 @@ def test_the_state_is_a_typed_pytree():
     step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.adamw(1e-3), mlp_loss)
     state = step.init(params)
     assert type(state) is gamfunc.StepState and type(state.opt) is gamfunc.InjectState
-    assert state._fields == ("step", "opt", "skipped", "buffers", "cycle", "loss", "est")
+    assert state._fields == ("step", "opt", "skipped", "buffers", "cycle", "loss", "est", "policy")
     assert (state.buffers, state.cycle, state.loss) == ((), (), ())
     assert state.opt.inner.states[0].exp_avg.keys() == params.keys()
     _, new_state, _ = step(params, state, batch)

@@ -36,7 +36,7 @@ METHODS = (
     "gam_every10",
     "gam_every20",
 )
-FAMILY = ("gsam", "wsam", "looksam", "friendly_sam", "look_gam", "sam_2_steps")  # beside GAM
+FAMILY = ("gsam", "wsam", "looksam", "friendly_sam", "look_gam", "sam_2_steps", "msam", "rwp")
 METHODS += FAMILY
 EVERY = re.compile(r"(gam|sam_gam)_every(\d+)")  # GAM on one step in k (paper Appendix C.3)
 RHO_STEPS = 100_000  # ρ follows a cosine over this many steps, so it changes at every step
@@ -93,7 +93,7 @@ def rho_at(rho: float, t: int) -> float:
 def family(hyper: dict) -> dict[str, Method]:
     """The rows of the estimators beside GAM, each with ``reproduce.methods``'s default
     hyperparameters but ρ (``hyper``): GSAM, WSAM, Friendly-SAM and SAM with two ascent steps, made
-    of gradients; LookSAM (SAM on one step in k, one gradient between: floor ((k − 1)·gradient +
+    of gradients; MSAM and RWP, one gradient each; LookSAM (SAM on one step in k, one gradient between: floor ((k − 1)·gradient +
     sam)/k) and LookGAM (exact GAM on one step in k: floor ((k − 1)·gradient + gam_exact)/k)."""
     looksam = estimator("looksam", **hyper)
     look_gam = estimator("look_gam", **hyper)
@@ -105,6 +105,8 @@ def family(hyper: dict) -> dict[str, Method]:
         "friendly_sam": Method(estimator("friendly_sam", **hyper), grads=2.0),
         "look_gam": Method(look_gam, floor=(k_gam, "gradient", "gam_exact"), hvp="exact"),
         "sam_2_steps": Method(estimator("sam", **hyper, ascent_steps=2), grads=3.0),
+        "msam": Method(estimator("msam", **hyper), grads=1.0),  # one gradient, at θ − ρ·m/‖m‖
+        "rwp": Method(estimator("rwp"), grads=1.0),  # one gradient, at θ + ε
     }
 
 

@@ -10,6 +10,8 @@ from gamfunc.estimators.gradient import gradient
 from gamfunc.estimators.gsam import gsam
 from gamfunc.estimators.look_gam import LookGAMState, look_gam
 from gamfunc.estimators.looksam import LookSAMState, looksam
+from gamfunc.estimators.msam import MSAMState, msam
+from gamfunc.estimators.rwp import RWPState, rwp
 from gamfunc.estimators.sam import sam
 from gamfunc.estimators.wsam import wsam
 
@@ -19,6 +21,8 @@ __all__ = [
     "FriendlySAMState",
     "LookGAMState",
     "LookSAMState",
+    "MSAMState",
+    "RWPState",
     "asam",
     "friendly_sam",
     "gam",
@@ -28,6 +32,8 @@ __all__ = [
     "gsam",
     "look_gam",
     "looksam",
+    "msam",
+    "rwp",
     "sam",
     "wsam",
 ]

@@ -56,6 +56,8 @@ class GAM(FlatnessOptimizer):
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
         loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
             tensors), in place of ``criterion``.
+        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.when]; None: every
+            step), as [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]'s.
         every: run GAM on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, the gradient by default.
         on_nonfinite: ``"skip"``, ``"raise"`` or ``"ignore"``.
@@ -101,6 +103,7 @@ class GAM(FlatnessOptimizer):
         base_optimizer=None,
         criterion: Callable = F.cross_entropy,
         loss: Callable | None = None,
+        when=None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
@@ -122,6 +125,7 @@ class GAM(FlatnessOptimizer):
             criterion,
             loss=loss,
             base_optimizer=base_optimizer,
+            when=when,
             every=every,
             base=base,
             on_nonfinite=on_nonfinite,
@@ -151,6 +155,8 @@ class SAM(FlatnessOptimizer):
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
         loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
             tensors), in place of ``criterion``.
+        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.when]; None: every
+            step), as [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]'s.
         every: run SAM on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, the gradient by default.
         on_nonfinite: ``"skip"``, ``"raise"`` or ``"ignore"``.
@@ -190,6 +196,7 @@ class SAM(FlatnessOptimizer):
         base_optimizer=None,
         criterion: Callable = F.cross_entropy,
         loss: Callable | None = None,
+        when=None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
@@ -223,6 +230,7 @@ class SAM(FlatnessOptimizer):
             criterion,
             loss=loss,
             base_optimizer=base_optimizer,
+            when=when,
             every=every,
             base=base,
             on_nonfinite=on_nonfinite,

@@ -90,7 +90,11 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             evaluated as the pair form is, compiled with ``compile=`` and accumulated with
             ``accumulate=`` (see [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]).
         base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of ``optimizer``.
-        every: run ``estimator`` on every ``every``-th step and ``base`` on the others.
+        when: which steps run ``estimator`` (the others run ``base``): a policy of
+            [`gamfunc.when`][gamfunc.when] (``every(k)``, ``late(start)``, ``adaptive(T)``), as
+            [`gamfunc.make_step`][gamfunc.make_step]'s ``when``; None: every step. Its state is
+            in the step state, so ``state_dict()`` saves it.
+        every: the shorthand of ``when=gamfunc.when.every(every)``.
         base: the estimator of the other steps, ``gradient()`` by default.
         on_nonfinite: "skip" (default), "raise" or "ignore" (see [`gamfunc.make_step`][gamfunc.make_step]).
         compile: ``False`` (eager, the default), ``True`` or ``"pass"``: compile the estimator's
@@ -174,6 +178,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         *,
         loss: Callable | None = None,
         base_optimizer=None,
+        when=None,
         every: int = 1,
         base: Estimator | None = None,
         on_nonfinite: str = "skip",
@@ -253,12 +258,9 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
                 functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers),
                 precision,
             )
-        batch_step = make_step(
-            estimator, transform, batch_loss, every=every, base=base, on_nonfinite=on_nonfinite
-        )
-        self._closure_step = make_step(
-            estimator, transform, on_closure, every=every, base=base, on_nonfinite=on_nonfinite
-        )
+        options = dict(when=when, every=every, base=base, on_nonfinite=on_nonfinite)
+        batch_step = make_step(estimator, transform, batch_loss, **options)
+        self._closure_step = make_step(estimator, transform, on_closure, **options)
         self._precision = precision
         self._habits = HandSetGrad()
         self._accumulate = accumulate
