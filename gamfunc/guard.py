@@ -19,7 +19,13 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
-from gamfunc._compat import flag_nonfinite, in_transform, nonfinite_check_runs, overlaps
+from gamfunc._compat import (
+    any_dtensor,
+    flag_nonfinite,
+    in_transform,
+    nonfinite_check_runs,
+    overlaps,
+)
 
 __all__ = ["SELECT_AFTER", "Guard", "all_finite", "is_finite", "select"]
 
@@ -196,6 +202,9 @@ def all_finite(*trees, device: torch.device | None = None) -> Tensor:
         return _finite_groups(groups, device)
     flags = []
     for group in groups.values():
+        if not torch.compiler.is_compiling() and any_dtensor(group):  # a shard may be empty
+            flags.append(torch.stack([torch.isfinite(t).all() for t in group]).all())
+            continue
         if vmapped:
             maxima = [torch.linalg.vector_norm(t, float("inf")) for t in group]
         else:
@@ -213,6 +222,8 @@ def _checks_in_place(groups: dict, leaves: list[Tensor]) -> bool:
     dtypes it takes, on devices where it runs, and each tensor one it may write (no two elements
     at one address, as in an expanded tensor)."""
     if torch.compiler.is_compiling() or in_transform() or torch.is_grad_enabled():
+        return False
+    if any_dtensor(leaves):  # a sharded tensor: a reduction over every rank's shard (below)
         return False
     if any(dtype not in _CHECKED or not nonfinite_check_runs(d.type) for d, dtype in groups):
         return False

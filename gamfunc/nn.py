@@ -11,7 +11,7 @@ from torch import nn
 from torch.func import functional_call
 
 from gamfunc import tree
-from gamfunc._compat import check_uncompiled, in_forward_ad
+from gamfunc._compat import check_uncompiled, check_unhooked, in_forward_ad
 
 __all__ = [
     "Caller",
@@ -155,6 +155,7 @@ def module_loss(
     if not isinstance(model, nn.Module):  # else it fails later, deep inside
         hint = " (a state dict: load it into its module first)" if isinstance(model, dict) else ""
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}{hint}")
+    check_unhooked(model, "functionalize(model)")
     check_loss_form(criterion, loss)
     autocast_batchnorm(model)
     if loss is not None:

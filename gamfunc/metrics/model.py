@@ -49,6 +49,7 @@ from torch import Tensor, nn
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
+from gamfunc._compat import check_unhooked
 from gamfunc.hvps import of_gradient, resolve
 from gamfunc.loss import Objective, Pass, check_params, gradient_pass, loss_and_aux
 from gamfunc.metrics._common import MODES
@@ -191,6 +192,7 @@ def from_model(model: nn.Module, data, criterion, *, mode: str = "eval") -> Prob
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module; got {type(model).__name__}")
     check_uncompiled(model, "from_model(model, ...)", "from_model(model._orig_mod, ...)")
+    check_unhooked(model, "from_model(model, ...)")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}; got {mode!r}")
     if criterion is None:
@@ -242,6 +244,7 @@ def takes_model(metric):
         if isinstance(params, nn.Module):
             # the metrics run eagerly: the module itself measures what the compiled one computes
             check_uncompiled(params, f"{name}(model, ...)", f"{name}(model._orig_mod, ...)")
+            check_unhooked(params, f"{name}(model, ...)")
             if kwargs.get("buffers") is not None:
                 raise ValueError(
                     f"{name}: buffers is for the functional form; a model brings its own buffers"

@@ -61,6 +61,10 @@ The package, a module per job:
 * `bridge`: a ``torch.optim`` optimiser as make_step's base optimiser;
 * `losses`: the module's loss and a closure's, with the buffers each pass writes;
 * `module_grads`: ``torch.optim``'s closure protocol, the closure evaluated on the module itself;
+* `sharded`: a model under ``fully_shard`` (FSDP2) or ``DistributedDataParallel``, every pass of
+  both forms through the module's own autograd (the hooks gather and reduce), norms over the
+  ranks' shards; `sharded_checkpoint`: its sharded, atomic save and load by
+  ``torch.distributed.checkpoint``;
 * `habits`: the habits of a ``torch.optim`` loop a flatness step cannot follow, caught in one line;
 * `last_direction`: the step's direction, left in ``.grad`` after ``step()``;
 * `groups`: a gamfunc optimiser's hyperparameters as param groups, and back;

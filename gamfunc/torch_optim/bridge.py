@@ -36,13 +36,14 @@ from typing import Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
+from torch.utils import _pytree as pytree
 
 from gamfunc import tree
 from gamfunc.guard import all_finite
 from gamfunc.optim import GroupsState, InjectState, Moved, Transform
 from gamfunc.torch_optim.copies import copy_into, recopy
 
-__all__ = ["TorchBridge", "TorchState"]
+__all__ = ["TorchBridge", "TorchState", "map_torch"]
 
 
 class TorchState(NamedTuple):
@@ -325,3 +326,9 @@ def _finite_flag(state: dict, like: Tensor) -> Tensor:
         return torch.zeros_like(like)
     ok = all_finite(leaves, device=like.device)
     return torch.where(ok, torch.zeros_like(like), torch.full_like(like, float("nan")))
+
+
+def map_torch(opt_state, fn):
+    """``opt_state`` with its `TorchState` (alone, or in a chain) replaced by ``fn`` of it."""
+    is_torch = lambda x: isinstance(x, TorchState)  # noqa: E731
+    return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from gamfunc._compat import local_pairs
 from gamfunc.tree import copies, grouped
 
 __all__ = ["copy_into", "recopy"]
@@ -22,6 +23,7 @@ def copy_into(dst: list[Tensor], src: list[Tensor]) -> None:
     """
     if len(dst) != len(src):
         raise ValueError(f"copy_into: {len(dst)} tensors to write, {len(src)} to read")
+    dst, src = local_pairs(dst, src)
     for (into, out), _ in grouped(dst, src).values():
         torch._foreach_copy_(into, out)
 

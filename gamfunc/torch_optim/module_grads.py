@@ -169,9 +169,7 @@ class ModuleGradients(Objective):
             loss = _loss(out)
             grads: list[Any] = [p.grad for p in held]
             if all(g is None for g in grads) and isinstance(out, Tensor) and out.requires_grad:
-                grads = list(
-                    torch.autograd.grad(out, held, allow_unused=True, materialize_grads=True)
-                )
+                grads = self.differentiate(out, held)
             grads = [
                 torch.zeros_like(p) if g is None else g.detach()
                 for p, g in zip(held, grads, strict=True)
@@ -185,6 +183,10 @@ class ModuleGradients(Objective):
                 if moved and self.origin is not None:
                     copy_into(held, [self.origin[k] for k in keys])
         return Pass(dict(zip(keys, grads, strict=True)), loss, aux)
+
+    def differentiate(self, loss: Tensor, held: list[Tensor]) -> list[Tensor | None]:
+        """∇ of the loss a closure returned without calling ``backward()``, one per ``held``."""
+        return list(torch.autograd.grad(loss, held, allow_unused=True, materialize_grads=True))
 
     def hvp(self, backend, params, batch, v, clean):
         raise ValueError(needs_graph(backend))

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils import _pytree as pytree
 
 from gamfunc import tree
 from gamfunc.accumulate import accumulate as accumulated
@@ -23,8 +22,9 @@ from gamfunc.optim.transforms import chain, clip_by_global_norm
 from gamfunc.precision import mixed
 from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.step import make_step
+from gamfunc.torch_optim import sharded
 from gamfunc.torch_optim.base import built, held, torch_state_dict
-from gamfunc.torch_optim.bridge import TorchBridge, TorchState
+from gamfunc.torch_optim.bridge import TorchBridge, TorchState, map_torch
 from gamfunc.torch_optim.checks import (
     check_arguments,
     check_capturable,
@@ -48,12 +48,6 @@ def _lr_metric(lr) -> Tensor:
     if isinstance(lr, Tensor):
         return lr.detach().to(torch.float64, copy=True)
     return torch.tensor(float(lr), dtype=torch.float64)
-
-
-def _map_torch(opt_state, fn):
-    """``opt_state`` with its `TorchState` (alone, or in a chain) replaced by ``fn`` of it."""
-    is_torch = lambda x: isinstance(x, TorchState)  # noqa: E731
-    return pytree.tree_map(lambda x: fn(x) if is_torch(x) else x, opt_state, is_leaf=is_torch)
 
 
 class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
@@ -237,13 +231,17 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             transform = opt
         # what the base optimiser moves by, left in .grad after each step (last_direction)
         self._last = LastDirection()
-        transform = self._last.recording(transform)
+        transform = self._last.recording(sharded.placed(transform, model))
         if max_grad_norm is not None:
             transform = chain(clip_by_global_norm(max_grad_norm), transform)
         self._pass_buffers = PassBuffers()
-        on_batch = module_loss(model, criterion, loss=loss, copy_buffers=self._pass_buffers)
         self._any_batch = loss is not None
-        batch_loss = mixed(functools.partial(as_is, on_batch, model), precision)
+        batch_loss: Any = sharded.passes(
+            model, estimator, base, criterion, loss, compile, precision, accumulate, cuda_graph
+        )
+        if batch_loss is None:  # else a model under fully_shard or DDP: sharded.passes
+            on_batch = module_loss(model, criterion, loss=loss, copy_buffers=self._pass_buffers)
+            batch_loss = mixed(functools.partial(as_is, on_batch, model), precision)
         if accumulate > 1:
             batch_loss = accumulated(batch_loss, accumulate)
         # step(closure): on the module itself, the torch.optim protocol, for an estimator built
@@ -251,7 +249,9 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         # the module's tensors swapped, differentiated by torch.func (no backward() inside)
         self._module_grads: ModuleGradients | None = None
         on_closure: Callable
-        if precision == "fp32" and gradients_only(estimator, base):
+        if isinstance(batch_loss, sharded.ShardedGradients):
+            self._module_grads = on_closure = batch_loss
+        elif precision == "fp32" and gradients_only(estimator, base):
             self._module_grads = on_closure = ModuleGradients()
         else:
             on_closure = mixed(
@@ -350,6 +350,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
 
     def _dispatch(self, closure, batch) -> Tensor:
         closure, batch = step_arguments(closure, batch, any_batch=self._any_batch)
+        if batch is not None and isinstance(self._module_grads, sharded.ShardedGradients):
+            return self._advance(self._closure_step, self._module_grads.closure(self._model, batch))
         if batch is not None:
             return self._advance(self._batch_step, batch)
         if self._accumulate > 1:
@@ -541,7 +543,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             new_params, new_state, metrics = run(params, state, data)
         else:
             state = state._replace(
-                opt=_map_torch(state.opt, lambda s: TorchState(s.finite, tensors, s.lrs))
+                opt=map_torch(state.opt, lambda s: TorchState(s.finite, tensors, s.lrs))
             )
             try:
                 new_params, new_state, metrics = run(params, state, data)
@@ -554,7 +556,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
                 formed.append(s)
                 return TorchState(s.finite, (), s.lrs)
 
-            opt = _map_torch(new_state.opt, between_steps)
+            opt = map_torch(new_state.opt, between_steps)
             bridge.commit(formed[0].tensors, metrics.get("skipped"))
             new_state = new_state._replace(opt=opt)
             metrics.setdefault("lr", _lr_metric(self.param_groups[0]["lr"]))
@@ -567,10 +569,10 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
                 [b for _, b in named_buffers], [new_state.buffers[k] for k, _ in named_buffers]
             )
         self._state = new_state._replace(buffers=())  # the buffers live in the module
-        self.metrics = metrics
+        self.metrics = sharded.plain(metrics)
         if self._groups is not None:
             self._groups.read(new_state.opt, self.param_groups)
-        return metrics["loss"]
+        return self.metrics["loss"]
 
     def _detached(self, named_buffers: list[tuple[str, Tensor]]) -> dict[str, Tensor]:
         """The buffers, detached: the views of the last step where each buffer is the same tensor
