@@ -135,8 +135,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             (give ``model._orig_mod`` with ``compile=True``), a base optimiser of no known kind, a
             ``torch.optim`` optimiser whose ``step`` needs a closure, an argument of the wrong type,
             ``params=`` with a gamfunc factory (its groups are
-            [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and, on its first use,
-            ``torch.amp.GradScaler`` (``scaler.unscale_`` or ``scaler.step``).
+            [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and
+            ``torch.amp.GradScaler``, on its first ``scaler.step``.
         ValueError: a base optimiser over tensors that are not the model's parameters, an invalid
             option (naming it), or ``cuda_graph=True`` with a model off the GPU or a base optimiser
             built with ``capturable=False``.
