@@ -98,9 +98,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             estimator built on gradients, around which the update runs eagerly (a ``torch.optim``
             base optimiser's ``step()`` runs its own fused or foreach kernels); or ``"step"``:
             compile the whole step with a gamfunc base optimiser. The whole step is the slower
-            cold compile by far (on ResNet-50 with fd GAM, about six times the passes' for about
-            2% of speed: ``benchmarks/RESULTS.md``); with ``cuda_graph=True`` the passes' compile
-            runs at the whole step's speed.
+            cold compile by far, for a step a little faster (``docs/guides/torch-optim.md``);
+            with ``cuda_graph=True`` the passes' compile runs at the whole step's speed.
         compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
         accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.accumulate.accumulate]).
         precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
