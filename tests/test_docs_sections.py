@@ -11,13 +11,11 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # Functions whose docstrings lack a section, as "path: sections": none do. The test fails on a
 # rendered function that lacks a section not listed here, and on a listed name that has its sections.

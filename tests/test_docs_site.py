@@ -9,13 +9,11 @@ hide one another.
 from __future__ import annotations
 
 import inspect
-import sys
 import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
-sys.path.insert(0, str(ROOT))
 
 import gamfunc  # noqa: E402
 
