@@ -5,7 +5,9 @@ The Markdown files are written for GitHub, where a link is a path relative to th
 link is resolved against the file's place in the repository: a target under ``docs/`` becomes the path
 the site knows; a target outside ``docs/`` (reproduce/README.md, benchmarks/RESULTS.md, ...) is added
 to the site under ``repo/`` and linked there. A target that does not exist stops the build, so
-``mkdocs build --strict`` fails on broken links whichever side of ``docs/`` they point to.
+``mkdocs build --strict`` fails on broken links whichever side of ``docs/`` they point to; a page
+generated into the site (the API reference's, mkdocs_reference.py, a hook listed before this one)
+exists there.
 """
 
 from __future__ import annotations
@@ -69,10 +71,13 @@ def on_files(files, config):
     docs = Path(config["docs_dir"]).resolve()
     files.append(File.generated(config, "index.md", abs_src_path=str(ROOT / "README.md")))
     seen = {f.abs_src_path for f in files if f.abs_src_path}
+    generated = {f.src_uri for f in files if not f.abs_src_path}
     todo = [Path(f.abs_src_path) for f in files if f.src_uri.endswith(".md") and f.abs_src_path]
     while todo:
         source = todo.pop()
         for link, real, _ in _targets(source, source.read_text(encoding="utf-8")):
+            if real.is_relative_to(docs) and _site_path(real, docs) in generated:
+                continue
             if not real.is_file():
                 raise PluginError(f"{source.relative_to(ROOT)}: link to a missing file: {link}")
             if real.is_relative_to(docs) or str(real) in seen:
@@ -85,6 +90,8 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
+    if not page.file.abs_src_path:  # generated in the site: its links are the site's already
+        return markdown
     docs = Path(config["docs_dir"]).resolve()
     source = Path(page.file.abs_src_path)
     here = Path(page.file.src_uri).parent

@@ -47,9 +47,8 @@ class Guard:
     up with the host. Then the host bounds the step, and the guard reads. Where the GPU was still
     behind at three eager steps in a row (`Guard.gpu_bounds`), it bounds the steps, and the guard
     selects: one step behind, a burst of large kernels, does not switch it, since a select where
-    the host bounds the step costs more than a read where the GPU does (on one H200, eager SAM on
-    ResNet-50 and ViT-S/32: a select was about 4% faster than a read where the GPU bounded the
-    step, and 11-22% slower where the host did).
+    the host bounds the step costs more than a read where the GPU does (``benchmarks/RESULTS.md``,
+    *Measured outside these commands*: the facade's non-finite guard).
 
     It always selects where the step cannot read or must not wait: under ``torch.compile`` or
     ``vmap``, while a CUDA graph is captured ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph],

@@ -45,6 +45,7 @@ __all__ = [
     "setup",
     "step_mode",
     "training_loss",
+    "uses_exact_hvp",
     "with_step_mode",
 ]
 
@@ -160,6 +161,15 @@ def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
     if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):
         return cfg.bf16_hvp
     return "exact"
+
+
+def uses_exact_hvp(cfg: Config, name: str) -> bool:
+    """Whether the method ``name`` forms its H·v with the run's exact backend (`exact_hvp_backend`),
+    asked of its estimator: built with exact H·v, it differentiates by forward-mode AD
+    ([`gamfunc.hvps.forward_mode`][gamfunc.hvps.forward_mode]). GAM and the methods built on it do,
+    GNP with ``gnp_hvp="exact"`` too; ``gam_fd`` and ``gam_reverse`` choose their own backend."""
+    estimator, _ = build_estimator(cfg, name, cfg.lr)
+    return gamfunc.hvps.forward_mode(estimator.hparams.get("hvp"))
 
 
 _BatchNorm = nn.modules.batchnorm._BatchNorm
@@ -470,9 +480,7 @@ def setup(
     notes = []
     mode = step_mode(device.type, cfg)
     hvp = exact_hvp_backend(cfg, model)
-    exact = name in ("gam", "sam+gam", "gsam+gam", "look_gam") or (
-        name == "gnp" and cfg.gnp_hvp == "exact"
-    )
+    exact = uses_exact_hvp(cfg, name)
     if exact and hvp != "exact":
         notes.append(f"{name}: H·v by reverse-over-reverse AD (--bf16_hvp=reverse)")
     if exact and hvp == "exact" and mode.compile and _has(model, _BatchNorm, nn.LayerNorm):

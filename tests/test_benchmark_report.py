@@ -109,3 +109,32 @@ def test_every_note_is_stated_in_a_guide_that_links_it():
     anchor = "RESULTS.md#" + report.NOTES_TITLE.lower().replace(" ", "-")
     for note in json.loads(report.NOTES.read_text())["notes"]:
         assert anchor in (root / note["guide"]).read_text(), note["title"]
+
+
+# The performance guide's H·v table, row by row: its results file and the rows it reads there.
+HVP_ROWS = {
+    "step_cost_hvp_cpu.json": ("resnet18", "fp32", "eager"),
+    "step_cost_hvp_h200.json": ("resnet50", "bf16", "eager"),
+    "step_cost_h100.json": ("resnet50", "fp32", "pass-reduce-overhead"),
+}
+HVP_METHODS = ("gam_exact", "gam_fd", "gam_reverse")
+
+
+def test_the_guides_hvp_costs_are_those_of_the_results():
+    """docs/guides/benchmarks.md's "Which H·v backend costs what": each cell is the ``× grad step``
+    of its results file, to one decimal; a dash where the file has no such row."""
+    guide = (report.OUT.parent.parent / "docs" / "guides" / "benchmarks.md").read_text()
+    section = guide.split("## Which H·v backend costs what", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and ".json`)" in line]
+    assert len(rows) == len(HVP_ROWS)
+    for line in rows:
+        name = line.split("(`", 1)[1].split("`)", 1)[0]
+        model, dtype, mode = HVP_ROWS[name]
+        results = json.loads((_common.RESULTS / name).read_text())["rows"]
+        x_grad = {
+            r["method"]: r["x_grad"]
+            for r in results
+            if (r["model"], r["dtype"], r["mode"]) == (model, dtype, mode) and r.get("x_grad")
+        }
+        want = [f"{x_grad[m]:.1f}" if m in x_grad else "—" for m in HVP_METHODS]
+        assert [c.strip() for c in line.strip("|").split("|")[1:]] == want, line

@@ -8,13 +8,11 @@ python, pytest) come before the script and are not read."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from reproduce import sweep, train  # noqa: E402
 

@@ -1,6 +1,6 @@
 """Every function of the API reference documents its arguments and its result.
 
-The reference pages (docs/reference/, generated from ``__all__`` by tests/test_docs_site.py) render
+The reference pages (generated from ``__all__`` when the site is built, mkdocs_reference.py) render
 each public name with ``::: path``. A function among them has a Google-style docstring with an
 ``Args:`` section when it takes arguments and a ``Returns:`` section unless it returns None, so
 that the site shows both.
@@ -11,13 +11,13 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
+import mkdocs_reference
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # Functions whose docstrings lack a section, as "path: sections": none do. The test fails on a
 # rendered function that lacks a section not listed here, and on a listed name that has its sections.
@@ -26,8 +26,8 @@ MISSING: dict[str, str] = {}
 
 def rendered() -> list[str]:
     """Every path that a reference page renders with ``::: path``."""
-    pages = sorted((ROOT / "docs" / "reference").glob("*.md"))
-    return sorted({p for page in pages for p in re.findall(r"^::: (\S+)", page.read_text(), re.M)})
+    pages = mkdocs_reference.pages().values()
+    return sorted({p for page in pages for p in re.findall(r"^::: (\S+)", page, re.M)})
 
 
 def resolve(path: str):

@@ -1,125 +1,50 @@
-"""The documentation site: its API reference covers every public name (tests/test_docs_html.py builds it).
+"""The documentation site's API reference covers every public name (tests/test_docs_html.py builds it).
 
-The pages under docs/reference/ are generated from ``__all__`` of ``gamfunc`` and of every module it
-exports (``python tests/test_docs_site.py`` writes them); each name is rendered from the module that
-defines it, so that a function and the submodule of the same name (``gamfunc.estimators.gam``) never
-hide one another.
+Its pages are generated from ``__all__`` of ``gamfunc`` and of every module it exports when the site
+is built (mkdocs_reference.py, a hook of mkdocs.yml); none is written to docs/.
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
+import re
 import types
 from pathlib import Path
 
+import gamfunc
+import mkdocs_reference
+
 ROOT = Path(__file__).resolve().parents[1]
-REFERENCE = ROOT / "docs" / "reference"
-sys.path.insert(0, str(ROOT))
-
-import gamfunc  # noqa: E402
-
-OPTIONS = "    options:\n      show_root_heading: {}\n"
 
 
-def _modules(module: types.ModuleType) -> list[str]:
-    return [n for n in module.__all__ if isinstance(getattr(module, n), types.ModuleType)]
-
-
-def _path(module: types.ModuleType, name: str) -> str:
-    """Where ``module.name`` is defined (an alias such as ``ScheduledLR = Callable[...]``: where made)."""
-    obj = getattr(module, name)
-    where = f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}"
-    if not where.startswith("gamfunc.") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
-        where = f"{module.__name__}.{name}"
-    return where
-
-
-def _on_module_pages() -> set[str]:
-    """The definitions that the pages of the exported modules render."""
-    out = set()
-    pending = [getattr(gamfunc, m) for m in [*_modules(gamfunc), "estimators", "optim"]]
-    while pending:
-        module = pending.pop()
-        if hasattr(module, "__all__"):  # a page renders the submodules its module exports
-            pending += [getattr(module, n) for n in _modules(module)]
-        names = getattr(module, "__all__", None) or [
-            n
-            for n, o in vars(module).items()
-            if not n.startswith("_")
-            and (inspect.isclass(o) or inspect.isfunction(o))
-            and o.__module__ == module.__name__
-        ]
-        out |= {_path(module, n) for n in names}
-    return out
-
-
-def _names(module: types.ModuleType, elsewhere: set[str] = frozenset()) -> str:
-    """``::: path`` of every name of ``module.__all__`` that is no module, at its definition; a name
-    in ``elsewhere`` (rendered on another page) as a cross-reference to it."""
-    out, links = [], []
-    for name in module.__all__:
-        obj = getattr(module, name)
-        if isinstance(obj, types.ModuleType):
-            continue
-        if _path(module, name) in elsewhere:
-            links.append(f"- [`{module.__name__}.{name}`][{_path(module, name)}]\n")
-            continue
-        out.append(f"::: {_path(module, name)}\n" + OPTIONS.format("true") + "\n")
-    if links:
-        out.append("## Exported from their modules\n\n" + "".join(links))
-    return "".join(out)
-
-
-def _home(path: str, pages: list[str]) -> str | None:
-    """The page that renders the definition at ``path``: that of the deepest exported module whose
-    name begins it (``gamfunc.optim.base.Transform``: ``optim``), None if no page's does."""
-    found = [m for m in pages if path.startswith(f"gamfunc.{m}.")]
-    return max(found, key=len) if found else None
-
-
-def _module_page(module: types.ModuleType, level: str = "#", page: str = "") -> str:
-    head = f"{level} `{module.__name__}`\n\n"
-    if not hasattr(module, "__all__"):
-        return head + f"::: {module.__name__}\n" + OPTIONS.format("false")
-    text = head + f"::: {module.__name__}\n" + OPTIONS.format("false") + "      members: false\n\n"
-    mods = [*_modules(gamfunc), "estimators", "optim"]
-    # a definition re-exported here from another page's module (gamfunc.optim.transforms.Transform, made
-    # in gamfunc.optim.base) is rendered once, there, and linked here
-    foreign = {p for p in _on_module_pages() if _home(p, mods) not in (None, page)}
-    text += _names(module, foreign)
-    for sub in _modules(module):
-        text += "\n" + _module_page(getattr(module, sub), "##", page)
-    return text
-
-
-def pages() -> dict[str, str]:
-    """File name under docs/reference/ -> its text."""
-    mods = [*_modules(gamfunc), "estimators", "optim"]
-    links = ", ".join(f"[`gamfunc.{m}`]({m}.md)" for m in mods)
-    out = {
-        "index.md": "# API reference\n\nGenerated from the docstrings: the names that "
-        "`gamfunc/__init__.py` exports (its `__all__`), each from the module that defines it. "
-        f"Each module it exports has its page: {links}.\n\n" + _names(gamfunc, _on_module_pages())
-    }
-    for m in mods:
-        out[f"{m}.md"] = _module_page(getattr(gamfunc, m), page=m)
-    return out
-
-
-def test_the_reference_pages_are_generated_from_all():
-    written = {p.name: p.read_text() for p in REFERENCE.glob("*.md")}
-    assert written == pages(), "run: python tests/test_docs_site.py"
+def test_the_reference_pages_are_generated_not_kept():
+    """A page kept under docs/reference/ would go stale beside the generated one of its name."""
+    assert not (ROOT / "docs" / mkdocs_reference.FOLDER).exists()
+    config = (ROOT / "mkdocs.yml").read_text()
+    hooks = re.split(r"\n\S", config.split("\nhooks:", 1)[1], maxsplit=1)[0]
+    assert re.findall(r"- (\S+\.py)", hooks)[:2] == ["mkdocs_reference.py", "mkdocs_hooks.py"]
 
 
 def test_the_site_lists_every_reference_page():
     nav = (ROOT / "mkdocs.yml").read_text()
-    assert all(f"reference/{name}" in nav for name in pages())
+    assert all(f"reference/{name}" in nav for name in mkdocs_reference.pages())
 
 
-if __name__ == "__main__":
-    REFERENCE.mkdir(exist_ok=True)
-    for old in REFERENCE.glob("*.md"):
-        old.unlink()
-    for name, text in pages().items():
-        (REFERENCE / name).write_text(text)
+def test_a_page_for_gamfunc_and_each_module_it_exports():
+    exported = [n for n in gamfunc.__all__ if isinstance(getattr(gamfunc, n), types.ModuleType)]
+    # gamfunc.estimators and gamfunc.optim: their names are exported one by one
+    want = {"index.md", "estimators.md", "optim.md", *(f"{m}.md" for m in exported)}
+    assert set(mkdocs_reference.pages()) == want
+
+
+def test_every_public_name_is_rendered_or_linked():
+    """Each name of ``gamfunc.__all__`` that is no module appears on the index page: rendered at
+    its definition (``::: path``), or linked to the module page that renders it."""
+    pages = mkdocs_reference.pages()
+    index = pages["index.md"]
+    rendered = {p for text in pages.values() for p in re.findall(r"^::: (\S+)", text, re.M)}
+    for name in gamfunc.__all__:
+        if isinstance(getattr(gamfunc, name), types.ModuleType):
+            continue
+        path = mkdocs_reference._path(gamfunc, name)
+        assert path in rendered, name
+        assert f"::: {path}\n" in index or f"[`gamfunc.{name}`][{path}]" in index, name

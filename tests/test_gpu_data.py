@@ -3,13 +3,10 @@ loader against the CPU pipeline it replaces (GPU only)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce.config import resolve
 from reproduce.data import nvjpeg

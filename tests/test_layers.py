@@ -48,7 +48,14 @@ def test_every_core_dependency_is_imported_by_gamfunc():
 # need it. The compile helpers (compile any function, nothing of steps) sit below the loss wrappers,
 # which compile their passes with them, and below the step, whose ``compile`` calls down to them.
 LAYERS = [
-    ("gamfunc._compat", "gamfunc.tree", "gamfunc.nn", "gamfunc.schedules", "gamfunc.checks"),
+    (
+        "gamfunc._compat",
+        "gamfunc.foreach",
+        "gamfunc.tree",
+        "gamfunc.nn",
+        "gamfunc.schedules",
+        "gamfunc.checks",
+    ),
     ("gamfunc.loss", "gamfunc.optim"),
     ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),

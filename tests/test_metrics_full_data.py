@@ -4,14 +4,9 @@ metrics on one batch holding all of it: every H·v and gradient is the size-weig
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gamfunc import metrics
 from gamfunc.accumulate import accumulate

@@ -92,6 +92,19 @@ def test_the_metadata_names_licence_python_versions_topic_and_typing():
     assert meta["keywords"] and meta["authors"] == [{"name": "gamfunc developers"}]
 
 
+def test_the_version_is_written_once():
+    """pyproject.toml reads the version from gamfunc.__version__, the one place it is written."""
+    tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from 3.11")
+    whole = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in whole["project"] and "version" in whole["project"]["dynamic"]
+    assert whole["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gamfunc.__version__"}
+    # setuptools reads a literal assignment without importing gamfunc (and torch)
+    written = re.findall(
+        r'^__version__ = "([^"]+)"$', (ROOT / "gamfunc" / "__init__.py").read_text(), re.M
+    )
+    assert len(written) == 1 and re.fullmatch(r"\d+\.\d+\.\d+", written[0]), written
+
+
 def test_the_index_description_has_no_link_an_index_page_cannot_follow():
     """The long description is shown on an index page, where a link relative to the repository
     leads nowhere: each of its links is absolute."""

@@ -1,14 +1,8 @@
 """reproduce/run/checkpoint.py: atomic writes, digests that catch corruption, config refusal, RNG state."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # reproduce/ lives at the repository root
 from reproduce.config import as_dict, resolve
 from reproduce.run import checkpoint as ckpt
 

@@ -155,7 +155,6 @@ def test_a_folder_that_cannot_be_written_is_refused_in_one_line_naming_the_flag(
 
 def test_train_py_names_the_flag_of_a_compile_cache_it_cannot_write(tmp_path, capsys):
     """Not "cannot read the data": the line names --compile_cache, exit 2, before any step."""
-    sys.path.insert(0, str(ROOT / "tests"))
     from train_cli import DIGITS, main, one_line_error
 
     (tmp_path / "a_file").write_text("")

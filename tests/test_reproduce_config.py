@@ -1,14 +1,9 @@
 """reproduce/config.py: overrides, validation, and presets that carry the paper's numbers."""
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # reproduce/ lives at the repository root
 from reproduce import train
 from reproduce.config import (
     ESTIMATORS,

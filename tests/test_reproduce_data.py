@@ -1,16 +1,12 @@
 """reproduce/data/sets.py: data sets, label noise, splits, resumable order, augmentation, clear errors."""
 
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # reproduce/ lives at the repository root
 from reproduce.config import resolve
 from reproduce.data import sets as D
 

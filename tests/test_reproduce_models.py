@@ -1,20 +1,12 @@
 """reproduce/models/: every network builds, has the published size, and runs under torch.func."""
 
-import sys
-from pathlib import Path
-
+import models
 import pytest
 import torch
 import torch.nn.functional as F
 import torchvision
 
 import gamfunc
-
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # reproduce/ lives at the repository root
-import models
-
 from reproduce.models import CifarResNet, ViT, build_model, count_parameters
 from reproduce.models.resnets import _Basic
 

@@ -3,15 +3,9 @@ synthetic input: 32×32 images, batch 2). Heavy networks take a plain-gradient s
 optimiser; exact GAM itself runs here on the ViT (attention under jvp) and, in test_reproduce_train.py,
 on a BatchNorm network."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1])
-)  # reproduce/ lives at the repository root
 import gamfunc
 from reproduce import train
 from reproduce.config import PRESETS, resolve

@@ -2,13 +2,9 @@
 
 import gzip
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce import train
 from reproduce.run import checkpoint as ckpt

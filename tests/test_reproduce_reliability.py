@@ -11,10 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from train_cli import DIGITS, NO_FLATNESS, main, one_line_error, out_dir
 
 from reproduce.run import checkpoint as ckpt

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from reproduce import train
 from reproduce.run import checkpoint as ckpt
 

@@ -55,6 +55,18 @@ def test_exact_hvp_run_eagerly_on_a_gpu_gets_a_note_and_nothing_else_does():
         assert build.step_mode(device, resolve(flags), est).notes == ()
 
 
+def test_the_methods_of_exact_hvp_are_those_whose_estimator_says_so():
+    """The methods that take the run's exact H·v (its bf16 route, the norms in elementary operations
+    of a compiled step) are asked of their estimators: GAM and the methods built on it, and GNP when
+    its H·v is exact; not the finite-difference and reverse-mode GAMs, which choose their own."""
+    from reproduce.methods import METHODS
+
+    exact = {m for m in METHODS if build.uses_exact_hvp(resolve([]), m)}
+    assert exact == {"gam", "sam+gam", "gsam+gam", "look_gam"}
+    assert build.uses_exact_hvp(resolve(["--gnp_hvp=exact"]), "gnp")
+    assert not build.uses_exact_hvp(resolve(["--gnp_hvp=reverse"]), "gnp")
+
+
 @pytest.mark.parametrize(
     ("flags", "match"),
     [

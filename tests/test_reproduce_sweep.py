@@ -12,8 +12,6 @@ from typing import ClassVar
 import pytest
 
 # reproduce/ lives at the repository root
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from train_cli import poison_digits_test_labels
 
 from reproduce import sweep, train

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 # reproduce/ lives at the repository root
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from test_reproduce_data import make_image_folder
 
 from reproduce import build, train

@@ -3,13 +3,8 @@ ViT-S/16 on CIFAR, the authors' accelerated GAM, GNP with Zhao et al.'s values, 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from reproduce import train
 from reproduce.config import PRESETS, resolve

@@ -9,15 +9,10 @@ import json
 import os
 import pickle
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from train_cli import DIGITS, NO_FLATNESS, main, one_line_error, out_dir
 
 from reproduce import train

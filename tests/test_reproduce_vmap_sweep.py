@@ -3,14 +3,10 @@ reproduce/sweeps/vmapped.py): the sweep's table, each member equal to its own ru
 selection blind to the test labels, reuse and resumption, one-line refusals naming the field."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from train_cli import poison_digits_test_labels
 
 from gamfunc.ensemble import unstack

@@ -3,14 +3,9 @@ and ‖α·ρ_t·∇‖∇L(θ_adv)‖‖², the squared norm of the GAM term; r
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gamfunc
 from gamfunc import tree

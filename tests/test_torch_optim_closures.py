@@ -223,20 +223,42 @@ def loss_of(model):
     return loss_fn
 
 
-def scaled_backward():
+class HelperUnscale(torch.amp.GradScaler):
+    """A GradScaler whose unscaling reads the param groups in a helper of its own, as FSDP's
+    ShardedGradScaler, or a later torch, may: the refusal must not depend on who reads them."""
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        grads = [p.grad for p in self._params(optimizer) if p.grad is not None]
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
+        return {found_inf.device: found_inf}
+
+    @staticmethod
+    def _params(optimizer):
+        return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def scaled_backward(scaler=torch.amp.GradScaler):
     """A SAM facade, and a GradScaler whose scaled loss has just been backpropagated into it."""
     model = mlp()
     opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
-    scaler = torch.amp.GradScaler("cpu")
+    scaler = scaler("cpu")
     x, y = batches(1)[0]
     scaler.scale(nn.functional.cross_entropy(model(x), y)).backward()
     return model, opt, scaler
 
 
-def test_grad_scaler_unscale_is_refused_on_its_first_use():
-    _, opt, scaler = scaled_backward()
-    with pytest.raises(TypeError, match=r"GradScaler.*precision='fp16'"):
-        scaler.unscale_(opt)
+@pytest.mark.parametrize("scaler", [torch.amp.GradScaler, HelperUnscale])
+def test_grad_scaler_is_refused_at_its_first_step_before_a_parameter_moves(scaler):
+    """The AMP loop with clipping: unscale_ divides .grad (which the step does not read), and
+    scaler.step is refused through the question it asks every optimiser first, whoever unscaled."""
+    model, opt, scaler = scaled_backward(scaler)
+    before = {k: v.clone() for k, v in params_of(model).items()}
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    with pytest.raises(TypeError, match=r"GradScaler.*precision='fp16'") as e:
+        scaler.step(opt)
+    assert "\n" not in str(e.value)
+    assert all(torch.equal(before[k], v) for k, v in params_of(model).items())
 
 
 def test_grad_scaler_step_is_refused_on_the_first_iteration_even_on_overflow():

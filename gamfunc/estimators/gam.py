@@ -43,13 +43,11 @@ def gam(
     forward-mode passes; ``hvp=hvps.fd()`` costs four gradients (paper Appendix D).
 
     Which backend: ``"exact"`` is the default because it is Algorithm 1 itself, with no radius to
-    tune and no rounding amplified by α·ρ/r. fd is the cheaper one wherever the step is not compiled:
-    per step, in multiples of a gradient step, exact costs about 10 on the CPU (ResNet-18, eager),
-    16 on an H200 eager (ResNet-50, bf16; most of it the forward-mode rule of BatchNorm's backward)
-    and 6.5 compiled; fd costs 5, 3 and 3.3; reverse-over-reverse 8 on the CPU and 27 on the H200
-    eager (``benchmarks/RESULTS.md``, *What a step costs*). Choose fd for an eager GPU step, for a
-    step replayed as a CUDA graph without compiling, and for closures that call ``backward()``;
-    exact when the step is compiled or the values must be Algorithm 1's.
+    tune and no rounding amplified by α·ρ/r. fd is the cheaper one wherever the step is not
+    compiled: choose it for an eager GPU step, for a step replayed as a CUDA graph without
+    compiling, and for closures that call ``backward()``; exact when the step is compiled or the
+    values must be Algorithm 1's. What each costs on each device: the performance guide
+    (``docs/guides/benchmarks.md``, *Which H·v backend costs what*).
 
     With ``adaptive=True`` the ascent is measured per element in the scale of θ, as the authors'
     ``GAM(adaptive=True)`` perturbs (github.com/xxgege/GAM, commit 694133d, ``gam/gam.py``

@@ -2,7 +2,8 @@
 
 The wing holds, from the bottom up, as optax's ``base``, ``transform`` and ``alias`` do: the contract
 (`base`: [`Transform`][gamfunc.optim.base.Transform], [`apply_updates`][gamfunc.optim.base.apply_updates]),
-the primitives and [`chain`][gamfunc.optim.transforms.chain] (`transforms`), the injection of
+the primitives and [`chain`][gamfunc.optim.transforms.chain] (`transforms`, with those that keep
+running statistics in `moments`), the injection of
 hyperparameters into the state (`inject`), parameter groups (`groups`), and the optimisers built
 from them (`sgd`, `adam`, `adamw`, `lion`), whose updates are their whole signed step.
 """

@@ -39,7 +39,7 @@ class Transform(NamedTuple):
     [`gamfunc.clip_by_global_norm`][gamfunc.clip_by_global_norm] changes the direction it is given. So [`gamfunc.chain`][gamfunc.chain]
     puts any of them before, between or after an optimiser, and the result is again a Transform.
 
-    ``state`` is a NamedTuple of tensors ([`TraceState`][gamfunc.optim.transforms.TraceState],
+    ``state`` is a NamedTuple of tensors ([`TraceState`][gamfunc.optim.moments.TraceState],
     [`ClipState`][gamfunc.optim.transforms.ClipState], ``()`` for a stateless transform), a pytree for
     ``torch.compile`` and ``torch.func.vmap``. Neither function mutates its arguments, and ``update``
     branches on no tensor value. A state holds the transform's own statistics only: the step count

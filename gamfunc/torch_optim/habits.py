@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 import warnings
-from typing import Any
 
-import torch
 from torch import Tensor
 
 __all__ = [
@@ -27,7 +24,6 @@ __all__ = [
     "davda54_error",
     "filled_before",
     "from_lightning",
-    "unscaling",
 ]
 
 GUIDE = "docs/guides/torch-optim.md, 'Coming from davda54/sam'"
@@ -120,36 +116,6 @@ def davda54_error(owner: str, name: str) -> AttributeError:
     return AttributeError(f"{owner} has no {name}: {DAVDA54[name]} (see {GUIDE})")
 
 
-def _unscale_codes() -> tuple:
-    """The code of ``GradScaler._unscale_grads_`` (torch.amp's, which torch.cuda.amp's inherits)."""
-    codes = []
-    for owner in (getattr(torch.amp, "GradScaler", None),):
-        fn = getattr(owner, "_unscale_grads_", None)
-        if fn is not None:
-            codes.append(fn.__code__)
-    return tuple(codes)
-
-
-_UNSCALE = _unscale_codes()
-
-
-def unscaling(depth: int = 2) -> bool:
-    """Whether the caller ``depth`` frames up is ``GradScaler._unscale_grads_``: the first place
-    where ``scaler.unscale_(optimizer)`` touches the optimiser (its ``param_groups``), on every
-    iteration, overflow or not. A frame's code compared by identity: no cost worth the name.
-
-    Args:
-        depth: how many frames up the caller is (2: the caller of the caller of this function).
-
-    Returns:
-        True inside ``_unscale_grads_``.
-    """
-    try:
-        return sys._getframe(depth).f_code in _UNSCALE
-    except ValueError:  # pragma: no cover - a stack shallower than depth
-        return False
-
-
 class GradWatch:
     """Tells whether a parameter's ``.grad`` was set or changed since the facade last looked.
 
@@ -211,24 +177,17 @@ class HandSetGrad:
 
 
 class CaughtHabits:
-    """The facade's hooks where a ``torch.optim`` habit first touches the optimiser: its
-    ``param_groups`` (``GradScaler.unscale_``'s first read), ``_step_supports_amp_scaling``
-    (``GradScaler.step``'s first question, and Lightning's fp16 precision's), and davda54/sam's
-    attribute names. Each refuses in one line; anything else behaves as on a plain optimiser."""
+    """The facade's hooks where a ``torch.optim`` habit first touches the optimiser:
+    ``_step_supports_amp_scaling`` and davda54/sam's attribute names. Each refuses in one line;
+    anything else behaves as on a plain optimiser.
 
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """The param groups; read from ``GradScaler._unscale_grads_``, a TypeError."""
-        if unscaling():
-            raise TypeError(GRAD_SCALER)
-        try:
-            return self.__dict__["param_groups"]
-        except KeyError:  # a wrapper of another class (Lightning's) looks it up on the optimiser
-            raise AttributeError("param_groups") from None
-
-    @param_groups.setter
-    def param_groups(self, groups: list[dict[str, Any]]) -> None:
-        self.__dict__["param_groups"] = groups
+    ``_step_supports_amp_scaling`` is the question torch asks of an optimiser that may handle a
+    loss scale itself (torch.optim's fused optimisers answer True): ``torch.amp.GradScaler.step``
+    asks it first, on every step, before it looks for an overflow, and so does Lightning's fp16
+    precision. Its answer here is the refusal, so any GradScaler loop stops on its first
+    ``scaler.step(optimizer)``, before a parameter moves. ``scaler.unscale_(optimizer)`` before it
+    divides ``.grad``, which the step does not read.
+    """
 
     @property
     def _step_supports_amp_scaling(self) -> bool:

@@ -43,10 +43,9 @@ class GAM(FlatnessOptimizer):
         alpha: α >= 0, the weight of first-order flatness, or a schedule.
         hvp: the H·v backend: ``"exact"`` (forward-over-reverse, the default: Algorithm 1),
             ``"reverse"`` or ``"fd"``, or a value of [`gamfunc.hvps`][gamfunc.hvps] such as
-            ``hvps.fd(radius=1e-3)``. Eager, fd is the cheaper: about 3 gradient steps against
-            exact's 16 on an H200 (ResNet-50, bf16) and 5 against 10 on the CPU; compiled, 3.3
-            against 6.5; a closure that calls ``backward()`` needs fd. [`gamfunc.gam`][gamfunc.estimators.gam.gam]
-            says how to choose; ``benchmarks/RESULTS.md`` has the measurements.
+            ``hvps.fd(radius=1e-3)``. Eager, fd is the cheaper; a closure that calls
+            ``backward()`` needs fd. [`gamfunc.gam`][gamfunc.estimators.gam.gam] says how to
+            choose; ``docs/guides/benchmarks.md`` (*Which H·v backend costs what*) what each costs.
         oracle: the estimator of ∇L_oracle (``gamfunc.sam(rho)`` gives SAM + GAM); the gradient by
             default.
         eps: ξ >= 0 in every normalisation.

@@ -96,9 +96,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             estimator built on gradients, around which the update runs eagerly (a ``torch.optim``
             base optimiser's ``step()`` runs its own fused or foreach kernels); or ``"step"``:
             compile the whole step with a gamfunc base optimiser. The whole step is the slower
-            cold compile by far (on ResNet-50 with fd GAM, about six times the passes' for about
-            2% of speed: ``benchmarks/RESULTS.md``); with ``cuda_graph=True`` the passes' compile
-            runs at the whole step's speed.
+            cold compile by far, for a step a little faster (``docs/guides/torch-optim.md``);
+            with ``cuda_graph=True`` the passes' compile runs at the whole step's speed.
         compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
         accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.accumulate.accumulate]).
         precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
@@ -133,8 +132,8 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             (give ``model._orig_mod`` with ``compile=True``), a base optimiser of no known kind, a
             ``torch.optim`` optimiser whose ``step`` needs a closure, an argument of the wrong type,
             ``params=`` with a gamfunc factory (its groups are
-            [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and, on its first use,
-            ``torch.amp.GradScaler`` (``scaler.unscale_`` or ``scaler.step``).
+            [`gamfunc.param_groups`][gamfunc.optim.groups.param_groups]); and
+            ``torch.amp.GradScaler``, on its first ``scaler.step``.
         ValueError: a base optimiser over tensors that are not the model's parameters, an invalid
             option (naming it), or ``cuda_graph=True`` with a model off the GPU or a base optimiser
             built with ``capturable=False``.
