@@ -514,3 +514,25 @@ def test_fmnist_prose_numbers_equal_their_json():
     assert ("meets the bar" in text) == (statistics.mean(acc["sgd"]) >= 94.0)
     significant = [e for e in acc if e != "sgd" and welch(acc[e], acc["sgd"])[2] < 0.05]
     assert ("Against SGD, significant" in text) == bool(significant)
+
+
+def test_cheap_section_is_its_generators():
+    """reproduce/RESULTS.md's section "Flatness at SGD's price" is the generator's: from
+    docs/evidence/fmnist/cheap.json once committed, and "Not run yet" with its command before."""
+    from reproduce.evidence.cheap_report import HEADING, cheap_section, goal
+
+    path = EVIDENCE / "fmnist" / "cheap.json"
+    record = json.loads(path.read_text()) if path.is_file() else None
+    section = HEADING + RESULTS.split(HEADING, 1)[1].split("\n## ", 1)[0]
+    assert section.strip() == cheap_section(record).strip(), (
+        "python -m reproduce.evidence.cheap --docs"
+    )
+    assert RESULTS.index("## Fashion-MNIST on one GPU") < RESULTS.index(HEADING)
+    if record is None:
+        assert "Not run yet" in section and "Data:" not in section
+        return
+    text = " ".join(section.split())
+    for by in record["runs"].values():
+        g = goal(by)
+        if g["judged"] and not g["significant"]:
+            assert "gain over SGD is not significant" in text

@@ -19,6 +19,7 @@ from reproduce.config import Config, validate
 from reproduce.data import sets as data_mod
 from reproduce.evidence.ablation import ablation_table, cmd_ablation
 from reproduce.evidence.accuracy import cmd_accuracy, reused_runs
+from reproduce.evidence.cheap_report import cheap_table
 from reproduce.evidence.common import METHODS, NotMeasured, NotTrained, base_config
 from reproduce.evidence.family import cmd_family, family_table
 from reproduce.evidence.fd import cmd_fd, fd_table
@@ -61,6 +62,7 @@ def _fmnist_table(record: dict) -> str:
 
 TABLES = {
     "fmnist": lambda record: _fmnist_table(record),
+    "cheap": cheap_table,
     "spectra": spectra_table,
     "accuracy": accuracy_table,
     "noise": noise_table,

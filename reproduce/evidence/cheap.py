@@ -1,0 +1,306 @@
+"""Flatness at SGD's price: the cheap forms of flatness on the Fashion-MNIST harness, test accuracy
+against wall-clock as a multiple of SGD's.
+
+```bash
+python -m reproduce.evidence.cheap --data=DIR --recipe=docs/evidence/fmnist/fmnist.json \\
+    --sweep=docs/evidence/fmnist/fmnist.json --deadline=1080      # a 20-minute slot of one GPU
+python -m reproduce.evidence.cheap --docs   # reproduce/RESULTS.md's section from the committed JSON
+```
+
+The model, recipe, seeds and values are those of `reproduce.evidence.fmnist`: its presets
+(``fmnist.clean``, ``fmnist.noise40``), its recipe (``--recipe``: the JSON whose recipe stage, or
+whose sweep's recipe, chose width and epochs) and its sweep's SAM ρ and GAM (ρ, α) (``--sweep``). Per
+setting and seed, `GROUPS` trains every form in three ``reproduce/train.py`` processes, one at a
+time (a process's estimators share its ``--when``):
+
+1. ``every``: SGD, SAM, GAM (exact and fd), LookGAM (``look_gam``, k = 5, exact H·v), MSAM
+   (SAM's ρ, its own momentum 0.9) and RWP (σ = 0.01 of each filter's norm, one gradient a step);
+2. ``late``: fd GAM and SAM with ``--when=late:0.75`` (flat in the last quarter of the steps);
+3. ``adaptive``: fd GAM with ``--when=adaptive`` (AE-SAM's trigger, the paper's defaults), and SGD
+   under the same policy beside it. The policy reads a boolean on the host each step, which a CUDA
+   graph cannot replay, so this process runs ``--mode=eager``; its SGD says how much of the price is
+   the eager step rather than the flat one.
+
+Every form's ``train_seconds`` (the steps alone) is divided by SGD's of the ``every`` process of the
+same seed: "× SGD". MSAM's ρ and RWP's σ are not swept here (SAM's ρ and the default σ).
+
+**Time.** From the committed fmnist.json (one H100: SGD 10.0 s a run, SAM 17.9, exact GAM 88.9, fd GAM
+35.1; about 8.5 s a process and 4 s an estimator besides the steps), with LookGAM about 3 × SGD,
+MSAM and RWP about 1.2 ×, the late forms 0.75 + 0.25 × their full multiple, and the eager adaptive
+process guessed at 2.5 × SGD for its SGD and 6 × for fd GAM: a seed takes about 240 s (``every``)
++ 45 s (``late``) + 100 s (``adaptive``) ≈ 6.5 minutes, a setting (3 seeds) about 19 minutes, the
+whole run (2 settings) about 39 minutes of one GPU.
+
+**Deadline.** ``--deadline=S`` (seconds from the start) starts a seed only when all its processes
+are predicted to end before S (`GUESS` until a form has been measured, its last time after), clean
+first, seed by seed; a process whose prediction no longer fits is skipped and recorded. A seed is
+run whole because its × SGD needs its own SGD on the same machine. In a 20-minute slot,
+``--deadline=1080`` gives two whole clean seeds (about 800 s); ``--settings=clean --seeds=2`` and
+then each noise40 seed (``--seeds=N``, about 6.5 minutes each, under a 10-minute command) complete
+it, and ``--merge=JSON`` (repeatable) adds another run's seeds, of the same device, to
+``--out``'s cheap.json. ``--add=SETTING:SEED:FOLDER`` adds one seed from its train.py folders (the
+``FOLDER/{every,late,adaptive}`` that this command wrote under ``--logdir``), training nothing.
+
+The JSON (``--out``, default ``runs/evidence/cheap/cheap.json``): device, torch, date, argv, the
+values used, every process (run or skipped) and every seed's numbers per form: test accuracy, gap,
+λ_max, R1, train seconds and × SGD. `reproduce.evidence.cheap_report` renders the tables, the goal
+verdict and the Pareto figure from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+if not __package__:  # run as a file: the checkout's root on sys.path (reproduce/__init__.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from reproduce.evidence import fmnist
+from reproduce.evidence.cheap_report import FORMS, cheap_table, form, write_section
+from reproduce.run.report import write_json
+
+__all__ = ["GROUPS", "GUESS", "Runner", "add_seed", "cheap_table", "main", "table", "values"]
+
+ROOT = fmnist.ROOT
+EVIDENCE = ROOT / "docs" / "evidence" / "fmnist" / "cheap.json"  # the committed record, once run
+# group -> (its --when, its estimators, its other arguments); the first group measures SGD
+GROUPS = {
+    "every": ("", ("sgd", "sam", "gam", "gam_fd", "look_gam", "msam", "rwp"), ()),
+    "late": ("late:0.75", ("gam_fd", "sam"), ()),
+    "adaptive": ("adaptive", ("sgd", "gam_fd"), ("--mode=eager",)),
+}
+# (group, estimator) -> the multiple of SGD's time (every group) before one is measured
+GUESS = {
+    ("every", "sgd"): 1.0,
+    ("every", "sam"): 1.8,
+    ("every", "gam"): 8.9,
+    ("every", "gam_fd"): 3.5,
+    ("every", "look_gam"): 3.0,
+    ("every", "msam"): 1.2,
+    ("every", "rwp"): 1.2,
+    ("late", "gam_fd"): 1.7,
+    ("late", "sam"): 1.3,
+    ("adaptive", "sgd"): 2.5,
+    ("adaptive", "gam_fd"): 6.0,
+}
+CONFIG = ("when", "mode", "look_k", "msam_momentum", "rwp_sigma")  # kept beside fmnist's
+
+
+class Runner(fmnist.Runner):
+    """`fmnist.Runner` whose predictions know the group: a form's last time, by (group, estimator)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.group, self.times = "every", {}
+
+    def predict(self, estimators: tuple[str, ...], group: str | None = None) -> float:
+        group = group or self.group
+        sgd = self.times.get(("every", "sgd"), 15.0)
+        return sum(
+            self.times.get((group, e), GUESS[group, e] * sgd) + fmnist.OVERHEAD for e in estimators
+        )
+
+    def __call__(self, name, preset, estimators, args, group="every"):
+        self.group = group
+        got = super().__call__(name, preset, estimators, args)
+        for s in (got or {}).get("summaries", []):
+            self.times[group, s["estimator"]] = s["train_seconds"]
+        return got
+
+    def left(self) -> float:
+        """Seconds to the deadline (infinite without one)."""
+        if not self.deadline:
+            return float("inf")
+        return self.deadline - (time.perf_counter() - self.start)
+
+    def predict_seed(self) -> float:
+        return sum(self.predict(est, g) for g, (_, est, _) in GROUPS.items())
+
+
+def values(recipe_json: dict, sweep_json: dict) -> dict:
+    """The recipe's name and arguments and the sweep's selected values, from fmnist.json records:
+    the recipe stage's choice, else the recipe the sweep ran on. Raises ValueError when either is
+    missing."""
+    name = (recipe_json.get("recipe") or {}).get("selected")
+    name = name or (recipe_json.get("sweep") or {}).get("recipe")
+    if name not in fmnist.RECIPES:
+        raise ValueError(f"--recipe: no recipe chosen in that JSON (one of {list(fmnist.RECIPES)})")
+    selected = (sweep_json.get("sweep") or {}).get("selected") or {}
+    missing = [k for k in ("sam_rho", "rho", "alpha") if selected.get(k) is None]
+    if missing:
+        raise ValueError(f"--sweep: that JSON's sweep selected no {', '.join(missing)}")
+    return {"recipe": name, "args": list(fmnist.RECIPES[name]), "selected": selected}
+
+
+def _args(v: dict, seed: int) -> list[str]:
+    return [*v["args"], f"--seed={seed}", *(f"--{k}={v['selected'][k]:g}" for k in v["selected"])]
+
+
+def add_seed(by: dict[str, list], seed: int, groups: dict[str, list[dict]]) -> None:
+    """Append one seed's summaries (group -> summaries) to ``by`` (form -> rows), each with its
+    multiple of SGD's time in the ``every`` group; nothing without that SGD."""
+    sgd = next((s for s in groups.get("every", []) if s["estimator"] == "sgd"), None)
+    if sgd is None:
+        return
+    for group, summaries in groups.items():
+        for s in summaries:
+            row = fmnist._row(s, sgd["train_seconds"])
+            row["config"] |= {k: s["config"].get(k) for k in CONFIG}
+            by[form(group, s["estimator"])].append({"seed": seed, "group": group, **row})
+
+
+def table(run: Runner, v: dict, settings, seeds, save=lambda runs, processes: None) -> tuple:
+    """Every group × setting (of ``settings``) × seed (of ``seeds``), clean first, seed by seed; a
+    seed starts only when all its processes fit before the deadline. ``(runs, processes)``."""
+    runs = {s: {f: [] for f in FORMS} for s in fmnist.SETTINGS}
+    processes = []
+    for setting in settings:
+        preset = fmnist.SETTINGS[setting]
+        for seed in seeds:
+            where = {"setting": setting, "seed": seed}
+            if run.predict_seed() > run.left():
+                print(f"skip {setting} seed {seed}: about {run.predict_seed():.0f} s", flush=True)
+                processes += [{**where, "group": g, "run": False} for g in GROUPS]
+                continue
+            got = {}
+            for group, (when, estimators, extra) in GROUPS.items():
+                args = [*_args(v, seed), *([f"--when={when}"] if when else []), *extra]
+                name = f"cheap/{preset}/seed={seed}/{group}"
+                out = run(name, preset, estimators, args, group=group)
+                done = {"exit": out["exit"], "wall_seconds": out["wall_seconds"]} if out else {}
+                processes.append({**where, "group": group, "run": out is not None, **done})
+                if out is None:
+                    break  # the deadline: the seed's later groups would not fit either
+                if group == "every" and not any(x["estimator"] == "sgd" for x in out["summaries"]):
+                    break  # no SGD of this seed: its other groups would have no × SGD
+                got[group] = out["summaries"]
+            add_seed(runs[setting], seed, got)
+            save(runs, processes)
+    return runs, processes
+
+
+def _read_folder(folder: Path) -> dict[str, list[dict]]:
+    got = {}
+    for group, (_, estimators, _) in GROUPS.items():
+        paths = [folder / group / e / "summary.json" for e in estimators]
+        got[group] = [json.loads(p.read_text()) for p in paths if p.is_file()]
+    return got
+
+
+def merge(record: dict, other: dict) -> list[tuple[str, int]]:
+    """Add to ``record`` the seeds of ``other`` (a cheap.json) that it lacks, per setting; both of
+    one device. The (setting, seed) pairs added."""
+    if other["platform"]["device"] != record["platform"]["device"]:
+        raise ValueError(
+            f"--merge: measured on {other['platform']['device']}, not "
+            f"{record['platform']['device']}: × SGD compares times of one device"
+        )
+    added = []
+    for setting, by in other["runs"].items():
+        have = {r["seed"] for rs in record["runs"][setting].values() for r in rs}
+        new = sorted({r["seed"] for rs in by.values() for r in rs} - have)
+        for f, rs in by.items():
+            record["runs"][setting][f] += [r for r in rs if r["seed"] in new]
+        added += [(setting, s) for s in new]
+    record.setdefault("processes", []).extend(
+        p for p in other.get("processes", []) if (p["setting"], p["seed"]) in added
+    )
+    return added
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m reproduce.evidence.cheap", description=__doc__)
+    ap.add_argument("--data", default="", help="Fashion-MNIST's four IDX files")
+    ap.add_argument("--docs", action="store_true", help="write RESULTS.md's section; no run")
+    ap.add_argument("--recipe", default=str(fmnist.EVIDENCE), help="fmnist.json: its recipe")
+    ap.add_argument("--sweep", default=str(fmnist.EVIDENCE), help="fmnist.json: its sweep's values")
+    ap.add_argument("--settings", default=",".join(fmnist.SETTINGS), help="of clean,noise40")
+    ap.add_argument("--seeds", default=",".join(map(str, fmnist.SEEDS)), help="of 0,1,2")
+    ap.add_argument("--deadline", type=float, default=0.0, help="seconds; 0: no deadline")
+    ap.add_argument("--out", default="runs/evidence/cheap", help="folder of cheap.json")
+    ap.add_argument("--logdir", default="runs/cheap", help="train.py's runs")
+    ap.add_argument("--add", action="append", default=[], help="SETTING:SEED:FOLDER")
+    ap.add_argument("--merge", action="append", default=[], help="another cheap.json")
+    return ap
+
+
+def _complete(args, ap) -> int:
+    """--add and --merge: into --out's cheap.json, training nothing."""
+    path = Path(args.out) / "cheap.json"
+    if not path.is_file():
+        ap.error(f"--add/--merge: no {path} to add to")
+    record = json.loads(path.read_text())
+    for item in args.add:
+        setting, seed, folder = item.split(":", 2)
+        if setting not in fmnist.SETTINGS or not seed.isdigit():
+            ap.error(
+                f"--add: SETTING:SEED:FOLDER with SETTING of {list(fmnist.SETTINGS)}; {item!r}"
+            )
+        add_seed(record["runs"][setting], int(seed), _read_folder(Path(folder)))
+        record.setdefault("added", []).append({"setting": setting, "seed": int(seed)})
+    for other in args.merge:
+        try:
+            got = merge(record, json.loads(Path(other).read_text()))
+        except ValueError as e:
+            ap.error(str(e))
+        record.setdefault("added", []).extend({"setting": s, "seed": n} for s, n in got)
+    write_json(path, record)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args, extra = ap.parse_known_args(argv)
+    if args.docs:
+        record = json.loads(EVIDENCE.read_text()) if EVIDENCE.is_file() else None
+        write_section(record, ROOT / "reproduce" / "RESULTS.md", EVIDENCE.with_suffix(".png"))
+        return 0
+    settings = tuple(args.settings.split(","))
+    if not set(settings) <= set(fmnist.SETTINGS):
+        ap.error(f"--settings: each of {', '.join(fmnist.SETTINGS)}; got {args.settings!r}")
+    parts = args.seeds.split(",")
+    if not all(p.isdigit() for p in parts) or len(set(parts)) < len(parts):
+        ap.error(f"--seeds: distinct integers >= 0, comma-separated; got {args.seeds!r}")
+    if args.deadline < 0:
+        ap.error(f"--deadline: seconds >= 0; got {args.deadline:g}")
+    if args.add or args.merge:
+        return _complete(args, ap)
+    if not args.data:
+        ap.error("--data: the folder of Fashion-MNIST's four IDX files")
+    try:
+        v = values(
+            json.loads(Path(args.recipe).read_text()), json.loads(Path(args.sweep).read_text())
+        )
+    except (OSError, ValueError) as e:
+        ap.error(str(e))
+    run = Runner(args.data, Path(args.logdir), args.deadline, extra)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    given = sys.argv[1:] if argv is None else argv
+    shown = [a for a in given if not a.startswith(("--data=", "--out=", "--logdir="))]
+    record = {
+        "settings": {"command": "cheap", "extra": extra, "argv": ["--data=DIR", *shown]},
+        "platform": fmnist._device(),
+        "values": v,
+        "groups": {
+            g: {"when": w, "estimators": list(e), "args": list(a)}
+            for g, (w, e, a) in GROUPS.items()
+        },
+    }
+
+    def save(runs, processes) -> None:
+        record.update(runs=runs, processes=processes)
+        record["seconds"] = round(time.perf_counter() - run.start, 1)
+        write_json(out / "cheap.json", record)
+
+    seeds = tuple(int(p) for p in parts)
+    save(*table(run, v, settings, seeds, save))
+    print(f"{record['seconds']} s; {out / 'cheap.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""reproduce/RESULTS.md's section "Flatness at SGD's price on Fashion-MNIST" from ``cheap.json``
+(`reproduce.evidence.cheap`): one table per setting (mean ± std over seeds, Welch's t-tests against
+SGD and full GAM), the goal stated in words, the Pareto front and the figure. Every number the
+section states is rendered here from the JSON; without it the section says how to make it.
+tests/test_docs.py holds the section to this module in both cases."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+from reproduce.evidence.fmnist_report import LEVEL, _p, _pm, _signed, _test, welch
+
+# form -> its name; a form is an estimator of one group of `reproduce.evidence.cheap.GROUPS`
+FORMS = {
+    "sgd": "SGD",
+    "sam": "SAM",
+    "gam": "GAM (exact)",
+    "gam_fd": "GAM (fd)",
+    "look_gam": "LookGAM (k = 5)",
+    "msam": "MSAM",
+    "rwp": "RWP",
+    "gam_fd@late": "GAM (fd), last 25%",
+    "sam@late": "SAM, last 25%",
+    "gam_fd@adaptive": "GAM (fd), adaptive (eager)",
+    "sgd@adaptive": "SGD, adaptive policy (eager)",
+}
+FULL = "gam"  # full GAM, whose gain over SGD the goal asks to keep: the paper's estimator
+REFERENCES = ("sgd", FULL, "sgd@adaptive")  # measured beside, never candidates of the goal
+KEEP = 0.8  # the share of full GAM's gain over SGD a form must keep ...
+PRICE = 1.5  # ... at no more than this multiple of SGD's wall-clock
+DATA = "Data: [docs/evidence/fmnist/cheap.json](../docs/evidence/fmnist/cheap.json)."
+HEADING = "## Flatness at SGD's price on Fashion-MNIST"
+FMNIST_HEADING = "## Fashion-MNIST on one GPU"  # the section this one follows
+ESTIMATE_MINUTES = 39  # the whole run on one GPU, estimated in reproduce.evidence.cheap's docstring
+SETTING_NAMES = {"clean": "Clean", "noise40": "40% label noise (`noise40`)"}
+COMMAND = (
+    "python -m reproduce.evidence.cheap --data=DIR --recipe=docs/evidence/fmnist/fmnist.json "
+    "--sweep=docs/evidence/fmnist/fmnist.json"
+)
+
+
+def form(group: str, estimator: str) -> str:
+    """The form of ``estimator`` trained in ``group``: ``gam_fd@late``; the estimator's name in the
+    ``every`` group."""
+    return estimator if group == "every" else f"{estimator}@{group}"
+
+
+def _acc(by: dict[str, list]) -> dict[str, list[float]]:
+    return {f: [r["test_acc"] for r in rs] for f, rs in by.items() if rs}
+
+
+def _x(rows: list[dict]) -> float:
+    return statistics.mean(r["x_sgd"] for r in rows)
+
+
+def setting_table(by: dict[str, list]) -> str:
+    """One setting: per form that ran, mean ± std over seeds and the tests against SGD and GAM."""
+    rows = [
+        "| form | seeds | × SGD | test acc % | gap (train − test) | λ_max | R1 | train s | "
+        f"vs SGD (Welch) | vs {FORMS[FULL]} (Welch) |",
+        "|" + "---|" * 10,
+    ]
+    acc = _acc(by)
+    for f, rs in by.items():
+        if not rs:
+            continue
+        rows.append(
+            f"| {FORMS[f]} | {len(rs)} | {_pm([r['x_sgd'] for r in rs])} | {_pm(acc[f])} | "
+            f"{_pm([r['gap'] for r in rs])} | {_pm([r['lambda_max'] for r in rs])} | "
+            f"{_pm([r['r1'] for r in rs], '.3f')} | {_pm([r['train_seconds'] for r in rs], '.1f')} | "
+            f"{'—' if f == 'sgd' or 'sgd' not in acc else _test(acc[f], acc['sgd'])} | "
+            f"{'—' if f == FULL or FULL not in acc else _test(acc[f], acc[FULL])} |"
+        )
+    return "\n".join(rows)
+
+
+def cheap_table(record: dict) -> str:
+    """The tables of ``cheap.json``: one per setting that has runs."""
+    return "\n\n".join(
+        f"{setting}:\n\n" + setting_table(by)
+        for setting, by in record["runs"].items()
+        if any(by.values())
+    )
+
+
+def goal(by: dict[str, list]) -> dict:
+    """The goal on one setting: full GAM's gain over SGD (Welch), and for each other form with 2
+    seeds or more the share of that gain it keeps (difference of means) and its mean × SGD; a form
+    meets the goal when GAM's gain is positive and significant at `LEVEL`, it keeps at least `KEEP`
+    of it and costs at most `PRICE` × SGD."""
+    acc = _acc(by)
+    if len(acc.get("sgd", ())) < 2 or len(acc.get(FULL, ())) < 2:
+        return {"judged": False}
+    gain, _, p = welch(acc[FULL], acc["sgd"])
+    significant = gain > 0 and p < LEVEL  # NaN compares False
+    base = statistics.mean(acc["sgd"])
+    forms = {}
+    for f, a in acc.items():
+        if f in REFERENCES or len(a) < 2:
+            continue
+        keeps = (statistics.mean(a) - base) / gain if significant else None
+        x = _x(by[f])
+        meets = significant and keeps >= KEEP and x <= PRICE
+        forms[f] = {"keeps": keeps, "x_sgd": x, "meets": meets}
+    met = [f for f, g in forms.items() if g["meets"]]
+    return dict(judged=True, gain=gain, p=p, significant=significant, forms=forms, met=met)
+
+
+def _cheap_line(by: dict[str, list], forms: dict) -> str:
+    acc = _acc(by)
+    cheap = [f for f, g in forms.items() if g["x_sgd"] <= PRICE]
+    if not cheap:
+        return f"No form besides SGD costs at most {PRICE:g} × SGD's wall-clock."
+    said = []
+    for f in cheap:
+        d, _, p = welch(acc[f], acc["sgd"])
+        test = "" if math.isnan(p) else f", {_p(p)}"
+        said.append(f"{FORMS[f]} ({forms[f]['x_sgd']:.2f} ×, {_signed(d)} points{test})")
+    return f"At most {PRICE:g} × SGD's wall-clock, against SGD: " + "; ".join(said) + "."
+
+
+def goal_words(by: dict[str, list]) -> str:
+    """The goal's verdict on one setting, in words, each number from ``by``."""
+    g = goal(by)
+    want = (
+        f"at least {KEEP:.0%} of full GAM's accuracy gain over SGD at a cost of at most {PRICE:g} × "
+        "SGD's wall-clock"
+    )
+    if not g["judged"]:
+        return f"The goal ({want}) needs 2 seeds or more of SGD and of {FORMS[FULL]}: not judged."
+    gain = f"{_signed(g['gain'])} points, {'p is undefined' if math.isnan(g['p']) else _p(g['p'])}"
+    if not g["significant"]:
+        return (
+            f"{FORMS[FULL]}'s gain over SGD is not significant ({gain}): there is no gain to keep, "
+            f"so the goal ({want}) is neither met nor missed, and the curve is reported as it is. "
+            + _cheap_line(by, g["forms"])
+        )
+    head = f"{FORMS[FULL]} gains {_signed(g['gain'])} points over SGD ({_p(g['p'])}). The goal ({want})"
+    shares = {
+        f: f"{FORMS[f]} keeps {x['keeps']:.0%} at {x['x_sgd']:.2f} ×" for f, x in g["forms"].items()
+    }
+    if g["met"]:
+        rest = [shares[f] for f in g["forms"] if f not in g["met"]]
+        return (
+            f"{head} is met by {len(g['met'])} of {len(g['forms'])}: "
+            + "; ".join(shares[f] for f in g["met"])
+            + "."
+            + (f" The others: {'; '.join(rest)}." if rest else "")
+        )
+    return f"{head} is met by no form: " + "; ".join(shares.values()) + "."
+
+
+def pareto(by: dict[str, list]) -> list[str]:
+    """The forms no other form beats in both mean test accuracy (higher) and mean × SGD (lower), by
+    increasing × SGD."""
+    acc = {f: statistics.mean(a) for f, a in _acc(by).items()}
+    x = {f: _x(by[f]) for f in acc}
+    front = [
+        f
+        for f in acc
+        if not any(
+            acc[o] >= acc[f] and x[o] <= x[f] and (acc[o] > acc[f] or x[o] < x[f]) for o in acc
+        )
+    ]
+    return sorted(front, key=lambda f: x[f])
+
+
+def cheap_prose(record: dict) -> str:
+    """What the section states in words per setting with runs: the goal, the Pareto front."""
+    out = []
+    for setting, by in record["runs"].items():
+        if not by.get("sgd"):
+            continue
+        front = ", ".join(
+            f"{FORMS[f]} ({statistics.mean(_acc(by)[f]):.2f}% at {_x(by[f]):.2f} ×)"
+            for f in pareto(by)
+        )
+        bullets = [
+            goal_words(by),
+            f"The Pareto front (mean test accuracy against mean × SGD): {front}.",
+        ]
+        lines = "\n".join(f"- {b}" for b in bullets)
+        out.append(f"{SETTING_NAMES.get(setting, setting)}:\n\n{lines}")
+    return "\n\n".join(out)
+
+
+INTRO = f"""The cheap forms of flatness beside SGD, SAM and full GAM, on the Fashion-MNIST harness of the
+section above (its presets, recipe, seeds and validated ρ, α; SAM's ρ for MSAM, RWP's σ = 0.01 of
+each filter's norm, LookGAM's k = 5): GAM and SAM flat only in the last quarter of the steps
+(`--when=late:0.75`), fd GAM under AE-SAM's adaptive trigger (`--when=adaptive`, eager: the policy
+reads a boolean each step, which a CUDA graph cannot), LookGAM, and the one-pass MSAM and RWP.
+`python -m reproduce.evidence.cheap` trains them in three `reproduce/train.py` processes per setting
+and seed, each alone on the GPU; "× SGD" is a form's training time (the steps alone) over SGD's of
+the same seed, measured in the first process. **The goal:** a form that keeps at least {KEEP:.0%}
+of full GAM's accuracy gain over SGD (GAM with exact H·v) at a cost of at most {PRICE:g} × SGD's
+wall-clock; if GAM's gain is not significant (Welch's two-sided t-test at the {LEVEL:.0%} level),
+the section says so and reports the curve as it is."""
+
+
+def _not_run(setting: str) -> str:
+    return (
+        f"Not run yet; `{COMMAND} --settings={setting}` runs it, and `--merge=JSON` adds its seeds "
+        "to the record."
+    )
+
+
+def cheap_section(record: dict | None) -> str:
+    """reproduce/RESULTS.md's whole section, from ``record`` alone (None: not run yet)."""
+    parts = [HEADING, INTRO]
+    if record is None:
+        parts.append(
+            f"**Not run yet.** `{COMMAND}` runs it (an estimated {ESTIMATE_MINUTES} minutes of one "
+            "GPU; `reproduce.evidence.cheap` says how the time splits by setting and seed, and how "
+            "`--deadline` fits a shorter slot); then `python -m reproduce.evidence.cheap --docs` "
+            "writes this section from `docs/evidence/fmnist/cheap.json`."
+        )
+        return "\n\n".join(parts) + "\n"
+    plat = record["platform"]
+    cmd = " ".join(["python -m reproduce.evidence.cheap", *record["settings"].get("argv", [])])
+    line = (
+        f"The command: `{cmd}` on one {plat['device']}, torch {plat['torch'].split('+')[0]}, "
+        f"{plat['date']} ({record['seconds']:.0f} s); recipe `{record['values']['recipe']}`."
+    )
+    if record.get("added"):
+        added = ", ".join(f"{a['setting']} seed {a['seed']}" for a in record["added"])
+        line += f" Added afterwards: {added}."
+    parts.append(line)
+    for setting, by in record["runs"].items():
+        name = SETTING_NAMES.get(setting, setting)
+        n = [len(rs) for rs in by.values() if rs]
+        if not n:
+            parts.append(f"**{name}.** {_not_run(setting)}")
+            continue
+        seeds = f"{min(n)} seeds" if min(n) == max(n) else f"{min(n)}–{max(n)} seeds"
+        parts += [f"**{name}, {seeds}.** {DATA}", setting_table(by)]
+    parts.append(f"What this shows, plainly (Welch's two-sided t-test at the {LEVEL:.0%} level):")
+    parts.append(cheap_prose(record))
+    parts.append(
+        "Test accuracy against wall-clock as × SGD: "
+        "![Flatness at SGD's price](../docs/evidence/fmnist/cheap.png)"
+    )
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
+def _sd(values: list[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def figure(record: dict, path: Path) -> None:
+    """The Pareto figure: test accuracy (mean ± std over seeds) against × SGD (mean ± std), one point
+    per form, a panel per setting with runs; the price limit and the goal's accuracy dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = {k: by for k, by in record["runs"].items() if by.get("sgd")}
+    fig, axes = plt.subplots(1, len(done), figsize=(6 * len(done), 4.2), squeeze=False)
+    for ax, (setting, by) in zip(axes[0], done.items(), strict=True):
+        acc = _acc(by)
+        for f, a in acc.items():
+            x = [r["x_sgd"] for r in by[f]]
+            mx, my = statistics.mean(x), statistics.mean(a)
+            ax.errorbar(mx, my, xerr=_sd(x), yerr=_sd(a), fmt="o", capsize=3, label=FORMS[f])
+        front = pareto(by)
+        ax.plot([_x(by[f]) for f in front], [statistics.mean(acc[f]) for f in front], "k:", lw=1)
+        ax.axvline(PRICE, color="grey", ls="--", lw=1)
+        g = goal(by)
+        if g["judged"] and g["significant"]:
+            ax.axhline(statistics.mean(acc["sgd"]) + KEEP * g["gain"], color="grey", ls="--", lw=1)
+        ax.set_xscale("log")
+        ax.set_xlabel(f"training time, × SGD's ({record['platform']['device']})")
+        ax.set_ylabel("test accuracy %")
+        ax.set_title(f"Fashion-MNIST, {setting}")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_section(record: dict | None, results: Path, picture: Path | None = None) -> None:
+    """Put `cheap_section` into ``results`` (a RESULTS.md): in place of its own section, else before
+    the section that follows the Fashion-MNIST one; and draw `figure` to ``picture`` when there is a
+    record."""
+    text, section = results.read_text(), cheap_section(record)
+    if HEADING in text:
+        head, _, rest = text.partition(HEADING)
+        tail = rest.split("\n## ", 1)
+        text = head + section + ("\n## " + tail[1] if len(tail) > 1 else "")
+    else:
+        cut = text.index("\n## ", text.index(FMNIST_HEADING)) + 1
+        text = text[:cut] + section + "\n" + text[cut:]
+    results.write_text(text)
+    if record is not None and picture is not None:
+        figure(record, picture)

@@ -1,0 +1,239 @@
+"""The harness of "flatness at SGD's price" without training: its processes and the estimators and
+``--when`` of each, the recipe and sweep values reaching every process, × SGD from the same seed's
+SGD, the deadline seed by seed, the goal's verdict both ways and when GAM's gain is not significant,
+the section with and without its JSON, and the refusals of its command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reproduce.evidence import cheap as C
+from reproduce.evidence import cheap_report as R
+
+FMNIST = {  # what the committed fmnist.json holds: no recipe stage, the sweep's recipe
+    "sweep": {"recipe": "w64-10", "selected": {"sam_rho": 0.1, "rho": 0.05, "alpha": 0.3}},
+}
+SECONDS = {"sgd": 10.0, "sam": 18.0, "gam": 89.0, "gam_fd": 35.0, "look_gam": 27.0}
+
+
+class FakeRunner:
+    """Stands for `reproduce.evidence.cheap.Runner`: records each process and answers with
+    summaries; SGD of the ``every`` group takes ``10 + seed`` seconds, the adaptive group's 25."""
+
+    def __init__(self, acc=lambda group, estimator, seed: 90.0, room=float("inf")):
+        self.acc, self.room, self.calls = acc, room, []
+
+    def predict_seed(self):
+        return 100.0
+
+    def left(self):
+        return self.room - 100.0 * len({c[0].rsplit("/", 1)[0] for c in self.calls})
+
+    def __call__(self, name, preset, estimators, args, group="every"):
+        self.calls.append((name, preset, estimators, list(args), group))
+        seed = int(next(a for a in args if a.startswith("--seed="))[7:])
+        cfg = dict.fromkeys(("rho", "alpha", "sam_rho", "fd_radius", "model", "batch_size", "lr"))
+        cfg |= {"seed": seed, "epochs": 10, "when": "", "mode": "auto"}
+        for a in args:
+            k, _, v = a[2:].partition("=")
+            cfg[k] = v
+        summaries = []
+        for e in estimators:
+            t = SECONDS.get(e, 12.0)
+            if e == "sgd":
+                t = 25.0 if group == "adaptive" else 10.0 + seed
+            final = {"test_acc": self.acc(group, e, seed), "train_eval_acc": 95.0}
+            final |= {"lambda_max": 50.0, "r1": 0.5}
+            summaries.append(
+                {"estimator": e, "status": "finished", "final": final, "train_seconds": t,
+                 "images_per_s": 1.0, "peak_memory_gib": 0.1, "config": cfg, "history": []}
+            )  # fmt: skip
+        return {"exit": 0, "wall_seconds": 1.0, "summaries": summaries}
+
+
+def test_three_processes_a_seed_each_with_its_when_and_the_fmnist_values():
+    v = C.values(FMNIST, FMNIST)
+    assert v["recipe"] == "w64-10" and v["args"] == ["--model=resnet9", "--epochs=10"]
+    run = FakeRunner()
+    C.table(run, v, ("clean",), (0, 1, 2))
+    assert [(c[4], c[2]) for c in run.calls[:3]] == [
+        ("every", ("sgd", "sam", "gam", "gam_fd", "look_gam", "msam", "rwp")),
+        ("late", ("gam_fd", "sam")),
+        ("adaptive", ("sgd", "gam_fd")),
+    ]
+    assert len(run.calls) == 9
+    for i, (name, preset, _, args, group) in enumerate(run.calls):
+        seed = i // 3
+        assert preset == "fmnist.clean" and name == f"cheap/fmnist.clean/seed={seed}/{group}"
+        assert {"--model=resnet9", "--epochs=10", f"--seed={seed}"} <= set(args)
+        assert {"--sam_rho=0.1", "--rho=0.05", "--alpha=0.3"} <= set(args)
+        when = {"every": [], "late": ["--when=late:0.75"], "adaptive": ["--when=adaptive"]}[group]
+        assert [a for a in args if a.startswith("--when")] == when
+        assert ("--mode=eager" in args) == (group == "adaptive")
+
+
+def test_every_form_is_timed_against_the_sgd_of_its_own_seed():
+    run = FakeRunner()
+    runs, processes = C.table(run, C.values(FMNIST, FMNIST), ("noise40",), (0, 2))
+    assert not any(runs["clean"].values()) and len(processes) == 6
+    by = runs["noise40"]
+    assert set(by) == set(R.FORMS) and all(len(rs) == 2 for rs in by.values())
+    for f, rs in by.items():
+        for r in rs:
+            sgd = 10.0 + r["seed"]  # the every group's SGD, not the adaptive group's 25 s
+            assert r["x_sgd"] == pytest.approx(r["train_seconds"] / sgd), f
+    assert [r["x_sgd"] for r in by["sgd"]] == [1.0, 1.0]
+    assert by["sgd@adaptive"][0]["x_sgd"] == 2.5 and by["gam_fd@late"][1]["x_sgd"] == 35 / 12
+    assert by["gam_fd@late"][0]["config"]["when"] == "late:0.75"
+    assert by["gam_fd@adaptive"][0]["config"]["mode"] == "eager"
+
+
+def test_the_deadline_runs_whole_seeds_clean_first_and_records_what_it_skipped():
+    run = FakeRunner(room=250.0)  # room for two seeds of 100 s
+    runs, processes = C.table(run, C.values(FMNIST, FMNIST), ("clean", "noise40"), (0, 1, 2))
+    assert [r["seed"] for r in runs["clean"]["gam"]] == [0, 1]
+    assert not any(runs["noise40"].values())
+    skipped = [(p["setting"], p["seed"]) for p in processes if not p["run"]]
+    assert skipped == [(s, n) for s, n in [("clean", 2)] + [("noise40", k) for k in (0, 1, 2)]
+                       for _ in C.GROUPS]  # fmt: skip
+
+
+def test_a_seed_without_its_sgd_runs_no_other_process():
+    class NoSgd(FakeRunner):
+        def __call__(self, name, preset, estimators, args, group="every"):
+            got = super().__call__(name, preset, estimators, args, group)
+            got["summaries"] = [s for s in got["summaries"] if s["estimator"] != "sgd"]
+            return got
+
+    run = NoSgd()
+    runs, _ = C.table(run, C.values(FMNIST, FMNIST), ("clean",), (0,))
+    assert [c[4] for c in run.calls] == ["every"] and not any(runs["clean"].values())
+
+
+def test_the_runner_predicts_a_seed_from_guesses_then_from_measured_times(tmp_path):
+    run = C.Runner("data", tmp_path, 0.0, [])
+    guess = sum(15.0 * m + 8.0 for m in C.GUESS.values())
+    assert run.predict_seed() == pytest.approx(guess) and run.left() == float("inf")
+    run.times = {("every", "sgd"): 10.0, ("late", "sam"): 11.0}
+    assert run.predict(("sam",), "late") == 19.0 and run.predict(("sam",), "every") == 26.0
+
+
+def record_of(acc: dict[str, list[float]], x: dict[str, float], setting="clean") -> dict:
+    """A cheap.json whose form ``f`` has the test accuracies ``acc[f]`` (seeds 0, 1, ...) at
+    ``x[f]`` × SGD (10 s)."""
+    by = {f: [] for f in R.FORMS}
+    for f, values in acc.items():
+        by[f] = [{"seed": i, "test_acc": a, "x_sgd": x[f], "train_seconds": 10 * x[f],
+                  "gap": 1.0, "lambda_max": 50.0, "r1": 0.5} for i, a in enumerate(values)]  # fmt: skip
+    runs = {"clean": {f: [] for f in R.FORMS}, "noise40": {f: [] for f in R.FORMS}, setting: by}
+    platform = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "date": "2027-01-01"}
+    return {"settings": {"command": "cheap", "argv": ["--data=DIR"]}, "platform": platform,
+            "values": {"recipe": "w32-10"}, "runs": runs, "seconds": 900.0}  # fmt: skip
+
+
+SGD, GAM = [93.0, 93.1, 93.2], [94.0, 94.1, 94.2]  # a gain of 1.00 point, p < 0.001
+X = {"sgd": 1.0, "gam": 8.9, "msam": 1.1, "rwp": 1.1, "gam_fd@late": 1.6, "sgd@adaptive": 2.5}
+
+
+def test_the_goal_is_met_by_a_form_that_keeps_enough_gain_at_the_price():
+    acc = {"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1], "rwp": [93.5, 93.6, 93.7]}
+    acc |= {"gam_fd@late": [94.1, 94.2, 94.3], "sgd@adaptive": [94.5, 94.6, 94.7]}
+    by = record_of(acc, X)["runs"]["clean"]
+    g = R.goal(by)
+    assert g["significant"] and g["gain"] == pytest.approx(1.0)
+    assert g["met"] == ["msam"]  # rwp keeps 50%; late GAM keeps 110% at 1.6 ×; references aside
+    assert g["forms"]["rwp"]["keeps"] == pytest.approx(0.5) and "sgd@adaptive" not in g["forms"]
+    words = R.goal_words(by)
+    assert "GAM (exact) gains +1.00 points over SGD (p < 0.001)" in words
+    assert (
+        "is met by 1 of 3: MSAM keeps 90% at 1.10 ×" in words and "RWP keeps 50% at 1.10 ×" in words
+    )
+    assert [R.FORMS[f] for f in R.pareto(by)] == [
+        "SGD",
+        "MSAM",
+        "GAM (fd), last 25%",
+        "SGD, adaptive policy (eager)",
+    ]
+
+
+def test_the_goal_met_by_no_form_says_so():
+    acc = {"sgd": SGD, "gam": GAM, "msam": [93.5, 93.6, 93.7], "gam_fd@late": [94.0, 94.1, 94.2]}
+    by = record_of(acc, X)["runs"]["clean"]
+    assert R.goal(by)["met"] == []
+    words = R.goal_words(by)
+    assert (
+        "is met by no form: MSAM keeps 50% at 1.10 ×; GAM (fd), last 25% keeps 100% at 1.60 ×"
+        in words
+    )
+
+
+def test_a_gain_of_gam_that_is_not_significant_is_said_and_judges_nothing():
+    acc = {"sgd": SGD, "gam": [93.0, 93.3, 93.2], "msam": [94.9, 95.0, 95.1]}
+    by = record_of(acc, X)["runs"]["clean"]
+    g = R.goal(by)
+    assert not g["significant"] and g["met"] == [] and g["forms"]["msam"]["keeps"] is None
+    words = R.goal_words(by)
+    assert words.startswith("GAM (exact)'s gain over SGD is not significant (+0.07 points, p = ")
+    assert "the curve is reported as it is" in words and "MSAM (1.10 ×, +1.90 points" in words
+    assert "not judged" in R.goal_words(record_of({"sgd": SGD, "gam": [94.0]}, X)["runs"]["clean"])
+
+
+def test_the_section_without_and_with_its_json(tmp_path):
+    text = R.cheap_section(None)
+    assert text.startswith(R.HEADING) and "**Not run yet.** `" + R.COMMAND + "`" in text
+    assert "Data:" not in text and "|" not in text
+    acc = {"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
+    record = record_of(acc, X)
+    text = R.cheap_section(record)
+    assert f"**Clean, 3 seeds.** {R.DATA}\n\n| form |" in text
+    assert R.setting_table(record["runs"]["clean"]) in text and "is met by 1 of 1: MSAM" in text
+    assert f"Not run yet; `{R.COMMAND} --settings=noise40`" in text
+    results = tmp_path / "RESULTS.md"
+    results.write_text(
+        "# R\n\n## Fashion-MNIST on one GPU: x\n\ntext\n\n## Not measured here\n\n- a\n"
+    )
+    R.write_section(None, results)
+    once = results.read_text()
+    assert once.index("## Fashion-MNIST") < once.index(R.HEADING) < once.index("## Not measured")
+    R.write_section(record, results, tmp_path / "cheap.png")
+    again = results.read_text()
+    assert again.count(R.HEADING) == 1 and R.cheap_section(record) in again
+    assert again.endswith("## Not measured here\n\n- a\n")
+    assert (tmp_path / "cheap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_merge_adds_the_seeds_it_lacks_from_the_same_device():
+    a = record_of({"sgd": SGD[:2], "gam": GAM[:2]}, X)
+    b = record_of({"sgd": SGD, "gam": GAM}, X)
+    b["processes"] = [
+        {"setting": "clean", "seed": s, "group": "every", "run": True} for s in range(3)
+    ]
+    assert C.merge(a, b) == [("clean", 2)]
+    assert [r["seed"] for r in a["runs"]["clean"]["gam"]] == [0, 1, 2]
+    assert a["processes"] == b["processes"][2:]
+    b["platform"] = {**b["platform"], "device": "NVIDIA H200"}
+    with pytest.raises(ValueError, match="one device"):
+        C.merge(a, b)
+
+
+def test_the_command_line_refuses(tmp_path, capsys):
+    (tmp_path / "none.json").write_text(json.dumps({"sweep": {"selected": {}}}))
+    base = [f"--data={tmp_path}", f"--out={tmp_path / 'out'}"]
+    for bad, says in (
+        (["--settings=noise99"], "--settings"),
+        (["--seeds=0,x"], "--seeds"),
+        (["--seeds=1,1"], "--seeds"),
+        (["--deadline=-5"], "--deadline"),
+        ([f"--recipe={tmp_path / 'none.json'}"], "--recipe: no recipe chosen"),
+        ([f"--sweep={tmp_path / 'none.json'}"], "--sweep: that JSON's sweep selected no"),
+        (["--add=clean:0:folder"], "--add/--merge: no"),
+        (["--merge=other.json"], "--add/--merge: no"),
+    ):
+        with pytest.raises(SystemExit):
+            C.main([*base, *bad])
+        assert says in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        C.main(base[1:])
+    assert "--data: the folder" in capsys.readouterr().err
