@@ -319,12 +319,16 @@ def test_full_settings_per_subcommand(command, seeds, monkeypatch, tmp_path):
 
 def test_family_names_every_method_of_the_registry():
     """The all-estimators table covers each method of reproduce.methods but the second routes to
-    the same estimator (reverse-mode H·v, the authors' convention of accelerated GAM)."""
+    the same estimator (reverse-mode H·v, the authors' convention of accelerated GAM) and the
+    one-pass estimators, whose table is "Flatness at SGD's price" (reproduce.evidence.cheap)."""
+    from reproduce.evidence.cheap import GROUPS
     from reproduce.methods import METHODS
 
     same = {"gam_reverse", "gam_accelerated_official"}
+    one_pass = {"msam", "rwp"}
+    assert one_pass <= {e for _, names, _ in GROUPS.values() for e in names}
     named = {name for name, _ in evidence.FAMILY.values()}
-    assert named == set(METHODS) - same
+    assert named == set(METHODS) - same - one_pass
 
 
 def test_reuse_gives_full_gam_the_passes_of_lookgam():
