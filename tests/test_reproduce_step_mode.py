@@ -36,6 +36,8 @@ def mode(device, *flags, est=None):
         ("cpu", ["--mode=graph"], (False, True)),  # setup refuses it on the CPU (below)
         ("cuda", ["--mode=compile", "--compile"], (True, False)),  # flags that agree
         ("cuda", ["--mode=compile-graph", "--cuda_graph", "--compile"], (True, True)),
+        ("cuda", ["--when=adaptive"], (False, False)),  # auto: a graph cannot replay its choice
+        ("cuda", ["--when=late:0.75"], (False, True)),
     ],
 )
 def test_the_mode_follows_device_and_flags(device, flags, want):

@@ -370,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
         record["seconds"] = round(time.perf_counter() - run.start, 1)
         write_json(out / "fmnist.json", record)
 
-    if args.recipe:
-        record["recipe"] = json.loads(Path(args.recipe).read_text())["recipe"]
+    if args.recipe:  # a record made before the recipe stage existed has none: the preset's recipe
+        record["recipe"] = json.loads(Path(args.recipe).read_text()).get("recipe")
     elif "recipe" in stages:
         record["recipe"] = recipe(run)
         save()
