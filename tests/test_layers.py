@@ -174,6 +174,7 @@ RUN_ORDER = [
     "profiling",
     "evaluation",
     "loaders",
+    "sharding",
     "signals",
     "context",
     "records",
@@ -181,6 +182,7 @@ RUN_ORDER = [
     "summary",
     "epoch",
     "loop",
+    "fsdp",
 ]
 
 
