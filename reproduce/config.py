@@ -180,6 +180,7 @@ class Config:
     dali_roi: bool = True  # --loader=dali: decode each crop's window alone (false: whole images)
     dali_cpu: bool = False  # --loader=dali*: decode and resize on --workers CPU threads (0: 8), normalise on the GPU
     read_ahead: int = 3  # --loader=dali*|gpu: batches prepared ahead of the one the step takes (DALI's prefetch_queue_depth)
+    fsdp: bool = False  # torchrun: shard the model per block with FSDP2 (fully_shard), trained through gamfunc.torch_optim; estimators built on gradients, eager (reproduce/run/fsdp.py)
     perturbation: str = "global"  # torchrun: global (one-process step) | local (per rank)
     dist_timeout: int = 1800  # seconds a collective waits for the other processes before failing
     # --- logging and evaluation

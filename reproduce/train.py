@@ -117,7 +117,7 @@ from reproduce.config import (
 )
 from reproduce.data import sets as data_mod
 from reproduce.run import checkpoint as ckpt
-from reproduce.run import launch, report
+from reproduce.run import fsdp, launch, report, sharding
 from reproduce.run.compile_cache import CacheError
 from reproduce.run.evaluation import evaluate
 from reproduce.run.loop import Diverged, Interrupted, StopFlag, run
@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = resolve(argv)
     except ValueError as e:
         _error(str(e))
+        return 2
+    if (refused := sharding.refusal(cfg)) is not None:
+        _error(refused)
         return 2
     threads = torch.get_num_threads()
     if cfg.threads:
@@ -226,7 +229,8 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
         for name in names:
             stop.check()
             cfg_one = dataclasses.replace(cfg, estimator=name)
-            summaries.append(run(cfg_one, stop, data, root / name, procs))
+            train_one = fsdp.run if cfg.fsdp else run
+            summaries.append(train_one(cfg_one, stop, data, root / name, procs))
         stop.now("the comparison")  # done: a signal now lets the table be printed, then stops
     except Interrupted as e:
         return _stopped(e, stop)

@@ -181,6 +181,7 @@ RUN_ORDER = [
     "profiling",
     "evaluation",
     "loaders",
+    "sharding",
     "signals",
     "context",
     "records",
@@ -188,6 +189,7 @@ RUN_ORDER = [
     "summary",
     "epoch",
     "loop",
+    "fsdp",
 ]
 
 
