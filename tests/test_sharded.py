@@ -11,6 +11,7 @@ single-process reference itself by 5e-13."""
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 from pathlib import Path
@@ -63,6 +64,11 @@ ESTIMATORS = {
 BASES = {
     "sgd": (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3}),
     "adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 1e-2}),
+}
+# gamfunc's own base optimisers: their state, a tuple of the transforms' states, holds DTensors
+GAMFUNC_BASES = {
+    "sgd": lambda: gamfunc.sgd(0.1, momentum=0.9, weight_decay=1e-3),
+    "adamw": lambda: gamfunc.adamw(1e-2, weight_decay=1e-2),
 }
 # (estimator, base, form). On 2 ranks every estimator with each base, and both forms with each base
 # for SAM and GAM; on 4 ranks (where the test's time goes) every estimator with one base in turn.
@@ -177,6 +183,7 @@ def _scenarios(rank, world):
     losses = train(model, opt, batches, "closure")
     out["ddp"] = (full(model.module), losses, None)
     out["checkpoint"] = _checkpoint(batches, rank)
+    out["gamfunc_checkpoint"] = {b: _gamfunc_checkpoint(batches, b) for b in GAMFUNC_BASES}
     out["refusals"] = _refusals(batches[0])
     # the memory of one rank: its shards of the parameters, the gradients and the state
     model = sharded(blocks_model())
@@ -209,6 +216,41 @@ def _checkpoint(batches, rank):
     opt.load_state_dict(state["optim"])
     train(model, opt, batches[3:], "batch")
     return straight, full(model), files
+
+
+def _gamfunc_checkpoint(batches, base):
+    """The same with a gamfunc base optimiser (momentum, or AdamW's moments) on shards of uneven
+    sizes (mlp's 3 output rows: 2 and 1 on 2 ranks, 1, 1, 1 and none on 4; its 6 hidden rows on 4:
+    2, 2, 2 and none): the sharded checkpoint and, each rank's own, the facade's plain state_dict
+    through torch.save."""
+
+    def make():
+        model = sharded(mlp())
+        return model, FlatnessOptimizer(model, ESTIMATORS["friendly_sam"](), GAMFUNC_BASES[base]())
+
+    model, opt = make()
+    train(model, opt, batches, "batch")
+    straight = full(model)
+    model, opt = make()
+    train(model, opt, batches[:3], "batch")
+    path = Path(os.environ["SHARDED_TMP"]) / f"ckpt_{base}"
+    sharded_checkpoint.save({"model": model.state_dict(), "optim": opt.state_dict()}, path)
+    plain = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, plain)
+    model, opt = make()
+    state = {"model": model.state_dict(), "optim": sharded_checkpoint.template(opt)}
+    sharded_checkpoint.load(state, path)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    train(model, opt, batches[3:], "batch")
+    resumed = full(model)
+    model, opt = make()
+    plain.seek(0)
+    state = torch.load(plain, weights_only=False)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    train(model, opt, batches[3:], "batch")
+    return straight, resumed, full(model)
 
 
 def _refusals(batch):
@@ -336,6 +378,16 @@ def check_checkpoint(ranks):
             assert torch.equal(straight[k], resumed[k]), k
 
 
+def check_gamfunc_checkpoint(ranks):
+    """With a gamfunc base optimiser on uneven shards: each rank resumes its own shards of the state,
+    from the sharded checkpoint and from its plain state_dict, bit for bit."""
+    for out in ranks:
+        for base, (straight, resumed, plain) in out["gamfunc_checkpoint"].items():
+            for k in straight:
+                assert torch.equal(straight[k], resumed[k]), (base, "sharded", k)
+                assert torch.equal(straight[k], plain[k]), (base, "plain", k)
+
+
 def check_refusals(ranks):
     """torch.func on a sharded module is wrong without a word; gamfunc refuses it in one line."""
     for out in ranks:
@@ -371,4 +423,5 @@ def test_sharded_training_on_n_ranks_equals_one_process(world, tmp_path):
     check_memory(ranks, world)
     check_ddp(ranks)
     check_checkpoint(ranks)
+    check_gamfunc_checkpoint(ranks)
     check_refusals(ranks)

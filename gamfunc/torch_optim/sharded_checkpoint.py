@@ -16,6 +16,12 @@ DCP loads in place into a state dict of the layout it saved: `template` is the f
 writes a folder beside the target and renames it into place once every rank has written, so a
 reader finds the old checkpoint or the new one, never a part of one. Resuming on the same number
 of ranks gives the uninterrupted run's numbers bit for bit.
+
+DCP traverses dicts (and lists) but writes a tuple as one pickled object, which one rank writes
+for all and every rank reads back: its DTensors would come back as that rank's shards on every
+rank, of other sizes where the shards are uneven, of other values always. A gamfunc base optimiser's state holds its transforms' states in a tuple, so
+`save` and `load` hand DCP every tuple and list that holds a tensor as a dict keyed by position,
+whose tensors each rank writes and reads as its own shards.
 """
 
 from __future__ import annotations
@@ -85,7 +91,7 @@ def save(state_dict: dict[str, Any], path: str | os.PathLike, *, group=None) -> 
     if first:
         shutil.rmtree(tmp, ignore_errors=True)
     dist.barrier(group)
-    dcp.save(state_dict, checkpoint_id=str(tmp), process_group=group)
+    dcp.save(_by_position(state_dict), checkpoint_id=str(tmp), process_group=group)
     dist.barrier(group)
     if first:
         if path.exists():
@@ -111,4 +117,45 @@ def load(state_dict: dict[str, Any], path: str | os.PathLike, *, group=None) -> 
 
     if not Path(path).is_dir():
         raise FileNotFoundError(f"path: no sharded checkpoint at {path}")
-    dcp.load(state_dict, checkpoint_id=str(path), process_group=group)
+    mirror = _by_position(state_dict)
+    dcp.load(mirror, checkpoint_id=str(path), process_group=group)
+    for k in state_dict:
+        state_dict[k] = _written_back(state_dict[k], mirror[k])
+
+
+def _holds_tensor(obj) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return True
+    if isinstance(obj, dict):
+        return any(_holds_tensor(v) for v in obj.values())
+    if isinstance(obj, tuple | list):
+        return any(_holds_tensor(v) for v in obj)
+    return False
+
+
+def _by_position(obj):
+    """``obj`` with every tuple and list that holds a tensor as a dict ``{"0": ..., "1": ...}``
+    (the keys DCP gives a list it traverses), the same tensors in it: DCP traverses dicts, where it
+    pickles a tuple whole."""
+    if isinstance(obj, dict):
+        return {k: _by_position(v) for k, v in obj.items()}
+    if isinstance(obj, tuple | list) and _holds_tensor(obj):
+        return {str(i): _by_position(v) for i, v in enumerate(obj)}
+    return obj
+
+
+def _written_back(obj, loaded):
+    """``obj`` with what DCP loaded into its `_by_position` form ``loaded``: its tensors are
+    ``obj``'s, filled in place; the values it read whole (numbers, lists of them) are put back,
+    dicts and lists in place, tuples rebuilt."""
+    if isinstance(obj, dict):
+        for k in obj:
+            obj[k] = _written_back(obj[k], loaded[k])
+        return obj
+    if isinstance(obj, tuple | list) and isinstance(loaded, dict):
+        items = [_written_back(v, loaded[str(i)]) for i, v in enumerate(obj)]
+        if isinstance(obj, list):
+            obj[:] = items
+            return obj
+        return type(obj)._make(items) if hasattr(obj, "_fields") else type(obj)(items)
+    return loaded
