@@ -56,12 +56,12 @@ def test_train_py_offers_every_method():
         (
             "gam_accelerated",
             {"alpha": 0.6, "beta": 0.4, "gamma": 0.3},
-            gamfunc.gam_accelerated(0.05, 0.01, 0.6, 0.4, 0.3),
+            gamfunc.gam_accelerated(0.05, 0.05, 0.6, 0.4, 0.3),
         ),
         (
             "gam_accelerated_official",
             {"alpha": 0.6},
-            gamfunc.gam_accelerated(0.05, 0.01, 0.6, 0.5, 0.1, convention="official"),
+            gamfunc.gam_accelerated(0.05, 0.05, 0.6, 0.5, 0.1, convention="official"),
         ),
     ],
 )
