@@ -206,13 +206,17 @@ def _has(model: nn.Module, *kinds: type) -> bool:
     return any(isinstance(m, kinds) for m in model.modules())
 
 
-# Fields of methods.Hyper that no flag sets: build_estimator chooses them for the run.
-CHOSEN = frozenset({"hvp", "theorem_norms"})
+# Fields of methods.Hyper that no flag sets (those beyond methods.Flags): build_estimator chooses
+# them for the run.
+CHOSEN = frozenset(
+    {f.name for f in dataclasses.fields(methods.Hyper)}
+    - {f.name for f in dataclasses.fields(methods.Flags)}
+)
 
 
 def hyperparameters(cfg: Config) -> dict:
-    """The fields of `reproduce.methods.Hyper` that ``cfg`` sets, each from the `Config` field of
-    the same name (every field of ``Hyper`` but those of `CHOSEN` is one).
+    """The fields of `reproduce.methods.Hyper` that ``cfg`` sets: those of
+    `reproduce.methods.Flags`, on which `Config` is built.
 
     Args:
         cfg: the run's configuration.
@@ -220,7 +224,7 @@ def hyperparameters(cfg: Config) -> dict:
     Returns:
         ``{field: value}``, as ``cfg`` holds them (ρ unscheduled).
     """
-    names = {f.name for f in dataclasses.fields(methods.Hyper)} - CHOSEN
+    names = {f.name for f in dataclasses.fields(methods.Flags)}
     return {name: getattr(cfg, name) for name in sorted(names)}
 
 
@@ -252,8 +256,7 @@ def build_estimator(
         rho = schedules.proportional(cfg.rho, lr, cfg.lr, floor=cfg.rho_min)
     hparams = hyperparameters(cfg)
     hparams.update(
-        rho=rho,
-        sam_rho=cfg.sam_rho or rho,
+        rho=rho,  # also SAM's ρ where sam_rho is 0 (methods.Hyper.sam_radius)
         hvp=hvp,
         gnp_hvp=hvp if cfg.gnp_hvp == "exact" else cfg.gnp_hvp,
         theorem_norms=True,  # Theorem 4.3's two squared norms, logged under theory/

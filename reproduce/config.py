@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from reproduce.methods import METHODS
+from reproduce.methods import METHODS, Flags
 from reproduce.presets import AUTHORS_ACCELERATED, PRESETS, authors_smoothing, closest_presets
 
 __all__ = [
@@ -88,7 +88,11 @@ FSAM_CONVENTIONS = ("paper", "authors")
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(Flags):
+    """A run's configuration: the methods' hyperparameters (the fields of
+    `reproduce.methods.Flags`, one table with `reproduce.methods.Hyper`) and the fields below, one
+    ``--key=value`` each."""
+
     # --- what to train
     preset: str = "mnist1d"  # the preset these values started from (see PRESETS)
     dataset: str = "mnist1d"  # mnist1d | digits | fmnist | cifar10 | cifar100 | imagenet
@@ -106,39 +110,10 @@ class Config:
     label_noise: float = 0.0  # fraction of training labels replaced by another class (App. C.2)
     val_fraction: float = 0.0  # share of the training set held out for validation (model selection)
     workers: int = 0  # DataLoader workers of image folders, DALI's CPU threads (0: 8); ≤ 4 × cores
-    # --- the gradient estimator
+    # --- the gradient estimator (its hyperparameters: the fields of reproduce.methods.Flags, first)
     estimator: str = "sgd,gam"  # one of ESTIMATORS, or a comma list trained one after the other
-    rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
-    alpha: float = 0.1  # α: weight of the first-order flatness term (GAM, GNP)
-    sam_rho: float = 0.0  # SAM's ρ (sam, gsam, wsam, looksam, friendly_sam, asam, and the oracles of sam+gam, gsam+gam); 0: the same as rho
     rho_schedule: str = "constant"  # constant | proportional (ρ_t = ρ_min + (ρ − ρ_min)·lr_t/lr_0)
     rho_min: float = 0.0  # ρ_min: the floor of --rho_schedule=proportional (in [0, rho])
-    gnp_hvp: str = "fd"  # H·v of gnp: fd (Zhao et al.) | exact | reverse
-    fd_radius: float = 1e-3  # r of the finite-difference H·v of gam_fd: gamfunc.hvps.fd(radius=r)
-    gnp_radius: float = 1e-2  # r of gnp's fd (Zhao et al.'s form): gamfunc.hvps.fd(radius=r)
-    rho_prime: float = 0.05  # ρ' of gam_accelerated (the SAM-like finite differences)
-    beta: float = 0.5  # β of gam_accelerated
-    gamma: float = 0.1  # γ of gam_accelerated
-    eta: float = 0.01  # η of asam (Kwon et al. 2021)
-    adaptive: bool = False  # gam, look_gam and gam_accelerated in ASAM's scale-invariant geometry
-    ascent_steps: int = 1  # normalised ascent steps of sam (and sam+gam's SAM oracle), at most 100
-    gsam_alpha: float = 0.3  # α of gsam (and gsam+gam's oracle): share of ∇L's part ⟂ ∇f_p removed
-    wsam_gamma: float = 0.9  # γ of wsam, the weight of sharpness, in [0, 1) (Yue et al. 2023: 0.9)
-    wsam_decouple: bool = False  # wsam: the authors' decoupled form (the sharpness step after the update, times its lr)
-    wsam_max_norm: float = 0.0  # wsam: clip ∇L and the perturbed gradient each to this global norm (0: never, the authors' default)
-    gsam_adaptive: bool = False  # gsam (and gsam+gam's oracle): the ascent in ASAM's geometry, T = |θ| (the authors' adaptive=True)
-    asam_mask: str = "all"  # asam: all (T = |θ| + η on every parameter, Eq. 8) | weights (on those named weight, the authors' code)
-    look_k: int = 5  # k of looksam and look_gam: the full step every k steps
-    looksam_alpha: float = 0.7  # α of looksam: the weight of the reused component (Liu et al. 2022)
-    fsam_sigma: float = 1.0  # σ of friendly_sam: the share of the running mean removed
-    fsam_lmbda: float = 0.9  # λ of friendly_sam: the running mean's decay, in [0, 1)
-    fsam_convention: str = "paper"  # friendly_sam: paper (the paper's order) | authors (nblt/F-SAM's order: m₁ = g₁, d before m takes in g)
-    msam_momentum: float = 0.9  # μ of msam's own momentum, in [0, 1) (Becker et al. 2024: 0.9)
-    rwp_sigma: float = 0.01  # σ of rwp: the noise's scale relative to each filter's norm
-    rwp_mix: float = (
-        0.0  # λ of rwp, in [0, 1]: the weight of ∇L(θ) (0: one gradient a step; > 0: m-RWP, two)
-    )
-    rwp_seed: int = 0  # the key of rwp's noise, in [0, 2**32)
     every: int = 1  # estimator on every k-th step, the base one otherwise (App. C.3); the shorthand of --when=every:k
     when: str = ""  # when a step is flat: "" (every step) | every:k | late:F (from F of the run's steps on, F in [0, 1)) | late:N (from step N) | adaptive (AE-SAM's trigger, the paper's defaults)
     # --- the base optimiser and schedule
@@ -261,14 +236,16 @@ RESUME_FREE = frozenset(
 
 
 def field_help() -> dict[str, str]:
-    """Each field's comment in the source of `Config`: the ``--help`` text."""
+    """Each field's comment in the source of `Config` (and of `reproduce.methods.Flags`, whose
+    fields it takes), in the order of the fields: the ``--help`` text."""
     pattern = re.compile(r"^\s+(\w+): [^=]+ = .*?  # (.*)$")
-    out = {}
-    for line in inspect.getsource(Config).splitlines():
-        m = pattern.match(line)
-        if m:
-            out[m.group(1)] = m.group(2)
-    return out
+    found = {}
+    for cls in (Flags, Config):
+        for line in inspect.getsource(cls).splitlines():
+            m = pattern.match(line)
+            if m:
+                found[m.group(1)] = m.group(2)
+    return {f.name: found[f.name] for f in fields(Config) if f.name in found}
 
 
 def _field_types() -> dict[str, type]:

@@ -19,8 +19,8 @@ steps a method skips under ``make_step(..., every=k)``: the oracle for ``sam+gam
 ``gsam+gam``, the gradient for the others.
 
 A new estimator of ``gamfunc.estimators`` gets one entry in `METHODS` (and, if it reads a
-new hyperparameter, a field of `Hyper` and the field of the same name in
-`reproduce.config.Config`, its ``--flag``, which `reproduce.build.hyperparameters` reads);
+new hyperparameter, a field of `Flags`, which is then its ``--flag`` of `reproduce.config.Config`,
+built on `Flags`);
 ``--estimator`` then takes its name; the contract tests run it once ``tests/registry.py`` builds
 it and ``tests/test_reproduce_methods.py`` names it (that test fails until both do).
 """
@@ -34,53 +34,64 @@ from typing import Any
 
 import gamfunc
 
-__all__ = ["ASAM_MASKS", "METHODS", "SAM_LIKE", "Hyper", "base", "estimator", "weights"]
+__all__ = ["ASAM_MASKS", "METHODS", "SAM_LIKE", "Flags", "Hyper", "base", "estimator", "weights"]
 
 
 @dataclass(frozen=True)
-class Hyper:
-    """The hyperparameters the methods read, each with the value a method gets when it is not given.
+class Flags:
+    """The hyperparameters of the methods that a run's configuration sets, one ``--flag`` each: the
+    one table of their names, defaults and ``--help`` lines. `reproduce.config.Config` is built on
+    it, and `Hyper` adds what a run chooses for itself.
 
-    A field that an estimator of gamfunc takes as a schedule (ρ, ρ', α of GAM and GNP, SAM's ρ)
-    may be a schedule of the step count here too.
+    SAM's ρ has one "unset" value: ``sam_rho`` 0 means ``rho`` (`Hyper.sam_radius`).
     """
 
-    rho: Any = 0.05  # ρ: the ascent radius of GAM, and of the SAM-like methods without sam_rho
-    alpha: Any = 0.1  # α: GAM's weight of first-order flatness; GNP's penalty weight
-    sam_rho: Any = None  # ρ of every SAM-like method (SAM_LIKE) and oracle; None: rho
-    rho_prime: Any = 0.01  # ρ' of accelerated GAM
-    beta: Any = 0.5  # β of accelerated GAM
-    gamma: Any = 0.1  # γ of accelerated GAM
-    eta: float = 0.01  # η of ASAM
+    rho: float = 0.05  # ρ: radius of the ascent (SAM, GAM)
+    alpha: float = 0.1  # α: weight of the first-order flatness term (GAM, GNP)
+    sam_rho: float = 0.0  # SAM's ρ (sam, gsam, wsam, looksam, friendly_sam, asam, msam, and the oracles of sam+gam, gsam+gam); 0: the same as rho
+    gnp_hvp: str = "fd"  # H·v of gnp: fd (Zhao et al.) | exact | reverse
+    fd_radius: float = 1e-3  # r of the finite-difference H·v of gam_fd: gamfunc.hvps.fd(radius=r)
+    gnp_radius: float = 1e-2  # r of gnp's fd (Zhao et al.'s form): gamfunc.hvps.fd(radius=r)
+    rho_prime: float = 0.05  # ρ' of gam_accelerated (the SAM-like finite differences)
+    beta: float = 0.5  # β of gam_accelerated
+    gamma: float = 0.1  # γ of gam_accelerated
+    eta: float = 0.01  # η of asam (Kwon et al. 2021)
+    adaptive: bool = False  # gam, look_gam and gam_accelerated in ASAM's scale-invariant geometry
+    ascent_steps: int = 1  # normalised ascent steps of sam (and sam+gam's SAM oracle), at most 100
+    gsam_alpha: float = 0.3  # α of gsam (and gsam+gam's oracle): share of ∇L's part ⟂ ∇f_p removed
+    wsam_gamma: float = 0.9  # γ of wsam, the weight of sharpness, in [0, 1) (Yue et al. 2023: 0.9)
+    wsam_decouple: bool = False  # wsam: the authors' decoupled form (the sharpness step after the update, times its lr)
+    wsam_max_norm: float = 0.0  # wsam: clip ∇L and the perturbed gradient each to this global norm (0: never, the authors' default)
+    gsam_adaptive: bool = False  # gsam (and gsam+gam's oracle): the ascent in ASAM's geometry, T = |θ| (the authors' adaptive=True)
+    asam_mask: str = "all"  # asam: all (T = |θ| + η on every parameter, Eq. 8) | weights (on those named weight, the authors' code)
+    look_k: int = 5  # k of looksam and look_gam: the full step every k steps
+    looksam_alpha: float = 0.7  # α of looksam: the weight of the reused component (Liu et al. 2022)
+    fsam_sigma: float = 1.0  # σ of friendly_sam: the share of the running mean removed
+    fsam_lmbda: float = 0.9  # λ of friendly_sam: the running mean's decay, in [0, 1)
+    fsam_convention: str = "paper"  # friendly_sam: paper (the paper's order) | authors (nblt/F-SAM's order: m₁ = g₁, d before m takes in g)
+    msam_momentum: float = 0.9  # μ of msam's own momentum, in [0, 1) (Becker et al. 2024: 0.9)
+    rwp_sigma: float = 0.01  # σ of rwp: the noise's scale relative to each filter's norm
+    rwp_mix: float = 0.0  # λ of rwp in [0, 1]: the weight of ∇L(θ) (0: one gradient; > 0: m-RWP)
+    rwp_seed: int = 0  # the key of rwp's noise, in [0, 2**32)
+
+
+@dataclass(frozen=True)
+class Hyper(Flags):
+    """The hyperparameters the methods read, each with the value a method gets when it is not given:
+    the fields of `Flags` and two that a run chooses for itself (`reproduce.build.build_estimator`).
+
+    A field that an estimator of gamfunc takes as a schedule (ρ, ρ', α of GAM and GNP, SAM's ρ, and
+    the others its factory documents) may be a schedule of the step count here too; the annotations
+    are the types a ``--flag`` parses.
+    """
+
     hvp: str = "exact"  # the H·v backend of gam and sam+gam: "exact" or "reverse"
-    fd_radius: float = 1e-3  # r of finite-difference GAM (gam_fd): hvp=hvps.fd(radius=fd_radius)
-    gnp_hvp: str = "fd"  # GNP's H·v backend: "fd" (Zhao et al.), "exact" or "reverse"
-    gnp_radius: float = 1e-2  # r of GNP's "fd": hvp=hvps.fd(radius=gnp_radius)
     theorem_norms: bool = False  # GAM's info adds Theorem 4.3's two squared norms
-    adaptive: bool = False  # GAM and accelerated GAM in ASAM's scale-invariant geometry
-    ascent_steps: int = 1  # SAM's normalised ascent steps (of sam, sam+gam's oracle)
-    gsam_alpha: Any = 0.3  # α of GSAM: the share of the clean gradient's orthogonal part removed
-    wsam_gamma: Any = 0.9  # γ of WSAM: the weight of sharpness
-    wsam_decouple: bool = False  # WSAM's decoupled form (the authors' default; gamfunc's: coupled)
-    wsam_max_norm: float = 0.0  # WSAM clips ∇L and the perturbed gradient to this norm; 0: never
-    gsam_adaptive: bool = False  # GSAM's ascent in ASAM's geometry, T = |θ| (the authors' option)
-    asam_mask: str = "all"  # ASAM's T on "all" parameters or on the "weights" (the authors' code)
-    look_k: int = 5  # k of LookSAM and LookGAM: the full step every k steps (Liu et al. 2022: 5)
-    looksam_alpha: Any = 0.7  # α of LookSAM: the weight of the reused component (the paper's 0.7)
-    fsam_sigma: Any = (
-        1.0  # σ of Friendly-SAM: the share of the running mean removed (the paper's 1)
-    )
-    fsam_lmbda: float = 0.9  # λ of Friendly-SAM: the running mean's decay
-    fsam_convention: str = "paper"  # Friendly-SAM's order: "paper" or "authors" (nblt/F-SAM)
-    msam_momentum: float = 0.9  # μ of MSAM's own momentum (Becker et al. 2024: that of SGD, 0.9)
-    rwp_sigma: Any = 0.01  # σ of RWP: the noise's scale relative to each filter's norm
-    rwp_mix: float = 0.0  # λ of RWP: the weight of ∇L(θ) (0: RWP, one gradient; > 0: m-RWP)
-    rwp_seed: int = 0  # the key of RWP's noise
 
     @property
     def sam_radius(self):
-        """SAM's ρ: ``sam_rho``, or ``rho`` where it is not given."""
-        return self.rho if self.sam_rho is None else self.sam_rho
+        """SAM's ρ: ``sam_rho``, or ``rho`` where it is 0 (unset)."""
+        return self.sam_rho or self.rho
 
 
 def _gam(h: Hyper, **kw) -> gamfunc.Estimator:

@@ -1,8 +1,9 @@
 """Every estimator and optimiser, built with valid hyperparameters, for the contract tests.
 
-The estimators are built here with gamfunc's factories, under the names the tests report. They are
-the estimators reproduce/'s methods build (reproduce/methods.py) from the same hyperparameters:
-``tests/test_reproduce_methods.py`` checks each one, by name and hyperparameters, in a checkout."""
+The estimators are built here with gamfunc's factories, under the names the tests report. Each row
+also names the method of reproduce/methods.py (``--estimator``'s names, the one set of them) that
+builds the same estimator, and its hyperparameters there: ``tests/test_reproduce_methods.py``
+checks each one in a checkout, and that every method has a row."""
 
 import gamfunc
 from gamfunc import hvps
@@ -11,47 +12,92 @@ from gamfunc import hvps
 RHO, ALPHA = 0.05, 0.1
 # accelerated GAM: ρ, ρ', α, β, γ
 ACCELERATED = (RHO, 0.01, 0.5, 0.5, 0.1)
+# the same values as hyperparameters of reproduce/methods.py's Hyper
+H = dict(rho=RHO, alpha=ALPHA, rho_prime=0.01, beta=0.5, gamma=0.1)
+H_ACCELERATED = dict(zip(("rho", "rho_prime", "alpha", "beta", "gamma"), ACCELERATED, strict=True))
 
-# name -> a fresh estimator
-ESTIMATORS = {
-    "gradient": lambda: gamfunc.gradient(),
-    "sam": lambda: gamfunc.sam(RHO),
-    "asam": lambda: gamfunc.asam(0.5, eta=0.01),
-    "gnp_fd": lambda: gamfunc.gnp(ALPHA, hvp=hvps.fd(radius=1e-2)),
-    "gnp_exact": lambda: gamfunc.gnp(ALPHA, hvp="exact"),
-    "gam_exact": lambda: gamfunc.gam(RHO, ALPHA),
-    "gam_reverse": lambda: gamfunc.gam(RHO, ALPHA, hvp="reverse"),
-    "gam_fd": lambda: gamfunc.gam(RHO, ALPHA, hvp=hvps.fd(radius=1e-3)),
-    "sam+gam": lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.sam(RHO)),
-    "gsam": lambda: gamfunc.gsam(RHO, 0.3),
-    "gsam+gam": lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.gsam(RHO, 0.3)),
-    "wsam": lambda: gamfunc.wsam(RHO, 0.9),
-    "looksam": lambda: gamfunc.looksam(RHO, 3, 0.7),
-    "look_gam": lambda: gamfunc.look_gam(RHO, ALPHA, 3),
-    "friendly_sam": lambda: gamfunc.friendly_sam(RHO, 1.0, 0.9),
-    "msam": lambda: gamfunc.msam(RHO),
-    "rwp": lambda: gamfunc.rwp(0.01),
-    "sam_3_steps": lambda: gamfunc.sam(RHO, ascent_steps=3),
-    "sam_3_steps+gam": lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.sam(RHO, ascent_steps=3)),
-    "gam_accelerated_paper": lambda: gamfunc.gam_accelerated(*ACCELERATED),
-    "gam_accelerated_official": lambda: gamfunc.gam_accelerated(
-        *ACCELERATED, convention="official"
+# name -> (a fresh estimator, the method of reproduce/methods.py that builds it, its hyperparameters)
+ROWS = {
+    "gradient": (lambda: gamfunc.gradient(), "sgd", H),
+    "sam": (lambda: gamfunc.sam(RHO), "sam", H),
+    "asam": (lambda: gamfunc.asam(0.5, eta=0.01), "asam", dict(H, rho=0.5, eta=0.01)),
+    "gnp_fd": (lambda: gamfunc.gnp(ALPHA, hvp=hvps.fd(radius=1e-2)), "gnp", H),
+    "gnp_exact": (lambda: gamfunc.gnp(ALPHA, hvp="exact"), "gnp", dict(H, gnp_hvp="exact")),
+    "gam_exact": (lambda: gamfunc.gam(RHO, ALPHA), "gam", H),
+    "gam_reverse": (lambda: gamfunc.gam(RHO, ALPHA, hvp="reverse"), "gam_reverse", H),
+    "gam_fd": (lambda: gamfunc.gam(RHO, ALPHA, hvp=hvps.fd(radius=1e-3)), "gam_fd", H),
+    "sam+gam": (lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.sam(RHO)), "sam+gam", H),
+    "gsam": (lambda: gamfunc.gsam(RHO, 0.3), "gsam", dict(H, gsam_alpha=0.3)),
+    "gsam+gam": (
+        lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.gsam(RHO, 0.3)),
+        "gsam+gam",
+        dict(H, gsam_alpha=0.3),
     ),
-    "gam_adaptive": lambda: gamfunc.gam(RHO, ALPHA, adaptive=True),
-    "gam_accelerated_adaptive": lambda: gamfunc.gam_accelerated(
-        *ACCELERATED, convention="official", adaptive=True
+    "wsam": (lambda: gamfunc.wsam(RHO, 0.9), "wsam", dict(H, wsam_gamma=0.9)),
+    "looksam": (
+        lambda: gamfunc.looksam(RHO, 3, 0.7),
+        "looksam",
+        dict(H, look_k=3, looksam_alpha=0.7),
+    ),
+    "look_gam": (lambda: gamfunc.look_gam(RHO, ALPHA, 3), "look_gam", dict(H, look_k=3)),
+    "friendly_sam": (
+        lambda: gamfunc.friendly_sam(RHO, 1.0, 0.9),
+        "friendly_sam",
+        dict(H, fsam_sigma=1.0, fsam_lmbda=0.9),
+    ),
+    "msam": (lambda: gamfunc.msam(RHO), "msam", H),
+    "rwp": (lambda: gamfunc.rwp(0.01), "rwp", dict(H, rwp_sigma=0.01)),
+    "sam_3_steps": (lambda: gamfunc.sam(RHO, ascent_steps=3), "sam", dict(H, ascent_steps=3)),
+    "sam_3_steps+gam": (
+        lambda: gamfunc.gam(RHO, ALPHA, oracle=gamfunc.sam(RHO, ascent_steps=3)),
+        "sam+gam",
+        dict(H, ascent_steps=3),
+    ),
+    "gam_accelerated_paper": (
+        lambda: gamfunc.gam_accelerated(*ACCELERATED),
+        "gam_accelerated",
+        H_ACCELERATED,
+    ),
+    "gam_accelerated_official": (
+        lambda: gamfunc.gam_accelerated(*ACCELERATED, convention="official"),
+        "gam_accelerated_official",
+        H_ACCELERATED,
+    ),
+    "gam_adaptive": (lambda: gamfunc.gam(RHO, ALPHA, adaptive=True), "gam", dict(H, adaptive=True)),
+    "gam_accelerated_adaptive": (
+        lambda: gamfunc.gam_accelerated(*ACCELERATED, convention="official", adaptive=True),
+        "gam_accelerated_official",
+        dict(H_ACCELERATED, adaptive=True),
     ),
     # ---- the authors' released forms, built with gamfunc's factories directly ----------------
     # WSAM's decoupled form (atorch's WeightedSAM default) with both gradients clipped
-    "wsam_decoupled": lambda: gamfunc.wsam(0.05, 0.9, decouple=True, max_norm=1.0),
+    "wsam_decoupled": (
+        lambda: gamfunc.wsam(0.05, 0.9, decouple=True, max_norm=1.0),
+        "wsam",
+        dict(H, wsam_gamma=0.9, wsam_decouple=True, wsam_max_norm=1.0),
+    ),
     # GSAM's ascent in ASAM's geometry (juntang-zhuang/GSAM's adaptive=True)
-    "gsam_adaptive": lambda: gamfunc.gsam(0.5, 0.3, adaptive=True),
+    "gsam_adaptive": (
+        lambda: gamfunc.gsam(0.5, 0.3, adaptive=True),
+        "gsam",
+        dict(H, rho=0.5, gsam_alpha=0.3, gsam_adaptive=True),
+    ),
     # ASAM scaling some parameters only (SamsungLabs/ASAM scales those named weight; the names of
-    # these tests' parameters carry no such word, so the matrices stand for them)
-    "asam_masked": lambda: gamfunc.asam(0.5, 0.01, mask=lambda name, p: p.ndim > 1),
+    # these tests' parameters carry no such word, so the matrices stand for them; reproduce's
+    # mask, on a module's names, is tested in tests/test_reproduce_methods.py)
+    "asam_masked": (lambda: gamfunc.asam(0.5, 0.01, mask=lambda name, p: p.ndim > 1), None, {}),
     # Friendly-SAM in nblt/F-SAM's order
-    "friendly_sam_authors": lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9, convention="authors"),
+    "friendly_sam_authors": (
+        lambda: gamfunc.friendly_sam(0.05, 1.0, 0.9, convention="authors"),
+        "friendly_sam",
+        dict(H, fsam_sigma=1.0, fsam_lmbda=0.9, fsam_convention="authors"),
+    ),
 }
+
+# name -> a fresh estimator
+ESTIMATORS = {name: row[0] for name, row in ROWS.items()}
+# name -> (the method of reproduce/methods.py, its hyperparameters), where one builds it
+AS_METHODS = {name: (row[1], row[2]) for name, row in ROWS.items() if row[1] is not None}
 
 OPTIMIZERS = {
     "sgd": lambda: gamfunc.sgd(lr=0.1),

@@ -615,3 +615,17 @@ def test_the_unguarded_facade_row_is_the_facade_without_its_guard():
     bare = facade.factory(facade.UNGUARDED, "sam", "eager", g, "tiny", a, cpu)()
     assert guarded.opt._batch_step.on_nonfinite == a.on_nonfinite == "skip"
     assert bare.opt._batch_step.on_nonfinite == "ignore"
+
+
+def test_every_method_of_reproduce_is_timed_by_one_row_or_named_untimed():
+    """The rows take their estimator names from reproduce.methods.METHODS: each row of one method
+    maps to it (by its own name or RENAMED), and a method without a row is named in UNTIMED."""
+    from reproduce.methods import METHODS as NAMES
+
+    timed = [methods.method_of(r) for r in methods.METHODS if methods.method_of(r) in NAMES]
+    assert len(timed) == len(set(timed))
+    assert sorted({*timed, *methods.UNTIMED}) == sorted(NAMES)
+    assert set(methods.UNTIMED).isdisjoint(timed)
+    table = methods.build_methods(cli.parse(["--quick"]))
+    for row in methods.RENAMED:
+        assert table[row].estimator.name == methods.estimator(methods.method_of(row)).name

@@ -131,3 +131,17 @@ def test_vmap_grid_trains_every_cell_as_one_model(capsys):
         assert bool(marked) == (float(train) <= 15.0), (rho, alpha, train)
     chance = {(rho, alpha) for rho, alpha, _, marked in cells if marked}
     assert ("1.0", "1.0") in chance and result["chance_cells"] == len(chance) < 9
+
+
+def test_vmap_grid_reads_the_data_and_chance_as_reproduce_does():
+    """The grid example stands alone (no import of reproduce/): its MNIST-1D is the harness's, and
+    its mark of a cell at chance is ``reproduce.run.report.at_chance`` for 10 classes."""
+    pytest.importorskip("mnist1d")
+    from reproduce.data.sets import _mnist1d
+    from reproduce.run.report import at_chance
+
+    example = runpy.run_path(str(EXAMPLES / "vmap_grid.py"), run_name="example")
+    for own, theirs in zip(example["mnist1d"](), _mnist1d(), strict=True):
+        assert torch.equal(own.x, theirs.x) and torch.equal(own.y, theirs.y)
+    assert at_chance(example["CHANCE"], 10) and not at_chance(example["CHANCE"] + 1e-9, 10)
+    assert "sys.path" not in (EXAMPLES / "vmap_grid.py").read_text()

@@ -305,21 +305,29 @@ def test_estimator_takes_every_method_of_the_registry_and_nothing_else():
 
 
 def test_every_hyperparameter_of_the_registry_is_a_flag_with_help_and_hypers_default():
-    """Each field of methods.Hyper that a run sets is a Config field of the same name (build
-    reads it from there), with a --help line; the fields of the flatness family keep Hyper's
-    defaults, so a method named without its flags is the registry's."""
-    from reproduce.build import CHOSEN
-    from reproduce.methods import Hyper
+    """Config is built on methods.Flags, the one table of the methods' hyperparameters: each field
+    that a run sets is a Config field of the same name and default (build reads it from there),
+    with a --help line; the fields of Hyper beyond them are those the run chooses (CHOSEN)."""
+    from reproduce.build import CHOSEN, hyperparameters
+    from reproduce.methods import Flags, Hyper
 
     helps = field_help()
-    for f in dataclasses.fields(Hyper):
-        if f.name in CHOSEN:
-            continue
-        assert f.name in helps, f.name
-    family = ("eta", "ascent_steps", "gsam_alpha", "wsam_gamma", "look_k", "looksam_alpha")
-    authors = ("wsam_decouple", "wsam_max_norm", "gsam_adaptive", "asam_mask", "fsam_convention")
-    for name in (*family, *authors, "fsam_sigma", "fsam_lmbda", "adaptive"):
+    flags = {f.name for f in dataclasses.fields(Flags)}
+    assert {f.name for f in dataclasses.fields(Hyper)} - flags == CHOSEN == {"hvp", "theorem_norms"}
+    assert set(hyperparameters(Config())) == flags
+    for name in flags:
+        assert name in helps, name
         assert getattr(Config(), name) == getattr(Hyper(), name), name
+    assert Config().rho_prime == Hyper().rho_prime == 0.05  # the value train.py runs always had
+
+
+def test_sam_rho_has_one_unset_value():
+    """SAM's ρ is unset at 0 in the configuration and in the registry alike: it is then --rho."""
+    from reproduce.methods import Hyper, estimator
+
+    assert Config().sam_rho == Hyper().sam_rho == 0
+    assert Hyper(rho=0.3).sam_radius == 0.3 and Hyper(rho=0.3, sam_rho=0.2).sam_radius == 0.2
+    assert estimator("sam", rho=0.3).hparams["rho"] == 0.3
 
 
 @pytest.mark.parametrize(
