@@ -249,6 +249,7 @@ def adaptive(
     \mu_t = \delta\mu_{t-1} + (1-\delta)\lVert g_t\rVert^2,\qquad
     \sigma_t^2 = \delta\sigma_{t-1}^2 + (1-\delta)\,(\lVert g_t\rVert^2 - \mu_t)^2,
     $$
+
     $$
     \text{flat}_t \iff \lVert g_t\rVert^2 \ge \mu_t + c_t\,\sigma_t,\qquad
     c_t = \tfrac{t}{T}\lambda_1 + \bigl(1 - \tfrac{t}{T}\bigr)\lambda_2,

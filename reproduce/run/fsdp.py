@@ -155,7 +155,7 @@ class _Run:
     # ---- checkpoints -------------------------------------------------------------------------
 
     def _progress(self) -> str:
-        return json.dumps(
+        return report.dumps(
             {
                 "pos": self.pos,
                 "history": self.history,
@@ -163,7 +163,8 @@ class _Run:
                 "world": self.procs.world,
                 "config": as_dict(self.cfg),
                 "status": self.status,
-            }
+            },
+            indent=None,
         )
 
     def save(self, status: str = "running") -> None:
