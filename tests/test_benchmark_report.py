@@ -16,7 +16,9 @@ def test_the_committed_results_md_is_generated_from_the_results():
 
 def test_results_keep_one_file_per_benchmark_part_and_device():
     files = sorted(_common.RESULTS.glob("*"))
-    assert 0 < len(files) <= 20
+    assert (
+        0 < len(files) <= 24
+    )  # one per benchmark, part and device: a handful per benchmark at most
     for path in files:
         result = json.loads(path.read_text())
         meta = result["meta"]

@@ -52,7 +52,9 @@ def test_the_recipe_is_the_best_mean_validation_accuracy_and_ties_take_the_cheap
     scores = {"w32-10": (94.0, 94.4), "w32-15": (94.3, 94.1), "w64-10": (94.5, 93.8)}
     run = FakeRunner(lambda name, args: scores[name.split("/")[1]][int(name[-1])])
     got = H.recipe(run)
-    assert got["selected"] == "w32-10"  # 94.2 ties w32-15's 94.2 and beats w64-10's 94.15
+    assert got["selected"] == "w32-10" and {"device", "torch", "date"} <= set(
+        got["platform"]
+    )  # 94.2 ties w32-15's 94.2 and beats w64-10's 94.15
     assert [c["recipe"] for c in got["cells"]] == [n for n in H.RECIPES for _ in H.RECIPE_SEEDS]
     for name, _, estimators, args in run.calls:
         assert estimators == ("sgd",) and "--val_fraction=0.1" in args
@@ -120,6 +122,7 @@ def test_stored_stages_are_reused_and_the_table_needs_a_sweep(tmp_path, monkeypa
     assert H.main([*argv, f"--recipe={old}", f"--sweep={old}", "--stages=table"]) == 0
     record = json.loads((tmp_path / "out" / "fmnist.json").read_text())
     assert record["recipe"] == stored["recipe"] and record["sweep"] == stored["sweep"]
+    assert record["table_recipe"] == "w32-15"  # the recipe the table's runs were made with
     calls = made[0].calls
     assert calls and all(c[0].startswith("table/fmnist.clean/") for c in calls)
     assert all("--epochs=15" in c[3] and "--alpha=0.1" in c[3] for c in calls)

@@ -230,6 +230,7 @@ def recipe(run: Runner) -> dict:
         "setting": "clean, SGD, seeds "
         + ", ".join(map(str, RECIPE_SEEDS))
         + ", 10% of the training set held out, mean final validation accuracy",
+        "platform": _device(),
         "recipes": {name: list(args) for name, args in RECIPES.items()},
         "cells": cells,
         "selected": best,
@@ -383,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         record["sweep"] = {"recipe": chosen, **sweep(run, recipe_args)}
         save()
     if "table" in stages:
+        record["table_recipe"] = chosen or record["sweep"].get("recipe")
         save(table(run, record["sweep"]["selected"], save, settings, recipe_args))
     save()
     print(f"{record['seconds']} s; {out / 'fmnist.json'}")

@@ -60,14 +60,13 @@ def _test(a: list[float], b: list[float]) -> str:
 def recipe_table(record: dict) -> str:
     """Stage 0: SGD's validation accuracy per recipe and seed, the chosen one marked."""
     rec = record["recipe"]
-    rows = ["| recipe | arguments | seeds | val acc % | test acc % (not used) | train s | note |"]
-    rows.append("|---|---|---|---|---|---|---|")
+    rows = ["| recipe | arguments | seeds | val acc % | test acc % (not used) | note |"]
+    rows.append("|---|---|---|---|---|---|")
     for name, args in rec["recipes"].items():
         cells = [c for c in rec["cells"] if c["recipe"] == name and c["run"]]
         rows.append(
             f"| `{name}` | `{' '.join(args)}` | {len(cells)} | "
             f"{_pm([c['val_acc'] for c in cells])} | {_pm([c['test_acc'] for c in cells])} | "
-            f"{_pm([c['train_seconds'] for c in cells], '.1f')} | "
             f"{'selected' if name == rec['selected'] else ''} |"
         )
     return "\n".join(rows)
@@ -235,26 +234,38 @@ def _run_line(record: dict) -> str:
     return line
 
 
-def _recipe_line(rec: dict) -> str:
-    means = {}
+def _recipe_line(record: dict) -> str:
+    rec = record["recipe"]
+    means: dict[str, list[float]] = {}
     for c in rec["cells"]:
         if c["run"]:
             means.setdefault(c["recipe"], []).append(c["val_acc"])
     best = rec["selected"]
-    return (
-        f"**Recipe.** SGD on the clean preset, seeds {', '.join(str(c) for c in sorted({c['seed'] for c in rec['cells']}))}; "
-        f"the best mean validation accuracy chose `{best}` (`{' '.join(rec['recipes'][best])}`, "
-        f"{statistics.mean(means[best]):.2f}%). The test accuracy beside it was not used. {DATA}"
+    seeds = ", ".join(str(s) for s in sorted({c["seed"] for c in rec["cells"]}))
+    where = rec.get("platform", record["platform"])
+    line = (
+        f"**Recipe.** SGD on the clean preset, seeds {seeds}, 10% of the training set held out, on "
+        f"one {where['device']} ({where['date']}); the best mean validation accuracy chose `{best}` "
+        f"(`{' '.join(rec['recipes'][best])}`, {statistics.mean(means[best]):.2f}%). The test "
+        "accuracy beside it was not used."
     )
+    made = record.get("table_recipe")
+    if made and made != best:
+        line += (
+            f" The sweep and tables below were made with `{made}` before this stage existed; "
+            "`python -m reproduce.evidence.fmnist --data=DIR --recipe=docs/evidence/fmnist/fmnist.json "
+            "--stages=sweep,table` remakes them with the chosen recipe."
+        )
+    return f"{line} {DATA}"
 
 
 def _sweep_line(record: dict) -> str:
     sweep, sel = record["sweep"], record["sweep"]["selected"]
-    recipe = (record.get("recipe") or {}).get("selected")
     where = f"recipe `{sweep.get('recipe')}`" if sweep.get("recipe") else "the preset"
+    made = record.get("table_recipe")
     reused = (
-        f" (run before the recipe stage existed, on {where}; reused for `{recipe}`)"
-        if recipe and sweep.get("recipe") != recipe
+        f" (on {where}; reused for `{made}`)"
+        if made and sweep.get("recipe") and made != sweep["recipe"]
         else f" (on {where})"
     )
     return (
@@ -311,12 +322,15 @@ def fmnist_section(record: dict) -> str:
     """reproduce/RESULTS.md's whole Fashion-MNIST section, from ``record`` alone."""
     parts = [HEADING, INTRO, _run_line(record)]
     if record.get("recipe"):
-        parts += [_recipe_line(record["recipe"]), recipe_table(record)]
+        parts += [_recipe_line(record), recipe_table(record)]
     parts += [_sweep_line(record), sweep_table(record)]
     for setting, by in record["runs"].items():
         n = [len(rs) for rs in by.values()]
         name = SETTING_NAMES.get(setting, setting)
-        if max(n) == 0:
+        chosen = (record.get("recipe") or {}).get("selected")
+        if max(n) == 0 and chosen and chosen != record.get("table_recipe"):
+            parts.append(f"**{name}.** Not run yet: the recipe's command above runs it. {DATA}")
+        elif max(n) == 0:
             cmd = (
                 "python -m reproduce.evidence.fmnist --data=DIR --stages=table "
                 f"--recipe=docs/evidence/fmnist/fmnist.json --sweep=docs/evidence/fmnist/fmnist.json "
@@ -325,7 +339,8 @@ def fmnist_section(record: dict) -> str:
             parts.append(f"**{name}.** Not run yet; `{cmd}` runs it. {DATA}")
         else:
             seeds = f"{min(n)} seeds" if min(n) == max(n) else f"{min(n)}–{max(n)} seeds"
-            parts.append(f"**{name}, {seeds}.** {DATA}")
+            made = f", recipe `{record['table_recipe']}`" if record.get("table_recipe") else ""
+            parts.append(f"**{name}, {seeds}{made}.** {DATA}")
         parts.append(setting_table(by))
     parts.append("What this shows, plainly (Welch's two-sided t-test at the 5% level):")
     parts.append(fmnist_prose(record))
