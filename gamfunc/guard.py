@@ -14,6 +14,8 @@ state a base optimiser forms with [`all_finite`][gamfunc.guard.all_finite].
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
@@ -21,6 +23,7 @@ from torch.utils import _pytree as pytree
 from gamfunc import tree
 from gamfunc._compat import (
     any_dtensor,
+    dtensor_type,
     flag_nonfinite,
     in_transform,
     nonfinite_check_runs,
@@ -202,7 +205,7 @@ def all_finite(*trees, device: torch.device | None = None) -> Tensor:
     flags = []
     for group in groups.values():
         if not torch.compiler.is_compiling() and any_dtensor(group):  # a shard may be empty
-            flags.append(torch.stack([torch.isfinite(t).all() for t in group]).all())
+            flags.append(_moved(_sharded_finite(group), device))
             continue
         if vmapped:
             maxima = [torch.linalg.vector_norm(t, float("inf")) for t in group]
@@ -210,6 +213,28 @@ def all_finite(*trees, device: torch.device | None = None) -> Tensor:
             maxima = list(torch._foreach_norm(group, float("inf")))
         flags.append(_moved(torch.isfinite(torch.stack(maxima)).all(), device))
     return flags[0] if len(flags) == 1 else torch.stack(flags).all()
+
+
+def _sharded_finite(group: list[Tensor]) -> Tensor:
+    """Whether every entry of ``group`` is finite, where some are DTensors (``fully_shard``): each
+    rank checks its local shards (an empty one is finite) and the ranks of the shards' mesh agree by
+    one all-reduce of the flag, so no rank gathers a parameter and every torch version's DTensor
+    serves."""
+    cls = dtensor_type()
+    mesh_group, local = None, []
+    for t in group:
+        if cls is not None and isinstance(t, cls):
+            shard: Any = t
+            mesh_group = shard.device_mesh.get_group()
+            t = shard.to_local()
+        if t.numel():
+            local.append(torch.isfinite(t).all())
+    where = local[0].device if local else group[0].device
+    ok = torch.stack(local).all() if local else torch.ones((), dtype=torch.bool, device=where)
+    bad = (~ok).to(torch.int32)
+    if mesh_group is not None:
+        torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX, group=mesh_group)
+    return bad == 0
 
 
 # The dtypes GradScaler's check takes.

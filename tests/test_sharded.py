@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import gamfunc
 from gamfunc.torch_optim import FlatnessOptimizer, sharded_checkpoint
-from gamfunc.torch_optim.sharded import per_rank_bytes
+from gamfunc.torch_optim.sharded import FULLY_SHARD_TORCH, TORCH, per_rank_bytes
 
 try:
     from torch.distributed.fsdp import fully_shard  # torch 2.6
@@ -41,6 +41,11 @@ pytestmark = [
     pytest.mark.skipif(
         fully_shard is None or not dist.is_available() or not dist.is_gloo_available(),
         reason="needs torch.distributed with gloo and fully_shard (torch >= 2.4)",
+    ),
+    pytest.mark.skipif(
+        TORCH < FULLY_SHARD_TORCH,
+        reason="the facade trains fully_shard models from torch 2.14 on (older: refused, "
+        "tests/test_sharded_refusal.py)",
     ),
 ]
 

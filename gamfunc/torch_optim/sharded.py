@@ -34,6 +34,11 @@ from gamfunc.loss import Pass
 from gamfunc.optim.base import Transform, call_update
 from gamfunc.torch_optim.module_grads import ModuleGradients, gradients_only
 
+# the first torch whose DTensors run every estimator's tree maths on fully_shard's shards (2.13
+# refuses to add a reduced scalar to a shard, e.g. GSAM's projection, and to stack shard flags)
+FULLY_SHARD_TORCH = (2, 14)
+TORCH = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+
 __all__ = [
     "ShardedGradients",
     "hooked",
@@ -82,6 +87,13 @@ def passes(
     hooks = distributed_hooks(model)
     if hooks is None:
         return None
+    if hooks.startswith("fully_shard") and TORCH < FULLY_SHARD_TORCH:
+        raise RuntimeError(
+            f"model: training a model under {hooks} through the facade needs torch >= "
+            f"{'.'.join(map(str, FULLY_SHARD_TORCH))} (older DTensors cannot add a reduced scalar "
+            f"to a shard); this is torch {torch.__version__}: upgrade torch, or wrap the model in "
+            "DistributedDataParallel"
+        )
     if not gradients_only(estimator, base):
         raise ValueError(
             f"estimator: a model under {hooks} runs each pass through its own autograd, whose hooks "
