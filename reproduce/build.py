@@ -422,6 +422,17 @@ class Place(Protocol):
     world: int  # the number of processes of the job
 
 
+def model_of(cfg: Config, classes: int, data) -> nn.Module:
+    """``cfg.model`` with ``classes`` outputs for ``data``'s inputs (size, channels), initialised
+    from ``cfg.seed``; a model that cannot take them is a `SetupError` in one line."""
+    try:
+        return build_model(
+            cfg.model, classes, data.image_size, channels=data.channels, seed=cfg.seed
+        )
+    except ValueError as e:
+        raise SetupError(str(e)) from None
+
+
 def setup(
     cfg: Config,
     name: str,
@@ -470,12 +481,7 @@ def setup(
             f"--model={cfg.model} takes {takes}; {data.name} has "
             f"{'vectors of ' + str(data.image_size) if vectors else 'images'}: use one of {fits}"
         )
-    try:
-        model = build_model(
-            cfg.model, classes, data.image_size, channels=data.channels, seed=cfg.seed
-        )
-    except ValueError as e:
-        raise SetupError(str(e)) from None
+    model = model_of(cfg, classes, data)
     if cfg.weights:
         if weights is None:
             raise SetupError(f"--weights={cfg.weights}: give setup the state dict read from it")

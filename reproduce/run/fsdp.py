@@ -39,11 +39,12 @@ from reproduce.build import (
     build_estimator,
     load_weights,
     lr_schedule,
+    model_of,
     when_policy,
 )
 from reproduce.config import Config, as_dict, differences, estimators_of
 from reproduce.data import sets as data_mod
-from reproduce.models import build_model, count_parameters, new_head
+from reproduce.models import count_parameters, new_head
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import report
 from reproduce.run.epoch import END, train_epochs
@@ -68,12 +69,7 @@ def _model(cfg: Config, data, procs: Processes) -> nn.Module:
             f"--preset={cfg.preset} fine-tunes a pretrained {cfg.model}: pass --weights"
         )
     classes = IMAGENET_CLASSES if cfg.pretrained else data.num_classes
-    try:
-        model = build_model(
-            cfg.model, classes, data.image_size, channels=data.channels, seed=cfg.seed
-        )
-    except ValueError as e:
-        raise SetupError(str(e)) from None
+    model = model_of(cfg, classes, data)
     if cfg.weights:
         load_weights(model, ckpt.state_dict(cfg.weights), cfg.weights)
     if cfg.pretrained:
