@@ -510,7 +510,10 @@ def test_fmnist_prose_numbers_equal_their_json():
     )
     clean = record["runs"]["clean"]
     acc = {e: [r["test_acc"] for r in rs] for e, rs in clean.items()}
-    assert all(len(v) >= 3 for v in acc.values())
+    seeds = min(len(v) for v in acc.values())
+    assert seeds >= 2
+    # a table short of its three seeds says so, with the command that completes it
+    assert (f"{3 - seeds} more by `python -m reproduce.evidence.fmnist" in text) == (seeds < 3)
     assert ("meets the bar" in text) == (statistics.mean(acc["sgd"]) >= 94.0)
     significant = [e for e in acc if e != "sgd" and welch(acc[e], acc["sgd"])[2] < 0.05]
     assert ("Against SGD, significant" in text) == bool(significant)

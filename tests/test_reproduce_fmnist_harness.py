@@ -36,6 +36,8 @@ class FakeRunner:
                     "val_acc": self.val(name, args),
                     "test_acc": 90.0,
                     "train_eval_acc": 91.0,
+                    "lambda_max": 10.0 if e == "sgd" else 5.0,
+                    "r1": 0.1,
                 },
                 "train_seconds": 2.0 if e == "sgd" else 5.0,
                 "images_per_s": 1.0,
@@ -134,3 +136,48 @@ def test_stored_stages_are_reused_and_the_table_needs_a_sweep(tmp_path, monkeypa
         with pytest.raises(SystemExit):
             H.main([*argv, *bad])
         assert says in capsys.readouterr().err
+
+
+def test_into_trains_only_what_the_record_lacks_and_keeps_each_sitting(tmp_path, monkeypatch):
+    first = FakeRunner(lambda name, args: 94.0)
+    runs = H.table(first, {"sam_rho": 0.05, "rho": 0.05, "alpha": 0.3}, settings=("clean",))
+    for rows in runs["clean"].values():
+        del rows[2:]  # seeds 0 and 1 made; seed 2 skipped by a deadline
+    record = {
+        "settings": {"argv": ["--data=DIR"]},
+        "seconds": 1.0,
+        "platform": {"device": "X", "torch": "2.11", "date": "d"},
+        "table_recipe": "w32-15",
+        "sweep": {"selected": {"sam_rho": 0.05, "rho": 0.05, "alpha": 0.3}, "cells": []},
+        "runs": runs,
+    }
+    (tmp_path / "r.json").write_text(json.dumps(record))
+    made = []
+    monkeypatch.setattr(
+        H, "Runner", lambda *a: made.append(FakeRunner(lambda n, a: 93.0)) or made[-1]
+    )
+    argv = [f"--data={tmp_path}", f"--out={tmp_path / 'out'}", "--stages=table"]
+    assert H.main([*argv, f"--into={tmp_path / 'r.json'}"]) == 0
+    names = [c[0] for c in made[0].calls]
+    assert names == ["table/fmnist.clean/seed=2"] + [
+        f"table/fmnist.noise40/seed={s}" for s in H.SEEDS
+    ]
+    assert all("--epochs=15" in c[3] and "--alpha=0.3" in c[3] for c in made[0].calls)
+    out = json.loads((tmp_path / "out" / "fmnist.json").read_text())
+    assert [r["seed"] for r in out["runs"]["clean"]["gam"]] == [0, 1, 2]
+    assert [r["seed"] for r in out["runs"]["noise40"]["sgd"]] == list(H.SEEDS)
+    assert out["runs"]["clean"]["sgd"][:2] == record["runs"]["clean"]["sgd"]  # kept as they were
+    (sitting,) = out["continued"]
+    assert sitting["ran"] == [["clean", 2]] + [["noise40", s] for s in H.SEEDS]
+    section = H.fmnist_section(out)
+    assert "Continued with `python -m reproduce.evidence.fmnist" in section
+    assert "clean seed 2, noise40 seeds 0, 1, 2" in section
+    assert "are not comparable" in section  # device X, then this machine's
+
+
+def test_into_takes_the_records_recipe_and_sweep_alone(tmp_path, capsys):
+    argv = [f"--data={tmp_path}", f"--into={tmp_path / 'r.json'}"]
+    for bad in ([], ["--stages=table", f"--sweep={tmp_path}"]):
+        with pytest.raises(SystemExit):
+            H.main([*argv, *bad])
+        assert "--into" in capsys.readouterr().err

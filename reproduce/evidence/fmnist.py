@@ -24,9 +24,12 @@ own. Two stages:
    log λ_max every two epochs, for the curves.
 
 ``--settings=noise40`` runs the table of one setting only (with ``--sweep``: without the sweep).
-``--add=SETTING:SEED:FOLDER`` (repeatable) adds to an existing ``fmnist.json`` the runs of a
-``train.py`` folder made by the table's own command for that setting and seed (a run the deadline
-skipped, made later), and trains nothing.
+``--into=JSON`` continues the table of a record (its recipe, its sweep's values): it trains only the
+settings and seeds that the record lacks and writes the record with them added to ``--out``, the
+command, device and seconds of each continuation kept beside the first. A table too long for one
+sitting is made so, a deadline at a time. ``--add=SETTING:SEED:FOLDER`` (repeatable) adds to an
+existing ``fmnist.json`` the runs of a ``train.py`` folder made by the table's own command for that
+setting and seed, and trains nothing.
 
 ``--deadline`` (seconds from the start) skips a run whose predicted end (its estimators' last
 measured times, or a multiple of SGD's) lies past it, and records it as not run: a partial table says
@@ -52,6 +55,7 @@ if not __package__:  # run as a file: the checkout's root on sys.path (reproduce
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from reproduce.evidence.fmnist_report import (
+    SEEDS,
     curves_table,
     figure,
     fmnist_prose,
@@ -81,7 +85,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EVIDENCE = ROOT / "docs" / "evidence" / "fmnist" / "fmnist.json"  # the committed record
 ESTIMATORS = ("sgd", "sam", "gam", "gam_fd", "sam+gam")
 SETTINGS = {"clean": "fmnist.clean", "noise40": "fmnist.noise40"}
-SEEDS = (0, 1, 2)
 # the recipes the SGD baseline is chosen from (stage 0): width and epochs, in order of cost; all fit
 # the whole table (2 settings × 3 seeds × 5 estimators, and the sweep) in an hour of one GPU
 RECIPES = {
@@ -92,8 +95,9 @@ RECIPES = {
 RECIPE_SEEDS = (0, 1)
 SAM_RHOS = (0.05, 0.1)
 GAM_GRID = ((0.05, 0.1), (0.05, 0.3))
-# the multiple of SGD's time each estimator takes, before one is measured (deadline predictions)
-GUESS = {"sgd": 1.0, "sam": 2.0, "gam": 8.0, "gam_fd": 4.0, "sam+gam": 9.0}
+# the multiple of SGD's time each estimator takes, before one is measured (deadline predictions):
+# the table of 2026-12-07 (H100, width 32, 10 epochs) rounded up
+GUESS = {"sgd": 1.0, "sam": 1.9, "gam": 9.1, "gam_fd": 3.6, "sam+gam": 9.9}
 OVERHEAD = 8.0  # seconds of a train.py process besides its steps (start-up, evaluation, metrics)
 
 
@@ -279,21 +283,30 @@ def table(
     save=lambda runs: None,
     settings=tuple(SETTINGS),
     args_: tuple[str, ...] = (),
+    runs: dict[str, dict[str, list]] | None = None,
+    made: list | None = None,
 ) -> dict:
     """Stage 2: every estimator × setting (of ``settings``) × seed with the recipe's arguments
     ``args_`` and the selected values, the clean setting's seeds first; ``save(runs)`` after each
-    process."""
+    process. Given ``runs`` (a record's), the settings and seeds it holds are not trained again
+    and the new ones are added to it; ``made`` gets ``[setting, seed]`` of each process run."""
     values = [*args_, *(f"--{k}={v:g}" for k, v in selected.items() if v is not None)]
-    runs: dict[str, dict[str, list]] = {s: {e: [] for e in ESTIMATORS} for s in SETTINGS}
+    if runs is None:
+        runs = {s: {e: [] for e in ESTIMATORS} for s in SETTINGS}
     for setting in settings:
         preset = SETTINGS[setting]
+        held = {r["seed"] for rows in runs[setting].values() for r in rows}
         for seed in SEEDS:
+            if seed in held:
+                continue
             curves = ["--flatness_every=2"] if seed == 0 else []
             name = f"table/{preset}/seed={seed}"
             got = run(name, preset, ESTIMATORS, [f"--seed={seed}", *values, *curves])
             if not got:
                 continue
             add(runs[setting], seed, got["summaries"])
+            if made is not None:
+                made.append([setting, seed])
             save(runs)
     return runs
 
@@ -330,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--add", action="append", default=[], help="SETTING:SEED:FOLDER of train.py runs"
     )
+    ap.add_argument("--into", default="", help="a fmnist.json whose table to continue")
     args, extra = ap.parse_known_args(argv)
     if args.docs:
         record = json.loads(EVIDENCE.read_text())
@@ -343,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     stages = set(args.stages.split(","))
     if not stages <= {"recipe", "sweep", "table"}:
         ap.error(f"--stages: each of recipe, sweep, table; got {args.stages!r}")
-    if "table" in stages and "sweep" not in stages and not args.sweep:
+    if args.into and (stages != {"table"} or args.recipe or args.sweep):
+        ap.error("--into: the record's recipe and sweep are used; give --stages=table alone")
+    if "table" in stages and "sweep" not in stages and not (args.sweep or args.into):
         ap.error("--stages: the table needs the sweep's values: add sweep, or give --sweep=JSON")
     if args.add:
         path = Path(args.out) / "fmnist.json"
@@ -363,6 +379,28 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     shown = [a for a in given if not a.startswith(("--data=", "--out=", "--logdir="))]
     meta = {"command": "fmnist", "extra": extra, "argv": ["--data=DIR", *shown]}
+    if args.into:
+        record = json.loads(Path(args.into).read_text())
+        sitting = {"argv": meta["argv"], "platform": _device(), "seconds": 0.0, "ran": []}
+        record.setdefault("continued", []).append(sitting)
+        chosen = record.get("table_recipe") or (record.get("recipe") or {}).get("selected")
+
+        def save_into(runs=None) -> None:
+            sitting["seconds"] = round(time.perf_counter() - run.start, 1)
+            write_json(out / "fmnist.json", record)
+
+        runs = table(
+            run,
+            record["sweep"]["selected"],
+            save_into,
+            settings,
+            RECIPES[chosen] if chosen else (),
+            record["runs"],
+            sitting["ran"],
+        )
+        save_into(runs)
+        print(f"{sitting['seconds']} s; {out / 'fmnist.json'}")
+        return 0
     record = {"settings": meta, "platform": _device()}
 
     def save(runs=None) -> None:
@@ -381,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         record["sweep"] = json.loads(Path(args.sweep).read_text())["sweep"]
     elif "sweep" in stages:
+        began = time.perf_counter()
         record["sweep"] = {"recipe": chosen, **sweep(run, recipe_args)}
+        made = {"argv": meta["argv"], "platform": record["platform"]}
+        record["sweep"]["made"] = made | {"seconds": round(time.perf_counter() - began, 1)}
         save()
     if "table" in stages:
         record["table_recipe"] = chosen or record["sweep"].get("recipe")

@@ -203,6 +203,12 @@ def _versus(acc: dict[str, list[float]], ref: str, others: list[str]) -> str:
 
 
 DATA = "Data: [docs/evidence/fmnist/fmnist.json](../docs/evidence/fmnist/fmnist.json)."
+SEEDS = (0, 1, 2)  # the seeds of every cell of the table
+# the command that trains what the committed table lacks, and adds it
+CONTINUE = (
+    "python -m reproduce.evidence.fmnist --data=DIR --stages=table "
+    "--into=docs/evidence/fmnist/fmnist.json"
+)
 HEADING = "## Fashion-MNIST on one GPU: real images, seeds, significance"
 SETTING_NAMES = {"clean": "Clean", "noise40": "40% label noise (`noise40`)"}
 INTRO = """The one section on real images, and on a GPU: Fashion-MNIST (Xiao et al. 2017; 60,000 training
@@ -226,12 +232,40 @@ def _run_line(record: dict) -> str:
         f"The table's command: `{cmd}` on one {plat['device']}, torch "
         f"{plat['torch'].split('+')[0]}, {plat['date']} ({record['seconds']:.0f} s)."
     )
+    for c in record.get("continued", []):
+        if not c["ran"]:
+            continue
+        cmd = " ".join(["python -m reproduce.evidence.fmnist", *c["argv"]])
+        where = c["platform"]
+        line += (
+            f" Continued with `{cmd}` on one {where['device']}, torch "
+            f"{where['torch'].split('+')[0]}, {where['date']} ({c['seconds']:.0f} s): "
+            + _seeds_of(c["ran"])
+            + "."
+        )
+    devices = {
+        plat["device"],
+        *(c["platform"]["device"] for c in record.get("continued", []) if c["ran"]),
+    }
+    if len(devices) > 1:
+        line += " The seconds of different devices are not comparable: × SGD is each process's own."
     if record.get("added"):
         line += (
             " Added afterwards with `--add` (the table's own command for that setting and seed): "
         )
         line += ", ".join(f"{a['setting']} seed {a['seed']}" for a in record["added"]) + "."
     return line
+
+
+def _seeds_of(ran: list) -> str:
+    """``[["clean", 2], ["noise40", 0]]`` → ``"clean seed 2, noise40 seed 0"``."""
+    by: dict[str, list[int]] = {}
+    for setting, seed in ran:
+        by.setdefault(setting, []).append(seed)
+    return ", ".join(
+        f"{setting} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        for setting, seeds in by.items()
+    )
 
 
 def _recipe_line(record: dict) -> str:
@@ -268,11 +302,21 @@ def _sweep_line(record: dict) -> str:
         if made and sweep.get("recipe") and made != sweep["recipe"]
         else f" (on {where})"
     )
+    made = ""
+    if sweep.get("made"):
+        cmd = " ".join(["python -m reproduce.evidence.fmnist", *sweep["made"]["argv"]])
+        where = sweep["made"]["platform"]
+        made = (
+            f" Its command: `{cmd}` on one {where['device']}, torch {where['torch'].split('+')[0]}, "
+            f"{where['date']} ({sweep['made']['seconds']:.0f} s"
+            + (f", beside `{sweep['made']['beside']}`" if sweep["made"].get("beside") else "")
+            + ")."
+        )
     return (
         f"**Validation sweep.** Seed 0, 10% of the training set held out, the clean preset{reused}: the "
         f"final validation accuracy chose SAM's ρ = {sel['sam_rho']:g} and GAM's ρ = {sel['rho']:g}, "
         f"α = {sel['alpha']:g} (SAM+GAM takes both, fd GAM GAM's). The test accuracy beside it was not "
-        f"used. {DATA}"
+        f"used.{made} {DATA}"
     )
 
 
@@ -331,16 +375,12 @@ def fmnist_section(record: dict) -> str:
         if max(n) == 0 and chosen and chosen != record.get("table_recipe"):
             parts.append(f"**{name}.** Not run yet: the recipe's command above runs it. {DATA}")
         elif max(n) == 0:
-            cmd = (
-                "python -m reproduce.evidence.fmnist --data=DIR --stages=table "
-                f"--recipe=docs/evidence/fmnist/fmnist.json --sweep=docs/evidence/fmnist/fmnist.json "
-                f"--settings={setting}"
-            )
-            parts.append(f"**{name}.** Not run yet; `{cmd}` runs it. {DATA}")
+            parts.append(f"**{name}.** Not run yet; `{CONTINUE}` runs it. {DATA}")
         else:
             seeds = f"{min(n)} seeds" if min(n) == max(n) else f"{min(n)}–{max(n)} seeds"
             made = f", recipe `{record['table_recipe']}`" if record.get("table_recipe") else ""
-            parts.append(f"**{name}, {seeds}{made}.** {DATA}")
+            lacks = f" {len(SEEDS) - min(n)} more by `{CONTINUE}`." if min(n) < len(SEEDS) else ""
+            parts.append(f"**{name}, {seeds}{made}.**{lacks} {DATA}")
         parts.append(setting_table(by))
     parts.append("What this shows, plainly (Welch's two-sided t-test at the 5% level):")
     parts.append(fmnist_prose(record))
