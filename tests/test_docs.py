@@ -519,15 +519,26 @@ def test_fmnist_prose_numbers_equal_their_json():
     assert ("Against SGD, significant" in text) == bool(significant)
 
 
+def test_the_guides_fashion_mnist_summary_is_its_generators():
+    """docs/guides/reproduce.md's "In short" paragraph says what the committed table says."""
+    from reproduce.evidence.fmnist_report import in_short
+
+    record = json.loads((EVIDENCE / "fmnist" / "fmnist.json").read_text())
+    guide = " ".join((ROOT / "docs" / "guides" / "reproduce.md").read_text().split())
+    assert in_short(record) in guide, "python -m reproduce.evidence.fmnist --docs"
+
+
 def test_cheap_section_is_its_generators():
     """reproduce/RESULTS.md's section "Flatness at SGD's price" is the generator's: from
     docs/evidence/fmnist/cheap.json once committed, and "Not run yet" with its command before."""
+    from reproduce.evidence.cheap import estimate
     from reproduce.evidence.cheap_report import HEADING, cheap_section, goal
 
     path = EVIDENCE / "fmnist" / "cheap.json"
     record = json.loads(path.read_text()) if path.is_file() else None
+    minutes = estimate(json.loads((EVIDENCE / "fmnist" / "fmnist.json").read_text()))
     section = HEADING + RESULTS.split(HEADING, 1)[1].split("\n## ", 1)[0]
-    assert section.strip() == cheap_section(record).strip(), (
+    assert section.strip() == cheap_section(record, minutes).strip(), (
         "python -m reproduce.evidence.cheap --docs"
     )
     assert RESULTS.index("## Fashion-MNIST on one GPU") < RESULTS.index(HEADING)

@@ -59,7 +59,7 @@ def test_three_processes_a_seed_each_with_its_when_and_the_fmnist_values():
     run = FakeRunner()
     C.table(run, v, ("clean",), (0, 1, 2))
     assert [(c[4], c[2]) for c in run.calls[:3]] == [
-        ("every", ("sgd", "sam", "gam", "gam_fd", "look_gam", "msam", "rwp")),
+        ("every", ("sgd", "look_gam", "msam", "rwp")),
         ("late", ("gam_fd", "sam")),
         ("adaptive", ("sgd", "gam_fd")),
     ]
@@ -79,7 +79,8 @@ def test_every_form_is_timed_against_the_sgd_of_its_own_seed():
     runs, processes = C.table(run, C.values(FMNIST, FMNIST), ("noise40",), (0, 2))
     assert not any(runs["clean"].values()) and len(processes) == 6
     by = runs["noise40"]
-    assert set(by) == set(R.FORMS) and all(len(rs) == 2 for rs in by.values())
+    assert {f for f, rs in by.items() if rs} == set(R.FORMS) - set(C.BORROWED)
+    assert all(len(rs) == 2 for f, rs in by.items() if f not in C.BORROWED)
     for f, rs in by.items():
         for r in rs:
             sgd = 10.0 + r["seed"]  # the every group's SGD, not the adaptive group's 25 s
@@ -93,7 +94,7 @@ def test_every_form_is_timed_against_the_sgd_of_its_own_seed():
 def test_the_deadline_runs_whole_seeds_clean_first_and_records_what_it_skipped():
     run = FakeRunner(room=250.0)  # room for two seeds of 100 s
     runs, processes = C.table(run, C.values(FMNIST, FMNIST), ("clean", "noise40"), (0, 1, 2))
-    assert [r["seed"] for r in runs["clean"]["gam"]] == [0, 1]
+    assert [r["seed"] for r in runs["clean"]["look_gam"]] == [0, 1]
     assert not any(runs["noise40"].values())
     skipped = [(p["setting"], p["seed"]) for p in processes if not p["run"]]
     assert skipped == [(s, n) for s, n in [("clean", 2)] + [("noise40", k) for k in (0, 1, 2)]
@@ -117,7 +118,36 @@ def test_the_runner_predicts_a_seed_from_guesses_then_from_measured_times(tmp_pa
     guess = sum(15.0 * m + 8.0 for m in C.GUESS.values())
     assert run.predict_seed() == pytest.approx(guess) and run.left() == float("inf")
     run.times = {("every", "sgd"): 10.0, ("late", "sam"): 11.0}
-    assert run.predict(("sam",), "late") == 19.0 and run.predict(("sam",), "every") == 26.0
+    assert run.predict(("sam",), "late") == 19.0 and run.predict(("msam",), "every") == 20.0
+
+
+def test_the_full_price_forms_are_the_fmnist_tables_rows_of_the_same_seed():
+    keys = {"gap": 1.0, "lambda_max": 50.0, "r1": 0.5, "train_seconds": 70.0, "x_sgd": 7.0}
+    rows = {e: [{"seed": s, "estimator": e, "test_acc": 94.0 + s, **keys} for s in (0, 1, 2)]
+            for e in ("sgd", *C.BORROWED)}  # fmt: skip
+    full = {"platform": {"device": "H"}, "runs": {"clean": rows, "noise40": {}}}
+    run = FakeRunner()
+    runs, _ = C.table(run, C.values(FMNIST, FMNIST), ("clean", "noise40"), (0, 2), full=full)
+    by = runs["clean"]
+    for e in C.BORROWED:
+        assert [(r["seed"], r["test_acc"], r["x_sgd"]) for r in by[e]] == [
+            (0, 94.0, 7.0),
+            (2, 96.0, 7.0),
+        ]
+        assert {r["group"] for r in by[e]} == {"table"} and {r["device"] for r in by[e]} == {"H"}
+    assert [r["seed"] for r in by["sgd"]] == [0, 2]  # SGD is this run's own
+    assert all(c[2] == C.GROUPS[c[4]][1] for c in run.calls)  # no process trains a borrowed form
+    assert not any(runs["noise40"][e] for e in C.BORROWED)  # the table has no noise40 runs yet
+    section = R.cheap_section({"settings": {"argv": []}, "platform": {"device": "H", "torch": "2",
+                               "date": "d"}, "values": {"recipe": "w32-15"}, "runs": runs,
+                               "seconds": 1.0})  # fmt: skip
+    assert "are the runs of the Fashion-MNIST table above for the same seeds (H)" in section
+
+
+def test_the_estimate_is_the_tables_sgd_seconds_times_the_guesses():
+    fm = {"runs": {"clean": {"sgd": [{"train_seconds": 10.0}, {"train_seconds": 20.0}]}}}
+    a_seed = sum(15.0 * m + C.fmnist.OVERHEAD for m in C.GUESS.values())
+    assert C.estimate(fm) == pytest.approx(a_seed * 6 / 60)
 
 
 def record_of(acc: dict[str, list[float]], x: dict[str, float], setting="clean") -> dict:
@@ -181,8 +211,9 @@ def test_a_gain_of_gam_that_is_not_significant_is_said_and_judges_nothing():
 
 
 def test_the_section_without_and_with_its_json(tmp_path):
-    text = R.cheap_section(None)
+    text = R.cheap_section(None, 38.5)
     assert text.startswith(R.HEADING) and "**Not run yet.** `" + R.COMMAND + "`" in text
+    assert "(an estimated 38 minutes of one GPU;" in text
     assert "Data:" not in text and "|" not in text
     acc = {"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
     record = record_of(acc, X)
@@ -194,7 +225,7 @@ def test_the_section_without_and_with_its_json(tmp_path):
     results.write_text(
         "# R\n\n## Fashion-MNIST on one GPU: x\n\ntext\n\n## Not measured here\n\n- a\n"
     )
-    R.write_section(None, results)
+    R.write_section(None, results, minutes=38.5)
     once = results.read_text()
     assert once.index("## Fashion-MNIST") < once.index(R.HEADING) < once.index("## Not measured")
     R.write_section(record, results, tmp_path / "cheap.png")

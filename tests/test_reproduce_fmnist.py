@@ -232,6 +232,26 @@ def test_presets_are_clean_and_noisy_fashion_mnist():
         assert cfg.label_noise == (0 if name == "fmnist.clean" else int(name[-2:]) / 100)
 
 
+def test_the_presets_train_the_recipe_and_values_chosen_on_validation():
+    """The fmnist presets are what the committed record chose: its recipe's width and epochs, its
+    validation sweep's ρ, α and SAM's ρ (reproduce/RESULTS.md, "Fashion-MNIST")."""
+    import json
+
+    from reproduce.evidence import fmnist as H
+
+    record = json.loads(H.EVIDENCE.read_text())
+    recipe = resolve(["--preset=fmnist.clean", *H.RECIPES[record["recipe"]["selected"]]])
+    for name in ("fmnist.clean", "fmnist.noise40"):
+        cfg = resolve([f"--preset={name}"])
+        assert (cfg.model, cfg.epochs) == (recipe.model, recipe.epochs), name
+        chosen = record["sweep"]["selected"]
+        assert (cfg.rho, cfg.alpha, cfg.sam_rho) == (
+            chosen["rho"],
+            chosen["alpha"],
+            chosen["sam_rho"],
+        )
+
+
 def test_fashion_mnist_loads_normalised_with_its_labels_and_noise(fake):
     cfg = resolve(["--preset=fmnist.noise40", f"--data={fake}", "--val_fraction=0.1"])
     data = D.load(cfg)

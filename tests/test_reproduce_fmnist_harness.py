@@ -181,3 +181,19 @@ def test_into_takes_the_records_recipe_and_sweep_alone(tmp_path, capsys):
         with pytest.raises(SystemExit):
             H.main([*argv, *bad])
         assert "--into" in capsys.readouterr().err
+
+
+def test_in_short_names_what_beat_sgd_and_the_settings_not_run():
+    row = {"lambda_max": 10.0}
+    runs = {
+        "clean": {
+            "sgd": [{**row, "test_acc": a} for a in (93.0, 93.1, 93.2)],
+            "sam": [{**row, "test_acc": a, "lambda_max": 5.0} for a in (94.0, 94.1, 94.2)],
+            "gam": [{**row, "test_acc": a, "lambda_max": 8.0} for a in (93.0, 93.3, 92.9)],
+        },
+        "noise40": {"sgd": []},
+    }
+    assert H.in_short({"runs": runs}) == (
+        "In short: on clean Fashion-MNIST (3 seeds) SAM beat SGD significantly, and λ_max fell "
+        "most under SAM (−50% against SGD's); 40% label noise not run yet."
+    )

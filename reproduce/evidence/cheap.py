@@ -10,36 +10,36 @@ python -m reproduce.evidence.cheap --docs   # reproduce/RESULTS.md's section fro
 The model, recipe, seeds and values are those of `reproduce.evidence.fmnist`: its presets
 (``fmnist.clean``, ``fmnist.noise40``), its recipe (``--recipe``: the JSON whose recipe stage, or
 whose sweep's recipe, chose width and epochs) and its sweep's SAM ρ and GAM (ρ, α) (``--sweep``). Per
-setting and seed, `GROUPS` trains every form in three ``reproduce/train.py`` processes, one at a
-time (a process's estimators share its ``--when``):
+setting and seed, `GROUPS` trains every cheap form in three ``reproduce/train.py`` processes, one at
+a time (a process's estimators share its ``--when``):
 
-1. ``every``: SGD, SAM, GAM (exact and fd), LookGAM (``look_gam``, k = 5, exact H·v), MSAM
-   (SAM's ρ, its own momentum 0.9) and RWP (σ = 0.01 of each filter's norm, one gradient a step);
+1. ``every``: SGD, LookGAM (``look_gam``, k = 5, exact H·v), MSAM (SAM's ρ, its own momentum 0.9)
+   and RWP (σ = 0.01 of each filter's norm, one gradient a step);
 2. ``late``: fd GAM and SAM with ``--when=late:0.75`` (flat in the last quarter of the steps);
 3. ``adaptive``: fd GAM with ``--when=adaptive`` (AE-SAM's trigger, the paper's defaults), and SGD
    under the same policy beside it. The policy reads a boolean on the host each step, which a CUDA
    graph cannot replay, so this process runs ``--mode=eager``; its SGD says how much of the price is
    the eager step rather than the flat one.
 
-Every form's ``train_seconds`` (the steps alone) is divided by SGD's of the ``every`` process of the
-same seed: "× SGD". MSAM's ρ and RWP's σ are not swept here (SAM's ρ and the default σ).
+The full-price forms, SAM and GAM (exact and fd) on every step, are not trained again: they are
+`BORROWED` from the Fashion-MNIST table of the ``--sweep`` record (fmnist.json), the runs of the
+same setting and seed, made by the same recipe and values; each keeps its "× SGD" against the SGD
+of its own process there, and its device. Every cheap form's ``train_seconds`` (the steps alone) is
+divided by SGD's of the ``every`` process of the same seed: "× SGD". MSAM's ρ and RWP's σ are not
+swept here (SAM's ρ and the default σ).
 
-**Time.** From the committed fmnist.json (one H100: SGD 10.0 s a run, SAM 17.9, exact GAM 88.9, fd GAM
-35.1; about 8.5 s a process and 4 s an estimator besides the steps), with LookGAM about 3 × SGD,
-MSAM and RWP about 1.2 ×, the late forms 0.75 + 0.25 × their full multiple, and the eager adaptive
-process guessed at 2.5 × SGD for its SGD and 6 × for fd GAM: a seed takes about 240 s (``every``)
-+ 45 s (``late``) + 100 s (``adaptive``) ≈ 6.5 minutes, a setting (3 seeds) about 19 minutes, the
-whole run (2 settings) about 39 minutes of one GPU.
+**Time.** `estimate` predicts the whole run from the table of the committed fmnist.json (its SGD's
+seconds a run, with `GUESS`'s multiples and `fmnist.OVERHEAD` a process's estimator besides the
+steps); reproduce/RESULTS.md states it while the run is not made.
 
 **Deadline.** ``--deadline=S`` (seconds from the start) starts a seed only when all its processes
 are predicted to end before S (`GUESS` until a form has been measured, its last time after), clean
 first, seed by seed; a process whose prediction no longer fits is skipped and recorded. A seed is
-run whole because its × SGD needs its own SGD on the same machine. In a 20-minute slot,
-``--deadline=1080`` gives two whole clean seeds (about 800 s); ``--settings=clean --seeds=2`` and
-then each noise40 seed (``--seeds=N``, about 6.5 minutes each, under a 10-minute command) complete
-it, and ``--merge=JSON`` (repeatable) adds another run's seeds, of the same device, to
-``--out``'s cheap.json. ``--add=SETTING:SEED:FOLDER`` adds one seed from its train.py folders (the
-``FOLDER/{every,late,adaptive}`` that this command wrote under ``--logdir``), training nothing.
+run whole because its × SGD needs its own SGD on the same machine. ``--settings`` and ``--seeds``
+choose what a sitting runs, and ``--merge=JSON`` (repeatable) adds another run's seeds, of the same
+device, to ``--out``'s cheap.json. ``--add=SETTING:SEED:FOLDER`` adds one seed from its train.py
+folders (the ``FOLDER/{every,late,adaptive}`` that this command wrote under ``--logdir``), training
+nothing.
 
 The JSON (``--out``, default ``runs/evidence/cheap/cheap.json``): device, torch, date, argv, the
 values used, every process (run or skipped) and every seed's numbers per form: test accuracy, gap,
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,27 +63,41 @@ from reproduce.evidence import fmnist
 from reproduce.evidence.cheap_report import FORMS, cheap_table, form, write_section
 from reproduce.run.report import write_json
 
-__all__ = ["GROUPS", "GUESS", "Runner", "add_seed", "cheap_table", "main", "table", "values"]
+__all__ = [
+    "BORROWED",
+    "GROUPS",
+    "GUESS",
+    "Runner",
+    "add_seed",
+    "borrow",
+    "cheap_table",
+    "estimate",
+    "main",
+    "table",
+    "values",
+]
 
 ROOT = fmnist.ROOT
 EVIDENCE = ROOT / "docs" / "evidence" / "fmnist" / "cheap.json"  # the committed record, once run
 # group -> (its --when, its estimators, its other arguments); the first group measures SGD
 GROUPS = {
-    "every": ("", ("sgd", "sam", "gam", "gam_fd", "look_gam", "msam", "rwp"), ()),
+    "every": ("", ("sgd", "look_gam", "msam", "rwp"), ()),
     "late": ("late:0.75", ("gam_fd", "sam"), ()),
     "adaptive": ("adaptive", ("sgd", "gam_fd"), ("--mode=eager",)),
 }
-# (group, estimator) -> the multiple of SGD's time (every group) before one is measured
+# the full-price forms, taken from the fmnist table's runs of the same setting and seed
+BORROWED = ("sam", "gam", "gam_fd")
+# (group, estimator) -> the multiple of SGD's time (every group) before one is measured: the
+# fmnist table's multiples (w32-15, one H100: SAM 1.5, fd GAM 2.9) rounded up, LookGAM a third of
+# the way from SGD to exact GAM, the late forms 0.75 + 0.25 × their full multiple, the eager
+# adaptive process a guess
 GUESS = {
     ("every", "sgd"): 1.0,
-    ("every", "sam"): 1.8,
-    ("every", "gam"): 8.9,
-    ("every", "gam_fd"): 3.5,
     ("every", "look_gam"): 3.0,
     ("every", "msam"): 1.2,
     ("every", "rwp"): 1.2,
-    ("late", "gam_fd"): 1.7,
-    ("late", "sam"): 1.3,
+    ("late", "gam_fd"): 1.5,
+    ("late", "sam"): 1.2,
     ("adaptive", "sgd"): 2.5,
     ("adaptive", "gam_fd"): 6.0,
 }
@@ -135,6 +150,24 @@ def values(recipe_json: dict, sweep_json: dict) -> dict:
     return {"recipe": name, "args": list(fmnist.RECIPES[name]), "selected": selected}
 
 
+def estimate(fmnist_record: dict) -> float:
+    """Minutes of one GPU for the whole run (both settings, every seed), predicted from the clean
+    table of ``fmnist_record``: its SGD's mean seconds a run × `GUESS`, and `fmnist.OVERHEAD` an
+    estimator."""
+    sgd = [r["train_seconds"] for r in fmnist_record["runs"]["clean"]["sgd"]]
+    a_seed = sum(m * statistics.mean(sgd) + fmnist.OVERHEAD for m in GUESS.values())
+    return a_seed * len(fmnist.SETTINGS) * len(fmnist.SEEDS) / 60
+
+
+def borrow(by: dict[str, list], table_runs: dict[str, list], seed: int, device: str) -> None:
+    """Append to ``by`` (form -> rows) the `BORROWED` forms' rows of ``seed`` from the fmnist table's
+    runs of one setting (``table_runs``: estimator -> rows), marked with the table and ``device``."""
+    for e in BORROWED:
+        for r in table_runs.get(e, []):
+            if r["seed"] == seed:
+                by[e].append({**r, "group": "table", "device": device})
+
+
 def _args(v: dict, seed: int) -> list[str]:
     return [*v["args"], f"--seed={seed}", *(f"--{k}={v['selected'][k]:g}" for k in v["selected"])]
 
@@ -152,9 +185,12 @@ def add_seed(by: dict[str, list], seed: int, groups: dict[str, list[dict]]) -> N
             by[form(group, s["estimator"])].append({"seed": seed, "group": group, **row})
 
 
-def table(run: Runner, v: dict, settings, seeds, save=lambda runs, processes: None) -> tuple:
+def table(
+    run: Runner, v: dict, settings, seeds, save=lambda runs, processes: None, full=None
+) -> tuple:
     """Every group × setting (of ``settings``) × seed (of ``seeds``), clean first, seed by seed; a
-    seed starts only when all its processes fit before the deadline. ``(runs, processes)``."""
+    seed starts only when all its processes fit before the deadline; with ``full`` (a fmnist.json
+    record), each seed that ran gets the `BORROWED` rows of its table. ``(runs, processes)``."""
     runs = {s: {f: [] for f in FORMS} for s in fmnist.SETTINGS}
     processes = []
     for setting in settings:
@@ -178,6 +214,9 @@ def table(run: Runner, v: dict, settings, seeds, save=lambda runs, processes: No
                     break  # no SGD of this seed: its other groups would have no × SGD
                 got[group] = out["summaries"]
             add_seed(runs[setting], seed, got)
+            if full is not None and runs[setting]["sgd"]:
+                device = full["platform"]["device"]
+                borrow(runs[setting], full["runs"][setting], seed, device)
             save(runs, processes)
     return runs, processes
 
@@ -256,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     if args.docs:
         record = json.loads(EVIDENCE.read_text()) if EVIDENCE.is_file() else None
-        write_section(record, ROOT / "reproduce" / "RESULTS.md", EVIDENCE.with_suffix(".png"))
+        minutes = estimate(json.loads(fmnist.EVIDENCE.read_text()))
+        write_section(
+            record, ROOT / "reproduce" / "RESULTS.md", EVIDENCE.with_suffix(".png"), minutes
+        )
         return 0
     settings = tuple(args.settings.split(","))
     if not set(settings) <= set(fmnist.SETTINGS):
@@ -271,9 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data:
         ap.error("--data: the folder of Fashion-MNIST's four IDX files")
     try:
-        v = values(
-            json.loads(Path(args.recipe).read_text()), json.loads(Path(args.sweep).read_text())
-        )
+        full = json.loads(Path(args.sweep).read_text())
+        v = values(json.loads(Path(args.recipe).read_text()), full)
     except (OSError, ValueError) as e:
         ap.error(str(e))
     run = Runner(args.data, Path(args.logdir), args.deadline, extra)
@@ -297,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         write_json(out / "cheap.json", record)
 
     seeds = tuple(int(p) for p in parts)
-    save(*table(run, v, settings, seeds, save))
+    save(*table(run, v, settings, seeds, save, full if full.get("runs") else None))
     print(f"{record['seconds']} s; {out / 'cheap.json'}")
     return 0
 

@@ -33,7 +33,6 @@ PRICE = 1.5  # ... at no more than this multiple of SGD's wall-clock
 DATA = "Data: [docs/evidence/fmnist/cheap.json](../docs/evidence/fmnist/cheap.json)."
 HEADING = "## Flatness at SGD's price on Fashion-MNIST"
 FMNIST_HEADING = "## Fashion-MNIST on one GPU"  # the section this one follows
-ESTIMATE_MINUTES = 39  # the whole run on one GPU, estimated in reproduce.evidence.cheap's docstring
 SETTING_NAMES = {"clean": "Clean", "noise40": "40% label noise (`noise40`)"}
 COMMAND = (
     "python -m reproduce.evidence.cheap --data=DIR --recipe=docs/evidence/fmnist/fmnist.json "
@@ -193,7 +192,7 @@ each filter's norm, LookGAM's k = 5): GAM and SAM flat only in the last quarter 
 reads a boolean each step, which a CUDA graph cannot), LookGAM, and the one-pass MSAM and RWP.
 `python -m reproduce.evidence.cheap` trains them in three `reproduce/train.py` processes per setting
 and seed, each alone on the GPU; "× SGD" is a form's training time (the steps alone) over SGD's of
-the same seed, measured in the first process. **The goal:** a form that keeps at least {KEEP:.0%}
+the same seed, measured in the first process. SAM and GAM on every step are the table's above. **The goal:** a form that keeps at least {KEEP:.0%}
 of full GAM's accuracy gain over SGD (GAM with exact H·v) at a cost of at most {PRICE:g} × SGD's
 wall-clock; if GAM's gain is not significant (Welch's two-sided t-test at the {LEVEL:.0%} level),
 the section says so and reports the curve as it is."""
@@ -206,12 +205,13 @@ def _not_run(setting: str) -> str:
     )
 
 
-def cheap_section(record: dict | None) -> str:
-    """reproduce/RESULTS.md's whole section, from ``record`` alone (None: not run yet)."""
+def cheap_section(record: dict | None, minutes: float | None = None) -> str:
+    """reproduce/RESULTS.md's whole section, from ``record`` alone; None: not run yet, and the run
+    would take an estimated ``minutes`` of one GPU (`reproduce.evidence.cheap.estimate`)."""
     parts = [HEADING, INTRO]
     if record is None:
         parts.append(
-            f"**Not run yet.** `{COMMAND}` runs it (an estimated {ESTIMATE_MINUTES} minutes of one "
+            f"**Not run yet.** `{COMMAND}` runs it (an estimated {minutes:.0f} minutes of one "
             "GPU; `reproduce.evidence.cheap` says how the time splits by setting and seed, and how "
             "`--deadline` fits a shorter slot); then `python -m reproduce.evidence.cheap --docs` "
             "writes this section from `docs/evidence/fmnist/cheap.json`."
@@ -226,6 +226,14 @@ def cheap_section(record: dict | None) -> str:
     if record.get("added"):
         added = ", ".join(f"{a['setting']} seed {a['seed']}" for a in record["added"])
         line += f" Added afterwards: {added}."
+    borrowed = sorted({r["device"] for by in record["runs"].values() for f in by for r in by[f]
+                       if r.get("group") == "table"})  # fmt: skip
+    if borrowed:
+        line += (
+            " SAM, GAM (exact) and GAM (fd) on every step are the runs of the Fashion-MNIST table "
+            f"above for the same seeds ({', '.join(borrowed)}), their × SGD against the SGD of their "
+            "own process there."
+        )
     parts.append(line)
     for setting, by in record["runs"].items():
         name = SETTING_NAMES.get(setting, setting)
@@ -280,11 +288,13 @@ def figure(record: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_section(record: dict | None, results: Path, picture: Path | None = None) -> None:
+def write_section(
+    record: dict | None, results: Path, picture: Path | None = None, minutes: float | None = None
+) -> None:
     """Put `cheap_section` into ``results`` (a RESULTS.md): in place of its own section, else before
     the section that follows the Fashion-MNIST one; and draw `figure` to ``picture`` when there is a
     record."""
-    text, section = results.read_text(), cheap_section(record)
+    text, section = results.read_text(), cheap_section(record, minutes)
     if HEADING in text:
         head, _, rest = text.partition(HEADING)
         tail = rest.split("\n## ", 1)

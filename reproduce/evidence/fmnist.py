@@ -61,6 +61,7 @@ from reproduce.evidence.fmnist_report import (
     fmnist_prose,
     fmnist_section,
     fmnist_table,
+    in_short,
     welch,
     write_section,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "fmnist_prose",
     "fmnist_section",
     "fmnist_table",
+    "in_short",
     "main",
     "welch",
 ]

@@ -362,6 +362,46 @@ def fmnist_prose(record: dict) -> str:
     return "\n\n".join(out)
 
 
+def _wrap(text: str, width: int = 104) -> str:
+    """``text`` broken into lines of at most ``width`` characters, at spaces."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False))
+
+
+def in_short(record: dict) -> str:
+    """docs/guides/reproduce.md's one-paragraph summary of the table, from ``record``: per setting,
+    which estimators beat SGD at `LEVEL` (Welch) and where λ_max fell most; the settings not run."""
+    said, missing = [], []
+    for setting, by in record["runs"].items():
+        name = {"clean": "clean Fashion-MNIST", "noise40": "40% label noise"}.get(setting, setting)
+        acc = {e: [r["test_acc"] for r in rs] for e, rs in by.items() if rs}
+        if "sgd" not in acc:
+            missing.append(name)
+            continue
+        better = [
+            e
+            for e in acc
+            if e != "sgd" and (t := welch(acc[e], acc["sgd"]))[2] < LEVEL and t[0] > 0
+        ]
+        seeds = min(len(a) for a in acc.values())
+        verdict = (
+            ", ".join(NAMES[e] for e in better) + " beat SGD significantly"
+            if better
+            else "no estimator beat SGD significantly"
+        )
+        lam = {e: statistics.mean(r["lambda_max"] for r in by[e]) for e in acc}
+        low = min((e for e in lam if e != "sgd"), key=lam.get)
+        said.append(
+            f"on {name} ({seeds} seeds) {verdict}, and λ_max fell most under {NAMES[low]} "
+            f"({_signed(100 * (lam[low] / lam['sgd'] - 1), '.0f')}% against SGD's)"
+        )
+    text = "In short: " + "; ".join(said) if said else "In short: nothing has been run yet"
+    if missing:
+        text += "; " + " and ".join(missing) + " not run yet"
+    return text + "."
+
+
 def fmnist_section(record: dict) -> str:
     """reproduce/RESULTS.md's whole Fashion-MNIST section, from ``record`` alone."""
     parts = [HEADING, INTRO, _run_line(record)]
@@ -405,5 +445,11 @@ def write_section(record: dict, results: Path, picture: Path | None = None) -> N
     tail = rest.split("\n## ", 1)
     after = "\n## " + tail[1] if len(tail) > 1 else ""
     results.write_text(head + fmnist_section(record) + after)
+    guide = results.parent.parent / "docs" / "guides" / "reproduce.md"
+    if guide.is_file():
+        text = guide.read_text()
+        start = text.index("In short: ")
+        end = text.index("\n\n", start)
+        guide.write_text(text[:start] + _wrap(in_short(record)) + text[end:])
     if picture is not None:
         figure(record, picture)
