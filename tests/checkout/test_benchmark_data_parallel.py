@@ -17,7 +17,7 @@ from benchmarks.data_parallel import driver as data_parallel
 from benchmarks.data_parallel import projection as dp_projection
 from benchmarks.data_parallel import trace_gaps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_efficiency_is_n_gpu_rate_over_n_times_one():

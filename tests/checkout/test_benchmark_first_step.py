@@ -16,7 +16,7 @@ import pytest
 from benchmarks import _common, report
 from benchmarks.first_step import cells, cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(tmp_path, *args):

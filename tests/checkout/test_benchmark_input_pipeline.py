@@ -48,7 +48,7 @@ def test_quick_times_the_data_loader_on_a_folder_it_writes(tmp_path):
 @pytest.mark.dali
 def test_each_dali_pipeline_feeds_the_stand_in_and_its_steps_are_profiled(tmp_path):
     pytest.importorskip("nvidia.dali", reason='needs NVIDIA DALI: pip install -e ".[imagenet]"')
-    from tests.test_gpu_data import jpeg_folder as small_folder
+    from tests.checkout.test_gpu_data import jpeg_folder as small_folder
 
     root = small_folder(tmp_path / "data", per_class=8)
     out, trace = tmp_path / "loader.json", tmp_path / "traces"

@@ -22,7 +22,7 @@ from benchmarks.step_cost import cli, facade, group, methods, models, pool, runn
 from benchmarks.step_cost.authors_gam import AuthorsGAM
 from benchmarks.step_cost.methods import METHODS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(tmp_path, *args):

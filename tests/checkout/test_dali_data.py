@@ -13,7 +13,7 @@ pytest.importorskip("nvidia.dali", reason='needs NVIDIA DALI: pip install -e ".[
 from reproduce.config import resolve
 from reproduce.data import sets as D
 from reproduce.data.dali import DaliJpegLoader, jpeg_size, uniforms
-from tests.test_gpu_data import imagenet, jpeg_folder
+from tests.checkout.test_gpu_data import imagenet, jpeg_folder
 
 pytestmark = pytest.mark.dali  # .ci/run runs these after installing the imagenet extra
 

@@ -18,7 +18,7 @@ import pytest
 from reproduce.config import PRESETS
 from reproduce.preset_table import SOURCES, families, markdown
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPRODUCE_GUIDE = (ROOT / "docs" / "guides" / "reproduce.md").read_text()
 GUIDES = "".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
 README = (ROOT / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""docs/ARCHITECTURE.md states what tests/test_layers.py enforces: its layer table is ``LAYERS``, its
+"""docs/ARCHITECTURE.md states what tests/checkout/test_layers.py enforces: its layer table is ``LAYERS``, its
 list of reproduce/run/ is ``RUN_ORDER``, and the one wrapper module the step imports is the one it
 names."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from test_layers import LAYERS, PACKAGE, RUN_ORDER, imported_modules
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ROLE = re.compile(r":(?:py:)?(?:func|mod|class|meth|attr|data|exc|obj):")
 CODE = {"code", "pre", "script", "style", "kbd", "samp"}
 

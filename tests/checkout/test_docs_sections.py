@@ -17,7 +17,7 @@ import pytest
 
 import mkdocs_reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Functions whose docstrings lack a section, as "path: sections": none do. The test fails on a
 # rendered function that lacks a section not listed here, and on a listed name that has its sections.

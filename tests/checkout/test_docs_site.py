@@ -1,4 +1,4 @@
-"""The documentation site's API reference covers every public name (tests/test_docs_html.py builds it).
+"""The documentation site's API reference covers every public name (tests/checkout/test_docs_html.py builds it).
 
 Its pages are generated from ``__all__`` of ``gamfunc`` and of every module it exports when the site
 is built (mkdocs_reference.py, a hook of mkdocs.yml); none is written to docs/.
@@ -13,7 +13,7 @@ from pathlib import Path
 import gamfunc
 import mkdocs_reference
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_reference_pages_are_generated_not_kept():

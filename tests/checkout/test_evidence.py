@@ -87,7 +87,9 @@ def test_quick_writes_finite_table_json_and_figures(command, tmp_path):
         for text in re.findall(r"-?\d+(?:\.\d+)?|nan|inf", cell):
             assert math.isfinite(float(text)), (command, cell)
 
-    if command in evidence.TABLES:  # the table that tests/test_docs.py recomputes from the JSON
+    if (
+        command in evidence.TABLES
+    ):  # the table that tests/checkout/test_docs.py recomputes from the JSON
         assert evidence.TABLES[command](record) in md
 
     for name in FIGURES[command]:
@@ -122,7 +124,7 @@ def test_help_prints_percent_signs(capsys):
 
 def test_runs_as_a_module():
     """``python -m reproduce.evidence`` is the command line (the package's ``__main__``)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run(
         [sys.executable, "-m", "reproduce.evidence", "--help"],
         cwd=root,

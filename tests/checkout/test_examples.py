@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 CHANCE = 100 / 3  # three classes, accuracy in percent
 
 

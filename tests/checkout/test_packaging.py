@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import OPTIONAL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # -n 0: the suite's -n auto would start workers that each import torch and collect it all again
 PYTEST = (sys.executable, "-m", "pytest", "-q", "-n", "0")
 PYTEST += ("-p", "no_extras", "-p", "no:cacheprovider")
@@ -51,7 +51,7 @@ def test_readme_blocks_with_dev_alone_skip_instead_of_failing(tmp_path):
         f"import sys\nfor name in {OPTIONAL!r}:\n    sys.modules[name] = None\n"
     )
     out = subprocess.run(
-        [*PYTEST, str(ROOT / "tests" / "test_readme.py")],
+        [*PYTEST, str(ROOT / "tests" / "checkout" / "test_readme.py")],
         cwd=ROOT,
         # one thread: the blocks' small trainings otherwise contend for the cores with the
         # suite's other worker and take several times as long

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import OPTIONAL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # PYPI.md: the long description of the package's index page (pyproject.toml's readme)
 DOCS = [ROOT / "README.md", ROOT / "PYPI.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = "# not run in tests"

@@ -20,7 +20,7 @@ from reproduce.run import checkpoint as ckpt
 from reproduce.run import compile_cache
 from reproduce.run.compile_cache import FORMAT, CompileCache
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QUICK = ["--estimator=sgd", "--progress=false", "--landscape=false"]
 QUICK += ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0", "--threads=1"]
 

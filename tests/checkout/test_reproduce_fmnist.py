@@ -22,7 +22,7 @@ from reproduce.data.augment import CropFlip
 from reproduce.data.idx import FILES, read_fashion_mnist, read_idx
 from reproduce.models import build_model
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REAL = Path(os.environ.get("FASHION_MNIST", ROOT / "data" / "fashion-mnist"))
 HAS_REAL = all((REAL / f"{n}.gz").is_file() or (REAL / n).is_file() for n in FILES)
 

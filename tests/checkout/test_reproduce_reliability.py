@@ -89,7 +89,7 @@ def test_a_run_killed_9_in_its_first_checkpoint_write_reruns_with_the_same_comma
     import subprocess
     import time
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, str(root / "reproduce" / "train.py"), f"--logdir={tmp_path}"]
     cmd += ["--progress=false", "--landscape=false", *DIGITS, "--epochs=1"]
     env = {**os.environ, ckpt.TEST_PAUSE_ENV: "300"}

@@ -19,7 +19,7 @@ import pytest
 from reproduce import train
 from reproduce.run import checkpoint as ckpt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ["--preset=digits", "--estimator=sgd", "--progress=false", "--landscape=false"]
 NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]
 WAIT = 300  # seconds: the longest a stopped run may take to exit before the test fails

@@ -19,7 +19,7 @@ import torch
 from reproduce import train
 from reproduce.run import checkpoint as ckpt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ARGS = ["--preset=digits", "--progress=false", "--landscape=false", "--eig_iters=0"]
 ARGS += ["--trace_samples=0", "--r1_steps=0", "--threads=1"]
 

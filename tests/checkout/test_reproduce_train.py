@@ -22,7 +22,7 @@ from reproduce import build, train
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import loaders, report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 QUIET = ["--progress=false", "--landscape=false"]
 NO_FLATNESS = ["--eig_iters=0", "--trace_samples=0", "--r1_steps=0"]

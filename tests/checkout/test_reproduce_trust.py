@@ -301,11 +301,11 @@ def test_the_docs_list_every_exit_status_with_its_tests():
     it names exists."""
     import re
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "guides" / "failure.md").read_text()
     rows = re.findall(r"^\| (\d+|other[^|]*) \|.*\|(.*)\|$", text, re.M)
     assert [r[0].split()[0] for r in rows] == ["0", "2", "3", "130", "143", "other"]
-    tests = "".join(p.read_text() for p in (root / "tests").glob("test_*.py"))
+    tests = "".join(p.read_text() for p in (root / "tests").rglob("test_*.py"))
     for _, named in rows:
         for name in re.findall(r"`(test_\w+?)(?:_\*)?`", named):
             assert f"def {name}" in tests, name
@@ -316,9 +316,9 @@ def test_every_test_the_failure_guide_names_exists():
     ``name_*``): every one is a test of tests/, so that a promise cannot outlive its check."""
     import re
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     text = (root / "docs" / "guides" / "failure.md").read_text()
-    tests = "".join(p.read_text() for p in (root / "tests").glob("test_*.py"))
+    tests = "".join(p.read_text() for p in (root / "tests").rglob("test_*.py"))
     named = re.findall(r"(test_\w+?)(_?\*)?(?=[`\]),\s])", text)
     assert len(named) > 80  # the guide names its tests
     missing = [

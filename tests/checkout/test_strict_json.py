@@ -12,7 +12,7 @@ import torch
 
 from reproduce.run import report
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def strict_load(text: str):

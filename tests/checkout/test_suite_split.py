@@ -1,11 +1,12 @@
-"""The split of tests/ into library tests and checkout tests (tests/conftest.py: ``CHECKOUT``).
+"""The split of tests/ into library tests (tests/library/) and checkout tests (tests/checkout/).
 
 A library test module imports only the standard library, gamfunc, what gamfunc's wheel and its
-``dev`` and ``plot`` extras install, and tests/' other library modules; it names no file of the
-repository and reaches no folder above tests/. .ci/run's wheel job runs these modules against the
-installed wheel from a copy of tests/, where an import of reproduce/ or a read of README.md would
-fail. This module reads the sources: every module of tests/ outside ``CHECKOUT`` must pass, and
-every module in it must need the checkout in a way these rules see.
+``dev`` and ``plot`` extras install, and tests/' other library modules (the shared helpers in
+tests/ itself and tests/library/); it names no file of the repository and reaches no folder above
+tests/. .ci/run's wheel job runs these modules against the installed wheel from a copy of tests/
+without checkout/, where an import of reproduce/ or a read of README.md would fail. This module
+reads the sources: every module of tests/ and tests/library/ must pass, and every module of
+tests/checkout/ must need the checkout in a way these rules see.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
-from conftest import CHECKOUT
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
-MODULES = sorted(p.stem for p in TESTS.glob("*.py"))
-LIBRARY = [m for m in MODULES if m not in CHECKOUT]
+# modules by their path under tests/: the shared helpers (conftest, helpers, ...) are library modules
+LIBRARY = sorted(
+    p.relative_to(TESTS).as_posix() for g in ("*.py", "library/*.py") for p in TESTS.glob(g)
+)
+CHECKOUT = sorted(p.relative_to(TESTS).as_posix() for p in TESTS.glob("checkout/*.py"))
 
 # The extras whose packages a library test may import (skipping where one is absent).
 EXTRAS = ("dev", "plot")
@@ -51,7 +54,8 @@ def allowed_imports() -> set[str]:
         wanted |= {_requirement_name(r) for r in project["optional-dependencies"][extra]}
     installed = metadata.packages_distributions()  # import name -> distributions
     packages = {name for name, dists in installed.items() if wanted & {_normal(d) for d in dists}}
-    return set(sys.stdlib_module_names) | {"__future__", "gamfunc"} | set(LIBRARY) | packages
+    own = {Path(m).stem for m in LIBRARY}
+    return set(sys.stdlib_module_names) | {"__future__", "gamfunc"} | own | packages
 
 
 def _ups(node: ast.AST, names: dict[str, int]) -> int | None:
@@ -92,15 +96,17 @@ def _docstrings(tree: ast.Module) -> set[int]:
 
 
 def needs_the_checkout(module: str, allowed: set[str]) -> list[str]:
-    """What in ``module``'s source needs the repository around tests/: one line each."""
-    path = TESTS / f"{module}.py"
+    """What in ``module``'s source (its path under tests/, ``library/test_tree.py``) needs the
+    repository around tests/: one line each."""
+    path = TESTS / module
     tree = ast.parse(path.read_text(), str(path))
+    depth = len(Path(module).parts)  # how many folders up from its file tests/ is
     found = []
 
     def imported(name: str, line: int, how: str) -> None:
         top = name.split(".")[0]
         if top not in allowed:
-            found.append(f"{module}.py:{line}: {how} {name}")
+            found.append(f"{module}:{line}: {how} {name}")
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -113,7 +119,7 @@ def needs_the_checkout(module: str, allowed: set[str]) -> list[str]:
             func = node.func.id if isinstance(node.func, ast.Name) else func
             if func in ("importorskip", "import_module", "__import__"):
                 imported(str(node.args[0].value), node.lineno, "imports")
-    if module == "conftest":  # it looks for the checkout (reproduce/ beside tests/) on purpose
+    if module == "conftest.py":  # it looks for the checkout (reproduce/ beside tests/) on purpose
         return found
     names: dict[str, int] = {}
     for node in tree.body:  # module-level names built on __file__ (HERE = Path(__file__).parent)
@@ -123,11 +129,11 @@ def needs_the_checkout(module: str, allowed: set[str]) -> list[str]:
     docstrings = _docstrings(tree)
     for node in ast.walk(tree):
         ups = _ups(node, names) if isinstance(node, ast.expr) else None
-        if ups is not None and ups > 1:
-            found.append(f"{module}.py:{node.lineno}: reaches above tests/ (__file__)")
+        if ups is not None and ups > depth:
+            found.append(f"{module}:{node.lineno}: reaches above tests/ (__file__)")
         text = node.value if isinstance(node, ast.Constant) else None
         if isinstance(text, str) and id(node) not in docstrings and REPOSITORY_PATH.search(text):
-            found.append(f"{module}.py:{node.lineno}: names {text!r}")
+            found.append(f"{module}:{node.lineno}: names {text!r}")
     return sorted(set(found), key=lambda f: (int(f.split(":")[1]), f))
 
 
@@ -136,8 +142,13 @@ def allowed():
     return allowed_imports()
 
 
-def test_every_checkout_module_named_exists():
-    assert sorted(CHECKOUT - set(MODULES)) == []
+def test_every_test_module_is_a_library_or_a_checkout_one():
+    """A test module lies in tests/library/ or tests/checkout/; tests/ itself holds the shared
+    helpers, and no other folder holds a module."""
+    assert [m for m in LIBRARY if Path(m).name.startswith("test_") and "/" not in m] == []
+    folders = {p.parent.relative_to(TESTS).as_posix() for p in TESTS.rglob("*.py")}
+    assert folders <= {".", "library", "checkout"}, folders
+    assert LIBRARY and CHECKOUT
 
 
 @pytest.mark.parametrize("module", LIBRARY)
@@ -145,10 +156,10 @@ def test_a_library_module_needs_only_the_installed_library(module, allowed):
     assert needs_the_checkout(module, allowed) == []
 
 
-@pytest.mark.parametrize("module", sorted(CHECKOUT))
+@pytest.mark.parametrize("module", CHECKOUT)
 def test_a_checkout_module_needs_the_checkout(module, allowed):
-    """A module in CHECKOUT that needs nothing of the repository is a library module that the
-    wheel job leaves out: take it out of the list."""
+    """A module of tests/checkout/ that needs nothing of the repository is a library module that
+    the wheel job leaves out: move it to tests/library/."""
     assert needs_the_checkout(module, allowed) != []
 
 
@@ -168,7 +179,7 @@ def f():
 '''
     monkeypatch.setattr(sys.modules[__name__], "TESTS", tmp_path)
     (tmp_path / "probe.py").write_text(source)
-    found = needs_the_checkout("probe", allowed)
+    found = needs_the_checkout("probe.py", allowed)
     assert [f.split(":", 1)[1] for f in found] == [
         "2: imports reproduce.config",
         "3: imports benchmarks",

@@ -1,6 +1,6 @@
 """Running ``reproduce/train.py`` in the tests: its quiet flags, the digits preset without flatness
 metrics, a run's folder, the one-line error a refused run prints, and the digits preset's test
-labels made wrong. A helper of the checkout tests (tests/conftest.py: CHECKOUT)."""
+labels made wrong. A helper of the checkout tests (tests/checkout/)."""
 
 from __future__ import annotations
 

@@ -126,7 +126,7 @@ def test_looksam_reuse_steps_take_one_gradient():
 @pytest.mark.parametrize("sigma", [1.0, 0.5])
 def test_friendly_sam_authors_convention_equals_pytorch_optimizer(sigma, lmbda):
     """pytorch_optimizer's FriendlySAM takes the authors' order; the authors' algorithm itself is
-    the reference of tests/test_estimators_family.py."""
+    the reference of tests/library/test_estimators_family.py."""
     po = pytest.importorskip("pytorch_optimizer")
     rho, lr = 0.2, 0.5
     est = gamfunc.friendly_sam(rho, sigma, lmbda, convention="authors")

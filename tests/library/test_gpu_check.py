@@ -1,5 +1,5 @@
 """The GPU check (tests/gpu_check.py): every estimator in every precision and mode on a CUDA device,
-each step against its float64 step. ``pytest -m gpu tests/test_gpu_check.py`` runs every case on a
+each step against its float64 step. ``pytest -m gpu tests/library/test_gpu_check.py`` runs every case on a
 CUDA machine; without CUDA those cases skip, and the check's own tests run its eager cases on the CPU."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ pytestmark = [
     pytest.mark.skipif(
         TORCH < FULLY_SHARD_TORCH,
         reason="the facade trains fully_shard models from torch 2.14 on (older: refused, "
-        "tests/test_sharded_refusal.py)",
+        "tests/library/test_sharded_refusal.py)",
     ),
 ]
 

@@ -139,7 +139,7 @@ def test_exact_hv_with_a_closure_that_calls_backward_is_refused_naming_fd(hvp):
 
 def test_gradients_filled_before_a_closure_step_are_refused_naming_the_backward_outside():
     """davda54/sam's loop: a forward-backward, then step(closure). The refusal names that
-    backward(), not Lightning's accumulation (tests/test_torch_optim_lightning.py)."""
+    backward(), not Lightning's accumulation (tests/library/test_torch_optim_lightning.py)."""
     model = mlp()
     opt = SAM(model, torch.optim.SGD, lr=0.1, rho=0.05)
     x, y = batches(1)[0]
