@@ -4,7 +4,7 @@ One page for ``gamfunc`` (reference/index.md) and one for every module it export
 rendered from the module that defines it (``::: path``, which mkdocstrings fills from the docstring),
 so that a function and the submodule of the same name (``gamfunc.estimators.gam``) never hide one
 another. No page is written to docs/: the site holds them as generated files, and mkdocs.yml's nav
-lists them (tests/test_docs_site.py checks both).
+lists them (tests/checkout/test_docs_site.py checks both).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ benchmarks.report`` summarises in RESULTS.md.
     python -m benchmarks.gpu_check                     # every case, on the CUDA device
     python -m benchmarks.gpu_check --models resnet     # a part: --models, --estimators
 
-The cases and their machinery are the tests' own (``pytest -m gpu tests/test_gpu_check.py`` runs the
+The cases and their machinery are the tests' own (``pytest -m gpu tests/library/test_gpu_check.py`` runs the
 same cases, one test each); this module adds the run's metadata and writes the file.
 """
 

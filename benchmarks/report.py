@@ -3,7 +3,7 @@
 One section per benchmark and one table per file (a device), each headed by the device, the date and
 the torch version of its run; then the hand-curated findings of ``benchmarks/notes.json``: what the
 guides state in words and no benchmark command measures, each with its device, date, torch and how it
-was measured. ``tests/test_benchmark_report.py`` checks that the committed RESULTS.md is what this
+was measured. ``tests/checkout/test_benchmark_report.py`` checks that the committed RESULTS.md is what this
 command writes.
 """
 
@@ -194,7 +194,7 @@ SECTIONS = {
     ),
     "gpu_check": (
         "The GPU check",
-        "`pytest -m gpu tests/test_gpu_check.py`: every estimator × {fp32, bf16} × {ResNet, ViT} "
+        "`pytest -m gpu tests/library/test_gpu_check.py`: every estimator × {fp32, bf16} × {ResNet, ViT} "
         "(those with state, LookSAM, Friendly-SAM and LookGAM, over a trajectory on the ResNet) "
         '× {eager, `scope="pass"` with CUDA graphs, `scope="step"`, `gamfunc.cuda_graph`}, '
         "each update against the float64 step; one row per kind of case, with the largest error "

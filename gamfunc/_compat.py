@@ -35,7 +35,7 @@ process and function. The public paths give the same numbers; what they may cost
 Two private names stay where they are used, as the rest of the ecosystem uses them:
 ``torch._foreach_*`` (the multi-tensor kernels: the documented fast path of ``torch.optim``'s
 ``foreach=True``, with public tests and no public alias) and ``torch.utils._pytree`` (the pytree of
-``torch.func``, ``torch.compile`` and torch's optimisers alike). ``tests/test_compat.py`` checks
+``torch.func``, ``torch.compile`` and torch's optimisers alike). ``tests/library/test_compat.py`` checks
 that no other module of gamfunc names a private torch API.
 """
 

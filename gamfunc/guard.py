@@ -56,7 +56,7 @@ class Guard:
     It always selects where the step cannot read or must not wait: under ``torch.compile`` or
     ``vmap``, while a CUDA graph is captured ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph],
     the facade's ``cuda_graph=True``), and on a GPU in a job of several processes, where each rank
-    keeps its queue full while its all-reduces run (``tests/test_distributed.py``). On the CPU it
+    keeps its queue full while its all-reduces run (``tests/library/test_distributed.py``). On the CPU it
     reads.
 
     One instance belongs to one step function (both branches of a step made with ``every``); a

@@ -12,7 +12,7 @@ python -m reproduce.main_job --docs    # writes the docs from the committed JSON
 
 The JSON holds the platform the run was made on (CPU model, cores, torch, Python, date), the command,
 its wall-clock time, the summaries of ``runs/mnist1d/comparison.json``, and the same for the short
-form (`SHORT`: 5 epochs, the same metrics), which ``tests/test_main_job.py`` runs again. Training
+form (`SHORT`: 5 epochs, the same metrics), which ``tests/checkout/test_main_job.py`` runs again. Training
 rounds differently on another CPU or torch version, and 4,000 steps of SGD carry a last-bit
 difference into the accuracies (65.50 here against 66.20 on another machine, the same code); 5
 epochs do not: their printed rows agree across CPU instruction sets (AVX-512 against AVX2, checked with
@@ -57,7 +57,7 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[1]
 JSON = ROOT / "docs" / "evidence" / "main_job.json"
 COMMAND = ["reproduce/train.py"]  # the main job, as the docs write it
-SHORT = ["reproduce/train.py", "--epochs=5"]  # what tests/test_main_job.py runs on any CPU
+SHORT = ["reproduce/train.py", "--epochs=5"]  # what tests/checkout/test_main_job.py runs on any CPU
 DOCS = {
     "readme": ROOT / "README.md",
     "guide": ROOT / "docs" / "guides" / "reproduce.md",

@@ -3,7 +3,7 @@
 Every caller in the repository that names an estimator builds it here: ``reproduce/train.py
 --estimator=NAME`` (through `reproduce.build.build_estimator`), the vmapped sweeps, the evidence
 commands and the benchmarks. The library's own tests build theirs with gamfunc's factories
-(``tests/registry.py``), and ``tests/test_reproduce_methods.py`` checks that they are these. A name
+(``tests/registry.py``), and ``tests/checkout/test_reproduce_methods.py`` checks that they are these. A name
 and its hyperparameters give one estimator:
 
 ```text
@@ -22,7 +22,7 @@ A new estimator of ``gamfunc.estimators`` gets one entry in `METHODS` (and, if i
 new hyperparameter, a field of `Flags`, which is then its ``--flag`` of `reproduce.config.Config`,
 built on `Flags`);
 ``--estimator`` then takes its name; the contract tests run it once ``tests/registry.py`` builds
-it and ``tests/test_reproduce_methods.py`` names it (that test fails until both do).
+it and ``tests/checkout/test_reproduce_methods.py`` names it (that test fails until both do).
 """
 
 from __future__ import annotations

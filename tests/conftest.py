@@ -8,68 +8,16 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-# The library tests and the checkout tests. A library test imports gamfunc, torch, numpy, the
-# packages of the dev and plot extras and tests/' own library modules, and reads no file of the
-# repository: it runs against an installed wheel, from a copy of tests/ (.ci/run's wheel job,
-# `pytest -m "not checkout"`). A checkout test needs the repository: it imports reproduce/ or
-# benchmarks/, or reads README.md, docs/, examples/, pyproject.toml or the source tree as files.
-# Every module of tests/ not named here is a library module; tests/test_suite_split.py checks that
-# it is. The named test modules are marked ``checkout`` and skip outside a checkout.
-CHECKOUT = frozenset(
-    {
-        "test_benchmark_data_parallel",
-        "test_benchmark_first_step",
-        "test_benchmark_flops",
-        "test_benchmark_gpu_check",
-        "test_benchmark_hessian_vmap",
-        "test_benchmark_input_pipeline",
-        "test_benchmark_report",
-        "test_benchmark_step_cost",
-        "test_dali_data",
-        "test_docs",
-        "test_docs_architecture",
-        "test_docs_flags",
-        "test_docs_html",
-        "test_docs_install",
-        "test_docs_sections",
-        "test_docs_site",
-        "test_evidence",
-        "test_examples",
-        "test_gpu_data",
-        "test_layers",
-        "test_main_job",
-        "test_metrics_full_data",
-        "test_packaging",
-        "test_readme",
-        "test_reproduce_checkpoint",
-        "test_reproduce_compile_cache",
-        "test_reproduce_config",
-        "test_reproduce_data",
-        "test_reproduce_cheap_harness",
-        "test_reproduce_fmnist",
-        "test_reproduce_fmnist_harness",
-        "test_reproduce_fsdp",
-        "test_reproduce_layers",
-        "test_reproduce_logging",
-        "test_reproduce_methods",
-        "test_reproduce_models",
-        "test_reproduce_presets",
-        "test_reproduce_profiling",
-        "test_reproduce_reliability",
-        "test_reproduce_signals",
-        "test_reproduce_step_mode",
-        "test_reproduce_sweep",
-        "test_reproduce_torchrun",
-        "test_reproduce_train",
-        "test_reproduce_transfer",
-        "test_reproduce_trust",
-        "test_reproduce_vmap_sweep",
-        "test_strict_json",
-        "test_suite_split",
-        "test_theorem_scalars",
-        "train_cli",  # running reproduce/train.py: the checkout tests' helper
-    }
-)
+# The library tests and the checkout tests, by folder. A library test (tests/library/) imports
+# gamfunc, torch, numpy, the packages of the dev and plot extras and the shared helpers of tests/
+# (helpers, models, registry), and reads no file of the repository: it runs against an installed
+# wheel, from a copy of tests/ without checkout/ (.ci/run's wheel job). A checkout test
+# (tests/checkout/) needs the repository: it imports reproduce/ or benchmarks/, or reads README.md,
+# docs/, examples/, pyproject.toml or the source tree as files. tests/checkout/test_suite_split.py
+# checks each module against its folder. The checkout tests are marked ``checkout`` and skip
+# outside a checkout.
+LIBRARY = HERE / "library"
+CHECKOUT = HERE / "checkout"
 # A checkout: the repository around tests/, not a copy of tests/ beside an installed wheel.
 IN_CHECKOUT = (HERE.parent / "reproduce").is_dir()
 
@@ -88,9 +36,9 @@ class _SkipWithoutExtras(pytest.Module):
     """
 
     def _getobj(self):
-        if self.path.stem in CHECKOUT and not IN_CHECKOUT:
+        if self.path.is_relative_to(CHECKOUT) and not IN_CHECKOUT:
             pytest.skip(
-                "a checkout test (tests/conftest.py: CHECKOUT): needs the repository",
+                "a checkout test (tests/checkout/): needs the repository",
                 allow_module_level=True,
             )
         try:
@@ -137,7 +85,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if item.path.parent == HERE and item.path.stem in CHECKOUT:
+        if item.path.is_relative_to(CHECKOUT):
             item.add_marker(pytest.mark.checkout)
     if torch.cuda.is_available():
         return

@@ -1,6 +1,6 @@
 """Every estimator in every precision through the public API, each step against float64: the GPU check.
 
-``pytest -m gpu tests/test_gpu_check.py`` runs it on a CUDA machine (about 8 minutes on one
+``pytest -m gpu tests/library/test_gpu_check.py`` runs it on a CUDA machine (about 8 minutes on one
 H100), one test per case; this module is its machinery. ``python tests/gpu_check.py`` runs the same
 cases and prints a line for each; ``python tests/gpu_check.py --group MODEL:PRECISION:MODE`` is one of
 its worker processes. From a checkout, ``python -m benchmarks.gpu_check`` runs them too and writes
@@ -24,7 +24,7 @@ recording, replay), and every step's update θ_t − θ_0 is checked against the
 after the last step. The reference is the same step (or trajectory) of the same network in float64,
 eager, on the same device. The relative error of the update ‖Δθ − Δθ₆₄‖/‖Δθ₆₄‖ must stay under the
 precision's tolerance: fp32 (TF32 off) ``1e-4``, the rounding of cuDNN's convolution algorithms with
-room; bf16 8·2⁻⁸, eight units of bfloat16's rounding (``tests/test_precision.py`` measures 1–5 units
+room; bf16 8·2⁻⁸, eight units of bfloat16's rounding (``tests/library/test_precision.py`` measures 1–5 units
 on the CPU); an estimator that multiplies gradient rounding multiplies its tolerance by the same
 factor (:func:`amplification`). The ResNet uses GELU: with ReLU, ∇L jumps where a rounding flips a
 unit on or off, and a finite difference or a perturbed gradient is then not a rounding away from its

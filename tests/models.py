@@ -60,7 +60,7 @@ def tiny_conv_bn() -> nn.Module:
 
 # ---- the CIFAR ResNet and the ViT of reproduce/models/, for the GPU check and the compile tests ----
 # Written again here, without einops, so that the library's tests need no checkout; the same modules
-# in the same order, so the same seed initialises them alike (tests/test_reproduce_models.py checks
+# in the same order, so the same seed initialises them alike (tests/checkout/test_reproduce_models.py checks
 # that they compute what reproduce/'s networks compute).
 
 

@@ -2,7 +2,7 @@
 
 The estimators are built here with gamfunc's factories, under the names the tests report. Each row
 also names the method of reproduce/methods.py (``--estimator``'s names, the one set of them) that
-builds the same estimator, and its hyperparameters there: ``tests/test_reproduce_methods.py``
+builds the same estimator, and its hyperparameters there: ``tests/checkout/test_reproduce_methods.py``
 checks each one in a checkout, and that every method has a row."""
 
 import gamfunc
@@ -84,7 +84,7 @@ ROWS = {
     ),
     # ASAM scaling some parameters only (SamsungLabs/ASAM scales those named weight; the names of
     # these tests' parameters carry no such word, so the matrices stand for them; reproduce's
-    # mask, on a module's names, is tested in tests/test_reproduce_methods.py)
+    # mask, on a module's names, is tested in tests/checkout/test_reproduce_methods.py)
     "asam_masked": (lambda: gamfunc.asam(0.5, 0.01, mask=lambda name, p: p.ndim > 1), None, {}),
     # Friendly-SAM in nblt/F-SAM's order
     "friendly_sam_authors": (

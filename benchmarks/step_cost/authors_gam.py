@@ -23,7 +23,7 @@ One step, with ρ = ``rho`` (the code's ``grad_norm_rho``), ρ' = ``rho_prime`` 
 then the base optimiser steps along d (left in ``p.grad``). This is
 ``gamfunc.gam_accelerated(rho, rho_prime, alpha, beta, gamma, convention="official")`` to within ξ
 (its h−⊥ divides by (‖h+‖ + ξ)², the code by (‖h+‖·‖h−‖ + ξ)·(‖h+‖ + ξ)/‖h−‖);
-``tests/test_benchmarks.py`` checks the two directions agree in float64.
+``tests/checkout/test_benchmark_step_cost.py`` checks the two directions agree in float64.
 
 References:
     Zhang et al., "Gradient Norm Aware Minimization Seeks First-Order Flatness and Improves

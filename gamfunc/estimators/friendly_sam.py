@@ -70,7 +70,7 @@ def friendly_sam(
         The "paper" order (m_0 = 0, m_t formed before d_t) is the update as secondary summaries of
         the paper's Algorithm 1 restate it (e.g. junaidaliop.github.io/zij/math/fsam); it has not
         been checked against the paper's own text. The "authors" order is checked against the
-        authors' code over 20 steps (``tests/test_estimators_family.py``).
+        authors' code over 20 steps (``tests/library/test_estimators_family.py``).
 
     Args:
         rho: ρ >= 0, the radius of the ascent, or a schedule of the step count.

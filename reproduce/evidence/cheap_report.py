@@ -2,7 +2,7 @@
 (`reproduce.evidence.cheap`): one table per setting (mean ± std over seeds, Welch's t-tests against
 SGD and full GAM), the goal stated in words, the Pareto front and the figure. Every number the
 section states is rendered here from the JSON; without it the section says how to make it.
-tests/test_docs.py holds the section to this module in both cases."""
+tests/checkout/test_docs.py holds the section to this module in both cases."""
 
 from __future__ import annotations
 

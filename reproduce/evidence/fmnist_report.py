@@ -1,7 +1,7 @@
 """reproduce/RESULTS.md's Fashion-MNIST section from ``fmnist.json`` (`reproduce.evidence.fmnist`):
 the tables, the verdicts stated in words (Welch's t-tests, the bar of the baseline, flatness and
 price), the curves of one run per estimator, and the figure. Every number the section states is
-rendered here from the JSON; tests/test_docs.py holds the section to it."""
+rendered here from the JSON; tests/checkout/test_docs.py holds the section to it."""
 
 from __future__ import annotations
 

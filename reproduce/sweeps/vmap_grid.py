@@ -30,7 +30,7 @@ How its runs differ from ``reproduce/train.py``'s:
 * **Data order.** All members see the same batches: the validation split, label noise and batch order
   of every epoch are those of one seed, ``--data_seed`` (default: the first of ``--seeds``), where
   train.py draws each run's from its own ``--seed``. The members of that seed are the train.py runs of
-  their cells (their parameters equal to float rounding; tests/test_reproduce_vmap_sweep.py); the
+  their cells (their parameters equal to float rounding; tests/checkout/test_reproduce_vmap_sweep.py); the
   members of the other seeds differ from theirs in data as well as in initialisation.
 * **Seeds** differ in the model's initialisation only (nothing else in these runs draws from them).
 * **What may vary.** The grid may vary ``lr``, ``rho``, ``alpha``, ``sam_rho``, ``rho_prime``,

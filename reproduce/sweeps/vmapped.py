@@ -6,7 +6,7 @@ N runs of ``reproduce/train.py``'s configuration (N `Config` s) that differ in
 moves all of them at once, each with its own lr, ρ, α, ... (a grid flattened). The pieces are
 train.py's own (`reproduce.build`: model, loss, estimator, optimiser and learning-rate schedule;
 `reproduce.data.sets`: split, batch order), so each member's parameters equal those of a run of its
-configuration alone on the same batches, to float rounding (tests/test_reproduce_vmap_sweep.py).
+configuration alone on the same batches, to float rounding (tests/checkout/test_reproduce_vmap_sweep.py).
 
 What is shared and what differs:
 
