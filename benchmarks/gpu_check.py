@@ -5,19 +5,28 @@ benchmarks.report`` summarises in RESULTS.md.
     python -m benchmarks.gpu_check                     # every case, on the CUDA device
     python -m benchmarks.gpu_check --models resnet     # a part: --models, --estimators
 
-The cases and their machinery are the tests' own (``pytest -m gpu tests/library/test_gpu_check.py`` runs the
-same cases, one test each); this module adds the run's metadata and writes the file.
+The cases and their machinery are the tests' own (``pytest -m gpu tests/library/test_gpu_check.py``
+runs the same cases, one test each): this module runs ``tests/gpu_check.py`` as a process of its own,
+then adds the run's metadata to its rows and writes the file.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 from benchmarks import _common
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
+CHECK = Path(__file__).resolve().parents[1] / "tests" / "gpu_check.py"  # the cases, a script
+
+
+def _run(cmd: list[str]) -> int:
+    """Run ``cmd``, its output on ours; its exit status."""
+    return subprocess.run(cmd).returncode
 
 
 def main(argv=None) -> int:
@@ -25,29 +34,31 @@ def main(argv=None) -> int:
 
     Args:
         argv: the command line (default: ``sys.argv[1:]``): the flags of ``tests/gpu_check.py``
-            (``--device``, ``--models``, ``--estimators``, ``--size``) and ``--out``.
+            (``--device``, ``--models``, ``--estimators``, ``--size``), passed on to it as a
+            process of its own, and ``--out``.
 
     Returns:
-        1 if a case failed, else 0.
+        1 if a case failed, else 0; 2 for a refused command line.
     """
-    if str(TESTS) not in sys.path:
-        sys.path.insert(0, str(TESTS))
-    import gpu_check
-
-    ap = gpu_check.parser()
-    ap.description = __doc__.splitlines()[0]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None, help="JSON file (default: benchmarks/results/)")
-    args = ap.parse_args(argv)
-    if args.group:
-        ap.error("--group: a worker of tests/gpu_check.py, not of this command")
-    start = time.time()
-    rows = gpu_check.run_selected(args)
-    seconds = time.time() - start
+    ap.add_argument("--device", default="cuda")
+    args, rest = ap.parse_known_args(argv)
+    if any(a == "--group" or a.startswith(("--group=", "--rows")) for a in rest):
+        ap.error("--group and --rows: a worker's flags of tests/gpu_check.py, not of this command")
+    with tempfile.TemporaryDirectory() as tmp:
+        got = Path(tmp) / "rows.json"
+        cmd = [sys.executable, str(CHECK), "--device", args.device, "--rows", str(got), *rest]
+        code = _run(cmd)
+        if not got.is_file():
+            return code or 1  # refused (2) or died before its rows
+        ran = json.loads(got.read_text())
+    rows = ran["rows"]
     failed = sum(r["status"] != "pass" for r in rows)
     meta = _common.metadata("gpu_check", args.device)
-    meta.update(seconds=round(seconds, 1), passed=len(rows) - failed, failed=failed)
+    meta.update(seconds=round(ran["seconds"], 1), passed=len(rows) - failed, failed=failed)
     path = _common.save({"benchmark": "gpu_check", "meta": meta, "rows": rows}, args.out)
-    print(f"{gpu_check.summary(rows, seconds)}; {path}")
+    print(f"wrote {path}")
     return 1 if failed else 0
 
 

@@ -454,6 +454,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--estimators", default=",".join(CHECKED))
     ap.add_argument("--models", default=",".join(MODELS), help="of " + ",".join(MODELS))
     ap.add_argument("--size", type=int, default=BATCH, help="images per batch")
+    ap.add_argument("--rows", default="", help="also write every case's row to this JSON file")
     return ap
 
 
@@ -490,7 +491,10 @@ def main(argv=None) -> int:
     if not args.group:
         start = time.time()
         rows = run_selected(args)
-        print(summary(rows, time.time() - start))
+        seconds = time.time() - start
+        if args.rows:
+            Path(args.rows).write_text(json.dumps({"seconds": seconds, "rows": rows}))
+        print(summary(rows, seconds))
         return 1 if any(r["status"] != "pass" for r in rows) else 0
     device = torch.device(args.device)
     if args.group == "extras":
