@@ -52,7 +52,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc.accumulate import Accumulated, batch_size
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, check_stateless
 from gamfunc.loss import Pass
 
 __all__ = [
@@ -204,13 +204,11 @@ def local(estimator: Estimator, *, group=None, bucket_cap_mb: float = 25.0) -> E
     Warning:
         ``info["grad_norm"]`` is the mean over ranks of ‖g_r‖, not the norm of the mean gradient.
     """
-    if not isinstance(estimator, Estimator):
-        raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
-    if estimator.stateful or estimator.every > 1:
-        raise ValueError(
-            f"estimator: {estimator.name!r} carries state between steps, which "
-            f"local(): each rank would keep a state of its own; use perturbation='global'"
-        )
+    check_stateless(
+        estimator,
+        "estimator",
+        ", which local(): each rank would keep a state of its own; use perturbation='global'",
+    )
 
     def run(params, batch, loss_fn, clean, step):
         est = estimator.run(params, batch, loss_fn, clean=clean, step=step)

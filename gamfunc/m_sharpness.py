@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 
 from gamfunc.accumulate import weighted_sum
 from gamfunc.checks import check_int
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, check_stateless
 from gamfunc.loss import Pass
 
 __all__ = ["RANDOMNESS", "m_sharpness"]
@@ -82,13 +82,9 @@ def m_sharpness(
         >>> est = m_sharpness(gamfunc.sam(0.05), m=4)
         >>> d, info = est({"w": torch.ones(3)}, (torch.randn(8, 3), torch.randn(8)), loss_fn)
     """
-    if not isinstance(estimator, Estimator):
-        raise TypeError(f"estimator must be a gamfunc estimator; got {type(estimator).__name__}")
-    if estimator.stateful or estimator.every > 1:
-        raise ValueError(
-            f"estimator: {estimator.name!r} carries state between steps, which "
-            f"m_sharpness: its sub-batches would each need one"
-        )
+    check_stateless(
+        estimator, "estimator", ", which m_sharpness: its sub-batches would each need one"
+    )
     check_int("m", m)
     if randomness not in RANDOMNESS:
         raise ValueError(f"randomness must be one of {RANDOMNESS}; got {randomness!r}")

@@ -12,7 +12,7 @@ from torch import Tensor
 from gamfunc.loss import Pass, check_params
 from gamfunc.tree import Tree
 
-__all__ = ["Estimate", "Estimator"]
+__all__ = ["Estimate", "Estimator", "check_stateless"]
 
 
 class Estimate(NamedTuple):
@@ -112,3 +112,24 @@ class Estimator:
         with torch.no_grad():
             est = self.run(params, batch, loss_fn, step=step, state=self.init(params))
         return est.direction, est.info
+
+
+def check_stateless(estimator: Any, argument: str, why: str) -> None:
+    """Refuse, in one line, an estimator that is none, or one that carries state between steps
+    or cycles over them (``every > 1``), where it is run in a way that needs neither.
+
+    Args:
+        estimator: the estimator given.
+        argument: the name of the argument that gave it (``"estimator"``, ``"oracle"``).
+        why: the end of the message, after ``carries state between steps``: why it cannot
+            (``", which m_sharpness: its sub-batches would each need one"``).
+
+    Raises:
+        TypeError: ``estimator`` is not an `Estimator`.
+        ValueError: it carries state or cycles: ``"{argument}: {name!r} carries state between
+            steps{why}"``.
+    """
+    if not isinstance(estimator, Estimator):
+        raise TypeError(f"{argument} must be a gamfunc estimator; got {type(estimator).__name__}")
+    if estimator.stateful or estimator.every > 1:
+        raise ValueError(f"{argument}: {estimator.name!r} carries state between steps{why}")

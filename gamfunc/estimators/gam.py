@@ -5,7 +5,7 @@ from __future__ import annotations
 from gamfunc import hvps, tree
 from gamfunc.checks import check_int, check_nonnegative
 from gamfunc.estimators.asam import adaptive_ascent
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, check_stateless
 from gamfunc.estimators.gradient import gradient
 from gamfunc.loss import with_grad_norm
 from gamfunc.schedules import value
@@ -134,13 +134,12 @@ def gam(
     n = ascent_steps
     backend = hvps.get(hvp)
     oracle = gradient() if oracle is None else oracle
-    if not isinstance(oracle, Estimator):
-        raise TypeError(f"oracle must be a gamfunc estimator; got {type(oracle).__name__}")
-    if oracle.stateful or oracle.every > 1:
-        raise ValueError(
-            f"oracle: {oracle.name!r} carries state between steps or cycles over them, which "
-            f"GAM's oracle cannot; use a stateless estimator (gradient, sam, gsam, wsam, asam)"
-        )
+    check_stateless(
+        oracle,
+        "oracle",
+        " or cycles over them, which GAM's oracle cannot; use a stateless estimator (gradient, "
+        "sam, gsam, wsam, asam)",
+    )
 
     def run(params, batch, loss_fn, clean, step):
         rho_t = value(rho, step)

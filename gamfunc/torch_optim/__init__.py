@@ -56,6 +56,8 @@ How the loss reaches the pure step:
 The package, a module per job:
 
 * `optimizer`: [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer], the shell around make_step;
+* `options`: [`Options`][gamfunc.torch_optim.Options], the options every facade takes, documented once;
+* `parts`: what the shell is built of (its base optimiser, its losses, its two steps);
 * `named`: [`GAM`][gamfunc.torch_optim.GAM], [`SAM`][gamfunc.torch_optim.SAM] and
   [`TorchBase`][gamfunc.torch_optim.TorchBase];
 * `bridge`: a ``torch.optim`` optimiser as make_step's base optimiser;
@@ -75,5 +77,6 @@ The package, a module per job:
 
 from gamfunc.torch_optim.named import GAM, SAM, TorchBase
 from gamfunc.torch_optim.optimizer import FlatnessOptimizer
+from gamfunc.torch_optim.options import Options
 
-__all__ = ["GAM", "SAM", "FlatnessOptimizer", "TorchBase"]
+__all__ = ["GAM", "SAM", "FlatnessOptimizer", "Options", "TorchBase"]

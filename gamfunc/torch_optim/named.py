@@ -16,8 +16,16 @@ from gamfunc.torch_optim.base import is_torch
 from gamfunc.torch_optim.checks import check_model, check_options
 from gamfunc.torch_optim.habits import GUIDE
 from gamfunc.torch_optim.optimizer import FlatnessOptimizer
+from gamfunc.torch_optim.options import Options
 
 __all__ = ["GAM", "SAM", "TorchBase"]
+
+
+def _check_base(cls: str, optimizer, options: dict) -> None:
+    """`check_options` of a named facade's keyword arguments: its options apart from the base
+    optimiser's keyword arguments."""
+    facade, base_kwargs = Options.split(options)
+    check_options(cls, optimizer, facade.get("base_optimizer"), base_kwargs)
 
 
 class GAM(FlatnessOptimizer):
@@ -50,25 +58,10 @@ class GAM(FlatnessOptimizer):
             default.
         eps: ξ >= 0 in every normalisation.
         adaptive: every ascent in ASAM's scale-invariant geometry (the authors' ``adaptive=True``).
-        base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of
-            ``optimizer``.
-        criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
-        loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
-            tensors), in place of ``criterion``.
-        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.when]; None: every
-            step), as [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]'s.
-        every: run GAM on every ``every``-th step and ``base`` on the others.
-        base: the estimator of the other steps, the gradient by default.
-        on_nonfinite: ``"skip"``, ``"raise"`` or ``"ignore"``.
-        compile: ``False``, ``True`` or ``"pass"`` (the estimator's passes), or ``"step"`` (the
-            whole step, with a gamfunc base optimiser).
-        compile_options: keyword arguments of ``torch.compile``.
-        accumulate: micro-batches per ``step((inputs, targets))``.
-        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
-        max_grad_norm: clip the direction to this global norm before the base optimiser.
-        cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph.
-        **base_kwargs: the keyword arguments of an optimiser class or factory given as
-            ``optimizer``; ``params=`` gives a ``torch.optim`` class its param groups.
+        **options: the facade's options (``every``, ``compile``, ``precision``...), each
+            documented in [`Options`][gamfunc.torch_optim.Options], and the keyword arguments of an
+            optimiser class or factory given as ``optimizer``; ``params=`` gives a ``torch.optim``
+            class its param groups.
 
     Raises:
         TypeError: no base optimiser, or keyword arguments for an optimiser already built; as
@@ -99,43 +92,12 @@ class GAM(FlatnessOptimizer):
         oracle: Estimator | None = None,
         eps: float = 1e-12,
         adaptive: bool = False,
-        base_optimizer=None,
-        criterion: Callable = F.cross_entropy,
-        loss: Callable | None = None,
-        when=None,
-        every: int = 1,
-        base: Estimator | None = None,
-        on_nonfinite: str = "skip",
-        compile: bool | str = False,
-        compile_options: dict[str, Any] | None = None,
-        accumulate: int = 1,
-        precision: str = "fp32",
-        max_grad_norm: float | None = None,
-        cuda_graph: bool = False,
-        **base_kwargs,
+        **options: Any,
     ):
         check_model(model, type(self).__name__)
-        check_options(type(self).__name__, optimizer, base_optimizer, base_kwargs)
+        _check_base(type(self).__name__, optimizer, options)
         estimator = gam(rho, alpha, hvp=hvp, oracle=oracle, eps=eps, adaptive=adaptive)
-        super().__init__(
-            model,
-            estimator,
-            optimizer,
-            criterion,
-            loss=loss,
-            base_optimizer=base_optimizer,
-            when=when,
-            every=every,
-            base=base,
-            on_nonfinite=on_nonfinite,
-            compile=compile,
-            compile_options=compile_options,
-            accumulate=accumulate,
-            precision=precision,
-            max_grad_norm=max_grad_norm,
-            cuda_graph=cuda_graph,
-            **base_kwargs,
-        )
+        super().__init__(model, estimator, optimizer, **options)
 
 
 class SAM(FlatnessOptimizer):
@@ -150,23 +112,9 @@ class SAM(FlatnessOptimizer):
         optimizer: the base optimiser, as for [`GAM`][gamfunc.torch_optim.GAM].
         rho: ρ >= 0, the radius of the ascent, or a schedule of the step count.
         eps: ξ >= 0.
-        base_optimizer: the base optimiser by keyword, instead of ``optimizer``.
-        criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
-        loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
-            tensors), in place of ``criterion``.
-        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.when]; None: every
-            step), as [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]'s.
-        every: run SAM on every ``every``-th step and ``base`` on the others.
-        base: the estimator of the other steps, the gradient by default.
-        on_nonfinite: ``"skip"``, ``"raise"`` or ``"ignore"``.
-        compile: ``False``, ``True`` or ``"pass"`` (the estimator's passes), or ``"step"``.
-        compile_options: keyword arguments of ``torch.compile``.
-        accumulate: micro-batches per ``step((inputs, targets))``.
-        precision: ``"fp32"``, ``"bf16"`` or ``"fp16"``.
-        max_grad_norm: clip the direction to this global norm before the base optimiser.
-        cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph.
-        **base_kwargs: the keyword arguments of an optimiser class or factory given as
-            ``optimizer``; ``params=`` gives a ``torch.optim`` class its param groups.
+        **options: the facade's options, each documented in
+            [`Options`][gamfunc.torch_optim.Options], and the keyword arguments of an optimiser
+            class or factory given as ``optimizer``, as for [`GAM`][gamfunc.torch_optim.GAM].
 
     Raises:
         TypeError: no base optimiser, keyword arguments for an optimiser already built, or
@@ -192,24 +140,11 @@ class SAM(FlatnessOptimizer):
         *,
         rho,
         eps: float = 1e-12,
-        base_optimizer=None,
-        criterion: Callable = F.cross_entropy,
-        loss: Callable | None = None,
-        when=None,
-        every: int = 1,
-        base: Estimator | None = None,
-        on_nonfinite: str = "skip",
-        compile: bool | str = False,
-        compile_options: dict[str, Any] | None = None,
-        accumulate: int = 1,
-        precision: str = "fp32",
-        max_grad_norm: float | None = None,
-        cuda_graph: bool = False,
-        **base_kwargs,
+        **options: Any,
     ):
         check_model(model, type(self).__name__)
-        if "adaptive" in base_kwargs:
-            adaptive = base_kwargs["adaptive"]
+        if "adaptive" in options:
+            adaptive = options["adaptive"]
             raise TypeError(
                 f"SAM(..., adaptive={adaptive!r}): SAM takes no adaptive=; "
                 + (
@@ -221,26 +156,8 @@ class SAM(FlatnessOptimizer):
                 )
                 + f" (see {GUIDE})"
             )
-        check_options(type(self).__name__, optimizer, base_optimizer, base_kwargs)
-        super().__init__(
-            model,
-            sam(rho, eps=eps),
-            optimizer,
-            criterion,
-            loss=loss,
-            base_optimizer=base_optimizer,
-            when=when,
-            every=every,
-            base=base,
-            on_nonfinite=on_nonfinite,
-            compile=compile,
-            compile_options=compile_options,
-            accumulate=accumulate,
-            precision=precision,
-            max_grad_norm=max_grad_norm,
-            cuda_graph=cuda_graph,
-            **base_kwargs,
-        )
+        _check_base(type(self).__name__, optimizer, options)
+        super().__init__(model, sam(rho, eps=eps), optimizer, **options)
 
 
 class TorchBase(FlatnessOptimizer):
@@ -257,8 +174,9 @@ class TorchBase(FlatnessOptimizer):
         base_optimizer: a ``torch.optim.Optimizer`` over the model's parameters (any subclass), or
             such a class with its keyword arguments in ``**options``.
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
-        **options: the options of [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]
-            (``every``, ``compile``, ``precision``, ...), and the keyword arguments of a class.
+        **options: the facade's options (``every``, ``compile``, ``precision``, ...), each
+            documented in [`Options`][gamfunc.torch_optim.Options], and the keyword arguments of a
+            class.
 
     Raises:
         TypeError: ``base_optimizer`` is not a ``torch.optim`` optimiser or class.
@@ -278,7 +196,7 @@ class TorchBase(FlatnessOptimizer):
         estimator: Estimator,
         base_optimizer,
         criterion: Callable = F.cross_entropy,
-        **options,
+        **options: Any,
     ):
         if not is_torch(base_optimizer):
             raise TypeError(

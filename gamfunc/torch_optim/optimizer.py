@@ -3,7 +3,6 @@ whose ``step`` runs the pure step of [`gamfunc.make_step`][gamfunc.make_step] on
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -12,31 +11,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gamfunc import tree
-from gamfunc.accumulate import accumulate as accumulated
-from gamfunc.checks import check_positive
-from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator
-from gamfunc.nn import check_loss_form, module_loss, places
+from gamfunc.nn import places
 from gamfunc.optim.transforms import chain, clip_by_global_norm
-from gamfunc.precision import mixed
 from gamfunc.state import StepState, as_dict, from_dict
-from gamfunc.step import make_step
 from gamfunc.torch_optim import sharded
-from gamfunc.torch_optim.base import built, held, torch_state_dict
-from gamfunc.torch_optim.bridge import TorchBridge, TorchState, map_torch
-from gamfunc.torch_optim.checks import (
-    check_arguments,
-    check_capturable,
-    check_model,
-    step_arguments,
-)
+from gamfunc.torch_optim.base import held, torch_state_dict
+from gamfunc.torch_optim.bridge import TorchState, map_torch
+from gamfunc.torch_optim.checks import check_model, step_arguments
 from gamfunc.torch_optim.copies import copy_into
 from gamfunc.torch_optim.groups import Groups
 from gamfunc.torch_optim.habits import CaughtHabits, HandSetGrad, check_lrs, filled_before
 from gamfunc.torch_optim.last_direction import LastDirection
-from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
-from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
+from gamfunc.torch_optim.losses import PassBuffers
+from gamfunc.torch_optim.module_grads import backward_refusal
+from gamfunc.torch_optim.options import Options, check_estimator
+from gamfunc.torch_optim.parts import base_of, losses_of, steps_of
 from gamfunc.torch_optim.saved_state import restore
 
 __all__ = ["FlatnessOptimizer"]
@@ -75,44 +66,14 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         estimator: a gamfunc estimator, e.g. ``gamfunc.gam(rho=0.05, alpha=0.1)``.
         optimizer: the base optimiser: a gamfunc one (``gamfunc.sgd(lr=0.1, momentum=0.9)``), a
             ``torch.optim.Optimizer`` over the model's parameters, or an optimiser class or gamfunc
-            factory built here with ``**base_kwargs`` (``torch.optim.SGD, lr=0.1``).
+            factory built here with its keyword arguments (``torch.optim.SGD, lr=0.1``).
         criterion: ``criterion(outputs, targets) -> scalar`` for ``step((inputs, targets))``;
             ``F.cross_entropy`` by default.
-        loss: ``loss(model, batch) -> scalar`` for ``step(batch)`` with a batch of any form (a
-            dict of tensors, a tuple of three...), in place of ``criterion``: e.g.
-            ``loss=lambda model, b: F.cross_entropy(model(b["input_ids"]), b["labels"])``. It is
-            evaluated as the pair form is, compiled with ``compile=`` and accumulated with
-            ``accumulate=`` (see [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]).
-        base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of ``optimizer``.
-        when: which steps run ``estimator`` (the others run ``base``): a policy of
-            [`gamfunc.when`][gamfunc.when] (``every(k)``, ``late(start)``, ``adaptive(T)``), as
-            [`gamfunc.make_step`][gamfunc.make_step]'s ``when``; None: every step. Its state is
-            in the step state, so ``state_dict()`` saves it.
-        every: the shorthand of ``when=gamfunc.when.every(every)``.
-        base: the estimator of the other steps, ``gradient()`` by default.
-        on_nonfinite: "skip" (default), "raise" or "ignore" (see [`gamfunc.make_step`][gamfunc.make_step]).
-        compile: ``False`` (eager, the default), ``True`` or ``"pass"``: compile the estimator's
-            differentiation passes (``step.compile(scope="pass")``), one graph for every
-            estimator built on gradients, around which the update runs eagerly (a ``torch.optim``
-            base optimiser's ``step()`` runs its own fused or foreach kernels); or ``"step"``:
-            compile the whole step with a gamfunc base optimiser. The whole step is the slower
-            cold compile by far, for a step a little faster (``docs/guides/torch-optim.md``);
-            with ``cuda_graph=True`` the passes' compile runs at the whole step's speed.
-        compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
-        accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.accumulate.accumulate]).
-        precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
-            scale in the step state, in place of ``torch.amp.GradScaler``).
-        max_grad_norm: clip the direction to this global norm before the base optimiser
-            ([`gamfunc.clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm]).
-        cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph
-            ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]: three eager steps, then a
-            capture, then replays; compiled or not). The model must be on a CUDA device, and a
-            ``torch.optim`` base optimiser capturable: built with ``capturable=True`` where it has
-            that option. A number it reads from its param groups (a float ``lr``) is fixed in the
-            graph, so a change of one (a scheduler's) drops the graphs and captures again; give it
-            as a tensor (``lr=torch.tensor(0.1, device="cuda")``, which schedulers change in place)
-            to keep them. ``step(closure)`` is not captured.
-        **base_kwargs: the keyword arguments of an optimiser class or factory given as ``optimizer``;
+        **options: the facade's options, each documented in
+            [`Options`][gamfunc.torch_optim.Options] (``loss``, ``base_optimizer``, ``when``,
+            ``every``, ``base``, ``on_nonfinite``, ``compile``, ``compile_options``,
+            ``accumulate``, ``precision``, ``max_grad_norm``, ``cuda_graph``), and the keyword
+            arguments of an optimiser class or factory given as ``optimizer``;
             for a ``torch.optim`` class, ``params=`` gives the param groups it is built on (as
             ``torch.optim`` takes them: ``[{"params": [...], "weight_decay": 0.0}, ...]``), all the
             trainable parameters in one group otherwise.
@@ -168,123 +129,53 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         estimator: Estimator,
         optimizer=None,
         criterion: Callable = F.cross_entropy,
-        *,
-        loss: Callable | None = None,
-        base_optimizer=None,
-        when=None,
-        every: int = 1,
-        base: Estimator | None = None,
-        on_nonfinite: str = "skip",
-        compile: bool | str = False,
-        compile_options: dict[str, Any] | None = None,
-        accumulate: int = 1,
-        precision: str = "fp32",
-        max_grad_norm: float | None = None,
-        cuda_graph: bool = False,
-        **base_kwargs,
+        **options: Any,
     ):
         check_model(model, type(self).__name__)
-        check_arguments(criterion, compile, compile_options, accumulate, precision)
-        if max_grad_norm is not None:
-            check_positive("max_grad_norm", max_grad_norm)
-        check_loss_form(criterion, loss)
-        if not isinstance(cuda_graph, bool):
-            raise TypeError(f"cuda_graph must be True or False; got {cuda_graph!r}")
-        if not isinstance(estimator, Estimator):
-            raise TypeError(
-                f"estimator must be a gamfunc estimator; got {getattr(estimator, '__name__', type(estimator).__name__)}"
-            )
-        if optimizer is not None and base_optimizer is not None:
-            raise TypeError(
-                "pass the base optimiser once: as the second argument or as base_optimizer="
-            )
-        named: dict[str, Tensor] = dict(model.named_parameters())
-        trainable: dict[str, Tensor] = {k: p for k, p in named.items() if p.requires_grad}
-        if not trainable:
-            raise ValueError("model has no parameter with requires_grad=True to optimise")
-        opt = built(optimizer if optimizer is not None else base_optimizer, trainable, base_kwargs)
+        facade, base_kwargs = Options.split(options)
+        opts = Options(criterion, **facade)
+        check_estimator(estimator)
+        base = base_of(model, estimator, optimizer, base_kwargs, opts)
         self._model = model
         self.metrics: dict[str, Tensor] = {}
         where = places(model)  # a buffer the module replaces later is read at its place
         self._buffer_at = [(k, *where[k]) for k, _ in model.named_buffers()]
         self._views: dict[str, tuple[Tensor, Tensor]] = {}  # buffer name -> (buffer, detached)
         self._state: StepState | None = None
-        self._torch: torch.optim.Optimizer | None = None
-        self._bridge: TorchBridge | None = None
-        if isinstance(opt, torch.optim.Optimizer):
-            if compile == "step":
-                raise ValueError(
-                    "compile='step' compiles the whole step, which needs a gamfunc base "
-                    "optimiser; with a torch.optim one write compile=True (its passes)"
-                )
-            self._torch = opt
-            self._trainable = held(opt, named)
-            self._ids = {id(p): k for k, p in self._trainable.items()}
-            # the parameters' copies rewritten at each step, unless an estimator keeps a state
-            keeps = any(e is not None and e.stateful for e in (estimator, base, estimator.base))
-            reports = any(e is not None and e.decoupled for e in (estimator, base))
-            self._bridge = TorchBridge(opt, self._ids, keeps_inputs=keeps, reports_lr=reports)
-            transform = self._bridge.transform
-        else:
-            self._trainable = trainable
-            transform = opt
+        self._torch, self._bridge, self._ids = base.torch, base.bridge, base.ids
+        self._trainable = base.trainable
         # what the base optimiser moves by, left in .grad after each step (last_direction)
         self._last = LastDirection()
-        transform = self._last.recording(sharded.placed(transform, model))
-        if max_grad_norm is not None:
-            transform = chain(clip_by_global_norm(max_grad_norm), transform)
+        transform = self._last.recording(sharded.placed(base.transform, model))
+        if opts.max_grad_norm is not None:
+            transform = chain(clip_by_global_norm(opts.max_grad_norm), transform)
         self._pass_buffers = PassBuffers()
-        self._any_batch = loss is not None
-        batch_loss: Any = sharded.passes(
-            model, estimator, base, criterion, loss, compile, precision, accumulate, cuda_graph
-        )
-        if batch_loss is None:  # else a model under fully_shard or DDP: sharded.passes
-            on_batch = module_loss(model, criterion, loss=loss, copy_buffers=self._pass_buffers)
-            batch_loss = mixed(functools.partial(as_is, on_batch, model), precision)
-        if accumulate > 1:
-            batch_loss = accumulated(batch_loss, accumulate)
-        # step(closure): on the module itself, the torch.optim protocol, for an estimator built
-        # on gradients alone (fp32: autocast inside the closure is the caller's); otherwise with
-        # the module's tensors swapped, differentiated by torch.func (no backward() inside)
-        self._module_grads: ModuleGradients | None = None
-        on_closure: Callable
-        if isinstance(batch_loss, sharded.ShardedGradients):
-            self._module_grads = on_closure = batch_loss
-        elif precision == "fp32" and gradients_only(estimator, base):
-            self._module_grads = on_closure = ModuleGradients()
-        else:
-            on_closure = mixed(
-                functools.partial(closure_loss, ClosureHolder(model), self._pass_buffers),
-                precision,
-            )
-        options = dict(when=when, every=every, base=base, on_nonfinite=on_nonfinite)
-        batch_step = make_step(estimator, transform, batch_loss, **options)
-        self._closure_step = make_step(estimator, transform, on_closure, **options)
-        self._precision = precision
+        self._any_batch = opts.loss is not None
+        losses = losses_of(model, estimator, opts, self._pass_buffers)
+        self._module_grads = losses.module_grads
+        steps = steps_of(estimator, transform, losses, opts, base)
+        self._batch_step, self._closure_step = steps.batch, steps.closure
+        self._precision, self._accumulate = opts.precision, opts.accumulate
         self._habits = HandSetGrad()
-        self._accumulate = accumulate
-        if compile:
-            scope = "step" if compile == "step" else "pass"
-            batch_step = batch_step.compile(scope=scope, **(compile_options or {}))
-        self._graphed = cuda_graph
-        if cuda_graph:
-            check_capturable(self._torch, trainable)
-            batch_step = graphed(batch_step)
-        self._batch_step = batch_step
+        self._graphed = opts.cuda_graph
         self._captured: list | None = None  # the torch base's groups the graphs were made with
         self._groups: Groups | None = None
-        if self._torch is not None:
-            super().__init__(list(self._trainable.values()), dict(opt.defaults))
-            # the base optimiser's groups and state, shared: a scheduler of either moves both
-            self.param_groups, self.state = opt.param_groups, opt.state
-        else:
-            self._groups = Groups(transform, self._trainable)
-            first, *others = self._groups.param_groups
-            super().__init__(first["params"], {k: v for k, v in first.items() if k != "params"})
-            for g in others:
-                super().add_param_group(g)
-            self._groups.remember(self.param_groups)
+        self._param_groups(transform)
         self._ready = True
+
+    def _param_groups(self, transform) -> None:
+        """The facade's param groups: a ``torch.optim`` base optimiser's own (shared, so that a
+        scheduler of either moves both), or a gamfunc one's injected hyperparameters."""
+        if self._torch is not None:
+            super().__init__(list(self._trainable.values()), dict(self._torch.defaults))
+            self.param_groups, self.state = self._torch.param_groups, self._torch.state
+            return
+        self._groups = Groups(transform, self._trainable)
+        first, *others = self._groups.param_groups
+        super().__init__(first["params"], {k: v for k, v in first.items() if k != "params"})
+        for g in others:
+            super().add_param_group(g)
+        self._groups.remember(self.param_groups)
 
     # ---- torch.optim.Optimizer interface ----------------------------------------------------------
 
@@ -462,6 +353,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
         self._torch.add_param_group(param_group)
         self.param_groups = self._torch.param_groups
         self._trainable = held(self._torch, dict(self._model.named_parameters()))
+        assert self._ids is not None  # a torch.optim base optimiser's
         self._ids.clear()  # the dict the transform reads the names from
         self._ids.update({id(p): k for k, p in self._trainable.items()})
         # the .grad the last step left, now among other parameters: not set by hand

@@ -5,6 +5,7 @@
 * `reproduce.run.records`: each epoch's record and the end-of-run metrics.
 * `reproduce.run.summary`: the end of a run (diverged or not) and its summary.json.
 * `reproduce.run.resume`: resume, start afresh or reuse a finished run; writing the checkpoint.
+* `reproduce.run.checkpoint_body`: a checkpoint's entries checked before a run resumes from it.
 * `reproduce.run.context`: what the loop's parts share (run, parts, progress, session).
 * `reproduce.run.signals`: SIGINT and SIGTERM, phase by phase.
 * `reproduce.run.loaders`: which loader feeds a run its batches.

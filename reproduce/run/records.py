@@ -23,7 +23,7 @@ __all__ = ["EVALUATED", "FLATNESS", "RECORD_KEYS", "end_of_epoch", "final_metric
 # What an epoch's record holds (`end_of_epoch`): these always; the evaluation of each split
 # (``{split}_{score}``) on the epochs it evaluates; the flatness metrics every ``flatness_every``;
 # ``skipped_estimator_steps`` with a step period above 1. A resumed run checks its records against
-# them (`reproduce.run.resume.check_place`).
+# them (`reproduce.run.checkpoint_body.check_place`).
 RECORD_KEYS = frozenset({"epoch", "step", "train_loss", "train_acc", "skipped_steps"})
 EVALUATED = frozenset(
     f"{split}_{score}"

@@ -10,7 +10,6 @@ position, the epoch's sums and the RNG state, all a resumed run needs to continu
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +22,10 @@ from gamfunc.state import from_dict
 from reproduce.config import Config, as_dict
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import report
+from reproduce.run.checkpoint_body import check_body, check_place, is_count, refusal
 from reproduce.run.context import Progress, Run, global_sums, zero_accum
 from reproduce.run.evaluation import to
 from reproduce.run.launch import from_main
-from reproduce.run.records import EVALUATED, FLATNESS, RECORD_KEYS
 
 __all__ = [
     "CHECKPOINT_FIELDS",
@@ -185,20 +184,20 @@ def check_loaded(saved: dict, params, state, fresh, path: Path) -> None:
     for field in ("step", "skipped"):
         v = int(getattr(state, field))
         if not 0 <= v <= step:
-            raise _bad(path, f"its state.{field} is {v}, not in [0, {step}] (its steps)")
+            raise refusal(path, f"its state.{field} is {v}, not in [0, {step}] (its steps)")
     taken, skipped = int(state.step), int(state.skipped)
     if taken + skipped != step:
-        raise _bad(
+        raise refusal(
             path,
             f"its state.step {taken} and state.skipped {skipped} are not its global_step {step} "
             "(each step is taken or skipped)",
         )
     if isinstance(state.cycle, Tensor) and int(state.cycle) != step:
-        raise _bad(path, f"its state.cycle is {int(state.cycle)}, not its global_step {step}")
+        raise refusal(path, f"its state.cycle is {int(state.cycle)}, not its global_step {step}")
     counted = sum(h["skipped_steps"] for h in saved["history"])
-    counted += int(saved["accum"]["skipped"]) // (world if _count(world) and world else 1)
+    counted += int(saved["accum"]["skipped"]) // (world if is_count(world) and world else 1)
     if skipped != counted:
-        raise _bad(
+        raise refusal(
             path,
             f"its state.skipped is {skipped}, but its epoch records and sums count {counted} "
             "skipped steps",
@@ -206,12 +205,12 @@ def check_loaded(saved: dict, params, state, fresh, path: Path) -> None:
     for where, tree in (("params", params), ("state", state)):
         for key, v in pytree.tree_flatten_with_path(tree)[0]:
             if isinstance(v, Tensor) and v.is_floating_point() and not bool(v.isfinite().all()):
-                raise _bad(path, f"its {where}{pytree.keystr(key)} is not finite")
+                raise refusal(path, f"its {where}{pytree.keystr(key)} is not finite")
     got = dict(pytree.tree_flatten_with_path(state.opt)[0])
     for key, v in pytree.tree_flatten_with_path(fresh.opt)[0]:
         is_hyper = any(getattr(k, "name", getattr(k, "key", None)) == "hyperparams" for k in key)
         if is_hyper and isinstance(v, Tensor) and not torch.equal(got[key].cpu(), v.cpu()):
-            raise _bad(
+            raise refusal(
                 path,
                 f"its state.opt{pytree.keystr(key)} is {got[key].item()!r}, not the "
                 f"{v.item()!r} of its configuration",
@@ -305,262 +304,6 @@ def _prepare(cfg: Config, name: str, path: Path, world: int) -> dict | None:
     return None
 
 
-def _bad(path: Path, what: str) -> ckpt.CheckpointError:
-    return ckpt.CheckpointError(
-        f"{str(path)!r} cannot be resumed: {what}; start afresh with --overwrite"
-    )
-
-
-def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def check_body(saved: dict, cfg: Config, path: Path) -> None:
-    """Check every entry of a checkpoint body that the run's data does not decide: its position
-    (whole counts within the run), RNG state, data order, history and best record.
-
-    Args:
-        saved: the body `reproduce.run.checkpoint.load` returned.
-        cfg: the configuration resuming it.
-        path: the checkpoint's file, for the message.
-
-    Raises:
-        CheckpointError: an entry is malformed or out of range (one line naming it).
-    """
-    _check_config(saved["config"], path)
-    pos = saved["position"]
-    for key in ("epoch", "batch", "global_step"):
-        if not _count(pos.get(key)):
-            raise _bad(path, f"its position {key} is {pos.get(key)!r}, not an integer >= 0")
-    if pos["epoch"] > cfg.epochs:
-        raise _bad(path, f"its position epoch {pos['epoch']} is past the run's {cfg.epochs} epochs")
-    for key in ("train_seconds", "timed_seconds"):
-        v = pos.get(key, 0.0)
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
-            raise _bad(path, f"its position {key} is {v!r}, not a finite number >= 0")
-    if not _count(pos.get("timed_images", 0)):
-        raise _bad(path, f"its position timed_images is {pos.get('timed_images')!r}")
-    rng = saved["rng"]
-    if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
-        raise _bad(path, "its RNG state is not a dict holding torch's generator state")
-    try:
-        torch.Generator().set_state(rng["torch"])
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise _bad(path, f"its RNG state is not torch's ({str(e).splitlines()[0]})") from None
-    cuda = rng.get("cuda", [])
-    if not isinstance(cuda, list | tuple) or not all(isinstance(t, torch.Tensor) for t in cuda):
-        raise _bad(path, "its CUDA RNG state is not a list of tensors")
-    order = saved["data_order"]
-    if order is not None and not (
-        isinstance(order, torch.Tensor)
-        and order.dim() == 1
-        and not order.is_floating_point()
-        and not order.is_complex()
-        and order.dtype != torch.bool
-    ):
-        raise _bad(path, "its data order is not None or a 1-d tensor of example indices")
-    if order is not None and order.dtype != torch.int64:
-        raise _bad(path, f"its data order is {order.dtype}, not torch.int64 example indices")
-    history = saved["history"]
-    if not isinstance(history, list) or not all(isinstance(h, dict) for h in history):
-        raise _bad(path, "its history is not a list of epoch records")
-    if len(history) != pos["epoch"]:
-        raise _bad(
-            path, f"its history holds {len(history)} epoch records for its {pos['epoch']} epochs"
-        )
-    for i, h in enumerate(history):
-        if h.get("epoch") != i + 1 or not _count(h.get("step")):
-            raise _bad(path, f"its history record {i} is not that of epoch {i + 1}")
-        _check_record(h, i, path)
-    _check_best(saved["best"], pos["epoch"], path)
-    _check_accum(saved["accum"], path)
-    finished, status = saved["finished"], saved["status"]
-    if not isinstance(finished, bool):
-        raise _bad(path, f"its finished is {finished!r}, not true or false")
-    if status not in STATUSES or finished != (status == "finished"):
-        raise _bad(
-            path,
-            f"its status is {status!r} (finished {finished}), not one of {', '.join(STATUSES)} "
-            "(finished exactly when its status is)",
-        )
-
-
-# The statuses a checkpoint of this loop holds (`write_checkpoint`'s ``status``).
-STATUSES = ("running", "interrupted", "max_steps", "diverged", "finished")
-
-
-def _number(v, low: float, high: float) -> bool:
-    return not isinstance(v, bool) and isinstance(v, int | float) and low <= v <= high
-
-
-def _check_record(h: dict, i: int, path: Path) -> None:
-    """An epoch's record as `reproduce.run.records.end_of_epoch` writes it: its keys (`RECORD_KEYS`
-    and the optional ones), the mean loss finite (None with the accuracy when every step was
-    skipped), accuracies in [0, 100], evaluation losses >= 0, flatness metrics numbers (NaN where
-    unmeasurable), counts of skipped steps >= 0 (the estimator's at most all)."""
-    where = f"its history record {i} (epoch {i + 1})"
-    unknown = sorted(set(h) - RECORD_KEYS - EVALUATED - FLATNESS - {"skipped_estimator_steps"})
-    missing = sorted(RECORD_KEYS - set(h))
-    if unknown or missing:
-        what = f"has entries a run never writes ({', '.join(map(str, unknown))})" if unknown else ""
-        what = what or f"lacks {', '.join(missing)}"
-        raise _bad(path, f"{where} {what}")
-    inf = float("inf")
-    loss, acc = h["train_loss"], h["train_acc"]
-    if (loss is None) != (acc is None):
-        raise _bad(path, f"{where} has train_loss {loss!r} and train_acc {acc!r}: both or neither")
-    if loss is not None and not (_number(loss, -inf, inf) and math.isfinite(loss)):
-        raise _bad(path, f"{where} has train_loss {loss!r}, not a finite number or None")
-    for k in [*sorted(set(h) & EVALUATED), *(["train_acc"] if acc is not None else [])]:
-        # an evaluation loss may overflow (inf); a NaN or a negative one is no mean of losses
-        high = inf if k.endswith("_loss") else 100.0
-        if not _number(h[k], 0.0, high):
-            range_ = ">= 0" if high == inf else "in [0, 100]"
-            raise _bad(path, f"{where} has {k} {h[k]!r}, not a number {range_}")
-    for k in sorted(set(h) & FLATNESS):
-        if isinstance(h[k], bool) or not isinstance(h[k], int | float):
-            raise _bad(path, f"{where} has {k} {h[k]!r}, not a number")
-    for k in ("skipped_steps", "skipped_estimator_steps"):
-        if k in h and not _count(h[k]):
-            raise _bad(path, f"{where} has {k} {h[k]!r}, not a count >= 0")
-    if h.get("skipped_estimator_steps", 0) > h["skipped_steps"]:
-        raise _bad(path, f"{where} has more skipped_estimator_steps than skipped_steps")
-
-
-def _check_config(config, path: Path) -> None:
-    """A checkpoint's configuration: a dict holding every field of `Config` (a field it lacks
-    would be taken at its default, which the run that wrote it may not have had)."""
-    if not isinstance(config, dict):
-        raise _bad(path, f"its config is a {type(config).__name__}, not a dict of the run's fields")
-    missing = sorted(set(as_dict(Config())) - set(config))
-    if missing:
-        raise _bad(
-            path,
-            f"its config lacks {', '.join(missing)} (edited, or written by another version of "
-            "reproduce/train.py)",
-        )
-
-
-def _check_best(best, epochs: int, path: Path) -> None:
-    """A checkpoint's best validation record: None, or the accuracy (finite, in [0, 100]) of one of
-    its closed epochs, with that epoch's test accuracy."""
-    if best is None:
-        return
-    if not isinstance(best, dict):
-        raise _bad(path, "its best record is not None or a dict")
-    if not _number(best.get("val_acc"), 0.0, 100.0):
-        raise _bad(path, f"its best val_acc is {best.get('val_acc')!r}, not in [0, 100]")
-    test = best.get("test_acc")
-    if test is not None and not _number(test, 0.0, 100.0):
-        raise _bad(path, f"its best test_acc is {test!r}, not None or in [0, 100]")
-    if not (_count(best.get("epoch")) and 1 <= best["epoch"] <= epochs):
-        raise _bad(path, f"its best epoch is {best.get('epoch')!r}, not one of its {epochs} epochs")
-
-
-def _check_accum(accum, path: Path) -> None:
-    """A checkpoint's sums of the epoch: the 0-d tensors of `zero_accum`, of its dtypes, the counts
-    >= 0 (correct at most seen, the estimator's skipped steps at most all skipped), the loss
-    finite."""
-    want = zero_accum("cpu")
-    if not isinstance(accum, dict) or set(accum) != set(want):
-        got = sorted(accum) if isinstance(accum, dict) else type(accum).__name__
-        raise _bad(path, f"its epoch sums (accum) have entries {got}; expected {sorted(want)}")
-    for k, z in want.items():
-        t = accum[k]
-        if not isinstance(t, Tensor) or t.shape != z.shape or t.dtype != z.dtype:
-            got = f"{t.dtype} of shape {tuple(t.shape)}" if isinstance(t, Tensor) else repr(t)
-            raise _bad(path, f"its accum {k} is {got}, not a 0-d {z.dtype}")
-    v = {k: t.item() for k, t in accum.items()}
-    if not math.isfinite(v["loss"]):
-        raise _bad(path, f"its accum loss is {v['loss']!r}, not a finite sum")
-    for k in ("seen", "correct", "skipped", "skipped_estimator"):
-        if v[k] < 0:
-            raise _bad(path, f"its accum {k} is {v[k]}, not a count >= 0")
-    if v["correct"] > v["seen"]:
-        raise _bad(path, f"its accum correct {v['correct']} is more than its seen {v['seen']}")
-    if v["skipped_estimator"] > v["skipped"]:
-        raise _bad(path, f"its accum skipped_estimator {v['skipped_estimator']} is past skipped")
-
-
-def check_place(
-    saved: dict, steps_per_epoch: int, n_train: int, batch_size: int, path, total_steps: int = 0
-) -> None:
-    """Check a checkpoint's position and data order against the run's data: the batch within the
-    epoch, the step count that the epoch and batch make, and the order a permutation of example
-    indices of the epoch's length.
-
-    Args:
-        saved: a checkpoint body that `check_body` accepted.
-        steps_per_epoch: the run's steps in an epoch.
-        n_train: its training examples.
-        batch_size: its global batch.
-        path: the checkpoint's file, for the message.
-        total_steps: its ``--total_steps`` (0: none).
-
-    Raises:
-        CheckpointError: the position or the order does not fit (one line naming it).
-    """
-    pos, order = saved["position"], saved["data_order"]
-    epoch, batch, step = pos["epoch"], pos["batch"], pos["global_step"]
-    if batch > steps_per_epoch:  # at the epoch's length: --max_steps stopped it before it closed
-        raise _bad(path, f"its position batch {batch} is past the epoch's {steps_per_epoch} steps")
-    epochs = saved["config"].get("epochs")
-    if _count(epochs) and epoch >= epochs and batch:
-        raise _bad(
-            path, f"its position batch {batch} is in epoch {epoch + 1} of a {epochs}-epoch run"
-        )
-    if total_steps and step > total_steps:
-        raise _bad(path, f"its position global_step {step} is past --total_steps={total_steps}")
-    sums = {k: t.item() for k, t in saved["accum"].items()}
-    if sums["seen"] > batch * batch_size:
-        raise _bad(
-            path, f"its accum seen {sums['seen']} is more than its {batch} batches of {batch_size}"
-        )
-    world = pos.get("world", 1)
-    if sums["skipped"] > batch * (world if _count(world) else 1):
-        raise _bad(path, f"its accum skipped {sums['skipped']} is more than its {batch} batches")
-    # --total_steps ends the last epoch at its step, which the closed epoch's count passes
-    if step != epoch * steps_per_epoch + batch and not (total_steps and step == total_steps):
-        raise _bad(
-            path,
-            f"its position global_step {step} is not epoch {epoch} × {steps_per_epoch} steps + "
-            f"batch {batch}",
-        )
-    before = 0
-    for i, h in enumerate(saved["history"]):  # each closed epoch's record, at its last step
-        want = (i + 1) * steps_per_epoch
-        if total_steps and want > total_steps:  # --total_steps closed it early
-            want = total_steps
-        if h["step"] != want:
-            raise _bad(
-                path,
-                f"its history record {i} (epoch {i + 1}) is at step {h['step']}, not at its "
-                f"epoch's last step {want}",
-            )
-        if h["skipped_steps"] > want - before:
-            raise _bad(
-                path,
-                f"its history record {i} (epoch {i + 1}) has {h['skipped_steps']} skipped "
-                f"steps, more than the epoch's {want - before}",
-            )
-        before = want
-    if order is None:
-        if batch:
-            raise _bad(path, f"it stopped at batch {batch} of an epoch but holds no data order")
-        return
-    want = steps_per_epoch * batch_size
-    if (
-        len(order) != want
-        or (len(order) and (int(order.min()) < 0 or int(order.max()) >= n_train))
-        or len(torch.unique(order)) != len(order)
-    ):
-        raise _bad(
-            path,
-            f"its data order is not {want} distinct example indices in [0, {n_train})",
-        )
-
-
-# What a run writes besides its checkpoints; any of them marks the folder as a run's.
 OUTPUTS = ("summary.json", "config.json", "events.out.tfevents.*", "best.pt", "*.png")
 # The mark of a run started afresh that has written no checkpoint yet (written before its first
 # output, removed once a checkpoint is written): its outputs hold no result, and the same command,

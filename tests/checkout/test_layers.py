@@ -185,6 +185,7 @@ RUN_ORDER = [
     "signals",
     "context",
     "records",
+    "checkpoint_body",
     "resume",
     "summary",
     "epoch",

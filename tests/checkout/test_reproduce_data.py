@@ -1,4 +1,4 @@
-"""reproduce/data/sets.py: data sets, label noise, splits, resumable order, augmentation, clear errors."""
+"""reproduce/data/sets.py and folders.py: data sets, label noise, splits, resumable order, augmentation, clear errors."""
 
 import random
 from pathlib import Path

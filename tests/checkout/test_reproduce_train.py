@@ -425,7 +425,7 @@ def _spy_inputs(monkeypatch) -> list[tuple[bool, int, bool]]:
 
         return loss_fn
 
-    monkeypatch.setattr(build, "classification_loss", spy)
+    monkeypatch.setattr(build.training, "classification_loss", spy)  # where setup reads it
     return seen
 
 
