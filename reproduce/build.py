@@ -3,7 +3,7 @@
 `setup` turns a `Config` into a `Training`: the model (fresh, or
 from ``--weights``) on the process's device, the cross-entropy loss through
 ``torch.func.functional_call``, the estimator named by ``--estimator`` made data parallel
-([`gamfunc.distributed.data_parallel`][gamfunc.distributed.data_parallel]) when the job has several processes, the base optimiser
+([`gamfunc.distributed.data_parallel`][gamfunc.wrappers.distributed.data_parallel]) when the job has several processes, the base optimiser
 with its schedule, gradient clipping and weight-decay mask, and ``make_step`` of them, compiled
 with ``--compile``.
 """
@@ -90,7 +90,7 @@ def classification_loss(model: nn.Module, label_smoothing: float = 0.0):
 
 
 def training_loss(loss_fn, cfg: Config):
-    """``loss_fn`` in the run's precision: [`gamfunc.precision.bf16`][gamfunc.precision.bf16] with ``--bf16`` (autocast in
+    """``loss_fn`` in the run's precision: [`gamfunc.precision.bf16`][gamfunc.wrappers.precision.bf16] with ``--bf16`` (autocast in
     every pass, exact H·v's backward pass included), else as it is."""
     return gamfunc.precision.mixed(loss_fn, "bf16" if cfg.bf16 else "fp32")
 
@@ -155,7 +155,7 @@ def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
 
     ``"exact"`` (forward-over-reverse); on a network with BatchNorm or convolutions under bfloat16
     autocast, ``cfg.bf16_hvp``, which may choose ``"reverse"`` (reverse-over-reverse, the same H·v by
-    another route). Both run in bf16 ([`gamfunc.precision`][gamfunc.precision], [`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm]).
+    another route). Both run in bf16 ([`gamfunc.precision`][gamfunc.wrappers.precision], [`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm]).
     """
     risky = (nn.modules.conv._ConvNd, _BatchNorm)
     if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):
@@ -324,11 +324,11 @@ def channels_last(model: nn.Module) -> None:
 
 def compile_scope(cfg: Config, world: int) -> str:
     """``step`` (the whole step, one graph) or ``pass`` (each gradient or H·v pass, the step around
-    them eager: [`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes]).
+    them eager: [`gamfunc.regional.compile_passes`][gamfunc.wrappers.regional.compile_passes]).
 
     ``auto`` takes ``pass`` for ImageNet models, whose whole-step compile takes minutes where a pass
     compiles in about one (benchmarks/RESULTS.md), and under several processes, so that the
-    all-reduces of [`gamfunc.distributed`][gamfunc.distributed] run between compiled passes, not inside a graph."""
+    all-reduces of [`gamfunc.distributed`][gamfunc.wrappers.distributed] run between compiled passes, not inside a graph."""
     if cfg.compile_scope != "auto":
         return cfg.compile_scope
     return "pass" if world > 1 or cfg.dataset == "imagenet" else "step"
@@ -444,7 +444,7 @@ def setup(
     ``name`` with the base optimiser and schedule of ``cfg``, initialised on ``procs.device``.
 
     With several processes every rank starts from rank 0's parameters and buffers, and the estimator
-    is made data parallel with ``cfg.perturbation`` ([`gamfunc.distributed.data_parallel`][gamfunc.distributed.data_parallel]).
+    is made data parallel with ``cfg.perturbation`` ([`gamfunc.distributed.data_parallel`][gamfunc.wrappers.distributed.data_parallel]).
     With ``cfg.channels_last`` the model's 4-d parameters and buffers take the ``torch.channels_last``
     layout before they are copied out into ``params`` and ``buffers``; the step keeps that layout.
 

@@ -55,7 +55,7 @@ class GAM(FlatnessOptimizer):
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
         loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
             tensors), in place of ``criterion``.
-        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.when]; None: every
+        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.training.when]; None: every
             step), as [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]'s.
         every: run GAM on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, the gradient by default.
@@ -154,7 +154,7 @@ class SAM(FlatnessOptimizer):
         criterion: ``criterion(outputs, targets)`` for ``step((inputs, targets))``.
         loss: ``loss(model, batch)`` for ``step(batch)`` with a batch of any form (a dict of
             tensors), in place of ``criterion``.
-        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.when]; None: every
+        when: which steps are flat (a policy of [`gamfunc.when`][gamfunc.training.when]; None: every
             step), as [`FlatnessOptimizer`][gamfunc.torch_optim.FlatnessOptimizer]'s.
         every: run SAM on every ``every``-th step and ``base`` on the others.
         base: the estimator of the other steps, the gradient by default.

@@ -12,16 +12,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gamfunc import tree
-from gamfunc.accumulate import accumulate as accumulated
 from gamfunc.checks import check_positive
-from gamfunc.cuda_graphs import cuda_graph as graphed
-from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator
 from gamfunc.nn import check_loss_form, module_loss, places
 from gamfunc.optim.transforms import chain, clip_by_global_norm
-from gamfunc.precision import mixed
-from gamfunc.state import StepState, as_dict, from_dict
-from gamfunc.step import make_step
 from gamfunc.torch_optim import sharded
 from gamfunc.torch_optim.base import built, held, torch_state_dict
 from gamfunc.torch_optim.bridge import TorchBridge, TorchState, map_torch
@@ -38,6 +32,12 @@ from gamfunc.torch_optim.last_direction import LastDirection
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
 from gamfunc.torch_optim.module_grads import ModuleGradients, backward_refusal, gradients_only
 from gamfunc.torch_optim.saved_state import restore
+from gamfunc.training.cuda_graphs import cuda_graph as graphed
+from gamfunc.training.cuda_graphs import release
+from gamfunc.training.state import StepState, as_dict, from_dict
+from gamfunc.training.step import make_step
+from gamfunc.wrappers.accumulate import accumulate as accumulated
+from gamfunc.wrappers.precision import mixed
 
 __all__ = ["FlatnessOptimizer"]
 
@@ -85,7 +85,7 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             ``accumulate=`` (see [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize]).
         base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of ``optimizer``.
         when: which steps run ``estimator`` (the others run ``base``): a policy of
-            [`gamfunc.when`][gamfunc.when] (``every(k)``, ``late(start)``, ``adaptive(T)``), as
+            [`gamfunc.when`][gamfunc.training.when] (``every(k)``, ``late(start)``, ``adaptive(T)``), as
             [`gamfunc.make_step`][gamfunc.make_step]'s ``when``; None: every step. Its state is
             in the step state, so ``state_dict()`` saves it.
         every: the shorthand of ``when=gamfunc.when.every(every)``.
@@ -99,13 +99,13 @@ class FlatnessOptimizer(CaughtHabits, torch.optim.Optimizer):
             cold compile by far, for a step a little faster (``docs/guides/torch-optim.md``);
             with ``cuda_graph=True`` the passes' compile runs at the whole step's speed.
         compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
-        accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.accumulate.accumulate]).
-        precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
+        accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.wrappers.accumulate.accumulate]).
+        precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.wrappers.precision.mixed]; fp16 with a dynamic loss
             scale in the step state, in place of ``torch.amp.GradScaler``).
         max_grad_norm: clip the direction to this global norm before the base optimiser
             ([`gamfunc.clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm]).
         cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph
-            ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]: three eager steps, then a
+            ([`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph]: three eager steps, then a
             capture, then replays; compiled or not). The model must be on a CUDA device, and a
             ``torch.optim`` base optimiser capturable: built with ``capturable=True`` where it has
             that option. A number it reads from its param groups (a float ``lr``) is fixed in the
