@@ -50,7 +50,7 @@ CHECKOUT = frozenset(
         "test_reproduce_fmnist_harness",
         "test_reproduce_fsdp",
         "test_reproduce_layers",
-        "test_reproduce_logging",
+        "test_reproduce_tensorboard",
         "test_reproduce_methods",
         "test_reproduce_models",
         "test_reproduce_presets",
