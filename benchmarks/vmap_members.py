@@ -19,7 +19,7 @@ import torch
 from benchmarks import _common
 from benchmarks.report import columns
 from examples.vmap_grid import build, constant, mlp_params  # the example's model and step
-from gamfunc.ensemble import stack, vmap_step
+from gamfunc.training.ensemble import stack, vmap_step
 
 
 def median_time(fn, repeats: int, device) -> float:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import gamfunc
-from gamfunc.ensemble import stack, vmap_step
+from gamfunc.training.ensemble import stack, vmap_step
 
 RHOS, ALPHAS = (0.1, 0.5, 1.0), (0.1, 0.3, 1.0)
 CHANCE = 1.5 * 100 / 10  # a training accuracy (%) at most this is at chance: 1.5 × 1/10 classes

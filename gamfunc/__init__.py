@@ -5,25 +5,17 @@ pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 """
 
 from gamfunc import (
-    accumulate,
     checks,
-    cuda_graphs,
-    distributed,
-    ensemble,
-    guard,
     hvps,
-    m_sharpness,
     metrics,
     nn,
-    precision,
-    regional,
     schedules,
     torch_optim,
     tree,
-    when,
 )
-from gamfunc.convenience import gam_step
-from gamfunc.cuda_graphs import cuda_graph
+
+# the old paths of the moved modules, for one release
+from gamfunc._moved import __getattr__ as __getattr__
 from gamfunc.estimators import (
     Estimator,
     asam,
@@ -63,8 +55,12 @@ from gamfunc.optim.transforms import (
     scale_by_lion,
     trace,
 )
-from gamfunc.state import StepState
-from gamfunc.step import Step, make_step
+from gamfunc.training import cuda_graphs, ensemble, guard, when
+from gamfunc.training.convenience import gam_step
+from gamfunc.training.cuda_graphs import cuda_graph
+from gamfunc.training.state import StepState
+from gamfunc.training.step import Step, make_step
+from gamfunc.wrappers import accumulate, distributed, m_sharpness, precision, regional
 
 __version__ = "0.2.0"
 

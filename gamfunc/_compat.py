@@ -138,14 +138,14 @@ def in_transform() -> bool:
     return level() is not None
 
 
-_VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
+TORCH_VERSION = tuple(int(x) for x in torch.__version__.split(".")[:2])
 # torch.compile traces torch._C._functorch.is_batchedtensor from torch 2.5 on; before, it stops the
 # graph ("torch.* op returned non-Tensor bool").
-_TRACES_IS_BATCHED = _VERSION >= (2, 5)
+_TRACES_IS_BATCHED = TORCH_VERSION >= (2, 5)
 # Dynamo folds torch._C._functorch.get_dynamic_layer_stack_depth to a constant, with a guard, and
 # enters the torch.func transforms it traces on that stack (torch 2.14); torch 2.11's Dynamo skips
 # the function ("marked as skipped"), and neither traces maybe_current_level.
-_TRACES_LAYER_DEPTH = _VERSION >= (2, 14)
+_TRACES_LAYER_DEPTH = TORCH_VERSION >= (2, 14)
 _LAYER_DEPTH = _functorch("get_dynamic_layer_stack_depth")
 
 

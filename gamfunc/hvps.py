@@ -23,7 +23,7 @@ its default value; a finite-difference radius is given only as ``fd(radius=r)``)
   Appendix D, H·v ≈ (∇L(θ + r·v) − ∇L(θ)) / r. Costs one gradient beyond ∇L(θ).
 
 Each is a frozen dataclass: equal backends compare equal and hash alike (so a compiled pass of
-[`gamfunc.regional`][gamfunc.regional] is made once per backend), and the repr is the call that builds it,
+[`gamfunc.regional`][gamfunc.wrappers.regional] is made once per backend), and the repr is the call that builds it,
 ``fd(radius=0.001)``. Any function of the signature above is a backend too.
 
 Warning:
@@ -281,7 +281,7 @@ def forward_mode(hvp) -> bool:
 
 
 SECOND_ORDER = (Exact(), Reverse())
-"""The backends that differentiate the backward pass of L (the wrappers of [`gamfunc.precision`][gamfunc.precision]
+"""The backends that differentiate the backward pass of L (the wrappers of [`gamfunc.precision`][gamfunc.wrappers.precision]
 run it under autocast for them)."""
 
 
@@ -332,7 +332,7 @@ class Normalized:
     """The vector v(g) = g/(‖g‖ + ξ) of ∇‖∇L‖ = H·g/‖g‖ (paper Eq. 6), as a function of g = ∇L(θ).
 
     A value, not a closure: two are equal when their ξ are, so a compiled pass that forms g and
-    H·v(g) in one region ([`gamfunc.regional`][gamfunc.regional]) is made once per ξ and reused at every point.
+    H·v(g) in one region ([`gamfunc.regional`][gamfunc.wrappers.regional]) is made once per ξ and reused at every point.
 
     Attributes:
         eps: ξ >= 0, added to ‖g‖ before dividing.
@@ -347,8 +347,8 @@ class Normalized:
 def of_gradient(v: Vector) -> TypeIs[Callable[[Tree], Tree]]:
     """Whether ``v`` is a function v(g) of the gradient g = ∇L(θ) rather than a fixed vector (a dict).
 
-    The one test of the vector protocol that every backend and every wrapper ([`gamfunc.accumulate`][gamfunc.accumulate],
-    [`gamfunc.precision`][gamfunc.precision], [`gamfunc.regional`][gamfunc.regional]) uses: ``isinstance(v, dict)``, because dynamo
+    The one test of the vector protocol that every backend and every wrapper ([`gamfunc.accumulate`][gamfunc.wrappers.accumulate],
+    [`gamfunc.precision`][gamfunc.wrappers.precision], [`gamfunc.regional`][gamfunc.wrappers.regional]) uses: ``isinstance(v, dict)``, because dynamo
     on torch 2.11 cannot trace ``callable`` of a dict.
 
     Args:

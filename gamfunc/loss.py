@@ -114,8 +114,8 @@ class Objective:
     micro-batches or all-reduces across ranks changes every gradient of every estimator at once.
     Calling it as ``objective(params, batch)`` gives the loss.
 
-    The wrappers of [`gamfunc.accumulate`][gamfunc.accumulate], [`gamfunc.precision`][gamfunc.precision], [`gamfunc.distributed`][gamfunc.distributed]
-    and [`gamfunc.regional`][gamfunc.regional] are Objectives that wrap another loss, held in their ``loss_fn``
+    The wrappers of [`gamfunc.accumulate`][gamfunc.wrappers.accumulate], [`gamfunc.precision`][gamfunc.wrappers.precision], [`gamfunc.distributed`][gamfunc.wrappers.distributed]
+    and [`gamfunc.regional`][gamfunc.wrappers.regional] are Objectives that wrap another loss, held in their ``loss_fn``
     field (frozen dataclasses). The step reaches its state through three methods, which by default
     forward to that wrapped loss, so a wrapper overrides only those it has something to add to:
 
@@ -123,7 +123,7 @@ class Objective:
       ([`gamfunc.StepState`][gamfunc.StepState]: its ``buffers``, its ``loss`` such as an fp16 loss scale); it
       stays an Objective. Default: this wrapper around the wrapped loss bound (`bind`).
     * ``init_state(params)``: the loss's own state, which the step keeps in ``state.loss`` (a pytree
-      of tensors, e.g. [`gamfunc.precision.LossScale`][gamfunc.precision.LossScale]). Default: the wrapped loss's (``()``
+      of tensors, e.g. [`gamfunc.precision.LossScale`][gamfunc.wrappers.precision.LossScale]). Default: the wrapped loss's (``()``
       for a plain one).
     * ``next_state(state, finite) -> (loss_state, metrics)``: ``state.loss`` after a step, given
       whether the step was taken, and metrics to report. Default: the wrapped loss's

@@ -9,7 +9,7 @@ count below 0 reads as 0), so that the optimiser or estimator given it checks it
 it is built: ``sgd(lr=constant(-1.0))`` is refused as ``sgd(lr=-1.0)`` is. A schedule takes values
 of either sign; which are allowed is its consumer's business. A schedule of your own may state its
 ``bounds`` too (an attribute, a pair of numbers); one that does not is checked at every step, on the
-device ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]).
+device ([`gamfunc.checks.GuardedSchedule`][gamfunc.ranges.GuardedSchedule]).
 
 Example:
     >>> import torch

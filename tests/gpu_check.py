@@ -60,8 +60,8 @@ from registry import ESTIMATORS  # noqa: E402
 import gamfunc  # noqa: E402
 from gamfunc import tree  # noqa: E402
 from gamfunc.loss import bind  # noqa: E402
-from gamfunc.precision import bf16  # noqa: E402
-from gamfunc.regional import compile_passes  # noqa: E402
+from gamfunc.wrappers.precision import bf16  # noqa: E402
+from gamfunc.wrappers.regional import compile_passes  # noqa: E402
 
 __all__ = [
     "CHECKED",

@@ -184,9 +184,9 @@ def worker(a) -> None:
     procs = launch.start("auto")
     cuda = procs.device.type == "cuda"
     if a.guard == "sync":  # the guard of before: read `finite` on the host, branch eagerly
-        import gamfunc.guard
+        import gamfunc.training.guard
 
-        gamfunc.guard.Guard.reads = lambda self, finite, passes=None: (
+        gamfunc.training.guard.Guard.reads = lambda self, finite, passes=None: (
             not torch.compiler.is_compiling()
         )
     result: dict = {"world": procs.world}

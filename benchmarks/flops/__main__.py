@@ -33,7 +33,7 @@ import gamfunc
 from benchmarks import _common
 from benchmarks.flops.passes import SHAPES, build, loss_of, regions
 from gamfunc import tree
-from gamfunc.graph_sharing import share_equal_work
+from gamfunc.compiling.graph_sharing import share_equal_work
 
 ROWS = ("grad", "jvp_of_grad", "vjp_of_grad", "point_fwd", "point_rev")
 WAYS = ("native", "native_shared", "elementary", "elementary_shared")

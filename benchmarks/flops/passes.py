@@ -38,7 +38,7 @@ from benchmarks import _common
 from benchmarks.report import columns
 from benchmarks.step_cost.timing import time_steps
 from gamfunc import tree
-from gamfunc.compile import compile_with, fresh
+from gamfunc.compiling.compile import compile_with, fresh
 from gamfunc.hvps import math_attention
 from gamfunc.loss import grad_fn
 

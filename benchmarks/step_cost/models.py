@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import gamfunc
-from gamfunc import precision
+from gamfunc.wrappers import precision
 
 
 class ModelSpec(NamedTuple):

@@ -22,7 +22,7 @@ class Estimate(NamedTuple):
 
     ``decoupled`` is a tree like the params that the step applies after the optimiser's update,
     scaled by each parameter's learning rate: θ ← apply_updates(θ, u) − lr_k·decoupled_k
-    ([`make_step`][gamfunc.step.make_step]); WSAM's decoupled form
+    ([`make_step`][gamfunc.training.step.make_step]); WSAM's decoupled form
     ([`wsam`][gamfunc.estimators.wsam.wsam] with ``decouple=True``) returns one.
 
     Attributes:
@@ -56,9 +56,9 @@ class Estimator:
     A *stateful* estimator (LookSAM's stored component, Friendly-SAM's running mean) has an
     ``init_fn(params) -> state``, a pytree of tensors; its ``run_fn`` takes the state as a sixth
     argument and returns the next one in ``Estimate.state``, of the same structure. The step keeps
-    it in [`StepState.est`][gamfunc.state.StepState] and keeps the old one when a step is skipped.
+    it in [`StepState.est`][gamfunc.training.state.StepState] and keeps the old one when a step is skipped.
     An estimator with ``every`` = k > 1 is a cycle: ``run_fn`` on every k-th step of
-    [`make_step`][gamfunc.step.make_step] (the first included), ``base`` on the others, chosen on
+    [`make_step`][gamfunc.training.step.make_step] (the first included), ``base`` on the others, chosen on
     the host so that each step pays only for the branch it runs; ``base`` shares the state.
     An estimator with ``decoupled`` = True returns, besides the direction the optimiser sees, a
     part the step applies after the optimiser's update (``Estimate.decoupled``); called directly,

@@ -68,7 +68,7 @@ def gam_accelerated(
         alpha: α in [0, 1], weight of g1 against g3 in h+.
         beta: β in [0, 1], weight of g0 against g2 in h−.
         gamma: γ >= 0, how much of h−⊥ is removed. α, β and γ may also be schedules of the step
-            count, as ρ and ρ' ([`gamfunc.ensemble`][gamfunc.ensemble] gives each member its values as such).
+            count, as ρ and ρ' ([`gamfunc.ensemble`][gamfunc.training.ensemble] gives each member its values as such).
         convention: "paper" or "official" (see Warning).
         eps: ξ.
         adaptive: scale the ascents per element by |x| (the authors' ``adaptive=True``).

@@ -47,7 +47,7 @@ def look_gam(rho, alpha, k: int, hvp="exact", eps: float = 1e-12, **gam_kwargs) 
     gradient. This estimator is new (no paper defines it). Like
     [`looksam`][gamfunc.estimators.looksam.looksam] it is a cycle
     ([`Estimator.every`][gamfunc.estimators.base.Estimator] = k, the branch chosen on the host by
-    [`make_step`][gamfunc.step.make_step]) with its state in ``StepState.est``
+    [`make_step`][gamfunc.training.step.make_step]) with its state in ``StepState.est``
     ([`LookGAMState`][gamfunc.estimators.look_gam.LookGAMState]): the steps between cost one
     gradient, against GAM's two gradients and two H·v passes.
 

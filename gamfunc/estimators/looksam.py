@@ -44,7 +44,7 @@ def looksam(rho, k: int, alpha, eps: float = 1e-12, convention: str = "paper") -
     $$
 
     The estimator is a cycle ([`Estimator.every`][gamfunc.estimators.base.Estimator] = k):
-    [`make_step`][gamfunc.step.make_step] picks the full or the reusing branch on the host from its
+    [`make_step`][gamfunc.training.step.make_step] picks the full or the reusing branch on the host from its
     count of calls (skipped steps included), so the steps between cost one gradient, as in the
     paper, and a compiled step has two graphs. g_v lives in ``StepState.est``
     ([`LookSAMState`][gamfunc.estimators.looksam.LookSAMState]). Called on its own (outside a

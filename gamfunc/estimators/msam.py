@@ -55,7 +55,7 @@ def msam(rho, momentum: float = 0.9, eps: float = 1e-12) -> Estimator:
         The one pass is at the perturbed point θ̃, not at θ: ``info["loss"]`` and
         ``info["grad_norm"]`` are L(θ̃) and ‖∇L(θ̃)‖, and a BatchNorm model's running statistics
         come from the pass at θ̃ (as in the paper, whose model sits at θ̃ between steps). Where the
-        step already has the pass at θ ([`gamfunc.when.adaptive`][gamfunc.when.adaptive]'s probe)
+        step already has the pass at θ ([`gamfunc.when.adaptive`][gamfunc.training.when.adaptive]'s probe)
         the info and statistics are that pass's, and the direction is still ∇L(θ̃).
 
     Args:

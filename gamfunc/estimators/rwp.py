@@ -130,7 +130,7 @@ def rwp(sigma, mix: float = 0.0, seed: int = 0) -> Estimator:
         With ``mix`` = 0 the one pass is at θ + ε: ``info["loss"]`` and ``info["grad_norm"]`` are
         L(θ + ε) and ‖∇L(θ + ε)‖, and a BatchNorm model's running statistics come from that pass
         (as in the authors' code, which evaluates the model at the perturbed weights). Where the
-        step already has the pass at θ ([`gamfunc.when.adaptive`][gamfunc.when.adaptive]'s probe),
+        step already has the pass at θ ([`gamfunc.when.adaptive`][gamfunc.training.when.adaptive]'s probe),
         or with ``mix`` > 0, they are the pass at θ's. At a stationary point the direction is not
         0: it is the gradient at a random neighbour.
 

@@ -56,7 +56,7 @@ def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:
         ValueError: ``rho`` or ``eps`` is negative or not finite (a tensor of it too, or a
             schedule whose ``bounds`` reach below 0), or ``ascent_steps`` is not an integer >= 1
             (naming it). A schedule without bounds is checked at each step
-            ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]).
+            ([`gamfunc.checks.GuardedSchedule`][gamfunc.ranges.GuardedSchedule]).
 
     Example:
         >>> import torch, gamfunc

@@ -37,7 +37,7 @@ def wsam(
     $$
 
     u(g) the optimiser's update. The estimator returns g as its direction and a·(g_adv − g) as
-    ``Estimate.decoupled``; [`make_step`][gamfunc.step.make_step] applies it, and refuses at
+    ``Estimate.decoupled``; [`make_step`][gamfunc.training.step.make_step] applies it, and refuses at
     ``step.init`` an optimiser that keeps no lr. The two forms coincide for plain SGD (no momentum,
     no weight decay). ``max_norm`` = c clips g and g_adv separately, each to a global norm of at
     most c, after the ascent (which takes the unclipped g), as the authors' code does with

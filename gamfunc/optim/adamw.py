@@ -37,7 +37,7 @@ def adamw(
         lr: η, float >= 0 or a schedule.
         betas: (β₁, β₂), each in [0, 1).
         eps: ε >= 0.
-        weight_decay: λ >= 0, or a schedule of the step count ([`gamfunc.ensemble`][gamfunc.ensemble] gives each
+        weight_decay: λ >= 0, or a schedule of the step count ([`gamfunc.ensemble`][gamfunc.training.ensemble] gives each
             member its λ as one).
         weight_decay_mask: which parameters decay, as the ``mask`` of
             [`gamfunc.add_decayed_weights`][gamfunc.add_decayed_weights]. Equal to ``torch.optim.AdamW`` with two param

@@ -46,7 +46,7 @@ def sgd(
         dampening: τ >= 0.
         nesterov: Nesterov momentum (needs μ > 0 and τ = 0, as torch.optim).
         weight_decay: λ >= 0, coupled (L2) weight decay; or a schedule of the step count
-            ([`gamfunc.ensemble`][gamfunc.ensemble] gives each member its λ as one).
+            ([`gamfunc.ensemble`][gamfunc.training.ensemble] gives each member its λ as one).
         weight_decay_mask: which parameters decay, as the ``mask`` of
             [`gamfunc.add_decayed_weights`][gamfunc.add_decayed_weights] ([`gamfunc.decay_mask`][gamfunc.decay_mask] gives the usual choice).
 

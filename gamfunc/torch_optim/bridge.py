@@ -39,9 +39,9 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc import tree
-from gamfunc.guard import all_finite
 from gamfunc.optim import GroupsState, InjectState, Moved, Transform
 from gamfunc.torch_optim.copies import copy_into, recopy
+from gamfunc.training.guard import all_finite
 
 __all__ = ["TorchBridge", "TorchState", "map_torch"]
 

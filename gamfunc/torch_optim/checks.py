@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from gamfunc.nn import check_uncompiled
 from gamfunc.optim import Transform
-from gamfunc.precision import PRECISIONS
+from gamfunc.wrappers.precision import PRECISIONS
 
 __all__ = [
     "COMPILE",

@@ -11,11 +11,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gamfunc import tree
-from gamfunc.cuda_graphs import release
 from gamfunc.estimators import Estimator
 from gamfunc.nn import places
 from gamfunc.optim.transforms import chain, clip_by_global_norm
-from gamfunc.state import StepState, as_dict, from_dict
 from gamfunc.torch_optim import sharded
 from gamfunc.torch_optim.base import held, torch_state_dict
 from gamfunc.torch_optim.bridge import TorchState, map_torch
@@ -29,6 +27,8 @@ from gamfunc.torch_optim.module_grads import backward_refusal
 from gamfunc.torch_optim.options import Options, check_estimator
 from gamfunc.torch_optim.parts import base_of, losses_of, steps_of
 from gamfunc.torch_optim.saved_state import restore
+from gamfunc.training.cuda_graphs import release
+from gamfunc.training.state import StepState, as_dict, from_dict
 
 __all__ = ["FlatnessOptimizer"]
 

@@ -38,7 +38,7 @@ class Options:
         base_optimizer: the base optimiser by keyword (davda54/sam's name), instead of the
             facade's ``optimizer`` argument.
         when: which steps run the estimator (the others run ``base``): a policy of
-            [`gamfunc.when`][gamfunc.when] (``every(k)``, ``late(start)``, ``adaptive(T)``), as
+            [`gamfunc.when`][gamfunc.training.when] (``every(k)``, ``late(start)``, ``adaptive(T)``), as
             [`gamfunc.make_step`][gamfunc.make_step]'s ``when``; None: every step. Its state is
             in the step state, so ``state_dict()`` saves it.
         every: the shorthand of ``when=gamfunc.when.every(every)``.
@@ -52,13 +52,13 @@ class Options:
             cold compile by far, for a step a little faster (``docs/guides/torch-optim.md``);
             with ``cuda_graph=True`` the passes' compile runs at the whole step's speed.
         compile_options: keyword arguments of ``torch.compile``, e.g. ``{"fullgraph": True}``.
-        accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.accumulate.accumulate]).
-        precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.precision.mixed]; fp16 with a dynamic loss
+        accumulate: micro-batches per ``step((inputs, targets))`` ([`gamfunc.accumulate.accumulate`][gamfunc.wrappers.accumulate.accumulate]).
+        precision: "fp32", "bf16" or "fp16" ([`gamfunc.precision.mixed`][gamfunc.wrappers.precision.mixed]; fp16 with a dynamic loss
             scale in the step state, in place of ``torch.amp.GradScaler``).
         max_grad_norm: clip the direction to this global norm before the base optimiser
             ([`gamfunc.clip_by_global_norm`][gamfunc.optim.transforms.clip_by_global_norm]).
         cuda_graph: replay each ``step((inputs, targets))`` as one CUDA graph
-            ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]: three eager steps, then a
+            ([`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph]: three eager steps, then a
             capture, then replays; compiled or not). The model must be on a CUDA device, and a
             ``torch.optim`` base optimiser capturable: built with ``capturable=True`` where it has
             that option. A number it reads from its param groups (a float ``lr``) is fixed in the

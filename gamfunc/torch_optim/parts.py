@@ -11,13 +11,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from gamfunc.accumulate import accumulate as accumulated
-from gamfunc.cuda_graphs import cuda_graph as graphed
 from gamfunc.estimators import Estimator
 from gamfunc.nn import module_loss
 from gamfunc.optim import Transform
-from gamfunc.precision import mixed
-from gamfunc.step import Step, make_step
 from gamfunc.torch_optim import sharded
 from gamfunc.torch_optim.base import built, held
 from gamfunc.torch_optim.bridge import TorchBridge
@@ -25,6 +21,10 @@ from gamfunc.torch_optim.checks import check_capturable
 from gamfunc.torch_optim.losses import ClosureHolder, PassBuffers, as_is, closure_loss
 from gamfunc.torch_optim.module_grads import ModuleGradients, gradients_only
 from gamfunc.torch_optim.options import Options
+from gamfunc.training.cuda_graphs import cuda_graph as graphed
+from gamfunc.training.step import Step, make_step
+from gamfunc.wrappers.accumulate import accumulate as accumulated
+from gamfunc.wrappers.precision import mixed
 
 __all__ = ["Base", "Losses", "Steps", "base_of", "losses_of", "steps_of"]
 

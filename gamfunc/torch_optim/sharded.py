@@ -29,10 +29,10 @@ import torch
 from torch import Tensor, nn
 
 from gamfunc._compat import distributed_hooks, dtensor_type
-from gamfunc.distributed import all_reduce_mean
 from gamfunc.loss import Pass
 from gamfunc.optim.base import Transform, call_update
 from gamfunc.torch_optim.module_grads import ModuleGradients, gradients_only
+from gamfunc.wrappers.distributed import all_reduce_mean
 
 # the first torch whose DTensors run every estimator's tree maths on fully_shard's shards (2.13
 # refuses to add a reduced scalar to a shard, e.g. GSAM's projection, and to stack shard flags)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gamfunc.state import as_dict
+from gamfunc.training.state import as_dict
 
 __all__ = ["load", "save", "template"]
 

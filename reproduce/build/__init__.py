@@ -3,7 +3,7 @@
 `setup` turns a `Config` into a `Training`: the model (fresh, or
 from ``--weights``) on the process's device, the cross-entropy loss through
 ``torch.func.functional_call``, the estimator named by ``--estimator`` made data parallel
-([`gamfunc.distributed.data_parallel`][gamfunc.distributed.data_parallel]) when the job has several processes, the base optimiser
+([`gamfunc.distributed.data_parallel`][gamfunc.wrappers.distributed.data_parallel]) when the job has several processes, the base optimiser
 with its schedule, gradient clipping and weight-decay mask, and ``make_step`` of them, compiled
 with ``--compile``.
 

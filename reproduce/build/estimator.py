@@ -34,7 +34,7 @@ def exact_hvp_backend(cfg: Config, model: nn.Module) -> str:
 
     ``"exact"`` (forward-over-reverse); on a network with BatchNorm or convolutions under bfloat16
     autocast, ``cfg.bf16_hvp``, which may choose ``"reverse"`` (reverse-over-reverse, the same H·v by
-    another route). Both run in bf16 ([`gamfunc.precision`][gamfunc.precision], [`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm]).
+    another route). Both run in bf16 ([`gamfunc.precision`][gamfunc.wrappers.precision], [`gamfunc.nn.autocast_batchnorm`][gamfunc.nn.autocast_batchnorm]).
     """
     risky = (nn.modules.conv._ConvNd, _BatchNorm)
     if cfg.bf16 and any(isinstance(m, risky) for m in model.modules()):

@@ -48,6 +48,6 @@ def classification_loss(model: nn.Module, label_smoothing: float = 0.0):
 
 
 def training_loss(loss_fn, cfg: Config):
-    """``loss_fn`` in the run's precision: [`gamfunc.precision.bf16`][gamfunc.precision.bf16] with ``--bf16`` (autocast in
+    """``loss_fn`` in the run's precision: [`gamfunc.precision.bf16`][gamfunc.wrappers.precision.bf16] with ``--bf16`` (autocast in
     every pass, exact H·v's backward pass included), else as it is."""
     return gamfunc.precision.mixed(loss_fn, "bf16" if cfg.bf16 else "fp32")

@@ -14,11 +14,11 @@ __all__ = ["StepMode", "compile_scope", "step_mode", "with_step_mode"]
 
 def compile_scope(cfg: Config, world: int) -> str:
     """``step`` (the whole step, one graph) or ``pass`` (each gradient or H·v pass, the step around
-    them eager: [`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes]).
+    them eager: [`gamfunc.regional.compile_passes`][gamfunc.wrappers.regional.compile_passes]).
 
     ``auto`` takes ``pass`` for ImageNet models, whose whole-step compile takes minutes where a pass
     compiles in about one (benchmarks/RESULTS.md), and under several processes, so that the
-    all-reduces of [`gamfunc.distributed`][gamfunc.distributed] run between compiled passes, not inside a graph."""
+    all-reduces of [`gamfunc.distributed`][gamfunc.wrappers.distributed] run between compiled passes, not inside a graph."""
     if cfg.compile_scope != "auto":
         return cfg.compile_scope
     return "pass" if world > 1 or cfg.dataset == "imagenet" else "step"

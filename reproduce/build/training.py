@@ -77,7 +77,7 @@ def setup(
     ``name`` with the base optimiser and schedule of ``cfg``, initialised on ``procs.device``.
 
     With several processes every rank starts from rank 0's parameters and buffers, and the estimator
-    is made data parallel with ``cfg.perturbation`` ([`gamfunc.distributed.data_parallel`][gamfunc.distributed.data_parallel]).
+    is made data parallel with ``cfg.perturbation`` ([`gamfunc.distributed.data_parallel`][gamfunc.wrappers.distributed.data_parallel]).
     With ``cfg.channels_last`` the model's 4-d parameters and buffers take the ``torch.channels_last``
     layout before they are copied out into ``params`` and ``buffers``; the step keeps that layout.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from gamfunc.state import as_dict as plain
+from gamfunc.training.state import as_dict as plain
 from reproduce.config import as_dict
 from reproduce.data import sets as data_mod
 from reproduce.run import checkpoint as ckpt
@@ -234,7 +234,7 @@ def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
 def _log(r: Run, parts: Parts, p: Progress, s: Session, metrics: dict) -> None:
     """A logging step: its scalars to TensorBoard; `Diverged` (after a checkpoint of the last
     finite parameters) when the last ``--max_skipped`` steps were all skipped."""
-    import gamfunc.logging as tblog
+    from reproduce.run import tensorboard as tblog
 
     cfg, step = r.cfg, p.pos["global_step"]
     rate = s.meter.lap()

@@ -152,7 +152,7 @@ def flatness(
     if cfg.flatness_batch and n > cfg.flatness_batch:
         # PyHessian's "full dataset" mode: every H·v and gradient the metrics form is the
         # size-weighted mean over batches of at most flatness_batch examples
-        from gamfunc.accumulate import accumulate
+        from gamfunc.wrappers.accumulate import accumulate
 
         loss = accumulate(loss, -(-n // cfg.flatness_batch))
 

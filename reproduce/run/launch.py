@@ -7,7 +7,7 @@ gloo on the CPU). Without ``WORLD_SIZE`` (or with 1) nothing is initialised and 
 process, exactly as before. On a GPU the process's work runs on a stream of its own
 (`own_stream`), not CUDA's legacy default stream.
 
-The collectives the training loop needs beyond the step's own ([`gamfunc.distributed`][gamfunc.distributed]) are here:
+The collectives the training loop needs beyond the step's own ([`gamfunc.distributed`][gamfunc.wrappers.distributed]) are here:
 `sum_over_ranks` for the epoch's counts and the evaluation, `from_main` to hand a Python
 object (a checkpoint, a decision) from rank 0 to every rank, so that nodes need no shared disk.
 

@@ -2,7 +2,7 @@
 
 `run` trains one estimator of a `Config` on this process's part of every
 global batch. With several processes (``torchrun``) every rank runs this same loop on its own shard;
-the step all-reduces what its perturbation mode says ([`gamfunc.distributed`][gamfunc.distributed]), the epoch's sums and
+the step all-reduces what its perturbation mode says ([`gamfunc.distributed`][gamfunc.wrappers.distributed]), the epoch's sums and
 the evaluations are added over ranks, and rank 0 alone writes TensorBoard, checkpoints and the
 summary. Its parts, each in a module of `reproduce.run`: the decision to resume, start afresh
 or reuse a finished run, and the checkpoints (`resume`); the epochs
@@ -135,7 +135,7 @@ def _start(r: Run, data, saved: dict | None) -> tuple[Parts, Progress, Session]:
     """What training needs before its first step: the model and step, the data and its loader, the
     flatness metrics' examples, the progress to start from (`resume`),
     the TensorBoard writer and the session's meters."""
-    import gamfunc.logging as tblog
+    from reproduce.run import tensorboard as tblog
 
     cfg, name, procs = r.cfg, r.name, r.procs
     device = procs.device

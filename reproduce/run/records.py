@@ -36,7 +36,7 @@ FLATNESS = frozenset({"lambda_max", "trace", "r1"})
 def end_of_epoch(r: Run, parts: Parts, p: Progress, epoch: int) -> dict:
     """The epoch's record: mean training loss and running accuracy, test/val (/train) evaluation, and
     flatness every ``flatness_every`` epochs; all written to TensorBoard at the epoch's last step."""
-    import gamfunc.logging as tblog
+    from reproduce.run import tensorboard as tblog
 
     cfg, data, writer = r.cfg, parts.data, parts.writer
     step = p.pos["global_step"]
@@ -93,7 +93,7 @@ def final_metrics(
     fresh test/validation evaluation; plus accuracy over the whole training set in eval mode
     (in-memory data, or with ``eval_train``) and the flatness metrics (at a small size for a
     ``smoke`` run, unless ``full_metrics``)."""
-    import gamfunc.logging as tblog
+    from reproduce.run import tensorboard as tblog
 
     cfg, step, data, probe = r.cfg, p.pos["global_step"], parts.data, parts.probe
     out: dict[str, Any] = dict(last) if last is not None else {"step": step}
@@ -159,7 +159,7 @@ def _flatness(r: Run, loss_fn, params, buffers, probe, writer, step: int) -> dic
     """The flatness metrics on rank 0 (the others go on to the next collective and wait there):
     first a line of what they compute and their size, then a line per metric. A signal stops them
     at the next loss evaluation."""
-    import gamfunc.logging as tblog
+    from reproduce.run import tensorboard as tblog
 
     if not r.procs.main:
         return {}

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc.state import as_dict as plain
-from gamfunc.state import from_dict
+from gamfunc.training.state import as_dict as plain
+from gamfunc.training.state import from_dict
 from reproduce.config import Config, as_dict
 from reproduce.run import checkpoint as ckpt
 from reproduce.run import report

@@ -4,7 +4,7 @@
         --preset=digits --estimator=gam --val_fraction=0.2 --epochs=1 --progress=false
 
 trains the 8 runs of the sweep's own example (2 × 2 cells × seeds 0 and 1) as the 8 members of one
-[`gamfunc.ensemble.vmap_step`][gamfunc.ensemble.vmap_step], in this process on one device (`reproduce.sweeps.vmapped`), and writes
+[`gamfunc.ensemble.vmap_step`][gamfunc.training.ensemble.vmap_step], in this process on one device (`reproduce.sweeps.vmapped`), and writes
 a table of the same form as the sweep without ``--vmap`` (not the same numbers: see "Data order"
 below) to ``runs/sweep.digits.vmap/sweep.md`` and ``sweep.json``: mean ± std over seeds, the cell
 selected on the validation split only, the test accuracy beside it and never compared. With torch 2.14.1 on the CPU (about 9 seconds on 2 cores) it

@@ -2,7 +2,7 @@
 
 N runs of ``reproduce/train.py``'s configuration (N `Config` s) that differ in
 ``seed`` and in the fields of `PER_MEMBER` only become N members of one
-[`gamfunc.ensemble.vmap_step`][gamfunc.ensemble.vmap_step]: their parameters are stacked along a leading axis and every step
+[`gamfunc.ensemble.vmap_step`][gamfunc.training.ensemble.vmap_step]: their parameters are stacked along a leading axis and every step
 moves all of them at once, each with its own lr, ρ, α, ... (a grid flattened). The pieces are
 train.py's own (`reproduce.build`: model, loss, estimator, optimiser and learning-rate schedule;
 `reproduce.data.sets`: split, batch order), so each member's parameters equal those of a run of its
@@ -46,7 +46,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 import gamfunc
-from gamfunc.ensemble import stack, unstack, vmap_step
+from gamfunc.training.ensemble import stack, unstack, vmap_step
 from reproduce.build import (
     CORRECT,
     build_estimator,

@@ -62,7 +62,7 @@ def functions() -> list[str]:
 
 
 def test_the_reference_renders_functions():
-    assert {"gamfunc.step.make_step", "gamfunc.estimators.gam.gam"} <= set(functions())
+    assert {"gamfunc.training.step.make_step", "gamfunc.estimators.gam.gam"} <= set(functions())
 
 
 def test_sections_are_read():

@@ -44,9 +44,11 @@ def test_every_core_dependency_is_imported_by_gamfunc():
 
 
 # The layers of docs/ARCHITECTURE.md, lowest first: a module imports only from its own layer or
-# below. The door to torch's private APIs (gamfunc._compat) is at the bottom, as everything may
-# need it. The compile helpers (compile any function, nothing of steps) sit below the loss wrappers,
-# which compile their passes with them, and below the step, whose ``compile`` calls down to them.
+# below. Above the ground and its two small layers, a layer is one folder (`test_folders_are_layers`).
+# The door to torch's private APIs (gamfunc._compat) is at the bottom, as everything may need it. The
+# compile helpers (compile any function, nothing of steps) sit below the loss wrappers, which compile
+# their passes with them, and below the step, whose ``compile`` calls down to them. The old paths of
+# the moved modules (gamfunc._moved) import nothing; they name the new ones as strings.
 LAYERS = [
     (
         "gamfunc._compat",
@@ -54,28 +56,25 @@ LAYERS = [
         "gamfunc.tree",
         "gamfunc.nn",
         "gamfunc.schedules",
+        "gamfunc.ranges",
         "gamfunc.checks",
     ),
     ("gamfunc.loss", "gamfunc.optim"),
     ("gamfunc.hvps",),
     ("gamfunc.estimators", "gamfunc.metrics"),
-    ("gamfunc.compile", "gamfunc.graph_sharing"),
-    (
-        "gamfunc.accumulate",
-        "gamfunc.precision",
-        "gamfunc.distributed",
-        "gamfunc.regional",
-        "gamfunc.m_sharpness",
-    ),
-    ("gamfunc.state", "gamfunc.guard", "gamfunc.when"),
-    ("gamfunc.step",),
-    (
-        "gamfunc.convenience",
-        "gamfunc.torch_optim",
-        "gamfunc.logging",
-        "gamfunc.ensemble",
-        "gamfunc.cuda_graphs",
-    ),
+    ("gamfunc.compiling",),
+    ("gamfunc.wrappers",),
+    ("gamfunc.training",),
+    ("gamfunc.torch_optim", "gamfunc._moved"),
+]
+
+# Inside gamfunc/training/, lowest first: the step's state, its guard and the when= policies; the
+# body of one step; the step; what is built on a step.
+TRAINING_ORDER = [
+    ("state", "guard", "when"),
+    ("body",),
+    ("step",),
+    ("convenience", "ensemble", "cuda_graphs"),
 ]
 
 
@@ -109,6 +108,39 @@ def test_imports_only_run_downward():
                 continue
             if layer(target) is not None and layer(target) > layer(name):
                 upward.append(f"{name} (layer {layer(name)}) imports {target} ({layer(target)})")
+    assert upward == []
+
+
+def test_folders_are_layers():
+    """The folders say the layers: every folder of gamfunc/ is one entry of ``LAYERS``, whole, no
+    entry reaches inside a folder, and a layer of a folder holds that folder alone or beside other
+    folders (the ground's modules lie flat)."""
+    folders = {
+        f"gamfunc.{p.name}"
+        for p in PACKAGE.iterdir()
+        if p.is_dir() and (p / "__init__.py").exists()
+    }
+    entries = {n for names in LAYERS for n in names}
+    assert folders <= entries
+    assert [n for n in entries if n.count(".") > 1] == []
+    flat = {module_name(p) for p in PACKAGE.glob("*.py")} - {"gamfunc"}
+    assert flat <= entries
+    for names in LAYERS[4:]:  # from the compile helpers up: folders (and the old paths' table)
+        assert [n for n in names if n not in folders and n != "gamfunc._moved"] == []
+
+
+def test_the_training_folder_imports_one_way():
+    """Inside gamfunc/training/ a module imports only from its own row of ``TRAINING_ORDER`` or below."""
+    rank = {f"gamfunc.training.{m}": i for i, row in enumerate(TRAINING_ORDER) for m in row}
+    assert sorted(rank) == sorted(
+        module_name(p) for p in (PACKAGE / "training").glob("*.py") if p.name != "__init__.py"
+    )
+    upward = [
+        f"{m} imports {target}"
+        for m in sorted(rank)
+        for target in sorted(imported_modules(ROOT / (m.replace(".", "/") + ".py")))
+        if rank.get(target, -1) > rank[m]
+    ]
     assert upward == []
 
 
@@ -174,6 +206,7 @@ def test_no_import_cycle(package):
 # The modules of reproduce/run/, lowest first (docs/ARCHITECTURE.md): each imports only from those
 # before it, the training loop's parts included.
 RUN_ORDER = [
+    "tensorboard",
     "checkpoint",
     "compile_cache",
     "launch",
@@ -265,6 +298,16 @@ def _module_aliases(tree: ast.Module) -> dict[str, str]:
     return out
 
 
+def absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module that ``node`` imports from, a relative import (``from ._compat import x``,
+    read in ``package``) made absolute."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    base = ".".join(parts[: len(parts) - node.level + 1])
+    return f"{base}.{node.module}" if node.module else base
+
+
 def private_uses(path: Path, own: str | None = None) -> list[str]:
     """Where ``path`` imports another gamfunc module's underscore name, or reads one through the
     module (``tree._per_tensor``). A module whose own name begins with ``_`` (``gamfunc._compat``,
@@ -272,12 +315,16 @@ def private_uses(path: Path, own: str | None = None) -> list[str]:
     tree = ast.parse(path.read_text())
     own = own or module_name(path)
     found = []
+    package = ".".join(own.split(".")[: -1 if path.name != "__init__.py" else None])
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gamfunc"):
-            if node.module == own:
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        source = absolute(node, package)
+        if source.startswith("gamfunc"):
+            if source == own:
                 continue
             found += [
-                f"from {node.module} import {a.name}"
+                f"from {source} import {a.name}"
                 for a in node.names
                 if a.name.startswith("_") and not a.name.startswith("__")
             ]
@@ -303,10 +350,14 @@ def test_no_module_reads_another_modules_underscore_names():
 
 def test_private_uses_are_found(tmp_path):
     probe = PACKAGE / "_probe_private_use.py"
-    probe.write_text("from gamfunc import tree\nfrom gamfunc.step import _step\n\nx = tree._pack\n")
+    probe.write_text(
+        "from gamfunc import tree\nfrom gamfunc.training.step import _step\n"
+        "from .tree import _split\n\nx = tree._pack\n"
+    )
     try:
         assert private_uses(probe) == [
-            "gamfunc._probe_private_use: from gamfunc.step import _step",
+            "gamfunc._probe_private_use: from gamfunc.training.step import _step",
+            "gamfunc._probe_private_use: from gamfunc.tree import _split",
             "gamfunc._probe_private_use: gamfunc.tree._pack",
         ]
     finally:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gamfunc import metrics
-from gamfunc.accumulate import accumulate
+from gamfunc.wrappers.accumulate import accumulate
 
 F64 = torch.float64
 
@@ -65,11 +65,13 @@ def test_reproduce_flatness_batches_give_the_one_batch_metrics(monkeypatch):
     probe = D.stack(data.probe, torch.arange(200))
     one, _ = flatness(cfg, t.loss_fn, t.params, t.state.buffers, probe, "cpu")
     cfg_k = resolve([*base, "--flatness_batch=64"])
-    import gamfunc.accumulate
+    import gamfunc.wrappers.accumulate
 
     made = []
-    real = gamfunc.accumulate.accumulate
-    monkeypatch.setattr(gamfunc.accumulate, "accumulate", lambda f, k: made.append(k) or real(f, k))
+    real = gamfunc.wrappers.accumulate.accumulate
+    monkeypatch.setattr(
+        gamfunc.wrappers.accumulate, "accumulate", lambda f, k: made.append(k) or real(f, k)
+    )
     many, _ = flatness(cfg_k, t.loss_fn, t.params, t.state.buffers, probe, "cpu")
     assert made == [4]  # 200 examples in batches of at most 64
     assert one.keys() == many.keys() == {"lambda_max", "trace", "r1"}

@@ -117,8 +117,8 @@ def test_a_typed_step_state_round_trips_through_a_checkpoint(tmp_path):
     """The loop saves ``as_dict(to(state, "cpu"))`` and resumes with ``like(saved, fresh state)``:
     the same StepState (types, fields, bits) comes back, and a foreign one is refused by name."""
     import gamfunc
-    from gamfunc.precision import LossScale, fp16
-    from gamfunc.state import as_dict
+    from gamfunc.training.state import as_dict
+    from gamfunc.wrappers.precision import LossScale, fp16
     from reproduce.run.evaluation import to
     from reproduce.run.loop import like
 

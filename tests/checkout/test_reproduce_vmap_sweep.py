@@ -9,8 +9,8 @@ import pytest
 import torch
 from train_cli import poison_digits_test_labels
 
-from gamfunc.ensemble import unstack
-from gamfunc.state import StepState
+from gamfunc.training.ensemble import unstack
+from gamfunc.training.state import StepState
 from reproduce import sweep, train
 from reproduce.build import setup
 from reproduce.config import resolve

@@ -9,8 +9,8 @@ from torch import nn
 
 import gamfunc
 from gamfunc import hvps, tree
-from gamfunc.accumulate import Accumulated, accumulate, batch_size, split_batch
 from gamfunc.loss import gradient_pass
+from gamfunc.wrappers.accumulate import Accumulated, accumulate, batch_size, split_batch
 
 F64 = torch.float64
 

@@ -243,7 +243,7 @@ def test_flag_nonfinite_raises_its_flag_and_keeps_every_value():
 
 def test_the_nonfinite_check_falls_back_to_the_norms_of_the_guard(monkeypatch, caplog):
     # Without GradScaler's kernel the step's guard takes _foreach_norm: the same skips, the same step.
-    from gamfunc import guard
+    from gamfunc.training import guard
 
     monkeypatch.delattr(torch, "_amp_foreach_non_finite_check_and_unscale_")
     assert not _compat.nonfinite_check_runs("cpu")

@@ -16,10 +16,16 @@ from torch import nn
 
 import gamfunc
 from gamfunc import tree
-from gamfunc.accumulate import accumulate
-from gamfunc.distributed import all_reduce_mean, broadcast, buckets, data_parallel, global_mean
-from gamfunc.m_sharpness import m_sharpness
-from gamfunc.precision import fp16
+from gamfunc.wrappers.accumulate import accumulate
+from gamfunc.wrappers.distributed import (
+    all_reduce_mean,
+    broadcast,
+    buckets,
+    data_parallel,
+    global_mean,
+)
+from gamfunc.wrappers.m_sharpness import m_sharpness
+from gamfunc.wrappers.precision import fp16
 
 WORLD = 2
 STEPS = 3
@@ -313,7 +319,7 @@ def test_the_global_mean_step_reads_no_device_value_on_a_gpu(monkeypatch, estima
     """Every gradient of a global-mode step is reduced over ranks; none of it may wait for the
     device. On the CPU the non-finite guard reads one value (no queue to stall); on a GPU it selects
     on the device instead, and the step reads nothing (the guard's rule, forced here)."""
-    from gamfunc.accumulate import Accumulated
+    from gamfunc.wrappers.accumulate import Accumulated
 
     net = torch.nn.Sequential(
         torch.nn.Conv2d(3, 4, 3),

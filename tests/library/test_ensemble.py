@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gamfunc
-from gamfunc.ensemble import stack, unstack, vmap_step
+from gamfunc.training.ensemble import stack, unstack, vmap_step
 
 F64 = torch.float64
 N = 3

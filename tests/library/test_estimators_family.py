@@ -627,7 +627,7 @@ def test_the_decoupled_step_compiles_fullgraph_and_equals_eager(scope):
 
 
 def test_accumulated_micro_batches_equal_the_whole_batch():
-    from gamfunc.accumulate import accumulate
+    from gamfunc.wrappers.accumulate import accumulate
 
     est, opt = decoupled_wsam(), gamfunc.sgd(lr=0.2, momentum=0.9, weight_decay=1e-3)
     whole = gamfunc.make_step(est, opt, mlp_loss)
@@ -646,7 +646,7 @@ def test_accumulated_micro_batches_equal_the_whole_batch():
 
 
 def test_bf16_loss_keeps_the_decoupled_step_close_to_float32():
-    from gamfunc.precision import bf16
+    from gamfunc.wrappers.precision import bf16
 
     params = mlp_params(dtype=torch.float32)
     batch = mlp_batch(dtype=torch.float32)
@@ -661,7 +661,7 @@ def test_bf16_loss_keeps_the_decoupled_step_close_to_float32():
 
 
 def test_m_sharpness_averages_the_decoupled_part_over_sub_batches():
-    from gamfunc.m_sharpness import m_sharpness
+    from gamfunc.wrappers.m_sharpness import m_sharpness
 
     params, batch = mlp_params(), mlp_batch(n=12)
     est = m_sharpness(gamfunc.wsam(0.1, 0.9, decouple=True), 3)

@@ -17,7 +17,7 @@ from test_estimators_family import (
 )
 
 import gamfunc
-from gamfunc.state import as_dict, from_dict
+from gamfunc.training.state import as_dict, from_dict
 
 
 def reference_trajectory(opt, model):

@@ -12,9 +12,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.flop_counter import FlopCounterMode
 
 import gamfunc
-from gamfunc import graph_sharing, tree
-from gamfunc.compile import compile_with
-from gamfunc.graph_sharing import share_equal_work
+from gamfunc import tree
+from gamfunc.compiling import graph_sharing
+from gamfunc.compiling.compile import compile_with
+from gamfunc.compiling.graph_sharing import share_equal_work
 from gamfunc.loss import grad_fn
 
 decomp = pytest.importorskip("torch._inductor.decomposition")

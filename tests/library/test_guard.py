@@ -6,7 +6,7 @@ import torch
 from helpers import HostReads
 
 import gamfunc
-from gamfunc import guard
+from gamfunc.training import guard
 
 
 def _recording(monkeypatch, name):
@@ -89,7 +89,7 @@ def test_the_guard_reads_on_the_host_only_where_a_step_may_wait():
     """An eager step reads its one finiteness flag on the host; a GPU step captured in a CUDA graph,
     run by one rank of several, or whose GPU is still running its passes once the host has queued
     the update selects on the device instead (reads nothing)."""
-    from gamfunc.guard import _host_may_wait
+    from gamfunc.training.guard import _host_may_wait
 
     reads = guard.Guard().reads
     assert reads(torch.tensor(True))  # eager, on the CPU

@@ -9,8 +9,8 @@ import torch
 
 import gamfunc
 from gamfunc import schedules
-from gamfunc.checks import GuardedSchedule
-from gamfunc.state import as_dict, from_dict
+from gamfunc.ranges import GuardedSchedule
+from gamfunc.training.state import as_dict, from_dict
 
 
 def loss_fn(p, b):

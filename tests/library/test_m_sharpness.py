@@ -9,7 +9,7 @@ from torch import nn
 
 import gamfunc
 from gamfunc import tree
-from gamfunc.m_sharpness import m_sharpness
+from gamfunc.wrappers.m_sharpness import m_sharpness
 
 # m-sharpness averages estimators that carry no state between steps (it refuses the others)
 STATELESS = [n for n in ESTIMATORS if not ESTIMATORS[n]().stateful]

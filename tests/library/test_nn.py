@@ -151,7 +151,9 @@ def test_the_caller_traced_writes_its_tensors_in_place_and_leaves_the_module_as_
     )
     own = {k: v for k, v in [*model.named_parameters(), *model.named_buffers()]}
     call = gamfunc.nn.Caller(model)
-    monkeypatch.setattr(gamfunc.nn, "functional_call", None)  # the caller's own path, not this
+    monkeypatch.setattr(
+        gamfunc.nn.convert, "functional_call", None
+    )  # the caller's own path, not this
 
     def loss(p, b, x):  # the buffers cloned inside, as gamfunc.nn.functionalize does
         return call((p, {k: v.clone() for k, v in b.items()}), (x,)).square().mean()

@@ -144,7 +144,7 @@ def test_syncbatchnorm_is_left_alone():
     gamfunc.nn.autocast_batchnorm(net)
     assert type(net[1]) is nn.SyncBatchNorm
     assert type(net[2]).__name__ == "AutocastElementaryBatchNorm2d" or isinstance(
-        net[2], gamfunc.nn._ElementaryNorm
+        net[2], gamfunc.nn.norms._ElementaryNorm
     )
 
 

@@ -6,8 +6,8 @@ from torch import nn
 
 import gamfunc
 from gamfunc import tree
-from gamfunc.accumulate import accumulate
-from gamfunc.precision import LossScale, autocast, bf16, fp16, mixed, update_scale
+from gamfunc.wrappers.accumulate import accumulate
+from gamfunc.wrappers.precision import LossScale, autocast, bf16, fp16, mixed, update_scale
 
 # Unit roundoff of each format; a step's update stays within TOL·u of fp32's (relative, in norm).
 # Measured on these models: 1-2 u for every estimator, 3-5 u for finite-difference GAM (its r = 1e-2

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import gamfunc
 from gamfunc import tree
-from gamfunc.accumulate import accumulate
+from gamfunc.wrappers.accumulate import accumulate
 
 SETTINGS = settings(max_examples=15, deadline=None, derandomize=True)
 

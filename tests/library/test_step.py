@@ -290,8 +290,8 @@ def test_a_wrong_state_gets_a_one_line_error_naming_the_field():
 
 
 def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_load(tmp_path):
-    from gamfunc.precision import LossScale, fp16
-    from gamfunc.state import as_dict, from_dict
+    from gamfunc.training.state import as_dict, from_dict
+    from gamfunc.wrappers.precision import LossScale, fp16
 
     params, batch = mlp_params(), mlp_batch()
     opt = gamfunc.chain(gamfunc.clip_by_global_norm(1.0), gamfunc.sgd(lr=0.1, momentum=0.9))
@@ -317,7 +317,7 @@ def test_as_dict_and_from_dict_round_trip_a_state_through_weights_only_torch_loa
 
 
 def test_from_dict_names_the_field_that_does_not_match():
-    from gamfunc.state import as_dict, from_dict
+    from gamfunc.training.state import as_dict, from_dict
 
     params = mlp_params()
     step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss)

@@ -12,8 +12,8 @@ from torch import nn
 
 import gamfunc
 from gamfunc import schedules
-from gamfunc.state import as_dict
 from gamfunc.torch_optim import GAM, SAM, FlatnessOptimizer
+from gamfunc.training.state import as_dict
 
 TIGHT = {"rtol": 1e-12, "atol": 1e-14}
 
@@ -586,7 +586,7 @@ def test_a_torch_base_undoes_an_update_that_is_not_finite():
 def test_compile_true_compiles_the_passes_and_step_the_whole_step():
     """compile=True and "pass" compile the estimator's passes (the loss becomes compiled passes,
     the step stays eager around them); "step" compiles the whole step, which needs a gamfunc base."""
-    from gamfunc.regional import CompiledPasses
+    from gamfunc.wrappers.regional import CompiledPasses
 
     for compile in (True, "pass"):
         opt = SAM(tanh_mlp(), gamfunc.sgd(lr=0.1), rho=0.05, compile=compile)

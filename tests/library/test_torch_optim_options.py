@@ -12,9 +12,9 @@ from test_torch_optim_bases import STEPS, TIGHT, batches, manual, mlp, params_of
 from torch import nn
 
 import gamfunc
-from gamfunc.accumulate import accumulate
-from gamfunc.precision import mixed
 from gamfunc.torch_optim import GAM, SAM, FlatnessOptimizer
+from gamfunc.wrappers.accumulate import accumulate
+from gamfunc.wrappers.precision import mixed
 
 # ---- param groups -------------------------------------------------------------------------------
 

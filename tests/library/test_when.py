@@ -9,7 +9,7 @@ import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
 
 import gamfunc
-from gamfunc.state import as_dict, from_dict
+from gamfunc.training.state import as_dict, from_dict
 
 RHO, LR = 0.2, 0.3
 

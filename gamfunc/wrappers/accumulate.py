@@ -1,6 +1,6 @@
 r"""Gradient accumulation: every gradient and Hessian-vector product of a step is a mean over micro-batches.
 
-[`Accumulated`][gamfunc.accumulate.Accumulated] is an `Objective`. Every estimator reaches ∇L only through
+[`Accumulated`][gamfunc.wrappers.accumulate.Accumulated] is an `Objective`. Every estimator reaches ∇L only through
 `gradient_pass` and the backends of [`gamfunc.hvps`][gamfunc.hvps], and these delegate to the
 Objective. So SAM's two gradients, GAM's H·v products and accelerated GAM's g0..g3 are all
 full-batch quantities, formed one micro-batch at a time, and the estimators are unchanged. With
@@ -15,7 +15,7 @@ so the accumulated step equals the full-batch step up to rounding. The perturbat
 (``grad_norm_grad``) is evaluated at the accumulated g first, then H·v is accumulated.
 
 The same class, given a ``reduce`` across ranks, is the ``perturbation="global"`` data parallel of
-[`gamfunc.distributed`][gamfunc.distributed]: the mean over this rank's micro-batches, then the weighted mean over ranks.
+[`gamfunc.distributed`][gamfunc.wrappers.distributed]: the mean over this rank's micro-batches, then the weighted mean over ranks.
 
 Warning:
     BatchNorm in train mode normalises each micro-batch with its own statistics (as any gradient
@@ -39,7 +39,7 @@ accumulation exists to save).
 
 Example:
     >>> import torch, gamfunc
-    >>> from gamfunc.accumulate import accumulate
+    >>> from gamfunc.wrappers.accumulate import accumulate
     >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
     >>> params, batch = {"w": torch.zeros(3)}, (torch.randn(8, 3), torch.randn(8))
     >>> step = gamfunc.make_step(gamfunc.gam(0.05, 0.1), gamfunc.sgd(lr=0.1), accumulate(loss_fn, 4))
@@ -117,7 +117,7 @@ def _floating(x) -> bool:
 class Accumulated(Objective):
     """``loss_fn`` as a mean over ``micro_batches`` micro-batches, optionally also over ranks.
 
-    Build it with [`accumulate`][gamfunc.accumulate.accumulate] (one device) or [`gamfunc.distributed.global_mean`][gamfunc.distributed.global_mean] (data
+    Build it with [`accumulate`][gamfunc.wrappers.accumulate.accumulate] (one device) or [`gamfunc.distributed.global_mean`][gamfunc.wrappers.distributed.global_mean] (data
     parallel). Calling it gives the (weighted) mean loss, and aux where ``loss_fn`` returns one. Step
     state (an fp16 loss scale of ``loss_fn``) is forwarded by the defaults of
     `Objective`.
@@ -125,12 +125,12 @@ class Accumulated(Objective):
     Attributes:
         loss_fn: the loss of one micro-batch: ``loss_fn(params, batch)`` or the buffered form
             ``loss_fn(params, batch, buffers) -> (loss, new_buffers)``; another Objective (e.g. the
-            fp16 loss scale of [`gamfunc.precision.fp16`][gamfunc.precision.fp16]) is fine.
+            fp16 loss scale of [`gamfunc.precision.fp16`][gamfunc.wrappers.precision.fp16]) is fine.
         micro_batches: k >= 1.
-        split: ``split(batch, k) -> list of k micro-batches``; [`split_batch`][gamfunc.accumulate.split_batch] by default. Each
-            micro-batch is weighted by its [`batch_size`][gamfunc.accumulate.batch_size].
+        split: ``split(batch, k) -> list of k micro-batches``; [`split_batch`][gamfunc.wrappers.accumulate.split_batch] by default. Each
+            micro-batch is weighted by its [`batch_size`][gamfunc.wrappers.accumulate.batch_size].
         reduce: ``reduce(trees, weight) -> trees``, the weighted mean over ranks of a list of pytrees
-            ([`gamfunc.distributed.all_reduce_mean`][gamfunc.distributed.all_reduce_mean]); None on one device.
+            ([`gamfunc.distributed.all_reduce_mean`][gamfunc.wrappers.distributed.all_reduce_mean]); None on one device.
     """
 
     loss_fn: Callable
@@ -227,12 +227,12 @@ def accumulate(loss_fn: Callable, micro_batches: int, *, split=None) -> Accumula
 
     Args:
         loss_fn: ``loss_fn(params, batch)`` (a mean over the examples of ``batch``), the buffered
-            form of [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize], or [`gamfunc.precision.fp16`][gamfunc.precision.fp16] of either.
+            form of [`gamfunc.nn.functionalize`][gamfunc.nn.functionalize], or [`gamfunc.precision.fp16`][gamfunc.wrappers.precision.fp16] of either.
         micro_batches: k >= 1; peak activation memory is that of N/k examples.
-        split: ``split(batch, k) -> list``; default: [`split_batch`][gamfunc.accumulate.split_batch] (dim 0 of every tensor).
+        split: ``split(batch, k) -> list``; default: [`split_batch`][gamfunc.wrappers.accumulate.split_batch] (dim 0 of every tensor).
 
     Returns:
-        An [`Accumulated`][gamfunc.accumulate.Accumulated] Objective.
+        An [`Accumulated`][gamfunc.wrappers.accumulate.Accumulated] Objective.
 
     Example:
         >>> import torch, gamfunc

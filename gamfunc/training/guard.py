@@ -2,14 +2,14 @@
 is not keeps the tensors it was given.
 
 [`gamfunc.make_step`][gamfunc.make_step] checks, after each update, the loss at θ, the direction
-and every floating-point entry of the new parameters and optimiser state ([`is_finite`][gamfunc.guard.is_finite]).
+and every floating-point entry of the new parameters and optimiser state ([`is_finite`][gamfunc.training.guard.is_finite]).
 A step that fails keeps the old parameters, optimiser state, buffers and estimator state, and
 counts itself in ``metrics["skipped"]``. An eager step reads the flag on the host and branches;
 a compiled one, one captured in a CUDA graph, or one rank of several selects on the device
-([`select`][gamfunc.guard.select]) and reads nothing. [`Guard`][gamfunc.guard.Guard] makes that
+([`select`][gamfunc.training.guard.select]) and reads nothing. [`Guard`][gamfunc.training.guard.Guard] makes that
 choice for one step function, with a count of its own: no state is shared between steps or
 processes. The bridge of ``torch.optim`` optimisers (`gamfunc.torch_optim.bridge`) checks the
-state a base optimiser forms with [`all_finite`][gamfunc.guard.all_finite].
+state a base optimiser forms with [`all_finite`][gamfunc.training.guard.all_finite].
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Guard:
     *Measured outside these commands*: the facade's non-finite guard).
 
     It always selects where the step cannot read or must not wait: under ``torch.compile`` or
-    ``vmap``, while a CUDA graph is captured ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph],
+    ``vmap``, while a CUDA graph is captured ([`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph],
     the facade's ``cuda_graph=True``), and on a GPU in a job of several processes, where each rank
     keeps its queue full while its all-reduces run (``tests/library/test_distributed.py``). On the CPU it
     reads.
@@ -93,7 +93,7 @@ class Guard:
 
         Args:
             finite: the step's 0-d bool flag.
-            passes_queued: the event of [`mark`][gamfunc.guard.Guard.mark], or None.
+            passes_queued: the event of [`mark`][gamfunc.training.guard.Guard.mark], or None.
 
         Returns:
             True to read and branch, False to select on the device.
@@ -111,7 +111,7 @@ class Guard:
         it.
 
         Args:
-            passes_queued: the event of [`mark`][gamfunc.guard.Guard.mark], or None (no GPU, or
+            passes_queued: the event of [`mark`][gamfunc.training.guard.Guard.mark], or None (no GPU, or
                 the step cannot read).
 
         Returns:
@@ -129,7 +129,7 @@ class Guard:
             finite: the step's 0-d bool flag.
             new: a pytree of the step's results (parameters, states, buffers).
             old: the same structure, as the step was given it.
-            passes_queued: the event of [`mark`][gamfunc.guard.Guard.mark], or None.
+            passes_queued: the event of [`mark`][gamfunc.training.guard.Guard.mark], or None.
 
         Returns:
             ``new`` or ``old``, or their selection leaf by leaf.

@@ -1,4 +1,4 @@
-"""gamfunc/logging.py: TensorBoard helpers write what a reader gets back."""
+"""reproduce/run/tensorboard.py: TensorBoard helpers write what a reader gets back."""
 
 import math
 
@@ -7,7 +7,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
-import gamfunc.logging as tblog
+from reproduce.run import tensorboard as tblog
 
 
 def read(path) -> EventAccumulator:

@@ -1,10 +1,10 @@
 """A whole step replayed as a CUDA graph: the host's work per step becomes a few copies and a replay.
 
-A step compiled by pass (``scope="pass"``), and any step under [`gamfunc.distributed`][gamfunc.distributed], runs its
+A step compiled by pass (``scope="pass"``), and any step under [`gamfunc.distributed`][gamfunc.wrappers.distributed], runs its
 update, its non-finite guard and its all-reduces eagerly around the compiled passes: hundreds of
 small kernels per step, each launched by the host. On ResNet-50 that host work takes longer than the
 GPU's (benchmarks/RESULTS.md, "Data-parallel scaling against DDP"), so the GPU waits, and under data parallel each rank
-waits at every all-reduce for the rank whose host was slowest. [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph] captures each branch
+waits at every all-reduce for the rank whose host was slowest. [`cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] captures each branch
 of the step once (compiled passes, eager update, guard and NCCL all-reduces alike; NCCL allows its
 collectives in a graph) and replays it, so that one launch runs the whole step.
 
@@ -16,7 +16,7 @@ the tensors it returns are its own. Parameters and state that the caller passes 
 same tensors, not modified in place since: their version counters say so) are not copied in again;
 the graph itself writes its new parameters and state into its inputs.
 
-Under ``torch.distributed`` with NCCL, [`release`][gamfunc.cuda_graphs.release] the step's graphs before
+Under ``torch.distributed`` with NCCL, [`release`][gamfunc.training.cuda_graphs.release] the step's graphs before
 ``destroy_process_group()``: NCCL cannot destroy a communicator that a live graph still holds, and
 that call would hang (pytorch/pytorch#115388).
 """
@@ -30,8 +30,8 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc.checks import check_int
-from gamfunc.compile import fresh_copies
-from gamfunc.step import Step
+from gamfunc.compiling.compile import fresh_copies
+from gamfunc.training.step import Step
 
 __all__ = ["cuda_graph", "release"]
 
@@ -46,13 +46,13 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
         warmup: eager calls of each input signature before its capture (at least 1).
 
     Returns:
-        A step of the same configuration; ``init`` is the original's. Under NCCL, [`release`][gamfunc.cuda_graphs.release]
+        A step of the same configuration; ``init`` is the original's. Under NCCL, [`release`][gamfunc.training.cuda_graphs.release]
             it before ``destroy_process_group()``.
 
     Raises:
         ValueError: ``warmup`` < 1, or ``step`` was made with ``on_nonfinite="raise"`` (which reads
             the loss on the host at every step) or with a ``when`` policy that chooses on the
-            device ([`gamfunc.when.adaptive`][gamfunc.when.adaptive]); at a call, a tensor not on
+            device ([`gamfunc.when.adaptive`][gamfunc.training.when.adaptive]); at a call, a tensor not on
             a CUDA device.
         RuntimeError: the capture failed; the message says what a step captured in a graph must not
             do (read a value on the host, copy from the host, nest another CUDA graph).
@@ -86,16 +86,16 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
 
 
 def release(step: Step) -> None:
-    """Drop every graph that [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph] captured for ``step``, and their memory.
+    """Drop every graph that [`cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] captured for ``step``, and their memory.
 
     The next call warms up and captures again. Call it before
     ``torch.distributed.destroy_process_group()`` (see the module's docstring).
 
     Args:
-        step: a step made by [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph].
+        step: a step made by [`cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph].
 
     Raises:
-        TypeError: ``step`` was not made by [`cuda_graph`][gamfunc.cuda_graphs.cuda_graph].
+        TypeError: ``step`` was not made by [`cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph].
     """
     graphed = [b for b in getattr(step, "branches", ()) if isinstance(b, _Graphed)]
     if not graphed:

@@ -5,9 +5,9 @@ Parameters, gradients, directions, optimiser state and all tree math stay in the
 every pass of a SAM/GAM step (clean, perturbed, H·v) is a ``loss_fn`` evaluation, each of them is
 autocast, and each perturbation θ + ρ·v is formed in fp32.
 
-* ``bf16``: [`bf16`][gamfunc.precision.bf16] (= [`autocast`][gamfunc.precision.autocast] with ``torch.bfloat16``). bf16 has fp32's exponent
+* ``bf16``: [`bf16`][gamfunc.wrappers.precision.bf16] (= [`autocast`][gamfunc.wrappers.precision.autocast] with ``torch.bfloat16``). bf16 has fp32's exponent
   range, so no loss scale is needed.
-* ``fp16``: [`fp16`][gamfunc.precision.fp16], autocast with ``torch.float16`` and a dynamic loss scale S, as
+* ``fp16``: [`fp16`][gamfunc.wrappers.precision.fp16], autocast with ``torch.float16`` and a dynamic loss scale S, as
   ``torch.amp.GradScaler``: every gradient (and every H·v) is formed as ∇(S·L) and unscaled once,
   g = ∇(S·L)/S, so that small backward activations do not underflow in fp16. An overflow (an inf or
   nan anywhere in the step) makes the direction non-finite, and [`gamfunc.make_step`][gamfunc.make_step]'s
@@ -21,8 +21,8 @@ Wrap the plain loss first, then accumulate or distribute the result (the loss sc
 innermost, where the loss is differentiated):
 
 ```python
-from gamfunc.accumulate import accumulate
-from gamfunc.precision import mixed
+from gamfunc.wrappers.accumulate import accumulate
+from gamfunc.wrappers.precision import mixed
 
 loss_fn = mixed(loss_fn, "fp16")                             # or "bf16", "fp32"
 loss_fn = accumulate(loss_fn, 4)                             # optional
@@ -30,7 +30,7 @@ step = gamfunc.make_step(estimator, optimizer, loss_fn)
 state = step.init(params, buffers)                           # state.loss: a LossScale for fp16
 ```
 
-Exact H·v (``hvp="exact"``, ``"reverse"``) differentiates the backward pass, so [`Autocast`][gamfunc.precision.Autocast] runs
+Exact H·v (``hvp="exact"``, ``"reverse"``) differentiates the backward pass, so [`Autocast`][gamfunc.wrappers.precision.Autocast] runs
 it under autocast too. With autocast inside the loss alone, forward-mode AD through the backward pass
 meets float32 tangents of bfloat16 values wherever a layer forms one (CUDA autocast's float32
 ``log_softmax``, ``softmax``, ``layer_norm``; LayerNorm's float32 weight, and BatchNorm's where
@@ -85,7 +85,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 class Autocast(Objective):
     """``loss_fn`` evaluated under ``torch.autocast``, its loss cast back to the parameters' dtype.
 
-    Built by [`autocast`][gamfunc.precision.autocast] ([`bf16`][gamfunc.precision.bf16], [`fp16`][gamfunc.precision.fp16]). Gradients are formed as in
+    Built by [`autocast`][gamfunc.wrappers.precision.autocast] ([`bf16`][gamfunc.wrappers.precision.bf16], [`fp16`][gamfunc.wrappers.precision.fp16]). Gradients are formed as in
     ``torch.amp``: the forward pass under autocast, the backward pass outside it, in the dtypes autocast
     chose for the forward operations.
 
@@ -139,14 +139,14 @@ def autocast(loss_fn: Callable, dtype: torch.dtype) -> Autocast:
 
     The device type is that of the parameters. Everything outside the call (gradients, tree math,
     optimiser) keeps the parameters' dtype; BatchNorm running statistics stay fp32. Exact H·v runs
-    its backward pass under autocast too ([`Autocast`][gamfunc.precision.Autocast]).
+    its backward pass under autocast too ([`Autocast`][gamfunc.wrappers.precision.Autocast]).
 
     Args:
         loss_fn: ``loss_fn(params, batch, *rest) -> loss`` or ``(loss, aux)``.
         dtype: ``torch.bfloat16`` or ``torch.float16``.
 
     Returns:
-        An [`Autocast`][gamfunc.precision.Autocast] Objective.
+        An [`Autocast`][gamfunc.wrappers.precision.Autocast] Objective.
 
     Example:
         >>> import torch
@@ -172,13 +172,13 @@ def bf16(loss_fn: Callable) -> Autocast:
         loss_fn: the loss (two-argument or buffered).
 
     Returns:
-        [`autocast`][gamfunc.precision.autocast] of ``loss_fn`` with ``torch.bfloat16``.
+        [`autocast`][gamfunc.wrappers.precision.autocast] of ``loss_fn`` with ``torch.bfloat16``.
     """
     return autocast(loss_fn, torch.bfloat16)
 
 
 class LossScale(NamedTuple):
-    """The dynamic loss scale of [`fp16`][gamfunc.precision.fp16], kept in the step state as ``state.loss``.
+    """The dynamic loss scale of [`fp16`][gamfunc.wrappers.precision.fp16], kept in the step state as ``state.loss``.
 
     Attributes:
         scale: S, 0-d float32 (GradScaler's ``_scale``).
@@ -207,17 +207,17 @@ def update_scale(
     ```
 
     Args:
-        loss_scale: the [`LossScale`][gamfunc.precision.LossScale] before the step.
+        loss_scale: the [`LossScale`][gamfunc.wrappers.precision.LossScale] before the step.
         finite: 0-d bool, whether the step's loss, gradients and update were finite.
         growth_factor: S's factor after ``growth_interval`` finite steps in a row.
         backoff_factor: S's factor after a step that was not finite.
         growth_interval: finite steps in a row before S grows.
 
     Returns:
-        The [`LossScale`][gamfunc.precision.LossScale] after the step.
+        The [`LossScale`][gamfunc.wrappers.precision.LossScale] after the step.
 
     Raises:
-        TypeError: ``loss_scale`` is not a [`LossScale`][gamfunc.precision.LossScale].
+        TypeError: ``loss_scale`` is not a [`LossScale`][gamfunc.wrappers.precision.LossScale].
 
     Example:
         >>> s = LossScale(torch.tensor(8.0), torch.tensor(0, dtype=torch.int32))
@@ -243,7 +243,7 @@ def update_scale(
 class LossScaled(Objective):
     """An fp16 loss whose gradients and H·v are formed from S·L and unscaled once: g = ∇(S·L)/S.
 
-    Built by [`fp16`][gamfunc.precision.fp16]. S is ``scale`` once bound to a step state ([`bind`][gamfunc.precision.LossScaled.bind]), else
+    Built by [`fp16`][gamfunc.wrappers.precision.fp16]. S is ``scale`` once bound to a step state ([`bind`][gamfunc.wrappers.precision.LossScaled.bind]), else
     ``init_scale``. Calling it gives the unscaled loss.
 
     Attributes:
@@ -356,14 +356,14 @@ def fp16(
         growth_interval: taken steps in a row before S grows (integer >= 1).
 
     Returns:
-        A [`LossScaled`][gamfunc.precision.LossScaled] Objective.
+        A [`LossScaled`][gamfunc.wrappers.precision.LossScaled] Objective.
 
     Example:
         A step whose gradients fit in fp16 at S = 2¹⁶ is taken; one whose scaled gradients overflow
         is skipped (the parameters stay) and halves S:
 
         >>> import torch, gamfunc
-        >>> from gamfunc.precision import fp16
+        >>> from gamfunc.wrappers.precision import fp16
         >>> loss_fn = fp16(lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean())
         >>> step = gamfunc.make_step(gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), loss_fn)
         >>> params = {"w": torch.zeros(3)}
@@ -399,8 +399,8 @@ def mixed(loss_fn: Callable, precision: str) -> Callable:
         precision: "fp32", "bf16" or "fp16".
 
     Returns:
-        ``loss_fn`` itself for "fp32", [`bf16`][gamfunc.precision.bf16] of it for "bf16",
-            [`fp16`][gamfunc.precision.fp16] of it (GradScaler's defaults) for "fp16".
+        ``loss_fn`` itself for "fp32", [`bf16`][gamfunc.wrappers.precision.bf16] of it for "bf16",
+            [`fp16`][gamfunc.wrappers.precision.fp16] of it (GradScaler's defaults) for "fp16".
 
     Raises:
         ValueError: ``precision`` is none of these.

@@ -34,7 +34,7 @@ class StepState(NamedTuple):
 
     A NamedTuple, hence a pytree of tensors: ``torch.compile`` guards on its fields' shapes and
     dtypes, not their values (a new lr or step count never recompiles), ``torch.func.vmap`` batches
-    it ([`gamfunc.ensemble`][gamfunc.ensemble]), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
+    it ([`gamfunc.ensemble`][gamfunc.training.ensemble]), ``torch.utils._pytree.tree_map`` maps it. ``()`` marks an absent
     field (an empty pytree node). Change a field with ``state._replace(...)``; save one with
     `as_dict`.
 
@@ -54,12 +54,12 @@ class StepState(NamedTuple):
             count of calls, skipped steps included, kept on the host so that it picks the estimator
             without a device synchronisation; ``()`` otherwise.
         loss: the loss wrapper's own state (`gamfunc.loss.Objective.init_state`), e.g.
-            [`gamfunc.precision.LossScale`][gamfunc.precision.LossScale] for fp16; ``()`` for a loss without state.
+            [`gamfunc.precision.LossScale`][gamfunc.wrappers.precision.LossScale] for fp16; ``()`` for a loss without state.
         est: the estimator's own state (``estimator.init(params)``, e.g. the running mean of
             [`friendly_sam`][gamfunc.estimators.friendly_sam.friendly_sam]); ``()`` for an
             estimator without state.
         policy: the ``when`` policy's own state (``policy.init(device)``, e.g.
-            [`gamfunc.when.AdaptiveState`][gamfunc.when.AdaptiveState], AE-SAM's running
+            [`gamfunc.when.AdaptiveState`][gamfunc.training.when.AdaptiveState], AE-SAM's running
             statistics); ``()`` for a policy without state or no policy.
     """
 
@@ -76,7 +76,7 @@ class StepState(NamedTuple):
 def check_state(state, params) -> None:
     """Raise a one-line error, naming the field, unless ``state`` is a step state made for ``params``.
 
-    Checked: that ``state`` is a [`StepState`][gamfunc.state.StepState] whose counters are 0-d tensors and whose
+    Checked: that ``state`` is a [`StepState`][gamfunc.training.state.StepState] whose counters are 0-d tensors and whose
     ``buffers`` are a dict or ``()``; the names of every per-parameter dict of the optimiser state
     (momentum, moments: a dict of tensors sharing a name with ``params``) against those of
     ``params``, and the shapes of the first such dict (a state made for other parameters has them
@@ -242,7 +242,7 @@ def _is_record(x) -> bool:
 
 
 def as_dict(state) -> Any:
-    """``state`` in plain containers: every NamedTuple in it (a [`StepState`][gamfunc.state.StepState], an optimiser's or
+    """``state`` in plain containers: every NamedTuple in it (a [`StepState`][gamfunc.training.state.StepState], an optimiser's or
     a transform's state, a loss scale) a dict of its fields, fields holding ``()`` (nothing) left out.
 
     For ``torch.save``: the result loads with ``torch.load(weights_only=True)`` and without gamfunc.

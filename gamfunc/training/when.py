@@ -1,13 +1,13 @@
-r"""When a step is flat: the policies of [`make_step`][gamfunc.step.make_step]'s ``when=``.
+r"""When a step is flat: the policies of [`make_step`][gamfunc.training.step.make_step]'s ``when=``.
 
 A step made with ``when=policy`` runs its estimator (the flat one: SAM, GAM, ...) on the steps the
 policy chooses and its ``base`` estimator (the gradient by default) on the others:
 
-- [`every(k)`][gamfunc.when.every]: every k-th step, the first included (``every=k`` of
-  [`make_step`][gamfunc.step.make_step] is its shorthand);
-- [`late(start)`][gamfunc.when.late]: from step ``start`` on (an int, or a fraction of the run's
+- [`every(k)`][gamfunc.training.when.every]: every k-th step, the first included (``every=k`` of
+  [`make_step`][gamfunc.training.step.make_step] is its shorthand);
+- [`late(start)`][gamfunc.training.when.late]: from step ``start`` on (an int, or a fraction of the run's
   ``total_steps``), the base before: flatness in the last phase of training only;
-- [`adaptive(total_steps)`][gamfunc.when.adaptive]: AE-SAM's trigger (Jiang et al. 2023), flat
+- [`adaptive(total_steps)`][gamfunc.training.when.adaptive]: AE-SAM's trigger (Jiang et al. 2023), flat
   where the squared norm of the step's gradient is high against its running mean and deviation.
 
 ``every`` and ``late`` choose on the host from the step's count of calls (``state.cycle``, a CPU
@@ -17,7 +17,7 @@ value: the step takes that gradient first (a third compiled function, the *probe
 boolean on the host, and runs the chosen branch with the gradient it already has, so a step of
 either kind costs its own passes and no more (one device synchronisation a step, as AE-SAM's own
 ``if``). Its running statistics live in ``state.policy``
-([`AdaptiveState`][gamfunc.when.AdaptiveState]), are kept when a step is skipped, and are saved
+([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), are kept when a step is skipped, and are saved
 with the rest of the state (`gamfunc.state.as_dict`). Under ``torch.compile`` (``step.compile()``)
 each of the step's functions is one graph, whichever way the policy switches.
 """
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from gamfunc.checks import check_int, check_number, check_unit
-from gamfunc.compile import fresh
+from gamfunc.compiling.compile import fresh
 from gamfunc.loss import bind, gradient_pass, with_grad_norm
 
 __all__ = [
@@ -51,8 +51,8 @@ __all__ = [
 @dataclass(frozen=True)
 class Policy:
     """A policy of ``when=``: which steps run the flat estimator. Build one with
-    [`every`][gamfunc.when.every], [`late`][gamfunc.when.late] or
-    [`adaptive`][gamfunc.when.adaptive].
+    [`every`][gamfunc.training.when.every], [`late`][gamfunc.training.when.late] or
+    [`adaptive`][gamfunc.training.when.adaptive].
 
     A policy that chooses on the host implements ``flat(count) -> bool`` of the step's count of
     calls; one that chooses on the device (``on_device``) keeps a state (``init``) and implements
@@ -80,7 +80,7 @@ class Policy:
 
 @dataclass(frozen=True)
 class Every(Policy):
-    """``every(k)``: the flat estimator on calls 0, k, 2k, ...; see [`every`][gamfunc.when.every].
+    """``every(k)``: the flat estimator on calls 0, k, 2k, ...; see [`every`][gamfunc.training.when.every].
 
     Args:
         k: the period.
@@ -97,7 +97,7 @@ class Every(Policy):
 
 @dataclass(frozen=True)
 class Late(Policy):
-    """``late(start)``: the flat estimator from call ``start`` on; see [`late`][gamfunc.when.late].
+    """``late(start)``: the flat estimator from call ``start`` on; see [`late`][gamfunc.training.when.late].
 
     Args:
         start: the first flat call.
@@ -127,7 +127,7 @@ class AdaptiveState(NamedTuple):
 
 @dataclass(frozen=True)
 class Adaptive(Policy):
-    """AE-SAM's trigger; see [`adaptive`][gamfunc.when.adaptive].
+    """AE-SAM's trigger; see [`adaptive`][gamfunc.training.when.adaptive].
 
     Args:
         total_steps: T.
@@ -180,7 +180,7 @@ def every(k: int) -> Every:
         k: the period, an integer >= 1 (1: every step).
 
     Returns:
-        An [`Every`][gamfunc.when.Every] policy.
+        An [`Every`][gamfunc.training.when.Every] policy.
 
     Raises:
         ValueError: ``k`` is not an integer >= 1 (naming it).
@@ -208,7 +208,7 @@ def late(start: int | float, total_steps: int | None = None) -> Late:
         total_steps: T, the run's number of steps; needed with a fractional ``start`` only.
 
     Returns:
-        A [`Late`][gamfunc.when.Late] policy.
+        A [`Late`][gamfunc.training.when.Late] policy.
 
     Raises:
         ValueError: ``start`` is neither an integer >= 0 nor a number in [0, 1], a fraction is
@@ -261,13 +261,13 @@ def adaptive(
     g_t reused as its pass at θ (SAM: one more gradient); the others are the base's (the
     gradient: g_t itself). δ is ``delta``, λ₁ ``lambda1``, λ₂ ``lambda2``, T ``total_steps``; t
     is the step count (``state.step``), held at T past T. The statistics are in float64, in
-    ``state.policy`` ([`AdaptiveState`][gamfunc.when.AdaptiveState]), and a skipped step leaves
+    ``state.policy`` ([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), and a skipped step leaves
     them as they were.
 
     Warning:
         The choice reads one boolean on the host at each step (a device synchronisation), and a
         step with this policy cannot be captured in a CUDA graph
-        ([`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph] refuses it).
+        ([`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] refuses it).
 
     Args:
         total_steps: T >= 1, the run's number of steps, over which c_t moves from λ₂ to λ₁.
@@ -276,7 +276,7 @@ def adaptive(
         lambda2: λ₂, c_t at the start (the paper's 1).
 
     Returns:
-        An [`Adaptive`][gamfunc.when.Adaptive] policy.
+        An [`Adaptive`][gamfunc.training.when.Adaptive] policy.
 
     Raises:
         ValueError: ``total_steps`` is not an integer >= 1, ``delta`` not in [0, 1), ``lambda1``

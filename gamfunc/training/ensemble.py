@@ -1,8 +1,8 @@
 """Many models as one: ``torch.func.vmap`` over a whole training step, for seeds, ensembles and grids.
 
-N members are N copies of the parameters, stacked along a new leading axis ([`stack`][gamfunc.ensemble.stack]), each with
+N members are N copies of the parameters, stacked along a new leading axis ([`stack`][gamfunc.training.ensemble.stack]), each with
 its own step state (optimiser moments, BatchNorm running statistics, step counter) and its own
-hyperparameters. [`vmap_step`][gamfunc.ensemble.vmap_step] turns a function that builds one member's step from its
+hyperparameters. [`vmap_step`][gamfunc.training.ensemble.vmap_step] turns a function that builds one member's step from its
 hyperparameters into one step of all members:
 
 ```python
@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc.state import StepState
-from gamfunc.step import Step
+from gamfunc.training.state import StepState
+from gamfunc.training.step import Step
 
 __all__ = ["VmappedStep", "stack", "unstack", "vmap_step"]
 
@@ -96,7 +96,7 @@ def _constant(value: Tensor) -> Callable[[Tensor], Tensor]:
 
 
 class VmappedStep:
-    """The step of N members at once; made by [`vmap_step`][gamfunc.ensemble.vmap_step].
+    """The step of N members at once; made by [`vmap_step`][gamfunc.training.ensemble.vmap_step].
 
     Args:
         build: ``build(**h) -> Step`` for one member.
@@ -166,7 +166,7 @@ def vmap_step(
         randomness: ``torch.func.vmap``'s: "error", "same" or "different" (dropout).
 
     Returns:
-        A [`VmappedStep`][gamfunc.ensemble.VmappedStep]: ``init(params, buffers=None)`` and ``step(params, state, batch)``
+        A [`VmappedStep`][gamfunc.training.ensemble.VmappedStep]: ``init(params, buffers=None)`` and ``step(params, state, batch)``
             over stacked params and states. ``torch.compile`` it as any function.
 
     Raises:

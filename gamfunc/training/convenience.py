@@ -1,4 +1,4 @@
-"""The one-call form of the design card: [`gam_step`][gamfunc.convenience.gam_step], ``make_step(gam(...), sgd(...), loss_fn)``
+"""The one-call form of the design card: [`gam_step`][gamfunc.training.convenience.gam_step], ``make_step(gam(...), sgd(...), loss_fn)``
 built once per set of arguments and called."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import functools
 
 from gamfunc.estimators import gam
 from gamfunc.optim import Transform, sgd
-from gamfunc.step import make_step
+from gamfunc.training.step import make_step
 
 __all__ = ["gam_step"]
 

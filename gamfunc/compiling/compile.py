@@ -1,7 +1,7 @@
 """Compile any function: inductor options, CUDA-graph results copied out, a code object per function.
 
 These helpers know nothing of steps or losses. `gamfunc.Step.compile` calls them for a whole
-step (``scope="step"``) and [`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes] for each differentiation pass
+step (``scope="step"``) and [`gamfunc.regional.compile_passes`][gamfunc.wrappers.regional.compile_passes] for each differentiation pass
 (``scope="pass"``).
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._compat import _VERSION, cacheable_state_calls, mode_options
-from .graph_sharing import share_equal_work_pass
-from .tree import copies
+from gamfunc._compat import TORCH_VERSION, cacheable_state_calls, mode_options
+from gamfunc.compiling.graph_sharing import share_equal_work_pass
+from gamfunc.tree import copies
 
 __all__ = ["INDUCTOR_WORKAROUNDS", "compile_with", "cudagraph_safe", "fresh", "fresh_copies"]
 
@@ -82,7 +82,7 @@ def fresh(fn):
     torch.compile keeps its cache, and its recompile limit (8 by default), per code object. Without
     this every step (or pass) made in a process would share one function's code, and the ninth one
     compiled with ``fullgraph=True`` would fail with "recompile limit exceeded". Inside a function
-    being compiled (a step made in a compiled region, as [`gamfunc.ensemble`][gamfunc.ensemble] makes one per
+    being compiled (a step made in a compiled region, as [`gamfunc.ensemble`][gamfunc.training.ensemble] makes one per
     trace), ``fn`` itself: it is traced, not cached.
     """
     if torch.compiler.is_compiling():
@@ -93,7 +93,7 @@ def fresh(fn):
 
 def loop_reordering_asserts() -> bool:
     """Whether this torch has inductor's loop-reordering assertion (fixed in 2.14)."""
-    return _VERSION < (2, 14)
+    return TORCH_VERSION < (2, 14)
 
 
 INDUCTOR_WORKAROUNDS = {"loop_ordering_after_fusion": False} if loop_reordering_asserts() else {}

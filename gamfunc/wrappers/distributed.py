@@ -3,29 +3,29 @@
 Each rank holds the same parameters and state and steps on its own shard of the global batch. Where
 the ranks' results are averaged decides what the step computes; there are two documented modes:
 
-* ``perturbation="global"`` ([`global_mean`][gamfunc.distributed.global_mean]): every gradient a perturbation depends on is averaged
+* ``perturbation="global"`` ([`global_mean`][gamfunc.wrappers.distributed.global_mean]): every gradient a perturbation depends on is averaged
   over ranks before the perturbation is formed: g0 = mean_r ∇L_r(θ), θ + ρ·g0/‖g0‖, and so on for
-  every gradient and H·v of the estimator (an [`Accumulated`][gamfunc.accumulate.Accumulated] Objective whose
+  every gradient and H·v of the estimator (an [`Accumulated`][gamfunc.wrappers.accumulate.Accumulated] Objective whose
   ``reduce`` is an all-reduce). The step equals the single-process step on the concatenated batch.
   Cost: one all-reduce per gradient or H·v (SAM: 2, exact GAM: 4, accelerated GAM: 4).
-* ``perturbation="local"`` ([`local`][gamfunc.distributed.local]): each rank forms its perturbations from its local gradients
+* ``perturbation="local"`` ([`local`][gamfunc.wrappers.distributed.local]): each rank forms its perturbations from its local gradients
   (SAM's ε_r = ρ·g_r/‖g_r‖) and only the final direction is averaged, one all-reduce per step. This is
   what the SAM paper's m-sharpness and the authors' GAM code do, and what a DDP model gets when its
-  ``no_sync`` skips the first pass. On one device, [`gamfunc.m_sharpness.m_sharpness`][gamfunc.m_sharpness.m_sharpness] computes
+  ``no_sync`` skips the first pass. On one device, [`gamfunc.m_sharpness.m_sharpness`][gamfunc.wrappers.m_sharpness.m_sharpness] computes
   the same step for m sub-batches.
 
 Averages are weighted by the ranks' batch sizes (equal shards give the plain mean), and BatchNorm
 running statistics (the ``aux`` of the clean pass) are averaged too, so that every rank keeps the same
 state; integer buffers (``num_batches_tracked``) are the same on every rank and are not reduced.
 
-Every reduction goes through [`all_reduce_mean`][gamfunc.distributed.all_reduce_mean], which flattens the tensors of any number of
+Every reduction goes through [`all_reduce_mean`][gamfunc.wrappers.distributed.all_reduce_mean], which flattens the tensors of any number of
 pytrees into a few contiguous buffers of at most ``bucket_cap_mb`` each (one per dtype and device
 where they fit) and calls ``torch.distributed.all_reduce`` once per buffer.
 
 Launch with ``torchrun --nproc_per_node N script.py``; in the script:
 
 ```python
-from gamfunc.distributed import broadcast, data_parallel
+from gamfunc.wrappers.distributed import broadcast, data_parallel
 
 torch.distributed.init_process_group("nccl")          # "gloo" on CPU
 params, buffers = broadcast((params, buffers))        # the same start on every rank
@@ -51,9 +51,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc.accumulate import Accumulated, batch_size
 from gamfunc.estimators.base import Estimate, Estimator, check_stateless
 from gamfunc.loss import Pass
+from gamfunc.wrappers.accumulate import Accumulated, batch_size
 
 __all__ = [
     "PERTURBATIONS",
@@ -158,18 +158,18 @@ def global_mean(
     """``perturbation="global"``: ``loss_fn`` as the mean over all ranks' examples.
 
     Every gradient and H·v the estimator asks for is the mean over this rank's ``micro_batches``
-    micro-batches ([`gamfunc.accumulate`][gamfunc.accumulate]), then the size-weighted mean over ranks
-    ([`all_reduce_mean`][gamfunc.distributed.all_reduce_mean]); v(g) is taken at the global g. So each rank computes the direction of
+    micro-batches ([`gamfunc.accumulate`][gamfunc.wrappers.accumulate]), then the size-weighted mean over ranks
+    ([`all_reduce_mean`][gamfunc.wrappers.distributed.all_reduce_mean]); v(g) is taken at the global g. So each rank computes the direction of
     the single-process step on the concatenated batch, and all ranks take the same step.
 
     Args:
-        loss_fn: the per-rank loss (two-argument or buffered; [`gamfunc.precision.fp16`][gamfunc.precision.fp16] of it).
+        loss_fn: the per-rank loss (two-argument or buffered; [`gamfunc.precision.fp16`][gamfunc.wrappers.precision.fp16] of it).
         micro_batches: gradient accumulation on each rank.
         group: the process group; the default group if None.
         bucket_cap_mb: bucket size of the all-reduce.
 
     Returns:
-        An [`Accumulated`][gamfunc.accumulate.Accumulated] Objective; give it to [`gamfunc.make_step`][gamfunc.make_step].
+        An [`Accumulated`][gamfunc.wrappers.accumulate.Accumulated] Objective; give it to [`gamfunc.make_step`][gamfunc.make_step].
     """
 
     def reduce(trees: list, weight: float) -> list:

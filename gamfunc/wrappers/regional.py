@@ -4,7 +4,7 @@
 finite-difference GAM that is four forward-backward passes of the network (paper Appendix D), for exact
 GAM two gradients and two Hessian-vector products, and the compile takes several times a gradient
 step's. Yet the passes are the same function at different points θ, θ + r·v, θ_adv, ... .
-[`compile_passes`][gamfunc.regional.compile_passes] compiles that function once and calls it for every pass, so a step compiles in
+[`compile_passes`][gamfunc.wrappers.regional.compile_passes] compiles that function once and calls it for every pass, so a step compiles in
 about the time of one gradient pass (exact GAM: the point pass, ∇L and H·∇L/‖∇L‖ in one graph), whatever the
 estimator; the tree math between passes and the optimiser update run eagerly, as ``torch._foreach``
 kernels. `gamfunc.Step.compile` with ``scope="pass"`` builds such a step.
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from gamfunc._compat import in_transform
-from gamfunc.compile import compile_with, fresh
+from gamfunc.compiling.compile import compile_with, fresh
 from gamfunc.hvps import Normalized, of_gradient, resolve
 from gamfunc.loss import Objective, Pass, bind, gradient_pass, with_grad_norm
 from gamfunc.tree import Tree
@@ -41,7 +41,7 @@ __all__ = ["CompiledPasses", "compile_passes"]
 class CompiledPasses(Objective):
     """``loss_fn`` whose gradient passes and exact Hessian-vector products run compiled.
 
-    Built by [`compile_passes`][gamfunc.regional.compile_passes]. Outside a step it is ``loss_fn`` itself; inside one
+    Built by [`compile_passes`][gamfunc.wrappers.regional.compile_passes]. Outside a step it is ``loss_fn`` itself; inside one
     (`bind`) it carries the step state that the loss reads (BatchNorm buffers, an fp16 loss scale),
     which enters the compiled passes as an input, so a new state never recompiles them.
 
@@ -105,7 +105,7 @@ def _traced() -> bool:
 
 
 class _Passes:
-    """The compiled functions of one [`CompiledPasses`][gamfunc.regional.CompiledPasses]: the gradient pass and, made on first
+    """The compiled functions of one [`CompiledPasses`][gamfunc.wrappers.regional.CompiledPasses]: the gradient pass and, made on first
     use, one H·v pass per backend and one point pass per backend and ξ. Each has a code object of its
     own, hence a cache of its own."""
 
@@ -162,13 +162,13 @@ def compile_passes(loss_fn: Callable, *, fullgraph: bool = True, mode=None, **kw
     [`gamfunc.make_step`][gamfunc.make_step] in place of ``loss_fn``, or use ``step.compile(scope="pass")``.
 
     Args:
-        loss_fn: any gamfunc loss: plain, buffered, or an Objective ([`gamfunc.accumulate`][gamfunc.accumulate],
-            [`gamfunc.precision.fp16`][gamfunc.precision.fp16]), whose passes are then compiled whole.
+        loss_fn: any gamfunc loss: plain, buffered, or an Objective ([`gamfunc.accumulate`][gamfunc.wrappers.accumulate],
+            [`gamfunc.precision.fp16`][gamfunc.wrappers.precision.fp16]), whose passes are then compiled whole.
         fullgraph, mode, kwargs: ``torch.compile``'s, as `gamfunc.Step.compile` takes them
             (``mode="reduce-overhead"``: each pass a CUDA-graph replay, its results copied out).
 
     Returns:
-        A [`CompiledPasses`][gamfunc.regional.CompiledPasses] objective.
+        A [`CompiledPasses`][gamfunc.wrappers.regional.CompiledPasses] objective.
 
     Example:
         >>> import torch, gamfunc

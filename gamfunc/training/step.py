@@ -1,7 +1,7 @@
 """The training step: an estimator and a base optimiser joined into one pure function.
 
 ``step(params, state, batch) -> (new_params, new_state, metrics)`` is the only thing a user wraps in
-``torch.compile``. ``state`` is a [`StepState`][gamfunc.step.StepState], a NamedTuple and so a pytree of tensors for
+``torch.compile``. ``state`` is a [`StepState`][gamfunc.training.step.StepState], a NamedTuple and so a pytree of tensors for
 ``torch.compile``, ``torch.func.vmap`` and ``torch.utils._pytree``:
 
 ```python
@@ -30,9 +30,9 @@ optimiser keeps (every gamfunc optimiser has one); an optimiser without one logs
 
 A ``loss_fn`` that is an `Objective` may carry step state of its own through the
 protocol declared there (``bind``, ``init_state``, ``next_state``, forwarded by every wrapper):
-[`gamfunc.precision.fp16`][gamfunc.precision.fp16]'s dynamic loss scale is such state, in ``state.loss``. The step calls that protocol and
+[`gamfunc.precision.fp16`][gamfunc.wrappers.precision.fp16]'s dynamic loss scale is such state, in ``state.loss``. The step calls that protocol and
 nothing else of a wrapper; compilation (`Step.compile`) calls down to `gamfunc.compile`
-and [`gamfunc.regional`][gamfunc.regional]; [`gamfunc.gam_step`][gamfunc.gam_step] lives in `gamfunc.convenience`.
+and [`gamfunc.regional`][gamfunc.wrappers.regional]; [`gamfunc.gam_step`][gamfunc.gam_step] lives in `gamfunc.convenience`.
 """
 
 from __future__ import annotations
@@ -41,28 +41,21 @@ from collections.abc import Callable
 from typing import Protocol, cast, runtime_checkable
 
 import torch
-from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc import tree
-from gamfunc import when as policies
-from gamfunc.checks import FINITE, NONNEGATIVE, GuardedSchedule, check_int
-from gamfunc.compile import compile_with, fresh
+from gamfunc.checks import check_int
+from gamfunc.compiling.compile import compile_with, fresh
 from gamfunc.estimators import Estimator, gradient
-from gamfunc.guard import Guard, is_finite
-from gamfunc.loss import bind, check_params, init_state, next_state
+from gamfunc.loss import check_params, init_state
 from gamfunc.optim import (
     Transform,
-    apply_updates,
-    call_update,
-    injected,
-    learning_rate,
     learning_rates,
-    lr_groups,
 )
-from gamfunc.regional import compile_passes
-from gamfunc.schedules import value
-from gamfunc.state import StepState, check_counts, check_cycle, check_est, check_state
+from gamfunc.training import when as policies
+from gamfunc.training.body import branch, schedules_in_range, with_schema
+from gamfunc.training.guard import Guard
+from gamfunc.training.state import StepState, check_counts, check_cycle, check_est, check_state
+from gamfunc.wrappers.regional import compile_passes
 
 __all__ = [
     "NONFINITE",
@@ -78,7 +71,7 @@ SCOPES = ("step", "pass")
 
 @runtime_checkable
 class Step(Protocol):
-    """What [`make_step`][gamfunc.step.make_step] returns: ``step(params, state, batch) -> (new_params, new_state,
+    """What [`make_step`][gamfunc.training.step.make_step] returns: ``step(params, state, batch) -> (new_params, new_state,
     metrics)``, with ``step.init(params, buffers=None)`` for the first state, ``step.compile(...)``
     for a compiled copy and its configuration as attributes.
 
@@ -88,7 +81,7 @@ class Step(Protocol):
     ``branches`` are its two functions (the estimator's, and the base's between, for a ``when``
     policy) and ``map_branches(wrap)`` makes a step of the same configuration whose branches (and
     the adaptive policy's probe) are wrapped, as ``compile`` and
-    [`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph] do. ``when`` is the policy (None: the
+    [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] do. ``when`` is the policy (None: the
     estimator on every step) and ``every`` its period for ``every(k)`` (1 otherwise).
     """
 
@@ -115,7 +108,7 @@ class Step(Protocol):
 
 
 class _StepImpl:
-    """The configuration and methods behind a [`Step`][gamfunc.step.Step] function."""
+    """The configuration and methods behind a [`Step`][gamfunc.training.step.Step] function."""
 
     def __init__(
         self, estimator, optimizer, loss_fn, when, base, on_nonfinite, branches=None, probe=None
@@ -126,8 +119,8 @@ class _StepImpl:
         switched = when is not None
         guard = Guard()  # one per step function: both branches share its count
         self.full, self.plain = branches or (
-            _branch(estimator, optimizer, loss_fn, on_nonfinite, guard, switched or None),
-            _branch(base, optimizer, loss_fn, on_nonfinite, guard, False if switched else None),
+            branch(estimator, optimizer, loss_fn, on_nonfinite, guard, switched or None),
+            branch(base, optimizer, loss_fn, on_nonfinite, guard, False if switched else None),
         )
         self.probe = probe
         if probe is None and switched and when.on_device:
@@ -204,9 +197,9 @@ class _StepImpl:
         """This step under ``torch.compile``: no recompilation as lr, ρ or the step count change.
 
         ``scope="step"`` (default) compiles each branch whole: two graphs at most (three with
-        [`gamfunc.when.adaptive`][gamfunc.when.adaptive]'s probe), however often the ``when``
+        [`gamfunc.when.adaptive`][gamfunc.training.when.adaptive]'s probe), however often the ``when``
         policy switches between them. ``scope="pass"`` compiles each differentiation pass instead
-        and runs the step around the passes eagerly ([`gamfunc.regional.compile_passes`][gamfunc.regional.compile_passes]): one
+        and runs the step around the passes eagerly ([`gamfunc.regional.compile_passes`][gamfunc.wrappers.regional.compile_passes]): one
         graph for every estimator built on gradients or on ∇‖∇L‖ (two for SAM + exact GAM), so a cold compile takes
         about one gradient pass's, at some cost per step.
 
@@ -246,177 +239,19 @@ class _StepImpl:
 
     def map_branches(self, wrap: Callable[[Callable], Callable]) -> Step:
         """A step of this configuration whose branches are ``wrap(branch)``: how
-        ``compile(scope="step")`` and [`gamfunc.cuda_graph`][gamfunc.cuda_graphs.cuda_graph]
+        ``compile(scope="step")`` and [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph]
         transform a step. ``init`` and the choice between the branches are this step's.
 
         Args:
             wrap: a function of a branch returning a function of the same signature.
 
         Returns:
-            The new [`Step`][gamfunc.step.Step].
+            The new [`Step`][gamfunc.training.step.Step].
         """
         branches = (wrap(self.full), wrap(self.plain))
         probe = wrap(self.probe) if self.probe is not None else None
         args = (self.estimator, self.optimizer, self.loss_fn, self.when, self.base)
         return _new_step(*args, self.on_nonfinite, branches=branches, probe=probe)
-
-
-def _step(estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean):
-    with torch.no_grad():  # gradients come from torch.func transforms only
-        return _step_impl(
-            estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean
-        )
-
-
-def _step_impl(
-    estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean=None
-):
-    buffered = isinstance(state.buffers, dict)
-    loss = bind(loss_fn, state)
-    # One step counter, the step's: the estimator's schedules (ρ) and the optimiser's (lr, bias
-    # corrections) read the same t, so a skipped step (the old state kept) moves neither.
-    step = state.step
-    est = estimator.run(params, batch, loss, clean=clean, step=step, state=state.est)
-    # marks how far the GPU has come once the passes are queued: the guard's read or select
-    passes_queued = guard.mark(est.info["loss"].device) if on_nonfinite == "skip" else None
-    # an estimator without state (the plain steps of every=k) carries the state through
-    new_est = est.state if estimator.stateful else state.est
-    updates, new_opt = call_update(optimizer, est.direction, state.opt, params, step)
-    new_params = apply_updates(params, updates)
-    if isinstance(est.decoupled, dict):  # e.g. WSAM's decoupled sharpness step, after the update
-        new_params = _decoupled_step(new_params, est.decoupled, new_opt)
-    metrics = dict(est.info)
-    lr = learning_rate(new_opt)
-    if lr is not None:
-        metrics["lr"] = lr
-    if "rho" in estimator.hparams:
-        rho = value(estimator.hparams["rho"], step)
-        # a fill, not a copy of a host value: a step captured in a CUDA graph copies nothing in
-        metrics["rho"] = (
-            rho.to(torch.float64)
-            if isinstance(rho, Tensor)
-            else torch.full((), rho, dtype=torch.float64, device=step.device)
-        )
-    if full is not None:  # a fill: a step captured in a CUDA graph copies nothing in
-        metrics["full_step"] = torch.full((), int(full), dtype=torch.int64, device=step.device)
-    in_range = schedules_in_range(estimator, new_opt, step)
-    if in_range is not None:
-        metrics["out_of_range"] = (~in_range).to(torch.int64)
-    new_buffers = est.clean.aux if buffered else ()
-    # Each StepState is built by its constructor: dynamo on torch < 2.13 cannot return a NamedTuple
-    # made by ``_replace`` from a compiled graph.
-    taken = StepState(
-        step + 1,
-        new_opt,
-        state.skipped,
-        new_buffers,
-        state.cycle,
-        state.loss,
-        new_est,
-        state.policy,
-    )
-    if on_nonfinite == "ignore":
-        return new_params, taken, metrics
-    finite = is_finite(est, new_params, new_opt, new_est).to(step.device)
-    if in_range is not None:
-        finite = finite & in_range
-    if on_nonfinite == "raise":
-        if not bool(finite):
-            why = (
-                "a scheduled hyperparameter out of range or not finite"
-                if in_range is not None and not bool(in_range)
-                else "non-finite loss, direction or update"
-            )
-            raise FloatingPointError(f"{why} at step {int(step)}: loss={float(est.info['loss'])}")
-        return new_params, taken, metrics
-    skipped = (~finite).to(torch.int64)
-    new_params, new_opt, new_buffers, new_est = guard.keep(
-        finite,
-        (new_params, new_opt, new_buffers, new_est),
-        (params, state.opt, state.buffers, state.est),
-        passes_queued,
-    )
-    loss_state, extra = next_state(loss_fn, state, finite)
-    new_step = step + (1 - skipped)
-    counts = state.skipped + skipped
-    new_state = StepState(
-        new_step, new_opt, counts, new_buffers, state.cycle, loss_state, new_est, state.policy
-    )
-    metrics["skipped"] = skipped
-    metrics.update(extra)
-    return new_params, new_state, metrics
-
-
-def schedules_in_range(estimator: Estimator, opt_state, step: Tensor) -> Tensor | None:
-    """Whether every scheduled hyperparameter the step read is in its range and finite, as a 0-d
-    bool tensor on ``step``'s device (no host read); None where the step reads no schedule.
-
-    Read: the estimator's schedules that are checked at each step
-    ([`GuardedSchedule`][gamfunc.checks.GuardedSchedule], what its constructor made of a schedule
-    without ``bounds``), evaluated at ``step``, and the values the optimiser's schedules took at
-    this update (``InjectState.scheduled``): finite, and >= 0 for ``lr`` and ``weight_decay``.
-    A schedule with ``bounds`` was checked when it was given, and an out-of-range value of a
-    guarded one is NaN, so a step that used one is not finite either; the flag says why.
-
-    Args:
-        estimator: the estimator of the step's branch.
-        opt_state: the optimiser's state after the update.
-        step: the step count t.
-
-    Returns:
-        A 0-d bool tensor, or None.
-    """
-    flags = [
-        h.rule.holds_on_device(torch.as_tensor(value(h, step)))
-        for h in estimator.hparams.values()
-        if isinstance(h, GuardedSchedule)
-    ]
-    for s in injected(opt_state):
-        for k, v in s.scheduled.items():
-            rule = NONNEGATIVE if k in ("lr", "weight_decay") else FINITE
-            flags.append(rule.holds_on_device(v))
-    if not flags:
-        return None
-    ok = flags[0].to(step.device)
-    for f in flags[1:]:
-        ok = ok & f.to(step.device)
-    return ok
-
-
-def _decoupled_step(params: dict, part: dict, opt_state) -> dict:
-    """θ_k − lr_k·part_k for every parameter k, lr_k its learning rate in ``opt_state`` (the one
-    the update just used): one ``axpy`` over each group of parameters that share an lr
-    (`gamfunc.optim.lr_groups`), a few foreach kernels rather than two per parameter."""
-    out = dict(params)
-    for names, s in lr_groups(opt_state, list(params)):
-        lr = learning_rate(s)
-        assert lr is not None  # lr_groups gives only the states that keep one
-        out.update(tree.axpy(-lr, {k: part[k] for k in names}, {k: params[k] for k in names}))
-    return out
-
-
-def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
-    """``(schema, metrics)`` with ``metrics`` given every key of ``schema``, in its order: a value a
-    branch did not compute is NaN (-1 for an integer metric); keys new to ``schema`` join it.
-
-    With a ``when`` policy the GAM branch reports keys (``f_norm``, ``adv_*``, ``rho``) that the plain
-    branch does not; a logger or a ``torch.stack`` over steps then sees one schema. The GAM branch
-    runs first, so the schema is complete from the first step whenever the base estimator reports a
-    subset of the estimator's keys (every estimator of gamfunc does).
-    """
-    schema = dict(schema)
-    for k, v in metrics.items():
-        if k not in schema and isinstance(v, Tensor):
-            schema[k] = (v.dtype, v.device)
-    out = {}
-    for k, (dtype, device) in schema.items():
-        if k in metrics:
-            out[k] = metrics[k]
-        else:
-            fill = float("nan") if dtype.is_floating_point else -1
-            out[k] = torch.full((), fill, dtype=dtype, device=device)
-    out |= {k: v for k, v in metrics.items() if k not in out}  # anything not a tensor, as it is
-    return schema, out
 
 
 def make_step(
@@ -441,7 +276,7 @@ def make_step(
     by −lr_k·decoupled_k after the update, lr_k its learning rate in the optimiser's state.
 
     A step whose optimiser reads a schedule, or whose estimator holds a schedule without
-    ``bounds`` ([`gamfunc.checks.GuardedSchedule`][gamfunc.checks.GuardedSchedule]), reports
+    ``bounds`` ([`gamfunc.checks.GuardedSchedule`][gamfunc.ranges.GuardedSchedule]), reports
     ``metrics["out_of_range"]``: 1 where such a value was out of its range or not finite at this
     step, which is then skipped as a non-finite one is (`schedules_in_range`, on the device). A
     step with a ``when`` policy (or an estimator that brings its own cycle, LookSAM's) reports
@@ -460,8 +295,8 @@ def make_step(
             updated once per step, from the pass at θ; passes at perturbed points use batch statistics
             and their statistics are dropped.
         when: which steps run ``estimator`` (the others run ``base``): a policy of
-            [`gamfunc.when`][gamfunc.when], [`every(k)`][gamfunc.when.every] (paper Appendix
-            C.3), [`late(start)`][gamfunc.when.late] or [`adaptive(T)`][gamfunc.when.adaptive];
+            [`gamfunc.when`][gamfunc.training.when], [`every(k)`][gamfunc.training.when.every] (paper Appendix
+            C.3), [`late(start)`][gamfunc.training.when.late] or [`adaptive(T)`][gamfunc.training.when.adaptive];
             None (default): every step. Compile such a step with ``step.compile()``: one graph
             per branch (and one for the adaptive policy's probe), none again as it switches. An
             estimator that is itself a cycle ([`looksam`][gamfunc.estimators.looksam.looksam])
@@ -479,8 +314,8 @@ def make_step(
             FloatingPointError (eager only); "ignore" applies the step regardless.
 
     Returns:
-        A [`Step`][gamfunc.step.Step]: ``step(params, state, batch) -> (new_params, new_state, metrics)``, with
-            ``step.init(params, buffers=None)`` giving the first [`StepState`][gamfunc.state.StepState].
+        A [`Step`][gamfunc.training.step.Step]: ``step(params, state, batch) -> (new_params, new_state, metrics)``, with
+            ``step.init(params, buffers=None)`` giving the first [`StepState`][gamfunc.training.state.StepState].
 
     Raises:
         TypeError: ``estimator`` or ``base`` is not an estimator, ``optimizer`` not a Transform,
@@ -547,21 +382,6 @@ def make_step(
             f"loss_fn must be a callable loss_fn(params, batch); got {type(loss_fn).__name__}"
         )
     return _new_step(estimator, optimizer, loss_fn, when, base or gradient(), on_nonfinite)
-
-
-def _branch(estimator, optimizer, loss_fn, on_nonfinite, guard, full):
-    """``_step`` for one estimator, as a function with its own code object (a partial would not do:
-    torch.compile traces a partial from a wrapper shared by every callable object). ``full``: with
-    a ``when`` policy, whether this is the estimator's branch (reported as
-    ``metrics["full_step"]``); None without one. ``clean``: the pass at θ, where the adaptive
-    policy's probe took it."""
-
-    def branch(params, state, batch, clean=None):
-        return _step(
-            estimator, optimizer, loss_fn, on_nonfinite, guard, full, params, state, batch, clean
-        )
-
-    return fresh(branch)
 
 
 def _new_step(*args, **kwargs) -> Step:

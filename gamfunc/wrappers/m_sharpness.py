@@ -35,10 +35,10 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from gamfunc.accumulate import weighted_sum
 from gamfunc.checks import check_int
 from gamfunc.estimators.base import Estimate, Estimator, check_stateless
 from gamfunc.loss import Pass
+from gamfunc.wrappers.accumulate import weighted_sum
 
 __all__ = ["RANDOMNESS", "m_sharpness"]
 
@@ -77,7 +77,7 @@ def m_sharpness(
 
     Example:
         >>> import torch, gamfunc
-        >>> from gamfunc.m_sharpness import m_sharpness
+        >>> from gamfunc.wrappers.m_sharpness import m_sharpness
         >>> loss_fn = lambda p, b: ((b[0] @ p["w"] - b[1]) ** 2).mean()
         >>> est = m_sharpness(gamfunc.sam(0.05), m=4)
         >>> d, info = est({"w": torch.ones(3)}, (torch.randn(8, 3), torch.randn(8)), loss_fn)
