@@ -89,7 +89,7 @@ def functionalize(model: nn.Module, criterion=F.cross_entropy, *, loss=None, tra
 
     Raises:
         TypeError: ``model`` is no ``torch.nn.Module``, or is ``torch.compile(module)``
-            ([`check_uncompiled`][gamfunc._compat.check_uncompiled]: give the module and compile the
+            ([`check_uncompiled`][gamfunc._compat.compiler.check_uncompiled]: give the module and compile the
             step); ``loss`` is not a function of ``(model, batch)``, or is given with a
             ``criterion``. When called, ``loss_fn`` raises ValueError for a batch that is not a pair
             in the ``criterion`` form, and TypeError for a ``loss`` that returns no 0-d tensor.

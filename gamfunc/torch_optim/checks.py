@@ -28,7 +28,7 @@ COMPILE = (False, True, "pass", "step")
 def check_model(model, cls: str = "GAM") -> None:
     """A one-line TypeError unless ``model`` is an ``nn.Module`` (its parameters are not) and not
     ``torch.compile(module)``, whose compiled forward torch.func's transforms run eagerly
-    ([`gamfunc.nn.check_uncompiled`][gamfunc._compat.check_uncompiled]).
+    ([`gamfunc.nn.check_uncompiled`][gamfunc._compat.compiler.check_uncompiled]).
 
     Args:
         model: the facade's first argument.
