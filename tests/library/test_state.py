@@ -8,8 +8,6 @@ import io
 
 import pytest
 import torch
-
-import gamfunc
 from gamfunc.state import (
     StepState,
     as_dict,
@@ -20,6 +18,8 @@ from gamfunc.state import (
     check_state,
     from_dict,
 )
+
+import gamfunc
 
 
 def loss_fn(params, batch):
