@@ -6,6 +6,7 @@ pure, compilable step. See README.md and https://arxiv.org/abs/2303.03108.
 
 from gamfunc import (
     checks,
+    estimators,
     hvps,
     metrics,
     nn,
@@ -16,22 +17,9 @@ from gamfunc import (
 
 # the old paths of the moved modules, for one release
 from gamfunc._moved import __getattr__ as __getattr__
-from gamfunc.estimators import (
-    Estimator,
-    asam,
-    friendly_sam,
-    gam,
-    gam_accelerated,
-    gnp,
-    gradient,
-    gsam,
-    look_gam,
-    looksam,
-    msam,
-    rwp,
-    sam,
-    wsam,
-)
+
+# every estimator factory (and its state's type), by the name it has in gamfunc.estimators
+from gamfunc.estimators import *  # noqa: F403
 from gamfunc.optim import (
     InjectState,
     adam,
@@ -66,7 +54,6 @@ __version__ = "0.2.0"
 
 __all__ = [
     "ChainState",
-    "Estimator",
     "InjectState",
     "Step",
     "StepState",
@@ -76,7 +63,6 @@ __all__ = [
     "adamw",
     "add_decayed_weights",
     "apply_updates",
-    "asam",
     "chain",
     "checks",
     "clip_by_global_norm",
@@ -85,29 +71,19 @@ __all__ = [
     "decay_mask",
     "distributed",
     "ensemble",
-    "friendly_sam",
-    "gam",
-    "gam_accelerated",
+    "estimators",
     "gam_step",
-    "gnp",
-    "gradient",
-    "gsam",
     "guard",
     "hvps",
     "inject_hyperparams",
     "lion",
-    "look_gam",
-    "looksam",
     "m_sharpness",
     "make_step",
     "metrics",
-    "msam",
     "nn",
     "param_groups",
     "precision",
     "regional",
-    "rwp",
-    "sam",
     "scale_by_adam",
     "scale_by_learning_rate",
     "scale_by_lion",
@@ -118,5 +94,5 @@ __all__ = [
     "trace",
     "tree",
     "when",
-    "wsam",
 ]
+__all__ += estimators.__all__

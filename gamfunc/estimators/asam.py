@@ -6,13 +6,20 @@ from collections.abc import Collection
 
 from gamfunc import tree
 from gamfunc.checks import Mask, check_mask, check_nonnegative, masked_keys
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["adaptive_ascent", "asam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.asam(rho, eta=0.01, mask=None)",
+    computes="ASAM (Kwon et al. 2021): ∇L(θ + ρ·T²g/‖T g‖), T = \\|θ\\| + η where `mask` marks (the authors' code: parameters named `weight`)",
+    passes="2",
+)
 
 
 def asam(rho, eta: float = 0.01, eps: float = 1e-12, *, mask: Mask = None) -> Estimator:

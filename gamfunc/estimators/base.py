@@ -12,7 +12,16 @@ from torch import Tensor
 from gamfunc.loss import Pass, check_params
 from gamfunc.tree import Tree
 
-__all__ = ["Estimate", "Estimator", "check_stateless"]
+__all__ = ["Estimate", "Estimator", "Summary", "check_stateless"]
+
+
+class Summary(NamedTuple):
+    """An estimator's row of README's table of estimators, declared beside its factory as
+    ``SUMMARY`` (the test of README's table reads it from every factory of `gamfunc.estimators`)."""
+
+    call: str  # the factory's call with its main arguments
+    computes: str  # what it descends along: the paper's equation, the paper named
+    passes: str  # gradients (forward-backward passes) a step
 
 
 class Estimate(NamedTuple):

@@ -9,13 +9,20 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.checks import check_nonnegative, check_unit
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["CONVENTIONS", "FriendlySAMState", "friendly_sam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call='gamfunc.friendly_sam(rho, sigma=1.0, lmbda=0.9, convention="paper")',
+    computes="F-SAM (Li et al. 2024): the ascent along g − σ·m, m the gradients' running mean; `convention=\"authors\"`: the authors' code",
+    passes="2",
+)
 
 CONVENTIONS = ("paper", "authors")
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 from gamfunc import hvps, tree
 from gamfunc.checks import check_int, check_nonnegative
 from gamfunc.estimators.asam import adaptive_ascent
-from gamfunc.estimators.base import Estimate, Estimator, check_stateless
+from gamfunc.estimators.base import Estimate, Estimator, Summary, check_stateless
 from gamfunc.estimators.gradient import gradient
 from gamfunc.loss import with_grad_norm
 from gamfunc.schedules import value
 
 __all__ = ["gam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call='gamfunc.gam(rho, alpha, hvp="exact", oracle=None)',
+    computes="GAM, Algorithm 1: ∇L_oracle + α·ρ·H(θ_adv)·g_adv/‖g_adv‖, θ_adv = θ + ρ·f/‖f‖, f = H·g/‖g‖; `oracle=gamfunc.sam(rho2)` is SAM + GAM; also `ascent_steps=n`, `adaptive=True`",
+    passes="2 + 2 H·v (fd: 4)",
+)
 
 
 def gam(

@@ -5,12 +5,19 @@ from __future__ import annotations
 from gamfunc import tree
 from gamfunc.checks import check_nonnegative, check_unit
 from gamfunc.estimators.asam import adaptive_ascent
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad
 from gamfunc.schedules import value
 
 __all__ = ["CONVENTIONS", "gam_accelerated"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call='gamfunc.gam_accelerated(rho, rho_prime, alpha, beta, gamma, convention="paper")',
+    computes='GAM, Algorithm 2: h+ − γ·h−⊥ from four gradients; `"official"`: the authors\' code',
+    passes="4",
+)
 
 CONVENTIONS = ("paper", "official")
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from gamfunc import hvps, tree
 from gamfunc.checks import check_nonnegative
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.schedules import value
 
 __all__ = ["gnp"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.gnp(alpha, hvp=gamfunc.hvps.fd(radius=1e-2))",
+    computes="GNP (Zhao et al. 2022): g + α·H·g/‖g‖",
+    passes="2",
+)
 
 
 def gnp(

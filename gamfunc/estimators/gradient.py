@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.loss import Pass, gradient_pass, with_grad_norm
 
 __all__ = ["clean_info", "gradient"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.gradient()",
+    computes="g",
+    passes="1",
+)
 
 
 def clean_info(clean: Pass) -> dict:

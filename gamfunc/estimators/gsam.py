@@ -5,12 +5,19 @@ from __future__ import annotations
 from gamfunc import tree
 from gamfunc.checks import check_nonnegative
 from gamfunc.estimators.asam import adaptive_ascent
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import ascent_point, gradient_pass, unit_grad, with_grad_norm
 from gamfunc.schedules import value
 
 __all__ = ["gsam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.gsam(rho, alpha, adaptive=False, eta=0.0)",
+    computes="GSAM (Zhuang et al. 2022): SAM's gradient − α·(g's part orthogonal to it); `adaptive=True` scales the ascent by \\|θ\\| + η, as the authors' code",
+    passes="2",
+)
 
 
 def gsam(rho, alpha, eps: float = 1e-12, *, adaptive: bool = False, eta: float = 0.0) -> Estimator:

@@ -6,13 +6,20 @@ from typing import NamedTuple
 
 from gamfunc import tree
 from gamfunc.checks import check_int
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gam import gam
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, with_grad_norm
 from gamfunc.tree import Tree
 
 __all__ = ["LookGAMState", "look_gam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.look_gam(rho, alpha, k)",
+    computes="LookSAM's reuse for GAM: GAM every k steps, its part orthogonal to g reused between",
+    passes="GAM's, then 1",
+)
 
 
 class LookGAMState(NamedTuple):

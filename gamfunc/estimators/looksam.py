@@ -8,13 +8,20 @@ import torch
 
 from gamfunc import tree
 from gamfunc.checks import check_int, check_nonnegative
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass, unit_grad, with_grad_norm
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["CONVENTIONS", "LookSAMState", "looksam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.looksam(rho, k, alpha)",
+    computes="LookSAM (Liu et al. 2022): SAM every k steps, its part orthogonal to g reused between",
+    passes="2, then 1",
+)
 
 CONVENTIONS = ("paper", "pytorch_optimizer")
 

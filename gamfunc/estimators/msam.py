@@ -6,13 +6,20 @@ from typing import NamedTuple
 
 from gamfunc import tree
 from gamfunc.checks import check_nonnegative, check_unit
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["MSAMState", "msam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.msam(rho, momentum=0.9)",
+    computes="MSAM (Becker et al. 2024): ∇L(θ − ρ·m/‖m‖), m its own momentum of the gradients it took",
+    passes="1",
+)
 
 
 class MSAMState(NamedTuple):

@@ -9,13 +9,20 @@ from torch import Tensor
 
 from gamfunc import tree
 from gamfunc.checks import check_int, check_nonnegative, check_unit
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
 __all__ = ["RWPState", "gaussian", "noise", "rwp"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.rwp(sigma, mix=0.0, seed=0)",
+    computes="RWP (Li et al. 2022): ∇L(θ + ε), ε Gaussian scaled by each filter's norm; `mix=λ`: m-RWP, λ·g + (1 − λ)·∇L(θ + ε)",
+    passes="1 (m-RWP: 2)",
+)
 
 _M32 = 0xFFFFFFFF
 

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from gamfunc import tree
 from gamfunc.checks import check_int, check_nonnegative
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import ascent_point, gradient_pass, unit_grad
 from gamfunc.schedules import value
 
 __all__ = ["sam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.sam(rho, ascent_steps=1)",
+    computes="SAM (Foret et al. 2021): ∇L(θ + ρ·g/‖g‖), reached in n steps of ρ/n",
+    passes="n + 1",
+)
 
 
 def sam(rho, eps: float = 1e-12, ascent_steps: int = 1) -> Estimator:

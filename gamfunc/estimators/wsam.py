@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from gamfunc import tree
 from gamfunc.checks import check_nonnegative, check_positive, check_unit
-from gamfunc.estimators.base import Estimate, Estimator
+from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import ascent_point, gradient_pass
 from gamfunc.schedules import value
 
 __all__ = ["wsam"]
+
+# its row of README's table of estimators
+SUMMARY = Summary(
+    call="gamfunc.wsam(rho, gamma, decouple=False, max_norm=None)",
+    computes="WSAM (Yue et al. 2023): (1 − a)·g + a·(SAM's gradient), a = γ/(1 − γ); `decouple=True`: the authors' decoupled form",
+    passes="2",
+)
 
 
 def wsam(

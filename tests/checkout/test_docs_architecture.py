@@ -72,6 +72,7 @@ def test_the_package_init_only_imports_and_lists():
             isinstance(node, ast.Assign)
             and [getattr(t, "id", None) for t in node.targets] in (["__all__"], ["__version__"])
         )
+        and not (isinstance(node, ast.AugAssign) and getattr(node.target, "id", None) == "__all__")
     ]
     assert other == []
 
