@@ -3,7 +3,7 @@
 The main job is ``python reproduce/train.py`` with no arguments (the ``mnist1d`` preset: SGD and SGD +
 GAM on MNIST-1D). Three documents quote it: the table it prints and how long it takes, in
 ``reproduce/train.py``'s docstring, ``docs/guides/reproduce.md`` ("Main job") and the README. Each
-of those numbers comes from ``docs/evidence/main_job.json`` through this module:
+of those numbers comes from ``reproduce/results/main_job.json`` through this module:
 
 ```bash
 python -m reproduce.main_job           # runs the main job and its short form, writes the JSON and the docs
@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-JSON = ROOT / "docs" / "evidence" / "main_job.json"
+JSON = ROOT / "reproduce" / "results" / "main_job.json"
 COMMAND = ["reproduce/train.py"]  # the main job, as the docs write it
 SHORT = ["reproduce/train.py", "--epochs=5"]  # what tests/checkout/test_main_job.py runs on any CPU
 DOCS = {

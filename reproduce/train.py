@@ -10,7 +10,7 @@ trains the MNIST-1D MLP (Greydanus 2020; 4,000 training and 1,000 test vectors g
 SGD and with SGD + GAM (ρ = 0.5, α = 1, chosen on a validation split), one after the other, and prints
 train and test accuracy, the generalisation gap, the top Hessian eigenvalue λ_max, the Hessian trace
 and R1 at the end. On that CPU and torch it printed the table below, the run committed as
-docs/evidence/main_job.json (``python -m reproduce.main_job`` makes it and writes these numbers into the
+reproduce/results/main_job.json (``python -m reproduce.main_job`` makes it and writes these numbers into the
 docs; a test reruns it). Another CPU or torch version rounds differently, and 4,000 steps carry a last-bit
 difference into the accuracies, which move by a few tenths of a point:
 

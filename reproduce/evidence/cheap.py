@@ -2,8 +2,8 @@
 against wall-clock as a multiple of SGD's.
 
 ```bash
-python -m reproduce.evidence.cheap --data=DIR --recipe=docs/evidence/fmnist/fmnist.json \\
-    --sweep=docs/evidence/fmnist/fmnist.json --deadline=1080      # a 20-minute slot of one GPU
+python -m reproduce.evidence.cheap --data=DIR --recipe=reproduce/results/fmnist/fmnist.json \\
+    --sweep=reproduce/results/fmnist/fmnist.json --deadline=1080      # a 20-minute slot of one GPU
 python -m reproduce.evidence.cheap --docs   # reproduce/RESULTS.md's section from the committed JSON
 ```
 
@@ -78,7 +78,9 @@ __all__ = [
 ]
 
 ROOT = fmnist.ROOT
-EVIDENCE = ROOT / "docs" / "evidence" / "fmnist" / "cheap.json"  # the committed record, once run
+EVIDENCE = (
+    ROOT / "reproduce" / "results" / "fmnist" / "cheap.json"
+)  # the committed record, once run
 # group -> (its --when, its estimators, its other arguments); the first group measures SGD
 GROUPS = {
     "every": ("", ("sgd", "look_gam", "msam", "rwp"), ()),

@@ -30,13 +30,13 @@ FULL = "gam"  # full GAM, whose gain over SGD the goal asks to keep: the paper's
 REFERENCES = ("sgd", FULL, "sgd@adaptive")  # measured beside, never candidates of the goal
 KEEP = 0.8  # the share of full GAM's gain over SGD a form must keep ...
 PRICE = 1.5  # ... at no more than this multiple of SGD's wall-clock
-DATA = "Data: [docs/evidence/fmnist/cheap.json](../docs/evidence/fmnist/cheap.json)."
+DATA = "Data: [reproduce/results/fmnist/cheap.json](results/fmnist/cheap.json)."
 HEADING = "## Flatness at SGD's price on Fashion-MNIST"
 FMNIST_HEADING = "## Fashion-MNIST on one GPU"  # the section this one follows
 SETTING_NAMES = {"clean": "Clean", "noise40": "40% label noise (`noise40`)"}
 COMMAND = (
-    "python -m reproduce.evidence.cheap --data=DIR --recipe=docs/evidence/fmnist/fmnist.json "
-    "--sweep=docs/evidence/fmnist/fmnist.json"
+    "python -m reproduce.evidence.cheap --data=DIR --recipe=reproduce/results/fmnist/fmnist.json "
+    "--sweep=reproduce/results/fmnist/fmnist.json"
 )
 
 
@@ -214,7 +214,7 @@ def cheap_section(record: dict | None, minutes: float | None = None) -> str:
             f"**Not run yet.** `{COMMAND}` runs it (an estimated {minutes:.0f} minutes of one "
             "GPU; `reproduce.evidence.cheap` says how the time splits by setting and seed, and how "
             "`--deadline` fits a shorter slot); then `python -m reproduce.evidence.cheap --docs` "
-            "writes this section from `docs/evidence/fmnist/cheap.json`."
+            "writes this section from `reproduce/results/fmnist/cheap.json`."
         )
         return "\n\n".join(parts) + "\n"
     plat = record["platform"]
@@ -247,7 +247,7 @@ def cheap_section(record: dict | None, minutes: float | None = None) -> str:
     parts.append(cheap_prose(record))
     parts.append(
         "Test accuracy against wall-clock as × SGD: "
-        "![Flatness at SGD's price](../docs/evidence/fmnist/cheap.png)"
+        "![Flatness at SGD's price](results/fmnist/cheap.png)"
     )
     return "\n\n".join(p for p in parts if p) + "\n"
 

@@ -51,7 +51,7 @@ SUBCOMMANDS = {
 
 
 # subcommand -> its markdown table from its JSON record (tests/checkout/test_docs.py recomputes the tables
-# of reproduce/RESULTS.md from the JSON committed under docs/evidence/ with these)
+# of reproduce/RESULTS.md from the JSON committed under reproduce/results/ with these)
 def _fmnist_table(record: dict) -> str:
     # imported here: ``python -m reproduce.evidence.fmnist`` runs that module as __main__, which an
     # import by this package beforehand would shadow

@@ -84,7 +84,7 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-EVIDENCE = ROOT / "docs" / "evidence" / "fmnist" / "fmnist.json"  # the committed record
+EVIDENCE = ROOT / "reproduce" / "results" / "fmnist" / "fmnist.json"  # the committed record
 ESTIMATORS = ("sgd", "sam", "gam", "gam_fd", "sam+gam")
 SETTINGS = {"clean": "fmnist.clean", "noise40": "fmnist.noise40"}
 # the recipes the SGD baseline is chosen from (stage 0): width and epochs, in order of cost; all fit

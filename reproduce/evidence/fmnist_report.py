@@ -202,12 +202,12 @@ def _versus(acc: dict[str, list[float]], ref: str, others: list[str]) -> str:
     return f"Against {NAMES[ref]}, significant at the {LEVEL:.0%} level: {said}{tail}."
 
 
-DATA = "Data: [docs/evidence/fmnist/fmnist.json](../docs/evidence/fmnist/fmnist.json)."
+DATA = "Data: [reproduce/results/fmnist/fmnist.json](results/fmnist/fmnist.json)."
 SEEDS = (0, 1, 2)  # the seeds of every cell of the table
 # the command that trains what the committed table lacks, and adds it
 CONTINUE = (
     "python -m reproduce.evidence.fmnist --data=DIR --stages=table "
-    "--into=docs/evidence/fmnist/fmnist.json"
+    "--into=reproduce/results/fmnist/fmnist.json"
 )
 HEADING = "## Fashion-MNIST on one GPU: real images, seeds, significance"
 SETTING_NAMES = {"clean": "Clean", "noise40": "40% label noise (`noise40`)"}
@@ -287,7 +287,7 @@ def _recipe_line(record: dict) -> str:
     if made and made != best:
         line += (
             f" The sweep and tables below were made with `{made}` before this stage existed; "
-            "`python -m reproduce.evidence.fmnist --data=DIR --recipe=docs/evidence/fmnist/fmnist.json "
+            "`python -m reproduce.evidence.fmnist --data=DIR --recipe=reproduce/results/fmnist/fmnist.json "
             "--stages=sweep,table` remakes them with the chosen recipe."
         )
     return f"{line} {DATA}"
@@ -424,9 +424,7 @@ def fmnist_section(record: dict) -> str:
         parts.append(setting_table(by))
     parts.append("What this shows, plainly (Welch's two-sided t-test at the 5% level):")
     parts.append(fmnist_prose(record))
-    parts.append(
-        "Test accuracy against training time: ![Fashion-MNIST](../docs/evidence/fmnist/fmnist.png)"
-    )
+    parts.append("Test accuracy against training time: ![Fashion-MNIST](results/fmnist/fmnist.png)")
     parts.append(
         "**The curves of one run per estimator** (the TensorBoard scalars `test/acc` every epoch and "
         f"`flatness/lambda_max` every two epochs, from the same records; seed 0, clean). {DATA}"

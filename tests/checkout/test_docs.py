@@ -2,13 +2,14 @@
 
 docs/guides/reproduce.md's preset table is regenerated from ``reproduce.config.PRESETS``;
 reproduce/README.md names the source of every preset family; the evidence tables of reproduce/RESULTS.md are recomputed from their JSON under
-``docs/evidence/``; numbers in prose are checked against the JSON they come from.
+``reproduce/results/``; numbers in prose are checked against the JSON they come from.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
 import re
 import statistics
 from pathlib import Path
@@ -24,7 +25,7 @@ GUIDES = "".join(p.read_text() for p in sorted((ROOT / "docs").rglob("*.md")))
 README = (ROOT / "README.md").read_text()
 REPRODUCE_README = (ROOT / "reproduce" / "README.md").read_text()
 RESULTS = (ROOT / "reproduce" / "RESULTS.md").read_text()
-EVIDENCE = ROOT / "docs" / "evidence"
+EVIDENCE = ROOT / "reproduce" / "results"
 
 
 def between(text: str, start: str, end: str) -> str:
@@ -106,7 +107,7 @@ def test_results_tables_equal_their_committed_json():
     evidence = pytest.importorskip("reproduce.evidence")
     checked = 0
     for data, table in data_of_tables(RESULTS):
-        if data is None or not data.startswith("[docs/evidence/"):
+        if data is None or not data.startswith("[reproduce/results/"):
             continue
         record = json.loads((ROOT / data.strip("[]")).read_text())
         render = evidence.TABLES[record["settings"]["command"]]
@@ -116,16 +117,21 @@ def test_results_tables_equal_their_committed_json():
     assert checked >= 6  # minima, landscape, the GNP and SAM+GAM sweeps, the ablation, GAM variants
 
 
+def _json_links(text: str, folder: Path) -> set[str]:
+    """The JSON files that the Markdown links of ``text`` (a file in ``folder``) point to, as paths
+    relative to the checkout."""
+    found = re.findall(r"\]\(([^)#\s]+\.json)\)", text)
+    return {os.path.relpath((folder / t).resolve(), ROOT) for t in found}
+
+
 def test_every_committed_evidence_json_has_its_table():
     cited = {d.strip("[]") for d, _ in data_of_tables(RESULTS) if d and d != "not kept"}
-    cited |= set(re.findall(r"\((?:\.\./)?(docs/evidence/[^)]+\.json)\)", RESULTS + README))
-    # the guides under docs/ link to ../evidence/... (or ../../docs/evidence/...)
-    cited |= {
-        "docs/" + m for m in re.findall(r"\((?:\.\./)+(?:docs/)?(evidence/[^)]+\.json)\)", GUIDES)
-    }
+    cited |= _json_links(RESULTS, ROOT / "reproduce") | _json_links(README, ROOT)
+    for page in (ROOT / "docs").rglob("*.md"):
+        cited |= _json_links(page.read_text(), page.parent)
     committed = {str(p.relative_to(ROOT)) for p in EVIDENCE.rglob("*.json")}
     assert committed <= cited, (
-        f"JSON under docs/evidence/ that no document cites: {committed - cited}"
+        f"JSON under reproduce/results/ that no document cites: {committed - cited}"
     )
 
 
@@ -220,7 +226,7 @@ def test_results_spectra_prose_equals_its_json():
 
 def test_vmap_sweep_example_is_that_of_results():
     """docs/guides/reproduce.md's looped-against-vmapped example and RESULTS.md's prose under the
-    vmapped table are the full ablation both ways (docs/evidence/ablation_full, ablation_vmap)."""
+    vmapped table are the full ablation both ways (reproduce/results/ablation_full, ablation_vmap)."""
 
     def ranked(name: str) -> list[dict]:
         grid = json.loads((EVIDENCE / name / "ablation.json").read_text())["grid"]
@@ -417,7 +423,7 @@ def test_results_cnn_spectra_prose_equals_its_json():
 
 
 def test_results_lookgam_prose_equals_its_json():
-    """The LookGAM paragraph's numbers are those of docs/evidence/reuse/reuse.json."""
+    """The LookGAM paragraph's numbers are those of reproduce/results/reuse/reuse.json."""
     text = " ".join(RESULTS.split())
     record = json.loads((EVIDENCE / "reuse" / "reuse.json").read_text())
     runs = dict(zip(("look", "every", "equal", "gam", "sgd"), record["runs"].values(), strict=True))
@@ -445,7 +451,7 @@ def test_results_lookgam_prose_equals_its_json():
 
 
 def test_results_family_prose_equals_its_json():
-    """The all-estimators paragraph's numbers are those of docs/evidence/family/family.json."""
+    """The all-estimators paragraph's numbers are those of reproduce/results/family/family.json."""
     text = " ".join(RESULTS.split())
     record = json.loads((EVIDENCE / "family" / "family.json").read_text())
     runs, cost = record["runs"], record["cost"]
@@ -530,7 +536,7 @@ def test_the_guides_fashion_mnist_summary_is_its_generators():
 
 def test_cheap_section_is_its_generators():
     """reproduce/RESULTS.md's section "Flatness at SGD's price" is the generator's: from
-    docs/evidence/fmnist/cheap.json once committed, and "Not run yet" with its command before."""
+    reproduce/results/fmnist/cheap.json once committed, and "Not run yet" with its command before."""
     from reproduce.evidence.cheap import estimate
     from reproduce.evidence.cheap_report import HEADING, cheap_section, goal
 

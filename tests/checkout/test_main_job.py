@@ -1,4 +1,4 @@
-"""The main job prints what its docs say: docs/evidence/main_job.json, the docs written from it
+"""The main job prints what its docs say: reproduce/results/main_job.json, the docs written from it
 (`reproduce.main_job`), and the job run again (the short form on any CPU, the whole job on the
 JSON's own CPU and torch)."""
 
