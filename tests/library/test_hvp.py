@@ -185,7 +185,7 @@ def test_the_wrappers_use_the_one_vector_protocol():
     # Every wrapper tells a fixed v from v(g) through gamfunc.hvps, never by its own test.
     root = Path(gamfunc.__file__).parent
     for name in ("accumulate.py", "precision.py", "regional.py", "distributed.py"):
-        source = (root / name).read_text()
+        source = (root / "wrappers" / name).read_text()
         assert "isinstance(v, dict)" not in source and "v(clean.grad)" not in source, name
 
 
