@@ -101,6 +101,9 @@ GAM_GRID = ((0.05, 0.1), (0.05, 0.3))
 # the table of 2026-12-07 (H100, width 32, 10 epochs) rounded up
 GUESS = {"sgd": 1.0, "sam": 1.9, "gam": 9.1, "gam_fd": 3.6, "sam+gam": 9.9}
 OVERHEAD = 8.0  # seconds of a train.py process besides its steps (start-up, evaluation, metrics)
+# and, an estimator, of the λ_max curves of seed 0 (every two epochs): 463 s against 413 s for the
+# other seed of the table of 2026-12-07, five estimators
+CURVES = 10.0
 
 
 def _device() -> dict:
@@ -127,13 +130,27 @@ class Runner:
         sgd = self.seconds.get("sgd", 15.0)
         return sum(self.seconds.get(e, GUESS.get(e, 8.0) * sgd) + OVERHEAD for e in estimators)
 
+    def predict_process(self, estimators: tuple[str, ...], args: list[str]) -> float:
+        """`predict`, and `CURVES` an estimator when ``args`` ask for λ_max curves."""
+        curves = any(a.startswith("--flatness_every") for a in args)
+        return self.predict(estimators) + (CURVES * len(estimators) if curves else 0.0)
+
+    def remember(self, runs: dict[str, dict[str, list]]) -> None:
+        """Take each estimator's seconds from the mean of ``runs``' rows (a record's table, of this
+        device), for the predictions before this process has measured it."""
+        for e in ESTIMATORS:
+            rows = [r["train_seconds"] for by in runs.values() for r in by.get(e, [])]
+            if rows:
+                self.seconds.setdefault(e, statistics.mean(rows))
+
     def __call__(self, name: str, preset: str, estimators: tuple[str, ...], args: list[str]):
         """Train ``estimators`` on ``preset`` in one process; their summaries (with history), or
         None when the deadline leaves no room."""
         left = self.deadline - (time.perf_counter() - self.start)
-        if self.deadline and self.predict(estimators) > left:
+        need = self.predict_process(estimators, args)
+        if self.deadline and need > left:
             print(
-                f"skip {name}: about {self.predict(estimators):.0f} s, {left:.0f} s left",
+                f"skip {name}: about {need:.0f} s, {left:.0f} s left",
                 flush=True,
             )
             return None
@@ -384,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.into:
         record = json.loads(Path(args.into).read_text())
         sitting = {"argv": meta["argv"], "platform": _device(), "seconds": 0.0, "ran": []}
+        if sitting["platform"]["device"] == record["platform"]["device"]:
+            run.remember(record["runs"])  # its times predict this sitting's before it measures
         record.setdefault("continued", []).append(sitting)
         chosen = record.get("table_recipe") or (record.get("recipe") or {}).get("selected")
 

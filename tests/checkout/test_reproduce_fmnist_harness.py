@@ -197,3 +197,19 @@ def test_in_short_names_what_beat_sgd_and_the_settings_not_run():
         "In short: on clean Fashion-MNIST (3 seeds) SAM beat SGD significantly, and λ_max fell "
         "most under SAM (−50% against SGD's); 40% label noise not run yet."
     )
+
+
+def test_predictions_take_the_records_times_and_the_curves_of_seed_0(tmp_path):
+    run = H.Runner("data", tmp_path, 0.0, [])
+    plain = sum(15.0 * H.GUESS[e] + H.OVERHEAD for e in H.ESTIMATORS)
+    assert run.predict(H.ESTIMATORS) == pytest.approx(plain)
+    assert run.predict_process(H.ESTIMATORS, ["--seed=1"]) == pytest.approx(plain)
+    curves = run.predict_process(H.ESTIMATORS, ["--seed=0", "--flatness_every=2"])
+    assert curves == pytest.approx(plain + H.CURVES * len(H.ESTIMATORS))
+    rows = {e: [{"train_seconds": 10.0 * (i + 1)}, {"train_seconds": 12.0 * (i + 1)}]
+            for i, e in enumerate(H.ESTIMATORS)}  # fmt: skip
+    run.remember({"clean": rows, "noise40": {e: [] for e in H.ESTIMATORS}})
+    assert run.seconds == {e: 11.0 * (i + 1) for i, e in enumerate(H.ESTIMATORS)}
+    run.seconds["sgd"] = 9.0  # measured in this process: kept over the record's
+    run.remember({"clean": rows})
+    assert run.seconds["sgd"] == 9.0
