@@ -6,9 +6,10 @@ python -m reproduce.evidence.fmnist --data=DIR --deadline=1100 # start no run th
 ```
 
 Every run is ``reproduce/train.py`` on a preset of `reproduce.presets` (``fmnist.clean``,
-``fmnist.noise40``: the fast ResNet-9 at width 32, SGD with Nesterov momentum, 10 epochs of batch
-256, crop and flip on the GPU), in a process of its own, one at a time, so that its wall-clock is its
-own. Two stages:
+``fmnist.noise40``: the fast ResNet-9, SGD with Nesterov momentum, batch 256, crop and flip on the
+GPU), with the width and epochs of the recipe, in a process of its own, one at a time, so that its
+wall-clock is its own. Three stages: the recipe (stage 0, `recipe`: width and epochs of `RECIPES` by
+SGD's validation accuracy), then
 
 1. **The validation sweep.** Seed 0, 10% of the training set held out (``--val_fraction=0.1``), the
    clean preset: SGD, SAM over `SAM_RHOS`, exact GAM over `GAM_GRID` (ρ, α). The cell of the best
