@@ -225,24 +225,25 @@ gap is train accuracy over the training set in eval mode minus test accuracy; "v
 are the difference of mean test accuracy with Welch's two-sided t-test."""
 
 
+def _made(argv: list[str], where: dict, seconds: float, beside: str | None = None) -> str:
+    """ "`the command` on one DEVICE, torch X, DATE (N s)": where and how a part of a record was
+    made."""
+    cmd = " ".join(["python -m reproduce.evidence.fmnist", *argv])
+    also = f", beside `{beside}`" if beside else ""
+    return (
+        f"`{cmd}` on one {where['device']}, torch {where['torch'].split('+')[0]}, "
+        f"{where['date']} ({seconds:.0f} s{also})"
+    )
+
+
 def _run_line(record: dict) -> str:
     plat = record["platform"]
-    cmd = " ".join(["python -m reproduce.evidence.fmnist", *record["settings"].get("argv", [])])
-    line = (
-        f"The table's command: `{cmd}` on one {plat['device']}, torch "
-        f"{plat['torch'].split('+')[0]}, {plat['date']} ({record['seconds']:.0f} s)."
-    )
+    argv = record["settings"].get("argv", [])
+    line = f"The table's command: {_made(argv, plat, record['seconds'])}."
     for c in record.get("continued", []):
-        if not c["ran"]:
-            continue
-        cmd = " ".join(["python -m reproduce.evidence.fmnist", *c["argv"]])
-        where = c["platform"]
-        line += (
-            f" Continued with `{cmd}` on one {where['device']}, torch "
-            f"{where['torch'].split('+')[0]}, {where['date']} ({c['seconds']:.0f} s): "
-            + _seeds_of(c["ran"])
-            + "."
-        )
+        if c["ran"]:
+            made = _made(c["argv"], c["platform"], c["seconds"])
+            line += f" Continued with {made}: {_seeds_of(c['ran'])}."
     devices = {
         plat["device"],
         *(c["platform"]["device"] for c in record.get("continued", []) if c["ran"]),
@@ -304,14 +305,8 @@ def _sweep_line(record: dict) -> str:
     )
     made = ""
     if sweep.get("made"):
-        cmd = " ".join(["python -m reproduce.evidence.fmnist", *sweep["made"]["argv"]])
-        where = sweep["made"]["platform"]
-        made = (
-            f" Its command: `{cmd}` on one {where['device']}, torch {where['torch'].split('+')[0]}, "
-            f"{where['date']} ({sweep['made']['seconds']:.0f} s"
-            + (f", beside `{sweep['made']['beside']}`" if sweep["made"].get("beside") else "")
-            + ")."
-        )
+        m = sweep["made"]
+        made = f" Its command: {_made(m['argv'], m['platform'], m['seconds'], m.get('beside'))}."
     return (
         f"**Validation sweep.** Seed 0, 10% of the training set held out, the clean preset{reused}: the "
         f"final validation accuracy chose SAM's ρ = {sel['sam_rho']:g} and GAM's ρ = {sel['rho']:g}, "
