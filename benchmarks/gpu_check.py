@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,11 @@ CHECK = Path(__file__).resolve().parents[1] / "tests" / "gpu_check.py"  # the ca
 
 
 def _run(cmd: list[str]) -> int:
-    """Run ``cmd``, its output on ours; its exit status."""
-    return subprocess.run(cmd).returncode
+    """Run ``cmd``, its output on ours, with the checkout first on its import path (the script's
+    own folder, ``tests/``, is what Python puts there); its exit status."""
+    root = str(CHECK.parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run(cmd, env={**os.environ, "PYTHONPATH": path}).returncode
 
 
 def main(argv=None) -> int:

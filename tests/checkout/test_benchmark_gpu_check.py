@@ -4,6 +4,7 @@ of its own) written as a benchmark result, with the run's metadata, for benchmar
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from benchmarks import gpu_check as command
@@ -50,3 +51,12 @@ def test_a_workers_flags_are_refused(capsys):
         with pytest.raises(SystemExit) as e:
             command.main(["--device", "cpu", *flag])
         assert e.value.code == 2 and "a worker's flags" in capsys.readouterr().err
+
+
+def test_the_check_process_imports_the_checkout_installed_or_not(tmp_path):
+    # Python puts the script's folder (tests/) first on its path, not the checkout: without the
+    # checkout on PYTHONPATH, `import gamfunc` in tests/models.py fails where gamfunc is not installed
+    probe = tmp_path / "probe.py"
+    probe.write_text("import sys\nsys.exit(0 if sys.argv[1] in sys.path else 3)\n")
+    root = str(command.CHECK.parents[1])
+    assert command._run([sys.executable, str(probe), root]) == 0
