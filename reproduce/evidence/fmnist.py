@@ -55,10 +55,10 @@ from pathlib import Path
 if not __package__:  # run as a file: the checkout's root on sys.path (reproduce/__init__.py)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from reproduce.evidence.fmnist_figure import figure
 from reproduce.evidence.fmnist_report import (
     SEEDS,
     curves_table,
-    figure,
     fmnist_prose,
     fmnist_section,
     fmnist_table,
@@ -367,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = ap.parse_known_args(argv)
     if args.docs:
         record = json.loads(EVIDENCE.read_text())
-        write_section(record, ROOT / "reproduce" / "RESULTS.md", EVIDENCE.with_suffix(".png"))
+        write_section(record, ROOT / "reproduce" / "RESULTS.md")
+        figure(record, EVIDENCE.with_suffix(".png"))
         return 0
     if not args.data:
         ap.error("--data: the folder of Fashion-MNIST's four IDX files")

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from reproduce.evidence import fmnist as H
+from reproduce.evidence import fmnist_report as R
 
 
 class FakeRunner:
@@ -197,6 +198,45 @@ def test_in_short_names_what_beat_sgd_and_the_settings_not_run():
         "In short: on clean Fashion-MNIST (3 seeds) SAM beat SGD significantly, and λ_max fell "
         "most under SAM (−50% against SGD's); 40% label noise not run yet."
     )
+
+
+def test_in_short_says_a_setting_of_one_seed_allows_no_test():
+    row = {"lambda_max": 10.0}
+    runs = {
+        "noise40": {
+            "sgd": [{**row, "test_acc": 90.0}],
+            "sam": [{**row, "test_acc": 95.0, "lambda_max": 4.0}],
+        }
+    }
+    assert H.in_short({"runs": runs}) == (
+        "In short: on 40% label noise (1 seed) there were too few seeds for a test, and λ_max fell "
+        "most under SAM (−60% against SGD's)."
+    )
+
+
+def test_holm_multiplies_the_kth_smallest_p_by_m_minus_k_plus_1_and_keeps_the_order():
+    # by hand: sorted 0.005, 0.01, 0.03, 0.04 -> 4·0.005, 3·0.01, 2·0.03, max(1·0.04, 0.06)
+    got = R.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005})
+    assert got == pytest.approx({"a": 0.03, "b": 0.06, "c": 0.06, "d": 0.02})
+    assert R.holm({"a": 0.6, "b": 0.5}) == {"a": 1.0, "b": 1.0}  # capped at 1
+
+
+def test_the_tests_taken_together_can_undo_a_single_significant_one():
+    # Welch's p (scipy.stats.ttest_ind, equal_var=False): SAM−SGD 0.2209, fd−SGD 0.3918,
+    # fd−SAM 0.0385; Holm: 3·0.0385 = 0.115, then max(2·0.2209, 0.3918) = 0.442 twice
+    row = {"lambda_max": 10.0, "x_sgd": 1.0, "train_seconds": 1.0}
+    accs = {
+        "sgd": (94.20, 94.40, 94.30),
+        "sam": (94.15, 94.25, 94.20),
+        "gam_fd": (94.30, 94.45, 94.36),
+    }
+    by = {e: [{**row, "test_acc": a} for a in v] for e, v in accs.items()}
+    lines = R.fmnist_prose({"runs": {"noise40": by}}).splitlines()
+    assert "- Against SAM, significant at the 5% level: GAM (fd) +0.17 points (p = 0.038)." in lines
+    assert (
+        "- Taken together (Holm's correction over these 3 tests): none is significant at the 5% "
+        "level (the smallest adjusted p, GAM (fd) against SAM: p = 0.115)."
+    ) in lines
 
 
 def test_predictions_take_the_records_times_and_the_curves_of_seed_0(tmp_path):
