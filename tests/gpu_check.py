@@ -109,6 +109,7 @@ MODES = ("eager", "pass", "step", "graph")
 MODELS = ("resnet", "vit")
 EXTRAS = (("vit", "fp32", "eager", "ensemble"), ("vit", "bf16", "eager", "ensemble"))
 EXTRAS += (("resnet", "fp32", "eager", "facade"),)
+GRAPH_EXTRAS = (("resnet", "fp32", "graph", "adaptive"),)  # CUDA only: `_adaptive_graph`
 TOLERANCE = {"fp32": 1e-4, "bf16": 8 * 2.0**-8}
 # Estimators by the seconds their whole-step compile took on an H100, costliest first.
 STEP_COST = (
@@ -184,8 +185,10 @@ def amplification(name: str, reuse_ratio: float = 1.0) -> float:
 
 def cases(device: str = "cuda") -> list[tuple[str, str, str, str]]:
     """Every case ``(model, precision, mode, estimator)`` of the check on ``device``: all modes on
-    CUDA, the eager ones elsewhere, then the ensemble and facade cases."""
-    modes = MODES if device.startswith("cuda") else ("eager",)
+    CUDA, the eager ones elsewhere, then the ensemble and facade cases (and on CUDA the adaptive
+    policy's graphed step)."""
+    cuda = device.startswith("cuda")
+    modes = MODES if cuda else ("eager",)
     grid = [
         (m, p, mode, e)
         for mode in modes
@@ -194,7 +197,7 @@ def cases(device: str = "cuda") -> list[tuple[str, str, str, str]]:
         for e in CHECKED
         if m in models_of(e)
     ]
-    return grid + list(EXTRAS)
+    return grid + list(EXTRAS) + (list(GRAPH_EXTRAS) if cuda else [])
 
 
 BATCH = 32  # images per batch
@@ -363,7 +366,8 @@ def _without_buffers(loss_fn):
 
 def extras(device: torch.device, size: int = BATCH) -> list[dict]:
     """The vmapped ensemble (each member against its own step) and the torch.optim facade (against
-    ``make_step``), eager, fp32 and bf16, on batches of ``size`` images."""
+    ``make_step``), eager, fp32 and bf16, and on CUDA the adaptive policy's step in CUDA graphs
+    (`_adaptive_graph`), on batches of ``size`` images."""
     rows = []
     for precision in PRECISIONS:
         row = {"model": "vit", "precision": precision, "mode": "eager", "estimator": "ensemble"}
@@ -411,7 +415,42 @@ def extras(device: torch.device, size: int = BATCH) -> list[dict]:
         row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
         row["trace"] = traceback.format_exc().splitlines()[-8:]
     rows.append(row)
+    if device.type == "cuda":
+        rows.append(_adaptive_graph(device, size))
     return rows
+
+
+def _adaptive_graph(device: torch.device, size: int = BATCH) -> dict:
+    """fd GAM under AE-SAM's trigger on the ResNet (its BatchNorm statistics in the state), fp32:
+    the step replayed as CUDA graphs (its probe's, then the chosen branch's) against the same step
+    eager, over a trajectory; each step's choice must agree and each update stay within tolerance."""
+    row = {"model": "resnet", "precision": "fp32", "mode": "graph", "estimator": "adaptive"}
+    try:
+        torch.backends.cudnn.allow_tf32 = False
+        net, _ = build("resnet", device, size=size)
+        loss_fn, params, buffers = gamfunc.nn.functionalize(net)
+        steps = 8
+        policy = gamfunc.when.adaptive(steps, lambda1=1.2, lambda2=1.2)  # CPU: 4 flat of 8
+        opt = gamfunc.sgd(0.1, momentum=0.9)
+        step = gamfunc.make_step(gamfunc.gam(0.05, 0.5, hvp="fd"), opt, loss_fn, when=policy)
+        graphed = gamfunc.cuda_graph(step, warmup=1)
+        eager, graph = (params, step.init(params, buffers)), (params, graphed.init(params, buffers))
+        errs, choices = [], []
+        for batch in batches("resnet", device, torch.float32, steps, size):
+            *eager, m_e = step(*eager, batch)
+            *graph, m_g = graphed(*graph, batch)
+            choices.append((int(m_e["full_step"]), int(m_g["full_step"])))
+            errs.append(_rel(_update(graph[0], params), _update(eager[0], params)))
+        row["update_rel_err"], row["tolerance"] = max(errs), TOLERANCE["fp32"]
+        row["flat_steps"] = sum(e for e, _ in choices)
+        agree = all(e == g for e, g in choices)
+        row["status"] = "pass" if agree and row["update_rel_err"] < row["tolerance"] else "fail"
+        if not agree:
+            row["error"] = f"choices (eager, graphed) differ: {choices}"
+    except Exception as e:
+        row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        row["trace"] = traceback.format_exc().splitlines()[-8:]
+    return row
 
 
 def _line(r: dict) -> str:

@@ -16,6 +16,11 @@ the tensors it returns are its own. Parameters and state that the caller passes 
 same tensors, not modified in place since: their version counters say so) are not copied in again;
 the graph itself writes its new parameters and state into its inputs.
 
+A step whose ``when`` policy chooses on the device ([`gamfunc.when.adaptive`][gamfunc.training.when.adaptive])
+is three graphs: its probe (the pass at θ and the policy's choice), then one boolean read on the host
+(the one synchronisation a step that the policy needs, graphed or not), then the chosen branch's graph,
+which takes the probe's pass as an input.
+
 Under ``torch.distributed`` with NCCL, [`release`][gamfunc.training.cuda_graphs.release] the step's graphs before
 ``destroy_process_group()``: NCCL cannot destroy a communicator that a live graph still holds, and
 that call would hang (pytorch/pytorch#115388).
@@ -51,9 +56,7 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
 
     Raises:
         ValueError: ``warmup`` < 1, or ``step`` was made with ``on_nonfinite="raise"`` (which reads
-            the loss on the host at every step) or with a ``when`` policy that chooses on the
-            device ([`gamfunc.when.adaptive`][gamfunc.training.when.adaptive]); at a call, a tensor not on
-            a CUDA device.
+            the loss on the host at every step); at a call, a tensor not on a CUDA device.
         RuntimeError: the capture failed; the message says what a step captured in a graph must not
             do (read a value on the host, copy from the host, nest another CUDA graph).
 
@@ -76,13 +79,8 @@ def cuda_graph(step: Step, *, warmup: int = 3) -> Step:
             "cannot: graph a step made with on_nonfinite='skip' (the default; metrics['skipped'] "
             "tells when one was skipped)"
         )
-    policy = getattr(step, "when", None)
-    if policy is not None and policy.on_device:
-        raise ValueError(
-            f"{policy.describe()} chooses each step from the gradient at θ, read on the host "
-            f"between two graphs; graph a step whose policy chooses on the host (every, late)"
-        )
-    return step.map_branches(lambda branch: _Graphed(branch, warmup))
+    probe = step.probe  # the adaptive policy's pass at θ (None for the others): carries no state
+    return step.map_branches(lambda fn: _Graphed(fn, warmup, carries=fn is not probe))
 
 
 def release(step: Step) -> None:
@@ -97,7 +95,8 @@ def release(step: Step) -> None:
     Raises:
         TypeError: ``step`` was not made by [`cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph].
     """
-    graphed = [b for b in getattr(step, "branches", ()) if isinstance(b, _Graphed)]
+    functions = [*getattr(step, "branches", ()), getattr(step, "probe", None)]  # any object
+    graphed = [b for b in functions if isinstance(b, _Graphed)]
     if not graphed:
         raise TypeError("release takes a step made by gamfunc.cuda_graph")
     if any(c.graph is not None for b in graphed for c in b.captures.values()):
@@ -117,16 +116,18 @@ def _signature(leaves: list) -> tuple:
 
 
 class _Graphed:
-    """One branch of a step (``fn(params, state, batch) -> (params, state, metrics)``) replayed per
-    input signature."""
+    """One function of a step replayed per input signature: a branch (``fn(params, state, batch[,
+    clean]) -> (params, state, metrics)``, ``carries``: its new params and state become its next
+    replay's inputs) or the adaptive policy's probe (``fn(params, state, batch) -> (clean, policy
+    state, flat)``, which carries nothing)."""
 
-    def __init__(self, fn: Callable, warmup: int):
-        self.fn, self.warmup = fn, warmup
+    def __init__(self, fn: Callable, warmup: int, carries: bool = True):
+        self.fn, self.warmup, self.carries = fn, warmup, carries
         self.captures: dict[tuple, _Capture] = {}
 
-    def __call__(self, params, state, batch):
-        leaves, spec = pytree.tree_flatten((params, state, batch))
-        carried = len(pytree.tree_leaves((params, state)))
+    def __call__(self, *args):
+        leaves, spec = pytree.tree_flatten(args)
+        carried = len(pytree.tree_leaves(args[:2])) if self.carries else 0
         key = (spec, _signature(leaves))
         capture = self.captures.get(key)
         if capture is None:
@@ -179,15 +180,17 @@ class _Capture:
         try:
             # thread_local: NCCL's watchdog thread may query its events while this thread captures
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                new_params, new_state, metrics = self.fn(
-                    *pytree.tree_unflatten(self.inputs, self.spec)
-                )
-                carried = pytree.tree_leaves((new_params, new_state))
+                out = self.fn(*pytree.tree_unflatten(self.inputs, self.spec))
+                carried = pytree.tree_leaves(out[:2]) if self.carried else []
                 # the new params and state become the next replay's inputs inside the graph, so a
                 # caller who passes back what it was given costs no copy in
-                same = len(carried) == self.carried and all(
-                    isinstance(n, Tensor) and n.shape == i.shape and n.dtype == i.dtype
-                    for n, i in zip(carried, self.inputs[: self.carried], strict=True)
+                same = (
+                    bool(carried)
+                    and len(carried) == self.carried
+                    and all(
+                        isinstance(n, Tensor) and n.shape == i.shape and n.dtype == i.dtype
+                        for n, i in zip(carried, self.inputs[: self.carried], strict=True)
+                    )
                 )
                 if same:
                     pairs = zip(self.inputs[: self.carried], carried, strict=True)
@@ -202,7 +205,7 @@ class _Capture:
                 f"compiled with mode='reduce-overhead'). torch said: {e}"
             ) from e
         self.graph = graph
-        self.outputs, self.out_spec = pytree.tree_flatten((new_params, new_state, metrics))
+        self.outputs, self.out_spec = pytree.tree_flatten(out)
         self.carried_out = len(carried) if same else 0
 
     def _copy_in(self, leaves: list) -> None:

@@ -81,8 +81,10 @@ class Step(Protocol):
     ``branches`` are its two functions (the estimator's, and the base's between, for a ``when``
     policy) and ``map_branches(wrap)`` makes a step of the same configuration whose branches (and
     the adaptive policy's probe) are wrapped, as ``compile`` and
-    [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] do. ``when`` is the policy (None: the
-    estimator on every step) and ``every`` its period for ``every(k)`` (1 otherwise).
+    [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] do; ``probe`` is that function of the
+    adaptive policy (``(params, state, batch) -> (clean, policy_state, flat)``), None for the others.
+    ``when`` is the policy (None: the estimator on every step) and ``every`` its period for
+    ``every(k)`` (1 otherwise).
     """
 
     estimator: Estimator
@@ -92,6 +94,7 @@ class Step(Protocol):
     when: policies.Policy | None
     base: Estimator
     on_nonfinite: str
+    probe: Callable | None
 
     def __call__(self, params, state, batch) -> tuple[dict, StepState, dict]: ...
 
@@ -409,6 +412,7 @@ def _new_step(*args, **kwargs) -> Step:
         "base",
         "on_nonfinite",
         "branches",
+        "probe",
     ):
         setattr(step, name, getattr(impl, name))
     step.__doc__ = Step.__doc__

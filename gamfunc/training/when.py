@@ -16,7 +16,8 @@ in a CUDA graph keeps one graph per branch. ``adaptive`` chooses from the gradie
 value: the step takes that gradient first (a third compiled function, the *probe*), reads one
 boolean on the host, and runs the chosen branch with the gradient it already has, so a step of
 either kind costs its own passes and no more (one device synchronisation a step, as AE-SAM's own
-``if``). Its running statistics live in ``state.policy``
+``if``; under [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph], a graph for the probe and
+one per branch, with that read between them). Its running statistics live in ``state.policy``
 ([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), are kept when a step is skipped, and are saved
 with the rest of the state (`gamfunc.state.as_dict`). Under ``torch.compile`` (``step.compile()``)
 each of the step's functions is one graph, whichever way the policy switches.
@@ -265,9 +266,9 @@ def adaptive(
     them as they were.
 
     Warning:
-        The choice reads one boolean on the host at each step (a device synchronisation), and a
-        step with this policy cannot be captured in a CUDA graph
-        ([`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] refuses it).
+        The choice reads one boolean on the host at each step (a device synchronisation). Under
+        [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] the step is three graphs, the
+        probe's and one per branch, with that read between them.
 
     Args:
         total_steps: T >= 1, the run's number of steps, over which c_t moves from λ₂ to λ₁.

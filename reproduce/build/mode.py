@@ -37,7 +37,7 @@ def step_mode(
 ) -> StepMode:
     """How the step runs: ``--mode``, else (``auto``) what ``--compile`` and ``--cuda_graph`` ask,
     else the path whose first step comes within seconds: on a GPU the eager step replayed as one CUDA
-    graph (eager under ``--when=adaptive``, whose choice a graph cannot replay), on the CPU the eager
+    graph (under ``--when=adaptive``, a graph for its probe and one per branch), on the CPU the eager
     step. Nothing compiles unless asked.
 
     An eager step replayed as a graph runs close to the compiled step for the estimators made of
@@ -58,9 +58,8 @@ def step_mode(
         compiled, graphed = cfg.mode.startswith("compile"), cfg.mode.endswith("graph")
     elif cfg.compile or cfg.cuda_graph:
         compiled, graphed = cfg.compile, cfg.cuda_graph
-    else:  # a graph replays one branch: the adaptive policy's host-side choice needs eager steps
-        compiled = False
-        graphed = device_type == "cuda" and not cfg.when.startswith("adaptive")
+    else:
+        compiled, graphed = False, device_type == "cuda"
     notes = []
     hvp = estimator.hparams.get("hvp") if estimator is not None else None
     if device_type == "cuda" and not compiled and gamfunc.hvps.forward_mode(hvp):

@@ -23,8 +23,8 @@ FORMS = {
     "rwp": "RWP",
     "gam_fd@late": "GAM (fd), last 25%",
     "sam@late": "SAM, last 25%",
-    "gam_fd@adaptive": "GAM (fd), adaptive (eager)",
-    "sgd@adaptive": "SGD, adaptive policy (eager)",
+    "gam_fd@adaptive": "GAM (fd), adaptive",
+    "sgd@adaptive": "SGD, adaptive policy",
 }
 FULL = "gam"  # full GAM, whose gain over SGD the goal asks to keep: the paper's estimator
 REFERENCES = ("sgd", FULL, "sgd@adaptive")  # measured beside, never candidates of the goal
@@ -188,8 +188,9 @@ def cheap_prose(record: dict) -> str:
 INTRO = f"""The cheap forms of flatness beside SGD, SAM and full GAM, on the Fashion-MNIST harness of the
 section above (its presets, recipe, seeds and validated ρ, α; SAM's ρ for MSAM, RWP's σ = 0.01 of
 each filter's norm, LookGAM's k = 5): GAM and SAM flat only in the last quarter of the steps
-(`--when=late:0.75`), fd GAM under AE-SAM's adaptive trigger (`--when=adaptive`, eager: the policy
-reads a boolean each step, which a CUDA graph cannot), LookGAM, and the one-pass MSAM and RWP.
+(`--when=late:0.75`), fd GAM under AE-SAM's adaptive trigger (`--when=adaptive`: the policy reads
+a boolean each step, between a CUDA graph of its probe and one of the chosen branch; SGD under the
+same policy beside it prices that read), LookGAM, and the one-pass MSAM and RWP.
 `python -m reproduce.evidence.cheap` trains them in three `reproduce/train.py` processes per setting
 and seed, each alone on the GPU; "× SGD" is a form's training time (the steps alone) over SGD's of
 the same seed, measured in the first process. SAM and GAM on every step are the table's above. **The goal:** a form that keeps at least {KEEP:.0%}

@@ -36,7 +36,7 @@ def mode(device, *flags, est=None):
         ("cpu", ["--mode=graph"], (False, True)),  # setup refuses it on the CPU (below)
         ("cuda", ["--mode=compile", "--compile"], (True, False)),  # flags that agree
         ("cuda", ["--mode=compile-graph", "--cuda_graph", "--compile"], (True, True)),
-        ("cuda", ["--when=adaptive"], (False, False)),  # auto: a graph cannot replay its choice
+        ("cuda", ["--when=adaptive"], (False, True)),  # auto: its probe and branches as graphs
         ("cuda", ["--when=late:0.75"], (False, True)),
     ],
 )

@@ -116,6 +116,31 @@ def test_every_k_replays_each_branch_and_keeps_the_schema():
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("scope", ["", "pass"])
+def test_the_adaptive_policy_is_a_graph_for_its_probe_and_one_per_branch(scope):
+    """AE-SAM's trigger (on this model's CPU run: flat, base, base, flat, flat, base, flat): the
+    graphed step chooses and steps as the step does, each function captured once it repeats."""
+    loss_fn, params, buffers, batches = loss_on("cuda")
+    policy = gamfunc.when.adaptive(len(batches), lambda1=1.0, lambda2=3.0)
+    opt = gamfunc.sgd(0.1, momentum=0.9)
+    step = gamfunc.make_step(gamfunc.gam(0.05, 0.5, hvp="fd"), opt, loss_fn, when=policy)
+    if scope:
+        step = step.compile(scope=scope)
+    graphed = gamfunc.cuda_graph(step, warmup=1)
+    want = trajectory(step, params, buffers, batches)
+    got = trajectory(graphed, params, buffers, batches)
+    for a, b in zip(want, got, strict=True):
+        assert_same(a, b)
+    flags = [int(m["full_step"]) for _, _, m in got]
+    assert 2 <= sum(flags) <= len(flags) - 2  # each branch replayed after its capture
+    assert len(graphed.probe.captures) == 1
+    assert [len(b.captures) for b in graphed.branches] == [1, 1]
+    gamfunc.cuda_graphs.release(graphed)
+    assert not graphed.probe.captures and all(not b.captures for b in graphed.branches)
+
+
+@pytest.mark.gpu
+@gpu
 def test_graphed_step_is_pure():
     """The caller's tensors are never written; returned tensors are the caller's own (a later replay
     leaves them); a returned tensor changed in place is copied in again; a new batch shape is a

@@ -197,9 +197,17 @@ def test_the_facade_takes_when_and_saves_the_policys_state():
     assert flags == [0, 0, 1, 1]
 
 
-def test_a_cuda_graph_refuses_a_policy_that_chooses_on_the_device():
+def test_a_cuda_graph_takes_a_policy_that_chooses_on_the_device_and_refuses_host_tensors():
+    """The adaptive step is graphed (probe and branches; their equality with the eager step is a GPU
+    test of tests/library/test_cuda_graphs.py); on the CPU its call refuses and writes nothing."""
     step = gamfunc.make_step(
         gamfunc.sam(RHO), gamfunc.sgd(lr=LR), mlp_loss, when=gamfunc.when.adaptive(5)
     )
-    with pytest.raises(ValueError, match="adaptive"):
-        gamfunc.cuda_graph(step)
+    graphed = gamfunc.cuda_graph(step)
+    params = mlp_params()
+    state = graphed.init(params)
+    before = {k: v.clone() for k, v in params.items()}
+    with pytest.raises(ValueError, match="CUDA device"):
+        graphed(params, state, mlp_batch(seed=0))
+    assert all(torch.equal(params[k], before[k]) for k in params)
+    assert not graphed.probe.captures and all(not b.captures for b in graphed.branches)
