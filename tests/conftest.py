@@ -18,6 +18,9 @@ sys.path.insert(0, str(HERE))
 # outside a checkout.
 LIBRARY = HERE / "library"
 CHECKOUT = HERE / "checkout"
+# A checkout test may use a library test module's helpers (test_readme: the facade's Lightning
+# module), whichever folders a run collects; never the other way round.
+sys.path.insert(1, str(LIBRARY))
 # A checkout: the repository around tests/, not a copy of tests/ beside an installed wheel.
 IN_CHECKOUT = (HERE.parent / "reproduce").is_dir()
 
