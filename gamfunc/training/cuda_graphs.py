@@ -95,7 +95,7 @@ def release(step: Step) -> None:
     Raises:
         TypeError: ``step`` was not made by [`cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph].
     """
-    functions = [*getattr(step, "branches", ()), getattr(step, "probe", None)]  # any object
+    functions = [*getattr(step, "branches", ()), getattr(step, "probe", None)]
     graphed = [b for b in functions if isinstance(b, _Graphed)]
     if not graphed:
         raise TypeError("release takes a step made by gamfunc.cuda_graph")

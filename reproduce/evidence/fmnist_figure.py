@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from reproduce.evidence.fmnist_report import NAMES
+from reproduce.evidence.fmnist_report import NAMES, plural
 
 __all__ = ["figure"]
 
@@ -44,7 +44,7 @@ def figure(record: dict, path: Path) -> None:
         ax.set_xlabel(f"training seconds ({record['platform']['device']})")
         ax.set_ylabel("test accuracy %")
         seeds = max(len(rs) for rs in by.values())
-        ax.set_title(f"Fashion-MNIST, {setting} ({seeds} seed{'' if seeds == 1 else 's'})")
+        ax.set_title(f"Fashion-MNIST, {setting} ({seeds} {plural(seeds, 'seed')})")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

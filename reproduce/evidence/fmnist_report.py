@@ -153,8 +153,13 @@ def curves_table(record: dict, setting: str = "clean", seed: int = 0) -> str:
     return f"{setting}, seed {seed}, test % / λ_max:\n\n" + "\n".join(rows)
 
 
+def plural(n: int, noun: str) -> str:
+    """``noun`` for one, ``noun``-s for any other count: "seed", "seeds"."""
+    return noun if n == 1 else f"{noun}s"
+
+
 def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+    return f"{n} {plural(n, noun)}"
 
 
 def _signed(d: float, spec: str = ".2f") -> str:
@@ -249,7 +254,7 @@ def _seeds_of(ran: list) -> str:
     for setting, seed in ran:
         by.setdefault(setting, []).append(seed)
     return ", ".join(
-        f"{setting} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        f"{setting} {plural(len(seeds), 'seed')} {', '.join(map(str, seeds))}"
         for setting, seeds in by.items()
     )
 
