@@ -274,6 +274,28 @@ def _gpu_check_rows(rows: list[dict]) -> list[dict]:
     return list(out.values())
 
 
+def gpu_check_notes(result: dict) -> list[str]:
+    """The lines under a GPU check's table: the parts its rows come from (``meta.parts``: each
+    command's flags, date, cases and note) and every case that did not pass, with its error."""
+    lines = []
+    for part in result["meta"].get("parts", []):
+        args = f"`{part['args']}`" if part.get("args") else "the full check"
+        note = f": {part['note']}" if part.get("note") else ""
+        lines.append(
+            f"- {part['cases']} case{'s' * (part['cases'] != 1)} from {args} of {part['date'][:16].replace('T', ' ')}{note}."
+        )
+    for r in result["rows"]:
+        if r["status"] == "pass":
+            continue
+        case = f"{r['model']} {r['precision']} {r['mode']} {r['estimator']}"
+        if r.get("update_rel_err") is not None:
+            why = f"relative error {r['update_rel_err']:.3g} against a tolerance of {r['tolerance']:.3g}"
+        else:
+            why = str(r.get("error", "no error recorded")).split(" | ")[0][:160]
+        lines.append(f"- Failed: {case}: {why}.")
+    return ["", *lines] if lines else []
+
+
 def heading(meta: dict) -> str:
     """A table's heading: device (× GPUs), date, torch."""
     name = meta["device_name"]
@@ -370,6 +392,8 @@ def render(folder: Path = RESULTS, notes_file: Path | None = NOTES) -> str:
                 rows = first_step_rows(rows)
             lines += ["", f"### {heading(result['meta'])} (`results/{file}`)", ""]
             lines.append(table(columns, rows))
+            if name == "gpu_check":
+                lines += gpu_check_notes(result)
             if result.get("facade"):  # step_cost --facade
                 lines += ["", "The `torch.optim` facade (`--facade`):", ""]
                 lines.append(table(FACADE_COLUMNS, result["facade"]))

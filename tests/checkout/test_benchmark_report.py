@@ -140,3 +140,27 @@ def test_the_guides_hvp_costs_are_those_of_the_results():
         }
         want = [f"{x_grad[m]:.1f}" if m in x_grad else "—" for m in HVP_METHODS]
         assert [c.strip() for c in line.strip("|").split("|")[1:]] == want, line
+
+
+def test_a_gpu_checks_parts_and_failed_cases_are_listed_under_its_table():
+    meta = {
+        "parts": [
+            {"args": "", "date": "2026-12-07T19:52:40+00:00", "cases": 2, "note": "a worker died"},
+            {"args": "--models resnet", "date": "2026-12-07T18:06:16+00:00", "cases": 1},
+        ]
+    }
+    case = {"model": "resnet", "precision": "fp32", "mode": "graph"}
+    rows = [
+        {**case, "estimator": "sam", "status": "pass", "update_rel_err": 1e-6, "tolerance": 1e-4},
+        {**case, "estimator": "adaptive", "status": "fail", "update_rel_err": 1.84e-4,
+         "tolerance": 1e-4},
+        {**case, "estimator": "-", "status": "fail", "error": "worker died: Traceback | line 2"},
+    ]  # fmt: skip
+    assert report.gpu_check_notes({"meta": meta, "rows": rows}) == [
+        "",
+        "- 2 cases from the full check of 2026-12-07 19:52: a worker died.",
+        "- 1 case from `--models resnet` of 2026-12-07 18:06.",
+        "- Failed: resnet fp32 graph adaptive: relative error 0.000184 against a tolerance of 0.0001.",
+        "- Failed: resnet fp32 graph -: worker died: Traceback.",
+    ]
+    assert report.gpu_check_notes({"meta": {}, "rows": rows[:1]}) == []  # all passed, one part
