@@ -280,10 +280,10 @@ def gpu_check_notes(result: dict) -> list[str]:
     lines = []
     for part in result["meta"].get("parts", []):
         args = f"`{part['args']}`" if part.get("args") else "the full check"
+        when = part["date"][:16].replace("T", " ")
         note = f": {part['note']}" if part.get("note") else ""
-        lines.append(
-            f"- {part['cases']} case{'s' * (part['cases'] != 1)} from {args} of {part['date'][:16].replace('T', ' ')}{note}."
-        )
+        cases = f"{part['cases']} case{'s' * (part['cases'] != 1)}"
+        lines.append(f"- {cases} from {args} of {when}{note}.")
     for r in result["rows"]:
         if r["status"] == "pass":
             continue

@@ -349,8 +349,7 @@ def run_group(
             ok = row["update_rel_err"] < tol and row["loss_rel_err"] < tol and row["skipped"] == 0
             row["status"] = "pass" if ok else "fail"
         except Exception as e:  # a case that raises is a failed case, reported
-            row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-            row["trace"] = traceback.format_exc().splitlines()[-8:]
+            _failed(row, e)
         rows.append(row)
     return rows
 
@@ -393,8 +392,7 @@ def extras(device: torch.device, size: int = BATCH) -> list[dict]:
             row["update_rel_err"], row["tolerance"] = max(errs), TOLERANCE[precision]
             row["status"] = "pass" if row["update_rel_err"] < row["tolerance"] else "fail"
         except Exception as e:
-            row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-            row["trace"] = traceback.format_exc().splitlines()[-8:]
+            _failed(row, e)
         rows.append(row)
     row = {"model": "resnet", "precision": "fp32", "mode": "eager", "estimator": "facade"}
     try:
@@ -412,12 +410,18 @@ def extras(device: torch.device, size: int = BATCH) -> list[dict]:
         row["tolerance"] = TOLERANCE["fp32"]
         row["status"] = "pass" if row["update_rel_err"] < row["tolerance"] else "fail"
     except Exception as e:
-        row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-        row["trace"] = traceback.format_exc().splitlines()[-8:]
+        _failed(row, e)
     rows.append(row)
     if device.type == "cuda":
         rows.append(_adaptive_graph(device, size))
     return rows
+
+
+def _failed(row: dict, e: Exception) -> None:
+    """Mark ``row`` a failed case: the error's type and first line, and its traceback's end."""
+    first = (str(e).splitlines() or [""])[0][:300]
+    row.update(status="fail", error=f"{type(e).__name__}: {first}")
+    row["trace"] = traceback.format_exc().splitlines()[-8:]
 
 
 def _adaptive_graph(device: torch.device, size: int = BATCH) -> dict:
@@ -450,8 +454,7 @@ def _adaptive_graph(device: torch.device, size: int = BATCH) -> dict:
         if not agree:
             row["error"] = f"choices (eager, graphed) differ: {choices}"
     except Exception as e:
-        row.update(status="fail", error=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
-        row["trace"] = traceback.format_exc().splitlines()[-8:]
+        _failed(row, e)
     return row
 
 

@@ -184,13 +184,9 @@ class _Capture:
                 carried = pytree.tree_leaves(out[:2]) if self.carried else []
                 # the new params and state become the next replay's inputs inside the graph, so a
                 # caller who passes back what it was given costs no copy in
-                same = (
-                    bool(carried)
-                    and len(carried) == self.carried
-                    and all(
-                        isinstance(n, Tensor) and n.shape == i.shape and n.dtype == i.dtype
-                        for n, i in zip(carried, self.inputs[: self.carried], strict=True)
-                    )
+                same = len(carried) == self.carried and all(
+                    isinstance(n, Tensor) and n.shape == i.shape and n.dtype == i.dtype
+                    for n, i in zip(carried, self.inputs[: self.carried], strict=True)
                 )
                 if same:
                     pairs = zip(self.inputs[: self.carried], carried, strict=True)
