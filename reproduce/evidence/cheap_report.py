@@ -10,7 +10,7 @@ import math
 import statistics
 from pathlib import Path
 
-from reproduce.evidence.fmnist_report import LEVEL, _p, _pm, _signed, _test, welch
+from reproduce.evidence.fmnist_report import LEVEL, _p, _pm, _signed, _test, _wrap, welch
 
 # form -> its name; a form is an estimator of one group of `reproduce.evidence.cheap.GROUPS`
 FORMS = {
@@ -185,6 +185,83 @@ def cheap_prose(record: dict) -> str:
     return "\n\n".join(out)
 
 
+GUIDE_HEAD = (
+    "Which form to start with"  # docs/guides/concepts.md's paragraph that `start_with` writes
+)
+SETTING_WORDS = {"clean": "clean Fashion-MNIST", "noise40": "40% label noise"}
+
+
+def _lam(by: dict[str, list], f: str) -> float:
+    return statistics.mean(r["lambda_max"] for r in by[f])
+
+
+def _start_clause(by: dict[str, list]) -> str:
+    """One setting's part of `start_with`: the goal's verdict, the most accurate form at most
+    `PRICE` × SGD and the one of them that lowered λ_max most, and what to start with."""
+    g, acc = goal(by), _acc(by)
+    cheap = sorted(
+        (f for f, x in g["forms"].items() if x["x_sgd"] <= PRICE),
+        key=lambda f: g["forms"][f]["x_sgd"],
+    )
+    if not cheap:
+        return f"no form besides SGD cost at most {PRICE:g} × SGD's wall-clock"
+    best = max(cheap, key=lambda f: statistics.mean(acc[f]))
+    flat = min(cheap, key=lambda f: _lam(by, f))
+    d, _, p = welch(acc[best], acc["sgd"])
+    said = (
+        f"of the forms at most {PRICE:g} × SGD's wall-clock, {FORMS[best]} was the most accurate "
+        f"({statistics.mean(acc[best]):.2f}% at {g['forms'][best]['x_sgd']:.2f} ×, "
+        f"{_signed(d)} points against SGD, {_p(p)}) and {FORMS[flat]} lowered λ_max most "
+        f"({_signed(100 * (_lam(by, flat) / _lam(by, 'sgd') - 1), '.0f')}% against SGD's, at "
+        f"{g['forms'][flat]['x_sgd']:.2f} ×)"
+    )
+    gain = f"{_signed(g['gain'])} points, {_p(g['p'])}"
+    if g["met"]:
+        pick = max(g["met"], key=lambda f: statistics.mean(acc[f]))
+        return (
+            f"{FORMS[FULL]} gained {gain} over SGD and {FORMS[pick]} kept "
+            f"{g['forms'][pick]['keeps']:.0%} of it at {g['forms'][pick]['x_sgd']:.2f} × SGD; {said}: "
+            f"start with {FORMS[pick]}"
+        )
+    if g["significant"]:
+        return (
+            f"{FORMS[FULL]} gained {gain} over SGD and no form at most {PRICE:g} × SGD kept "
+            f"{KEEP:.0%} of it; {said}: start with {FORMS[FULL]} where its price is affordable"
+        )
+    return (
+        f"{FORMS[FULL]}'s gain over SGD was not significant ({gain}), so there was no accuracy for "
+        f"a cheap form to keep; {said}: start with SGD where test accuracy is the aim, and with "
+        f"{FORMS[flat]} where a flatter minimum is"
+    )
+
+
+def start_with(record: dict | None) -> str:
+    """docs/guides/concepts.md's paragraph on which form to start with, from ``record`` alone: per
+    setting with 2 seeds or more, `goal`'s verdict and the most accurate and the flattest form at
+    most `PRICE` × SGD (Welch's two-sided t-test at `LEVEL`); before the JSON, that it states no
+    numbers."""
+    if record is None:
+        return (
+            f"{GUIDE_HEAD} is a matter of measurement on real data: this paragraph states it from "
+            "`reproduce/results/fmnist/cheap.json` once that is committed, and until then states "
+            "no numbers."
+        )
+    said = []
+    for setting, by in record["runs"].items():
+        if goal(by)["judged"]:
+            seeds = min(len(rs) for rs in by.values() if rs)
+            name = SETTING_WORDS.get(setting, setting)
+            said.append(f"on {name} ({seeds} seeds), {_start_clause(by)}")
+    if not said:
+        return start_with(None)
+    return (
+        f"{GUIDE_HEAD}, as measured (`reproduce.evidence.cheap` on one "
+        f"{record['platform']['device']}; Welch's two-sided t-test at the {LEVEL:.0%} level): "
+        + "; ".join(said)
+        + "."
+    )
+
+
 INTRO = f"""The cheap forms of flatness beside SGD, SAM and full GAM, on the Fashion-MNIST harness of the
 section above (its presets, recipe, seeds and validated ρ, α; SAM's ρ for MSAM, RWP's σ = 0.01 of
 each filter's norm, LookGAM's k = 5): GAM and SAM flat only in the last quarter of the steps
@@ -293,8 +370,9 @@ def write_section(
     record: dict | None, results: Path, picture: Path | None = None, minutes: float | None = None
 ) -> None:
     """Put `cheap_section` into ``results`` (a RESULTS.md): in place of its own section, else before
-    the section that follows the Fashion-MNIST one; and draw `figure` to ``picture`` when there is a
-    record."""
+    the section that follows the Fashion-MNIST one; the paragraph of docs/guides/concepts.md beside
+    ``results``'s checkout that starts with `GUIDE_HEAD` with `start_with`'s; and draw `figure` to
+    ``picture`` when there is a record."""
     text, section = results.read_text(), cheap_section(record, minutes)
     if HEADING in text:
         head, _, rest = text.partition(HEADING)
@@ -304,5 +382,11 @@ def write_section(
         cut = text.index("\n## ", text.index(FMNIST_HEADING)) + 1
         text = text[:cut] + section + "\n" + text[cut:]
     results.write_text(text)
+    guide = results.parent.parent / "docs" / "guides" / "concepts.md"
+    if guide.is_file():
+        text = guide.read_text()
+        start = text.index(GUIDE_HEAD)
+        end = text.index("\n\n", start)
+        guide.write_text(text[:start] + _wrap(start_with(record)) + text[end:])
     if record is not None and picture is not None:
         figure(record, picture)

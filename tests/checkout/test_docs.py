@@ -540,6 +540,17 @@ def test_the_guides_fashion_mnist_summary_is_its_generators():
     assert in_short(record) in guide, "python -m reproduce.evidence.fmnist --docs"
 
 
+def test_the_guides_paragraph_on_which_form_to_start_with_is_its_generators():
+    """docs/guides/concepts.md's "Which form to start with" says what the committed cheap.json says,
+    and no numbers before it is committed."""
+    from reproduce.evidence.cheap_report import start_with
+
+    path = EVIDENCE / "fmnist" / "cheap.json"
+    record = json.loads(path.read_text()) if path.is_file() else None
+    guide = " ".join((ROOT / "docs" / "guides" / "concepts.md").read_text().split())
+    assert start_with(record) in guide, "python -m reproduce.evidence.cheap --docs"
+
+
 def test_cheap_section_is_its_generators():
     """reproduce/RESULTS.md's section "Flatness at SGD's price" is the generator's: from
     reproduce/results/fmnist/cheap.json once committed, and "Not run yet" with its command before."""

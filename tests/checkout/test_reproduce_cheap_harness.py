@@ -268,3 +268,33 @@ def test_the_command_line_refuses(tmp_path, capsys):
     with pytest.raises(SystemExit):
         C.main(base[1:])
     assert "--data: the folder" in capsys.readouterr().err
+
+
+def test_the_guides_paragraph_says_what_to_start_with_from_the_goal():
+    assert R.start_with(None).startswith(R.GUIDE_HEAD + " is a matter of measurement")
+    lam = {"sgd": 100.0, "gam": 60.0, "msam": 90.0, "rwp": 70.0, "gam_fd@late": 50.0}
+    acc = {"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1], "rwp": [93.5, 93.6, 93.7]}
+    acc["gam_fd@late"] = [94.1, 94.2, 94.3]  # the flattest, but at 1.6 × it is no cheap form
+    record = record_of(acc, X)
+    for f, rows in record["runs"]["clean"].items():
+        for r in rows:
+            r["lambda_max"] = lam[f]
+    text = R.start_with(record)
+    assert text.startswith(f"{R.GUIDE_HEAD}, as measured (`reproduce.evidence.cheap` on one NVIDIA")
+    assert (
+        "on clean Fashion-MNIST (3 seeds), GAM (exact) gained +1.00 points, p < 0.001 over" in text
+    )
+    assert "MSAM kept 90% of it at 1.10 × SGD" in text and text.endswith("start with MSAM.")
+    assert "RWP lowered λ_max most (−30% against SGD's, at 1.10 ×)" in text
+    assert "MSAM was the most accurate (94.00% at 1.10 ×, +0.90 points against SGD, p" in text
+    for r in record["runs"]["clean"]["gam"]:
+        r["test_acc"] -= 0.95  # GAM's gain now +0.05 points: not significant
+    text = R.start_with(record)
+    assert "GAM (exact)'s gain over SGD was not significant (+0.05 points, p = " in text
+    assert text.endswith(
+        "start with SGD where test accuracy is the aim, and with RWP where a flatter minimum is."
+    )
+    record["runs"]["clean"]["msam"] = [
+        record["runs"]["clean"]["msam"][0]
+    ]  # one seed: no cheap MSAM
+    assert "RWP was the most accurate" in R.start_with(record)
