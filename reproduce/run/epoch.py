@@ -43,13 +43,16 @@ def train_epochs(
     epochs: int,
     after_step: Callable[[dict, Any], str | None],
     end: Callable[[str | None], str | None],
+    settle: Callable[[], None] = lambda: None,
 ) -> str | None:
     """Train epoch after epoch from ``pos`` until ``pos["epoch"]`` reaches ``epochs``.
 
     Each epoch runs ``step`` on its batches from ``pos["batch"]`` on, calling ``after_step`` after
     each step and ``end`` after the epoch's steps. The wall time of the steps, their batches and
     ``after_step`` is added to ``pos["train_seconds"]`` step by step (so a checkpoint written by
-    ``after_step`` holds it up to that step); ``end``'s is not.
+    ``after_step`` holds it up to that step), and ``settle``'s before ``end``: the steps a device
+    still has queued when the host has issued the epoch's last one are the epoch's training, not
+    ``end``'s; ``end``'s time is not added.
 
     Args:
         step: one step on a batch (it keeps the parameters and state); its metrics.
@@ -63,6 +66,8 @@ def train_epochs(
         end: ``end(stopped)`` after an epoch's steps, with the word that stopped them (None when
             the epoch's steps are done). It closes a done epoch, moving ``pos`` to the next epoch,
             and returns the word that stops training, or None.
+        settle: waits for the work queued on the device (`torch.cuda.synchronize`), called after
+            an epoch's steps; nothing by default (a device that runs as the host issues).
 
     Returns:
         The word that stopped training, or None when ``epochs`` were trained.
@@ -82,6 +87,7 @@ def train_epochs(
             clock = _count(pos, clock)
             if stopped is not None:
                 break
+        settle()
         _count(pos, clock)
         stopped = end(None if stopped == END else stopped)
         if stopped is not None:
@@ -193,7 +199,11 @@ def train(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
         _close(r, parts, p, s, pos["epoch"])
         return None
 
-    return train_epochs(step, batches, pos, cfg.epochs, after_step, end)
+    def settle() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return train_epochs(step, batches, pos, cfg.epochs, after_step, end, settle)
 
 
 def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
