@@ -24,8 +24,10 @@ a time (a process's estimators share its ``--when``):
 The full-price forms, SAM and GAM (exact and fd) on every step, are not trained again: they are
 `BORROWED` from the Fashion-MNIST table of the ``--sweep`` record (fmnist.json), the runs of the
 same setting and seed, made by the same recipe and values; each keeps its "× SGD" against the SGD
-of its own process there, and its device. Every cheap form's ``train_seconds`` (the steps alone) is
-divided by SGD's of the ``every`` process of the same seed: "× SGD". MSAM's ρ and RWP's σ are not
+of its own process there, and its device. "× SGD" of every cheap form is the steady-state images
+per second of SGD in the ``every`` process of the same seed over the form's (`fmnist._row`: timed
+between synchronisations of the device, the first interval of compilation and warm-up left out, so
+that the process's first estimator does not carry the process's warm-up). MSAM's ρ and RWP's σ are not
 swept here (SAM's ρ and the default σ).
 
 **Time.** `estimate` predicts the whole run from the table of the committed fmnist.json (its SGD's
@@ -176,13 +178,14 @@ def _args(v: dict, seed: int) -> list[str]:
 
 def add_seed(by: dict[str, list], seed: int, groups: dict[str, list[dict]]) -> None:
     """Append one seed's summaries (group -> summaries) to ``by`` (form -> rows), each with its
-    multiple of SGD's time in the ``every`` group; nothing without that SGD."""
+    cost as a multiple of SGD's in the ``every`` group (steady-state images per second); nothing
+    without that SGD."""
     sgd = next((s for s in groups.get("every", []) if s["estimator"] == "sgd"), None)
     if sgd is None:
         return
     for group, summaries in groups.items():
         for s in summaries:
-            row = fmnist._row(s, sgd["train_seconds"])
+            row = fmnist._row(s, sgd["images_per_s"])
             row["config"] |= {k: s["config"].get(k) for k in CONFIG}
             by[form(group, s["estimator"])].append({"seed": seed, "group": group, **row})
 

@@ -19,7 +19,9 @@ SGD's validation accuracy), then
 2. **The table.** Each seed of `SEEDS` and setting of `SETTINGS`: one ``train.py`` process training
    `ESTIMATORS` one after the other on the whole training set with the selected values; each
    estimator's training seconds (``train_seconds``: the steps alone, evaluation and metrics left
-   out) and its multiple of SGD's in the same process; test accuracy, the generalisation gap (train
+   out), its steady-state images per second (``images_per_s``: timed between synchronisations of
+   the device, its first interval, of compilation and warm-up, left out) and its cost as a multiple
+   of SGD's (``x_sgd``: SGD's images per second in the same process over its own); test accuracy, the generalisation gap (train
    accuracy over the training set in eval mode, minus test), λ_max and R1 at the end (the preset's
    metrics: 20 Lanczos products and 10 ascent steps on 1,000 training examples). Seed 0's runs also
    log λ_max every two epochs, for the curves.
@@ -186,7 +188,9 @@ class Runner:
         return {"exit": proc.returncode, "wall_seconds": round(wall, 1), "summaries": out}
 
 
-def _row(s: dict, sgd_seconds: float | None) -> dict:
+def _row(s: dict, sgd_rate: float | None) -> dict:
+    """One estimator's row of the table from its summary.json ``s``; ``sgd_rate``: the steady-state
+    images per second of SGD in the same process (None: no SGD there, no ``x_sgd``)."""
     f = s["final"] or {}
     train = f.get("train_eval_acc", f.get("train_acc"))
     test = f.get("test_acc")
@@ -204,7 +208,7 @@ def _row(s: dict, sgd_seconds: float | None) -> dict:
         "lambda_max": f.get("lambda_max"),
         "r1": f.get("r1"),
         "train_seconds": s["train_seconds"],
-        "x_sgd": None if not sgd_seconds else s["train_seconds"] / sgd_seconds,
+        "x_sgd": None if not sgd_rate else sgd_rate / s["images_per_s"],
         "images_per_s": s["images_per_s"],
         "peak_memory_gib": s["peak_memory_gib"],
         "history": history,
@@ -333,8 +337,8 @@ def table(
 
 def add(by: dict[str, list], seed: int, summaries: list[dict]) -> None:
     """Append one process's summaries (of one seed) to ``by`` (estimator -> rows), each with its
-    multiple of that process's SGD time."""
-    sgd = next((s["train_seconds"] for s in summaries if s["estimator"] == "sgd"), None)
+    cost as a multiple of that process's SGD's (steady-state images per second)."""
+    sgd = next((s["images_per_s"] for s in summaries if s["estimator"] == "sgd"), None)
     for s in summaries:
         by[s["estimator"]].append({"seed": seed, **_row(s, sgd)})
 

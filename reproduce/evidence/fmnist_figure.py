@@ -1,5 +1,5 @@
 """The Fashion-MNIST figure of reproduce/RESULTS.md from ``fmnist.json`` (`reproduce.evidence.fmnist`):
-test accuracy against training seconds, one point per estimator, a panel per setting."""
+test accuracy against cost as a multiple of SGD's, one point per estimator, a panel per setting."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ __all__ = ["figure"]
 
 
 def figure(record: dict, path: Path) -> None:
-    """Test accuracy (mean ± std over seeds) against training seconds, one point per estimator,
+    """Test accuracy (mean ± std over seeds) against ``x_sgd`` (the cost of a step as a multiple of
+    SGD's in the same process, mean ± std), one point per estimator,
     a panel per setting that has runs."""
     import matplotlib
 
@@ -27,7 +28,7 @@ def figure(record: dict, path: Path) -> None:
             if not rs:
                 continue
             acc = [r["test_acc"] for r in rs]
-            sec = [r["train_seconds"] for r in rs]
+            sec = [r["x_sgd"] for r in rs]
             ax.errorbar(
                 statistics.mean(sec),
                 statistics.mean(acc),
@@ -41,7 +42,7 @@ def figure(record: dict, path: Path) -> None:
         ax.xaxis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-        ax.set_xlabel(f"training seconds ({record['platform']['device']})")
+        ax.set_xlabel(f"cost, × SGD's ({record['platform']['device']})")
         ax.set_ylabel("test accuracy %")
         seeds = max(len(rs) for rs in by.values())
         ax.set_title(f"Fashion-MNIST, {setting} ({seeds} {plural(seeds, 'seed')})")

@@ -40,15 +40,18 @@ class FakeRunner:
             k, _, v = a[2:].partition("=")
             cfg[k] = v
         summaries = []
-        for e in estimators:
+        for i, e in enumerate(estimators):
             t = SECONDS.get(e, 12.0)
             if e == "sgd":
                 t = 25.0 if group == "adaptive" else 10.0 + seed
             final = {"test_acc": self.acc(group, e, seed), "train_eval_acc": 95.0}
             final |= {"lambda_max": 50.0, "r1": 0.5}
             summaries.append(
-                {"estimator": e, "status": "finished", "final": final, "train_seconds": t,
-                 "images_per_s": 1.0, "peak_memory_gib": 0.1, "config": cfg, "history": []}
+                # t s of steps at 120 / t images/s; a process's first estimator also carries its
+                # warm-up (3 s) in train_seconds, which × SGD must leave out
+                {"estimator": e, "status": "finished", "final": final,
+                 "train_seconds": t + (3.0 if i == 0 else 0.0), "images_per_s": 120.0 / t,
+                 "peak_memory_gib": 0.1, "config": cfg, "history": []}
             )  # fmt: skip
         return {"exit": 0, "wall_seconds": 1.0, "summaries": summaries}
 
@@ -83,10 +86,11 @@ def test_every_form_is_timed_against_the_sgd_of_its_own_seed():
     assert all(len(rs) == 2 for f, rs in by.items() if f not in C.BORROWED)
     for f, rs in by.items():
         for r in rs:
-            sgd = 10.0 + r["seed"]  # the every group's SGD, not the adaptive group's 25 s
-            assert r["x_sgd"] == pytest.approx(r["train_seconds"] / sgd), f
+            sgd = 120.0 / (10.0 + r["seed"])  # the every group's SGD, not the adaptive group's
+            assert r["x_sgd"] == pytest.approx(sgd / r["images_per_s"]), f
     assert [r["x_sgd"] for r in by["sgd"]] == [1.0, 1.0]
-    assert by["sgd@adaptive"][0]["x_sgd"] == 2.5 and by["gam_fd@late"][1]["x_sgd"] == 35 / 12
+    assert by["sgd@adaptive"][0]["x_sgd"] == 2.5
+    assert by["gam_fd@late"][1]["x_sgd"] == pytest.approx(35 / 12)
     assert by["gam_fd@late"][0]["config"]["when"] == "late:0.75"
     assert by["gam_fd@adaptive"][0]["config"]["when"] == "adaptive"
 

@@ -41,7 +41,7 @@ class FakeRunner:
                     "r1": 0.1,
                 },
                 "train_seconds": 2.0 if e == "sgd" else 5.0,
-                "images_per_s": 1.0,
+                "images_per_s": 60.0 if e == "sgd" else 20.0,
                 "peak_memory_gib": 0.1,
                 "config": cfg,
                 "history": [],
@@ -103,7 +103,8 @@ def test_the_recipe_reaches_the_sweep_and_every_run_of_the_table():
         assert {"--sam_rho=0.1", "--rho=0.05", "--alpha=0.3"} <= set(a)
     rows = runs["clean"]["gam"]
     assert [r["seed"] for r in rows] == list(H.SEEDS)
-    assert rows[0]["x_sgd"] == 2.5 and rows[0]["config"]["model"] == "resnet9"
+    # × SGD: SGD's steady-state images/s over GAM's (60 / 20), not the ratio of train_seconds (2.5)
+    assert rows[0]["x_sgd"] == 3.0 and rows[0]["config"]["model"] == "resnet9"
     assert not any(runs["noise40"].values())
 
 
@@ -206,7 +207,7 @@ def test_in_short_says_what_fell_below_sgd_after_the_correction():
     # GAM−SAM 0.0199; Holm: 3·0.000385 = 0.001, 2·0.0159 = 0.032, max(1·0.0199, 0.032) = 0.032
     accs = {"sgd": (92.3, 92.4, 92.35), "sam": (91.9, 91.85, 91.95), "gam": (92.1, 92.2, 92.05)}
     lam = {"sgd": 10.0, "sam": 4.0, "gam": 8.0}
-    row = {"x_sgd": 1.0, "train_seconds": 1.0}
+    row = {"x_sgd": 1.0, "train_seconds": 1.0, "images_per_s": 1000.0}
     by = {e: [{**row, "lambda_max": lam[e], "test_acc": a} for a in v] for e, v in accs.items()}
     assert H.in_short({"runs": {"noise40": by}}) == (
         "In short (Welch's tests, with Holm's correction over each setting's): on 40% label noise "
@@ -246,7 +247,7 @@ def test_holm_multiplies_the_kth_smallest_p_by_m_minus_k_plus_1_and_keeps_the_or
 def test_the_tests_taken_together_can_undo_a_single_significant_one():
     # Welch's p (scipy.stats.ttest_ind, equal_var=False): SAM−SGD 0.2209, fd−SGD 0.3918,
     # fd−SAM 0.0385; Holm: 3·0.0385 = 0.115, then max(2·0.2209, 0.3918) = 0.442 twice
-    row = {"lambda_max": 10.0, "x_sgd": 1.0, "train_seconds": 1.0}
+    row = {"lambda_max": 10.0, "x_sgd": 1.0, "train_seconds": 1.0, "images_per_s": 1000.0}
     accs = {
         "sgd": (94.20, 94.40, 94.30),
         "sam": (94.15, 94.25, 94.20),
