@@ -197,41 +197,45 @@ def _lam(by: dict[str, list], f: str) -> float:
 
 def _start_clause(by: dict[str, list]) -> str:
     """One setting's part of `start_with`: the goal's verdict, the most accurate form at most
-    `PRICE` × SGD and the one of them that lowered λ_max most, and what to start with."""
+    `PRICE` × SGD and the one of them that lowered λ_max most, and what to start with: a form that
+    meets the goal, else one of them that beat SGD significantly, else full GAM where its gain is
+    significant, else SGD for accuracy and the flattest of them for flatness."""
     g, acc = goal(by), _acc(by)
-    cheap = sorted(
-        (f for f, x in g["forms"].items() if x["x_sgd"] <= PRICE),
-        key=lambda f: g["forms"][f]["x_sgd"],
-    )
+    cheap = [f for f, x in g["forms"].items() if x["x_sgd"] <= PRICE]
     if not cheap:
         return f"no form besides SGD cost at most {PRICE:g} × SGD's wall-clock"
     best = max(cheap, key=lambda f: statistics.mean(acc[f]))
     flat = min(cheap, key=lambda f: _lam(by, f))
     d, _, p = welch(acc[best], acc["sgd"])
+    lam = (
+        f"lowered λ_max most ({_signed(100 * (_lam(by, flat) / _lam(by, 'sgd') - 1), '.0f')}% "
+        f"against SGD's, at {g['forms'][flat]['x_sgd']:.2f} ×)"
+    )
     said = (
         f"of the forms at most {PRICE:g} × SGD's wall-clock, {FORMS[best]} was the most accurate "
         f"({statistics.mean(acc[best]):.2f}% at {g['forms'][best]['x_sgd']:.2f} ×, "
-        f"{_signed(d)} points against SGD, {_p(p)}) and {FORMS[flat]} lowered λ_max most "
-        f"({_signed(100 * (_lam(by, flat) / _lam(by, 'sgd') - 1), '.0f')}% against SGD's, at "
-        f"{g['forms'][flat]['x_sgd']:.2f} ×)"
+        f"{_signed(d)} points against SGD, {_p(p)}) and "
+        + (lam if flat == best else f"{FORMS[flat]} {lam}")
     )
-    gain = f"{_signed(g['gain'])} points, {_p(g['p'])}"
+    gain = f"{_signed(g['gain'])} points over SGD ({_p(g['p'])})"
     if g["met"]:
         pick = max(g["met"], key=lambda f: statistics.mean(acc[f]))
         return (
-            f"{FORMS[FULL]} gained {gain} over SGD and {FORMS[pick]} kept "
+            f"{FORMS[FULL]} gained {gain} and {FORMS[pick]} kept "
             f"{g['forms'][pick]['keeps']:.0%} of it at {g['forms'][pick]['x_sgd']:.2f} × SGD; {said}: "
             f"start with {FORMS[pick]}"
         )
+    if d > 0 and p < LEVEL:
+        return f"{said}: start with {FORMS[best]}, which beat SGD significantly"
     if g["significant"]:
         return (
-            f"{FORMS[FULL]} gained {gain} over SGD and no form at most {PRICE:g} × SGD kept "
+            f"{FORMS[FULL]} gained {gain} and no form at most {PRICE:g} × SGD kept "
             f"{KEEP:.0%} of it; {said}: start with {FORMS[FULL]} where its price is affordable"
         )
     return (
-        f"{FORMS[FULL]}'s gain over SGD was not significant ({gain}), so there was no accuracy for "
-        f"a cheap form to keep; {said}: start with SGD where test accuracy is the aim, and with "
-        f"{FORMS[flat]} where a flatter minimum is"
+        f"{FORMS[FULL]}'s gain over SGD was not significant ({_signed(g['gain'])} points, "
+        f"{_p(g['p'])}), so there was no accuracy for a cheap form to keep; {said}: start with SGD "
+        f"where test accuracy is the aim, and with {FORMS[flat]} where a flatter minimum is"
     )
 
 

@@ -286,19 +286,27 @@ def test_the_guides_paragraph_says_what_to_start_with_from_the_goal():
     text = R.start_with(record)
     assert text.startswith(f"{R.GUIDE_HEAD}, as measured (`reproduce.evidence.cheap` on one NVIDIA")
     assert (
-        "on clean Fashion-MNIST (3 seeds), GAM (exact) gained +1.00 points, p < 0.001 over" in text
+        "on clean Fashion-MNIST (3 seeds), GAM (exact) gained +1.00 points over SGD (p < 0.001)"
+        in text
     )
     assert "MSAM kept 90% of it at 1.10 × SGD" in text and text.endswith("start with MSAM.")
     assert "RWP lowered λ_max most (−30% against SGD's, at 1.10 ×)" in text
     assert "MSAM was the most accurate (94.00% at 1.10 ×, +0.90 points against SGD, p" in text
-    for r in record["runs"]["clean"]["gam"]:
+    clean = record["runs"]["clean"]
+    for r in clean["gam"]:
         r["test_acc"] -= 0.95  # GAM's gain now +0.05 points: not significant
+    text = R.start_with(record)
+    assert text.endswith("start with MSAM, which beat SGD significantly.")  # +0.90, p < 0.001
+    clean["msam"] = clean["msam"][:1]  # one seed: MSAM is no candidate
+    text = R.start_with(record)  # RWP: the most accurate and the flattest, +0.50 points
+    assert "RWP was the most accurate (93.60% at 1.10 ×, +0.50 points against SGD, p = " in text
+    assert ") and lowered λ_max most (−30%" in text and text.endswith(
+        "which beat SGD significantly."
+    )
+    for r, a in zip(clean["rwp"], (93.0, 93.3, 93.2), strict=True):
+        r["test_acc"] = a  # +0.07 points: not significant
     text = R.start_with(record)
     assert "GAM (exact)'s gain over SGD was not significant (+0.05 points, p = " in text
     assert text.endswith(
         "start with SGD where test accuracy is the aim, and with RWP where a flatter minimum is."
     )
-    record["runs"]["clean"]["msam"] = [
-        record["runs"]["clean"]["msam"][0]
-    ]  # one seed: no cheap MSAM
-    assert "RWP was the most accurate" in R.start_with(record)
