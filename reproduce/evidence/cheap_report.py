@@ -10,7 +10,7 @@ import math
 import statistics
 from pathlib import Path
 
-from reproduce.evidence.fmnist_report import LEVEL, _p, _pm, _signed, _test, _wrap, welch
+from reproduce.evidence.fmnist_report import LEVEL, _p, _pm, _signed, _test, welch, write_paragraph
 
 # form -> its name; a form is an estimator of one group of `reproduce.evidence.cheap.GROUPS`
 FORMS = {
@@ -390,10 +390,6 @@ def write_section(
         text = text[:cut] + section + "\n" + text[cut:]
     results.write_text(text)
     guide = results.parent.parent / "docs" / "guides" / "concepts.md"
-    if guide.is_file():
-        text = guide.read_text()
-        start = text.index(GUIDE_HEAD)
-        end = text.index("\n\n", start)
-        guide.write_text(text[:start] + _wrap(start_with(record)) + text[end:])
+    write_paragraph(guide, GUIDE_HEAD, start_with(record))
     if record is not None and picture is not None:
         figure(record, picture)

@@ -21,10 +21,10 @@ SGD's validation accuracy), then
    estimator's training seconds (``train_seconds``: the steps alone, evaluation and metrics left
    out), its steady-state images per second (``images_per_s``: timed between synchronisations of
    the device, its first interval, of compilation and warm-up, left out) and its cost as a multiple
-   of SGD's (``x_sgd``: SGD's images per second in the same process over its own); test accuracy, the generalisation gap (train
-   accuracy over the training set in eval mode, minus test), λ_max and R1 at the end (the preset's
-   metrics: 20 Lanczos products and 10 ascent steps on 1,000 training examples). Seed 0's runs also
-   log λ_max every two epochs, for the curves.
+   of SGD's (``x_sgd``: SGD's images per second in the same process over its own); test accuracy,
+   the generalisation gap (train accuracy over the training set in eval mode, minus test), λ_max
+   and R1 at the end (the preset's metrics: 20 Lanczos products and 10 ascent steps on 1,000
+   training examples). Seed 0's runs also log λ_max every two epochs, for the curves.
 
 ``--settings=noise40`` runs the table of one setting only (with ``--sweep``: without the sweep).
 ``--into=JSON`` continues the table of a record (its recipe, its sweep's values): it trains only the

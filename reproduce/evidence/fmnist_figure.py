@@ -28,12 +28,12 @@ def figure(record: dict, path: Path) -> None:
             if not rs:
                 continue
             acc = [r["test_acc"] for r in rs]
-            sec = [r["x_sgd"] for r in rs]
+            x = [r["x_sgd"] for r in rs]
             ax.errorbar(
-                statistics.mean(sec),
+                statistics.mean(x),
                 statistics.mean(acc),
                 yerr=statistics.stdev(acc) if len(acc) > 1 else 0,
-                xerr=statistics.stdev(sec) if len(sec) > 1 else 0,
+                xerr=statistics.stdev(x) if len(x) > 1 else 0,
                 fmt="o",
                 capsize=3,
                 label=NAMES[e],

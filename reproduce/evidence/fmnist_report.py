@@ -485,8 +485,14 @@ def write_section(record: dict, results: Path) -> None:
     after = "\n## " + tail[1] if len(tail) > 1 else ""
     results.write_text(head + fmnist_section(record) + after)
     guide = results.parent.parent / "docs" / "guides" / "reproduce.md"
+    write_paragraph(guide, "In short", in_short(record))
+
+
+def write_paragraph(guide: Path, head: str, text: str) -> None:
+    """Replace the paragraph of ``guide`` that starts with ``head`` by ``text``, wrapped; nothing
+    when there is no ``guide``."""
     if guide.is_file():
-        text = guide.read_text()
-        start = text.index("In short")
-        end = text.index("\n\n", start)
-        guide.write_text(text[:start] + _wrap(in_short(record)) + text[end:])
+        old = guide.read_text()
+        start = old.index(head)
+        end = old.index("\n\n", start)
+        guide.write_text(old[:start] + _wrap(text) + old[end:])
