@@ -15,7 +15,7 @@ from gamfunc.loss import gradient_pass
 from gamfunc.schedules import value
 from gamfunc.tree import Tree
 
-__all__ = ["RWPState", "gaussian", "noise", "rwp"]
+__all__ = ["RWPState", "gaussian", "noise", "normals", "rwp"]
 
 # its row of README's table of estimators
 SUMMARY = Summary(
@@ -91,16 +91,38 @@ def gaussian(key: Tensor, step: Tensor, offset: int, shape, dtype, device) -> Te
     return z.reshape(shape).to(dtype)
 
 
+# the most counters one draw of `normals` covers: each of its int64 temporaries is 32 MB at most
+_RUN = 1 << 22
+
+
+def normals(params: Tree, key: Tensor, step: Tensor) -> list[Tensor]:
+    """The standard normal numbers of each tensor of ``params``, in its order and dtype: tensor l's
+    are `gaussian`'s at offset = the sizes of the tensors before it. Consecutive tensors of one
+    device and one `tree.wide_dtype` share a draw over their joint counter range while it stays
+    within 2²² counters (and a larger tensor draws alone): the numbers are the same as one draw a
+    tensor, in a handful of elementwise passes rather than one set per tensor."""
+    ws = list(params.values())
+    kinds = [(tree.wide_dtype(w.dtype), w.device) for w in ws]
+    out, offset, i = [], 0, 0
+    while i < len(ws):
+        j, n = i + 1, ws[i].numel()
+        while j < len(ws) and kinds[j] == kinds[i] and n + ws[j].numel() <= _RUN:
+            n, j = n + ws[j].numel(), j + 1
+        flat = gaussian(key, step, offset, (n,), *kinds[i])
+        parts = flat.split([w.numel() for w in ws[i:j]])
+        out += [z.reshape(w.shape).to(w.dtype) for z, w in zip(parts, ws[i:j], strict=True)]
+        offset, i = offset + n, j
+    return out
+
+
 def noise(params: Tree, sigma, key: Tensor, step: Tensor) -> Tree:
     """RWP's perturbation ε: for each tensor W of θ with two or more dimensions, ε_j = σ·‖W_j‖·z_j
     for each filter j (a slice along dim 0), z standard normal; for a tensor of one dimension or
-    none, σ·(‖W‖ + 10⁻¹⁶)·z (the authors' code). Norms in float32 or wider. Each tensor draws its
-    numbers from `gaussian` at its own offset (the sizes of the tensors before it, in the order of
-    ``params``)."""
-    out, offset = {}, 0
-    for k, w in params.items():
-        z = gaussian(key, step, offset, w.shape, w.dtype, w.device)
-        offset += w.numel()
+    none, σ·(‖W‖ + 10⁻¹⁶)·z (the authors' code). Norms in float32 or wider. The numbers z are
+    `normals`': each tensor's from `gaussian` at its own offset (the sizes of the tensors before
+    it, in the order of ``params``)."""
+    out = {}
+    for (k, w), z in zip(params.items(), normals(params, key, step), strict=True):
         wide = w.to(tree.wide_dtype(w.dtype))
         if w.dim() > 1:
             scale = torch.linalg.vector_norm(wide.reshape(w.shape[0], -1), dim=1)

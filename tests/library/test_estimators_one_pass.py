@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 from helpers import flatten, mlp_batch, mlp_loss, mlp_params, rel_err
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import gamfunc
 
@@ -97,6 +98,54 @@ def test_rwp_noise_is_standard_normal_scaled_by_each_filters_norm():
         assert (
             abs(float(torch.corrcoef(torch.stack([eps.flatten(), other.flatten()]))[0, 1])) < 0.02
         )
+
+
+@pytest.mark.parametrize("run", [1 << 22, 7])
+def test_normals_are_each_tensors_own_draw_bit_for_bit(monkeypatch, run):
+    """Tensors drawn together (one device, one wide dtype, within a run of counters) get the numbers
+    of a draw of their own at their offset: across a bf16 tensor, a float64 one that breaks the
+    run, and a tensor larger than the run."""
+    monkeypatch.setattr(rwp_module, "_RUN", run)
+    g = torch.Generator().manual_seed(0)
+    params = {
+        "a": torch.randn(5, 3, generator=g),
+        "b": torch.randn(4, generator=g),
+        "c": torch.randn(3, 2, generator=g).to(torch.bfloat16),
+        "d": torch.randn(6, generator=g, dtype=torch.float64),
+        "e": torch.randn(2, 3, generator=g),
+        "f": torch.randn((), generator=g),
+    }
+    key, t = torch.tensor(7), torch.tensor(2)
+    offset = 0
+    for z, w in zip(rwp_module.normals(params, key, t), params.values(), strict=True):
+        want = rwp_module.gaussian(key, t, offset, w.shape, w.dtype, w.device)
+        assert z.dtype == w.dtype and torch.equal(z, want)
+        offset += w.numel()
+
+
+class _CountOps(TorchDispatchMode):
+    """The number of ATen operations run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_noise_draws_a_model_in_one_pass_not_one_per_tensor():
+    """26 tensors (a small CNN's count) cost one draw and a few operations each for their scales:
+    a draw a tensor would be about 130 operations each."""
+
+    def ops(n):
+        params = {f"w{i}": torch.randn(4, 3) if i % 2 else torch.randn(4) for i in range(n)}
+        with _CountOps() as count:
+            rwp_module.noise(params, 0.1, torch.tensor(3), torch.tensor(5))
+        return count.n
+
+    assert ops(26) - ops(1) <= 10 * 25
 
 
 @pytest.mark.parametrize(
