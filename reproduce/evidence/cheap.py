@@ -286,11 +286,17 @@ def _complete(args, ap) -> int:
         add_seed(record["runs"][setting], int(seed), _read_folder(Path(folder)))
         record.setdefault("added", []).append({"setting": setting, "seed": int(seed)})
     for other in args.merge:
+        other_record = json.loads(Path(other).read_text())
         try:
-            got = merge(record, json.loads(Path(other).read_text()))
+            got = merge(record, other_record)
         except ValueError as e:
             ap.error(str(e))
-        record.setdefault("added", []).extend({"setting": s, "seed": n} for s, n in got)
+        run = {
+            "argv": other_record["settings"].get("argv", []),
+            "date": other_record["platform"]["date"],
+        }
+        run["seconds"] = other_record.get("seconds")
+        record.setdefault("added", []).extend({"setting": s, "seed": n, **run} for s, n in got)
     write_json(path, record)
     return 0
 

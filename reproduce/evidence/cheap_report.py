@@ -289,6 +289,29 @@ def _not_run(setting: str) -> str:
     )
 
 
+def _added(added: list[dict]) -> str:
+    """The seeds added to a record, by the run that measured them where it is known (``--merge``:
+    its command, date and seconds; ``--add``: a run's folder, none of these)."""
+    runs: dict[tuple, list[dict]] = {}
+    for a in added:
+        runs.setdefault((tuple(a.get("argv", ())), a.get("date"), a.get("seconds")), []).append(a)
+    said = []
+    for (argv, date, seconds), items in runs.items():
+        by: dict[str, list[int]] = {}
+        for a in items:
+            by.setdefault(a["setting"], []).append(a["seed"])
+        words = "; ".join(
+            f"{setting} seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+            for setting, seeds in by.items()
+        )
+        if date:
+            cmd = " ".join(["python -m reproduce.evidence.cheap", *argv])
+            took = f", {seconds:.0f} s" if seconds is not None else ""
+            words += f" (`{cmd}`, {date}{took})"
+        said.append(words)
+    return "; ".join(said)
+
+
 def cheap_section(record: dict | None, minutes: float | None = None) -> str:
     """reproduce/RESULTS.md's whole section, from ``record`` alone; None: not run yet, and the run
     would take an estimated ``minutes`` of one GPU (`reproduce.evidence.cheap.estimate`)."""
@@ -308,8 +331,7 @@ def cheap_section(record: dict | None, minutes: float | None = None) -> str:
         f"{plat['date']} ({record['seconds']:.0f} s); recipe `{record['values']['recipe']}`."
     )
     if record.get("added"):
-        added = ", ".join(f"{a['setting']} seed {a['seed']}" for a in record["added"])
-        line += f" Added afterwards: {added}."
+        line += f" Added afterwards: {_added(record['added'])}."
     borrowed = sorted({r["device"] for by in record["runs"].values() for f in by for r in by[f]
                        if r.get("group") == "table"})  # fmt: skip
     if borrowed:

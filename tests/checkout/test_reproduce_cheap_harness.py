@@ -253,6 +253,27 @@ def test_merge_adds_the_seeds_it_lacks_from_the_same_device():
         C.merge(a, b)
 
 
+def test_a_merge_on_the_command_line_names_the_run_it_added(tmp_path):
+    """--merge adds the other setting's seeds, and the section says which run measured them: its
+    command, date and seconds."""
+    (tmp_path / "cheap.json").write_text(json.dumps(record_of({"sgd": SGD, "gam": GAM}, X)))
+    other = record_of({"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}, X, "noise40")
+    other["settings"]["argv"] = ["--data=DIR", "--settings=noise40"]
+    other["platform"]["date"], other["seconds"] = "2027-01-02", 843.4
+    other["runs"]["clean"] = {f: [] for f in R.FORMS}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert C.main([f"--out={tmp_path}", f"--merge={tmp_path / 'other.json'}"]) == 0
+    merged = json.loads((tmp_path / "cheap.json").read_text())
+    assert [r["seed"] for r in merged["runs"]["noise40"]["msam"]] == [0, 1, 2]
+    assert len(merged["runs"]["clean"]["gam"]) == 3
+    assert (
+        "Added afterwards: noise40 seeds 0, 1, 2 (`python -m reproduce.evidence.cheap --data=DIR "
+        "--settings=noise40`, 2027-01-02, 843 s)." in R.cheap_section(merged)
+    )
+    merged["added"].append({"setting": "clean", "seed": 3})  # --add: a folder, no run named
+    assert "843 s); clean seed 3." in R.cheap_section(merged)
+
+
 def test_the_command_line_refuses(tmp_path, capsys):
     (tmp_path / "none.json").write_text(json.dumps({"sweep": {"selected": {}}}))
     base = [f"--data={tmp_path}", f"--out={tmp_path / 'out'}"]
