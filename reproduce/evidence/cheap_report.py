@@ -34,6 +34,8 @@ DATA = "Data: [reproduce/results/fmnist/cheap.json](results/fmnist/cheap.json)."
 HEADING = "## Flatness at SGD's price on Fashion-MNIST"
 FMNIST_HEADING = "## Fashion-MNIST on one GPU"  # the section this one follows
 SETTING_NAMES = {"clean": "Clean", "noise40": "40% label noise (`noise40`)"}
+# the last date (UTC) of a run whose RWP drew its noise tensor by tensor: its × SGD was that code's
+RWP_PER_TENSOR_UNTIL = "2026-12-08"
 COMMAND = (
     "python -m reproduce.evidence.cheap --data=DIR --recipe=reproduce/results/fmnist/fmnist.json "
     "--sweep=reproduce/results/fmnist/fmnist.json"
@@ -312,6 +314,32 @@ def _added(added: list[dict]) -> str:
     return "; ".join(said)
 
 
+def _run_dates(record: dict) -> dict[tuple[str, int], str]:
+    """(setting, seed) -> the date of the run that measured it: an added seed's own, else the
+    record's."""
+    dates = {(a["setting"], a["seed"]): a["date"] for a in record.get("added", []) if "date" in a}
+    return {
+        (setting, r["seed"]): dates.get((setting, r["seed"]), record["platform"]["date"])
+        for setting, by in record["runs"].items()
+        for r in by.get("rwp", [])
+    }
+
+
+def rwp_timing(record: dict) -> str:
+    """The sentence on what RWP's × SGD timed, where some of its rows come from runs whose noise
+    was drawn tensor by tensor (up to `RWP_PER_TENSOR_UNTIL`); else nothing."""
+    dates = _run_dates(record)
+    old = [k for k, d in dates.items() if d <= RWP_PER_TENSOR_UNTIL]
+    if not old:
+        return ""
+    which = "RWP's" if len(old) == len(dates) else f"{len(old)} of RWP's {len(dates)}"
+    return (
+        f" {which} rows were timed by runs up to {RWP_PER_TENSOR_UNTIL}, whose RWP drew its noise "
+        "tensor by tensor; one draw now covers many tensors, with the same numbers (CHANGELOG): "
+        "their × SGD is the earlier code's."
+    )
+
+
 def cheap_section(record: dict | None, minutes: float | None = None) -> str:
     """reproduce/RESULTS.md's whole section, from ``record`` alone; None: not run yet, and the run
     would take an estimated ``minutes`` of one GPU (`reproduce.evidence.cheap.estimate`)."""
@@ -340,7 +368,7 @@ def cheap_section(record: dict | None, minutes: float | None = None) -> str:
             f"above for the same seeds ({', '.join(borrowed)}), their × SGD against the SGD of their "
             "own process there."
         )
-    parts.append(line)
+    parts.append(line + rwp_timing(record))
     for setting, by in record["runs"].items():
         name = SETTING_NAMES.get(setting, setting)
         n = [len(rs) for rs in by.values() if rs]
@@ -361,6 +389,9 @@ def _sd(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+MARKERS = "osD^v<>ph*XP"  # the figure's, one per form of `FORMS` (the colours cycle at 10)
+
+
 def figure(record: dict, path: Path) -> None:
     """The Pareto figure: test accuracy (mean ± std over seeds) against × SGD (mean ± std), one point
     per form, a panel per setting with runs; the price limit and the goal's accuracy dashed."""
@@ -373,12 +404,11 @@ def figure(record: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(done), figsize=(8 * len(done), 4.2), squeeze=False)
     for ax, (setting, by) in zip(axes[0], done.items(), strict=True):
         acc = _acc(by)
-        for i, (f, a) in enumerate(acc.items()):  # past the 10 colours of the cycle, squares
+        for f, a in acc.items():  # a marker of its own for each form: 10 colours cycle
             x = [r["x_sgd"] for r in by[f]]
             mx, my = statistics.mean(x), statistics.mean(a)
-            ax.errorbar(
-                mx, my, xerr=_sd(x), yerr=_sd(a), fmt="os"[i // 10 % 2], capsize=3, label=FORMS[f]
-            )
+            marker = MARKERS[list(FORMS).index(f) % len(MARKERS)]
+            ax.errorbar(mx, my, xerr=_sd(x), yerr=_sd(a), fmt=marker, capsize=3, label=FORMS[f])
         front = pareto(by)
         ax.plot([_x(by[f]) for f in front], [statistics.mean(acc[f]) for f in front], "k:", lw=1)
         ax.axvline(PRICE, color="grey", ls="--", lw=1)
@@ -388,7 +418,7 @@ def figure(record: dict, path: Path) -> None:
         ax.set_xscale("log")
         ax.set_xlabel(f"cost, × SGD's ({record['platform']['device']})")
         ax.set_ylabel("test accuracy %")
-        ax.set_title(f"Fashion-MNIST, {setting}")
+        ax.set_title(f"Fashion-MNIST, {SETTING_NAMES.get(setting, setting).replace('`', '')}")
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

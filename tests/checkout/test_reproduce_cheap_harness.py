@@ -274,6 +274,20 @@ def test_a_merge_on_the_command_line_names_the_run_it_added(tmp_path):
     assert "843 s); clean seed 3." in R.cheap_section(merged)
 
 
+def test_rwp_rows_timed_with_its_per_tensor_noise_are_said_to_be():
+    """RWP's × SGD from runs up to the change of its noise is that code's: the section says so for
+    all of its rows, for some, or not at all."""
+    record = record_of({"sgd": SGD, "rwp": [93.5, 93.6, 93.7]}, X)
+    record["platform"]["date"] = R.RWP_PER_TENSOR_UNTIL
+    assert R.rwp_timing(record).startswith(" RWP's rows were timed by runs up to ")
+    assert R.rwp_timing(record) in R.cheap_section(record)
+    record["added"] = [{"setting": "clean", "seed": 2, "date": "2099-01-01"}]
+    assert R.rwp_timing(record).startswith(" 2 of RWP's 3 rows were timed")
+    record["platform"]["date"] = "2099-01-01"
+    assert R.rwp_timing(record) == ""
+    assert R.rwp_timing(record_of({"sgd": SGD}, X)) == ""
+
+
 def test_the_command_line_refuses(tmp_path, capsys):
     (tmp_path / "none.json").write_text(json.dumps({"sweep": {"selected": {}}}))
     base = [f"--data={tmp_path}", f"--out={tmp_path / 'out'}"]
