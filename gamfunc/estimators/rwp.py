@@ -91,7 +91,7 @@ def gaussian(key: Tensor, step: Tensor, offset: int, shape, dtype, device) -> Te
     return z.reshape(shape).to(dtype)
 
 
-# the most counters one draw of `normals` covers: each of its int64 temporaries is 32 MB at most
+# the most counters a draw of `normals` over several tensors covers (32 MiB an int64 temporary)
 _RUN = 1 << 22
 
 

@@ -294,8 +294,8 @@ def _complete(args, ap) -> int:
         run = {
             "argv": other_record["settings"].get("argv", []),
             "date": other_record["platform"]["date"],
+            "seconds": other_record.get("seconds"),
         }
-        run["seconds"] = other_record.get("seconds")
         record.setdefault("added", []).extend({"setting": s, "seed": n, **run} for s, n in got)
     write_json(path, record)
     return 0
