@@ -314,22 +314,17 @@ def _added(added: list[dict]) -> str:
     return "; ".join(said)
 
 
-def _run_dates(record: dict) -> dict[tuple[str, int], str]:
-    """(setting, seed) -> the date of the run that measured it: an added seed's own, else the
-    record's."""
-    dates = {(a["setting"], a["seed"]): a["date"] for a in record.get("added", []) if "date" in a}
-    return {
-        (setting, r["seed"]): dates.get((setting, r["seed"]), record["platform"]["date"])
-        for setting, by in record["runs"].items()
-        for r in by.get("rwp", [])
-    }
-
-
 def rwp_timing(record: dict) -> str:
     """The sentence on what RWP's × SGD timed, where some of its rows come from runs whose noise
     was drawn tensor by tensor (up to `RWP_PER_TENSOR_UNTIL`); else nothing."""
-    dates = _run_dates(record)
-    old = [k for k, d in dates.items() if d <= RWP_PER_TENSOR_UNTIL]
+    added = {(a["setting"], a["seed"]): a["date"] for a in record.get("added", []) if "date" in a}
+    # the date of the run that measured each RWP row: an added seed's own, else the record's
+    dates = [
+        added.get((setting, r["seed"]), record["platform"]["date"])
+        for setting, by in record["runs"].items()
+        for r in by.get("rwp", [])
+    ]
+    old = [d for d in dates if d <= RWP_PER_TENSOR_UNTIL]
     if not old:
         return ""
     which = "RWP's" if len(old) == len(dates) else f"{len(old)} of RWP's {len(dates)}"

@@ -26,6 +26,7 @@ from reproduce.run import checkpoint as ckpt
 from reproduce.run import report
 from reproduce.run.context import Parts, Progress, Run, Session, accumulate, zero_accum
 from reproduce.run.evaluation import inputs, to
+from reproduce.run.launch import wait_for
 from reproduce.run.records import end_of_epoch
 from reproduce.run.resume import write_checkpoint
 from reproduce.run.signals import Interrupted, until_stopped
@@ -66,7 +67,7 @@ def train_epochs(
         end: ``end(stopped)`` after an epoch's steps, with the word that stopped them (None when
             the epoch's steps are done). It closes a done epoch, moving ``pos`` to the next epoch,
             and returns the word that stops training, or None.
-        settle: waits for the work queued on the device (`torch.cuda.synchronize`), called after
+        settle: waits for the work queued on the device (`launch.wait_for`), called after
             an epoch's steps; nothing by default (a device that runs as the host issues).
 
     Returns:
@@ -199,11 +200,7 @@ def train(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
         _close(r, parts, p, s, pos["epoch"])
         return None
 
-    def settle() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    return train_epochs(step, batches, pos, cfg.epochs, after_step, end, settle)
+    return train_epochs(step, batches, pos, cfg.epochs, after_step, end, lambda: wait_for(device))
 
 
 def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
@@ -233,8 +230,7 @@ def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
             s.compile_cache.set_aside(e)
             p.params, p.state, metrics = parts.step(p.params, p.state, batch)
     if cfg.compile:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        wait_for(device)
         s.compile_seconds = round(time.perf_counter() - began, 1)
         r.say(f"[{r.name}] compiled and ran the first step in {s.compile_seconds} s")
     s.first_step = False

@@ -38,6 +38,7 @@ __all__ = [
     "own_stream",
     "start",
     "sum_over_ranks",
+    "wait_for",
 ]
 
 
@@ -94,6 +95,13 @@ def _device(requested: str, local_rank: int, world: int) -> torch.device:
         return torch.device("cuda", local_rank)
     device = torch.device(requested if requested != "auto" else "cuda")
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def wait_for(device: torch.device) -> None:
+    """Wait until ``device`` has run the work queued on it: a CUDA device synchronised; nothing
+    on the CPU, which runs as the host issues."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def own_stream(device: torch.device) -> torch.cuda.Stream:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from reproduce.run.launch import wait_for
+
 __all__ = ["StepProfiler", "summarise"]
 
 _WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
@@ -35,8 +37,7 @@ class StepProfiler:
         self.prof, self.began, self.steps, self.summary = None, 0.0, 0, None
 
     def _sync(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for(self.device)
         return time.perf_counter()
 
     def before(self, global_step: int) -> None:

@@ -15,6 +15,7 @@ import torch
 
 from reproduce.config import Config
 from reproduce.methods import SAM_LIKE
+from reproduce.run.launch import wait_for
 
 __all__ = [
     "CHANCE_MARGIN",
@@ -172,8 +173,7 @@ class Meter:
         self.mark()
 
     def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        wait_for(self.device)
         return time.perf_counter()
 
     def mark(self) -> None:
