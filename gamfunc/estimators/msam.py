@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from gamfunc import tree
-from gamfunc.checks import check_nonnegative, check_unit
+from gamfunc.checks import check_nonnegative, check_positive, check_unit
 from gamfunc.estimators.base import Estimate, Estimator, Summary
 from gamfunc.estimators.gradient import clean_info
 from gamfunc.loss import gradient_pass
@@ -38,7 +38,8 @@ def msam(rho, momentum: float = 0.9, eps: float = 1e-12) -> Estimator:
 
     Momentum-SAM perturbs the parameters along the negative of the momentum of the gradients it
     took instead of along the current gradient, so the perturbation costs no gradient of its own:
-    one gradient a step, as SGD. In the paper's form, SGD with momentum μ and learning rate η:
+    one gradient a step, as SGD. The paper's algorithm (SGD with momentum μ and learning rate η),
+    which stores the perturbed point θ̃ between steps, written on the unperturbed θ:
 
     $$
     \tilde\theta_t = \theta_t - \rho\,\frac{v_t}{\lVert v_t\rVert},\qquad
@@ -54,7 +55,8 @@ def msam(rho, momentum: float = 0.9, eps: float = 1e-12) -> Estimator:
     $$
 
     with m₋₁ = 0 (the first step is the gradient at θ). With ``gamfunc.sgd(lr=η, momentum=μ)``
-    as the base optimiser (the same μ, no dampening) the trajectory is the paper's. ρ is ``rho``,
+    as the base optimiser (the same μ, no dampening, no weight decay: the authors' code adds the
+    decay to the gradient before its momentum) the trajectory is the paper's. ρ is ``rho``,
     μ ``momentum``, ξ ``eps``; m lives in ``StepState.est``
     ([`MSAMState`][gamfunc.estimators.msam.MSAMState]) and is kept when a step is skipped.
 
@@ -69,14 +71,14 @@ def msam(rho, momentum: float = 0.9, eps: float = 1e-12) -> Estimator:
         rho: ρ >= 0, the length of the perturbation (float or a schedule); ρ = 0 is the gradient.
         momentum: μ in [0, 1), the decay of the estimator's momentum (the paper's 0.9, that of
             its base SGD).
-        eps: ξ >= 0, keeps m/(‖m‖ + ξ) finite at m = 0.
+        eps: ξ > 0, keeps m/(‖m‖ + ξ) finite at m = 0 (the first step's m).
 
     Returns:
         A stateful [`Estimator`][gamfunc.estimators.base.Estimator] named "msam".
 
     Raises:
-        ValueError: ``rho`` or ``eps`` is negative or not finite, ``momentum`` not in [0, 1)
-            (naming the argument).
+        ValueError: ``rho`` is negative or not finite, ``eps`` not a finite number > 0,
+            ``momentum`` not in [0, 1) (naming the argument).
 
     Example:
         >>> import torch, gamfunc
@@ -92,7 +94,7 @@ def msam(rho, momentum: float = 0.9, eps: float = 1e-12) -> Estimator:
     """
     rho = check_nonnegative("rho", rho, schedule=True)
     check_unit("momentum", momentum, below_one=True)
-    eps = check_nonnegative("eps", eps)
+    eps = check_positive("eps", eps)
     mu = float(momentum)
 
     def init(params):

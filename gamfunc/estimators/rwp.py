@@ -59,11 +59,14 @@ def _mix32(x: Tensor) -> Tensor:
 def gaussian(key: Tensor, step: Tensor, offset: int, shape, dtype, device) -> Tensor:
     """Standard normal numbers, a pure function of (``key``, ``step``, ``offset`` + index).
 
-    Element i (flat index) of the result is counter c = offset + i hashed with the key and the step
-    (`_mix32`, twice for each of two uniforms u₁, u₂ in (0, 1)), then Box–Muller:
-    z = √(−2 ln u₁)·cos(2π u₂), in float32 (float64 for float64). The same arguments give the same
-    numbers on every device and under ``torch.compile`` and ``vmap`` (no generator, no global RNG);
-    counters below 2³¹ are distinct, so tensors given disjoint offsets draw independent numbers.
+    Element i (flat index) of the result is counter c = offset + i: its two uniforms u₁, u₂ in
+    (0, 1) hash 2c and 2c + 1 (their low 32 bits, `_mix32` twice) with a seed of the key and the
+    step, then Box–Muller: z = √(−2 ln u₁)·cos(2π u₂), in float32 (float64 for float64). The bits of
+    2c above 32, non-zero from counter 2³¹ on (a model of more than 2³¹ elements), re-key the seed,
+    so every counter draws its own numbers; below 2³¹ the seed is the key's and the step's alone.
+    The same arguments give the same numbers on every device and under ``torch.compile`` and
+    ``vmap`` (no generator, no global RNG), so tensors given disjoint offsets draw independent
+    numbers.
 
     Args:
         key: a 0-d integer tensor, the random key.
@@ -83,6 +86,8 @@ def gaussian(key: Tensor, step: Tensor, offset: int, shape, dtype, device) -> Te
     seed = _mix32(_mix32(key.to(torch.int64) & _M32) ^ (step.to(torch.int64) & _M32))
     seed = seed.to(device)
     c = (torch.arange(n, dtype=torch.int64, device=device) + offset) * 2
+    if offset + n > 2**31:  # the high word keys the hash too (`_mix32(0)` = 0: none below)
+        seed = seed ^ _mix32(c >> 32)
     h1 = _mix32(_mix32(c & _M32) ^ seed)
     h2 = _mix32(_mix32((c + 1) & _M32) ^ seed)
     u1 = (h1.to(wide) + 0.5) / 2.0**32
@@ -146,12 +151,19 @@ def rwp(sigma, mix: float = 0.0, seed: int = 0) -> Estimator:
 
     W_{l,j} the j-th filter (slice along dim 0) of tensor l; a tensor of one dimension (a bias, a
     BatchNorm weight) is scaled by its whole norm, as the authors' code does. λ = ``mix`` = 0 is
-    RWP, one gradient a step; λ > 0 is the mixed form (m-RWP, and ARWP's), whose two gradients are
-    independent of each other. σ is ``sigma``.
+    RWP, one gradient a step; λ in (0, 1) is the mixed form (m-RWP, and ARWP's), whose two
+    gradients are independent of each other (λ = 1 would be the gradient alone:
+    [`gamfunc.gradient`][gamfunc.estimators.gradient.gradient]). σ is ``sigma``. The authors'
+    code for m-RWP (Li et al. 2024) weights the perturbed gradient by its λ, so theirs is
+    1 − ``mix``, and it takes the two gradients on consecutive batches (two batches a step); here
+    both are on the step's batch.
 
     Randomness: the noise of step t is a pure function of a key and t (`gaussian`, a counter-based
     hash, no ``torch.Generator`` and no global RNG), so the step stays pure and compiles in one
-    graph, a skipped step retried draws the same noise, and runs repeat exactly. The key lives in
+    graph, a skipped step retried draws the same noise, and runs repeat exactly. A step whose loss
+    is not finite at θ + ε because of the noise itself is therefore retried with the same noise on
+    the next batch: where every batch fails there (a parameter that must keep its sign, a large σ),
+    each later step is skipped too, and ``StepState.skipped`` counts them; lower σ. The key lives in
     ``StepState.est`` ([`RWPState`][gamfunc.estimators.rwp.RWPState]), set from ``seed`` by
     ``step.init``; give each member of an ensemble a key of its own there.
 
@@ -165,7 +177,7 @@ def rwp(sigma, mix: float = 0.0, seed: int = 0) -> Estimator:
 
     Args:
         sigma: σ >= 0, the noise's scale relative to each filter's norm (float or a schedule).
-        mix: λ in [0, 1], the weight of ∇L(θ) (0: RWP, one gradient; > 0: m-RWP, two).
+        mix: λ in [0, 1), the weight of ∇L(θ) (0: RWP, one gradient; > 0: m-RWP, two).
         seed: the key of the noise, an integer in [0, 2³²).
 
     Returns:
@@ -173,7 +185,7 @@ def rwp(sigma, mix: float = 0.0, seed: int = 0) -> Estimator:
             ``perturbed_loss`` = L(θ + ε) with ``mix`` > 0.
 
     Raises:
-        ValueError: ``sigma`` is negative or not finite, ``mix`` not in [0, 1], ``seed`` not an
+        ValueError: ``sigma`` is negative or not finite, ``mix`` not in [0, 1), ``seed`` not an
             integer in [0, 2³²) (naming the argument).
 
     Example:
@@ -191,7 +203,7 @@ def rwp(sigma, mix: float = 0.0, seed: int = 0) -> Estimator:
         Generalization", 2024, https://arxiv.org/abs/2404.00357.
     """
     sigma = check_nonnegative("sigma", sigma, schedule=True)
-    check_unit("mix", mix)
+    check_unit("mix", mix, below_one=True)
     check_int("seed", seed, at_least=0)
     if seed >= 2**32:
         raise ValueError(f"seed must be an integer in [0, 2**32); got {seed!r}")

@@ -52,19 +52,78 @@ def test_msam_works_beside_any_base_optimiser():
     assert torch.isfinite(flatten(state.est.m)).all() and float(flatten(state.est.m).norm()) > 0
 
 
+def test_msam_first_step_needs_a_positive_eps():
+    """m = 0 at the first step: ρ·m/(‖m‖ + ξ) is 0/0 at ξ = 0, so ξ must be > 0."""
+    with pytest.raises(ValueError, match="eps"):
+        gamfunc.msam(RHO, eps=0.0)
+    step = gamfunc.make_step(gamfunc.msam(RHO, eps=1e-30), gamfunc.sgd(lr=LR), mlp_loss)
+    params = mlp_params()
+    state = step.init(params)
+    got, state, metrics = step(params, state, mlp_batch(seed=0))
+    assert int(state.step) == 1 and int(metrics["skipped"]) == 0
+    assert (
+        rel_err(
+            flatten(got),
+            flatten({k: params[k] - LR * g for k, g in grad(params, mlp_batch(seed=0)).items()}),
+        )
+        < 1e-12
+    )
+
+
 def naive_noise(params, sigma, key, t):
-    """RWP's ε from the authors' rule: σ·‖W_j‖·z per filter j of a matrix, σ·(‖W‖ + 1e-16)·z for a
-    vector, z drawn from the same counter-based normal numbers at each tensor's offset."""
+    """RWP's ε from the authors' rule: σ·‖W_j‖·z per filter j (a slice along dim 0, of any rank),
+    σ·(‖W‖ + 1e-16)·z for a vector, z drawn from the same counter-based normal numbers at each
+    tensor's offset."""
     out, offset = {}, 0
     for k, w in params.items():
         z = rwp_module.gaussian(key, t, offset, w.shape, w.dtype, w.device)
         offset += w.numel()
         if w.dim() > 1:
-            s = torch.stack([w[j].norm() for j in range(w.shape[0])]).reshape(-1, 1)
+            s = torch.stack([w[j].norm() for j in range(w.shape[0])])
+            s = s.reshape((-1,) + (1,) * (w.dim() - 1))
         else:
             s = w.norm() + 1e-16
         out[k] = sigma * s * z
     return out
+
+
+def test_rwp_noise_of_a_convolution_is_per_output_channel():
+    g = torch.Generator().manual_seed(1)
+    params = {
+        "conv": torch.randn(6, 3, 3, 3, generator=g, dtype=torch.float64),
+        "bias": torch.randn(6, generator=g, dtype=torch.float64),
+    }
+    key, t = torch.tensor(5), torch.tensor(9)
+    got = rwp_module.noise(params, 0.1, key, t)
+    want = naive_noise(params, 0.1, key, t)
+    for k in params:
+        assert rel_err(got[k], want[k]) < 1e-14
+
+
+def test_rwp_noise_of_bf16_parameters_is_the_float32_noise_within_two_roundings():
+    """Norms and numbers in float32; z rounded to bf16 (`normals` keeps each tensor's dtype), then
+    σ·‖W_j‖·z rounded once more: within two bf16 roundings (2 · 2⁻⁸) of the float32 noise."""
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(8, 16, generator=g).to(torch.bfloat16)
+    key, t = torch.tensor(3), torch.tensor(4)
+    got = rwp_module.noise({"w": w}, 0.05, key, t)["w"]
+    want = rwp_module.noise({"w": w.float()}, 0.05, key, t)["w"]
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).abs() <= 2 * 2**-8 * want.abs()).all()
+    assert not torch.equal(got.float(), want)  # rounded, not float32 carried
+
+
+def test_gaussian_counters_past_two_to_the_31_draw_their_own_numbers():
+    """2c wraps past 32 bits from counter 2³¹: the high word re-keys the hash there, and the
+    numbers below are unchanged by a draw that crosses it."""
+    key, t = torch.tensor(7), torch.tensor(3)
+    low = rwp_module.gaussian(key, t, 0, (4,), torch.float32, "cpu")
+    high = rwp_module.gaussian(key, t, 2**31, (4,), torch.float32, "cpu")
+    far = rwp_module.gaussian(key, t, 2**32, (4,), torch.float32, "cpu")
+    assert not torch.isclose(low, high).any() and not torch.isclose(high, far).any()
+    across = rwp_module.gaussian(key, t, 2**31 - 2, (4,), torch.float32, "cpu")
+    below = rwp_module.gaussian(key, t, 2**31 - 2, (2,), torch.float32, "cpu")
+    assert torch.equal(across[:2], below) and torch.equal(across[2:], high[:2])
 
 
 @pytest.mark.parametrize("mix", [0.0, 0.5])
@@ -183,7 +242,9 @@ def test_bad_hyperparameters_name_the_argument():
         (lambda: gamfunc.msam(0.1, eps=-1.0), "eps"),
         (lambda: gamfunc.rwp(-0.01), "sigma"),
         (lambda: gamfunc.rwp(float("nan")), "sigma"),
+        (lambda: gamfunc.msam(0.1, eps=0.0), "eps"),
         (lambda: gamfunc.rwp(0.01, mix=1.5), "mix"),
+        (lambda: gamfunc.rwp(0.01, mix=1.0), "mix"),
         (lambda: gamfunc.rwp(0.01, seed=-1), "seed"),
         (lambda: gamfunc.rwp(0.01, seed=2**32), "seed"),
     ]:
