@@ -24,8 +24,10 @@ a time (a process's estimators share its ``--when``):
 The full-price forms, SAM and GAM (exact and fd) on every step, are not trained again: they are
 `BORROWED` from the Fashion-MNIST table of the ``--sweep`` record (fmnist.json), the runs of the
 same setting and seed, made by the same recipe and values; each keeps its "× SGD" against the SGD
-of its own process there, and its device. "× SGD" of every cheap form is the steady-state images
-per second of SGD in the ``every`` process of the same seed over the form's (`fmnist._row`: timed
+of its own process there, and its device. That SGD comes with them (the form ``sgd@table``): each
+form is compared with the SGD of its own process, since the SGD of one seed differs between
+processes by run-to-run variation. "× SGD" of every cheap form is the steady-state images per
+second of SGD in the ``every`` process of the same seed over the form's (`fmnist._row`: timed
 between synchronisations of the device, the first interval of compilation and warm-up left out, so
 that the process's first estimator does not carry the process's warm-up). MSAM's ρ and RWP's σ are not
 swept here (SAM's ρ and the default σ).
@@ -39,19 +41,23 @@ are predicted to end before S (`GUESS` until a form has been measured, its last 
 first, seed by seed; a process whose prediction no longer fits is skipped and recorded. A seed is
 run whole because its × SGD needs its own SGD on the same machine. ``--settings`` and ``--seeds``
 choose what a sitting runs, and ``--merge=JSON`` (repeatable) adds another run's seeds, of the same
-device, to ``--out``'s cheap.json. ``--add=SETTING:SEED:FOLDER`` adds one seed from its train.py
-folders (the ``FOLDER/{every,late,adaptive}`` that this command wrote under ``--logdir``), training
+device, torch and values, to ``--out``'s cheap.json, its processes in place of the record's skipped
+ones of those seeds. ``--add=SETTING:SEED:FOLDER`` adds one seed the record lacks from its
+train.py folders (the ``FOLDER/{every,late,adaptive}`` that this command wrote under ``--logdir``;
+its ``every`` holds the seed's SGD) and the table's rows of that seed from ``--sweep``, training
 nothing.
 
-The JSON (``--out``, default ``runs/evidence/cheap/cheap.json``): device, torch, date, argv, the
-values used, every process (run or skipped) and every seed's numbers per form: test accuracy, gap,
-λ_max, R1, train seconds and × SGD. `reproduce.evidence.cheap_report` renders the tables, the goal
-verdict and the Pareto figure from it.
+The JSON (``--out``, default ``runs/evidence/cheap/cheap.json``): device, torch, date, which RWP
+code the run imported (`rwp_noise`), argv, the values used, every process (run or skipped) and
+every seed's numbers per form: test accuracy, gap, λ_max, R1, train seconds and × SGD.
+`reproduce.evidence.cheap_report` renders the tables, the goal verdict and the Pareto figure from
+it.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -62,7 +68,15 @@ if not __package__:  # run as a file: the checkout's root on sys.path (reproduce
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from reproduce.evidence import fmnist
-from reproduce.evidence.cheap_report import FORMS, cheap_table, form, write_section
+from reproduce.evidence.cheap_report import (
+    BORROWED,
+    FORMS,
+    PER_TENSOR,
+    TABLE_SGD,
+    cheap_table,
+    form,
+    write_section,
+)
 from reproduce.run.report import write_json
 
 __all__ = [
@@ -75,6 +89,9 @@ __all__ = [
     "cheap_table",
     "estimate",
     "main",
+    "merge",
+    "run_platform",
+    "rwp_noise",
     "table",
     "values",
 ]
@@ -89,8 +106,6 @@ GROUPS = {
     "late": ("late:0.75", ("gam_fd", "sam"), ()),
     "adaptive": ("adaptive", ("sgd", "gam_fd"), ()),
 }
-# the full-price forms, taken from the fmnist table's runs of the same setting and seed
-BORROWED = ("sam", "gam", "gam_fd")
 # (group, estimator) -> the multiple of SGD's time (every group) before one is measured: the
 # fmnist table's multiples (w32-15, one H100: SAM 1.5, fd GAM 2.9) rounded up, LookGAM a third of
 # the way from SGD to exact GAM, the late forms 0.75 + 0.25 × their full multiple, the adaptive
@@ -163,13 +178,28 @@ def estimate(fmnist_record: dict) -> float:
     return a_seed * len(fmnist.SETTINGS) * len(fmnist.SEEDS) / 60
 
 
+def rwp_noise() -> str:
+    """Which RWP code this process imported: "one draw" where `gamfunc.estimators.rwp` has
+    ``normals`` (one draw of the noise covers many tensors), else "per tensor" (the earlier code,
+    a draw per tensor); a run's × SGD of RWP times that code."""
+    module = importlib.import_module("gamfunc.estimators.rwp")
+    return "one draw" if hasattr(module, "normals") else PER_TENSOR
+
+
+def run_platform() -> dict:
+    """The record's ``platform``: `fmnist._device`'s device, torch, Python and date, and which RWP
+    code the run timed (`rwp_noise`)."""
+    return {**fmnist._device(), "rwp_noise": rwp_noise()}
+
+
 def borrow(by: dict[str, list], table_runs: dict[str, list], seed: int, device: str) -> None:
-    """Append to ``by`` (form -> rows) the `BORROWED` forms' rows of ``seed`` from the fmnist table's
-    runs of one setting (``table_runs``: estimator -> rows), marked with the table and ``device``."""
-    for e in BORROWED:
+    """Append to ``by`` (form -> rows) the rows of ``seed`` from the fmnist table's runs of one
+    setting (``table_runs``: estimator -> rows), marked with the table and ``device``: the
+    `BORROWED` forms' and their process's SGD, as `TABLE_SGD`, the one they are compared with."""
+    for f, e in ((TABLE_SGD, "sgd"), *((b, b) for b in BORROWED)):
         for r in table_runs.get(e, []):
             if r["seed"] == seed:
-                by[e].append({**r, "group": "table", "device": device})
+                by.setdefault(f, []).append({**r, "group": "table", "device": device})
 
 
 def _args(v: dict, seed: int) -> list[str]:
@@ -195,7 +225,7 @@ def table(
 ) -> tuple:
     """Every group × setting (of ``settings``) × seed (of ``seeds``), clean first, seed by seed; a
     seed starts only when all its processes fit before the deadline; with ``full`` (a fmnist.json
-    record), each seed that ran gets the `BORROWED` rows of its table. ``(runs, processes)``."""
+    record), each seed that ran gets its table's rows (`borrow`). ``(runs, processes)``."""
     runs = {s: {f: [] for f in FORMS} for s in fmnist.SETTINGS}
     processes = []
     for setting in settings:
@@ -234,24 +264,50 @@ def _read_folder(folder: Path) -> dict[str, list[dict]]:
     return got
 
 
+def _torch(record: dict) -> str:
+    return record["platform"]["torch"].split("+")[0]
+
+
 def merge(record: dict, other: dict) -> list[tuple[str, int]]:
-    """Add to ``record`` the seeds of ``other`` (a cheap.json) that it lacks, per setting; both of
-    one device. The (setting, seed) pairs added."""
-    if other["platform"]["device"] != record["platform"]["device"]:
+    """Add to ``record`` the seeds of ``other`` (a cheap.json) that it lacks, per setting, with the
+    processes of those seeds in place of the record's skipped ones, and name the run that measured
+    them in ``record["added"]`` (its argv, date, seconds and `rwp_noise`). Raises ValueError unless
+    both are of one device, one torch (its version before "+") and one recipe and values. The
+    (setting, seed) pairs added."""
+    mine, theirs = record["platform"], other["platform"]
+    if theirs["device"] != mine["device"]:
         raise ValueError(
-            f"--merge: measured on {other['platform']['device']}, not "
-            f"{record['platform']['device']}: × SGD compares times of one device"
+            f"--merge: measured on {theirs['device']}, not {mine['device']}: × SGD compares "
+            "times of one device"
+        )
+    if _torch(other) != _torch(record):
+        raise ValueError(
+            f"--merge: measured with torch {_torch(other)}, not {_torch(record)}: × SGD compares "
+            "the times of one torch's kernels"
+        )
+    if other.get("values") != record.get("values"):
+        raise ValueError(
+            f"--merge: its values (recipe, args, selected) {other.get('values')} are not the "
+            f"record's {record.get('values')}: its seeds would train another model"
         )
     added = []
     for setting, by in other["runs"].items():
-        have = {r["seed"] for rs in record["runs"][setting].values() for r in rs}
+        runs = record["runs"].setdefault(setting, {})
+        have = {r["seed"] for rs in runs.values() for r in rs}
         new = sorted({r["seed"] for rs in by.values() for r in rs} - have)
         for f, rs in by.items():
-            record["runs"][setting][f] += [r for r in rs if r["seed"] in new]
+            runs.setdefault(f, []).extend(r for r in rs if r["seed"] in new)
         added += [(setting, s) for s in new]
-    record.setdefault("processes", []).extend(
-        p for p in other.get("processes", []) if (p["setting"], p["seed"]) in added
-    )
+    record["processes"] = [
+        p for p in record.get("processes", []) if p["run"] or (p["setting"], p["seed"]) not in added
+    ] + [p for p in other.get("processes", []) if (p["setting"], p["seed"]) in added]
+    run = {
+        "argv": other["settings"].get("argv", []),
+        "date": theirs["date"],
+        "seconds": other.get("seconds"),
+        "rwp_noise": theirs.get("rwp_noise"),
+    }
+    record.setdefault("added", []).extend({"setting": s, "seed": n, **run} for s, n in added)
     return added
 
 
@@ -277,26 +333,33 @@ def _complete(args, ap) -> int:
     if not path.is_file():
         ap.error(f"--add/--merge: no {path} to add to")
     record = json.loads(path.read_text())
+    if args.add:  # the table whose rows of each added seed come beside it
+        try:
+            full = json.loads(Path(args.sweep).read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--sweep: {e}")
     for item in args.add:
-        setting, seed, folder = item.split(":", 2)
-        if setting not in fmnist.SETTINGS or not seed.isdigit():
+        setting, seed, folder = [*item.split(":", 2), "", ""][:3]
+        if setting not in fmnist.SETTINGS or not seed.isdigit() or not folder:
             ap.error(
                 f"--add: SETTING:SEED:FOLDER with SETTING of {list(fmnist.SETTINGS)}; {item!r}"
             )
-        add_seed(record["runs"][setting], int(seed), _read_folder(Path(folder)))
-        record.setdefault("added", []).append({"setting": setting, "seed": int(seed)})
+        by, n = record["runs"].setdefault(setting, {f: [] for f in FORMS}), int(seed)
+        if any(r["seed"] == n for rs in by.values() for r in rs):
+            ap.error(f"--add: {setting} seed {n} is in the record already")
+        groups = _read_folder(Path(folder))
+        if not any(s["estimator"] == "sgd" for s in groups["every"]):
+            ap.error(
+                f"--add: no SGD in {Path(folder) / 'every'}: the seed's forms would have no × SGD"
+            )
+        add_seed(by, n, groups)
+        borrow(by, full.get("runs", {}).get(setting, {}), n, full["platform"]["device"])
+        record.setdefault("added", []).append({"setting": setting, "seed": n})
     for other in args.merge:
-        other_record = json.loads(Path(other).read_text())
         try:
-            got = merge(record, other_record)
-        except ValueError as e:
+            merge(record, json.loads(Path(other).read_text()))
+        except (OSError, ValueError) as e:
             ap.error(str(e))
-        run = {
-            "argv": other_record["settings"].get("argv", []),
-            "date": other_record["platform"]["date"],
-            "seconds": other_record.get("seconds"),
-        }
-        record.setdefault("added", []).extend({"setting": s, "seed": n, **run} for s, n in got)
     write_json(path, record)
     return 0
 
@@ -335,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = [a for a in given if not a.startswith(("--data=", "--out=", "--logdir="))]
     record = {
         "settings": {"command": "cheap", "extra": extra, "argv": ["--data=DIR", *shown]},
-        "platform": fmnist._device(),
+        "platform": run_platform(),
         "values": v,
         "groups": {
             g: {"when": w, "estimators": list(e), "args": list(a)}

@@ -54,11 +54,14 @@ def holm(pvalues: dict[str, float]) -> dict[str, float]:
 
 
 def _pm(values: list[float], spec: str = ".2f") -> str:
+    """Mean ± sample std of ``values`` (one value alone; none: a dash), a negative mean with the
+    minus sign (U+2212) of every other sign in the documents."""
     if not values:
         return "—"
+    mean = format(statistics.mean(values), spec).replace("-", "−")
     if len(values) == 1:
-        return format(values[0], spec)
-    return f"{format(statistics.mean(values), spec)} ± {format(statistics.stdev(values), spec)}"
+        return mean
+    return f"{mean} ± {format(statistics.stdev(values), spec)}"
 
 
 def _test(a: list[float], b: list[float]) -> str:

@@ -572,4 +572,61 @@ def test_cheap_section_is_its_generators():
     for by in record["runs"].values():
         g = goal(by)
         if g["judged"] and not g["significant"]:
-            assert "gain over SGD is not significant" in text
+            assert "gain over the SGD of its own process is not significant" in text
+
+
+def test_the_guides_cheap_forms_paragraph_states_the_harness_goal_and_values():
+    """docs/guides/concepts.md's paragraph above "Which form to start with" (written by hand) and the
+    section's introduction state the goal of `cheap_report` and the σ and k the harness trains."""
+    from reproduce.config import resolve
+    from reproduce.evidence import cheap, cheap_report
+
+    guide = " ".join((ROOT / "docs" / "guides" / "concepts.md").read_text().split())
+    said = guide[: guide.index(cheap_report.GUIDE_HEAD)].rsplit("It trains ", 1)[1]
+    keep, price = f"{cheap_report.KEEP:.0%}", f"{cheap_report.PRICE:g} ×"
+    assert f"keeps at least {keep} of the accuracy gain of full GAM (exact H·v) over SGD" in said
+    assert f"at no more than {price} SGD's wall-clock" in said
+    assert set(cheap.GROUPS["late"][1]) == {"gam_fd", "sam"} and cheap.GROUPS["late"][0].endswith(
+        ":0.75"
+    )
+    assert "fd GAM and SAM in the last quarter" in said
+    # what the harness configures: the preset, the recipe and the every group's own arguments
+    record = json.loads((EVIDENCE / "fmnist" / "fmnist.json").read_text())
+    v = cheap.values(record, record)
+    for preset in cheap.fmnist.SETTINGS.values():
+        cfg = resolve([f"--preset={preset}", *v["args"], *cheap.GROUPS["every"][2]])
+        intro = " ".join(cheap_report.INTRO.split())
+        for text in (said, intro):
+            assert re.findall(r"σ = ([0-9.e-]+)", text) == [f"{cfg.rwp_sigma:g}"], text
+            assert re.findall(r"\bk = (\d+)", text) == [str(cfg.look_k)], text
+        assert cheap_report.FORMS["look_gam"] == f"LookGAM (k = {cfg.look_k})"
+
+
+def test_the_committed_cheap_record_compares_with_the_tables_sgd_and_names_its_rwp_code():
+    """cheap.json holds, per setting and seed it has, the table's SGD of that seed (from fmnist.json,
+    marked as borrowed), no skipped process of a seed it has, and which RWP code each run timed."""
+    from reproduce.evidence.cheap_report import TABLE_SGD
+
+    record = json.loads((EVIDENCE / "fmnist" / "cheap.json").read_text())
+    table = json.loads((EVIDENCE / "fmnist" / "fmnist.json").read_text())
+    for setting, by in record["runs"].items():
+        seeds = sorted(r["seed"] for r in by["sgd"])
+        assert sorted(r["seed"] for r in by[TABLE_SGD]) == seeds
+        for r in by[TABLE_SGD]:
+            row = next(t for t in table["runs"][setting]["sgd"] if t["seed"] == r["seed"])
+            assert r == {**row, "group": "table", "device": table["platform"]["device"]}
+        have = {(setting, s) for s in seeds}
+        assert not [
+            p for p in record["processes"] if not p["run"] and (p["setting"], p["seed"]) in have
+        ]
+    assert record["platform"]["rwp_noise"] in ("one draw", "per tensor")
+    merged = [a for a in record.get("added", []) if "date" in a]
+    assert all(a["rwp_noise"] in ("one draw", "per tensor") for a in merged)
+
+
+def test_the_fashion_mnist_sections_write_a_negative_number_with_the_minus_sign():
+    from reproduce.evidence.cheap_report import HEADING
+
+    for head in ("## Fashion-MNIST on one GPU", HEADING):
+        section = RESULTS.split(head, 1)[1].split("\n## ", 1)[0]
+        assert not re.findall(r"(?<![\w`=/.-])-\d", section), head

@@ -82,8 +82,9 @@ def test_every_form_is_timed_against_the_sgd_of_its_own_seed():
     runs, processes = C.table(run, C.values(FMNIST, FMNIST), ("noise40",), (0, 2))
     assert not any(runs["clean"].values()) and len(processes) == 6
     by = runs["noise40"]
-    assert {f for f, rs in by.items() if rs} == set(R.FORMS) - set(C.BORROWED)
-    assert all(len(rs) == 2 for f, rs in by.items() if f not in C.BORROWED)
+    table = {*C.BORROWED, R.TABLE_SGD}  # without the table's record, no rows of its runs
+    assert {f for f, rs in by.items() if rs} == set(R.FORMS) - table
+    assert all(len(rs) == 2 for f, rs in by.items() if f not in table)
     for f, rs in by.items():
         for r in rs:
             sgd = 120.0 / (10.0 + r["seed"])  # the every group's SGD, not the adaptive group's
@@ -140,6 +141,11 @@ def test_the_full_price_forms_are_the_fmnist_tables_rows_of_the_same_seed():
         ]
         assert {r["group"] for r in by[e]} == {"table"} and {r["device"] for r in by[e]} == {"H"}
     assert [r["seed"] for r in by["sgd"]] == [0, 2]  # SGD is this run's own
+    table_sgd = by[R.TABLE_SGD]  # and the table's SGD of the same seeds beside it
+    assert [(r["seed"], r["estimator"], r["group"]) for r in table_sgd] == [
+        (0, "sgd", "table"),
+        (2, "sgd", "table"),
+    ]
     assert all(c[2] == C.GROUPS[c[4]][1] for c in run.calls)  # no process trains a borrowed form
     assert not any(runs["noise40"][e] for e in C.BORROWED)  # the table has no noise40 runs yet
     section = R.cheap_section({"settings": {"argv": []}, "platform": {"device": "H", "torch": "2",
@@ -168,32 +174,31 @@ def record_of(acc: dict[str, list[float]], x: dict[str, float], setting="clean")
 
 
 SGD, GAM = [93.0, 93.1, 93.2], [94.0, 94.1, 94.2]  # a gain of 1.00 point, p < 0.001
-X = {"sgd": 1.0, "gam": 8.9, "msam": 1.1, "rwp": 1.1, "gam_fd@late": 1.6, "sgd@adaptive": 2.5}
+X = {"sgd": 1.0, "sgd@table": 1.0, "gam": 8.9, "msam": 1.1, "rwp": 1.1, "gam_fd@late": 1.6}
+X |= {"sgd@adaptive": 2.5}
 
 
 def test_the_goal_is_met_by_a_form_that_keeps_enough_gain_at_the_price():
-    acc = {"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1], "rwp": [93.5, 93.6, 93.7]}
-    acc |= {"gam_fd@late": [94.1, 94.2, 94.3], "sgd@adaptive": [94.5, 94.6, 94.7]}
+    acc = {"sgd": SGD, "sgd@table": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
+    acc |= {"rwp": [93.5, 93.6, 93.7], "gam_fd@late": [94.1, 94.2, 94.3]}
+    acc |= {"sgd@adaptive": [94.5, 94.6, 94.7]}
     by = record_of(acc, X)["runs"]["clean"]
     g = R.goal(by)
     assert g["significant"] and g["gain"] == pytest.approx(1.0)
     assert g["met"] == ["msam"]  # rwp keeps 50%; late GAM keeps 110% at 1.6 ×; references aside
     assert g["forms"]["rwp"]["keeps"] == pytest.approx(0.5) and "sgd@adaptive" not in g["forms"]
     words = R.goal_words(by)
-    assert "GAM (exact) gains +1.00 points over SGD (p < 0.001)" in words
+    assert "GAM (exact) gains +1.00 points over the SGD of its own process (p < 0.001)" in words
     assert (
         "is met by 1 of 3: MSAM keeps 90% at 1.10 ×" in words and "RWP keeps 50% at 1.10 ×" in words
     )
-    assert [R.FORMS[f] for f in R.pareto(by)] == [
-        "SGD",
-        "MSAM",
-        "GAM (fd), last 25%",
-        "SGD, adaptive policy",
-    ]
+    # the adaptive policy's SGD, the most accurate at 2.5 ×, is a reference: never on the front
+    assert [R.FORMS[f] for f in R.pareto(by)] == ["SGD", "MSAM", "GAM (fd), last 25%"]
 
 
 def test_the_goal_met_by_no_form_says_so():
-    acc = {"sgd": SGD, "gam": GAM, "msam": [93.5, 93.6, 93.7], "gam_fd@late": [94.0, 94.1, 94.2]}
+    acc = {"sgd": SGD, "sgd@table": SGD, "gam": GAM, "msam": [93.5, 93.6, 93.7]}
+    acc["gam_fd@late"] = [94.0, 94.1, 94.2]
     by = record_of(acc, X)["runs"]["clean"]
     assert R.goal(by)["met"] == []
     words = R.goal_words(by)
@@ -204,14 +209,19 @@ def test_the_goal_met_by_no_form_says_so():
 
 
 def test_a_gain_of_gam_that_is_not_significant_is_said_and_judges_nothing():
-    acc = {"sgd": SGD, "gam": [93.0, 93.3, 93.2], "msam": [94.9, 95.0, 95.1]}
+    acc = {"sgd": SGD, "sgd@table": SGD, "gam": [93.0, 93.3, 93.2], "msam": [94.9, 95.0, 95.1]}
     by = record_of(acc, X)["runs"]["clean"]
     g = R.goal(by)
     assert not g["significant"] and g["met"] == [] and g["forms"]["msam"]["keeps"] is None
     words = R.goal_words(by)
-    assert words.startswith("GAM (exact)'s gain over SGD is not significant (+0.07 points, p = ")
+    assert words.startswith(
+        "GAM (exact)'s gain over the SGD of its own process is not significant (+0.07 points, p = "
+    )
     assert "the curve is reported as it is" in words and "MSAM (1.10 ×, +1.90 points" in words
-    assert "not judged" in R.goal_words(record_of({"sgd": SGD, "gam": [94.0]}, X)["runs"]["clean"])
+    one = {"sgd": SGD, "sgd@table": SGD, "gam": [94.0]}
+    assert "not judged" in R.goal_words(record_of(one, X)["runs"]["clean"])
+    no_table = {"sgd": SGD, "gam": GAM}  # full GAM's gain is over the table's SGD: none, no goal
+    assert not R.goal(record_of(no_table, X)["runs"]["clean"])["judged"]
 
 
 def test_the_section_without_and_with_its_json(tmp_path):
@@ -219,7 +229,7 @@ def test_the_section_without_and_with_its_json(tmp_path):
     assert text.startswith(R.HEADING) and "**Not run yet.** `" + R.COMMAND + "`" in text
     assert "(an estimated 38 minutes of one GPU;" in text
     assert "Data:" not in text and "|" not in text
-    acc = {"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
+    acc = {"sgd": SGD, "sgd@table": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
     record = record_of(acc, X)
     text = R.cheap_section(record)
     assert f"**Clean, 3 seeds.** {R.DATA}\n\n| form |" in text
@@ -245,12 +255,27 @@ def test_merge_adds_the_seeds_it_lacks_from_the_same_device():
     b["processes"] = [
         {"setting": "clean", "seed": s, "group": "every", "run": True} for s in range(3)
     ]
+    skipped = [{"setting": "clean", "seed": 2, "group": g, "run": False} for g in C.GROUPS]
+    a["processes"] = [{"setting": "clean", "seed": 0, "group": "every", "run": True}, *skipped]
+    b["platform"] |= {"torch": "2.11.0+cu128", "rwp_noise": "one draw"}  # the same torch
     assert C.merge(a, b) == [("clean", 2)]
     assert [r["seed"] for r in a["runs"]["clean"]["gam"]] == [0, 1, 2]
-    assert a["processes"] == b["processes"][2:]
-    b["platform"] = {**b["platform"], "device": "NVIDIA H200"}
-    with pytest.raises(ValueError, match="one device"):
-        C.merge(a, b)
+    # the skipped processes of the seed it adds are replaced by those that ran, not kept beside
+    assert a["processes"] == [a["processes"][0], b["processes"][2]]
+    assert a["added"][0]["rwp_noise"] == "one draw"  # which RWP code the merged run timed
+    for key, value, says in (
+        ("device", "NVIDIA H200", "one device"),
+        ("torch", "2.12.0+cu130", "torch 2.12.0, not 2.11.0"),
+    ):
+        c = record_of({"sgd": SGD}, X)
+        c["platform"][key] = value
+        with pytest.raises(ValueError, match=says):
+            C.merge(a, c)
+    for key, value in (("recipe", "w64-10"), ("selected", {"sam_rho": 0.1})):
+        c = record_of({"sgd": SGD}, X)
+        c["values"] = {**c["values"], key: value}
+        with pytest.raises(ValueError, match="values"):
+            C.merge(a, c)
 
 
 def test_a_merge_on_the_command_line_names_the_run_it_added(tmp_path):
@@ -274,16 +299,27 @@ def test_a_merge_on_the_command_line_names_the_run_it_added(tmp_path):
     assert "843 s); clean seed 3." in R.cheap_section(merged)
 
 
-def test_rwp_rows_timed_with_its_per_tensor_noise_are_said_to_be():
-    """RWP's × SGD from runs up to the change of its noise is that code's: the section says so for
-    all of its rows, for some, or not at all."""
+def test_rwp_rows_timed_with_its_per_tensor_noise_are_said_to_be(monkeypatch):
+    """The record says which RWP code its run imported, and an added seed which code its own run
+    did; RWP's × SGD from the per-tensor noise is that code's: the section says so for all of its
+    rows, for some, or not at all, whatever the date."""
+    import importlib
+
+    module = importlib.import_module("gamfunc.estimators.rwp")
+    assert C.rwp_noise() == "one draw" and C.run_platform()["rwp_noise"] == "one draw"
+    monkeypatch.delattr(module, "normals")  # the earlier code: a draw per tensor
+    assert C.rwp_noise() == "per tensor"
     record = record_of({"sgd": SGD, "rwp": [93.5, 93.6, 93.7]}, X)
-    record["platform"]["date"] = R.RWP_PER_TENSOR_UNTIL
-    assert R.rwp_timing(record).startswith(" RWP's rows were timed by runs up to ")
+    record["platform"] |= {"rwp_noise": "per tensor", "date": "2099-01-01"}
+    assert R.rwp_timing(record).startswith(" RWP's rows were timed by runs whose RWP drew its ")
     assert R.rwp_timing(record) in R.cheap_section(record)
-    record["added"] = [{"setting": "clean", "seed": 2, "date": "2099-01-01"}]
+    record["added"] = [
+        {"setting": "clean", "seed": 2, "date": "2000-01-01", "rwp_noise": "one draw"}
+    ]
     assert R.rwp_timing(record).startswith(" 2 of RWP's 3 rows were timed")
-    record["platform"]["date"] = "2099-01-01"
+    record["added"].append({"setting": "clean", "seed": 1})  # --add: the record's code
+    assert R.rwp_timing(record).startswith(" 2 of RWP's 3 rows were timed")
+    record["platform"]["rwp_noise"] = "one draw"
     assert R.rwp_timing(record) == ""
     assert R.rwp_timing(record_of({"sgd": SGD}, X)) == ""
 
@@ -311,8 +347,10 @@ def test_the_command_line_refuses(tmp_path, capsys):
 
 def test_the_guides_paragraph_says_what_to_start_with_from_the_goal():
     assert R.start_with(None).startswith(R.GUIDE_HEAD + " is a matter of measurement")
-    lam = {"sgd": 100.0, "gam": 60.0, "msam": 90.0, "rwp": 70.0, "gam_fd@late": 50.0}
-    acc = {"sgd": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1], "rwp": [93.5, 93.6, 93.7]}
+    lam = {"sgd": 100.0, "sgd@table": 100.0, "gam": 60.0, "msam": 90.0, "rwp": 70.0}
+    lam["gam_fd@late"] = 50.0
+    acc = {"sgd": SGD, "sgd@table": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
+    acc["rwp"] = [93.5, 93.6, 93.7]
     acc["gam_fd@late"] = [94.1, 94.2, 94.3]  # the flattest, but at 1.6 × it is no cheap form
     record = record_of(acc, X)
     for f, rows in record["runs"]["clean"].items():
@@ -321,8 +359,8 @@ def test_the_guides_paragraph_says_what_to_start_with_from_the_goal():
     text = R.start_with(record)
     assert text.startswith(f"{R.GUIDE_HEAD}, as measured (`reproduce.evidence.cheap` on one NVIDIA")
     assert (
-        "on clean Fashion-MNIST (3 seeds), GAM (exact) gained +1.00 points over SGD (p < 0.001)"
-        in text
+        "on clean Fashion-MNIST (3 seeds), GAM (exact) gained +1.00 points over the SGD of its own "
+        "process (p < 0.001)" in text
     )
     assert "MSAM kept 90% of it at 1.10 × SGD" in text and text.endswith("start with MSAM.")
     assert "RWP lowered λ_max most (−30% against SGD's, at 1.10 ×)" in text
@@ -341,7 +379,148 @@ def test_the_guides_paragraph_says_what_to_start_with_from_the_goal():
     for r, a in zip(clean["rwp"], (93.0, 93.3, 93.2), strict=True):
         r["test_acc"] = a  # +0.07 points: not significant
     text = R.start_with(record)
-    assert "GAM (exact)'s gain over SGD was not significant (+0.05 points, p = " in text
+    assert "GAM (exact)'s gain over the SGD of its own process was not significant (+0.05 " in text
     assert text.endswith(
         "start with SGD where test accuracy is the aim, and with RWP where a flatter minimum is."
     )
+
+
+def test_each_form_is_compared_with_the_sgd_of_its_own_process():
+    """The borrowed forms are tested against the table's SGD of the same seeds, the cheap forms
+    against this run's; full GAM's gain, the goal's, is over the table's SGD; the table shows both
+    SGDs, the table's right after this run's, and each form has a marker of its own."""
+    assert list(R.FORMS)[:2] == ["sgd", R.TABLE_SGD] and R.TABLE_SGD in R.REFERENCES
+    assert len({R.MARKERS[i % len(R.MARKERS)] for i in range(len(R.FORMS))}) == len(R.FORMS)
+    acc = {"sgd": SGD, "sgd@table": [92.0, 92.1, 92.2], "gam": SGD, "msam": [93.9, 94.0, 94.1]}
+    acc |= {"sam": [92.5, 92.6, 92.7]}
+    by = record_of(acc, X | {"sam": 1.9})["runs"]["clean"]
+    g = R.goal(by)
+    assert g["gain"] == pytest.approx(1.0) and g["significant"]  # over the table's SGD, not ours
+    assert g["forms"]["msam"]["keeps"] == pytest.approx(0.9)  # (94.0 − 93.1) / 1.0
+    assert R.TABLE_SGD not in g["forms"] and g["met"] == ["msam"]
+    rows = {
+        line.split(" | ")[0][2:]: line.split(" | ") for line in R.setting_table(by).splitlines()
+    }
+    assert rows["GAM (exact)"][8].startswith("+1.00, p < 0.001")  # against the table's SGD
+    assert rows["SAM"][8].startswith("+0.50, p = 0.004")
+    assert rows["MSAM"][8].startswith("+0.90, p < 0.001")  # against this run's SGD
+    assert rows["SGD (the table's run)"][8].startswith("−1.00, p < 0.001")  # the two SGDs
+    assert list(rows)[2:4] == ["SGD", "SGD (the table's run)"]
+    intro = " ".join(R.INTRO.split())
+    assert "each form is compared with the SGD of its own process" in intro
+    assert "run-to-run variation" in intro and "the table shows both" in intro
+
+
+def test_the_front_holds_no_sgd_but_the_runs_own_and_keeps_full_gam():
+    acc = {"sgd": SGD, "sgd@table": [93.3, 93.4, 93.5], "gam": GAM}
+    acc |= {"sgd@adaptive": [94.5, 94.6, 94.7], "msam": [93.0, 93.1, 93.2]}
+    by = record_of(acc, X)["runs"]["clean"]
+    assert R.pareto(by) == ["sgd", "gam"]  # the table's SGD beats ours at 1.00 ×: a reference
+
+
+def test_the_intro_says_what_a_cell_and_a_multiple_of_sgd_are():
+    intro = " ".join(R.INTRO.split())
+    assert "mean ± sample std over seeds" in intro
+    assert (
+        "× SGD (the tables, the goal, the Pareto front and the figure) is the mean of the " in intro
+    )
+    assert "per-seed ratios" in intro
+
+
+def test_the_section_says_once_when_a_setting_has_fewer_than_three_seeds_of_a_form():
+    acc = {"sgd": SGD, "sgd@table": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
+    record = record_of(acc, X)
+    assert "degrees of freedom" not in R.cheap_section(record)
+    record["runs"]["noise40"] = record_of({k: v[:2] for k, v in acc.items()}, X)["runs"]["clean"]
+    text = " ".join(R.cheap_section(record).split())
+    said = (
+        "40% label noise (`noise40`) has fewer than 3 seeds of a form: Welch's test on 2 seeds a "
+        "side has at most 2 degrees of freedom, so its p-values there are indicative."
+    )
+    assert text.count("degrees of freedom") == 1 and said in text
+    assert text.index("What this shows, plainly") < text.index(said) < text.index("Clean: -")
+    record["runs"]["clean"]["msam"].pop()
+    assert "Clean and 40% label noise (`noise40`) have fewer than 3 seeds" in R.cheap_section(
+        record
+    )
+
+
+def test_the_figure_and_the_guide_give_the_seeds_in_the_sections_words(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    acc = {"sgd": SGD, "sgd@table": SGD, "gam": GAM, "msam": [93.9, 94.0, 94.1]}
+    record = record_of(acc, X)
+    record["runs"]["noise40"] = record_of(acc, X)["runs"]["clean"]
+    record["runs"]["noise40"]["msam"].pop()
+    shown = []
+    monkeypatch.setattr(plt, "close", shown.append)
+    R.figure(record, tmp_path / "cheap.png")
+    assert [ax.get_title() for ax in shown[0].axes] == [
+        "Fashion-MNIST, Clean, 3 seeds",
+        "Fashion-MNIST, 40% label noise (noise40), 2–3 seeds",
+    ]
+    text = R.start_with(record)
+    assert "on clean Fashion-MNIST (3 seeds)" in text and "on 40% label noise (2–3 seeds)" in text
+    assert "**40% label noise (`noise40`), 2–3 seeds.**" in R.cheap_section(record)
+
+
+def test_negative_values_carry_the_minus_sign_of_the_docs():
+    assert R._pm([-1.0, -2.0]) == "−1.50 ± 0.71" and R._pm([-0.5], ".1f") == "−0.5"
+    assert R._pm([1.0, 2.0]) == "1.50 ± 0.71"
+
+
+def _folder(tmp_path, seed: int, groups=tuple(C.GROUPS)):
+    """A train.py folder per group of `GROUPS` for ``seed``, as the harness's command writes it."""
+    run = FakeRunner()
+    folder = tmp_path / f"seed{seed}"
+    for group in groups:
+        got = run(f"cheap/x/{group}", "p", C.GROUPS[group][1], [f"--seed={seed}"], group)
+        for s in got["summaries"]:
+            path = folder / group / s["estimator"] / "summary.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps(s))
+    return folder
+
+
+def test_add_borrows_the_tables_rows_and_refuses_a_seed_it_has_or_a_folder_without_sgd(
+    tmp_path, capsys
+):
+    (tmp_path / "cheap.json").write_text(json.dumps(record_of({"sgd": SGD, "gam": GAM}, X)))
+    keys = {"gap": 1.0, "lambda_max": 50.0, "r1": 0.5, "train_seconds": 70.0, "x_sgd": 7.0}
+    rows = {e: [{"seed": s, "estimator": e, "test_acc": 94.0 + s, **keys} for s in (0, 1, 2)]
+            for e in ("sgd", *C.BORROWED)}  # fmt: skip
+    table = {"platform": {"device": "H"}, "runs": {"clean": {}, "noise40": rows}}
+    (tmp_path / "fmnist.json").write_text(json.dumps(table))
+    base = [f"--out={tmp_path}", f"--sweep={tmp_path / 'fmnist.json'}"]
+    assert C.main([*base, f"--add=noise40:2:{_folder(tmp_path, 2)}"]) == 0
+    record = json.loads((tmp_path / "cheap.json").read_text())
+    by = record["runs"]["noise40"]
+    for f in (*C.BORROWED, R.TABLE_SGD):
+        assert [(r["seed"], r["group"], r["device"]) for r in by[f]] == [(2, "table", "H")], f
+    assert [r["seed"] for r in by["sgd"]] == [2] and record["added"][-1]["seed"] == 2
+    for bad, says in (
+        ([f"--add=noise40:2:{_folder(tmp_path / 'again', 2)}"], "noise40 seed 2 is in the record"),
+        ([f"--add=clean:1:{tmp_path / 'seed2'}"], "clean seed 1 is in the record"),
+        ([f"--add=noise40:1:{_folder(tmp_path, 1, ('late', 'adaptive'))}"], "no SGD in"),
+    ):
+        with pytest.raises(SystemExit):
+            C.main([*base, *bad])
+        assert says in capsys.readouterr().err
+    assert json.loads((tmp_path / "cheap.json").read_text()) == record  # nothing written
+
+
+def test_a_merge_of_other_values_or_torch_is_refused_on_the_command_line(tmp_path, capsys):
+    (tmp_path / "cheap.json").write_text(json.dumps(record_of({"sgd": SGD}, X)))
+    for key, value, says in (
+        ("values", {"recipe": "w64-10"}, "--merge: its values"),
+        ("platform", {"torch": "2.10.0+cu130"}, "--merge: measured with torch 2.10.0"),
+    ):
+        other = record_of({"sgd": SGD}, X, "noise40")
+        other[key] = {**other[key], **value}
+        (tmp_path / "other.json").write_text(json.dumps(other))
+        with pytest.raises(SystemExit):
+            C.main([f"--out={tmp_path}", f"--merge={tmp_path / 'other.json'}"])
+        assert says in capsys.readouterr().err
