@@ -71,7 +71,7 @@ class Flags:
     fsam_convention: str = "paper"  # friendly_sam: paper (the paper's order) | authors (nblt/F-SAM's order: m₁ = g₁, d before m takes in g)
     msam_momentum: float = 0.9  # μ of msam's own momentum, in [0, 1) (Becker et al. 2024: 0.9)
     rwp_sigma: float = 0.01  # σ of rwp: the noise's scale relative to each filter's norm
-    rwp_mix: float = 0.0  # λ of rwp in [0, 1]: the weight of ∇L(θ) (0: one gradient; > 0: m-RWP)
+    rwp_mix: float = 0.0  # λ of rwp in [0, 1): the weight of ∇L(θ) (0: one gradient; > 0: m-RWP)
     rwp_seed: int = 0  # the key of rwp's noise, in [0, 2**32)
 
 

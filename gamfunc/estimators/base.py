@@ -80,7 +80,9 @@ class Estimator:
         hparams: the hyperparameters, by name.
         init_fn: ``init_fn(params) -> state`` for a stateful estimator; None for one without state.
         every: k >= 1; with k > 1 make_step runs ``base`` on the steps between.
-        base: the estimator of the steps between (``every`` > 1 only).
+        base: the estimator of the steps between (``every`` > 1), or, for an estimator of
+            ``perturbation="local"``, the default base of the steps a ``when=`` policy leaves
+            plain (``local(gradient())``).
         decoupled: whether ``run_fn``'s Estimate carries a decoupled part (``Estimate.decoupled``),
             which needs an optimiser that keeps its learning rate.
         state_type: the type of a stateful estimator's state (a NamedTuple such as

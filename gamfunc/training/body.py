@@ -163,9 +163,14 @@ def with_schema(schema: dict, metrics: dict) -> tuple[dict, dict]:
     branch did not compute is NaN (-1 for an integer metric); keys new to ``schema`` join it.
 
     With a ``when`` policy the GAM branch reports keys (``f_norm``, ``adv_*``, ``rho``) that the plain
-    branch does not; a logger or a ``torch.stack`` over steps then sees one schema. The GAM branch
-    runs first, so the schema is complete from the first step whenever the base estimator reports a
-    subset of the estimator's keys (every estimator of gamfunc does).
+    branch does not. The schema holds the keys of the branches that have run so far (it lives in
+    the step function, not in its state), so it is complete once the estimator's branch has run
+    and the base estimator reports a subset of the estimator's keys (every estimator of gamfunc
+    does); from then on every step returns the same keys, and a logger or a ``torch.stack`` over
+    those steps sees one schema. The steps before (the base's) return the base's keys only: the
+    steps before ``start`` of ``late(start)`` with ``start > 0``, those of ``every(k)`` resumed in
+    the middle of a cycle up to its next flat step, those of ``adaptive`` up to its first flat
+    one; and a step made afresh (resumed, compiled, graphed) starts from an empty schema.
     """
     schema = dict(schema)
     for k, v in metrics.items():

@@ -128,8 +128,9 @@ class _StepImpl:
         self.probe = probe
         if probe is None and switched and when.on_device:
             self.probe = policies.probe(loss_fn, when)
-        # with a policy: the metrics' keys and dtypes, in the order first seen (the full branch
-        # runs first), so that every step returns the same keys whichever branch ran
+        # with a policy: the metrics' keys and dtypes, in the order first seen, so that once the
+        # full branch has run every step returns its keys whichever branch ran; the steps before
+        # (late's, every's resumed mid-cycle, adaptive's plain ones) return the base's only
         self.schema: dict[str, tuple[torch.dtype, torch.device]] = {}
 
     def init(self, params, buffers=None) -> StepState:
@@ -308,7 +309,12 @@ def make_step(
             ``every``-th step (the first included), ``base`` on the others. Give ``every`` or
             ``when``, not both.
         base: the estimator of the steps that are not flat, ``gradient()`` by default; a stateful
-            one must share the estimator's state (its ``init_fn``).
+            one must share the estimator's state (its ``init_fn``). Beside an estimator of
+            ``perturbation="local"`` ([`gamfunc.distributed.local`][gamfunc.wrappers.distributed.local],
+            whose loss is each rank's own) the default is the estimator's own ``base``,
+            ``local(gradient())`` with its ``group`` and ``bucket_cap_mb``, so that the steps
+            between average their gradients over the ranks too, and a base given with a ``when``
+            policy must be ``local`` as well.
         on_nonfinite: "skip" (default) leaves params, optimiser state and buffers unchanged when the
             loss or the direction is not finite and counts it in ``metrics["skipped"]`` and
             ``state.skipped``: an eager step reads that one boolean on the host and keeps the old
@@ -324,7 +330,11 @@ def make_step(
         TypeError: ``estimator`` or ``base`` is not an estimator, ``optimizer`` not a Transform,
             or ``loss_fn`` not callable.
         ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` and ``when`` are both
-            given, ``when``, ``every`` or ``base`` is given with an estimator that brings its own, ``base`` cycles itself or has a state of its own; at
+            given, ``when``, ``every`` or ``base`` is given with an estimator that brings its own, ``base`` cycles itself or has a state of its own;
+            beside an estimator of ``perturbation="local"``, ``when`` is
+            [`adaptive`][gamfunc.training.when.adaptive] (each rank's probe would choose from its
+            own gradient: use ``perturbation="global"``), or ``base`` is given with a policy and
+            is not ``local``; at
             a step, a state whose counts are negative or whose ``est`` is another estimator's; at
             ``step.init``, an estimator with a decoupled part beside an optimiser that keeps no lr.
 
@@ -384,7 +394,41 @@ def make_step(
         raise TypeError(
             f"loss_fn must be a callable loss_fn(params, batch); got {type(loss_fn).__name__}"
         )
+    if _is_local(estimator):
+        base = _local_base(estimator, when, base)
     return _new_step(estimator, optimizer, loss_fn, when, base or gradient(), on_nonfinite)
+
+
+def _is_local(estimator: Estimator) -> bool:
+    """Whether ``estimator`` averages its direction over ranks itself
+    ([`gamfunc.distributed.local`][gamfunc.wrappers.distributed.local]): its loss is this rank's."""
+    return estimator.hparams.get("perturbation") == "local"
+
+
+def _local_base(estimator: Estimator, when, base: Estimator | None) -> Estimator | None:
+    """The base of a step whose estimator is ``local``: ``base``, or the one ``local`` gave it
+    (``estimator.base``, ``local(gradient())`` with its group and buckets); a base that is not
+    ``local`` and an adaptive policy refused, both of which would let the ranks part (their
+    parameters, or their collectives)."""
+    name = estimator.name
+    if when is not None and when.on_device:
+        raise ValueError(
+            f"when: the adaptive policy chooses from the gradient at θ, and under {name!r} "
+            f"(perturbation='local') each rank's gradient is its own: the ranks would keep "
+            f"statistics of their own and take different branches, and their all-reduces would "
+            f"part; use perturbation='global' (gamfunc.distributed.data_parallel(estimator, "
+            f"loss_fn, 'global')), under which every rank sees the mean gradient"
+        )
+    base = base or estimator.base
+    if when is not None and (base is None or not _is_local(base)):
+        given = f"{base.name!r}" if base is not None else "the gradient of this rank"
+        raise ValueError(
+            f"base: {given} beside {name!r} (perturbation='local') would step each rank on "
+            f"its own gradient between the flat steps, and the ranks' parameters would part; "
+            f"wrap it with gamfunc.distributed.local (the group and bucket size of the estimator), "
+            f"or leave base out for the estimator's own, local(gradient())"
+        )
+    return base
 
 
 def _new_step(*args, **kwargs) -> Step:

@@ -14,19 +14,30 @@ policy chooses and its ``base`` estimator (the gradient by default) on the other
 tensor: skipped steps included), so the choice costs no device synchronisation and a step captured
 in a CUDA graph keeps one graph per branch. ``adaptive`` chooses from the gradient at θ, a device
 value: the step takes that gradient first (a third compiled function, the *probe*), reads one
-boolean on the host, and runs the chosen branch with the gradient it already has, so a step of
-either kind costs its own passes and no more (one device synchronisation a step, as AE-SAM's own
-``if``; under [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph], a graph for the probe and
-one per branch, with that read between them). Its running statistics live in ``state.policy``
-([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), are kept when a step is skipped, and are saved
-with the rest of the state (`gamfunc.state.as_dict`). Under ``torch.compile`` (``step.compile()``)
-each of the step's functions is one graph, whichever way the policy switches.
+boolean on the host, and runs the chosen branch with that gradient as its pass at θ (one device
+synchronisation a step, as AE-SAM's own ``if``; under
+[`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph], a graph for the probe and one per
+branch, with that read between them). A step whose estimator takes a pass at θ (the gradient,
+SAM, GAM, ...) so costs its own passes and no more; a flat step whose estimator takes none
+([`gamfunc.msam`][gamfunc.estimators.msam.msam], [`gamfunc.rwp`][gamfunc.estimators.rwp.rwp] with
+``mix=0``: one pass at a perturbed point only) costs one pass more, the probe's. Its running
+statistics live in ``state.policy`` ([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), are kept
+when a step is skipped or its ‖∇L(θ)‖² is not finite, and are saved with the rest of the state
+(`gamfunc.state.as_dict`). Under ``torch.compile`` (``step.compile()``) each of the step's
+functions is one graph, whichever way the policy switches.
+
+``adaptive`` takes no estimator of ``perturbation="local"``
+([`gamfunc.distributed.local`][gamfunc.wrappers.distributed.local]): each rank's probe would measure its
+own gradient, keep statistics of its own and choose its own branch, and the ranks' collectives
+would part. Under ``perturbation="global"`` the probe's gradient is the mean over the ranks, and
+every rank chooses alike.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import NamedTuple
 
 import torch
@@ -159,13 +170,21 @@ class Adaptive(Policy):
 
     def choose(self, state: AdaptiveState, grad_norm: Tensor, step: Tensor):
         """``(new_state, flat)``: the statistics with ‖g_t‖² (``grad_norm`` squared, in float64)
-        taken in, and whether ‖g_t‖² >= μ_t + c_t·σ_t (a 0-d bool tensor)."""
+        taken in, and whether ‖g_t‖² >= μ_t + c_t·σ_t (a 0-d bool tensor).
+
+        Where ‖g_t‖² is not finite the statistics are the old ones (selected on the device, no
+        host read): one inf or NaN gradient would otherwise make μ and σ² NaN for the rest of
+        the run, and no later step flat."""
         s = grad_norm.to(torch.float64) ** 2
         d = self.delta
         mean = d * state.mean + (1.0 - d) * s
         var = d * state.var + (1.0 - d) * (s - mean) ** 2
         flat = s >= mean + self.threshold_scale(step).to(s.device) * var.sqrt()
-        return AdaptiveState(mean, var), flat
+        finite = torch.isfinite(s)
+        kept = AdaptiveState(
+            torch.where(finite, mean, state.mean), torch.where(finite, var, state.var)
+        )
+        return kept, flat
 
     def describe(self) -> str:
         return f"when=adaptive({self.total_steps})"
@@ -203,18 +222,21 @@ def late(start: int | float, total_steps: int | None = None) -> Late:
     switch: flat at call t (counted from 0, skipped steps included) iff t >= ``start``.
 
     Args:
-        start: the first flat step: an integer >= 0, or a float in [0, 1], the fraction of
+        start: the first flat step: an integer >= 0, or a float in [0, 1), the fraction of
             ``total_steps`` after which the steps are flat (0.75: the last quarter; the first flat
-            step is ⌈0.75·T⌉).
-        total_steps: T, the run's number of steps; needed with a fractional ``start`` only.
+            step is ⌈0.75·T⌉, the exact ceiling of the fraction as written in decimal, so that
+            0.55 of 100 steps is 55 where the float product 0.55·100 rounds above 55). With
+            ``total_steps``, the first flat step must be a step of the run (< T).
+        total_steps: T, the run's number of steps (the steps are 0 to T − 1); needed with a
+            fractional ``start``, optional with an integer one.
 
     Returns:
         A [`Late`][gamfunc.training.when.Late] policy.
 
     Raises:
         ValueError: ``start`` is neither an integer >= 0 nor a number in [0, 1], a fraction is
-            given without ``total_steps``, or ``total_steps`` is not an integer >= 1 (naming the
-            argument).
+            given without ``total_steps``, ``total_steps`` is not an integer >= 1, or the first
+            flat step is T or later, so that no step of the run is flat (naming the argument).
 
     Example:
         >>> import gamfunc
@@ -230,11 +252,24 @@ def late(start: int | float, total_steps: int | None = None) -> Late:
                 f"give total_steps, or start as an integer step"
             )
         check_int("total_steps", total_steps)
-        return Late(math.ceil(start * total_steps))
+        # the decimal as written (repr), not its binary float: ⌈0.55·100⌉ is 55, not 56
+        first = math.ceil(Fraction(repr(start)) * total_steps)
+        _check_reached(first, total_steps, f"{start} of {total_steps} steps is step {first}")
+        return Late(first)
     check_int("start", start, at_least=0)
     if total_steps is not None:
         check_int("total_steps", total_steps)
+        _check_reached(start, total_steps, f"step {start}")
     return Late(start)
+
+
+def _check_reached(first: int, total_steps: int, what: str) -> None:
+    """Refuse a first flat step that no step of a run of ``total_steps`` steps reaches."""
+    if first >= total_steps:
+        raise ValueError(
+            f"start: the first flat step ({what}) is past the run's last step "
+            f"({total_steps - 1}), so no step would be flat; give a start below {total_steps}"
+        )
 
 
 def adaptive(
@@ -262,13 +297,17 @@ def adaptive(
     g_t reused as its pass at θ (SAM: one more gradient); the others are the base's (the
     gradient: g_t itself). δ is ``delta``, λ₁ ``lambda1``, λ₂ ``lambda2``, T ``total_steps``; t
     is the step count (``state.step``), held at T past T. The statistics are in float64, in
-    ``state.policy`` ([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), and a skipped step leaves
-    them as they were.
+    ``state.policy`` ([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), and a skipped step, or
+    one whose ‖g_t‖² is not finite (``on_nonfinite="ignore"`` takes it), leaves them as they were.
 
     Warning:
         The choice reads one boolean on the host at each step (a device synchronisation). Under
         [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph] the step is three graphs, the
-        probe's and one per branch, with that read between them.
+        probe's and one per branch, with that read between them. A flat step of an estimator
+        that takes no pass at θ ([`gamfunc.msam`][gamfunc.estimators.msam.msam],
+        [`gamfunc.rwp`][gamfunc.estimators.rwp.rwp] with ``mix=0``) costs one pass more than the
+        estimator alone, the probe's. [`make_step`][gamfunc.training.step.make_step] refuses this
+        policy beside an estimator of ``perturbation="local"``: the ranks would choose apart.
 
     Args:
         total_steps: T >= 1, the run's number of steps, over which c_t moves from λ₂ to λ₁.

@@ -43,6 +43,7 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,7 @@ from torch import Tensor
 from torch.utils import _pytree as pytree
 
 from gamfunc.estimators.base import Estimate, Estimator, check_stateless
+from gamfunc.estimators.gradient import gradient
 from gamfunc.loss import Pass
 from gamfunc.wrappers.accumulate import Accumulated, batch_size
 
@@ -193,7 +195,11 @@ def local(estimator: Estimator, *, group=None, bucket_cap_mb: float = 25.0) -> E
         bucket_cap_mb: bucket size of the all-reduce.
 
     Returns:
-        An Estimator with the hyperparameters of ``estimator`` and ``perturbation="local"``.
+        An Estimator with the hyperparameters of ``estimator`` and ``perturbation="local"``,
+            ``group`` and ``bucket_cap_mb``. Its ``base`` is ``local(gradient())`` with the same
+            group and buckets: the estimator that [`gamfunc.make_step`][gamfunc.make_step] runs on
+            the steps a ``when=`` policy leaves plain, where no base is given, so that those steps
+            average their gradients over the ranks too.
 
     Raises:
         TypeError: ``estimator`` is not an estimator.
@@ -209,6 +215,13 @@ def local(estimator: Estimator, *, group=None, bucket_cap_mb: float = 25.0) -> E
         "estimator",
         ", which local(): each rank would keep a state of its own; use perturbation='global'",
     )
+    mean = _rank_mean(estimator, group, bucket_cap_mb)
+    base = _rank_mean(gradient(), group, bucket_cap_mb)
+    return dataclasses.replace(mean, base=base)
+
+
+def _rank_mean(estimator: Estimator, group, bucket_cap_mb: float) -> Estimator:
+    """`local`'s estimator, without a base of its own."""
 
     def run(params, batch, loss_fn, clean, step):
         est = estimator.run(params, batch, loss_fn, clean=clean, step=step)
@@ -221,7 +234,11 @@ def local(estimator: Estimator, *, group=None, bucket_cap_mb: float = 25.0) -> E
         clean = Pass(est.clean.grad, info["loss"], aux)
         return Estimate(direction, info, clean, decoupled=decoupled)
 
-    hparams = estimator.hparams | {"perturbation": "local"}
+    hparams = estimator.hparams | {
+        "perturbation": "local",
+        "group": group,
+        "bucket_cap_mb": bucket_cap_mb,
+    }
     return Estimator(f"local({estimator.name})", run, hparams, decoupled=estimator.decoupled)
 
 
@@ -238,6 +255,15 @@ def data_parallel(
     ``perturbation="global"``: ``(estimator, global_mean(loss_fn))``, the single-process step on the
     concatenated batch. ``perturbation="local"``: ``(local(estimator), loss_fn)``, per-rank
     perturbations and one all-reduce of the direction. See the module docstring.
+
+    With a ``when=`` policy of [`gamfunc.make_step`][gamfunc.make_step] the steps that are not flat run
+    the step's ``base`` estimator. Under ``"global"`` it takes the all-reduced loss as the
+    estimator does. Under ``"local"`` the loss is this rank's, so the base must be local too: the
+    estimator brings ``local(gradient())`` with this ``group`` and ``bucket_cap_mb`` as its
+    ``base``, the default of ``make_step``, which refuses a base that is not ``local`` (wrap one
+    with [`local`][gamfunc.wrappers.distributed.local], or ``data_parallel(base, loss_fn,
+    "local")[0]``), and refuses [`gamfunc.when.adaptive`][gamfunc.training.when.adaptive], whose
+    choice would read each rank's own gradient (use ``"global"``).
 
     Args:
         estimator: the single-process estimator.

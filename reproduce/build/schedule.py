@@ -7,6 +7,7 @@ import torch
 
 import gamfunc
 from gamfunc import schedules
+from reproduce.build.model import SetupError
 from reproduce.config import Config
 
 __all__ = ["lr_schedule", "when_policy"]
@@ -47,6 +48,10 @@ def when_policy(cfg: Config, steps_per_epoch: int):
 
     Returns:
         A policy of `gamfunc.when`, or None.
+
+    Raises:
+        SetupError: ``late``'s first flat step is past the run's last step (no step would be
+            flat), which ``--epochs`` lets the configuration's checks see only now.
     """
     total = cfg.total_steps or cfg.epochs * steps_per_epoch
     kind, _, arg = cfg.when.partition(":")
@@ -54,7 +59,12 @@ def when_policy(cfg: Config, steps_per_epoch: int):
         return gamfunc.when.every(int(arg))
     if kind == "late":
         start = float(arg) if "." in arg else int(arg)
-        return gamfunc.when.late(start, total_steps=total)
+        try:
+            return gamfunc.when.late(start, total_steps=total)
+        except ValueError as e:
+            raise SetupError(
+                f"--when={cfg.when} over the run's {total} steps: {str(e).removeprefix('start: ')}"
+            ) from None
     if kind == "adaptive":
         return gamfunc.when.adaptive(total)
     return gamfunc.when.every(cfg.every) if cfg.every > 1 else None

@@ -8,6 +8,7 @@ import math
 import os
 import re
 from dataclasses import fields
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +219,10 @@ def _counts(cfg: Config) -> None:
 
 
 def _when(cfg: Config, names: list[str]) -> None:
-    """``--when`` a policy it knows, given neither with ``--every`` nor with a method that cycles."""
+    """``--when`` a policy it knows, given neither with ``--every`` nor with a method that cycles;
+    ``late`` starting at a step of the run where ``--total_steps`` gives its length (with
+    ``--epochs`` the policy checks it once the data gives the steps of an epoch); ``adaptive`` not
+    beside ``--perturbation=local``."""
     kind, _, arg = cfg.when.partition(":")
     ok = (
         cfg.when == ""
@@ -228,6 +232,24 @@ def _when(cfg: Config, names: list[str]) -> None:
     )
     _check(ok, "when", '"", every:k, late:F (F in [0, 1)), late:N or adaptive', cfg.when)
     _check(not (cfg.when and cfg.every > 1), "when", f"empty with --every={cfg.every}", cfg.when)
+    if kind == "late" and cfg.total_steps:
+        # the decimal as written, as gamfunc.when.late takes it: ⌈0.55·100⌉ is 55
+        first = math.ceil(Fraction(arg) * cfg.total_steps) if "." in arg else int(arg)
+        _check(
+            first < cfg.total_steps,
+            "when",
+            f"late:N or late:F whose first flat step is a step of the run (below "
+            f"--total_steps={cfg.total_steps}; late:{arg} starts at step {first})",
+            cfg.when,
+        )
+    _check(
+        not (cfg.when == "adaptive" and cfg.perturbation == "local"),
+        "when",
+        "other than adaptive with --perturbation=local (each rank would choose from its own "
+        "gradient, take its own branch, and the ranks' collectives would part); use "
+        "--perturbation=global, under which every rank chooses from the mean gradient",
+        cfg.when,
+    )
     if cfg.when:
         for e in names:
             cycles = e in CYCLES and cfg.look_k > 1
@@ -237,7 +259,7 @@ def _when(cfg: Config, names: list[str]) -> None:
 def _one_pass(cfg: Config) -> None:
     """The one-pass estimators' settings (RWP, MSAM)."""
     _check(cfg.rwp_sigma >= 0, "rwp_sigma", "a finite number >= 0", cfg.rwp_sigma)
-    _check(0 <= cfg.rwp_mix <= 1, "rwp_mix", "in [0, 1]", cfg.rwp_mix)
+    _check(0 <= cfg.rwp_mix < 1, "rwp_mix", "in [0, 1)", cfg.rwp_mix)
     _check(0 <= cfg.rwp_seed < 2**32, "rwp_seed", "an integer in [0, 2**32)", cfg.rwp_seed)
     _check(0 <= cfg.msam_momentum < 1, "msam_momentum", "in [0, 1)", cfg.msam_momentum)
 

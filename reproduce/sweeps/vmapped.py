@@ -82,6 +82,12 @@ _UNSUPPORTED: tuple[tuple[str, Callable[[Config], bool], str], ...] = (
         lambda c: c.every != 1,
         "the step picks its estimator by a Python branch on the step count, which vmap cannot take",
     ),
+    (
+        "when",
+        lambda c: bool(c.when),
+        "the step picks its estimator by a Python branch (on the step count, or on a device value "
+        "read on the host), which vmap cannot take; leave it out",
+    ),
 )
 
 

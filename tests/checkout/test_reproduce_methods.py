@@ -146,10 +146,37 @@ def test_when_flags_give_the_policy_over_the_runs_steps(flags, expected):
 
 
 @pytest.mark.parametrize(
-    "flags", [{"when": "late:1.5"}, {"when": "sometimes"}, {"when": "every:2", "every": 2}]
+    "flags",
+    [
+        {"when": "late:1.5"},
+        {"when": "sometimes"},
+        {"when": "every:2", "every": 2},
+        {"when": "late:50", "total_steps": 50},  # the steps are 0 to 49: none flat
+        {"when": "late:0.999", "total_steps": 100},  # ⌈99.9⌉ = 100
+    ],
 )
 def test_bad_when_flags_are_refused_naming_when(flags):
     from reproduce.config import Config, validate
 
     with pytest.raises(ValueError, match="when"):
         validate(Config(**flags))
+
+
+def test_adaptive_beside_local_perturbations_is_refused_saying_what_to_do():
+    from reproduce.config import Config, validate
+
+    with pytest.raises(ValueError, match=r"--when .*--perturbation=global"):
+        validate(Config(when="adaptive", perturbation="local"))
+    validate(Config(when="every:2", perturbation="local"))
+
+
+def test_a_late_start_past_a_run_of_epochs_is_refused_naming_when():
+    """With --epochs the run's steps are known once the data is: the policy refuses there."""
+    from reproduce.build import SetupError, when_policy
+    from reproduce.config import Config, validate
+
+    cfg = Config(epochs=10, when="late:100")
+    validate(cfg)
+    with pytest.raises(SetupError, match="--when=late:100"):
+        when_policy(cfg, steps_per_epoch=10)
+    assert when_policy(cfg, steps_per_epoch=11) == gamfunc.when.late(100)

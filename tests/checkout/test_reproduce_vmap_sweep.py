@@ -226,6 +226,14 @@ def test_weight_decay_and_accelerated_gams_alpha_beta_gamma_vary_per_member():
     assert not torch.equal(members[0]["net.0.weight"], members[1]["net.0.weight"])
 
 
+@pytest.mark.parametrize("when", ["late:0.75", "adaptive", "every:2"])
+def test_a_when_policy_is_refused_naming_when(when):
+    """The vmapped step is built without when=: a policy would be dropped, every step flat."""
+    cfgs = [resolve([f"--seed={s}", f"--when={when}"]) for s in (0, 1)]
+    with pytest.raises(vmapped.VmapError, match="does not implement when"):
+        vmapped.check(cfgs, "gam")
+
+
 def test_check_names_the_fields_that_vary():
     cfgs = [
         resolve([f"--lr={lr}", "--rho=0.5", f"--seed={s}"]) for lr in (0.1, 0.2) for s in (0, 1)

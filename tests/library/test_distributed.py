@@ -116,6 +116,10 @@ def _scenarios(rank):
     out["local_step/wsam_decoupled"] = run_steps(
         gamfunc.make_step(est, opt, loss), params, batches
     )[0]
+    # A when= policy under local perturbations: the steps between average their gradients too.
+    est, loss = data_parallel(gamfunc.sam(0.1), mlp_loss, "local")
+    step = gamfunc.make_step(est, opt, loss, when=gamfunc.when.every(2))
+    out["local_step/every2"] = run_steps(step, params, batches)[0]
     # Unequal shards (7 and 5 examples) and 2 micro-batches per rank.
     uneven = shard(full_batch(0), rank, sizes=(7, 5))
     d, info = gamfunc.gam(0.1, 0.5)(params, uneven, global_mean(mlp_loss))
@@ -236,6 +240,17 @@ def test_local_mode_steps_with_the_mean_of_the_ranks_decoupled_parts(ranks):
     for r in range(WORLD):
         assert rel(ranks[r]["local_step/wsam_decoupled"], ref) < 1e-12
     assert rel(run_steps(plain, mlp_params(), [full_batch(s) for s in range(STEPS)])[0], ref) > 1e-4
+
+
+def test_local_mode_with_every_keeps_the_ranks_equal(ranks):
+    """every(2): SAM on steps 0 and 2, the gradient on step 1, averaged over the ranks as SAM's
+    direction is; the step equals m-sharpness's on one device with the full-batch gradient between."""
+    got = [ranks[r]["local_step/every2"] for r in range(WORLD)]
+    assert all(torch.equal(got[0][k], got[1][k]) for k in got[0])
+    est = m_sharpness(gamfunc.sam(0.1), WORLD)
+    step = gamfunc.make_step(est, gamfunc.sgd(lr=0.1, momentum=0.9), mlp_loss, every=2)
+    ref, _, _ = run_steps(step, mlp_params(), [full_batch(s) for s in range(STEPS)])
+    assert rel(got[0], ref) < 1e-12
 
 
 def test_bucketed_all_reduce_is_the_weighted_mean(ranks):

@@ -211,3 +211,68 @@ def test_a_cuda_graph_takes_a_policy_that_chooses_on_the_device_and_refuses_host
         graphed(params, state, mlp_batch(seed=0))
     assert all(torch.equal(params[k], before[k]) for k in params)
     assert not graphed.probe.captures and all(not b.captures for b in graphed.branches)
+
+
+def test_a_fractional_start_is_the_exact_ceiling_of_the_decimal_fraction():
+    """⌈F·T⌉ of F as written: 0.55·100 is 55.00000000000001 in floats, and its ceiling 56."""
+    cases = [(0.55, 100, 55), (0.07, 100, 7), (0.75, 400, 300), (0.333, 10, 4), (0.5, 7, 4)]
+    for start, total, first in cases:
+        assert gamfunc.when.late(start, total_steps=total).start == first, (start, total)
+    for hundredths in range(1, 100):  # every two-decimal fraction of 100 steps
+        assert gamfunc.when.late(hundredths / 100, total_steps=100).start == hundredths
+
+
+def test_a_start_that_no_step_of_the_run_reaches_is_refused_naming_start():
+    with pytest.raises(ValueError, match="start"):
+        gamfunc.when.late(50, total_steps=10)
+    with pytest.raises(ValueError, match="start"):
+        gamfunc.when.late(10, total_steps=10)  # the steps are 0 to 9: none flat
+    with pytest.raises(ValueError, match="start"):
+        gamfunc.when.late(0.999, total_steps=100)  # ⌈99.9⌉ = 100
+    assert gamfunc.when.late(9, total_steps=10).start == 9
+    assert gamfunc.when.late(50).start == 50  # without total_steps nothing to hold it to
+
+
+def test_a_non_finite_gradient_leaves_the_adaptive_statistics_as_they_were():
+    """Under on_nonfinite="ignore" the step is not skipped, so the policy keeps its statistics
+    itself where ‖g‖² is not finite: later steps are flat again."""
+    policy = gamfunc.when.adaptive(20, lambda1=-10.0, lambda2=-10.0)  # nearly every step flat
+    step = gamfunc.make_step(
+        gamfunc.sam(RHO), gamfunc.sgd(lr=LR), mlp_loss, when=policy, on_nonfinite="ignore"
+    )
+    params = mlp_params()
+    params, state, flags = run(step, params, step.init(params), 3)
+    assert flags == [1, 1, 1]
+    x, y = mlp_batch(seed=9)
+    _, after, _ = step(params, state, (torch.full_like(x, float("inf")), y))
+    assert torch.equal(after.policy.mean, state.policy.mean)
+    assert torch.equal(after.policy.var, state.policy.var)
+    # the old parameters with the new state: the policy's statistics are what is under test
+    _, _, flags = run(step, params, after, 3, start=4)
+    assert flags == [1, 1, 1]
+
+
+def test_adaptive_is_refused_beside_local_perturbations_naming_when():
+    """Each rank's probe would take its own ‖g_r‖², so the ranks would choose apart."""
+    est, loss = gamfunc.distributed.data_parallel(gamfunc.sam(RHO), mlp_loss, "local")
+    with pytest.raises(ValueError, match=r"^when: .*perturbation='global'"):
+        gamfunc.make_step(est, gamfunc.sgd(lr=LR), loss, when=gamfunc.when.adaptive(10))
+    est, loss = gamfunc.distributed.data_parallel(gamfunc.sam(RHO), mlp_loss, "global")
+    gamfunc.make_step(est, gamfunc.sgd(lr=LR), loss, when=gamfunc.when.adaptive(10))
+
+
+def test_the_base_of_a_local_estimator_is_local_too():
+    """The steps between average their gradients over the ranks as the flat ones do: the default
+    base is local(gradient()) with the estimator's group and buckets; another base is refused."""
+    est = gamfunc.distributed.local(gamfunc.sam(RHO), bucket_cap_mb=3.0)
+    step = gamfunc.make_step(est, gamfunc.sgd(lr=LR), mlp_loss, when=gamfunc.when.every(2))
+    assert step.base.name == "local(gradient)"
+    assert step.base.hparams["perturbation"] == "local"
+    assert step.base.hparams["bucket_cap_mb"] == 3.0 and step.base.hparams["group"] is None
+    with pytest.raises(ValueError, match=r"^base: "):
+        gamfunc.make_step(
+            est, gamfunc.sgd(lr=LR), mlp_loss, when=gamfunc.when.every(2), base=gamfunc.gradient()
+        )
+    local_base = gamfunc.distributed.local(gamfunc.gradient())
+    step = gamfunc.make_step(est, gamfunc.sgd(lr=LR), mlp_loss, every=2, base=local_base)
+    assert step.base is local_base
