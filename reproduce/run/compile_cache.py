@@ -3,7 +3,9 @@
 With ``--compile``, a run points inductor's on-disk caches (``TORCHINDUCTOR_CACHE_DIR``, Triton's
 kernels inside it) at ``<cache>/inductor``, and after the first steps of each compiled branch it
 saves ``torch.compiler.save_cache_artifacts()`` (the compiled graphs, AOTAutograd's entries, the
-autotuning results) atomically to ``<cache>/artifacts/rank<local rank>_<device>.pt``; a later run, and
+autotuning results) atomically to ``<cache>/artifacts/rank<local rank>_<device>.pt``, and once more
+at the run's end where a graph was compiled after that (a branch whose first step came later:
+``--when=late``'s flat steps, an adaptive policy's first plain or flat one); a later run, and
 a ``--resume``, loads that file (``torch.compiler.load_cache_artifacts``) before its first step, and
 its compile finds what it needs in the caches. ``<cache>`` is ``--compile_cache``: by default
 ``<logdir>/.compile_cache``, shared by every run of that logdir (inductor names each entry by the
@@ -121,6 +123,7 @@ class CompileCache:
         self.before: dict[str, int] = {}
         self.first: dict[str, int] = {}  # cache hits and misses of the first compiled steps
         self.done = False  # save was called
+        self._at_save: dict[str, int] = {}  # the counts when it was last called
         self._previous: str | None = None
         self._open = False
 
@@ -253,16 +256,17 @@ class CompileCache:
         return self.loaded
 
     def save(self) -> int:
-        """Save what this process compiled or loaded so far, atomically (`reproduce.run.checkpoint.save`),
-        and the cache hits and misses since `open` (``first``).
+        """Save what this process compiled or loaded so far, atomically (`reproduce.run.checkpoint.save`);
+        the first call also keeps the cache hits and misses since `open` (``first``).
 
         Returns:
             The number of artifacts saved (0 where torch has nothing to save, or the write failed,
                 said in one line).
         """
-        self.done = True
         now = cache_counts()
-        self.first = {k: now[k] - self.before.get(k, 0) for k in now}
+        if not self.done:
+            self.first = {k: now[k] - self.before.get(k, 0) for k in now}
+        self.done, self._at_save = True, now
         if not _artifacts_supported():
             return 0
         try:
@@ -279,6 +283,18 @@ class CompileCache:
         self.saved = _count(info)
         self.say(f"compile cache: saved {self.saved} compiled artifacts to {self.path}")
         return self.saved
+
+    def save_at_end(self) -> int:
+        """At the run's end: `save` where it was never called (a run of fewer steps than a cycle)
+        or where this process compiled or loaded a graph since (a branch first run later), else
+        nothing.
+
+        Returns:
+            The number of artifacts saved (0: nothing new, or as `save`).
+        """
+        if self.done and cache_counts() == self._at_save:
+            return 0
+        return self.save()
 
     def record(self) -> dict:
         """What the summary keeps: the folder, the artifacts loaded and saved, and the cache hits and

@@ -205,10 +205,11 @@ def train(r: Run, parts: Parts, p: Progress, s: Session) -> str | None:
 
 def _step(r: Run, parts: Parts, p: Progress, s: Session, batch) -> dict:
     """One step on ``batch``, its metrics. This process's first step compiles (with ``compile``:
-    said, and its time kept) and a signal stops it at once, nothing being saved before it. Once
-    every branch of the step has run, and run again (a cycle of ``every`` steps and one more: a
-    graph made again at the second call is kept too), what was compiled is saved to the compile
-    cache (`reproduce.run.compile_cache`)."""
+    said, and its time kept) and a signal stops it at once, nothing being saved before it. After a
+    cycle of ``every`` steps and one more (each branch of the cycle run, a graph made again at the
+    second call kept too), what was compiled is saved to the compile cache
+    (`reproduce.run.compile_cache`); a branch that first runs later (``late``'s flat steps) is
+    saved at the run's end (`CompileCache.save_at_end`)."""
     s.steps_taken += 1
     if not s.first_step:
         p.params, p.state, metrics = parts.step(p.params, p.state, batch)

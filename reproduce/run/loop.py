@@ -102,8 +102,8 @@ def _train(r: Run, data, saved: dict | None) -> dict:
         try:
             r.stop.now("training")
             stopped = train(r, parts, p, s)
-            if s.compile_cache is not None and not s.compile_cache.done:  # fewer steps than a cycle
-                s.compile_cache.save()
+            if s.compile_cache is not None:  # a branch first run late, or fewer steps than a cycle
+                s.compile_cache.save_at_end()
             status, final = end_of_run(r, parts, p, s, stopped)
             # the metrics' last part (the figure and its file, the scalars) checks no flag: a
             # signal there, acknowledged, stops the run here, before a summary says "finished"

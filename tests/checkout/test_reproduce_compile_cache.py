@@ -85,6 +85,35 @@ def test_a_corrupt_or_foreign_artifacts_file_is_ignored_with_one_line(tmp_path, 
     assert len(lines) == 1 and lines[0].startswith("compile cache: ignoring") and why in lines[0]
 
 
+def test_the_runs_end_saves_again_only_what_was_compiled_after_the_first_save(
+    tmp_path, monkeypatch
+):
+    """A branch whose first step comes later (``--when=late``'s flat steps) compiles after the
+    first save: the run's end saves once more then, and not where nothing was compiled since; a
+    run of fewer steps than a cycle saves there for the first time. ``first`` stays the first
+    steps' counts."""
+    counts = {"fxgraph_cache_miss": 2}
+    writes = []
+    monkeypatch.setattr(compile_cache, "cache_counts", lambda: dict(counts))
+    monkeypatch.setattr(
+        torch.compiler,
+        "save_cache_artifacts",
+        lambda: writes.append(dict(counts)) or (b"blob", type("Info", (), {"artifacts": {}})()),
+    )
+    cache = CompileCache(tmp_path, torch.device("cpu"), 0, lambda line: None)
+    cache.path.parent.mkdir(parents=True)
+    cache.save()  # after the first steps of the branches that ran
+    assert cache.save_at_end() == 0 and len(writes) == 1  # nothing compiled since
+    counts["fxgraph_cache_miss"] = 5  # the late branch compiled
+    cache.save_at_end()
+    assert writes == [{"fxgraph_cache_miss": 2}, {"fxgraph_cache_miss": 5}]
+    assert cache.first == {"fxgraph_cache_miss": 2}
+    short = CompileCache(tmp_path / "short", torch.device("cpu"), 0, lambda line: None)
+    short.path.parent.mkdir(parents=True)
+    short.save_at_end()  # never saved: a run shorter than a cycle
+    assert short.done and len(writes) == 3
+
+
 def train(logdir: Path, *args: str) -> tuple[dict, str]:
     proc = subprocess.run(
         [sys.executable, "reproduce/train.py", f"--logdir={logdir}", *QUICK, *args],
