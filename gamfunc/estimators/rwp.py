@@ -62,11 +62,10 @@ def gaussian(key: Tensor, step: Tensor, offset: int, shape, dtype, device) -> Te
     Element i (flat index) of the result is counter c = offset + i: its two uniforms u₁, u₂ in
     (0, 1) hash 2c and 2c + 1 (their low 32 bits, `_mix32` twice) with a seed of the key and the
     step, then Box–Muller: z = √(−2 ln u₁)·cos(2π u₂), in float32 (float64 for float64). The bits of
-    2c above 32, non-zero from counter 2³¹ on (a model of more than 2³¹ elements), re-key the seed,
-    so every counter draws its own numbers; below 2³¹ the seed is the key's and the step's alone.
-    The same arguments give the same numbers on every device and under ``torch.compile`` and
-    ``vmap`` (no generator, no global RNG), so tensors given disjoint offsets draw independent
-    numbers.
+    2c from bit 32 up, non-zero from counter 2³¹ on (a model of more than 2³¹ elements), re-key the
+    seed; below 2³¹ the seed is the key's and the step's alone. Every counter draws its own numbers,
+    so tensors given disjoint offsets draw independent ones. The same arguments give the same
+    numbers on every device and under ``torch.compile`` and ``vmap`` (no generator, no global RNG).
 
     Args:
         key: a 0-d integer tensor, the random key.

@@ -18,7 +18,7 @@ boolean on the host, and runs the chosen branch with that gradient as its pass a
 synchronisation a step, as AE-SAM's own ``if``; under
 [`gamfunc.cuda_graph`][gamfunc.training.cuda_graphs.cuda_graph], a graph for the probe and one per
 branch, with that read between them). A step whose estimator takes a pass at θ (the gradient,
-SAM, GAM, ...) so costs its own passes and no more; a flat step whose estimator takes none
+SAM, GAM, ...) therefore costs its own passes and no more; a flat step whose estimator takes none
 ([`gamfunc.msam`][gamfunc.estimators.msam.msam], [`gamfunc.rwp`][gamfunc.estimators.rwp.rwp] with
 ``mix=0``: one pass at a perturbed point only) costs one pass more, the probe's. Its running
 statistics live in ``state.policy`` ([`AdaptiveState`][gamfunc.training.when.AdaptiveState]), are kept
@@ -234,7 +234,7 @@ def late(start: int | float, total_steps: int | None = None) -> Late:
         A [`Late`][gamfunc.training.when.Late] policy.
 
     Raises:
-        ValueError: ``start`` is neither an integer >= 0 nor a number in [0, 1], a fraction is
+        ValueError: ``start`` is neither an integer >= 0 nor a number in [0, 1), a fraction is
             given without ``total_steps``, ``total_steps`` is not an integer >= 1, or the first
             flat step is T or later, so that no step of the run is flat (naming the argument).
 

@@ -9,6 +9,7 @@ import gamfunc
 from gamfunc import schedules
 from reproduce.build.model import SetupError
 from reproduce.config import Config
+from reproduce.config.checks import late_start
 
 __all__ = ["lr_schedule", "when_policy"]
 
@@ -58,9 +59,8 @@ def when_policy(cfg: Config, steps_per_epoch: int):
     if kind == "every":
         return gamfunc.when.every(int(arg))
     if kind == "late":
-        start = float(arg) if "." in arg else int(arg)
         try:
-            return gamfunc.when.late(start, total_steps=total)
+            return gamfunc.when.late(late_start(arg), total_steps=total)
         except ValueError as e:
             raise SetupError(
                 f"--when={cfg.when} over the run's {total} steps: {str(e).removeprefix('start: ')}"

@@ -8,10 +8,10 @@ import math
 import os
 import re
 from dataclasses import fields
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import gamfunc
 from reproduce.config.fields import (
     ASAM_MASKS,
     AUGMENTS,
@@ -232,16 +232,17 @@ def _when(cfg: Config, names: list[str]) -> None:
     )
     _check(ok, "when", '"", every:k, late:F (F in [0, 1)), late:N or adaptive', cfg.when)
     _check(not (cfg.when and cfg.every > 1), "when", f"empty with --every={cfg.every}", cfg.when)
-    if kind == "late" and cfg.total_steps:
-        # the decimal as written, as gamfunc.when.late takes it: ⌈0.55·100⌉ is 55
-        first = math.ceil(Fraction(arg) * cfg.total_steps) if "." in arg else int(arg)
-        _check(
-            first < cfg.total_steps,
-            "when",
-            f"late:N or late:F whose first flat step is a step of the run (below "
-            f"--total_steps={cfg.total_steps}; late:{arg} starts at step {first})",
-            cfg.when,
-        )
+    if ok and kind == "late" and cfg.total_steps:
+        try:  # the policy's own check: its first flat step a step of the run
+            gamfunc.when.late(late_start(arg), total_steps=cfg.total_steps)
+        except ValueError as e:
+            why = str(e).removeprefix("start: ")
+            _check(
+                False,
+                "when",
+                f"late:N or late:F over --total_steps={cfg.total_steps} ({why})",
+                cfg.when,
+            )
     _check(
         not (cfg.when == "adaptive" and cfg.perturbation == "local"),
         "when",
@@ -254,6 +255,12 @@ def _when(cfg: Config, names: list[str]) -> None:
         for e in names:
             cycles = e in CYCLES and cfg.look_k > 1
             _check(not cycles, "when", f"empty with {e} (it cycles every --look_k steps)", cfg.when)
+
+
+def late_start(arg: str) -> int | float:
+    """The start of ``--when=late:ARG`` for `gamfunc.when.late`: a step (``late:N``) or a fraction of
+    the run's steps (``late:F``, written with a point)."""
+    return float(arg) if "." in arg else int(arg)
 
 
 def _one_pass(cfg: Config) -> None:

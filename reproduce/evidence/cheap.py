@@ -206,18 +206,19 @@ def _args(v: dict, seed: int) -> list[str]:
     return [*v["args"], f"--seed={seed}", *(f"--{k}={v['selected'][k]:g}" for k in v["selected"])]
 
 
-def add_seed(by: dict[str, list], seed: int, groups: dict[str, list[dict]]) -> None:
+def add_seed(by: dict[str, list], seed: int, groups: dict[str, list[dict]]) -> bool:
     """Append one seed's summaries (group -> summaries) to ``by`` (form -> rows), each with its
     cost as a multiple of SGD's in the ``every`` group (steady-state images per second); nothing
-    without that SGD."""
+    without that SGD. Whether it was added."""
     sgd = next((s for s in groups.get("every", []) if s["estimator"] == "sgd"), None)
     if sgd is None:
-        return
+        return False
     for group, summaries in groups.items():
         for s in summaries:
             row = fmnist._row(s, sgd["images_per_s"])
             row["config"] |= {k: s["config"].get(k) for k in CONFIG}
             by[form(group, s["estimator"])].append({"seed": seed, "group": group, **row})
+    return True
 
 
 def table(
@@ -347,12 +348,10 @@ def _complete(args, ap) -> int:
         by, n = record["runs"].setdefault(setting, {f: [] for f in FORMS}), int(seed)
         if any(r["seed"] == n for rs in by.values() for r in rs):
             ap.error(f"--add: {setting} seed {n} is in the record already")
-        groups = _read_folder(Path(folder))
-        if not any(s["estimator"] == "sgd" for s in groups["every"]):
+        if not add_seed(by, n, _read_folder(Path(folder))):
             ap.error(
                 f"--add: no SGD in {Path(folder) / 'every'}: the seed's forms would have no × SGD"
             )
-        add_seed(by, n, groups)
         borrow(by, full.get("runs", {}).get(setting, {}), n, full["platform"]["device"])
         record.setdefault("added", []).append({"setting": setting, "seed": n})
     for other in args.merge:

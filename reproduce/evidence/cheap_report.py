@@ -97,7 +97,7 @@ def setting_table(by: dict[str, list]) -> str:
             f"{_pm([r['gap'] for r in rs])} | {_pm([r['lambda_max'] for r in rs])} | "
             f"{_pm([r['r1'] for r in rs], '.3f')} | {_pm([r['train_seconds'] for r in rs], '.1f')} | "
             f"{'—' if f == 'sgd' or sgd not in acc else _test(acc[f], acc[sgd])} | "
-            f"{'—' if f == FULL or FULL not in acc else _test(acc[f], acc[FULL])} |"
+            f"{'—' if f in (FULL, 'sgd') or FULL not in acc else _test(acc[f], acc[FULL])} |"
         )
     return "\n".join(rows)
 
@@ -383,7 +383,7 @@ def few_seeds(record: dict) -> str:
     return (
         f"{' and '.join(few)} {'has' if len(few) == 1 else 'have'} fewer than 3 seeds of a form: "
         "Welch's test on 2 seeds a side has at most 2 degrees of freedom, so its p-values there "
-        "are indicative."
+        "are rough (a form of 1 seed has none)."
     )
 
 

@@ -54,7 +54,7 @@ def holm(pvalues: dict[str, float]) -> dict[str, float]:
 
 
 def _pm(values: list[float], spec: str = ".2f") -> str:
-    """Mean ± sample std of ``values`` (one alone; none: a dash), its minus sign U+2212."""
+    """Mean ± sample std of ``values`` (one alone; none: a dash), a negative mean with U+2212."""
     if not values:
         return "—"
     mean = format(statistics.mean(values), spec).replace("-", "−")

@@ -405,6 +405,10 @@ def test_each_form_is_compared_with_the_sgd_of_its_own_process():
     assert rows["SAM"][8].startswith("+0.50, p = 0.004")
     assert rows["MSAM"][8].startswith("+0.90, p < 0.001")  # against this run's SGD
     assert rows["SGD (the table's run)"][8].startswith("−1.00, p < 0.001")  # the two SGDs
+    # GAM against this run's SGD would cross processes: the table's SGD row carries that test
+    assert rows["SGD"][8:10] == ["—", "— |"] and rows["SGD (the table's run)"][9].startswith(
+        "−1.00"
+    )
     assert list(rows)[2:4] == ["SGD", "SGD (the table's run)"]
     intro = " ".join(R.INTRO.split())
     assert "each form is compared with the SGD of its own process" in intro
@@ -435,7 +439,8 @@ def test_the_section_says_once_when_a_setting_has_fewer_than_three_seeds_of_a_fo
     text = " ".join(R.cheap_section(record).split())
     said = (
         "40% label noise (`noise40`) has fewer than 3 seeds of a form: Welch's test on 2 seeds a "
-        "side has at most 2 degrees of freedom, so its p-values there are indicative."
+        "side has at most 2 degrees of freedom, so its p-values there are rough (a form of 1 seed "
+        "has none)."
     )
     assert text.count("degrees of freedom") == 1 and said in text
     assert text.index("What this shows, plainly") < text.index(said) < text.index("Clean: -")

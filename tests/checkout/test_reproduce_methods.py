@@ -162,6 +162,18 @@ def test_bad_when_flags_are_refused_naming_when(flags):
         validate(Config(**flags))
 
 
+def test_the_flags_check_of_a_late_start_is_the_policys():
+    """The check and the run read late:F alike: 0.55 of 100 steps is step 55, a decimal that
+    rounds to 0.99 starts at 99 (accepted), as `gamfunc.when.late` takes them."""
+    from reproduce.build import when_policy
+    from reproduce.config import Config, validate
+
+    for arg, first in [("0.55", 55), ("0.99000000000000001", 99)]:
+        cfg = Config(when=f"late:{arg}", total_steps=100)
+        validate(cfg)
+        assert when_policy(cfg, steps_per_epoch=10) == gamfunc.when.late(first)
+
+
 def test_adaptive_beside_local_perturbations_is_refused_saying_what_to_do():
     from reproduce.config import Config, validate
 
