@@ -195,10 +195,13 @@ SECTIONS = {
     "gpu_check": (
         "The GPU check",
         "`pytest -m gpu tests/library/test_gpu_check.py`: every estimator × {fp32, bf16} × {ResNet, ViT} "
-        "(those with state, LookSAM, Friendly-SAM and LookGAM, over a trajectory on the ResNet) "
+        "(those with state, LookSAM, Friendly-SAM, LookGAM, the authors' Friendly-SAM, MSAM and "
+        "RWP, over a trajectory on the ResNet) "
         '× {eager, `scope="pass"` with CUDA graphs, `scope="step"`, `gamfunc.cuda_graph`}, '
-        "each update against the float64 step; one row per kind of case, with the largest error "
-        "÷ tolerance among its cases.",
+        "each update against the float64 step; beside them the ensemble (each member against its "
+        "own step), the facade (against `make_step`) and the policies' graphed steps (against the "
+        "same step eager); one row per kind of case, with the largest error ÷ tolerance among its "
+        "cases.",
         (
             ("mode", "mode", ""),
             ("precision", "precision", ""),

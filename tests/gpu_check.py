@@ -109,7 +109,8 @@ MODES = ("eager", "pass", "step", "graph")
 MODELS = ("resnet", "vit")
 EXTRAS = (("vit", "fp32", "eager", "ensemble"), ("vit", "bf16", "eager", "ensemble"))
 EXTRAS += (("resnet", "fp32", "eager", "facade"),)
-GRAPH_EXTRAS = (("resnet", "fp32", "graph", "adaptive"),)  # CUDA only: `_adaptive_graph`
+# CUDA only: a `when=` policy's step in CUDA graphs against the same step eager (`_policy_graph`)
+GRAPH_EXTRAS = (("resnet", "fp32", "graph", "adaptive"), ("resnet", "fp32", "graph", "late"))
 TOLERANCE = {"fp32": 1e-4, "bf16": 8 * 2.0**-8}
 # Estimators by the seconds their whole-step compile took on an H100, costliest first.
 STEP_COST = (
@@ -365,8 +366,8 @@ def _without_buffers(loss_fn):
 
 def extras(device: torch.device, size: int = BATCH) -> list[dict]:
     """The vmapped ensemble (each member against its own step) and the torch.optim facade (against
-    ``make_step``), eager, fp32 and bf16, and on CUDA the adaptive policy's step in CUDA graphs
-    (`_adaptive_graph`), on batches of ``size`` images."""
+    ``make_step``), eager, fp32 and bf16, and on CUDA the adaptive and late policies' steps in
+    CUDA graphs (`_policy_graph`), on batches of ``size`` images."""
     rows = []
     for precision in PRECISIONS:
         row = {"model": "vit", "precision": precision, "mode": "eager", "estimator": "ensemble"}
@@ -413,7 +414,7 @@ def extras(device: torch.device, size: int = BATCH) -> list[dict]:
         _failed(row, e)
     rows.append(row)
     if device.type == "cuda":
-        rows.append(_adaptive_graph(device, size))
+        rows += [_policy_graph(device, extra[3], size) for extra in GRAPH_EXTRAS]
     return rows
 
 
@@ -424,18 +425,24 @@ def _failed(row: dict, e: Exception) -> None:
     row["trace"] = traceback.format_exc().splitlines()[-8:]
 
 
-def _adaptive_graph(device: torch.device, size: int = BATCH) -> dict:
-    """fd GAM (``gam_fd``) under AE-SAM's trigger on the ResNet (its BatchNorm statistics in the
-    state), fp32: the step replayed as CUDA graphs (its probe's, then the chosen branch's) against
-    the same step eager, over a trajectory; each step's choice must agree and each update stay within
-    fp32's tolerance times fd GAM's :func:`amplification`, as its whole-step case does."""
-    row = {"model": "resnet", "precision": "fp32", "mode": "graph", "estimator": "adaptive"}
+def _policy_graph(device: torch.device, name: str, size: int = BATCH) -> dict:
+    """fd GAM (``gam_fd``) on the ResNet (its BatchNorm statistics in the state), fp32, under the
+    policy ``name`` over 8 steps: ``adaptive`` (AE-SAM's trigger; its probe replayed as a graph,
+    then the chosen branch's) or ``late`` (flat from step 4; the branch chosen on the host). The
+    step replayed as CUDA graphs against the same step eager, over a trajectory: each step's choice
+    must agree, both branches must run (a policy that is never or always flat would test one
+    graph), and each update stay within fp32's tolerance times fd GAM's :func:`amplification`, as
+    its whole-step case does."""
+    row = {"model": "resnet", "precision": "fp32", "mode": "graph", "estimator": name}
     try:
         torch.backends.cudnn.allow_tf32 = False
         net, _ = build("resnet", device, size=size)
         loss_fn, params, buffers = gamfunc.nn.functionalize(net)
         steps = 8
-        policy = gamfunc.when.adaptive(steps, lambda1=1.2, lambda2=1.2)  # CPU: 4 flat of 8
+        policy = {
+            "adaptive": lambda: gamfunc.when.adaptive(steps, lambda1=1.2, lambda2=1.2),  # 4 of 8
+            "late": lambda: gamfunc.when.late(4),
+        }[name]()
         opt = gamfunc.sgd(0.1, momentum=0.9)
         step = gamfunc.make_step(ESTIMATORS["gam_fd"](), opt, loss_fn, when=policy)
         graphed = gamfunc.cuda_graph(step, warmup=1)
@@ -450,9 +457,13 @@ def _adaptive_graph(device: torch.device, size: int = BATCH) -> dict:
         row["tolerance"] = TOLERANCE["fp32"] * amplification("gam_fd")
         row["flat_steps"] = sum(e for e, _ in choices)
         agree = all(e == g for e, g in choices)
-        row["status"] = "pass" if agree and row["update_rel_err"] < row["tolerance"] else "fail"
+        both = 0 < row["flat_steps"] < steps
+        ok = agree and both and row["update_rel_err"] < row["tolerance"]
+        row["status"] = "pass" if ok else "fail"
         if not agree:
             row["error"] = f"choices (eager, graphed) differ: {choices}"
+        elif not both:
+            row["error"] = f"one branch only: {row['flat_steps']} flat steps of {steps}"
     except Exception as e:
         _failed(row, e)
     return row

@@ -44,8 +44,8 @@ def test_every_checked_estimator_is_in_the_registry_and_each_case_is_listed_once
     assert set(gpu_check.CHECKED) <= set(ESTIMATORS)
     assert set(gpu_check.STATEFUL) <= set(gpu_check.CHECKED)
     # 14 estimators without state on both models, the 6 with state on the ResNet
-    # and the extras: the ensemble (2), the facade, the adaptive policy's graphed step
-    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == (14 * 2 + 6) * 2 * 4 + 4 == 276
+    # and the extras: the ensemble (2), the facade, the adaptive and late policies' graphed steps
+    assert len(CUDA_CASES) == len(set(CUDA_CASES)) == (14 * 2 + 6) * 2 * 4 + 5 == 277
     assert {c[0] for c in CUDA_CASES if c[3] in gpu_check.STATEFUL} == {"resnet"}
     steps = [g for g, _ in gpu_check.groups("cuda") if g.endswith(":step")]
     assert len(steps) == (14 * 2 + 6) * 2  # every whole-step case a group of its own
