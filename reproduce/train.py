@@ -214,7 +214,7 @@ def _train(cfg, procs: launch.Processes, stop: StopFlag) -> int:
             print(
                 f"{cfg.preset}: {cfg.dataset}{' (synthetic)' if cfg.synthetic else ''}, {len(data.train)} train / "
                 f"{len(data.val) if data.val else 0} val / {len(data.test)} test, model {cfg.model}, "
-                f"{cfg.epochs} epochs"
+                f"{f'{cfg.total_steps} steps' if cfg.total_steps else f'{cfg.epochs} epochs'}"
                 f"{f' (stopping at step {cfg.max_steps}, --max_steps)' if cfg.max_steps else ''}"
                 f", logs in {root}",
                 flush=True,

@@ -309,7 +309,8 @@ def make_step(
             ``every``-th step (the first included), ``base`` on the others. Give ``every`` or
             ``when``, not both.
         base: the estimator of the steps that are not flat, ``gradient()`` by default; a stateful
-            one must share the estimator's state (its ``init_fn``). Beside an estimator of
+            one must share the estimator's state (its ``init_fn``). Without a policy (``when`` or
+            ``every`` > 1) no step is plain, and a base given is refused. Beside an estimator of
             ``perturbation="local"`` ([`gamfunc.distributed.local`][gamfunc.wrappers.distributed.local],
             whose loss is each rank's own) the default is the estimator's own ``base``,
             ``local(gradient())`` with its ``group`` and ``bucket_cap_mb``, so that the steps
@@ -330,7 +331,7 @@ def make_step(
         TypeError: ``estimator`` or ``base`` is not an estimator, ``optimizer`` not a Transform,
             or ``loss_fn`` not callable.
         ValueError: ``every`` or ``on_nonfinite`` is invalid, ``every`` and ``when`` are both
-            given, ``when``, ``every`` or ``base`` is given with an estimator that brings its own, ``base`` cycles itself or has a state of its own;
+            given, ``when``, ``every`` or ``base`` is given with an estimator that brings its own, ``base`` is given without a policy, cycles itself or has a state of its own;
             beside an estimator of ``perturbation="local"``, ``when`` is
             [`adaptive`][gamfunc.training.when.adaptive] (each rank's probe would choose from its
             own gradient: use ``perturbation="global"``), or ``base`` is given with a policy and
@@ -383,6 +384,12 @@ def make_step(
         when = policies.every(every)
     if isinstance(when, policies.Every) and when.k == 1:
         when = None
+    if when is None and base is not None and base is not estimator.base:
+        raise ValueError(
+            f"base: {base.name!r} would never run: base takes the steps that a when= policy (or "
+            f"every=k > 1) leaves plain, and without one every step is {estimator.name!r}'s; "
+            f"give when=, or leave base out"
+        )
     if base is not None and base.stateful and base.init_fn is not estimator.init_fn:
         raise ValueError(
             f"base {base.name!r} has a state of its own, which the step cannot keep beside the "

@@ -253,7 +253,7 @@ def late(start: int | float, total_steps: int | None = None) -> Late:
             )
         check_int("total_steps", total_steps)
         # the decimal as written (repr), not its binary float: ⌈0.55·100⌉ is 55, not 56
-        first = math.ceil(Fraction(repr(start)) * total_steps)
+        first = math.ceil(Fraction(repr(float(start))) * total_steps)
         _check_reached(first, total_steps, f"{start} of {total_steps} steps is step {first}")
         return Late(first)
     check_int("start", start, at_least=0)

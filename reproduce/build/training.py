@@ -117,6 +117,7 @@ def setup(
     if estimator.every > 1:  # a cycle (LookSAM) brings its own base
         base = None
     when = None if estimator.every > 1 else when_policy(cfg, steps_per_epoch)
+    base = base if when is not None else None  # the steps a policy leaves plain: none without
     step = gamfunc.make_step(estimator, optimizer, step_loss, when=when, base=base)
     state = step.init(params, buffers)
     step = _run_as(step, cfg, mode, scope, device, notes)

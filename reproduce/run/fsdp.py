@@ -133,7 +133,7 @@ class _Run:
             cls,
             criterion,
             when=when,
-            base=None if estimator.every > 1 else base,
+            base=None if estimator.every > 1 or when is None else base,
             max_grad_norm=cfg.clip_norm or None,
             **kwargs,
         )

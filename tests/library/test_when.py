@@ -276,3 +276,24 @@ def test_the_base_of_a_local_estimator_is_local_too():
     local_base = gamfunc.distributed.local(gamfunc.gradient())
     step = gamfunc.make_step(est, gamfunc.sgd(lr=LR), mlp_loss, every=2, base=local_base)
     assert step.base is local_base
+
+
+@pytest.mark.parametrize("when", [None, gamfunc.when.every(1)])
+def test_a_base_without_a_policy_is_refused_naming_base(when):
+    """Without a policy every step is the estimator's: a base given would never run."""
+    with pytest.raises(ValueError, match=r"^base: .*would never run"):
+        gamfunc.make_step(
+            gamfunc.sam(0.05), gamfunc.sgd(lr=0.1), mlp_loss, when=when, base=gamfunc.asam(0.5)
+        )
+    gamfunc.make_step(
+        gamfunc.sam(0.05),
+        gamfunc.sgd(lr=0.1),
+        mlp_loss,
+        when=gamfunc.when.late(2),
+        base=gamfunc.asam(0.5),
+    )
+
+
+def test_a_numpy_fraction_starts_where_its_float_does():
+    np = pytest.importorskip("numpy")
+    assert gamfunc.when.late(np.float64(0.55), total_steps=100) == gamfunc.when.late(55)
