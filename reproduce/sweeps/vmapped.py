@@ -165,9 +165,9 @@ class Members:
             )
             if not callable(lr):  # constant: the member's own value
                 lr = h.get("lr", lr)
-            estimator, base = build_estimator(c, name, lr, hvp)
+            estimator, _ = build_estimator(c, name, lr, hvp)  # no policy here: no base
             optimizer = build_optimizer(c, lr, one[0])  # the member's weight decay
-            return gamfunc.make_step(estimator, optimizer, step_loss, base=base)
+            return gamfunc.make_step(estimator, optimizer, step_loss)
 
         values = varied or ["lr"]  # vmap_step needs one; lr is then the same for every member
         hparams = {
