@@ -36,7 +36,7 @@ from reproduce.build.model import (
     load_weights,
     model_of,
 )
-from reproduce.build.schedule import lr_schedule, when_policy
+from reproduce.build.schedule import lr_schedule, run_steps, when_policy
 from reproduce.build.training import Place, Training, setup
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "load_weights",
     "lr_schedule",
     "model_of",
+    "run_steps",
     "setup",
     "step_mode",
     "training_loss",

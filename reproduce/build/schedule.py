@@ -11,7 +11,12 @@ from reproduce.build.model import SetupError
 from reproduce.config import Config
 from reproduce.config.checks import late_start
 
-__all__ = ["lr_schedule", "when_policy"]
+__all__ = ["lr_schedule", "run_steps", "when_policy"]
+
+
+def run_steps(cfg: Config, steps_per_epoch: int) -> int:
+    """The run's length in steps: ``--total_steps``, else ``--epochs`` × the steps of an epoch."""
+    return cfg.total_steps or cfg.epochs * steps_per_epoch
 
 
 def lr_schedule(cfg: Config, steps_per_epoch: int):
@@ -31,7 +36,7 @@ def lr_schedule(cfg: Config, steps_per_epoch: int):
         total = -(-cfg.total_steps // steps_per_epoch) if cfg.total_steps else cfg.epochs
         per_epoch = _lr_by_count(cfg, total, round(cfg.warmup_epochs))
         return lambda t: per_epoch(torch.div(t, steps_per_epoch, rounding_mode="floor"))
-    total = cfg.total_steps or cfg.epochs * steps_per_epoch
+    total = run_steps(cfg, steps_per_epoch)
     return _lr_by_count(cfg, total, round(cfg.warmup_epochs * steps_per_epoch))
 
 
@@ -54,7 +59,7 @@ def when_policy(cfg: Config, steps_per_epoch: int):
         SetupError: ``late``'s first flat step is past the run's last step (no step would be
             flat), which ``--epochs`` lets the configuration's checks see only now.
     """
-    total = cfg.total_steps or cfg.epochs * steps_per_epoch
+    total = run_steps(cfg, steps_per_epoch)
     kind, _, arg = cfg.when.partition(":")
     if kind == "every":
         return gamfunc.when.every(int(arg))

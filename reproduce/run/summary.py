@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from reproduce.build import run_steps
 from reproduce.config import Config, as_dict
 from reproduce.run import report
 from reproduce.run.context import Parts, Progress, Run, Session, global_sums
@@ -46,7 +47,7 @@ def end_of_run(
     if stopped == "max_steps":
         r.say(
             f"[{name}] stopped at step {pos['global_step']} of "
-            f"{cfg.total_steps or cfg.epochs * parts.steps_per_epoch} (--max_steps={cfg.max_steps})"
+            f"{run_steps(cfg, parts.steps_per_epoch)} (--max_steps={cfg.max_steps})"
         )
     last = p.history[-1] if p.history and p.history[-1]["step"] == pos["global_step"] else None
     smoke = cfg.synthetic or 0 < cfg.max_steps < parts.steps_per_epoch
